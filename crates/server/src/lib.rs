@@ -1,0 +1,186 @@
+//! Pando's server: configuration, the LDAP operations, and the network
+//! frontend. `run` starts everything and returns after a clean shutdown.
+
+pub mod bootstrap;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod net;
+pub mod ops;
+pub mod password;
+pub mod state;
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use pando_model::Schema;
+use pando_proto::DecodeLimits;
+use pando_store::{Store, StoreOptions};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::bootstrap::RootPassword;
+use crate::clock::CsnClock;
+use crate::config::{Listener, Resolved};
+use crate::state::Server;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// Load the demo tree (ou=People, ou=Groups) into the first suffix.
+    pub demo: bool,
+}
+
+/// Directory holding the LMDB files inside the data directory.
+pub fn store_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("db")
+}
+
+pub fn store_options(cfg: &Resolved) -> StoreOptions {
+    StoreOptions {
+        map_size: (cfg.config.store.map_size_mb as usize) << 20,
+        indexes: cfg.indexes.clone(),
+        max_batch: cfg.config.store.max_write_batch,
+    }
+}
+
+/// Open the store, bootstrap it, listen, and serve until SIGINT/SIGTERM.
+pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Result<(), BoxError> {
+    let data_dir = cfg.config.data_dir.clone();
+    std::fs::create_dir_all(&data_dir).map_err(|e| format!("cannot create data directory {}: {e}", data_dir.display()))?;
+    std::fs::set_permissions(&data_dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("{}: {e}", data_dir.display()))?;
+    let store = {
+        let dir = store_dir(&data_dir);
+        let schema = schema.clone();
+        let so = store_options(&cfg);
+        tokio::task::spawn_blocking(move || Store::open(&dir, schema, &so))
+            .await?
+            .map_err(|e| format!("cannot open store in {}: {e}", store_dir(&data_dir).display()))?
+    };
+    let csn = CsnClock::new(0);
+    let root_dn_text = cfg.root_dn.to_string();
+    let (root_pw, created, demo_added) = {
+        let store = store.clone();
+        let data_dir = data_dir.clone();
+        let configured = cfg.config.root_password_hash.clone();
+        let suffixes = cfg.suffixes.clone();
+        let creator = root_dn_text.clone();
+        let demo = opts.demo;
+        tokio::task::spawn_blocking(move || -> Result<_, BoxError> {
+            let csn = CsnClock::new(0);
+            let pw = bootstrap::root_password(&store, &data_dir, configured.as_deref())?;
+            let created = bootstrap::ensure_suffixes(&store, &suffixes, &creator, &csn)?;
+            let demo_added = if demo { bootstrap::load_demo(&store, &suffixes[0], &creator, &csn)? } else { 0 };
+            Ok((pw, created, demo_added))
+        })
+        .await??
+    };
+    let root_dn_norm = schema.normalize_dn(&cfg.root_dn).map_err(|e| format!("root_dn: {e}"))?;
+    let suffixes = cfg
+        .suffixes
+        .iter()
+        .map(|d| schema.normalize_dn(d).map(|n| (d.clone(), n)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("suffixes: {e}"))?;
+    let limits = &cfg.config.limits;
+    let decode_limits = DecodeLimits { max_depth: limits.max_filter_depth, max_filter_terms: limits.max_filter_terms };
+    let bound = net::listener::bind_all(&cfg.listeners).await?;
+    let server = Arc::new(Server {
+        root_pw_hash: RwLock::new(Some(root_pw.hash().to_string())),
+        cfg,
+        schema,
+        store: store.clone(),
+        root_dn_norm,
+        suffixes,
+        csn,
+        decode_limits,
+        started: SystemTime::now(),
+    });
+
+    print_banner(&server, &root_pw, &created, demo_added);
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let conn_limit = Arc::new(Semaphore::new(server.cfg.config.limits.max_connections));
+    let tasks = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
+    let mut listeners = JoinSet::new();
+    for b in bound {
+        listeners.spawn(net::listener::serve(b, server.clone(), conn_limit.clone(), stop_rx.clone(), tasks.clone()));
+    }
+
+    wait_for_signal().await;
+    tracing::info!("shutting down: no new connections; finishing operations in progress");
+    let _ = stop_tx.send(true);
+    while listeners.join_next().await.is_some() {}
+    let drain = async {
+        let mut t = tasks.lock().await;
+        while t.join_next().await.is_some() {}
+    };
+    if tokio::time::timeout(Duration::from_secs(10), drain).await.is_err() {
+        tracing::warn!("some connections did not close within 10 s; closing anyway");
+    }
+    drop(server);
+    tokio::task::spawn_blocking(move || store.close()).await?;
+    tracing::info!("store closed cleanly");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+fn print_banner(server: &Server, pw: &RootPassword, created: &[String], demo_added: usize) {
+    let cfg = &server.cfg;
+    let suffix = cfg.suffixes.first().map(|d| d.to_string()).unwrap_or_default();
+    println!("Pando {} is serving:", env!("CARGO_PKG_VERSION"));
+    for l in &cfg.listeners {
+        println!("  {}", l.url());
+    }
+    println!("  suffixes: {}", cfg.suffixes.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("; "));
+    println!("  data directory: {}", cfg.config.data_dir.display());
+    for c in created {
+        println!("  created suffix entry {c}");
+    }
+    if demo_added > 0 {
+        println!("  loaded {demo_added} demo entries");
+    }
+    println!("  administrator: {}", cfg.root_dn);
+    match pw {
+        RootPassword::Generated { file, .. } => {
+            println!("  a random administrator password was generated and written to {}", file.display());
+            println!("  (only its hash is kept; read the file, store the password safely, then delete the file)");
+        }
+        RootPassword::Stored(_) => {
+            let f = cfg.config.data_dir.join(bootstrap::ADMIN_PASSWORD_FILE);
+            if f.exists() {
+                println!("  administrator password: see {}", f.display());
+            } else {
+                println!("  administrator password: as generated on first start (hash kept in the store)");
+            }
+        }
+        RootPassword::Configured(_) => println!("  administrator password: root_password_hash from the configuration"),
+    }
+    if let Some(Listener::Tcp(a)) = cfg.listeners.iter().find(|l| matches!(l, Listener::Tcp(_))) {
+        println!();
+        println!("Try:");
+        println!("  ldapsearch -x -H ldap://{a} -b '{suffix}'");
+        println!(
+            "  ldapwhoami -x -H ldap://{a} -D '{}' -y {}",
+            cfg.root_dn,
+            cfg.config.data_dir.join(bootstrap::ADMIN_PASSWORD_FILE).display()
+        );
+    }
+}

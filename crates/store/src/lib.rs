@@ -1,0 +1,768 @@
+//! Pando's LMDB store.
+//!
+//! One LMDB environment holds every suffix. Sub-databases (byte layouts in
+//! `docs/design.md`):
+//!
+//! * `meta`      — format version, next entry ID, server secrets (hashes only)
+//! * `id2entry`  — entry ID (u64 BE) → stored entry (see [`entry_codec`])
+//! * `dn2id`     — parent ID (u64 BE) ‖ normalised RDN → entry ID (u64 BE);
+//!                 a suffix entry has parent 0 and its whole normalised DN as "RDN"
+//! * `id2parent` — entry ID → parent ID ‖ u16 len ‖ RDN as given ‖ normalised RDN
+//! * `idx:<attr>:<kind>` — index key → RoaringTreemap of entry IDs (see [`index`])
+//!
+//! Invariants (checked by `verify`): every id2entry record has exactly one
+//! id2parent record and one dn2id key pointing back at it; every parent ID
+//! other than 0 exists; every index posting names an existing entry whose
+//! values produce that key, and every such key lists the entry.
+//!
+//! Reads use LMDB read transactions concurrently from any thread. All writes
+//! go through one writer thread ([`writer`]) that applies queued operations
+//! in a batch, each in its own nested transaction, and commits the batch with
+//! one fsync before answering any of them (group commit).
+
+pub mod entry_codec;
+pub mod index;
+mod plan;
+mod writer;
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use heed::types::Bytes;
+use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, RwTxn};
+use pando_model::{Attribute, Dn, Entry, Schema};
+use roaring::RoaringTreemap;
+
+pub use index::IndexKind;
+pub use plan::Candidates;
+pub use writer::WriteJobError;
+
+pub type EntryId = u64;
+type Db = Database<Bytes, Bytes>;
+
+/// On-disk format of the whole store; bumped on any incompatible change.
+pub const FORMAT_VERSION: u32 = 1;
+const META_FORMAT: &[u8] = b"format";
+const META_NEXT_ID: &[u8] = b"next_id";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// The memory map (and so the database file) reached its configured size.
+    MapFull,
+    /// A record failed its checks: the store is damaged.
+    Corrupt(String),
+    /// The store was written by an incompatible version of Pando.
+    Format(String),
+    /// Any other LMDB or I/O failure.
+    Lmdb(String),
+    /// The writer thread is gone (server shutting down).
+    Closed,
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::MapFull => f.write_str("database map is full"),
+            Self::Corrupt(s) => write!(f, "store corruption: {s}"),
+            Self::Format(s) => write!(f, "store format: {s}"),
+            Self::Lmdb(s) => write!(f, "storage error: {s}"),
+            Self::Closed => f.write_str("store is closed"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+impl From<heed::Error> for StoreError {
+    fn from(e: heed::Error) -> Self {
+        match e {
+            heed::Error::Mdb(heed::MdbError::MapFull) => StoreError::MapFull,
+            other => StoreError::Lmdb(other.to_string()),
+        }
+    }
+}
+
+impl From<std::io::Error> for StoreError {
+    fn from(e: std::io::Error) -> Self {
+        StoreError::Lmdb(e.to_string())
+    }
+}
+
+/// One configured index: attribute name (canonical, lowercase) and kinds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexSpec {
+    pub attr: String,
+    pub kinds: Vec<IndexKind>,
+}
+
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// Size of the memory map in bytes (upper bound of the database file).
+    pub map_size: usize,
+    pub indexes: Vec<IndexSpec>,
+    /// Most operations applied in one write transaction.
+    pub max_batch: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions { map_size: 64 << 30, indexes: Vec::new(), max_batch: 256 }
+    }
+}
+
+pub(crate) struct IndexDb {
+    kind: IndexKind,
+    db: Db,
+}
+
+pub(crate) struct Inner {
+    env: Env,
+    meta: Db,
+    id2entry: Db,
+    dn2id: Db,
+    id2parent: Db,
+    /// Keyed by lowercase canonical attribute name.
+    indexes: HashMap<String, Vec<IndexDb>>,
+    /// Lowercase names of attributes that have subtypes: an assertion on them
+    /// also matches subtype values, which their own index does not hold.
+    has_subtypes: HashSet<String>,
+    schema: Arc<Schema>,
+    path: PathBuf,
+}
+
+/// A handle to the open store; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+    writer: writer::WriterHandle,
+}
+
+impl Store {
+    /// Open (creating if needed) the store in directory `path`.
+    pub fn open(path: &Path, schema: Arc<Schema>, opts: &StoreOptions) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(path)?;
+        let mut env_opts = EnvOpenOptions::new();
+        env_opts.map_size(opts.map_size).max_dbs(16 + 5 * opts.indexes.len() as u32).max_readers(1024);
+        // SAFETY: the directory is opened by this process only through this
+        // Store (the lock file also guards other processes); NO_TLS because
+        // read transactions move between tokio's blocking threads.
+        let env = unsafe {
+            env_opts.flags(EnvFlags::NO_TLS);
+            env_opts.open(path)?
+        };
+        let mut wtxn = env.write_txn()?;
+        let meta: Db = env.create_database(&mut wtxn, Some("meta"))?;
+        let id2entry: Db = env.create_database(&mut wtxn, Some("id2entry"))?;
+        let dn2id: Db = env.create_database(&mut wtxn, Some("dn2id"))?;
+        let id2parent: Db = env.create_database(&mut wtxn, Some("id2parent"))?;
+        match meta.get(&wtxn, META_FORMAT)? {
+            None => {
+                meta.put(&mut wtxn, META_FORMAT, &FORMAT_VERSION.to_be_bytes())?;
+                meta.put(&mut wtxn, META_NEXT_ID, &1u64.to_be_bytes())?;
+            }
+            Some(v) => {
+                let found = <[u8; 4]>::try_from(v).map(u32::from_be_bytes).map_err(|_| {
+                    StoreError::Format("unreadable format version in meta".into())
+                })?;
+                if found != FORMAT_VERSION {
+                    return Err(StoreError::Format(format!(
+                        "store {} has format {found}, this Pando reads format {FORMAT_VERSION}",
+                        path.display()
+                    )));
+                }
+            }
+        }
+        let mut indexes: HashMap<String, Vec<IndexDb>> = HashMap::new();
+        let mut new_indexes = Vec::new();
+        for spec in &opts.indexes {
+            let attr = spec.attr.to_ascii_lowercase();
+            for &kind in &spec.kinds {
+                let name = index::db_name(&attr, kind);
+                let existed = env.open_database::<Bytes, Bytes>(&wtxn, Some(&name))?.is_some();
+                let db: Db = env.create_database(&mut wtxn, Some(&name))?;
+                if !existed {
+                    new_indexes.push((attr.clone(), kind, db));
+                }
+                indexes.entry(attr.clone()).or_default().push(IndexDb { kind, db });
+            }
+        }
+        let mut has_subtypes = HashSet::new();
+        for at in schema.attributes() {
+            if let Some(sup) = &at.sup {
+                if let Some(sup_at) = schema.attribute(sup) {
+                    has_subtypes.insert(sup_at.name().to_ascii_lowercase());
+                }
+            }
+        }
+        wtxn.commit()?;
+        let inner = Arc::new(Inner { env, meta, id2entry, dn2id, id2parent, indexes, has_subtypes, schema, path: path.to_path_buf() });
+        if !new_indexes.is_empty() {
+            build_new_indexes(&inner, &new_indexes)?;
+        }
+        let writer = writer::WriterHandle::start(inner.clone(), opts.max_batch)?;
+        Ok(Store { inner, writer })
+    }
+
+    pub fn schema(&self) -> &Arc<Schema> {
+        &self.inner.schema
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// A consistent read-only snapshot.
+    pub fn read(&self) -> Result<ReadTxn<'_>, StoreError> {
+        Ok(ReadTxn { txn: self.inner.env.read_txn()?, inner: &self.inner })
+    }
+
+    /// Queue a write; `f` runs on the writer thread inside its own nested
+    /// transaction. `Ok` is returned only after the batch holding it was
+    /// committed and synced; an `Err` from `f` rolls back everything `f` did.
+    pub async fn write<R, E, F>(&self, f: F) -> Result<R, E>
+    where
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        F: FnOnce(&mut WriteTxn<'_>) -> Result<R, E> + Send + 'static,
+    {
+        let rx = self.writer.submit(f)?;
+        rx.await.unwrap_or(Err(E::from(StoreError::Closed)))
+    }
+
+    /// [`Store::write`] for callers outside an async runtime.
+    pub fn write_blocking<R, E, F>(&self, f: F) -> Result<R, E>
+    where
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        F: FnOnce(&mut WriteTxn<'_>) -> Result<R, E> + Send + 'static,
+    {
+        let rx = self.writer.submit(f)?;
+        rx.blocking_recv().unwrap_or(Err(E::from(StoreError::Closed)))
+    }
+
+    /// Stop the writer after the queued writes and close the environment.
+    /// Other clones of this handle must be dropped first for the files to be
+    /// released; this waits for the writer in any case.
+    pub fn close(self) {
+        self.writer.shutdown();
+    }
+
+    /// Bytes used by the database file.
+    pub fn disk_size(&self) -> u64 {
+        self.inner.env.real_disk_size().unwrap_or(0)
+    }
+}
+
+/// Fill index databases that were just created for an existing store, in
+/// one transaction, so an index database that exists is always complete.
+fn build_new_indexes(inner: &Inner, new: &[(String, IndexKind, Db)]) -> Result<(), StoreError> {
+    let mut wtxn = inner.env.write_txn()?;
+    let mut postings: HashMap<(usize, Vec<u8>), RoaringTreemap> = HashMap::new();
+    {
+        let view = View { txn: &wtxn, inner };
+        for item in inner.id2entry.iter(&wtxn)? {
+            let (k, v) = item?;
+            let id = id_from(k)?;
+            let entry = entry_codec::decode(id, Dn { rdns: vec![] }, v)?;
+            for (i, (attr, kind, _)) in new.iter().enumerate() {
+                for key in view.keys_of(&entry.attrs, attr, *kind) {
+                    postings.entry((i, key)).or_default().insert(id);
+                }
+            }
+        }
+    }
+    for ((i, key), set) in postings {
+        let mut buf = Vec::new();
+        set.serialize_into(&mut buf)?;
+        new[i].2.put(&mut wtxn, &key, &buf)?;
+    }
+    wtxn.commit()?;
+    Ok(())
+}
+
+/// A read transaction over the store.
+pub struct ReadTxn<'s> {
+    txn: RoTxn<'s>,
+    inner: &'s Inner,
+}
+
+impl<'s> ReadTxn<'s> {
+    pub fn view(&self) -> View<'_> {
+        View { txn: &self.txn, inner: self.inner }
+    }
+}
+
+/// The write transaction handed to a write job.
+pub struct WriteTxn<'e> {
+    txn: RwTxn<'e>,
+    inner: &'e Inner,
+}
+
+/// Outcome of resolving a DN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    Found(EntryId),
+    /// No such entry; `matched` is the deepest existing ancestor, if any.
+    Missing { matched: Option<EntryId> },
+}
+
+/// Where an entry hangs: parent ID (0 for a suffix entry) and its RDN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub parent: EntryId,
+    pub rdn: String,
+    pub norm_rdn: String,
+}
+
+fn id_bytes(id: EntryId) -> [u8; 8] {
+    id.to_be_bytes()
+}
+
+fn id_from(b: &[u8]) -> Result<EntryId, StoreError> {
+    <[u8; 8]>::try_from(b)
+        .map(u64::from_be_bytes)
+        .map_err(|_| StoreError::Corrupt(format!("bad entry ID of {} bytes", b.len())))
+}
+
+fn dn2id_key(parent: EntryId, norm_rdn: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + norm_rdn.len());
+    k.extend_from_slice(&id_bytes(parent));
+    k.extend_from_slice(norm_rdn.as_bytes());
+    k
+}
+
+fn encode_placement(p: &Placement) -> Vec<u8> {
+    let mut v = Vec::with_capacity(10 + p.rdn.len() + p.norm_rdn.len());
+    v.extend_from_slice(&id_bytes(p.parent));
+    v.extend_from_slice(&(p.rdn.len() as u16).to_be_bytes());
+    v.extend_from_slice(p.rdn.as_bytes());
+    v.extend_from_slice(p.norm_rdn.as_bytes());
+    v
+}
+
+fn decode_placement(id: EntryId, v: &[u8]) -> Result<Placement, StoreError> {
+    let bad = || StoreError::Corrupt(format!("id2parent record {id} is malformed"));
+    if v.len() < 10 {
+        return Err(bad());
+    }
+    let parent = id_from(&v[..8])?;
+    let len = u16::from_be_bytes([v[8], v[9]]) as usize;
+    let rest = &v[10..];
+    if rest.len() < len {
+        return Err(bad());
+    }
+    let rdn = std::str::from_utf8(&rest[..len]).map_err(|_| bad())?.to_string();
+    let norm_rdn = std::str::from_utf8(&rest[len..]).map_err(|_| bad())?.to_string();
+    Ok(Placement { parent, rdn, norm_rdn })
+}
+
+/// Read access shared by read and write transactions.
+#[derive(Clone, Copy)]
+pub struct View<'t> {
+    txn: &'t RoTxn<'t>,
+    inner: &'t Inner,
+}
+
+impl<'t> View<'t> {
+    pub fn schema(&self) -> &'t Schema {
+        &self.inner.schema
+    }
+
+    /// Resolve `dn` (already split into normalised RDNs, leftmost first).
+    pub fn lookup_norm(&self, norm_rdns: &[String]) -> Result<Lookup, StoreError> {
+        // Find the longest suffix entry (parent 0) that ends this DN, then walk down.
+        for start in 0..norm_rdns.len() {
+            let suffix = norm_rdns[start..].join(",");
+            if let Some(v) = self.inner.dn2id.get(self.txn, &dn2id_key(0, &suffix))? {
+                let mut id = id_from(v)?;
+                for i in (0..start).rev() {
+                    match self.inner.dn2id.get(self.txn, &dn2id_key(id, &norm_rdns[i]))? {
+                        Some(v) => id = id_from(v)?,
+                        None => return Ok(Lookup::Missing { matched: Some(id) }),
+                    }
+                }
+                return Ok(Lookup::Found(id));
+            }
+        }
+        Ok(Lookup::Missing { matched: None })
+    }
+
+    /// Normalise each RDN of `dn` with the schema.
+    pub fn normalize_rdns(&self, dn: &Dn) -> Result<Vec<String>, String> {
+        dn.rdns.iter().map(|r| self.inner.schema.normalize_rdn(r)).collect()
+    }
+
+    pub fn lookup(&self, dn: &Dn) -> Result<Result<Lookup, String>, StoreError> {
+        match self.normalize_rdns(dn) {
+            Ok(n) => self.lookup_norm(&n).map(Ok),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    pub fn placement(&self, id: EntryId) -> Result<Option<Placement>, StoreError> {
+        match self.inner.id2parent.get(self.txn, &id_bytes(id))? {
+            Some(v) => decode_placement(id, v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    pub fn parent_of(&self, id: EntryId) -> Result<Option<EntryId>, StoreError> {
+        Ok(self.placement(id)?.map(|p| p.parent).filter(|&p| p != 0))
+    }
+
+    /// The entry's DN as stored (RDNs as given when added or renamed).
+    pub fn dn_string(&self, id: EntryId) -> Result<String, StoreError> {
+        let mut out = String::new();
+        let mut cur = id;
+        // Depth is bounded by the DN length limit; the counter also stops a
+        // corrupted parent cycle from looping forever.
+        for _ in 0..1024 {
+            let p = self
+                .placement(cur)?
+                .ok_or_else(|| StoreError::Corrupt(format!("entry {cur} has no id2parent record")))?;
+            if !out.is_empty() {
+                out.push(',');
+            }
+            out.push_str(&p.rdn);
+            if p.parent == 0 {
+                return Ok(out);
+            }
+            cur = p.parent;
+        }
+        Err(StoreError::Corrupt(format!("parent chain of entry {id} does not end")))
+    }
+
+    pub fn dn(&self, id: EntryId) -> Result<Dn, StoreError> {
+        let s = self.dn_string(id)?;
+        Dn::parse(&s).map_err(|e| StoreError::Corrupt(format!("stored DN '{s}' of entry {id}: {e}")))
+    }
+
+    pub fn entry_bytes(&self, id: EntryId) -> Result<Option<&'t [u8]>, StoreError> {
+        Ok(self.inner.id2entry.get(self.txn, &id_bytes(id))?)
+    }
+
+    /// The entry without its DN resolved (cheaper when the DN is not needed).
+    pub fn attrs(&self, id: EntryId) -> Result<Option<Vec<Attribute>>, StoreError> {
+        match self.entry_bytes(id)? {
+            Some(b) => Ok(Some(entry_codec::decode(id, Dn { rdns: vec![] }, b)?.attrs)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn entry(&self, id: EntryId) -> Result<Option<Entry>, StoreError> {
+        match self.entry_bytes(id)? {
+            Some(b) => {
+                let dn = self.dn(id)?;
+                Ok(Some(entry_codec::decode(id, dn, b)?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Immediate children, in key order.
+    pub fn children(&self, id: EntryId) -> Result<Vec<EntryId>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.inner.dn2id.prefix_iter(self.txn, &id_bytes(id))? {
+            out.push(id_from(item?.1)?);
+        }
+        Ok(out)
+    }
+
+    pub fn has_children(&self, id: EntryId) -> Result<bool, StoreError> {
+        Ok(self.inner.dn2id.prefix_iter(self.txn, &id_bytes(id))?.next().transpose()?.is_some())
+    }
+
+    pub fn count_children(&self, id: EntryId) -> Result<u64, StoreError> {
+        let mut n = 0;
+        for item in self.inner.dn2id.prefix_iter(self.txn, &id_bytes(id))? {
+            item?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// `id` and all its descendants. Stops with `None` once more than `limit`
+    /// IDs were found (the caller decides whether that is an error).
+    pub fn subtree(&self, id: EntryId, limit: u64) -> Result<Option<RoaringTreemap>, StoreError> {
+        let mut set = RoaringTreemap::new();
+        set.insert(id);
+        let mut stack = vec![id];
+        while let Some(cur) = stack.pop() {
+            for item in self.inner.dn2id.prefix_iter(self.txn, &id_bytes(cur))? {
+                let child = id_from(item?.1)?;
+                set.insert(child);
+                if set.len() > limit {
+                    return Ok(None);
+                }
+                stack.push(child);
+            }
+        }
+        Ok(Some(set))
+    }
+
+    /// True when `id` is `ancestor` or below it.
+    pub fn is_within(&self, id: EntryId, ancestor: EntryId) -> Result<bool, StoreError> {
+        let mut cur = id;
+        for _ in 0..1024 {
+            if cur == ancestor {
+                return Ok(true);
+            }
+            match self.placement(cur)? {
+                Some(p) if p.parent != 0 => cur = p.parent,
+                _ => return Ok(false),
+            }
+        }
+        Err(StoreError::Corrupt(format!("parent chain of entry {id} does not end")))
+    }
+
+    /// Number of entries in the store.
+    pub fn entry_count(&self) -> Result<u64, StoreError> {
+        Ok(self.inner.id2entry.len(self.txn)?)
+    }
+
+    /// IDs of the suffix entries (parent 0).
+    pub fn roots(&self) -> Result<Vec<EntryId>, StoreError> {
+        self.children(0)
+    }
+
+    pub fn meta_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.inner.meta.get(self.txn, key.as_bytes())?.map(|v| v.to_vec()))
+    }
+
+    /// Candidate IDs for a filter from the indexes (see [`plan`]).
+    pub fn candidates(&self, filter: &pando_proto::Filter) -> Result<Candidates, StoreError> {
+        plan::candidates(self, filter)
+    }
+
+    fn posting(&self, db: &Db, key: &[u8]) -> Result<RoaringTreemap, StoreError> {
+        match db.get(self.txn, key)? {
+            Some(v) => RoaringTreemap::deserialize_from(v)
+                .map_err(|e| StoreError::Corrupt(format!("index posting: {e}"))),
+            None => Ok(RoaringTreemap::new()),
+        }
+    }
+
+    fn index_db(&self, attr_lower: &str, kind: IndexKind) -> Option<&'t Db> {
+        self.inner.indexes.get(attr_lower)?.iter().find(|i| i.kind == kind).map(|i| &i.db)
+    }
+
+    /// The keys that `attrs` produce in the index (attr, kind).
+    fn keys_of(&self, attrs: &[Attribute], attr_lower: &str, kind: IndexKind) -> BTreeSet<Vec<u8>> {
+        let schema = &self.inner.schema;
+        let mut keys = BTreeSet::new();
+        for a in attrs {
+            let base = a.desc.split(';').next().unwrap_or("");
+            if !base.eq_ignore_ascii_case(attr_lower) {
+                continue;
+            }
+            if let Some(at) = schema.attribute(base) {
+                for v in &a.values {
+                    index::keys_for(schema, at, kind, v, &mut keys);
+                }
+            }
+        }
+        keys
+    }
+
+    /// Every (index name, key) pair `attrs` produce: used by `verify`.
+    pub fn all_index_keys(&self, attrs: &[Attribute]) -> Vec<(String, Vec<u8>)> {
+        let mut out = Vec::new();
+        for (attr, dbs) in &self.inner.indexes {
+            for idx in dbs {
+                for k in self.keys_of(attrs, attr, idx.kind) {
+                    out.push((index::db_name(attr, idx.kind), k));
+                }
+            }
+        }
+        out
+    }
+
+    /// Walk every store invariant; returns a list of problems (empty = consistent).
+    pub fn verify(&self) -> Result<Vec<String>, StoreError> {
+        let mut problems = Vec::new();
+        let mut ids = RoaringTreemap::new();
+        let mut expected: HashMap<(String, Vec<u8>), RoaringTreemap> = HashMap::new();
+        for item in self.inner.id2entry.iter(self.txn)? {
+            let (k, v) = item?;
+            let id = id_from(k)?;
+            ids.insert(id);
+            let attrs = match entry_codec::decode(id, Dn { rdns: vec![] }, v) {
+                Ok(e) => e.attrs,
+                Err(e) => {
+                    problems.push(e.to_string());
+                    continue;
+                }
+            };
+            match self.placement(id)? {
+                None => problems.push(format!("entry {id} has no id2parent record")),
+                Some(p) => {
+                    match self.inner.dn2id.get(self.txn, &dn2id_key(p.parent, &p.norm_rdn))? {
+                        Some(v) if id_from(v)? == id => {}
+                        _ => problems.push(format!("entry {id} ({}) is missing from dn2id", p.rdn)),
+                    }
+                    if p.parent != 0 && self.inner.id2entry.get(self.txn, &id_bytes(p.parent))?.is_none() {
+                        problems.push(format!("entry {id} has a dangling parent {}", p.parent));
+                    }
+                }
+            }
+            for key in self.all_index_keys(&attrs) {
+                expected.entry(key).or_default().insert(id);
+            }
+        }
+        for item in self.inner.dn2id.iter(self.txn)? {
+            let (_, v) = item?;
+            let id = id_from(v)?;
+            if !ids.contains(id) {
+                problems.push(format!("dn2id names entry {id}, which has no id2entry record"));
+            }
+        }
+        for item in self.inner.id2parent.iter(self.txn)? {
+            let (k, _) = item?;
+            let id = id_from(k)?;
+            if !ids.contains(id) {
+                problems.push(format!("id2parent has a record for missing entry {id}"));
+            }
+        }
+        for (attr, dbs) in &self.inner.indexes {
+            for idx in dbs {
+                let name = index::db_name(attr, idx.kind);
+                let mut seen = HashSet::new();
+                for item in idx.db.iter(self.txn)? {
+                    let (k, v) = item?;
+                    let got = RoaringTreemap::deserialize_from(v)
+                        .map_err(|e| StoreError::Corrupt(format!("{name}: posting: {e}")))?;
+                    let want = expected.get(&(name.clone(), k.to_vec())).cloned().unwrap_or_default();
+                    if got != want {
+                        problems.push(format!(
+                            "{name}: key {:?} lists {} IDs, entries produce {} (extra {:?}, missing {:?})",
+                            String::from_utf8_lossy(k),
+                            got.len(),
+                            want.len(),
+                            (&got - &want).iter().take(5).collect::<Vec<_>>(),
+                            (&want - &got).iter().take(5).collect::<Vec<_>>()
+                        ));
+                    }
+                    seen.insert(k.to_vec());
+                }
+                for ((n, k), set) in &expected {
+                    if n == &name && !seen.contains(k) {
+                        problems.push(format!(
+                            "{name}: key {:?} is missing (entries {:?})",
+                            String::from_utf8_lossy(k),
+                            set.iter().take(5).collect::<Vec<_>>()
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(problems)
+    }
+}
+
+impl<'e> WriteTxn<'e> {
+    pub fn view(&self) -> View<'_> {
+        View { txn: &self.txn, inner: self.inner }
+    }
+
+    pub fn meta_put(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        Ok(self.inner.meta.put(&mut self.txn, key.as_bytes(), value)?)
+    }
+
+    fn allocate_id(&mut self) -> Result<EntryId, StoreError> {
+        let next = match self.inner.meta.get(&self.txn, META_NEXT_ID)? {
+            Some(v) => id_from(v)?,
+            None => return Err(StoreError::Corrupt("meta has no next_id".into())),
+        };
+        self.inner.meta.put(&mut self.txn, META_NEXT_ID, &id_bytes(next + 1))?;
+        Ok(next)
+    }
+
+    /// Store a new entry under `place`. The caller has checked that the parent
+    /// exists and that no sibling has the same normalised RDN.
+    pub fn add(&mut self, place: &Placement, attrs: &[Attribute]) -> Result<EntryId, StoreError> {
+        let key = dn2id_key(place.parent, &place.norm_rdn);
+        if self.inner.dn2id.get(&self.txn, &key)?.is_some() {
+            return Err(StoreError::Corrupt(format!("dn2id already holds '{}'", place.rdn)));
+        }
+        let id = self.allocate_id()?;
+        let mut buf = Vec::new();
+        entry_codec::encode(attrs, &mut buf);
+        self.inner.id2entry.put(&mut self.txn, &id_bytes(id), &buf)?;
+        self.inner.id2parent.put(&mut self.txn, &id_bytes(id), &encode_placement(place))?;
+        self.inner.dn2id.put(&mut self.txn, &key, &id_bytes(id))?;
+        self.update_indexes(id, &[], attrs)?;
+        Ok(id)
+    }
+
+    /// Replace the attributes of entry `id` (`old` must be what is stored).
+    pub fn replace(&mut self, id: EntryId, old: &[Attribute], new: &[Attribute]) -> Result<(), StoreError> {
+        let mut buf = Vec::new();
+        entry_codec::encode(new, &mut buf);
+        self.inner.id2entry.put(&mut self.txn, &id_bytes(id), &buf)?;
+        self.update_indexes(id, old, new)
+    }
+
+    /// Remove leaf entry `id` (`old` must be what is stored).
+    pub fn delete(&mut self, id: EntryId, old: &[Attribute]) -> Result<(), StoreError> {
+        if self.view().has_children(id)? {
+            return Err(StoreError::Corrupt(format!("delete of entry {id}, which has children")));
+        }
+        let place = self
+            .view()
+            .placement(id)?
+            .ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no id2parent record")))?;
+        self.inner.dn2id.delete(&mut self.txn, &dn2id_key(place.parent, &place.norm_rdn))?;
+        self.inner.id2parent.delete(&mut self.txn, &id_bytes(id))?;
+        self.inner.id2entry.delete(&mut self.txn, &id_bytes(id))?;
+        self.update_indexes(id, old, &[])
+    }
+
+    /// Give entry `id` a new parent and/or RDN. Descendants are untouched:
+    /// their DNs derive from this record.
+    pub fn rename(&mut self, id: EntryId, to: &Placement) -> Result<(), StoreError> {
+        let from = self
+            .view()
+            .placement(id)?
+            .ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no id2parent record")))?;
+        self.inner.dn2id.delete(&mut self.txn, &dn2id_key(from.parent, &from.norm_rdn))?;
+        self.inner.dn2id.put(&mut self.txn, &dn2id_key(to.parent, &to.norm_rdn), &id_bytes(id))?;
+        self.inner.id2parent.put(&mut self.txn, &id_bytes(id), &encode_placement(to))?;
+        Ok(())
+    }
+
+    fn update_indexes(&mut self, id: EntryId, old: &[Attribute], new: &[Attribute]) -> Result<(), StoreError> {
+        let inner = self.inner;
+        for (attr, dbs) in &inner.indexes {
+            for idx in dbs {
+                let (before, after) = {
+                    let view = self.view();
+                    (view.keys_of(old, attr, idx.kind), view.keys_of(new, attr, idx.kind))
+                };
+                for k in before.difference(&after) {
+                    self.change_posting(&idx.db, k, id, false)?;
+                }
+                for k in after.difference(&before) {
+                    self.change_posting(&idx.db, k, id, true)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn change_posting(&mut self, db: &Db, key: &[u8], id: EntryId, add: bool) -> Result<(), StoreError> {
+        let mut set = self.view().posting(db, key)?;
+        let changed = if add { set.insert(id) } else { set.remove(id) };
+        if !changed {
+            return Ok(());
+        }
+        if set.is_empty() {
+            db.delete(&mut self.txn, key)?;
+        } else {
+            let mut buf = Vec::with_capacity(set.serialized_size());
+            set.serialize_into(&mut buf)?;
+            db.put(&mut self.txn, key, &buf)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,521 @@
+//! Schema checking of whole entries (RFC 4512 sections 2.4 and 3.3).
+//!
+//! `check_entry` canonicalises the entry in place and validates it:
+//! 1. attribute descriptions become canonical (`Schema::canonical_desc`);
+//!    attributes naming the same description are merged; attributes with
+//!    no values are dropped;
+//! 2. every value is checked against its syntax (invalidAttributeSyntax);
+//! 3. duplicate values under the equality rule (raw bytes when the type has
+//!    none) are rejected (attributeOrValueExists), SINGLE-VALUE is enforced
+//!    (constraintViolation);
+//! 4. objectClass values must name defined classes and are replaced by the
+//!    classes' primary names; superclasses are NOT added to the stored
+//!    values (as in OpenLDAP) — filters match superclasses instead;
+//! 5. the structural classes (with their superclasses) must form a single
+//!    chain; the most specific one is returned (objectClassViolation);
+//! 6. every MUST of every class and superclass must be present (an
+//!    attribute with options counts), every user attribute must be allowed
+//!    by some class's MUST/MAY (a subtype of an allowed type is allowed;
+//!    extensibleObject allows any; operational attributes always are);
+//! 7. each AVA of the entry's RDN must be a value of the entry
+//!    (namingViolation).
+//!
+//! NO-USER-MODIFICATION is not checked here: whether a write may set an
+//! operational attribute depends on who writes (the operations layer).
+
+use std::collections::HashSet;
+use std::fmt;
+
+use pando_proto::ResultCode;
+
+use crate::entry::{Attribute, Entry};
+use crate::schema::{AttributeType, ObjectClass, ObjectClassKind, Schema};
+
+/// A schema check failure: the LDAP result code and a message naming the
+/// attribute or class concerned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchemaViolation {
+    pub code: ResultCode,
+    pub message: String,
+}
+
+impl SchemaViolation {
+    pub fn new(code: ResultCode, message: impl Into<String>) -> Self {
+        SchemaViolation {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for SchemaViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({}): {}",
+            self.code.name(),
+            self.code.0,
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for SchemaViolation {}
+
+const EXTENSIBLE_OBJECT: &str = "1.3.6.1.4.1.1466.101.120.111";
+
+/// Base type name of a canonical description ("cn;lang-en" → "cn").
+fn base(desc: &str) -> &str {
+    desc.split(';').next().unwrap_or(desc)
+}
+
+impl Schema {
+    /// Validate a user or imported entry and canonicalise it in place (see
+    /// the module docs for the rules). Returns the structural object
+    /// class's primary name.
+    pub fn check_entry(&self, entry: &mut Entry) -> Result<String, SchemaViolation> {
+        // 1. Canonical descriptions, merged.
+        let mut attrs: Vec<Attribute> = Vec::with_capacity(entry.attrs.len());
+        for a in entry.attrs.drain(..) {
+            if a.values.is_empty() {
+                continue;
+            }
+            let (desc, _) = self.canonical_desc(&a.desc)?;
+            match attrs.iter_mut().find(|x| x.desc == desc) {
+                Some(x) => x.values.extend(a.values),
+                None => attrs.push(Attribute {
+                    desc,
+                    values: a.values,
+                }),
+            }
+        }
+        entry.attrs = attrs;
+
+        // 2-4. Values.
+        let oc_type = self.attribute("objectClass");
+        for a in entry.attrs.iter_mut() {
+            let at = self.type_of(&a.desc)?;
+            let is_oc = oc_type.is_some_and(|o| o.oid == at.oid);
+            if is_oc {
+                for v in a.values.iter_mut() {
+                    let name = std::str::from_utf8(v).ok().map(str::trim);
+                    let oc = name.and_then(|n| self.object_class(n)).ok_or_else(|| {
+                        SchemaViolation::new(
+                            ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+                            format!(
+                                "objectClass: unrecognized value '{}'",
+                                String::from_utf8_lossy(v)
+                            ),
+                        )
+                    })?;
+                    *v = oc.name().as_bytes().to_vec();
+                }
+            }
+            let mut seen: HashSet<Vec<u8>> = HashSet::with_capacity(a.values.len());
+            for (i, v) in a.values.iter().enumerate() {
+                self.validate(at, v).map_err(|e| {
+                    SchemaViolation::new(
+                        ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+                        format!("{}: value #{i} invalid per syntax: {e}", a.desc),
+                    )
+                })?;
+                let key = if at.equality.is_some() {
+                    self.normalize(at, v).map_err(|e| {
+                        SchemaViolation::new(
+                            ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+                            format!("{}: value #{i} invalid: {e}", a.desc),
+                        )
+                    })?
+                } else {
+                    v.clone()
+                };
+                if !seen.insert(key) {
+                    return Err(SchemaViolation::new(
+                        ResultCode::ATTRIBUTE_OR_VALUE_EXISTS,
+                        format!("{}: value #{i} provided more than once", a.desc),
+                    ));
+                }
+            }
+            if at.single_value && a.values.len() > 1 {
+                return Err(SchemaViolation::new(
+                    ResultCode::CONSTRAINT_VIOLATION,
+                    format!(
+                        "{}: multiple values provided for a single-valued attribute",
+                        a.desc
+                    ),
+                ));
+            }
+        }
+
+        // 5. Object classes and the structural chain.
+        let oc_values: Vec<&ObjectClass> = entry
+            .attrs
+            .iter()
+            .find(|a| oc_type.is_some_and(|o| a.desc == o.name()))
+            .map(|a| {
+                a.values
+                    .iter()
+                    .filter_map(|v| std::str::from_utf8(v).ok())
+                    .filter_map(|n| self.object_class(n))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if oc_values.is_empty() {
+            return Err(SchemaViolation::new(
+                ResultCode::OBJECT_CLASS_VIOLATION,
+                "no objectClass attribute",
+            ));
+        }
+        let mut all: Vec<&ObjectClass> = Vec::new();
+        for oc in &oc_values {
+            for c in self.class_closure(oc) {
+                if !all.iter().any(|x| x.oid == c.oid) {
+                    all.push(c);
+                }
+            }
+        }
+        let structural: Vec<&ObjectClass> = all
+            .iter()
+            .copied()
+            .filter(|c| c.kind == ObjectClassKind::Structural)
+            .collect();
+        if structural.is_empty() {
+            return Err(SchemaViolation::new(
+                ResultCode::OBJECT_CLASS_VIOLATION,
+                "no structural object class provided",
+            ));
+        }
+        // The most specific structural class must inherit from all others.
+        let Some(most) = structural
+            .iter()
+            .copied()
+            .find(|s| structural.iter().all(|o| self.class_inherits(s, o)))
+        else {
+            let names: Vec<&str> = structural.iter().map(|c| c.name()).collect();
+            return Err(SchemaViolation::new(
+                ResultCode::OBJECT_CLASS_VIOLATION,
+                format!(
+                    "invalid structural object class chain ({})",
+                    names.join("/")
+                ),
+            ));
+        };
+
+        // 6. MUST and MAY.
+        let extensible = all.iter().any(|c| c.oid == EXTENSIBLE_OBJECT);
+        let mut allowed: Vec<&AttributeType> = Vec::new();
+        for c in &all {
+            for m in &c.must {
+                let Some(at) = self.attribute(m) else {
+                    continue;
+                };
+                allowed.push(at);
+                let present = entry.attrs.iter().any(|a| {
+                    self.attribute(base(&a.desc))
+                        .is_some_and(|x| x.oid == at.oid)
+                });
+                if !present {
+                    return Err(SchemaViolation::new(
+                        ResultCode::OBJECT_CLASS_VIOLATION,
+                        format!(
+                            "object class '{}' requires attribute '{}'",
+                            c.name(),
+                            at.name()
+                        ),
+                    ));
+                }
+            }
+            allowed.extend(c.may.iter().filter_map(|m| self.attribute(m)));
+        }
+        for a in &entry.attrs {
+            let at = self.type_of(&a.desc)?;
+            if at.is_operational() || extensible {
+                continue;
+            }
+            if !allowed.iter().any(|x| self.is_subtype(at, x)) {
+                return Err(SchemaViolation::new(
+                    ResultCode::OBJECT_CLASS_VIOLATION,
+                    format!("attribute '{}' not allowed", a.desc),
+                ));
+            }
+        }
+
+        // 7. RDN values present.
+        if let Some(rdn) = entry.dn.rdn() {
+            for ava in &rdn.avas {
+                let at = self.attribute(&ava.attr).ok_or_else(|| {
+                    SchemaViolation::new(
+                        ResultCode::NAMING_VIOLATION,
+                        format!("naming attribute '{}' is not defined", ava.attr),
+                    )
+                })?;
+                let want = match self.normalize(at, &ava.value) {
+                    Ok(k) => Some(k),
+                    Err(_) if at.equality.is_none() => None,
+                    Err(e) => {
+                        return Err(SchemaViolation::new(
+                            ResultCode::NAMING_VIOLATION,
+                            format!("naming attribute '{}' has an invalid value: {e}", ava.attr),
+                        ))
+                    }
+                };
+                let found = entry
+                    .attrs
+                    .iter()
+                    .filter(|a| {
+                        self.attribute(base(&a.desc))
+                            .is_some_and(|x| x.oid == at.oid)
+                    })
+                    .flat_map(|a| a.values.iter())
+                    .any(|v| match &want {
+                        Some(k) => self.normalize(at, v).is_ok_and(|n| &n == k),
+                        None => v == &ava.value,
+                    });
+                if !found {
+                    return Err(SchemaViolation::new(
+                        ResultCode::NAMING_VIOLATION,
+                        format!(
+                            "value of naming attribute '{}' is not present in entry",
+                            at.name()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(most.name().to_string())
+    }
+
+    fn type_of(&self, desc: &str) -> Result<&AttributeType, SchemaViolation> {
+        self.attribute(base(desc)).ok_or_else(|| {
+            SchemaViolation::new(
+                ResultCode::UNDEFINED_ATTRIBUTE_TYPE,
+                format!("{desc}: attribute type undefined"),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dn::Dn;
+
+    fn entry(dn: &str, attrs: &[(&str, &[&str])]) -> Entry {
+        let mut e = Entry::new(Dn::parse(dn).unwrap());
+        for (d, vals) in attrs {
+            e.add_values(d, vals.iter().map(|v| v.as_bytes().to_vec()).collect());
+        }
+        e
+    }
+
+    fn code(r: Result<String, SchemaViolation>) -> u32 {
+        r.unwrap_err().code.0
+    }
+
+    #[test]
+    fn valid_inet_org_person() {
+        let s = Schema::standard();
+        let mut e = entry(
+            "uid=jdoe,ou=people,dc=example,dc=com",
+            &[
+                ("objectclass", &["inetorgperson", "posixAccount", "top"]),
+                ("commonName", &["John Doe"]),
+                ("SN", &["Doe"]),
+                ("uid", &["JDoe"]),
+                ("uidNumber", &["1000"]),
+                ("gidNumber", &["1000"]),
+                ("homeDirectory", &["/home/jdoe"]),
+                ("mail", &["jdoe@example.com"]),
+                ("cn;lang-de", &["Hans"]),
+                ("createTimestamp", &["20240101000000Z"]),
+            ],
+        );
+        assert_eq!(s.check_entry(&mut e).unwrap(), "inetOrgPerson");
+        assert_eq!(
+            e.values("objectClass"),
+            &[
+                b"inetOrgPerson".to_vec(),
+                b"posixAccount".to_vec(),
+                b"top".to_vec()
+            ]
+        );
+        assert!(e.get("cn").is_some() && e.get("sn").is_some());
+        assert!(e.attrs.iter().any(|a| a.desc == "cn;lang-de"));
+    }
+
+    #[test]
+    fn violations() {
+        let s = Schema::standard();
+        // Missing MUST.
+        let mut e = entry("cn=a,o=x", &[("objectClass", &["person"]), ("cn", &["a"])]);
+        let err = s.check_entry(&mut e).unwrap_err();
+        assert_eq!(err.code, ResultCode::OBJECT_CLASS_VIOLATION);
+        assert!(err.message.contains("'sn'"), "{err}");
+        // Not allowed.
+        let mut e = entry(
+            "cn=a,o=x",
+            &[
+                ("objectClass", &["person"]),
+                ("cn", &["a"]),
+                ("sn", &["b"]),
+                ("mail", &["m@x"]),
+            ],
+        );
+        let err = s.check_entry(&mut e).unwrap_err();
+        assert_eq!(err.code.0, 65);
+        assert!(err.message.contains("mail"));
+        // ... unless extensibleObject.
+        let mut e = entry(
+            "cn=a,o=x",
+            &[
+                ("objectClass", &["person", "extensibleObject"]),
+                ("cn", &["a"]),
+                ("sn", &["b"]),
+                ("mail", &["m@x"]),
+            ],
+        );
+        assert!(s.check_entry(&mut e).is_ok());
+        // Two structural chains.
+        let mut e = entry(
+            "cn=a,o=x",
+            &[
+                ("objectClass", &["person", "device"]),
+                ("cn", &["a"]),
+                ("sn", &["b"]),
+            ],
+        );
+        let err = s.check_entry(&mut e).unwrap_err();
+        assert!(
+            err.message
+                .contains("invalid structural object class chain"),
+            "{err}"
+        );
+        // No structural class.
+        let mut e = entry(
+            "uid=a,o=x",
+            &[("objectClass", &["uidObject"]), ("uid", &["a"])],
+        );
+        let err = s.check_entry(&mut e).unwrap_err();
+        assert_eq!(err.message, "no structural object class provided");
+        // No objectClass at all.
+        let mut e = entry("cn=a,o=x", &[("cn", &["a"])]);
+        assert_eq!(code(s.check_entry(&mut e)), 65);
+        // Unknown object class / attribute.
+        let mut e = entry("cn=a", &[("objectClass", &["nosuch"]), ("cn", &["a"])]);
+        assert_eq!(code(s.check_entry(&mut e)), 21);
+        let mut e = entry(
+            "cn=a",
+            &[
+                ("objectClass", &["device"]),
+                ("cn", &["a"]),
+                ("foo", &["a"]),
+            ],
+        );
+        assert_eq!(code(s.check_entry(&mut e)), 17);
+        // Single value.
+        let mut e = entry("dc=a", &[("objectClass", &["domain"]), ("dc", &["a", "b"])]);
+        assert_eq!(code(s.check_entry(&mut e)), 19);
+        // Syntax: integer, boolean, DN.
+        let base: &[(&str, &[&str])] = &[
+            (
+                "objectClass",
+                &["account", "posixAccount", "extensibleObject"],
+            ),
+            ("uid", &["a"]),
+            ("cn", &["a"]),
+            ("uidNumber", &["1"]),
+            ("gidNumber", &["1"]),
+            ("homeDirectory", &["/"]),
+        ];
+        let mut e = entry("uid=a", base);
+        assert!(s.check_entry(&mut e).is_ok());
+        for (attr, bad) in [
+            ("uidNumber", "x1"),
+            ("hasSubordinates", "yes"),
+            ("seeAlso", "not a dn"),
+        ] {
+            let mut e = entry("uid=a", base);
+            e.remove(attr);
+            e.add_values(attr, vec![bad.as_bytes().to_vec()]);
+            let err = s.check_entry(&mut e).unwrap_err();
+            assert_eq!(err.code, ResultCode::INVALID_ATTRIBUTE_SYNTAX, "{attr}");
+            assert!(err.message.starts_with(attr), "{err}");
+        }
+        // Duplicates under the equality rule, also across alias names.
+        let mut e = entry(
+            "cn=a,o=x",
+            &[
+                ("objectClass", &["person"]),
+                ("cn", &["a", "  A "]),
+                ("sn", &["b"]),
+            ],
+        );
+        let err = s.check_entry(&mut e).unwrap_err();
+        assert_eq!(err.code, ResultCode::ATTRIBUTE_OR_VALUE_EXISTS);
+        assert!(err.message.starts_with("cn"));
+        let mut e = entry(
+            "cn=a,o=x",
+            &[
+                ("objectClass", &["person"]),
+                ("cn", &["a"]),
+                ("commonName", &["A"]),
+                ("sn", &["b"]),
+            ],
+        );
+        assert_eq!(code(s.check_entry(&mut e)), 20);
+    }
+
+    #[test]
+    fn naming() {
+        let s = Schema::standard();
+        let mut e = entry(
+            "cn=Other,o=x",
+            &[("objectClass", &["person"]), ("cn", &["a"]), ("sn", &["b"])],
+        );
+        assert_eq!(code(s.check_entry(&mut e)), 64);
+        // Case and spaces do not matter; multi-valued RDNs need every AVA.
+        let mut e = entry(
+            "CN=  A +sn=B,o=x",
+            &[("objectClass", &["person"]), ("cn", &["a"]), ("sn", &["b"])],
+        );
+        assert!(s.check_entry(&mut e).is_ok());
+        let mut e = entry(
+            "cn=a+sn=c,o=x",
+            &[("objectClass", &["person"]), ("cn", &["a"]), ("sn", &["b"])],
+        );
+        assert_eq!(code(s.check_entry(&mut e)), 64);
+        // The root DSE has no RDN to check.
+        let mut e = entry("", &[("objectClass", &["device"]), ("cn", &["a"])]);
+        assert!(s.check_entry(&mut e).is_ok());
+    }
+
+    #[test]
+    fn abstract_and_auxiliary() {
+        let s = Schema::standard();
+        let mut e = entry(
+            "dc=example,dc=com",
+            &[
+                ("objectClass", &["top", "dcObject", "organization"]),
+                ("dc", &["example"]),
+                ("o", &["Example"]),
+            ],
+        );
+        assert_eq!(s.check_entry(&mut e).unwrap(), "organization");
+        // Structural subclass plus its superclass is one chain.
+        let mut e = entry(
+            "cn=a",
+            &[
+                ("objectClass", &["person", "organizationalPerson"]),
+                ("cn", &["a"]),
+                ("sn", &["b"]),
+                ("title", &["t"]),
+            ],
+        );
+        assert_eq!(s.check_entry(&mut e).unwrap(), "organizationalPerson");
+        // Empty attributes are dropped.
+        let mut e = entry("cn=a", &[("objectClass", &["device"]), ("cn", &["a"])]);
+        e.add_values("description", vec![]);
+        assert!(s.check_entry(&mut e).is_ok());
+        assert!(e.get("description").is_none());
+    }
+}

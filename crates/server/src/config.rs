@@ -1,0 +1,395 @@
+//! The bootstrap configuration: a typed model read from TOML.
+//!
+//! Every field has a default, so `pando serve` runs with no file at all. The
+//! model is plain data with one `validate` step that names the offending key
+//! in every error; the same types are meant to be exposed under `cn=config`
+//! later, so nothing here depends on TOML beyond `serde`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use pando_model::{Dn, Schema};
+use pando_store::{IndexKind, IndexSpec};
+use serde::Deserialize;
+
+pub const DEFAULT_SUFFIX: &str = "dc=example,dc=com";
+pub const DEFAULT_LDAP_URL: &str = "ldap://127.0.0.1:3389";
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where the store, the ldapi socket and generated secrets live.
+    pub data_dir: PathBuf,
+    /// Listener URLs: `ldap://host:port` or `ldapi://` (socket in the data
+    /// directory) or `ldapi:///absolute/path`.
+    pub listen: Vec<String>,
+    /// Naming contexts served.
+    pub suffixes: Vec<String>,
+    /// The administrator DN; it need not exist as an entry.
+    pub root_dn: Option<String>,
+    /// `{ARGON2}`/`{SSHA}`… hash of the administrator password. When unset,
+    /// a random password is generated on first start (see README).
+    pub root_password_hash: Option<String>,
+    /// `error`, `warn`, `info`, `debug` or `trace`.
+    pub log_level: String,
+    /// Attribute → index kinds (`eq`, `pres`, `sub`, `approx`, `ord`).
+    pub indexes: BTreeMap<String, Vec<String>>,
+    pub limits: Limits,
+    pub store: StoreConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest LDAP message accepted, in bytes (checked from the header).
+    pub max_pdu_bytes: usize,
+    /// Entries returned per search for non-administrators (0 = unlimited).
+    pub size_limit: u32,
+    /// Seconds a search may run for non-administrators (0 = unlimited).
+    pub time_limit: u32,
+    /// Deepest filter nesting accepted.
+    pub max_filter_depth: usize,
+    /// Most filter terms accepted.
+    pub max_filter_terms: usize,
+    /// Unindexed searches scanning more entries than this are refused with
+    /// adminLimitExceeded, except for administrators.
+    pub unindexed_search_limit: u64,
+    /// Simultaneous client connections.
+    pub max_connections: usize,
+    /// Operations outstanding on one connection before reading pauses.
+    pub max_ops_per_connection: usize,
+    /// Close connections idle this many seconds (0 = never).
+    pub idle_timeout: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_pdu_bytes: 1 << 20,
+            size_limit: 500,
+            time_limit: 3600,
+            max_filter_depth: 64,
+            max_filter_terms: 10_000,
+            unindexed_search_limit: 100_000,
+            max_connections: 4096,
+            max_ops_per_connection: 64,
+            idle_timeout: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Upper bound of the database file, in MiB.
+    pub map_size_mb: u64,
+    /// Most write operations committed together (group commit).
+    pub max_write_batch: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig { map_size_mb: 64 * 1024, max_write_batch: 256 }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let mut indexes = BTreeMap::new();
+        let mut idx = |a: &str, k: &[&str]| {
+            indexes.insert(a.to_string(), k.iter().map(|s| s.to_string()).collect());
+        };
+        idx("objectClass", &["eq"]);
+        for a in ["uid", "mail", "cn", "sn", "givenName"] {
+            idx(a, &["eq", "sub"]);
+        }
+        for a in ["member", "uniqueMember", "memberUid", "entryUUID"] {
+            idx(a, &["eq"]);
+        }
+        Config {
+            data_dir: PathBuf::from("pando-data"),
+            listen: vec![DEFAULT_LDAP_URL.to_string(), "ldapi://".to_string()],
+            suffixes: vec![DEFAULT_SUFFIX.to_string()],
+            root_dn: None,
+            root_password_hash: None,
+            log_level: "info".to_string(),
+            indexes,
+            limits: Limits::default(),
+            store: StoreConfig::default(),
+        }
+    }
+}
+
+/// A configuration problem, naming the key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError {
+    pub key: String,
+    pub problem: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{}", self.problem)
+        } else {
+            write!(f, "config key '{}': {}", self.key, self.problem)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError { key: key.into(), problem: problem.into() }
+}
+
+/// A listener, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listener {
+    Tcp(std::net::SocketAddr),
+    Ldapi(PathBuf),
+}
+
+impl Listener {
+    pub fn url(&self) -> String {
+        match self {
+            Listener::Tcp(a) => format!("ldap://{a}"),
+            Listener::Ldapi(p) => format!("ldapi://{}", percent_encode_path(&p.to_string_lossy())),
+        }
+    }
+}
+
+fn percent_encode_path(p: &str) -> String {
+    let mut out = String::new();
+    for b in p.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The validated configuration the server runs with.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub config: Config,
+    pub listeners: Vec<Listener>,
+    pub suffixes: Vec<Dn>,
+    pub root_dn: Dn,
+    pub indexes: Vec<IndexSpec>,
+}
+
+impl Config {
+    /// Parse TOML text; `origin` names the file in errors.
+    pub fn from_toml(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| {
+            let problem = e.message().to_string();
+            let line = e.span().map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+            match line {
+                Some(l) => err("", format!("{}:{l}: {problem}", origin.display())),
+                None => err("", format!("{}: {problem}", origin.display())),
+            }
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| err("", format!("cannot read config file {}: {e}", path.display())))?;
+        Config::from_toml(&text, path)
+    }
+
+    /// Check every value against the schema and resolve listeners and DNs.
+    pub fn validate(self, schema: &Schema) -> Result<Resolved, ConfigError> {
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(err("data_dir", "must not be empty"));
+        }
+        if self.listen.is_empty() {
+            return Err(err("listen", "at least one listener is needed"));
+        }
+        let mut listeners = Vec::new();
+        for (i, url) in self.listen.iter().enumerate() {
+            let key = format!("listen[{i}]");
+            let l = if let Some(rest) = url.strip_prefix("ldap://") {
+                let hostport = rest.trim_end_matches('/');
+                let addr = if hostport.contains(':') {
+                    hostport.to_string()
+                } else {
+                    format!("{hostport}:389")
+                };
+                let addr = addr
+                    .parse()
+                    .or_else(|_| {
+                        std::net::ToSocketAddrs::to_socket_addrs(&addr.as_str())
+                            .ok()
+                            .and_then(|mut it| it.next())
+                            .ok_or(())
+                    })
+                    .map_err(|_| err(&key, format!("'{url}' is not host:port")))?;
+                Listener::Tcp(addr)
+            } else if let Some(rest) = url.strip_prefix("ldapi://") {
+                if rest.is_empty() || rest == "/" {
+                    Listener::Ldapi(self.data_dir.join("ldapi"))
+                } else {
+                    let p = percent_decode(rest).ok_or_else(|| err(&key, "bad %-escape in socket path"))?;
+                    Listener::Ldapi(PathBuf::from(p))
+                }
+            } else if url.starts_with("ldaps://") {
+                return Err(err(&key, "ldaps:// needs TLS, which this build does not configure yet"));
+            } else {
+                return Err(err(&key, format!("'{url}' must start with ldap:// or ldapi://")));
+            };
+            listeners.push(l);
+        }
+        if self.suffixes.is_empty() {
+            return Err(err("suffixes", "at least one suffix is needed"));
+        }
+        let mut suffixes: Vec<Dn> = Vec::new();
+        let mut norms: Vec<String> = Vec::new();
+        for (i, s) in self.suffixes.iter().enumerate() {
+            let key = format!("suffixes[{i}]");
+            let dn = Dn::parse(s).map_err(|e| err(&key, format!("'{s}' is not a DN: {e}")))?;
+            if dn.is_root() {
+                return Err(err(&key, "the empty DN cannot be a suffix"));
+            }
+            let n = schema.normalize_dn(&dn).map_err(|e| err(&key, e))?;
+            for other in &norms {
+                if n == *other || n.ends_with(&format!(",{other}")) || other.ends_with(&format!(",{n}")) {
+                    return Err(err(&key, format!("'{s}' overlaps another suffix")));
+                }
+            }
+            norms.push(n);
+            suffixes.push(dn);
+        }
+        let root_dn_text = match &self.root_dn {
+            Some(d) => d.clone(),
+            None => format!("cn=admin,{}", self.suffixes[0]),
+        };
+        let root_dn = Dn::parse(&root_dn_text).map_err(|e| err("root_dn", format!("'{root_dn_text}': {e}")))?;
+        if root_dn.is_root() {
+            return Err(err("root_dn", "must not be empty"));
+        }
+        schema.normalize_dn(&root_dn).map_err(|e| err("root_dn", e))?;
+        if let Some(h) = &self.root_password_hash {
+            if !crate::password::is_hashed(h.as_bytes()) {
+                return Err(err(
+                    "root_password_hash",
+                    "must be a hash such as {ARGON2}… (make one with `pando passwd`), not a clear password",
+                ));
+            }
+        }
+        if !matches!(self.log_level.as_str(), "error" | "warn" | "info" | "debug" | "trace") {
+            return Err(err("log_level", format!("'{}' is not one of error, warn, info, debug, trace", self.log_level)));
+        }
+        let mut indexes = Vec::new();
+        for (attr, kinds) in &self.indexes {
+            let key = format!("indexes.{attr}");
+            let at = schema.attribute(attr).ok_or_else(|| err(&key, format!("unknown attribute type '{attr}'")))?;
+            let mut ks = Vec::new();
+            for k in kinds {
+                let kind: IndexKind = k.parse().map_err(|e: String| err(&key, e))?;
+                let ok = match kind {
+                    IndexKind::Eq | IndexKind::Sub | IndexKind::Approx => at.equality.is_some(),
+                    IndexKind::Ord => at.ordering.is_some(),
+                    IndexKind::Pres => true,
+                };
+                if !ok {
+                    return Err(err(&key, format!("'{attr}' has no matching rule for a '{kind}' index")));
+                }
+                if !ks.contains(&kind) {
+                    ks.push(kind);
+                }
+            }
+            indexes.push(IndexSpec { attr: at.name().to_string(), kinds: ks });
+        }
+        let l = &self.limits;
+        if l.max_pdu_bytes < 1024 || l.max_pdu_bytes > 1 << 30 {
+            return Err(err("limits.max_pdu_bytes", "must be between 1024 and 1073741824"));
+        }
+        if l.max_filter_depth == 0 || l.max_filter_depth > 1000 {
+            return Err(err("limits.max_filter_depth", "must be between 1 and 1000"));
+        }
+        if l.max_filter_terms == 0 {
+            return Err(err("limits.max_filter_terms", "must be at least 1"));
+        }
+        if l.max_connections == 0 {
+            return Err(err("limits.max_connections", "must be at least 1"));
+        }
+        if l.max_ops_per_connection == 0 {
+            return Err(err("limits.max_ops_per_connection", "must be at least 1"));
+        }
+        if self.store.map_size_mb < 16 {
+            return Err(err("store.map_size_mb", "must be at least 16"));
+        }
+        if self.store.max_write_batch == 0 {
+            return Err(err("store.max_write_batch", "must be at least 1"));
+        }
+        Ok(Resolved { config: self, listeners, suffixes, root_dn, indexes })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(toml: &str) -> Result<Resolved, ConfigError> {
+        let c = Config::from_toml(toml, Path::new("test.toml"))?;
+        c.validate(&Schema::standard())
+    }
+
+    #[test]
+    fn defaults_validate() {
+        let r = check("").unwrap();
+        assert_eq!(r.root_dn.to_string(), "cn=admin,dc=example,dc=com");
+        assert_eq!(r.listeners[0], Listener::Tcp("127.0.0.1:3389".parse().unwrap()));
+        assert_eq!(r.listeners[1], Listener::Ldapi(PathBuf::from("pando-data/ldapi")));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = check("[limits]\nsize_limit = \"many\"\n").unwrap_err();
+        assert!(e.to_string().contains("test.toml:2"), "{e}");
+        let e = check("bogus = 1\n").unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
+        let e = check("suffixes = [\"not a dn\"]\n").unwrap_err();
+        assert_eq!(e.key, "suffixes[0]");
+        let e = check("[indexes]\nnoSuchAttr = [\"eq\"]\n").unwrap_err();
+        assert_eq!(e.key, "indexes.noSuchAttr");
+        let e = check("[indexes]\ncn = [\"fuzzy\"]\n").unwrap_err();
+        assert_eq!(e.key, "indexes.cn");
+        let e = check("listen = [\"http://x\"]\n").unwrap_err();
+        assert_eq!(e.key, "listen[0]");
+        let e = check("root_password_hash = \"secret\"\n").unwrap_err();
+        assert_eq!(e.key, "root_password_hash");
+        let e = check("suffixes = [\"dc=example,dc=com\", \"ou=x,dc=example,dc=com\"]\n").unwrap_err();
+        assert_eq!(e.key, "suffixes[1]");
+        let e = check("[limits]\nmax_pdu_bytes = 10\n").unwrap_err();
+        assert_eq!(e.key, "limits.max_pdu_bytes");
+    }
+
+    #[test]
+    fn ldapi_paths() {
+        let r = check("listen = [\"ldapi://%2Ftmp%2Fx.sock\"]\n").unwrap();
+        assert_eq!(r.listeners[0], Listener::Ldapi(PathBuf::from("/tmp/x.sock")));
+        assert_eq!(r.listeners[0].url(), "ldapi://%2Ftmp%2Fx.sock");
+    }
+}

@@ -1,0 +1,64 @@
+//! The one place where internal errors become LDAP results.
+
+use pando_model::SchemaViolation;
+use pando_proto::{LdapResult, ResultCode};
+use pando_store::StoreError;
+
+/// An operation's failure: result code, diagnostic message and matchedDN.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LdapError {
+    pub code: ResultCode,
+    pub message: String,
+    pub matched_dn: String,
+}
+
+impl LdapError {
+    pub fn new(code: ResultCode, message: impl Into<String>) -> Self {
+        LdapError { code, message: message.into(), matched_dn: String::new() }
+    }
+
+    pub fn with_matched(mut self, dn: String) -> Self {
+        self.matched_dn = dn;
+        self
+    }
+
+    pub fn into_result(self) -> LdapResult {
+        LdapResult { code: self.code, matched_dn: self.matched_dn, message: self.message, referral: Vec::new() }
+    }
+
+    pub fn protocol(msg: impl Into<String>) -> Self {
+        Self::new(ResultCode::PROTOCOL_ERROR, msg)
+    }
+    pub fn invalid_dn(msg: impl Into<String>) -> Self {
+        Self::new(ResultCode::INVALID_DN_SYNTAX, msg)
+    }
+    pub fn unwilling(msg: impl Into<String>) -> Self {
+        Self::new(ResultCode::UNWILLING_TO_PERFORM, msg)
+    }
+    pub fn access(msg: impl Into<String>) -> Self {
+        Self::new(ResultCode::INSUFFICIENT_ACCESS_RIGHTS, msg)
+    }
+}
+
+impl From<StoreError> for LdapError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::MapFull => LdapError::unwilling(
+                "the database is full (store.map_size_mb reached); the change was not made",
+            ),
+            StoreError::Closed => LdapError::new(ResultCode::UNAVAILABLE, "the server is shutting down"),
+            other => {
+                tracing::error!(error = %other, "store error");
+                LdapError::new(ResultCode::OTHER, format!("internal storage error: {other}"))
+            }
+        }
+    }
+}
+
+impl From<SchemaViolation> for LdapError {
+    fn from(v: SchemaViolation) -> Self {
+        LdapError::new(v.code, v.message)
+    }
+}
+
+pub type OpResult<T> = Result<T, LdapError>;

@@ -1,0 +1,373 @@
+//! One client connection.
+//!
+//! A reader loop frames and decodes PDUs and dispatches each operation as its
+//! own task (so a client may pipeline many operations); a writer task owns the
+//! socket's write half and sends whatever responses are ready, coalescing
+//! them into few writes. Responses carry their request's message ID, so they
+//! may interleave in any order.
+//!
+//! Bind and Unbind are handled in the reader loop itself: before a bind, the
+//! outstanding operations are abandoned and waited for (RFC 4511 4.2.1), so
+//! every operation runs with the identity that was current when it arrived.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pando_proto::{
+    frame_length, notice_of_disconnection, oid, Control, ExtendedResponse, LdapMessage, LdapResult, PagedResults,
+    ProtocolOp, ResultCode,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, watch, Semaphore};
+
+use crate::error::LdapError;
+use crate::ops;
+use crate::state::{Identity, Server};
+
+/// Controls recognised on any operation (others, if critical, are refused).
+const KNOWN_CONTROLS: &[&str] = &[oid::MANAGE_DSA_IT];
+
+type Outstanding = Arc<Mutex<HashMap<i32, Arc<AtomicBool>>>>;
+
+pub struct Connection {
+    pub server: Arc<Server>,
+    pub id: u64,
+    pub peer: String,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+impl Connection {
+    pub async fn run<S>(self, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let (mut rd, wr) = tokio::io::split(stream);
+        let (tx, rx) = mpsc::channel::<Vec<u8>>(64);
+        let writer = tokio::spawn(write_loop(wr, rx));
+        let reason = self.read_loop(&mut rd, &tx).await;
+        tracing::debug!(conn = self.id, peer = %self.peer, reason, "connection closing");
+        drop(tx);
+        let _ = writer.await;
+    }
+
+    async fn read_loop<R: AsyncRead + Unpin>(&self, rd: &mut R, tx: &mpsc::Sender<Vec<u8>>) -> &'static str {
+        let limits = &self.server.cfg.config.limits;
+        let max_ops = limits.max_ops_per_connection;
+        let idle = (limits.idle_timeout > 0).then(|| Duration::from_secs(limits.idle_timeout));
+        let permits = Arc::new(Semaphore::new(max_ops));
+        let outstanding: Outstanding = Arc::new(Mutex::new(HashMap::new()));
+        let mut identity = Identity::Anonymous;
+        let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+        let mut start = 0usize;
+        let mut shutdown = self.shutdown.clone();
+        loop {
+            // Handle every complete PDU already buffered.
+            loop {
+                match frame_length(&buf[start..], limits.max_pdu_bytes) {
+                    Ok(Some(len)) => {
+                        let frame = buf[start..start + len].to_vec();
+                        start += len;
+                        match self.dispatch(&frame, &mut identity, tx, &permits, &outstanding).await {
+                            Flow::Continue => {}
+                            Flow::Close(why) => {
+                                abandon_all(&outstanding);
+                                return why;
+                            }
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        let _ = tx.send(notice_of_disconnection(ResultCode::PROTOCOL_ERROR, &e.to_string())).await;
+                        abandon_all(&outstanding);
+                        return "bad frame";
+                    }
+                }
+            }
+            if start > 0 {
+                buf.drain(..start);
+                start = 0;
+            }
+            if buf.capacity() - buf.len() < 4096 {
+                buf.reserve(16 * 1024);
+            }
+            let read = async {
+                match idle {
+                    Some(d) => tokio::time::timeout(d, rd.read_buf(&mut buf)).await.ok(),
+                    None => Some(rd.read_buf(&mut buf).await),
+                }
+            };
+            tokio::select! {
+                r = read => match r {
+                    None => {
+                        let _ = tx.send(notice_of_disconnection(ResultCode::UNAVAILABLE, "idle timeout")).await;
+                        abandon_all(&outstanding);
+                        return "idle timeout";
+                    }
+                    Some(Ok(0)) | Some(Err(_)) => {
+                        abandon_all(&outstanding);
+                        return "peer closed";
+                    }
+                    Some(Ok(_)) => {}
+                },
+                _ = shutdown.changed() => {
+                    // Let running operations finish briefly, then tell the client.
+                    let _ = tokio::time::timeout(Duration::from_secs(5), permits.acquire_many(max_ops as u32)).await;
+                    abandon_all(&outstanding);
+                    let _ = tx.send(notice_of_disconnection(ResultCode::UNAVAILABLE, "server shutting down")).await;
+                    return "server shutdown";
+                }
+            }
+        }
+    }
+
+    async fn dispatch(
+        &self,
+        frame: &[u8],
+        identity: &mut Identity,
+        tx: &mpsc::Sender<Vec<u8>>,
+        permits: &Arc<Semaphore>,
+        outstanding: &Outstanding,
+    ) -> Flow {
+        let msg = match LdapMessage::decode(frame, &self.server.decode_limits) {
+            Ok(m) => m,
+            Err(e) => {
+                // With a known ID and operation, the stream is still framed:
+                // fail just this operation. Otherwise the connection is unusable.
+                if let (Some(id), Some(op)) = (e.msg_id, e.op_tag.and_then(response_for)) {
+                    tracing::debug!(conn = self.id, msg_id = id, reason = %e.reason, "malformed request");
+                    let res = LdapError::protocol(e.reason).into_result();
+                    send(tx, id, op(res), Vec::new()).await;
+                    return Flow::Continue;
+                }
+                let _ = tx.send(notice_of_disconnection(ResultCode::PROTOCOL_ERROR, &e.reason)).await;
+                return Flow::Close("undecodable PDU");
+            }
+        };
+        let id = msg.id;
+        match msg.op {
+            ProtocolOp::UnbindRequest => return Flow::Close("unbind"),
+            ProtocolOp::AbandonRequest(target) => {
+                if let Some(flag) = outstanding.lock().ok().and_then(|m| m.get(&target).cloned()) {
+                    flag.store(true, Ordering::Relaxed);
+                }
+                return Flow::Continue;
+            }
+            ProtocolOp::BindRequest(req) => {
+                abandon_all(outstanding);
+                let max = self.server.cfg.config.limits.max_ops_per_connection as u32;
+                if let Ok(all) = permits.acquire_many(max).await {
+                    drop(all);
+                }
+                if let Some(c) = unknown_critical(&msg.controls, &[]) {
+                    send(tx, id, bind_response(c.into_result()), Vec::new()).await;
+                    return Flow::Continue;
+                }
+                let result = match ops::bind::bind(&self.server, req).await {
+                    Ok(who) => {
+                        tracing::debug!(conn = self.id, dn = who.dn(), "bind ok");
+                        *identity = who;
+                        LdapResult::success()
+                    }
+                    Err(e) => {
+                        *identity = Identity::Anonymous;
+                        e.into_result()
+                    }
+                };
+                send(tx, id, bind_response(result), Vec::new()).await;
+                return Flow::Continue;
+            }
+            _ => {}
+        }
+        // Everything else runs as its own task, bounded per connection.
+        let Ok(permit) = permits.clone().acquire_owned().await else { return Flow::Close("closing") };
+        let flag = Arc::new(AtomicBool::new(false));
+        if let Ok(mut m) = outstanding.lock() {
+            m.insert(id, flag.clone());
+        }
+        let server = self.server.clone();
+        let who = identity.clone();
+        let tx = tx.clone();
+        let outstanding = outstanding.clone();
+        tokio::spawn(async move {
+            run_op(server, who, id, msg.op, msg.controls, flag, &tx).await;
+            if let Ok(mut m) = outstanding.lock() {
+                m.remove(&id);
+            }
+            drop(permit);
+        });
+        Flow::Continue
+    }
+}
+
+enum Flow {
+    Continue,
+    Close(&'static str),
+}
+
+fn abandon_all(outstanding: &Outstanding) {
+    if let Ok(m) = outstanding.lock() {
+        for f in m.values() {
+            f.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+fn bind_response(result: LdapResult) -> ProtocolOp {
+    ProtocolOp::BindResponse(pando_proto::BindResponse { result, server_sasl_creds: None })
+}
+
+/// The response constructor for a request's application tag, if it has one.
+fn response_for(tag: u8) -> Option<fn(LdapResult) -> ProtocolOp> {
+    use pando_proto::op_tag as t;
+    Some(match tag {
+        t::BIND_REQUEST => bind_response,
+        t::SEARCH_REQUEST => ProtocolOp::SearchResultDone,
+        t::MODIFY_REQUEST => ProtocolOp::ModifyResponse,
+        t::ADD_REQUEST => ProtocolOp::AddResponse,
+        t::DEL_REQUEST => ProtocolOp::DelResponse,
+        t::MODIFY_DN_REQUEST => ProtocolOp::ModifyDnResponse,
+        t::COMPARE_REQUEST => ProtocolOp::CompareResponse,
+        t::EXTENDED_REQUEST => |r| ProtocolOp::ExtendedResponse(ExtendedResponse { result: r, name: None, value: None }),
+        _ => return None,
+    })
+}
+
+/// unavailableCriticalExtension for the first critical control not understood.
+fn unknown_critical(controls: &[Control], also_known: &[&str]) -> Option<LdapError> {
+    controls.iter().find(|c| c.critical && !KNOWN_CONTROLS.contains(&c.oid.as_str()) && !also_known.contains(&c.oid.as_str())).map(|c| {
+        LdapError::new(ResultCode::UNAVAILABLE_CRITICAL_EXTENSION, format!("critical control {} is not supported", c.oid))
+    })
+}
+
+async fn send(tx: &mpsc::Sender<Vec<u8>>, id: i32, op: ProtocolOp, controls: Vec<Control>) {
+    let msg = LdapMessage { id, op, controls };
+    let _ = tx.send(msg.to_bytes()).await;
+}
+
+async fn run_op(
+    server: Arc<Server>,
+    who: Identity,
+    id: i32,
+    op: ProtocolOp,
+    controls: Vec<Control>,
+    abandoned: Arc<AtomicBool>,
+    tx: &mpsc::Sender<Vec<u8>>,
+) {
+    let result_or = |r: Result<(), LdapError>| match r {
+        Ok(()) => LdapResult::success(),
+        Err(e) => e.into_result(),
+    };
+    match op {
+        ProtocolOp::SearchRequest(req) => {
+            let mut paged = None;
+            for c in &controls {
+                if c.oid == oid::PAGED_RESULTS {
+                    match c.value.as_deref().map(PagedResults::decode) {
+                        Some(Ok(p)) => paged = Some(p),
+                        _ => {
+                            let e = LdapError::protocol("malformed paged results control value");
+                            send(tx, id, ProtocolOp::SearchResultDone(e.into_result()), Vec::new()).await;
+                            return;
+                        }
+                    }
+                }
+            }
+            if let Some(e) = unknown_critical(&controls, &[oid::PAGED_RESULTS]) {
+                send(tx, id, ProtocolOp::SearchResultDone(e.into_result()), Vec::new()).await;
+                return;
+            }
+            let job = ops::search::SearchJob { server, who, msg_id: id, req, paged, abandoned, out: tx.clone() };
+            let outcome = tokio::task::spawn_blocking(move || ops::search::run(job)).await;
+            match outcome {
+                Ok(Some(o)) => send(tx, id, ProtocolOp::SearchResultDone(o.result), o.controls).await,
+                // Abandoned: no response at all (RFC 4511 4.11).
+                Ok(None) => {}
+                Err(_) => {
+                    let e = LdapError::new(ResultCode::OTHER, "search failed unexpectedly");
+                    send(tx, id, ProtocolOp::SearchResultDone(e.into_result()), Vec::new()).await;
+                }
+            }
+        }
+        other => {
+            if let Some(e) = unknown_critical(&controls, &[]) {
+                if let Some(mk) = request_tag(&other).and_then(response_for) {
+                    send(tx, id, mk(e.into_result()), Vec::new()).await;
+                }
+                return;
+            }
+            let response = match other {
+                ProtocolOp::AddRequest(req) => ProtocolOp::AddResponse(result_or(ops::write::add(&server, &who, req).await)),
+                ProtocolOp::DelRequest(dn) => ProtocolOp::DelResponse(result_or(ops::write::delete(&server, &who, dn).await)),
+                ProtocolOp::ModifyRequest(req) => ProtocolOp::ModifyResponse(result_or(ops::write::modify(&server, &who, req).await)),
+                ProtocolOp::ModifyDnRequest(req) => {
+                    ProtocolOp::ModifyDnResponse(result_or(ops::write::modify_dn(&server, &who, req).await))
+                }
+                ProtocolOp::CompareRequest(req) => {
+                    let server2 = server.clone();
+                    let who2 = who.clone();
+                    let r = tokio::task::spawn_blocking(move || ops::compare::compare(&server2, &who2, &req))
+                        .await
+                        .unwrap_or_else(|_| Err(LdapError::new(ResultCode::OTHER, "compare failed unexpectedly")));
+                    ProtocolOp::CompareResponse(match r {
+                        Ok(code) => LdapResult { code, matched_dn: String::new(), message: String::new(), referral: Vec::new() },
+                        Err(e) => e.into_result(),
+                    })
+                }
+                ProtocolOp::ExtendedRequest(req) => ProtocolOp::ExtendedResponse(
+                    match ops::extended::extended(&server, &who, req).await {
+                        Ok(r) => r,
+                        Err(e) => ExtendedResponse { result: e.into_result(), name: None, value: None },
+                    },
+                ),
+                // Responses sent by a client are protocol errors.
+                _ => {
+                    let _ = tx.send(notice_of_disconnection(ResultCode::PROTOCOL_ERROR, "unexpected PDU type from client")).await;
+                    return;
+                }
+            };
+            if abandoned.load(Ordering::Relaxed) {
+                return;
+            }
+            send(tx, id, response, Vec::new()).await;
+        }
+    }
+}
+
+fn request_tag(op: &ProtocolOp) -> Option<u8> {
+    use pando_proto::op_tag as t;
+    Some(match op {
+        ProtocolOp::AddRequest(_) => t::ADD_REQUEST,
+        ProtocolOp::DelRequest(_) => t::DEL_REQUEST,
+        ProtocolOp::ModifyRequest(_) => t::MODIFY_REQUEST,
+        ProtocolOp::ModifyDnRequest(_) => t::MODIFY_DN_REQUEST,
+        ProtocolOp::CompareRequest(_) => t::COMPARE_REQUEST,
+        ProtocolOp::ExtendedRequest(_) => t::EXTENDED_REQUEST,
+        _ => return None,
+    })
+}
+
+async fn write_loop<W: AsyncWrite>(wr: W, mut rx: mpsc::Receiver<Vec<u8>>) {
+    let mut wr = Box::pin(wr);
+    let mut batch: Vec<u8> = Vec::new();
+    while let Some(first) = rx.recv().await {
+        let out = if rx.is_empty() {
+            first
+        } else {
+            batch.clear();
+            batch.extend_from_slice(&first);
+            while batch.len() < 256 * 1024 {
+                match rx.try_recv() {
+                    Ok(more) => batch.extend_from_slice(&more),
+                    Err(_) => break,
+                }
+            }
+            std::mem::take(&mut batch)
+        };
+        if wr.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+    let _ = wr.shutdown().await;
+}

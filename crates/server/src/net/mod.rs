@@ -1,0 +1,4 @@
+//! The network frontend: listeners and per-connection protocol handling.
+
+pub mod connection;
+pub mod listener;

@@ -1,0 +1,472 @@
+//! Search (RFC 4511 4.5) with the paged results control (RFC 2696).
+//!
+//! Runs on a blocking thread inside one LMDB read transaction: resolve the
+//! base, ask the store for candidates, restrict them to the scope, then test
+//! each candidate in ID order — checking abandon, time and size limits on
+//! every one — and stream matching entries to the connection. Nothing holds
+//! the whole result set.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pando_model::{AttributeType, Dn, Entry, Schema, Ternary};
+use pando_proto::{
+    oid, Control, EntryEncoder, Filter, LdapResult, PagedResults, ResultCode, Scope, SearchRequest,
+};
+use pando_store::{Candidates, EntryId, View};
+use roaring::RoaringTreemap;
+use tokio::sync::mpsc;
+
+use super::special::{self, SUBSCHEMA_DN, SUBSCHEMA_NORM};
+use crate::error::{LdapError, OpResult};
+use crate::state::{Identity, Server};
+
+/// Flush streamed entries to the connection in chunks of about this size.
+const CHUNK: usize = 32 * 1024;
+
+pub struct SearchJob {
+    pub server: Arc<Server>,
+    pub who: Identity,
+    pub msg_id: i32,
+    pub req: SearchRequest,
+    pub paged: Option<PagedResults>,
+    pub abandoned: Arc<AtomicBool>,
+    pub out: mpsc::Sender<Vec<u8>>,
+}
+
+/// What a search ends with; None when it was abandoned (no response is sent).
+pub struct SearchOutcome {
+    pub result: LdapResult,
+    pub controls: Vec<Control>,
+    pub entries: u64,
+}
+
+/// Operational attributes computed on read rather than stored.
+const COMPUTED: &[&str] = &["entryDN", "subschemaSubentry", "hasSubordinates", "numSubordinates"];
+
+/// Which attributes a search returns (RFC 4511 4.5.1.8, RFC 3673, RFC 4529).
+struct Selection {
+    all_user: bool,
+    all_oper: bool,
+    /// Requested types (lowercase canonical names) with required options.
+    named: Vec<(String, Vec<String>)>,
+}
+
+impl Selection {
+    fn new(schema: &Schema, attrs: &[String]) -> Selection {
+        let mut s = Selection { all_user: attrs.is_empty(), all_oper: false, named: Vec::new() };
+        for a in attrs {
+            match a.as_str() {
+                "*" => s.all_user = true,
+                "+" => s.all_oper = true,
+                "1.1" => {}
+                _ if a.starts_with('@') => {
+                    if let Some(list) = schema.object_class_attrs(&a[1..]) {
+                        for at in list {
+                            s.named.push((at.name().to_ascii_lowercase(), Vec::new()));
+                        }
+                    }
+                }
+                // Unrecognised descriptions are ignored (RFC 4511 4.5.1.8).
+                _ => {
+                    if let Ok((desc, at)) = schema.canonical_desc(a) {
+                        s.named.push((at.name().to_ascii_lowercase(), options_of(&desc)));
+                    }
+                }
+            }
+        }
+        s
+    }
+
+    fn wants(&self, schema: &Schema, at: &AttributeType, opts: &[String]) -> bool {
+        if if at.is_operational() { self.all_oper } else { self.all_user } {
+            return true;
+        }
+        self.named.iter().any(|(name, want_opts)| {
+            want_opts.iter().all(|o| opts.contains(o))
+                && schema.attribute(name).is_some_and(|rt| schema.is_subtype(at, rt))
+        })
+    }
+
+    fn wants_computed(&self, name: &str) -> bool {
+        (self.all_oper && name != "numSubordinates")
+            || self.named.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+    }
+}
+
+fn options_of(desc: &str) -> Vec<String> {
+    desc.split(';').skip(1).map(|o| o.to_ascii_lowercase()).collect()
+}
+
+/// Filter attributes that need computed values added before evaluation.
+fn computed_in_filter(f: &Filter, out: &mut Vec<&'static str>) {
+    let mut check = |attr: &str| {
+        for c in COMPUTED {
+            if attr.eq_ignore_ascii_case(c) && !out.contains(c) {
+                out.push(c);
+            }
+        }
+    };
+    match f {
+        Filter::And(v) | Filter::Or(v) => v.iter().for_each(|g| computed_in_filter(g, out)),
+        Filter::Not(g) => computed_in_filter(g, out),
+        Filter::Equality(a) | Filter::GreaterOrEqual(a) | Filter::LessOrEqual(a) | Filter::Approx(a) => check(&a.attr),
+        Filter::Substrings(s) => check(&s.attr),
+        Filter::Present(a) => check(a),
+        Filter::Extensible(m) => {
+            if let Some(a) = &m.attr {
+                check(a)
+            }
+        }
+    }
+}
+
+/// Stateless paging cookie: resume after `last` having sent `sent` entries
+/// of the search whose parameters hash to `hash`.
+struct Cookie {
+    last: EntryId,
+    sent: u64,
+    hash: u64,
+}
+
+impl Cookie {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(24);
+        v.extend_from_slice(&self.last.to_be_bytes());
+        v.extend_from_slice(&self.sent.to_be_bytes());
+        v.extend_from_slice(&self.hash.to_be_bytes());
+        v
+    }
+
+    fn decode(b: &[u8]) -> Option<Cookie> {
+        if b.len() != 24 {
+            return None;
+        }
+        let n = |i: usize| b.get(i..i + 8).and_then(|s| <[u8; 8]>::try_from(s).ok()).map(u64::from_be_bytes);
+        Some(Cookie { last: n(0)?, sent: n(8)?, hash: n(16)? })
+    }
+}
+
+fn request_hash(req: &SearchRequest) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    req.base.to_ascii_lowercase().hash(&mut h);
+    (req.scope as u8).hash(&mut h);
+    req.filter.to_string().hash(&mut h);
+    req.attrs.hash(&mut h);
+    req.types_only.hash(&mut h);
+    h.finish()
+}
+
+/// Build the output of one entry into `buf`.
+struct Emitter<'a> {
+    schema: &'a Schema,
+    sel: Selection,
+    types_only: bool,
+    admin: bool,
+    msg_id: i32,
+}
+
+impl Emitter<'_> {
+    fn emit(&self, view: Option<&View<'_>>, id: Option<EntryId>, dn: &str, entry: &Entry, buf: &mut Vec<u8>) -> OpResult<()> {
+        let mut enc = EntryEncoder::begin(buf, self.msg_id, dn.as_bytes());
+        for a in &entry.attrs {
+            let base = a.desc.split(';').next().unwrap_or("");
+            if !self.admin && base.eq_ignore_ascii_case("userPassword") {
+                continue;
+            }
+            let Some(at) = self.schema.attribute(base) else { continue };
+            if COMPUTED.iter().any(|c| c.eq_ignore_ascii_case(base)) && id.is_some() {
+                continue; // recomputed below for stored entries
+            }
+            if !self.sel.wants(self.schema, at, &options_of(&a.desc)) {
+                continue;
+            }
+            if self.types_only {
+                enc.attr_names_only(a.desc.as_bytes());
+            } else {
+                enc.attr(a.desc.as_bytes(), a.values.iter().map(Vec::as_slice));
+            }
+        }
+        if let (Some(view), Some(id)) = (view, id) {
+            for name in COMPUTED {
+                if !self.sel.wants_computed(name) {
+                    continue;
+                }
+                let value = computed_value(view, id, dn, name)?;
+                if self.types_only {
+                    enc.attr_names_only(name.as_bytes());
+                } else {
+                    enc.attr(name.as_bytes(), [value.as_bytes()]);
+                }
+            }
+        }
+        enc.finish();
+        Ok(())
+    }
+}
+
+fn computed_value(view: &View<'_>, id: EntryId, dn: &str, name: &str) -> OpResult<String> {
+    Ok(match name {
+        "entryDN" => dn.to_string(),
+        "subschemaSubentry" => SUBSCHEMA_DN.to_string(),
+        "hasSubordinates" => if view.has_children(id)? { "TRUE" } else { "FALSE" }.to_string(),
+        _ => view.count_children(id)?.to_string(),
+    })
+}
+
+/// Run a search to completion on the current (blocking) thread.
+pub fn run(job: SearchJob) -> Option<SearchOutcome> {
+    let paged = job.paged.is_some();
+    match search(&job) {
+        Ok(o) => o,
+        Err(e) => Some(SearchOutcome {
+            result: e.into_result(),
+            // A failed paged search still answers with an (empty-cookie) control.
+            controls: if paged { vec![paged_control(0, Vec::new())] } else { Vec::new() },
+            entries: 0,
+        }),
+    }
+}
+
+fn paged_control(size: i32, cookie: Vec<u8>) -> Control {
+    Control { oid: oid::PAGED_RESULTS.to_string(), critical: false, value: Some(PagedResults { size, cookie }.encode()) }
+}
+
+fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
+    let server = &job.server;
+    let schema = &*server.schema;
+    let req = &job.req;
+    let admin = job.who.is_admin();
+    let started = Instant::now();
+    let base = super::parse_dn(&req.base)?;
+    let sel = Selection::new(schema, &req.attrs);
+    let emitter = Emitter { schema, sel, types_only: req.types_only, admin, msg_id: job.msg_id };
+    let filter = schema.compile_filter(&req.filter);
+
+    // Time limit: the smaller of the client's and (for non-admins) the server's.
+    let server_time = if admin { 0 } else { server.cfg.config.limits.time_limit };
+    let time_limit = match (req.time_limit as u32, server_time) {
+        (0, 0) => None,
+        (0, s) | (s, 0) => Some(Duration::from_secs(s.into())),
+        (c, s) => Some(Duration::from_secs(c.min(s).into())),
+    };
+    // Size limit: the client's, and the server's unless admin; with paging the
+    // server limit caps each page instead (the client's still caps the total).
+    let server_size = if admin { 0 } else { server.cfg.config.limits.size_limit };
+
+    // The root DSE and the subschema subentry are not in the store.
+    let norm_base = if base.is_root() { String::new() } else { schema.normalize_dn(&base).unwrap_or_default() };
+    if base.is_root() || norm_base == SUBSCHEMA_NORM {
+        if req.scope != Scope::Base {
+            return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"));
+        }
+        let entry = if base.is_root() { special::root_dse(server) } else { special::subschema(server) };
+        let mut buf = Vec::new();
+        let mut n = 0;
+        if filter.matches(schema, &entry) == Ternary::True {
+            let dn = if base.is_root() { String::new() } else { SUBSCHEMA_DN.to_string() };
+            emitter.emit(None, None, &dn, &entry, &mut buf)?;
+            n = 1;
+            if job.out.blocking_send(buf).is_err() {
+                return Ok(None);
+            }
+        }
+        let controls = if job.paged.is_some() { vec![paged_control(0, Vec::new())] } else { Vec::new() };
+        return Ok(Some(SearchOutcome { result: LdapResult::success(), controls, entries: n }));
+    }
+
+    let rtxn = server.store.read()?;
+    let view = rtxn.view();
+    let base_id = super::resolve(&view, &base)?;
+
+    // Paging state.
+    let hash = request_hash(req);
+    let (resume_after, mut sent_before, page_size) = match &job.paged {
+        None => (None, 0, None),
+        Some(p) => {
+            let (after, sent) = if p.cookie.is_empty() {
+                (None, 0)
+            } else {
+                match Cookie::decode(&p.cookie) {
+                    Some(c) if c.hash == hash => (Some(c.last), c.sent),
+                    _ => return Err(LdapError::protocol("paged results cookie is invalid")),
+                }
+            };
+            if p.size <= 0 {
+                // Size 0 abandons the paged search (RFC 2696 3).
+                return Ok(Some(SearchOutcome {
+                    result: LdapResult::success(),
+                    controls: vec![paged_control(0, Vec::new())],
+                    entries: 0,
+                }));
+            }
+            let mut size = p.size as u64;
+            if server_size > 0 {
+                size = size.min(server_size.into());
+            }
+            (after, sent, Some(size))
+        }
+    };
+    let total_limit: Option<u64> = match (req.size_limit as u64, if job.paged.is_some() { 0 } else { server_size as u64 }) {
+        (0, 0) => None,
+        (0, s) | (s, 0) => Some(s),
+        (c, s) => Some(c.min(s)),
+    };
+
+    let scope_ids = scope_candidates(server, &view, &job.who, base_id, req.scope, &req.filter)?;
+
+    let mut needed_computed = Vec::new();
+    computed_in_filter(&req.filter, &mut needed_computed);
+    let mut dn_cache: HashMap<EntryId, String> = HashMap::new();
+    let mut buf = Vec::with_capacity(CHUNK + 4096);
+    let mut sent_now = 0u64;
+    let mut last_id = None;
+    let iter = scope_ids.iter().filter(|id| resume_after.is_none_or(|a| *id > a));
+    for id in iter {
+        if job.abandoned.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        if let Some(t) = time_limit {
+            if started.elapsed() > t {
+                flush(&job.out, &mut buf)?;
+                return Ok(Some(SearchOutcome {
+                    result: LdapResult::new(ResultCode::TIME_LIMIT_EXCEEDED, "time limit exceeded"),
+                    controls: Vec::new(),
+                    entries: sent_now,
+                }));
+            }
+        }
+        let Some(attrs) = view.attrs(id)? else { continue };
+        let dn = dn_of(&view, id, &mut dn_cache)?;
+        let mut entry = Entry { dn: Dn::parse(&dn).unwrap_or(Dn { rdns: Vec::new() }), attrs };
+        if !admin {
+            entry.attrs.retain(|a| !a.desc.split(';').next().unwrap_or("").eq_ignore_ascii_case("userPassword"));
+        }
+        for name in &needed_computed {
+            let v = computed_value(&view, id, &dn, name)?;
+            entry.attrs.push(pando_model::Attribute { desc: name.to_string(), values: vec![v.into_bytes()] });
+        }
+        if filter.matches(schema, &entry) != Ternary::True {
+            continue;
+        }
+        if let Some(limit) = total_limit {
+            if sent_before + sent_now >= limit {
+                flush(&job.out, &mut buf)?;
+                return Ok(Some(SearchOutcome {
+                    result: LdapResult::new(ResultCode::SIZE_LIMIT_EXCEEDED, "size limit exceeded"),
+                    controls: if job.paged.is_some() { vec![paged_control(0, Vec::new())] } else { Vec::new() },
+                    entries: sent_now,
+                }));
+            }
+        }
+        if page_size.is_some_and(|p| sent_now >= p) {
+            // A full page went out and there is more: hand back a cookie.
+            flush(&job.out, &mut buf)?;
+            sent_before += sent_now;
+            let cookie = Cookie { last: last_id.unwrap_or(0), sent: sent_before, hash }.encode();
+            return Ok(Some(SearchOutcome {
+                result: LdapResult::success(),
+                controls: vec![paged_control(0, cookie)],
+                entries: sent_now,
+            }));
+        }
+        emitter.emit(Some(&view), Some(id), &dn, &entry, &mut buf)?;
+        sent_now += 1;
+        last_id = Some(id);
+        if buf.len() >= CHUNK {
+            flush(&job.out, &mut buf)?;
+        }
+    }
+    flush(&job.out, &mut buf)?;
+    let controls = if job.paged.is_some() { vec![paged_control(0, Vec::new())] } else { Vec::new() };
+    Ok(Some(SearchOutcome { result: LdapResult::success(), controls, entries: sent_now }))
+}
+
+fn flush(out: &mpsc::Sender<Vec<u8>>, buf: &mut Vec<u8>) -> OpResult<()> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    let chunk = std::mem::replace(buf, Vec::with_capacity(CHUNK + 4096));
+    out.blocking_send(chunk).map_err(|_| LdapError::new(ResultCode::OTHER, "connection closed"))
+}
+
+/// DN of `id`, reusing the DNs of parents already seen in this search.
+fn dn_of(view: &View<'_>, id: EntryId, cache: &mut HashMap<EntryId, String>) -> OpResult<String> {
+    let Some(p) = view.placement(id)? else {
+        return Ok(view.dn_string(id)?);
+    };
+    if p.parent == 0 {
+        return Ok(p.rdn);
+    }
+    let parent_dn = match cache.get(&p.parent) {
+        Some(d) => d.clone(),
+        None => {
+            let d = view.dn_string(p.parent)?;
+            if cache.len() > 10_000 {
+                cache.clear();
+            }
+            cache.insert(p.parent, d.clone());
+            d
+        }
+    };
+    Ok(format!("{},{}", p.rdn, parent_dn))
+}
+
+/// Candidate IDs within the scope, ascending.
+fn scope_candidates(
+    server: &Server,
+    view: &View<'_>,
+    who: &Identity,
+    base: EntryId,
+    scope: Scope,
+    filter: &Filter,
+) -> OpResult<RoaringTreemap> {
+    if scope == Scope::Base {
+        let mut s = RoaringTreemap::new();
+        s.insert(base);
+        return Ok(s);
+    }
+    let limit = if who.is_admin() { u64::MAX } else { server.cfg.config.limits.unindexed_search_limit };
+    let over_limit = || {
+        LdapError::new(
+            ResultCode::ADMIN_LIMIT_EXCEEDED,
+            format!("unindexed search would examine more than {limit} entries; add an index or narrow the filter"),
+        )
+    };
+    let cands = view.candidates(filter)?;
+    let mut set = match (scope, cands) {
+        (Scope::One, Candidates::All) => {
+            let kids: RoaringTreemap = view.children(base)?.into_iter().collect();
+            if kids.len() > limit {
+                return Err(over_limit());
+            }
+            kids
+        }
+        (Scope::One, Candidates::Ids(ids)) => {
+            let mut s = RoaringTreemap::new();
+            for id in ids.iter() {
+                if view.parent_of(id)? == Some(base) {
+                    s.insert(id);
+                }
+            }
+            s
+        }
+        (_, Candidates::All) => view.subtree(base, limit)?.ok_or_else(over_limit)?,
+        (_, Candidates::Ids(ids)) => {
+            let mut s = RoaringTreemap::new();
+            for id in ids.iter() {
+                if view.is_within(id, base)? {
+                    s.insert(id);
+                }
+            }
+            s
+        }
+    };
+    if scope == Scope::Children {
+        set.remove(base);
+    }
+    Ok(set)
+}

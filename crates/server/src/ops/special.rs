@@ -1,0 +1,54 @@
+//! The two entries that live outside the naming contexts: the root DSE
+//! (RFC 4512 5.1) and the subschema subentry (RFC 4512 4.2).
+
+use pando_model::{Attribute, Dn, Entry};
+use pando_proto::oid;
+
+use crate::state::Server;
+
+pub const SUBSCHEMA_DN: &str = "cn=Subschema";
+pub const SUBSCHEMA_NORM: &str = "cn=subschema";
+
+/// Controls this server implements (advertised in supportedControl).
+pub const SUPPORTED_CONTROLS: &[&str] = &[oid::PAGED_RESULTS, oid::MANAGE_DSA_IT];
+/// Extended operations this server implements.
+pub const SUPPORTED_EXTENSIONS: &[&str] = &[oid::WHOAMI, oid::PASSWD_MODIFY];
+/// supportedFeatures: all operational attributes ("+", RFC 3673),
+/// "@objectClass" lists (RFC 4529), absolute true/false filters (RFC 4526),
+/// modify-increment (RFC 4525).
+pub const SUPPORTED_FEATURES: &[&str] =
+    &["1.3.6.1.4.1.4203.1.5.1", "1.3.6.1.4.1.4203.1.5.2", "1.3.6.1.4.1.4203.1.5.3", "1.3.6.1.1.14"];
+
+fn attr(desc: &str, values: impl IntoIterator<Item = impl Into<Vec<u8>>>) -> Attribute {
+    Attribute { desc: desc.to_string(), values: values.into_iter().map(Into::into).collect() }
+}
+
+pub fn root_dse(server: &Server) -> Entry {
+    Entry {
+        dn: Dn { rdns: Vec::new() },
+        attrs: vec![
+            attr("objectClass", ["top", "extensibleObject"]),
+            attr("namingContexts", server.suffixes.iter().map(|(d, _)| d.to_string())),
+            attr("subschemaSubentry", [SUBSCHEMA_DN]),
+            attr("supportedLDAPVersion", ["3"]),
+            attr("supportedControl", SUPPORTED_CONTROLS.iter().copied()),
+            attr("supportedExtension", SUPPORTED_EXTENSIONS.iter().copied()),
+            attr("supportedFeatures", SUPPORTED_FEATURES.iter().copied()),
+            attr("vendorName", ["Pando project"]),
+            attr("vendorVersion", [format!("Pando {}", env!("CARGO_PKG_VERSION"))]),
+        ],
+    }
+}
+
+pub fn subschema(server: &Server) -> Entry {
+    let mut attrs = vec![
+        attr("objectClass", ["top", "subentry", "subschema", "extensibleObject"]),
+        attr("cn", ["Subschema"]),
+        attr("structuralObjectClass", ["subentry"]),
+    ];
+    for (name, values) in server.schema.subschema_attrs() {
+        attrs.push(attr(name, values));
+    }
+    let dn = Dn::parse(SUBSCHEMA_DN).unwrap_or(Dn { rdns: Vec::new() });
+    Entry { dn, attrs }
+}

@@ -1,0 +1,432 @@
+//! Add, delete, modify and modify DN (RFC 4511 4.6–4.9, RFC 4525).
+//!
+//! Each runs as one job on the store's writer thread: the checks that depend
+//! on stored state (existence, schema, values present) run inside the same
+//! transaction that applies the change, so a failing operation changes
+//! nothing. Slow work (password hashing) happens before the job is queued.
+
+use std::sync::Arc;
+
+use pando_model::{Attribute, Dn, Entry, Schema};
+use pando_proto::{AddRequest, Change, ModOp, ModifyDnRequest, ModifyRequest, ResultCode};
+use pando_store::{Lookup, Placement, WriteTxn};
+
+use crate::error::{LdapError, OpResult};
+use crate::password;
+use crate::state::{Identity, Server};
+
+/// Attributes the server maintains; clients may not set them.
+const MAINTAINED: &[&str] = &[
+    "createTimestamp",
+    "modifyTimestamp",
+    "creatorsName",
+    "modifiersName",
+    "entryUUID",
+    "entryCSN",
+    "structuralObjectClass",
+    "entryDN",
+    "subschemaSubentry",
+    "hasSubordinates",
+    "numSubordinates",
+];
+
+fn base_of(desc: &str) -> &str {
+    desc.split(';').next().unwrap_or(desc)
+}
+
+fn is_password(desc: &str) -> bool {
+    base_of(desc).eq_ignore_ascii_case("userPassword")
+}
+
+/// Hash clear-text userPassword values before they are stored, as
+/// Password Modify does: a directory never keeps a readable password.
+async fn hash_clear_passwords(values: Vec<Vec<u8>>) -> OpResult<Vec<Vec<u8>>> {
+    if values.iter().all(|v| password::is_hashed(v)) {
+        return Ok(values);
+    }
+    tokio::task::spawn_blocking(move || {
+        values
+            .into_iter()
+            .map(|v| if password::is_hashed(&v) { v } else { password::hash_password(&v).into_bytes() })
+            .collect()
+    })
+    .await
+    .map_err(|_| LdapError::new(ResultCode::OTHER, "password hashing failed"))
+}
+
+pub fn random_uuid() -> String {
+    let mut b: [u8; 16] = rand::random();
+    b[6] = (b[6] & 0x0f) | 0x40; // version 4
+    b[8] = (b[8] & 0x3f) | 0x80; // RFC 4122 variant
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}
+
+fn set_attr(entry: &mut Entry, desc: &str, value: String) {
+    entry.remove(desc);
+    entry.attrs.push(Attribute { desc: desc.to_string(), values: vec![value.into_bytes()] });
+}
+
+/// Stamp modifyTimestamp, modifiersName and entryCSN.
+fn stamp_modified(server: &Server, who: &Identity, entry: &mut Entry) {
+    let now = crate::clock::generalized_time(crate::clock::now_micros());
+    set_attr(entry, "modifyTimestamp", now);
+    set_attr(entry, "modifiersName", who.dn().to_string());
+    set_attr(entry, "entryCSN", server.csn.next());
+}
+
+fn reject_maintained(schema: &Schema, desc: &str) -> OpResult<()> {
+    let Some(at) = schema.attribute(base_of(desc)) else { return Ok(()) };
+    if at.no_user_modification || MAINTAINED.iter().any(|m| at.has_name(m)) {
+        return Err(LdapError::new(
+            ResultCode::CONSTRAINT_VIOLATION,
+            format!("{}: no user modification allowed", at.name()),
+        ));
+    }
+    Ok(())
+}
+
+/// Where a new entry with DN `dn` goes: its parent must exist (or the DN is
+/// a configured suffix) and the DN must be free.
+fn placement_for(server: &Server, w: &WriteTxn<'_>, dn: &Dn) -> OpResult<Placement> {
+    let view = w.view();
+    let rdns = super::norm_rdns(&view, dn)?;
+    let norm_dn = rdns.join(",");
+    if server.suffix_of(&norm_dn).is_none() {
+        return Err(LdapError::unwilling(format!("no global superior knowledge: '{dn}' is outside every suffix")));
+    }
+    match view.lookup_norm(&rdns)? {
+        Lookup::Found(_) => Err(LdapError::new(ResultCode::ENTRY_ALREADY_EXISTS, "entry already exists")),
+        Lookup::Missing { matched } => {
+            if server.is_suffix(&norm_dn) {
+                return Ok(Placement { parent: 0, rdn: dn.to_string(), norm_rdn: norm_dn });
+            }
+            let (Some(parent), Some(rdn)) = (matched, dn.rdn()) else {
+                return Err(super::no_such_object(&view, matched)?);
+            };
+            // The deepest existing ancestor must be the direct parent.
+            let parent_norm = rdns[1..].join(",");
+            let parent_dn = view.dn_string(parent)?;
+            let found_norm = Dn::parse(&parent_dn)
+                .ok()
+                .and_then(|d| server.schema.normalize_dn(&d).ok())
+                .unwrap_or_default();
+            if found_norm != parent_norm {
+                return Err(super::no_such_object(&view, Some(parent))?);
+            }
+            Ok(Placement { parent, rdn: rdn.to_string(), norm_rdn: rdns[0].clone() })
+        }
+    }
+}
+
+pub async fn add(server: &Arc<Server>, who: &Identity, req: AddRequest) -> OpResult<()> {
+    let schema = &server.schema;
+    let dn = super::parse_dn(&req.dn)?;
+    if dn.is_root() {
+        return Err(LdapError::unwilling("cannot add the root DSE"));
+    }
+    let norm = schema.normalize_dn(&dn).map_err(|e| LdapError::invalid_dn(format!("invalid DN '{dn}': {e}")))?;
+    super::require_write(server, who, &norm, false)?;
+    let mut entry = Entry::new(dn.clone());
+    for a in req.attrs {
+        if a.values.is_empty() {
+            return Err(LdapError::protocol(format!("{}: no values given", a.name)));
+        }
+        reject_maintained(schema, &a.name)?;
+        let values = if is_password(&a.name) { hash_clear_passwords(a.values).await? } else { a.values };
+        entry.add_values(&a.name, values);
+    }
+    let server2 = server.clone();
+    let who = who.clone();
+    server
+        .store
+        .write(move |w: &mut WriteTxn<'_>| -> OpResult<()> {
+            let server = &*server2;
+            let place = placement_for(server, w, &dn)?;
+            let structural = server.schema.check_entry(&mut entry)?;
+            let now = crate::clock::generalized_time(crate::clock::now_micros());
+            set_attr(&mut entry, "structuralObjectClass", structural);
+            set_attr(&mut entry, "entryUUID", random_uuid());
+            set_attr(&mut entry, "creatorsName", who.dn().to_string());
+            set_attr(&mut entry, "createTimestamp", now);
+            stamp_modified(server, &who, &mut entry);
+            w.add(&place, &entry.attrs)?;
+            Ok(())
+        })
+        .await
+}
+
+pub async fn delete(server: &Arc<Server>, who: &Identity, dn_text: String) -> OpResult<()> {
+    let dn = super::parse_dn(&dn_text)?;
+    let norm = server.schema.normalize_dn(&dn).map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
+    super::require_write(server, who, &norm, false)?;
+    server
+        .store
+        .write(move |w: &mut WriteTxn<'_>| -> OpResult<()> {
+            let view = w.view();
+            let id = super::resolve(&view, &dn)?;
+            if view.has_children(id)? {
+                return Err(LdapError::new(ResultCode::NOT_ALLOWED_ON_NON_LEAF, "subordinate objects must be deleted first"));
+            }
+            let attrs = view.attrs(id)?.unwrap_or_default();
+            w.delete(id, &attrs)?;
+            Ok(())
+        })
+        .await
+}
+
+/// Apply RFC 4511 modifications to `entry` in order; all-or-nothing is
+/// guaranteed by the caller's transaction.
+pub fn apply_changes(schema: &Schema, entry: &mut Entry, changes: &[Change]) -> OpResult<()> {
+    for ch in changes {
+        let (desc, at) = schema.canonical_desc(&ch.attr.name)?;
+        let name = at.name().to_string();
+        let mut norm_values = Vec::with_capacity(ch.attr.values.len());
+        for v in &ch.attr.values {
+            if ch.op != ModOp::Delete || at.equality.is_none() {
+                schema.validate(at, v).map_err(|e| {
+                    LdapError::new(ResultCode::INVALID_ATTRIBUTE_SYNTAX, format!("{name}: value #{} invalid per syntax: {e}", norm_values.len()))
+                })?;
+            }
+            norm_values.push(schema.normalize(at, v).unwrap_or_else(|_| v.clone()));
+        }
+        match ch.op {
+            ModOp::Add => {
+                if ch.attr.values.is_empty() {
+                    return Err(LdapError::protocol(format!("{name}: modify/add with no values")));
+                }
+                let existing: Vec<Vec<u8>> = entry
+                    .get(&desc)
+                    .map(|a| a.values.iter().map(|v| schema.normalize(at, v).unwrap_or_else(|_| v.clone())).collect())
+                    .unwrap_or_default();
+                for (i, n) in norm_values.iter().enumerate() {
+                    if existing.contains(n) || norm_values[..i].contains(n) {
+                        return Err(LdapError::new(
+                            ResultCode::ATTRIBUTE_OR_VALUE_EXISTS,
+                            format!("modify/add: {name}: value #{i} already exists"),
+                        ));
+                    }
+                }
+                entry.add_values(&desc, ch.attr.values.clone());
+            }
+            ModOp::Delete => {
+                let Some(attr) = entry.get_mut(&desc) else {
+                    return Err(LdapError::new(ResultCode::NO_SUCH_ATTRIBUTE, format!("modify/delete: {name}: no such attribute")));
+                };
+                if ch.attr.values.is_empty() {
+                    entry.remove(&desc);
+                    continue;
+                }
+                for (i, n) in norm_values.iter().enumerate() {
+                    let pos = attr
+                        .values
+                        .iter()
+                        .position(|v| schema.normalize(at, v).unwrap_or_else(|_| v.clone()) == *n);
+                    match pos {
+                        Some(p) => {
+                            attr.values.remove(p);
+                        }
+                        None => {
+                            return Err(LdapError::new(
+                                ResultCode::NO_SUCH_ATTRIBUTE,
+                                format!("modify/delete: {name}: value #{i} not present"),
+                            ))
+                        }
+                    }
+                }
+                if attr.values.is_empty() {
+                    entry.remove(&desc);
+                }
+            }
+            ModOp::Replace => {
+                entry.remove(&desc);
+                if !ch.attr.values.is_empty() {
+                    for (i, n) in norm_values.iter().enumerate() {
+                        if norm_values[..i].contains(n) {
+                            return Err(LdapError::new(
+                                ResultCode::ATTRIBUTE_OR_VALUE_EXISTS,
+                                format!("modify/replace: {name}: value #{i} given twice"),
+                            ));
+                        }
+                    }
+                    entry.add_values(&desc, ch.attr.values.clone());
+                }
+            }
+            ModOp::Increment => {
+                let [delta] = ch.attr.values.as_slice() else {
+                    return Err(LdapError::protocol(format!("modify/increment: {name}: exactly one value needed")));
+                };
+                let delta: i128 = std::str::from_utf8(delta).ok().and_then(|s| s.parse().ok()).ok_or_else(|| {
+                    LdapError::new(ResultCode::INVALID_ATTRIBUTE_SYNTAX, format!("modify/increment: {name}: value is not an integer"))
+                })?;
+                let Some(attr) = entry.get_mut(&desc) else {
+                    return Err(LdapError::new(ResultCode::NO_SUCH_ATTRIBUTE, format!("modify/increment: {name}: no such attribute")));
+                };
+                for v in attr.values.iter_mut() {
+                    let cur: i128 = std::str::from_utf8(v).ok().and_then(|s| s.parse().ok()).ok_or_else(|| {
+                        LdapError::new(ResultCode::CONSTRAINT_VIOLATION, format!("modify/increment: {name}: stored value is not an integer"))
+                    })?;
+                    let next = cur.checked_add(delta).ok_or_else(|| {
+                        LdapError::new(ResultCode::CONSTRAINT_VIOLATION, format!("modify/increment: {name}: overflow"))
+                    })?;
+                    *v = next.to_string().into_bytes();
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The structural object class may not change, and RDN values must stay.
+fn check_invariants(schema: &Schema, old: &Entry, new: &Entry) -> OpResult<()> {
+    let soc = |e: &Entry| e.get("structuralObjectClass").and_then(|a| a.values.first().cloned());
+    if let (Some(before), Some(after)) = (soc(old), soc(new)) {
+        if before != after {
+            return Err(LdapError::new(
+                ResultCode::OBJECT_CLASS_MODS_PROHIBITED,
+                "structural object class modification not allowed",
+            ));
+        }
+    }
+    if let Some(rdn) = new.dn.rdn() {
+        for ava in &rdn.avas {
+            let Some(at) = schema.attribute(&ava.attr) else { continue };
+            let want = schema.normalize(at, &ava.value).unwrap_or_else(|_| ava.value.clone());
+            let present = new.attrs.iter().any(|a| {
+                schema.attribute(base_of(&a.desc)).is_some_and(|t| std::ptr::eq(t, at))
+                    && a.values.iter().any(|v| schema.normalize(at, v).unwrap_or_else(|_| v.clone()) == want)
+            });
+            if !present {
+                return Err(LdapError::new(
+                    ResultCode::NOT_ALLOWED_ON_RDN,
+                    format!("{}: cannot remove the naming value", at.name()),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest) -> OpResult<()> {
+    let schema = &server.schema;
+    let dn = super::parse_dn(&req.dn)?;
+    let norm = schema.normalize_dn(&dn).map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
+    let only_password = !req.changes.is_empty() && req.changes.iter().all(|c| is_password(&c.attr.name));
+    super::require_write(server, who, &norm, only_password)?;
+    for ch in &mut req.changes {
+        reject_maintained(schema, &ch.attr.name)?;
+        if is_password(&ch.attr.name) && matches!(ch.op, ModOp::Add | ModOp::Replace) {
+            ch.attr.values = hash_clear_passwords(std::mem::take(&mut ch.attr.values)).await?;
+        }
+    }
+    let server2 = server.clone();
+    let who = who.clone();
+    server
+        .store
+        .write(move |w: &mut WriteTxn<'_>| -> OpResult<()> {
+            let server = &*server2;
+            let schema = &*server.schema;
+            let view = w.view();
+            let id = super::resolve(&view, &dn)?;
+            let old_attrs = view.attrs(id)?.unwrap_or_default();
+            let old = Entry { dn: dn.clone(), attrs: old_attrs.clone() };
+            let mut new = old.clone();
+            apply_changes(schema, &mut new, &req.changes)?;
+            // Schema checks apply to user attributes; maintained ones ride along.
+            schema.check_entry(&mut new)?;
+            check_invariants(schema, &old, &new)?;
+            stamp_modified(server, &who, &mut new);
+            w.replace(id, &old_attrs, &new.attrs)?;
+            Ok(())
+        })
+        .await
+}
+
+pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnRequest) -> OpResult<()> {
+    let schema = &server.schema;
+    let dn = super::parse_dn(&req.dn)?;
+    let norm = schema.normalize_dn(&dn).map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
+    super::require_write(server, who, &norm, false)?;
+    let new_rdn = pando_model::Rdn::parse(&req.new_rdn)
+        .map_err(|e| LdapError::invalid_dn(format!("invalid new RDN '{}': {e}", req.new_rdn)))?;
+    let new_superior = match &req.new_superior {
+        Some(s) => Some(super::parse_dn(s)?),
+        None => None,
+    };
+    if server.is_suffix(&norm) {
+        return Err(LdapError::unwilling("cannot rename a suffix entry"));
+    }
+    let server2 = server.clone();
+    let who = who.clone();
+    let delete_old = req.delete_old_rdn;
+    server
+        .store
+        .write(move |w: &mut WriteTxn<'_>| -> OpResult<()> {
+            let server = &*server2;
+            let schema = &*server.schema;
+            let view = w.view();
+            let id = super::resolve(&view, &dn)?;
+            let parent_dn = match new_superior {
+                Some(d) => d,
+                None => dn.parent().unwrap_or(Dn { rdns: Vec::new() }),
+            };
+            let parent_id = match view.lookup(&parent_dn)? {
+                Ok(Lookup::Found(p)) => p,
+                Ok(Lookup::Missing { matched }) => return Err(super::no_such_object(&view, matched)?),
+                Err(e) => return Err(LdapError::invalid_dn(format!("invalid new superior '{parent_dn}': {e}"))),
+            };
+            if view.is_within(parent_id, id)? {
+                return Err(LdapError::unwilling("cannot move an entry below itself"));
+            }
+            let new_dn = parent_dn.child(new_rdn.clone());
+            let new_norm_rdn = schema
+                .normalize_rdn(&new_rdn)
+                .map_err(|e| LdapError::invalid_dn(format!("invalid new RDN: {e}")))?;
+            let new_rdns = super::norm_rdns(&view, &new_dn)?;
+            match view.lookup_norm(&new_rdns)? {
+                Lookup::Found(other) if other != id => {
+                    return Err(LdapError::new(ResultCode::ENTRY_ALREADY_EXISTS, "an entry with the new DN already exists"))
+                }
+                _ => {}
+            }
+            let old_attrs = view.attrs(id)?.unwrap_or_default();
+            let old = Entry { dn: dn.clone(), attrs: old_attrs.clone() };
+            let mut new = Entry { dn: new_dn.clone(), attrs: old_attrs.clone() };
+            // Old RDN values go first (when asked), then new RDN values come in.
+            if delete_old {
+                if let Some(old_rdn) = dn.rdn() {
+                    for ava in &old_rdn.avas {
+                        let Some(at) = schema.attribute(&ava.attr) else { continue };
+                        let want = schema.normalize(at, &ava.value).unwrap_or_else(|_| ava.value.clone());
+                        if at.no_user_modification {
+                            continue;
+                        }
+                        for a in new.attrs.iter_mut().filter(|a| schema.attribute(base_of(&a.desc)).is_some_and(|t| std::ptr::eq(t, at))) {
+                            a.values.retain(|v| schema.normalize(at, v).unwrap_or_else(|_| v.clone()) != want);
+                        }
+                        new.attrs.retain(|a| !a.values.is_empty());
+                    }
+                }
+            }
+            for ava in &new_rdn.avas {
+                let Some(at) = schema.attribute(&ava.attr) else {
+                    return Err(LdapError::invalid_dn(format!("unknown attribute type '{}' in new RDN", ava.attr)));
+                };
+                let want = schema.normalize(at, &ava.value).unwrap_or_else(|_| ava.value.clone());
+                let present = new.attrs.iter().any(|a| {
+                    schema.attribute(base_of(&a.desc)).is_some_and(|t| std::ptr::eq(t, at))
+                        && a.values.iter().any(|v| schema.normalize(at, v).unwrap_or_else(|_| v.clone()) == want)
+                });
+                if !present {
+                    new.add_values(at.name(), vec![ava.value.clone()]);
+                }
+            }
+            schema.check_entry(&mut new)?;
+            check_invariants(schema, &old, &new)?;
+            stamp_modified(server, &who, &mut new);
+            w.rename(id, &Placement { parent: parent_id, rdn: new_rdn.to_string(), norm_rdn: new_norm_rdn })?;
+            w.replace(id, &old_attrs, &new.attrs)?;
+            Ok(())
+        })
+        .await
+}

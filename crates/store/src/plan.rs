@@ -1,0 +1,175 @@
+//! Filter → candidate IDs from the indexes.
+//!
+//! The result is always a superset of the matching entries: AND intersects
+//! whatever its indexed parts give, OR unions (and gives up when one part is
+//! unindexed), NOT and extensible matches are unindexed. The caller tests
+//! every candidate against the full filter, so a superset is always safe.
+
+use std::collections::BTreeSet;
+use std::ops::Bound;
+
+use pando_proto::Filter;
+use roaring::RoaringTreemap;
+
+use crate::index::{self, IndexKind, PRESENCE_KEY};
+use crate::{StoreError, View};
+
+/// Candidate entries for a filter.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Candidates {
+    /// No usable index: every entry in scope is a candidate.
+    All,
+    /// These IDs (a superset of the matches).
+    Ids(RoaringTreemap),
+}
+
+impl Candidates {
+    pub fn describe(&self) -> String {
+        match self {
+            Candidates::All => "unindexed".into(),
+            Candidates::Ids(s) => format!("indexed, {} candidates", s.len()),
+        }
+    }
+}
+
+pub(crate) fn candidates(view: &View<'_>, f: &Filter) -> Result<Candidates, StoreError> {
+    Ok(match f {
+        Filter::And(parts) => {
+            let mut acc: Option<RoaringTreemap> = None;
+            for p in parts {
+                if let Candidates::Ids(s) = candidates(view, p)? {
+                    let next = match acc {
+                        None => s,
+                        Some(a) => a & s,
+                    };
+                    if next.is_empty() {
+                        return Ok(Candidates::Ids(next));
+                    }
+                    acc = Some(next);
+                }
+            }
+            match acc {
+                Some(s) => Candidates::Ids(s),
+                // An empty AND is absolute true (RFC 4526).
+                None => Candidates::All,
+            }
+        }
+        Filter::Or(parts) => {
+            let mut acc = RoaringTreemap::new();
+            for p in parts {
+                match candidates(view, p)? {
+                    Candidates::All => return Ok(Candidates::All),
+                    Candidates::Ids(s) => acc |= s,
+                }
+            }
+            Candidates::Ids(acc)
+        }
+        Filter::Not(_) | Filter::Extensible(_) => Candidates::All,
+        Filter::Present(attr) => {
+            let Some((name, _)) = resolve(view, attr) else { return Ok(Candidates::Ids(RoaringTreemap::new())) };
+            if name == "objectclass" {
+                // Every entry has objectClass.
+                return Ok(Candidates::All);
+            }
+            match usable(view, &name, IndexKind::Pres) {
+                Some(db) => Candidates::Ids(view.posting(db, PRESENCE_KEY)?),
+                None => Candidates::All,
+            }
+        }
+        Filter::Equality(ava) | Filter::Approx(ava) => {
+            let approx = matches!(f, Filter::Approx(_));
+            let Some((name, at)) = resolve(view, &ava.attr) else {
+                return Ok(Candidates::Ids(RoaringTreemap::new()));
+            };
+            let kind = if approx { IndexKind::Approx } else { IndexKind::Eq };
+            let Some(db) = usable(view, &name, kind) else {
+                // Approximate match falls back to equality candidates only
+                // when there is no approx index: it is not a superset, so don't.
+                return Ok(Candidates::All);
+            };
+            let mut keys = BTreeSet::new();
+            index::keys_for(view.schema(), at, kind, &ava.value, &mut keys);
+            match keys.into_iter().next() {
+                Some(k) => Candidates::Ids(view.posting(db, &k)?),
+                // The assertion value is invalid for the syntax: it matches nothing.
+                None => Candidates::Ids(RoaringTreemap::new()),
+            }
+        }
+        Filter::Substrings(sf) => {
+            let Some((name, at)) = resolve(view, &sf.attr) else {
+                return Ok(Candidates::Ids(RoaringTreemap::new()));
+            };
+            let Some(db) = usable(view, &name, IndexKind::Sub) else { return Ok(Candidates::All) };
+            let schema = view.schema();
+            let mut grams = BTreeSet::new();
+            let norm = |p: &[u8]| schema.normalize_substring_part(at, p).ok();
+            if let Some(p) = sf.initial.as_deref().and_then(norm) {
+                let mut v = vec![b'^'];
+                v.extend_from_slice(&p);
+                index::grams_of(&v, &mut grams);
+            }
+            for p in sf.any.iter().filter_map(|p| norm(p)) {
+                index::grams_of(&p, &mut grams);
+            }
+            if let Some(mut p) = sf.final_.as_deref().and_then(norm) {
+                p.push(b'$');
+                index::grams_of(&p, &mut grams);
+            }
+            if grams.is_empty() {
+                return Ok(Candidates::All);
+            }
+            let mut acc: Option<RoaringTreemap> = None;
+            for g in grams {
+                let s = view.posting(db, &g)?;
+                let next = match acc {
+                    None => s,
+                    Some(a) => a & s,
+                };
+                if next.is_empty() {
+                    return Ok(Candidates::Ids(next));
+                }
+                acc = Some(next);
+            }
+            Candidates::Ids(acc.unwrap_or_default())
+        }
+        Filter::GreaterOrEqual(ava) | Filter::LessOrEqual(ava) => {
+            let Some((name, at)) = resolve(view, &ava.attr) else {
+                return Ok(Candidates::Ids(RoaringTreemap::new()));
+            };
+            let Some(db) = usable(view, &name, IndexKind::Ord) else { return Ok(Candidates::All) };
+            let Some(mut key) = view.schema().ordering_key(at, &ava.value) else {
+                return Ok(Candidates::Ids(RoaringTreemap::new()));
+            };
+            key.truncate(index::MAX_KEY);
+            let range: (Bound<&[u8]>, Bound<&[u8]>) = if matches!(f, Filter::GreaterOrEqual(_)) {
+                (Bound::Included(&key), Bound::Unbounded)
+            } else {
+                (Bound::Unbounded, Bound::Included(&key))
+            };
+            let mut acc = RoaringTreemap::new();
+            for item in db.range(view.txn, &range)? {
+                let (_, v) = item?;
+                acc |= RoaringTreemap::deserialize_from(v)
+                    .map_err(|e| StoreError::Corrupt(format!("index posting: {e}")))?;
+            }
+            Candidates::Ids(acc)
+        }
+    })
+}
+
+/// Lowercase canonical name and type of a filter attribute; None if unknown.
+fn resolve<'t>(view: &View<'t>, desc: &str) -> Option<(String, &'t pando_model::AttributeType)> {
+    let base = desc.split(';').next().unwrap_or(desc);
+    let at = view.schema().attribute(base)?;
+    Some((at.name().to_ascii_lowercase(), at))
+}
+
+/// The index for (attr, kind), if there is one and it covers the assertion:
+/// an attribute with subtypes is matched through its subtypes' values, which
+/// its own index does not hold.
+fn usable<'t>(view: &View<'t>, name: &str, kind: IndexKind) -> Option<&'t crate::Db> {
+    if view.inner.has_subtypes.contains(name) {
+        return None;
+    }
+    view.index_db(name, kind)
+}
