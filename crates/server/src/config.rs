@@ -248,7 +248,13 @@ impl Config {
                 Listener::Tcp(addr)
             } else if let Some(rest) = url.strip_prefix("ldapi://") {
                 if rest.is_empty() || rest == "/" {
-                    Listener::Ldapi(self.data_dir.join("ldapi"))
+                    // Clients need an absolute path in the URL.
+                    let dir = if self.data_dir.is_absolute() {
+                        self.data_dir.clone()
+                    } else {
+                        std::env::current_dir().map(|c| c.join(&self.data_dir)).unwrap_or_else(|_| self.data_dir.clone())
+                    };
+                    Listener::Ldapi(dir.join("ldapi"))
                 } else {
                     let p = percent_decode(rest).ok_or_else(|| err(&key, "bad %-escape in socket path"))?;
                     Listener::Ldapi(PathBuf::from(p))
@@ -361,7 +367,8 @@ mod tests {
         let r = check("").unwrap();
         assert_eq!(r.root_dn.to_string(), "cn=admin,dc=example,dc=com");
         assert_eq!(r.listeners[0], Listener::Tcp("127.0.0.1:3389".parse().unwrap()));
-        assert_eq!(r.listeners[1], Listener::Ldapi(PathBuf::from("pando-data/ldapi")));
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(r.listeners[1], Listener::Ldapi(cwd.join("pando-data/ldapi")));
     }
 
     #[test]

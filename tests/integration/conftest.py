@@ -1,0 +1,317 @@
+"""Fixtures for Pando integration tests: start the real server, talk to it
+with real clients (OpenLDAP ldap-utils, python ldap3, raw BER sockets).
+
+Every server fixture, at teardown, sends SIGTERM, asserts a clean exit (0)
+and then runs `pando verify` on the data directory and asserts it is
+consistent.  Module-scoped servers therefore give one consistency check
+after each write-path test module.
+"""
+
+import base64
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ber  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+PANDO_BIN = os.environ.get("PANDO_BIN", str(REPO / "target" / "release" / "pando"))
+SUFFIX = "dc=example,dc=com"
+ADMIN_DN = "cn=admin,dc=example,dc=com"
+PEOPLE = "ou=People," + SUFFIX
+GROUPS = "ou=Groups," + SUFFIX
+DEMO_UIDS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc=None, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+# ------------------------------------------------------------------ LDIF
+
+
+def parse_ldif(text):
+    """Parse ldapsearch -LLL output into a list of (dn, {attr: [values]}).
+
+    Attribute names keep their case; base64 values are decoded (utf-8 with
+    replacement).  Handles folded lines too."""
+    lines = []
+    for line in text.splitlines():
+        if line.startswith(" ") and lines:
+            lines[-1] += line[1:]
+        else:
+            lines.append(line)
+    entries, cur = [], None
+    for line in lines + [""]:
+        if line.startswith("#"):
+            continue
+        if not line.strip():
+            if cur is not None:
+                entries.append(cur)
+                cur = None
+            continue
+        if ":" not in line:  # should not happen in -LLL output
+            k, v = line, ""
+        else:
+            i = line.index(":")
+            k = line[:i]
+            if line[i + 1:i + 2] == ":":
+                v = base64.b64decode(line[i + 2:].strip()).decode("utf-8", "replace")
+            else:
+                v = line[i + 1:]
+                v = v[1:] if v.startswith(" ") else v
+        if k.lower() == "dn":
+            cur = (v, {})
+        elif cur is not None:
+            cur[1].setdefault(k, []).append(v)
+    return entries
+
+
+def ldif_entry(dn, attrs):
+    out = ["dn: " + dn]
+    for k, vals in attrs.items():
+        for v in vals if isinstance(vals, (list, tuple)) else [vals]:
+            if isinstance(v, bytes) or not v.isascii() or v.startswith((" ", ":", "<")):
+                b = v if isinstance(v, bytes) else v.encode("utf-8")
+                out.append("%s:: %s" % (k, base64.b64encode(b).decode()))
+            else:
+                out.append("%s: %s" % (k, v))
+    return "\n".join(out) + "\n"
+
+
+def person_attrs(uid, i=0, extra=None):
+    a = {
+        "objectClass": ["top", "person", "organizationalPerson", "inetOrgPerson"],
+        "uid": [uid],
+        "cn": ["User %s" % uid],
+        "sn": ["Sn%d" % i],
+        "mail": ["%s@example.com" % uid],
+    }
+    if extra:
+        a.update(extra)
+    return a
+
+
+# ------------------------------------------------------------------ server
+
+
+class Pando:
+    def __init__(self, base_dir, demo=False, config=None, name="pando"):
+        self.base = Path(base_dir)
+        self.data_dir = self.base / "data"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.demo = demo
+        self.config = config
+        self.name = name
+        self.port = None
+        self.proc = None
+        self.admin_dn = ADMIN_DN
+        self.admin_pw = None
+
+    # --- lifecycle
+    @property
+    def url(self):
+        return "ldap://127.0.0.1:%d" % self.port
+
+    @property
+    def ldapi_url(self):
+        return "ldapi://" + urllib.parse.quote(str((self.data_dir / "ldapi").resolve()), safe="")
+
+    def start(self, timeout=30.0):
+        if not Path(PANDO_BIN).exists():
+            pytest.fail("pando binary not found at %s (build: cargo build --release -p pando, "
+                        "or set PANDO_BIN)" % PANDO_BIN)
+        self.port = free_port()
+        cmd = [PANDO_BIN, "serve", "--data-dir", str(self.data_dir),
+               "--listen", self.url, "--listen", "ldapi://"]
+        if self.demo:
+            cmd.append("--demo")
+        if self.config:
+            cfg = self.base / "pando.toml"
+            cfg.write_text(self.config)
+            cmd += ["--config", str(cfg)]
+        self.out = open(self.base / "stdout.log", "ab")
+        self.err = open(self.base / "stderr.log", "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, stdin=subprocess.DEVNULL)
+        if not wait_port(self.port, self.proc, timeout):
+            self.proc.kill()
+            self.proc.wait()
+            pytest.fail("pando did not start listening on %s:\n%s" % (self.url, self.logs()))
+        pwfile = self.data_dir / "admin-password"
+        for _ in range(100):
+            if pwfile.exists() and pwfile.stat().st_size > 0:
+                break
+            time.sleep(0.05)
+        self.admin_pw = pwfile.read_text()
+        return self
+
+    def logs(self, tail=4000):
+        out = []
+        for n in ("stdout.log", "stderr.log"):
+            p = self.base / n
+            if p.exists():
+                out.append("--- %s ---\n%s" % (n, p.read_text(errors="replace")[-tail:]))
+        return "\n".join(out)
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout=30.0):
+        """SIGTERM and wait; returns the exit code (None if it had to be killed)."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                self.proc = None
+                return None
+        rc = self.proc.returncode
+        self.proc = None
+        self.out.close()
+        self.err.close()
+        return rc
+
+    def verify(self):
+        r = subprocess.run([PANDO_BIN, "verify", "--data-dir", str(self.data_dir)],
+                           capture_output=True, text=True, timeout=120)
+        return r.returncode, r.stdout + r.stderr
+
+    def stop_and_verify(self):
+        """Teardown check: graceful exit 0, then `pando verify` exit 0."""
+        was_alive = self.alive()
+        rc = self.stop()
+        vrc, vout = self.verify()
+        assert was_alive, "server %s had died before teardown:\n%s" % (self.name, self.logs())
+        assert rc == 0, "server did not exit 0 on SIGTERM (rc=%r):\n%s" % (rc, self.logs())
+        assert vrc == 0, "pando verify failed (rc=%d):\n%s" % (vrc, vout)
+        assert "consistent" in vout, "pando verify output lacks 'consistent': %s" % vout
+
+    # --- clients
+    def ldap(self, tool, *args, auth="admin", input=None, timeout=120, url=None):
+        """Run an ldap-utils tool with -x -H; auth: "admin", None (anonymous)
+        or (dn, password). Returns (rc, stdout, stderr)."""
+        cmd = [tool, "-x", "-H", url or self.url]
+        if auth == "admin":
+            cmd += ["-D", self.admin_dn, "-w", self.admin_pw]
+        elif auth is not None:
+            cmd += ["-D", auth[0], "-w", auth[1]]
+        cmd += list(args)
+        r = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        return r.returncode, r.stdout, r.stderr
+
+    def search(self, base, *args, scope="sub", auth="admin"):
+        """ldapsearch -LLL; returns (rc, entries, stderr)."""
+        rc, out, err = self.ldap("ldapsearch", "-LLL", "-o", "ldif-wrap=no", "-b", base,
+                                 "-s", scope, *args, auth=auth)
+        return rc, parse_ldif(out), err
+
+    def conn(self, user=None, password=None, admin=True, **kw):
+        """A bound ldap3 Connection (admin by default; anonymous if admin=False and no user)."""
+        import ldap3
+        server = ldap3.Server("127.0.0.1", port=self.port, get_info=ldap3.NONE, connect_timeout=10)
+        if user is None and admin:
+            user, password = self.admin_dn, self.admin_pw
+        c = ldap3.Connection(server, user=user, password=password, raise_exceptions=False,
+                             receive_timeout=60, **kw)
+        if user is None:
+            c.open()
+        else:
+            assert c.bind(), "bind as %s failed: %s" % (user, c.result)
+        return c
+
+    def raw(self, timeout=10.0, rcvbuf=None):
+        return ber.Conn("127.0.0.1", self.port, timeout=timeout, rcvbuf=rcvbuf)
+
+    def bulk_add(self, entries, window=256, timeout=300.0):
+        """Add many entries fast: pipelined AddRequests over one raw
+        connection bound as admin. entries: iterable of (dn, attrs dict).
+        The server may process pipelined requests in any order (RFC 4511
+        allows it), so entries are sent in waves by DN depth: parents are
+        acknowledged before their children are sent.
+        Returns the number added; fails on any non-success result."""
+        entries = list(entries)
+        waves = {}
+        for dn, attrs in entries:
+            waves.setdefault(dn.count(","), []).append((dn, attrs))
+        deadline = time.monotonic() + timeout
+        with self.raw(timeout=60) as c:
+            assert ber.simple_bind(c, self.admin_dn, self.admin_pw) == 0, "admin bind failed"
+            next_id = 2
+            for depth in sorted(waves):
+                wave = waves[depth]
+                first_id = next_id
+                sent = done = 0
+                failures = []
+                while done < len(wave):
+                    assert time.monotonic() < deadline, "bulk_add timed out after %d/%d" % (done, len(wave))
+                    batch = []
+                    while sent < len(wave) and sent - done < window:
+                        dn, attrs = wave[sent]
+                        batch.append(ber.message(next_id, ber.add_op(dn, attrs)))
+                        next_id += 1
+                        sent += 1
+                    if batch:
+                        c.send(b"".join(batch))
+                    m = c.recv_msg(timeout=60)
+                    assert m is not None, "server closed the connection during bulk_add:\n" + self.logs()
+                    assert m["op"] == "add", "unexpected response during bulk_add: %r" % m
+                    if m["code"] != 0:
+                        failures.append((wave[m["id"] - first_id][0], m["code"], m["diag"]))
+                    done += 1
+                assert not failures, "bulk_add failures (first 5): %r" % failures[:5]
+            c.send(ber.message(next_id, ber.unbind_op()))
+        return len(entries)
+
+
+def make_server(tmp_path_factory, name, demo=True, config=None):
+    base = tmp_path_factory.mktemp(name)
+    return Pando(base, demo=demo, config=config, name=name).start()
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory, request):
+    """One server with the demo tree per test module; verified at teardown."""
+    name = request.module.__name__.split(".")[-1]
+    s = make_server(tmp_path_factory, name, demo=True)
+    yield s
+    s.stop_and_verify()
+
+
+@pytest.fixture
+def fresh_server(tmp_path_factory):
+    """A fresh (demo) server for a single test; verified at teardown."""
+    s = make_server(tmp_path_factory, "fresh", demo=True)
+    yield s
+    s.stop_and_verify()
+
+
+def have(tool):
+    return shutil.which(tool) is not None
