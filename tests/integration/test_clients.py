@@ -401,7 +401,7 @@ def test_ldappasswd(srv):
     assert rc != 0, "password change with a wrong old password succeeded"
     # user cannot change another user's password
     rc, out, err = srv.ldap("ldappasswd", "-s", "Evil1", dn_of("alice"), auth=(bob, "BobPw2"))
-    assert rc == 50, "user changing another's password: expected 50, got %d" % rc
+    assert rc != 0 and "(50)" in out, "user changing another's password: expected 50, got rc=%d %r" % (rc, out)
     # generated password
     carol = dn_of("carol")
     rc, out, err = srv.ldap("ldappasswd", carol)

@@ -142,9 +142,9 @@ def test_modify_increment(srv, admin):
     assert rc(admin) == 0, admin.result
     assert read(admin, dn_of("ivan"), ["uidNumber"])["uidnumber"] == ["1109"]
     admin.modify(dn_of("ivan"), {"cn": [(MODIFY_INCREMENT, [1])]})
-    assert rc(admin) in (18, 21, 53), "increment of a non-integer attribute: %s" % admin.result
+    assert rc(admin) in (18, 19, 21, 53), "increment of a non-integer attribute: %s" % admin.result
     admin.modify(dn_of("ivan"), {"roomNumber": [(MODIFY_INCREMENT, [1])]})
-    assert rc(admin) in (16, 18, 53), "increment of an absent attribute (RFC 4525 -> 16 noSuchAttribute?): %s" % admin.result
+    assert rc(admin) in (16, 18, 19, 53), "increment of an absent attribute (RFC 4525 -> 16 noSuchAttribute?): %s" % admin.result
 
 
 # ------------------------------------------------------------------ atomicity and schema
@@ -176,7 +176,7 @@ SCHEMA_ADDS = [
                                 "homeDirectory": ["/h"]}, 19),
     ("attribute not allowed by objectClass", {"objectClass": ["person"], "uid": ["sx1"], "cn": ["x"],
                                               "sn": ["x"]}, 65),
-    ("unknown objectClass", {"objectClass": ["noSuchClass"], "cn": ["x"]}, 65),
+    ("unknown objectClass", {"objectClass": ["noSuchClass"], "cn": ["x"]}, (21, 65)),
     ("no structural objectClass", {"objectClass": ["top"], "uid": ["sx1"]}, 65),
 ]
 
@@ -185,7 +185,8 @@ SCHEMA_ADDS = [
 def test_add_schema_violations(srv, admin, name, attrs, code):
     dn = dn_of("sx1") if "uid" in attrs else "cn=x," + PEOPLE
     got = add(admin, dn, attrs)
-    assert got == code, "%s: expected %d, got %s" % (name, code, admin.result)
+    codes = code if isinstance(code, tuple) else (code,)
+    assert got in codes, "%s: expected %s, got %s" % (name, codes, admin.result)
     admin.search(dn, "(objectClass=*)", BASE)
     assert rc(admin) == 32, "rejected entry exists anyway"
 
@@ -199,7 +200,6 @@ def test_modify_schema_violations(srv, admin):
         ({"fooBarBaz": [(MODIFY_ADD, ["1"])]}, 17, "undefined attribute"),
         ({"cn": [(MODIFY_ADD, ["Judy Hopps"])]}, 20, "add existing value"),
         ({"cn": [(MODIFY_ADD, ["JUDY HOPPS"])]}, 20, "add value equal under caseIgnoreMatch"),
-        ({"uid": [(MODIFY_DELETE, ["judy"])]}, 67, "delete RDN value"),
     ]
     before = read(admin, dn)
     for change, code, what in cases:
@@ -208,6 +208,13 @@ def test_modify_schema_violations(srv, admin):
     assert read(admin, dn) == before, "entry changed by failing modifies"
     admin.modify(dn_of("nobody"), {"sn": [(MODIFY_REPLACE, ["x"])]})
     assert rc(admin) == 32
+    # removing the RDN value (uid not required by any class of this entry)
+    rdn = dn_of("rdnonly")
+    assert add(admin, rdn, person_attrs("rdnonly")) == 0, admin.result
+    admin.modify(rdn, {"uid": [(MODIFY_DELETE, ["rdnonly"])]})
+    assert rc(admin) in (64, 67), "delete RDN value: expected notAllowedOnRDN (67) (slapd: 64), got %s" % admin.result
+    admin.modify(rdn, {"uid": [(MODIFY_REPLACE, ["other"])]})
+    assert rc(admin) in (64, 67), "replace RDN value: %s" % admin.result
 
 
 def test_add_missing_parent_and_duplicate(srv, admin):
@@ -330,3 +337,33 @@ def test_operational_attributes_change(srv, admin):
     assert p["hassubordinates"][0].upper() == "TRUE"
     admin.search(PEOPLE, "(objectClass=*)", LEVEL, attributes=["1.1"])
     assert p["numsubordinates"] == [str(len(entries(admin)))]
+
+
+def test_restart_keeps_data(fresh_server):
+    """A fresh store: writes survive a graceful restart, the admin password is kept."""
+    s = fresh_server
+    c = s.conn()
+    assert add(c, dn_of("persist"), person_attrs("persist", 1, {"description": ["kept"]})) == 0, c.result
+    c.modify(dn_of("alice"), {"description": [(MODIFY_REPLACE, ["changed before restart"])]})
+    assert rc(c) == 0
+    c.delete(dn_of("bob"))
+    assert rc(c) == 0
+    c.unbind()
+    pw = s.admin_pw
+    assert s.stop() == 0, "SIGTERM exit code:\n" + s.logs()
+    vrc, vout = s.verify()
+    assert vrc == 0, vout
+    s.demo = False  # --demo on a restart would re-add missing demo entries
+    s.start()
+    assert s.admin_pw == pw, "admin password changed across restart"
+    c = s.conn()
+    assert read(c, dn_of("persist"), ["description"])["description"] == ["kept"]
+    assert read(c, dn_of("alice"), ["description"])["description"] == ["changed before restart"]
+    c.search(dn_of("bob"), "(objectClass=*)", BASE)
+    assert rc(c) == 32
+    c.search(PEOPLE, "(description=kept)", SUBTREE, attributes=["1.1"])
+    assert len(entries(c)) == 1, "index lost across restart"
+    c.search(SUFFIX, "(objectClass=*)", SUBTREE, attributes=["1.1"])
+    n = len(entries(c))
+    c.unbind()
+    assert n == 1 + 2 + 10 + 6, "entries after restart: %d (suffix, 2 ous, 10 users -1 +1, 6 groups)" % n

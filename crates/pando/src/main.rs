@@ -71,7 +71,10 @@ fn load_config(args: &StoreArgs) -> Result<Config, String> {
 fn init_logging(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PANDO_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},heed=warn")));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 fn main() -> ExitCode {
@@ -106,19 +109,28 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
         .thread_name("pando-worker")
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    rt.block_on(pando_server::run(resolved, schema, pando_server::ServeOptions { demo: args.demo }))
-        .map_err(|e| e.to_string())?;
+    rt.block_on(pando_server::run(
+        resolved,
+        schema,
+        pando_server::ServeOptions { demo: args.demo },
+    ))
+    .map_err(|e| e.to_string())?;
     Ok(ExitCode::SUCCESS)
 }
 
 fn passwd() -> Result<ExitCode, String> {
     let mut line = String::new();
-    std::io::stdin().read_line(&mut line).map_err(|e| e.to_string())?;
+    std::io::stdin()
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
     let clear = line.trim_end_matches(['\r', '\n']);
     if clear.is_empty() {
         return Err("no password on standard input".into());
     }
-    println!("{}", pando_server::password::hash_password(clear.as_bytes()));
+    println!(
+        "{}",
+        pando_server::password::hash_password(clear.as_bytes())
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -145,7 +157,11 @@ fn verify(args: StoreArgs) -> Result<ExitCode, String> {
         for p in &problems {
             println!("{p}");
         }
-        println!("{}: {count} entries, {} problem(s)", dir.display(), problems.len());
+        println!(
+            "{}: {count} entries, {} problem(s)",
+            dir.display(),
+            problems.len()
+        );
         Ok(ExitCode::from(1))
     }
 }

@@ -42,35 +42,35 @@ pub struct Reader<'a> {
 fn parse_header(buf: &[u8]) -> Result<(u8, usize, usize), DecodeError> {
     let tag = *buf
         .first()
-        .ok_or_else(|| DecodeError::new("truncated element: missing identifier"))?;
+        .ok_or_else(|| DecodeError::structural("truncated element: missing identifier"))?;
     if tag & 0x1f == 0x1f {
-        return Err(DecodeError::new(format!(
+        return Err(DecodeError::structural(format!(
             "unsupported high tag number form (identifier 0x{tag:02x})"
         )));
     }
     let first = *buf
         .get(1)
-        .ok_or_else(|| DecodeError::new("truncated element: missing length"))?;
+        .ok_or_else(|| DecodeError::structural("truncated element: missing length"))?;
     if first < 0x80 {
         return Ok((tag, 2, usize::from(first)));
     }
     let n = usize::from(first & 0x7f);
     if n == 0 {
-        return Err(DecodeError::new("indefinite length is not allowed"));
+        return Err(DecodeError::structural("indefinite length is not allowed"));
     }
     if n > MAX_LENGTH_OCTETS {
-        return Err(DecodeError::new(format!(
+        return Err(DecodeError::structural(format!(
             "length of length {n} exceeds {MAX_LENGTH_OCTETS}"
         )));
     }
     let octets = buf
         .get(2..2 + n)
-        .ok_or_else(|| DecodeError::new("truncated element: incomplete length"))?;
+        .ok_or_else(|| DecodeError::structural("truncated element: incomplete length"))?;
     // n <= 4, so the value fits in u32 and, on all supported targets, usize.
     let len = octets
         .iter()
         .fold(0u64, |acc, &b| (acc << 8) | u64::from(b));
-    let len = usize::try_from(len).map_err(|_| DecodeError::new("length too large"))?;
+    let len = usize::try_from(len).map_err(|_| DecodeError::structural("length too large"))?;
     Ok((tag, 2 + n, len))
 }
 
@@ -98,9 +98,9 @@ impl<'a> Reader<'a> {
         let (tag, hdr, len) = parse_header(self.buf)?;
         let end = hdr
             .checked_add(len)
-            .ok_or_else(|| DecodeError::new("length overflow"))?;
+            .ok_or_else(|| DecodeError::structural("length overflow"))?;
         let contents = self.buf.get(hdr..end).ok_or_else(|| {
-            DecodeError::new(format!(
+            DecodeError::structural(format!(
                 "truncated element 0x{tag:02x}: {len} content bytes declared, {} present",
                 self.buf.len().saturating_sub(hdr)
             ))

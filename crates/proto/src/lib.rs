@@ -83,6 +83,10 @@ pub struct DecodeError {
     /// SearchRequest), when it was read.
     pub op_tag: Option<u8>,
     pub reason: String,
+    /// The BER structure itself is broken (bad tag form, indefinite or
+    /// inconsistent lengths): RFC 4511 4.1.1 says to disconnect, even when
+    /// the message ID was read.
+    pub structural: bool,
 }
 
 impl DecodeError {
@@ -91,6 +95,15 @@ impl DecodeError {
             msg_id: None,
             op_tag: None,
             reason: reason.into(),
+            structural: false,
+        }
+    }
+
+    /// An error in the BER structure (see [`DecodeError::structural`] field).
+    pub fn structural(reason: impl Into<String>) -> Self {
+        DecodeError {
+            structural: true,
+            ..DecodeError::new(reason)
         }
     }
 }

@@ -20,11 +20,19 @@ fn parts(micros: u64) -> String {
     let secs = (micros / 1_000_000) as i64;
     let (y, mo, d) = civil(secs.div_euclid(86_400));
     let s = secs.rem_euclid(86_400);
-    format!("{y:04}{mo:02}{d:02}{:02}{:02}{:02}", s / 3600, s % 3600 / 60, s % 60)
+    format!(
+        "{y:04}{mo:02}{d:02}{:02}{:02}{:02}",
+        s / 3600,
+        s % 3600 / 60,
+        s % 60
+    )
 }
 
 pub fn now_micros() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
 }
 
 /// GeneralizedTime with second precision, e.g. `20261122093000Z`.
@@ -42,7 +50,10 @@ pub struct CsnClock {
 
 impl CsnClock {
     pub fn new(sid: u16) -> Self {
-        CsnClock { last: AtomicU64::new(0), sid }
+        CsnClock {
+            last: AtomicU64::new(0),
+            sid,
+        }
     }
 
     pub fn next(&self) -> String {
@@ -50,15 +61,27 @@ impl CsnClock {
         // Packed as micros << 12 | counter so one atomic keeps both monotonic.
         let mut prev = self.last.load(Ordering::Relaxed);
         let packed = loop {
-            let want = if (prev >> 12) >= now { prev + 1 } else { now << 12 };
-            match self.last.compare_exchange_weak(prev, want, Ordering::Relaxed, Ordering::Relaxed) {
+            let want = if (prev >> 12) >= now {
+                prev + 1
+            } else {
+                now << 12
+            };
+            match self
+                .last
+                .compare_exchange_weak(prev, want, Ordering::Relaxed, Ordering::Relaxed)
+            {
                 Ok(_) => break want,
                 Err(p) => prev = p,
             }
         };
         let micros = packed >> 12;
         let count = packed & 0xfff;
-        format!("{}.{:06}Z#{count:06x}#{:03x}#000000", parts(micros), micros % 1_000_000, self.sid)
+        format!(
+            "{}.{:06}Z#{count:06x}#{:03x}#000000",
+            parts(micros),
+            micros % 1_000_000,
+            self.sid
+        )
     }
 }
 

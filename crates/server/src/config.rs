@@ -90,7 +90,10 @@ pub struct StoreConfig {
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig { map_size_mb: 64 * 1024, max_write_batch: 256 }
+        StoreConfig {
+            map_size_mb: 64 * 1024,
+            max_write_batch: 256,
+        }
     }
 }
 
@@ -141,7 +144,10 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 fn err(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
-    ConfigError { key: key.into(), problem: problem.into() }
+    ConfigError {
+        key: key.into(),
+        problem: problem.into(),
+    }
 }
 
 /// A listener, resolved.
@@ -204,7 +210,9 @@ impl Config {
     pub fn from_toml(text: &str, origin: &Path) -> Result<Config, ConfigError> {
         toml::from_str(text).map_err(|e| {
             let problem = e.message().to_string();
-            let line = e.span().map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
             match line {
                 Some(l) => err("", format!("{}:{l}: {problem}", origin.display())),
                 None => err("", format!("{}: {problem}", origin.display())),
@@ -213,8 +221,12 @@ impl Config {
     }
 
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| err("", format!("cannot read config file {}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            err(
+                "",
+                format!("cannot read config file {}: {e}", path.display()),
+            )
+        })?;
         Config::from_toml(&text, path)
     }
 
@@ -252,17 +264,26 @@ impl Config {
                     let dir = if self.data_dir.is_absolute() {
                         self.data_dir.clone()
                     } else {
-                        std::env::current_dir().map(|c| c.join(&self.data_dir)).unwrap_or_else(|_| self.data_dir.clone())
+                        std::env::current_dir()
+                            .map(|c| c.join(&self.data_dir))
+                            .unwrap_or_else(|_| self.data_dir.clone())
                     };
                     Listener::Ldapi(dir.join("ldapi"))
                 } else {
-                    let p = percent_decode(rest).ok_or_else(|| err(&key, "bad %-escape in socket path"))?;
+                    let p = percent_decode(rest)
+                        .ok_or_else(|| err(&key, "bad %-escape in socket path"))?;
                     Listener::Ldapi(PathBuf::from(p))
                 }
             } else if url.starts_with("ldaps://") {
-                return Err(err(&key, "ldaps:// needs TLS, which this build does not configure yet"));
+                return Err(err(
+                    &key,
+                    "ldaps:// needs TLS, which this build does not configure yet",
+                ));
             } else {
-                return Err(err(&key, format!("'{url}' must start with ldap:// or ldapi://")));
+                return Err(err(
+                    &key,
+                    format!("'{url}' must start with ldap:// or ldapi://"),
+                ));
             };
             listeners.push(l);
         }
@@ -279,7 +300,10 @@ impl Config {
             }
             let n = schema.normalize_dn(&dn).map_err(|e| err(&key, e))?;
             for other in &norms {
-                if n == *other || n.ends_with(&format!(",{other}")) || other.ends_with(&format!(",{n}")) {
+                if n == *other
+                    || n.ends_with(&format!(",{other}"))
+                    || other.ends_with(&format!(",{n}"))
+                {
                     return Err(err(&key, format!("'{s}' overlaps another suffix")));
                 }
             }
@@ -290,11 +314,14 @@ impl Config {
             Some(d) => d.clone(),
             None => format!("cn=admin,{}", self.suffixes[0]),
         };
-        let root_dn = Dn::parse(&root_dn_text).map_err(|e| err("root_dn", format!("'{root_dn_text}': {e}")))?;
+        let root_dn = Dn::parse(&root_dn_text)
+            .map_err(|e| err("root_dn", format!("'{root_dn_text}': {e}")))?;
         if root_dn.is_root() {
             return Err(err("root_dn", "must not be empty"));
         }
-        schema.normalize_dn(&root_dn).map_err(|e| err("root_dn", e))?;
+        schema
+            .normalize_dn(&root_dn)
+            .map_err(|e| err("root_dn", e))?;
         if let Some(h) = &self.root_password_hash {
             if !crate::password::is_hashed(h.as_bytes()) {
                 return Err(err(
@@ -303,13 +330,24 @@ impl Config {
                 ));
             }
         }
-        if !matches!(self.log_level.as_str(), "error" | "warn" | "info" | "debug" | "trace") {
-            return Err(err("log_level", format!("'{}' is not one of error, warn, info, debug, trace", self.log_level)));
+        if !matches!(
+            self.log_level.as_str(),
+            "error" | "warn" | "info" | "debug" | "trace"
+        ) {
+            return Err(err(
+                "log_level",
+                format!(
+                    "'{}' is not one of error, warn, info, debug, trace",
+                    self.log_level
+                ),
+            ));
         }
         let mut indexes = Vec::new();
         for (attr, kinds) in &self.indexes {
             let key = format!("indexes.{attr}");
-            let at = schema.attribute(attr).ok_or_else(|| err(&key, format!("unknown attribute type '{attr}'")))?;
+            let at = schema
+                .attribute(attr)
+                .ok_or_else(|| err(&key, format!("unknown attribute type '{attr}'")))?;
             let mut ks = Vec::new();
             for k in kinds {
                 let kind: IndexKind = k.parse().map_err(|e: String| err(&key, e))?;
@@ -319,17 +357,26 @@ impl Config {
                     IndexKind::Pres => true,
                 };
                 if !ok {
-                    return Err(err(&key, format!("'{attr}' has no matching rule for a '{kind}' index")));
+                    return Err(err(
+                        &key,
+                        format!("'{attr}' has no matching rule for a '{kind}' index"),
+                    ));
                 }
                 if !ks.contains(&kind) {
                     ks.push(kind);
                 }
             }
-            indexes.push(IndexSpec { attr: at.name().to_string(), kinds: ks });
+            indexes.push(IndexSpec {
+                attr: at.name().to_string(),
+                kinds: ks,
+            });
         }
         let l = &self.limits;
         if l.max_pdu_bytes < 1024 || l.max_pdu_bytes > 1 << 30 {
-            return Err(err("limits.max_pdu_bytes", "must be between 1024 and 1073741824"));
+            return Err(err(
+                "limits.max_pdu_bytes",
+                "must be between 1024 and 1073741824",
+            ));
         }
         if l.max_filter_depth == 0 || l.max_filter_depth > 1000 {
             return Err(err("limits.max_filter_depth", "must be between 1 and 1000"));
@@ -349,7 +396,13 @@ impl Config {
         if self.store.max_write_batch == 0 {
             return Err(err("store.max_write_batch", "must be at least 1"));
         }
-        Ok(Resolved { config: self, listeners, suffixes, root_dn, indexes })
+        Ok(Resolved {
+            config: self,
+            listeners,
+            suffixes,
+            root_dn,
+            indexes,
+        })
     }
 }
 
@@ -366,9 +419,15 @@ mod tests {
     fn defaults_validate() {
         let r = check("").unwrap();
         assert_eq!(r.root_dn.to_string(), "cn=admin,dc=example,dc=com");
-        assert_eq!(r.listeners[0], Listener::Tcp("127.0.0.1:3389".parse().unwrap()));
+        assert_eq!(
+            r.listeners[0],
+            Listener::Tcp("127.0.0.1:3389".parse().unwrap())
+        );
         let cwd = std::env::current_dir().unwrap();
-        assert_eq!(r.listeners[1], Listener::Ldapi(cwd.join("pando-data/ldapi")));
+        assert_eq!(
+            r.listeners[1],
+            Listener::Ldapi(cwd.join("pando-data/ldapi"))
+        );
     }
 
     #[test]
@@ -387,7 +446,8 @@ mod tests {
         assert_eq!(e.key, "listen[0]");
         let e = check("root_password_hash = \"secret\"\n").unwrap_err();
         assert_eq!(e.key, "root_password_hash");
-        let e = check("suffixes = [\"dc=example,dc=com\", \"ou=x,dc=example,dc=com\"]\n").unwrap_err();
+        let e =
+            check("suffixes = [\"dc=example,dc=com\", \"ou=x,dc=example,dc=com\"]\n").unwrap_err();
         assert_eq!(e.key, "suffixes[1]");
         let e = check("[limits]\nmax_pdu_bytes = 10\n").unwrap_err();
         assert_eq!(e.key, "limits.max_pdu_bytes");
@@ -396,7 +456,10 @@ mod tests {
     #[test]
     fn ldapi_paths() {
         let r = check("listen = [\"ldapi://%2Ftmp%2Fx.sock\"]\n").unwrap();
-        assert_eq!(r.listeners[0], Listener::Ldapi(PathBuf::from("/tmp/x.sock")));
+        assert_eq!(
+            r.listeners[0],
+            Listener::Ldapi(PathBuf::from("/tmp/x.sock"))
+        );
         assert_eq!(r.listeners[0].url(), "ldapi://%2Ftmp%2Fx.sock");
     }
 }

@@ -14,7 +14,11 @@ pub struct LdapError {
 
 impl LdapError {
     pub fn new(code: ResultCode, message: impl Into<String>) -> Self {
-        LdapError { code, message: message.into(), matched_dn: String::new() }
+        LdapError {
+            code,
+            message: message.into(),
+            matched_dn: String::new(),
+        }
     }
 
     pub fn with_matched(mut self, dn: String) -> Self {
@@ -23,7 +27,12 @@ impl LdapError {
     }
 
     pub fn into_result(self) -> LdapResult {
-        LdapResult { code: self.code, matched_dn: self.matched_dn, message: self.message, referral: Vec::new() }
+        LdapResult {
+            code: self.code,
+            matched_dn: self.matched_dn,
+            message: self.message,
+            referral: Vec::new(),
+        }
     }
 
     pub fn protocol(msg: impl Into<String>) -> Self {
@@ -46,10 +55,15 @@ impl From<StoreError> for LdapError {
             StoreError::MapFull => LdapError::unwilling(
                 "the database is full (store.map_size_mb reached); the change was not made",
             ),
-            StoreError::Closed => LdapError::new(ResultCode::UNAVAILABLE, "the server is shutting down"),
+            StoreError::Closed => {
+                LdapError::new(ResultCode::UNAVAILABLE, "the server is shutting down")
+            }
             other => {
                 tracing::error!(error = %other, "store error");
-                LdapError::new(ResultCode::OTHER, format!("internal storage error: {other}"))
+                LdapError::new(
+                    ResultCode::OTHER,
+                    format!("internal storage error: {other}"),
+                )
             }
         }
     }

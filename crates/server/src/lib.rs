@@ -49,7 +49,8 @@ pub fn store_options(cfg: &Resolved) -> StoreOptions {
 /// Open the store, bootstrap it, listen, and serve until SIGINT/SIGTERM.
 pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Result<(), BoxError> {
     let data_dir = cfg.config.data_dir.clone();
-    std::fs::create_dir_all(&data_dir).map_err(|e| format!("cannot create data directory {}: {e}", data_dir.display()))?;
+    std::fs::create_dir_all(&data_dir)
+        .map_err(|e| format!("cannot create data directory {}: {e}", data_dir.display()))?;
     std::fs::set_permissions(&data_dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| format!("{}: {e}", data_dir.display()))?;
     let store = {
@@ -58,7 +59,12 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         let so = store_options(&cfg);
         tokio::task::spawn_blocking(move || Store::open(&dir, schema, &so))
             .await?
-            .map_err(|e| format!("cannot open store in {}: {e}", store_dir(&data_dir).display()))?
+            .map_err(|e| {
+                format!(
+                    "cannot open store in {}: {e}",
+                    store_dir(&data_dir).display()
+                )
+            })?
     };
     let csn = CsnClock::new(0);
     let root_dn_text = cfg.root_dn.to_string();
@@ -73,12 +79,18 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
             let csn = CsnClock::new(0);
             let pw = bootstrap::root_password(&store, &data_dir, configured.as_deref())?;
             let created = bootstrap::ensure_suffixes(&store, &suffixes, &creator, &csn)?;
-            let demo_added = if demo { bootstrap::load_demo(&store, &suffixes[0], &creator, &csn)? } else { 0 };
+            let demo_added = if demo {
+                bootstrap::load_demo(&store, &suffixes[0], &creator, &csn)?
+            } else {
+                0
+            };
             Ok((pw, created, demo_added))
         })
         .await??
     };
-    let root_dn_norm = schema.normalize_dn(&cfg.root_dn).map_err(|e| format!("root_dn: {e}"))?;
+    let root_dn_norm = schema
+        .normalize_dn(&cfg.root_dn)
+        .map_err(|e| format!("root_dn: {e}"))?;
     let suffixes = cfg
         .suffixes
         .iter()
@@ -86,7 +98,10 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("suffixes: {e}"))?;
     let limits = &cfg.config.limits;
-    let decode_limits = DecodeLimits { max_depth: limits.max_filter_depth, max_filter_terms: limits.max_filter_terms };
+    let decode_limits = DecodeLimits {
+        max_depth: limits.max_filter_depth,
+        max_filter_terms: limits.max_filter_terms,
+    };
     let bound = net::listener::bind_all(&cfg.listeners).await?;
     let server = Arc::new(Server {
         root_pw_hash: RwLock::new(Some(root_pw.hash().to_string())),
@@ -107,7 +122,13 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     let tasks = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
     let mut listeners = JoinSet::new();
     for b in bound {
-        listeners.spawn(net::listener::serve(b, server.clone(), conn_limit.clone(), stop_rx.clone(), tasks.clone()));
+        listeners.spawn(net::listener::serve(
+            b,
+            server.clone(),
+            conn_limit.clone(),
+            stop_rx.clone(),
+            tasks.clone(),
+        ));
     }
 
     wait_for_signal().await;
@@ -118,7 +139,10 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         let mut t = tasks.lock().await;
         while t.join_next().await.is_some() {}
     };
-    if tokio::time::timeout(Duration::from_secs(10), drain).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(10), drain)
+        .await
+        .is_err()
+    {
         tracing::warn!("some connections did not close within 10 s; closing anyway");
     }
     drop(server);
@@ -144,12 +168,23 @@ async fn wait_for_signal() {
 
 fn print_banner(server: &Server, pw: &RootPassword, created: &[String], demo_added: usize) {
     let cfg = &server.cfg;
-    let suffix = cfg.suffixes.first().map(|d| d.to_string()).unwrap_or_default();
+    let suffix = cfg
+        .suffixes
+        .first()
+        .map(|d| d.to_string())
+        .unwrap_or_default();
     println!("Pando {} is serving:", env!("CARGO_PKG_VERSION"));
     for l in &cfg.listeners {
         println!("  {}", l.url());
     }
-    println!("  suffixes: {}", cfg.suffixes.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("; "));
+    println!(
+        "  suffixes: {}",
+        cfg.suffixes
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
     println!("  data directory: {}", cfg.config.data_dir.display());
     for c in created {
         println!("  created suffix entry {c}");
@@ -160,7 +195,10 @@ fn print_banner(server: &Server, pw: &RootPassword, created: &[String], demo_add
     println!("  administrator: {}", cfg.root_dn);
     match pw {
         RootPassword::Generated { file, .. } => {
-            println!("  a random administrator password was generated and written to {}", file.display());
+            println!(
+                "  a random administrator password was generated and written to {}",
+                file.display()
+            );
             println!("  (only its hash is kept; read the file, store the password safely, then delete the file)");
         }
         RootPassword::Stored(_) => {
@@ -171,7 +209,9 @@ fn print_banner(server: &Server, pw: &RootPassword, created: &[String], demo_add
                 println!("  administrator password: as generated on first start (hash kept in the store)");
             }
         }
-        RootPassword::Configured(_) => println!("  administrator password: root_password_hash from the configuration"),
+        RootPassword::Configured(_) => {
+            println!("  administrator password: root_password_hash from the configuration")
+        }
     }
     if let Some(Listener::Tcp(a)) = cfg.listeners.iter().find(|l| matches!(l, Listener::Tcp(_))) {
         println!();
@@ -180,7 +220,10 @@ fn print_banner(server: &Server, pw: &RootPassword, created: &[String], demo_add
         println!(
             "  ldapwhoami -x -H ldap://{a} -D '{}' -y {}",
             cfg.root_dn,
-            cfg.config.data_dir.join(bootstrap::ADMIN_PASSWORD_FILE).display()
+            cfg.config
+                .data_dir
+                .join(bootstrap::ADMIN_PASSWORD_FILE)
+                .display()
         );
     }
 }

@@ -32,9 +32,14 @@ pub struct Server {
 pub enum Identity {
     Anonymous,
     /// The configured root DN.
-    Root { dn: String },
+    Root {
+        dn: String,
+    },
     /// An entry that authenticated with its userPassword.
-    User { dn: String, norm: String },
+    User {
+        dn: String,
+        norm: String,
+    },
 }
 
 impl Identity {

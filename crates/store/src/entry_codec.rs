@@ -54,8 +54,12 @@ pub fn decode(id: u64, dn: Dn, bytes: &[u8]) -> Result<Entry, StoreError> {
     if crc32fast::hash(&bytes[HEADER..]) != stored_crc {
         return Err(corrupt("checksum mismatch"));
     }
-    let mut r = Reader { buf: &bytes[HEADER..] };
-    let count = r.varint().ok_or_else(|| corrupt("truncated attribute count"))?;
+    let mut r = Reader {
+        buf: &bytes[HEADER..],
+    };
+    let count = r
+        .varint()
+        .ok_or_else(|| corrupt("truncated attribute count"))?;
     let mut attrs = Vec::with_capacity(count.min(1024) as usize);
     for _ in 0..count {
         let desc = r.bytes().ok_or_else(|| corrupt("truncated description"))?;
@@ -63,9 +67,16 @@ pub fn decode(id: u64, dn: Dn, bytes: &[u8]) -> Result<Entry, StoreError> {
         let n = r.varint().ok_or_else(|| corrupt("truncated value count"))?;
         let mut values = Vec::with_capacity(n.min(4096) as usize);
         for _ in 0..n {
-            values.push(r.bytes().ok_or_else(|| corrupt("truncated value"))?.to_vec());
+            values.push(
+                r.bytes()
+                    .ok_or_else(|| corrupt("truncated value"))?
+                    .to_vec(),
+            );
         }
-        attrs.push(Attribute { desc: desc.to_string(), values });
+        attrs.push(Attribute {
+            desc: desc.to_string(),
+            values,
+        });
     }
     if !r.buf.is_empty() {
         return Err(corrupt("trailing bytes"));
@@ -116,8 +127,14 @@ mod tests {
 
     fn sample() -> Vec<Attribute> {
         vec![
-            Attribute { desc: "objectClass".into(), values: vec![b"top".to_vec(), b"person".to_vec()] },
-            Attribute { desc: "cn".into(), values: vec![vec![0xff; 300]] },
+            Attribute {
+                desc: "objectClass".into(),
+                values: vec![b"top".to_vec(), b"person".to_vec()],
+            },
+            Attribute {
+                desc: "cn".into(),
+                values: vec![vec![0xff; 300]],
+            },
         ]
     }
 
@@ -136,7 +153,10 @@ mod tests {
         for i in 0..buf.len() {
             let mut copy = buf.clone();
             copy[i] ^= 0x10;
-            assert!(decode(1, Dn { rdns: vec![] }, &copy).is_err(), "flip at {i} undetected");
+            assert!(
+                decode(1, Dn { rdns: vec![] }, &copy).is_err(),
+                "flip at {i} undetected"
+            );
         }
     }
 

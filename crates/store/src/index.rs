@@ -122,7 +122,9 @@ pub fn keys_for(
             // (objectClass=person) matches entries of every subclass, so an
             // object class value also produces the keys of its superclasses.
             if at.has_name("objectClass") {
-                let classes = std::str::from_utf8(value).ok().and_then(|v| schema.superclasses(v));
+                let classes = std::str::from_utf8(value)
+                    .ok()
+                    .and_then(|v| schema.superclasses(v));
                 for oc in classes.unwrap_or_default() {
                     if let Ok(n) = schema.normalize(at, oc.oid.as_bytes()) {
                         out.insert(cut(n));
@@ -158,7 +160,15 @@ mod tests {
         let mut out = BTreeSet::new();
         grams(b"abcd", &mut out);
         let v: Vec<_> = out.into_iter().collect();
-        assert_eq!(v, vec![b"^ab".to_vec(), b"abc".to_vec(), b"bcd".to_vec(), b"cd$".to_vec()]);
+        assert_eq!(
+            v,
+            vec![
+                b"^ab".to_vec(),
+                b"abc".to_vec(),
+                b"bcd".to_vec(),
+                b"cd$".to_vec()
+            ]
+        );
         let mut short = BTreeSet::new();
         grams(b"a", &mut short);
         assert_eq!(short.into_iter().collect::<Vec<_>>(), vec![b"^a$".to_vec()]);

@@ -107,7 +107,11 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { map_size: 64 << 30, indexes: Vec::new(), max_batch: 256 }
+        StoreOptions {
+            map_size: 64 << 30,
+            indexes: Vec::new(),
+            max_batch: 256,
+        }
     }
 }
 
@@ -140,10 +144,17 @@ pub struct Store {
 
 impl Store {
     /// Open (creating if needed) the store in directory `path`.
-    pub fn open(path: &Path, schema: Arc<Schema>, opts: &StoreOptions) -> Result<Store, StoreError> {
+    pub fn open(
+        path: &Path,
+        schema: Arc<Schema>,
+        opts: &StoreOptions,
+    ) -> Result<Store, StoreError> {
         std::fs::create_dir_all(path)?;
         let mut env_opts = EnvOpenOptions::new();
-        env_opts.map_size(opts.map_size).max_dbs(16 + 5 * opts.indexes.len() as u32).max_readers(1024);
+        env_opts
+            .map_size(opts.map_size)
+            .max_dbs(16 + 5 * opts.indexes.len() as u32)
+            .max_readers(1024);
         // SAFETY: the directory is opened by this process only through this
         // Store (the lock file also guards other processes); NO_TLS because
         // read transactions move between tokio's blocking threads.
@@ -162,9 +173,9 @@ impl Store {
                 meta.put(&mut wtxn, META_NEXT_ID, &1u64.to_be_bytes())?;
             }
             Some(v) => {
-                let found = <[u8; 4]>::try_from(v).map(u32::from_be_bytes).map_err(|_| {
-                    StoreError::Format("unreadable format version in meta".into())
-                })?;
+                let found = <[u8; 4]>::try_from(v)
+                    .map(u32::from_be_bytes)
+                    .map_err(|_| StoreError::Format("unreadable format version in meta".into()))?;
                 if found != FORMAT_VERSION {
                     return Err(StoreError::Format(format!(
                         "store {} has format {found}, this Pando reads format {FORMAT_VERSION}",
@@ -179,12 +190,17 @@ impl Store {
             let attr = spec.attr.to_ascii_lowercase();
             for &kind in &spec.kinds {
                 let name = index::db_name(&attr, kind);
-                let existed = env.open_database::<Bytes, Bytes>(&wtxn, Some(&name))?.is_some();
+                let existed = env
+                    .open_database::<Bytes, Bytes>(&wtxn, Some(&name))?
+                    .is_some();
                 let db: Db = env.create_database(&mut wtxn, Some(&name))?;
                 if !existed {
                     new_indexes.push((attr.clone(), kind, db));
                 }
-                indexes.entry(attr.clone()).or_default().push(IndexDb { kind, db });
+                indexes
+                    .entry(attr.clone())
+                    .or_default()
+                    .push(IndexDb { kind, db });
             }
         }
         let mut has_subtypes = HashSet::new();
@@ -196,7 +212,17 @@ impl Store {
             }
         }
         wtxn.commit()?;
-        let inner = Arc::new(Inner { env, meta, id2entry, dn2id, id2parent, indexes, has_subtypes, schema, path: path.to_path_buf() });
+        let inner = Arc::new(Inner {
+            env,
+            meta,
+            id2entry,
+            dn2id,
+            id2parent,
+            indexes,
+            has_subtypes,
+            schema,
+            path: path.to_path_buf(),
+        });
         if !new_indexes.is_empty() {
             build_new_indexes(&inner, &new_indexes)?;
         }
@@ -214,7 +240,10 @@ impl Store {
 
     /// A consistent read-only snapshot.
     pub fn read(&self) -> Result<ReadTxn<'_>, StoreError> {
-        Ok(ReadTxn { txn: self.inner.env.read_txn()?, inner: &self.inner })
+        Ok(ReadTxn {
+            txn: self.inner.env.read_txn()?,
+            inner: &self.inner,
+        })
     }
 
     /// Queue a write; `f` runs on the writer thread inside its own nested
@@ -238,7 +267,8 @@ impl Store {
         F: FnOnce(&mut WriteTxn<'_>) -> Result<R, E> + Send + 'static,
     {
         let rx = self.writer.submit(f)?;
-        rx.blocking_recv().unwrap_or(Err(E::from(StoreError::Closed)))
+        rx.blocking_recv()
+            .unwrap_or(Err(E::from(StoreError::Closed)))
     }
 
     /// Stop the writer after the queued writes and close the environment.
@@ -289,7 +319,10 @@ pub struct ReadTxn<'s> {
 
 impl<'s> ReadTxn<'s> {
     pub fn view(&self) -> View<'_> {
-        View { txn: &self.txn, inner: self.inner }
+        View {
+            txn: &self.txn,
+            inner: self.inner,
+        }
     }
 }
 
@@ -304,7 +337,9 @@ pub struct WriteTxn<'e> {
 pub enum Lookup {
     Found(EntryId),
     /// No such entry; `matched` is the deepest existing ancestor, if any.
-    Missing { matched: Option<EntryId> },
+    Missing {
+        matched: Option<EntryId>,
+    },
 }
 
 /// Where an entry hangs: parent ID (0 for a suffix entry) and its RDN.
@@ -352,9 +387,17 @@ fn decode_placement(id: EntryId, v: &[u8]) -> Result<Placement, StoreError> {
     if rest.len() < len {
         return Err(bad());
     }
-    let rdn = std::str::from_utf8(&rest[..len]).map_err(|_| bad())?.to_string();
-    let norm_rdn = std::str::from_utf8(&rest[len..]).map_err(|_| bad())?.to_string();
-    Ok(Placement { parent, rdn, norm_rdn })
+    let rdn = std::str::from_utf8(&rest[..len])
+        .map_err(|_| bad())?
+        .to_string();
+    let norm_rdn = std::str::from_utf8(&rest[len..])
+        .map_err(|_| bad())?
+        .to_string();
+    Ok(Placement {
+        parent,
+        rdn,
+        norm_rdn,
+    })
 }
 
 /// Read access shared by read and write transactions.
@@ -377,7 +420,11 @@ impl<'t> View<'t> {
             if let Some(v) = self.inner.dn2id.get(self.txn, &dn2id_key(0, &suffix))? {
                 let mut id = id_from(v)?;
                 for i in (0..start).rev() {
-                    match self.inner.dn2id.get(self.txn, &dn2id_key(id, &norm_rdns[i]))? {
+                    match self
+                        .inner
+                        .dn2id
+                        .get(self.txn, &dn2id_key(id, &norm_rdns[i]))?
+                    {
                         Some(v) => id = id_from(v)?,
                         None => return Ok(Lookup::Missing { matched: Some(id) }),
                     }
@@ -390,7 +437,10 @@ impl<'t> View<'t> {
 
     /// Normalise each RDN of `dn` with the schema.
     pub fn normalize_rdns(&self, dn: &Dn) -> Result<Vec<String>, String> {
-        dn.rdns.iter().map(|r| self.inner.schema.normalize_rdn(r)).collect()
+        dn.rdns
+            .iter()
+            .map(|r| self.inner.schema.normalize_rdn(r))
+            .collect()
     }
 
     pub fn lookup(&self, dn: &Dn) -> Result<Result<Lookup, String>, StoreError> {
@@ -418,9 +468,9 @@ impl<'t> View<'t> {
         // Depth is bounded by the DN length limit; the counter also stops a
         // corrupted parent cycle from looping forever.
         for _ in 0..1024 {
-            let p = self
-                .placement(cur)?
-                .ok_or_else(|| StoreError::Corrupt(format!("entry {cur} has no id2parent record")))?;
+            let p = self.placement(cur)?.ok_or_else(|| {
+                StoreError::Corrupt(format!("entry {cur} has no id2parent record"))
+            })?;
             if !out.is_empty() {
                 out.push(',');
             }
@@ -430,12 +480,15 @@ impl<'t> View<'t> {
             }
             cur = p.parent;
         }
-        Err(StoreError::Corrupt(format!("parent chain of entry {id} does not end")))
+        Err(StoreError::Corrupt(format!(
+            "parent chain of entry {id} does not end"
+        )))
     }
 
     pub fn dn(&self, id: EntryId) -> Result<Dn, StoreError> {
         let s = self.dn_string(id)?;
-        Dn::parse(&s).map_err(|e| StoreError::Corrupt(format!("stored DN '{s}' of entry {id}: {e}")))
+        Dn::parse(&s)
+            .map_err(|e| StoreError::Corrupt(format!("stored DN '{s}' of entry {id}: {e}")))
     }
 
     pub fn entry_bytes(&self, id: EntryId) -> Result<Option<&'t [u8]>, StoreError> {
@@ -470,7 +523,13 @@ impl<'t> View<'t> {
     }
 
     pub fn has_children(&self, id: EntryId) -> Result<bool, StoreError> {
-        Ok(self.inner.dn2id.prefix_iter(self.txn, &id_bytes(id))?.next().transpose()?.is_some())
+        Ok(self
+            .inner
+            .dn2id
+            .prefix_iter(self.txn, &id_bytes(id))?
+            .next()
+            .transpose()?
+            .is_some())
     }
 
     pub fn count_children(&self, id: EntryId) -> Result<u64, StoreError> {
@@ -513,7 +572,9 @@ impl<'t> View<'t> {
                 _ => return Ok(false),
             }
         }
-        Err(StoreError::Corrupt(format!("parent chain of entry {id} does not end")))
+        Err(StoreError::Corrupt(format!(
+            "parent chain of entry {id} does not end"
+        )))
     }
 
     /// Number of entries in the store.
@@ -527,7 +588,11 @@ impl<'t> View<'t> {
     }
 
     pub fn meta_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.inner.meta.get(self.txn, key.as_bytes())?.map(|v| v.to_vec()))
+        Ok(self
+            .inner
+            .meta
+            .get(self.txn, key.as_bytes())?
+            .map(|v| v.to_vec()))
     }
 
     /// Candidate IDs for a filter from the indexes (see [`plan`]).
@@ -544,7 +609,12 @@ impl<'t> View<'t> {
     }
 
     fn index_db(&self, attr_lower: &str, kind: IndexKind) -> Option<&'t Db> {
-        self.inner.indexes.get(attr_lower)?.iter().find(|i| i.kind == kind).map(|i| &i.db)
+        self.inner
+            .indexes
+            .get(attr_lower)?
+            .iter()
+            .find(|i| i.kind == kind)
+            .map(|i| &i.db)
     }
 
     /// The keys that `attrs` produce in the index (attr, kind).
@@ -597,11 +667,21 @@ impl<'t> View<'t> {
             match self.placement(id)? {
                 None => problems.push(format!("entry {id} has no id2parent record")),
                 Some(p) => {
-                    match self.inner.dn2id.get(self.txn, &dn2id_key(p.parent, &p.norm_rdn))? {
+                    match self
+                        .inner
+                        .dn2id
+                        .get(self.txn, &dn2id_key(p.parent, &p.norm_rdn))?
+                    {
                         Some(v) if id_from(v)? == id => {}
                         _ => problems.push(format!("entry {id} ({}) is missing from dn2id", p.rdn)),
                     }
-                    if p.parent != 0 && self.inner.id2entry.get(self.txn, &id_bytes(p.parent))?.is_none() {
+                    if p.parent != 0
+                        && self
+                            .inner
+                            .id2entry
+                            .get(self.txn, &id_bytes(p.parent))?
+                            .is_none()
+                    {
                         problems.push(format!("entry {id} has a dangling parent {}", p.parent));
                     }
                 }
@@ -614,7 +694,9 @@ impl<'t> View<'t> {
             let (_, v) = item?;
             let id = id_from(v)?;
             if !ids.contains(id) {
-                problems.push(format!("dn2id names entry {id}, which has no id2entry record"));
+                problems.push(format!(
+                    "dn2id names entry {id}, which has no id2entry record"
+                ));
             }
         }
         for item in self.inner.id2parent.iter(self.txn)? {
@@ -632,7 +714,10 @@ impl<'t> View<'t> {
                     let (k, v) = item?;
                     let got = RoaringTreemap::deserialize_from(v)
                         .map_err(|e| StoreError::Corrupt(format!("{name}: posting: {e}")))?;
-                    let want = expected.get(&(name.clone(), k.to_vec())).cloned().unwrap_or_default();
+                    let want = expected
+                        .get(&(name.clone(), k.to_vec()))
+                        .cloned()
+                        .unwrap_or_default();
                     if got != want {
                         problems.push(format!(
                             "{name}: key {:?} lists {} IDs, entries produce {} (extra {:?}, missing {:?})",
@@ -662,7 +747,10 @@ impl<'t> View<'t> {
 
 impl<'e> WriteTxn<'e> {
     pub fn view(&self) -> View<'_> {
-        View { txn: &self.txn, inner: self.inner }
+        View {
+            txn: &self.txn,
+            inner: self.inner,
+        }
     }
 
     pub fn meta_put(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
@@ -674,7 +762,9 @@ impl<'e> WriteTxn<'e> {
             Some(v) => id_from(v)?,
             None => return Err(StoreError::Corrupt("meta has no next_id".into())),
         };
-        self.inner.meta.put(&mut self.txn, META_NEXT_ID, &id_bytes(next + 1))?;
+        self.inner
+            .meta
+            .put(&mut self.txn, META_NEXT_ID, &id_bytes(next + 1))?;
         Ok(next)
     }
 
@@ -683,36 +773,54 @@ impl<'e> WriteTxn<'e> {
     pub fn add(&mut self, place: &Placement, attrs: &[Attribute]) -> Result<EntryId, StoreError> {
         let key = dn2id_key(place.parent, &place.norm_rdn);
         if self.inner.dn2id.get(&self.txn, &key)?.is_some() {
-            return Err(StoreError::Corrupt(format!("dn2id already holds '{}'", place.rdn)));
+            return Err(StoreError::Corrupt(format!(
+                "dn2id already holds '{}'",
+                place.rdn
+            )));
         }
         let id = self.allocate_id()?;
         let mut buf = Vec::new();
         entry_codec::encode(attrs, &mut buf);
-        self.inner.id2entry.put(&mut self.txn, &id_bytes(id), &buf)?;
-        self.inner.id2parent.put(&mut self.txn, &id_bytes(id), &encode_placement(place))?;
+        self.inner
+            .id2entry
+            .put(&mut self.txn, &id_bytes(id), &buf)?;
+        self.inner
+            .id2parent
+            .put(&mut self.txn, &id_bytes(id), &encode_placement(place))?;
         self.inner.dn2id.put(&mut self.txn, &key, &id_bytes(id))?;
         self.update_indexes(id, &[], attrs)?;
         Ok(id)
     }
 
     /// Replace the attributes of entry `id` (`old` must be what is stored).
-    pub fn replace(&mut self, id: EntryId, old: &[Attribute], new: &[Attribute]) -> Result<(), StoreError> {
+    pub fn replace(
+        &mut self,
+        id: EntryId,
+        old: &[Attribute],
+        new: &[Attribute],
+    ) -> Result<(), StoreError> {
         let mut buf = Vec::new();
         entry_codec::encode(new, &mut buf);
-        self.inner.id2entry.put(&mut self.txn, &id_bytes(id), &buf)?;
+        self.inner
+            .id2entry
+            .put(&mut self.txn, &id_bytes(id), &buf)?;
         self.update_indexes(id, old, new)
     }
 
     /// Remove leaf entry `id` (`old` must be what is stored).
     pub fn delete(&mut self, id: EntryId, old: &[Attribute]) -> Result<(), StoreError> {
         if self.view().has_children(id)? {
-            return Err(StoreError::Corrupt(format!("delete of entry {id}, which has children")));
+            return Err(StoreError::Corrupt(format!(
+                "delete of entry {id}, which has children"
+            )));
         }
         let place = self
             .view()
             .placement(id)?
             .ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no id2parent record")))?;
-        self.inner.dn2id.delete(&mut self.txn, &dn2id_key(place.parent, &place.norm_rdn))?;
+        self.inner
+            .dn2id
+            .delete(&mut self.txn, &dn2id_key(place.parent, &place.norm_rdn))?;
         self.inner.id2parent.delete(&mut self.txn, &id_bytes(id))?;
         self.inner.id2entry.delete(&mut self.txn, &id_bytes(id))?;
         self.update_indexes(id, old, &[])
@@ -725,19 +833,35 @@ impl<'e> WriteTxn<'e> {
             .view()
             .placement(id)?
             .ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no id2parent record")))?;
-        self.inner.dn2id.delete(&mut self.txn, &dn2id_key(from.parent, &from.norm_rdn))?;
-        self.inner.dn2id.put(&mut self.txn, &dn2id_key(to.parent, &to.norm_rdn), &id_bytes(id))?;
-        self.inner.id2parent.put(&mut self.txn, &id_bytes(id), &encode_placement(to))?;
+        self.inner
+            .dn2id
+            .delete(&mut self.txn, &dn2id_key(from.parent, &from.norm_rdn))?;
+        self.inner.dn2id.put(
+            &mut self.txn,
+            &dn2id_key(to.parent, &to.norm_rdn),
+            &id_bytes(id),
+        )?;
+        self.inner
+            .id2parent
+            .put(&mut self.txn, &id_bytes(id), &encode_placement(to))?;
         Ok(())
     }
 
-    fn update_indexes(&mut self, id: EntryId, old: &[Attribute], new: &[Attribute]) -> Result<(), StoreError> {
+    fn update_indexes(
+        &mut self,
+        id: EntryId,
+        old: &[Attribute],
+        new: &[Attribute],
+    ) -> Result<(), StoreError> {
         let inner = self.inner;
         for (attr, dbs) in &inner.indexes {
             for idx in dbs {
                 let (before, after) = {
                     let view = self.view();
-                    (view.keys_of(old, attr, idx.kind), view.keys_of(new, attr, idx.kind))
+                    (
+                        view.keys_of(old, attr, idx.kind),
+                        view.keys_of(new, attr, idx.kind),
+                    )
                 };
                 for k in before.difference(&after) {
                     self.change_posting(&idx.db, k, id, false)?;
@@ -750,7 +874,13 @@ impl<'e> WriteTxn<'e> {
         Ok(())
     }
 
-    fn change_posting(&mut self, db: &Db, key: &[u8], id: EntryId, add: bool) -> Result<(), StoreError> {
+    fn change_posting(
+        &mut self,
+        db: &Db,
+        key: &[u8],
+        id: EntryId,
+        add: bool,
+    ) -> Result<(), StoreError> {
         let mut set = self.view().posting(db, key)?;
         let changed = if add { set.insert(id) } else { set.remove(id) };
         if !changed {

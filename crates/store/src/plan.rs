@@ -66,7 +66,9 @@ pub(crate) fn candidates(view: &View<'_>, f: &Filter) -> Result<Candidates, Stor
         }
         Filter::Not(_) | Filter::Extensible(_) => Candidates::All,
         Filter::Present(attr) => {
-            let Some((name, _)) = resolve(view, attr) else { return Ok(Candidates::Ids(RoaringTreemap::new())) };
+            let Some((name, _)) = resolve(view, attr) else {
+                return Ok(Candidates::Ids(RoaringTreemap::new()));
+            };
             if name == "objectclass" {
                 // Every entry has objectClass.
                 return Ok(Candidates::All);
@@ -81,7 +83,11 @@ pub(crate) fn candidates(view: &View<'_>, f: &Filter) -> Result<Candidates, Stor
             let Some((name, at)) = resolve(view, &ava.attr) else {
                 return Ok(Candidates::Ids(RoaringTreemap::new()));
             };
-            let kind = if approx { IndexKind::Approx } else { IndexKind::Eq };
+            let kind = if approx {
+                IndexKind::Approx
+            } else {
+                IndexKind::Eq
+            };
             let Some(db) = usable(view, &name, kind) else {
                 // Approximate match falls back to equality candidates only
                 // when there is no approx index: it is not a superset, so don't.
@@ -99,7 +105,9 @@ pub(crate) fn candidates(view: &View<'_>, f: &Filter) -> Result<Candidates, Stor
             let Some((name, at)) = resolve(view, &sf.attr) else {
                 return Ok(Candidates::Ids(RoaringTreemap::new()));
             };
-            let Some(db) = usable(view, &name, IndexKind::Sub) else { return Ok(Candidates::All) };
+            let Some(db) = usable(view, &name, IndexKind::Sub) else {
+                return Ok(Candidates::All);
+            };
             let schema = view.schema();
             let mut grams = BTreeSet::new();
             let norm = |p: &[u8]| schema.normalize_substring_part(at, p).ok();
@@ -136,7 +144,9 @@ pub(crate) fn candidates(view: &View<'_>, f: &Filter) -> Result<Candidates, Stor
             let Some((name, at)) = resolve(view, &ava.attr) else {
                 return Ok(Candidates::Ids(RoaringTreemap::new()));
             };
-            let Some(db) = usable(view, &name, IndexKind::Ord) else { return Ok(Candidates::All) };
+            let Some(db) = usable(view, &name, IndexKind::Ord) else {
+                return Ok(Candidates::All);
+            };
             let Some(mut key) = view.schema().ordering_key(at, &ava.value) else {
                 return Ok(Candidates::Ids(RoaringTreemap::new()));
             };

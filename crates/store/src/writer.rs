@@ -75,7 +75,10 @@ impl WriterHandle {
         let thread = std::thread::Builder::new()
             .name("pando-writer".into())
             .spawn(move || run(inner, rx, max_batch.max(1)))?;
-        Ok(WriterHandle { tx: Arc::new(Mutex::new(Some(tx))), thread: Arc::new(Mutex::new(Some(thread))) })
+        Ok(WriterHandle {
+            tx: Arc::new(Mutex::new(Some(tx))),
+            thread: Arc::new(Mutex::new(Some(thread))),
+        })
     }
 
     pub(crate) fn submit<R, E, F>(&self, f: F) -> Result<oneshot::Receiver<Result<R, E>>, E>
@@ -146,7 +149,9 @@ fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), St
         };
         let mut w = WriteTxn { txn: child, inner };
         let (keep, reply) = job.run(&mut w);
-        let outcome = if keep { w.txn.commit().map_err(StoreError::from) } else {
+        let outcome = if keep {
+            w.txn.commit().map_err(StoreError::from)
+        } else {
             w.txn.abort();
             Ok(())
         };
@@ -161,4 +166,3 @@ fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), St
         }
     }
 }
-

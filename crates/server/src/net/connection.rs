@@ -16,11 +16,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pando_proto::{
-    frame_length, notice_of_disconnection, oid, Control, ExtendedResponse, LdapMessage, LdapResult, PagedResults,
-    ProtocolOp, ResultCode,
+    frame_length, notice_of_disconnection, oid, Control, ExtendedResponse, LdapMessage, LdapResult,
+    PagedResults, ProtocolOp, ResultCode,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 use crate::error::LdapError;
 use crate::ops;
@@ -52,13 +52,18 @@ impl Connection {
         let _ = writer.await;
     }
 
-    async fn read_loop<R: AsyncRead + Unpin>(&self, rd: &mut R, tx: &mpsc::Sender<Vec<u8>>) -> &'static str {
+    async fn read_loop<R: AsyncRead + Unpin>(
+        &self,
+        rd: &mut R,
+        tx: &mpsc::Sender<Vec<u8>>,
+    ) -> &'static str {
         let limits = &self.server.cfg.config.limits;
         let max_ops = limits.max_ops_per_connection;
         let idle = (limits.idle_timeout > 0).then(|| Duration::from_secs(limits.idle_timeout));
         let permits = Arc::new(Semaphore::new(max_ops));
         let outstanding: Outstanding = Arc::new(Mutex::new(HashMap::new()));
         let mut identity = Identity::Anonymous;
+        let mut write_chain: Option<oneshot::Receiver<()>> = None;
         let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
         let mut start = 0usize;
         let mut shutdown = self.shutdown.clone();
@@ -69,7 +74,17 @@ impl Connection {
                     Ok(Some(len)) => {
                         let frame = buf[start..start + len].to_vec();
                         start += len;
-                        match self.dispatch(&frame, &mut identity, tx, &permits, &outstanding).await {
+                        match self
+                            .dispatch(
+                                &frame,
+                                &mut identity,
+                                &mut write_chain,
+                                tx,
+                                &permits,
+                                &outstanding,
+                            )
+                            .await
+                        {
                             Flow::Continue => {}
                             Flow::Close(why) => {
                                 abandon_all(&outstanding);
@@ -79,7 +94,12 @@ impl Connection {
                     }
                     Ok(None) => break,
                     Err(e) => {
-                        let _ = tx.send(notice_of_disconnection(ResultCode::PROTOCOL_ERROR, &e.to_string())).await;
+                        let _ = tx
+                            .send(notice_of_disconnection(
+                                ResultCode::PROTOCOL_ERROR,
+                                &e.to_string(),
+                            ))
+                            .await;
                         abandon_all(&outstanding);
                         return "bad frame";
                     }
@@ -126,6 +146,7 @@ impl Connection {
         &self,
         frame: &[u8],
         identity: &mut Identity,
+        write_chain: &mut Option<oneshot::Receiver<()>>,
         tx: &mpsc::Sender<Vec<u8>>,
         permits: &Arc<Semaphore>,
         outstanding: &Outstanding,
@@ -135,13 +156,20 @@ impl Connection {
             Err(e) => {
                 // With a known ID and operation, the stream is still framed:
                 // fail just this operation. Otherwise the connection is unusable.
-                if let (Some(id), Some(op)) = (e.msg_id, e.op_tag.and_then(response_for)) {
+                if let (false, Some(id), Some(op)) =
+                    (e.structural, e.msg_id, e.op_tag.and_then(response_for))
+                {
                     tracing::debug!(conn = self.id, msg_id = id, reason = %e.reason, "malformed request");
                     let res = LdapError::protocol(e.reason).into_result();
                     send(tx, id, op(res), Vec::new()).await;
                     return Flow::Continue;
                 }
-                let _ = tx.send(notice_of_disconnection(ResultCode::PROTOCOL_ERROR, &e.reason)).await;
+                let _ = tx
+                    .send(notice_of_disconnection(
+                        ResultCode::PROTOCOL_ERROR,
+                        &e.reason,
+                    ))
+                    .await;
                 return Flow::Close("undecodable PDU");
             }
         };
@@ -149,10 +177,41 @@ impl Connection {
         match msg.op {
             ProtocolOp::UnbindRequest => return Flow::Close("unbind"),
             ProtocolOp::AbandonRequest(target) => {
-                if let Some(flag) = outstanding.lock().ok().and_then(|m| m.get(&target).cloned()) {
+                if let Some(flag) = outstanding
+                    .lock()
+                    .ok()
+                    .and_then(|m| m.get(&target).cloned())
+                {
                     flag.store(true, Ordering::Relaxed);
                 }
                 return Flow::Continue;
+            }
+            ProtocolOp::SearchRequest(_)
+            | ProtocolOp::ModifyRequest(_)
+            | ProtocolOp::AddRequest(_)
+            | ProtocolOp::DelRequest(_)
+            | ProtocolOp::ModifyDnRequest(_)
+            | ProtocolOp::CompareRequest(_)
+            | ProtocolOp::ExtendedRequest(_) => {}
+            // A response or notice sent by a client breaks the protocol.
+            ProtocolOp::BindResponse(_)
+            | ProtocolOp::SearchResultEntry(_)
+            | ProtocolOp::SearchResultDone(_)
+            | ProtocolOp::SearchResultReference(_)
+            | ProtocolOp::ModifyResponse(_)
+            | ProtocolOp::AddResponse(_)
+            | ProtocolOp::DelResponse(_)
+            | ProtocolOp::ModifyDnResponse(_)
+            | ProtocolOp::CompareResponse(_)
+            | ProtocolOp::ExtendedResponse(_)
+            | ProtocolOp::IntermediateResponse { .. } => {
+                let _ = tx
+                    .send(notice_of_disconnection(
+                        ResultCode::PROTOCOL_ERROR,
+                        "unexpected PDU type from client",
+                    ))
+                    .await;
+                return Flow::Close("response PDU from client");
             }
             ProtocolOp::BindRequest(req) => {
                 abandon_all(outstanding);
@@ -178,10 +237,11 @@ impl Connection {
                 send(tx, id, bind_response(result), Vec::new()).await;
                 return Flow::Continue;
             }
-            _ => {}
         }
         // Everything else runs as its own task, bounded per connection.
-        let Ok(permit) = permits.clone().acquire_owned().await else { return Flow::Close("closing") };
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return Flow::Close("closing");
+        };
         let flag = Arc::new(AtomicBool::new(false));
         if let Ok(mut m) = outstanding.lock() {
             m.insert(id, flag.clone());
@@ -190,8 +250,29 @@ impl Connection {
         let who = identity.clone();
         let tx = tx.clone();
         let outstanding = outstanding.clone();
+        // Writes from one connection are applied in the order they were sent
+        // (a pipelined child add must not overtake its parent's); each waits
+        // for the previous one. Reads run freely.
+        let order = if is_update(&msg.op) {
+            let (done_tx, done_rx) = oneshot::channel();
+            Some((write_chain.replace(done_rx), done_tx))
+        } else {
+            None
+        };
         tokio::spawn(async move {
+            let done = match order {
+                Some((prev, done)) => {
+                    if let Some(prev) = prev {
+                        let _ = prev.await;
+                    }
+                    Some(done)
+                }
+                None => None,
+            };
             run_op(server, who, id, msg.op, msg.controls, flag, &tx).await;
+            if let Some(done) = done {
+                let _ = done.send(());
+            }
             if let Ok(mut m) = outstanding.lock() {
                 m.remove(&id);
             }
@@ -206,6 +287,17 @@ enum Flow {
     Close(&'static str),
 }
 
+fn is_update(op: &ProtocolOp) -> bool {
+    matches!(
+        op,
+        ProtocolOp::AddRequest(_)
+            | ProtocolOp::DelRequest(_)
+            | ProtocolOp::ModifyRequest(_)
+            | ProtocolOp::ModifyDnRequest(_)
+            | ProtocolOp::ExtendedRequest(_)
+    )
+}
+
 fn abandon_all(outstanding: &Outstanding) {
     if let Ok(m) = outstanding.lock() {
         for f in m.values() {
@@ -215,7 +307,10 @@ fn abandon_all(outstanding: &Outstanding) {
 }
 
 fn bind_response(result: LdapResult) -> ProtocolOp {
-    ProtocolOp::BindResponse(pando_proto::BindResponse { result, server_sasl_creds: None })
+    ProtocolOp::BindResponse(pando_proto::BindResponse {
+        result,
+        server_sasl_creds: None,
+    })
 }
 
 /// The response constructor for a request's application tag, if it has one.
@@ -229,16 +324,32 @@ fn response_for(tag: u8) -> Option<fn(LdapResult) -> ProtocolOp> {
         t::DEL_REQUEST => ProtocolOp::DelResponse,
         t::MODIFY_DN_REQUEST => ProtocolOp::ModifyDnResponse,
         t::COMPARE_REQUEST => ProtocolOp::CompareResponse,
-        t::EXTENDED_REQUEST => |r| ProtocolOp::ExtendedResponse(ExtendedResponse { result: r, name: None, value: None }),
+        t::EXTENDED_REQUEST => |r| {
+            ProtocolOp::ExtendedResponse(ExtendedResponse {
+                result: r,
+                name: None,
+                value: None,
+            })
+        },
         _ => return None,
     })
 }
 
 /// unavailableCriticalExtension for the first critical control not understood.
 fn unknown_critical(controls: &[Control], also_known: &[&str]) -> Option<LdapError> {
-    controls.iter().find(|c| c.critical && !KNOWN_CONTROLS.contains(&c.oid.as_str()) && !also_known.contains(&c.oid.as_str())).map(|c| {
-        LdapError::new(ResultCode::UNAVAILABLE_CRITICAL_EXTENSION, format!("critical control {} is not supported", c.oid))
-    })
+    controls
+        .iter()
+        .find(|c| {
+            c.critical
+                && !KNOWN_CONTROLS.contains(&c.oid.as_str())
+                && !also_known.contains(&c.oid.as_str())
+        })
+        .map(|c| {
+            LdapError::new(
+                ResultCode::UNAVAILABLE_CRITICAL_EXTENSION,
+                format!("critical control {} is not supported", c.oid),
+            )
+        })
 }
 
 async fn send(tx: &mpsc::Sender<Vec<u8>>, id: i32, op: ProtocolOp, controls: Vec<Control>) {
@@ -268,25 +379,53 @@ async fn run_op(
                         Some(Ok(p)) => paged = Some(p),
                         _ => {
                             let e = LdapError::protocol("malformed paged results control value");
-                            send(tx, id, ProtocolOp::SearchResultDone(e.into_result()), Vec::new()).await;
+                            send(
+                                tx,
+                                id,
+                                ProtocolOp::SearchResultDone(e.into_result()),
+                                Vec::new(),
+                            )
+                            .await;
                             return;
                         }
                     }
                 }
             }
             if let Some(e) = unknown_critical(&controls, &[oid::PAGED_RESULTS]) {
-                send(tx, id, ProtocolOp::SearchResultDone(e.into_result()), Vec::new()).await;
+                send(
+                    tx,
+                    id,
+                    ProtocolOp::SearchResultDone(e.into_result()),
+                    Vec::new(),
+                )
+                .await;
                 return;
             }
-            let job = ops::search::SearchJob { server, who, msg_id: id, req, paged, abandoned, out: tx.clone() };
+            let job = ops::search::SearchJob {
+                server,
+                who,
+                msg_id: id,
+                req,
+                paged,
+                abandoned,
+                out: tx.clone(),
+            };
             let outcome = tokio::task::spawn_blocking(move || ops::search::run(job)).await;
             match outcome {
-                Ok(Some(o)) => send(tx, id, ProtocolOp::SearchResultDone(o.result), o.controls).await,
+                Ok(Some(o)) => {
+                    send(tx, id, ProtocolOp::SearchResultDone(o.result), o.controls).await
+                }
                 // Abandoned: no response at all (RFC 4511 4.11).
                 Ok(None) => {}
                 Err(_) => {
                     let e = LdapError::new(ResultCode::OTHER, "search failed unexpectedly");
-                    send(tx, id, ProtocolOp::SearchResultDone(e.into_result()), Vec::new()).await;
+                    send(
+                        tx,
+                        id,
+                        ProtocolOp::SearchResultDone(e.into_result()),
+                        Vec::new(),
+                    )
+                    .await;
                 }
             }
         }
@@ -298,34 +437,53 @@ async fn run_op(
                 return;
             }
             let response = match other {
-                ProtocolOp::AddRequest(req) => ProtocolOp::AddResponse(result_or(ops::write::add(&server, &who, req).await)),
-                ProtocolOp::DelRequest(dn) => ProtocolOp::DelResponse(result_or(ops::write::delete(&server, &who, dn).await)),
-                ProtocolOp::ModifyRequest(req) => ProtocolOp::ModifyResponse(result_or(ops::write::modify(&server, &who, req).await)),
-                ProtocolOp::ModifyDnRequest(req) => {
-                    ProtocolOp::ModifyDnResponse(result_or(ops::write::modify_dn(&server, &who, req).await))
+                ProtocolOp::AddRequest(req) => {
+                    ProtocolOp::AddResponse(result_or(ops::write::add(&server, &who, req).await))
                 }
+                ProtocolOp::DelRequest(dn) => {
+                    ProtocolOp::DelResponse(result_or(ops::write::delete(&server, &who, dn).await))
+                }
+                ProtocolOp::ModifyRequest(req) => ProtocolOp::ModifyResponse(result_or(
+                    ops::write::modify(&server, &who, req).await,
+                )),
+                ProtocolOp::ModifyDnRequest(req) => ProtocolOp::ModifyDnResponse(result_or(
+                    ops::write::modify_dn(&server, &who, req).await,
+                )),
                 ProtocolOp::CompareRequest(req) => {
                     let server2 = server.clone();
                     let who2 = who.clone();
-                    let r = tokio::task::spawn_blocking(move || ops::compare::compare(&server2, &who2, &req))
-                        .await
-                        .unwrap_or_else(|_| Err(LdapError::new(ResultCode::OTHER, "compare failed unexpectedly")));
+                    let r = tokio::task::spawn_blocking(move || {
+                        ops::compare::compare(&server2, &who2, &req)
+                    })
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(LdapError::new(
+                            ResultCode::OTHER,
+                            "compare failed unexpectedly",
+                        ))
+                    });
                     ProtocolOp::CompareResponse(match r {
-                        Ok(code) => LdapResult { code, matched_dn: String::new(), message: String::new(), referral: Vec::new() },
+                        Ok(code) => LdapResult {
+                            code,
+                            matched_dn: String::new(),
+                            message: String::new(),
+                            referral: Vec::new(),
+                        },
                         Err(e) => e.into_result(),
                     })
                 }
                 ProtocolOp::ExtendedRequest(req) => ProtocolOp::ExtendedResponse(
                     match ops::extended::extended(&server, &who, req).await {
                         Ok(r) => r,
-                        Err(e) => ExtendedResponse { result: e.into_result(), name: None, value: None },
+                        Err(e) => ExtendedResponse {
+                            result: e.into_result(),
+                            name: None,
+                            value: None,
+                        },
                     },
                 ),
-                // Responses sent by a client are protocol errors.
-                _ => {
-                    let _ = tx.send(notice_of_disconnection(ResultCode::PROTOCOL_ERROR, "unexpected PDU type from client")).await;
-                    return;
-                }
+                // Filtered out by `dispatch`.
+                _ => return,
             };
             if abandoned.load(Ordering::Relaxed) {
                 return;

@@ -29,9 +29,9 @@ pub async fn bind_all(listeners: &[Listener]) -> std::io::Result<Vec<Bound>> {
     for l in listeners {
         match l {
             Listener::Tcp(addr) => {
-                let tl = TcpListener::bind(addr)
-                    .await
-                    .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+                let tl = TcpListener::bind(addr).await.map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
+                })?;
                 out.push(Bound::Tcp(tl));
             }
             Listener::Ldapi(path) => {
@@ -44,7 +44,10 @@ pub async fn bind_all(listeners: &[Listener]) -> std::io::Result<Vec<Bound>> {
                     }
                 }
                 let ul = UnixListener::bind(path).map_err(|e| {
-                    std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", path.display()))
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("cannot listen on {}: {e}", path.display()),
+                    )
                 })?;
                 // Reachable by anyone who can reach the data directory; who
                 // may do what is decided per identity, not by file mode.
@@ -90,7 +93,12 @@ pub async fn serve(
         };
         let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(conn = id, %peer, "connection accepted");
-        let conn = Connection { server: server.clone(), id, peer, shutdown: shutdown.clone() };
+        let conn = Connection {
+            server: server.clone(),
+            id,
+            peer,
+            shutdown: shutdown.clone(),
+        };
         tasks.lock().await.spawn(async move {
             match stream {
                 Stream::Tcp(s) => {

@@ -12,7 +12,10 @@ use crate::state::{Identity, Server};
 /// connection anonymous (the caller resets it).
 pub async fn bind(server: &Arc<Server>, req: BindRequest) -> OpResult<Identity> {
     if req.version != 3 {
-        return Err(LdapError::protocol(format!("LDAP version {} is not supported", req.version)));
+        return Err(LdapError::protocol(format!(
+            "LDAP version {} is not supported",
+            req.version
+        )));
     }
     let pw = match req.auth {
         BindAuth::Simple(pw) => pw,
@@ -31,10 +34,15 @@ pub async fn bind(server: &Arc<Server>, req: BindRequest) -> OpResult<Identity> 
     }
     if pw.is_empty() {
         // RFC 4513 5.1.2: unauthenticated binds are refused by default.
-        return Err(LdapError::unwilling("unauthenticated bind (DN with no password) disallowed"));
+        return Err(LdapError::unwilling(
+            "unauthenticated bind (DN with no password) disallowed",
+        ));
     }
     let dn = super::parse_dn(&req.name)?;
-    let norm = server.schema.normalize_dn(&dn).map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
+    let norm = server
+        .schema
+        .normalize_dn(&dn)
+        .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
     if norm == server.root_dn_norm {
         let hash = server.root_pw_hash.read().ok().and_then(|h| h.clone());
         if let Some(hash) = hash {
@@ -50,11 +58,18 @@ pub async fn bind(server: &Arc<Server>, req: BindRequest) -> OpResult<Identity> 
         tokio::task::spawn_blocking(move || -> OpResult<Vec<Vec<u8>>> {
             let rtxn = server.store.read()?;
             let view = rtxn.view();
-            let Ok(id) = super::resolve(&view, &dn) else { return Ok(Vec::new()) };
+            let Ok(id) = super::resolve(&view, &dn) else {
+                return Ok(Vec::new());
+            };
             let attrs = view.attrs(id)?.unwrap_or_default();
             Ok(attrs
                 .into_iter()
-                .filter(|a| a.desc.split(';').next().is_some_and(|b| b.eq_ignore_ascii_case("userPassword")))
+                .filter(|a| {
+                    a.desc
+                        .split(';')
+                        .next()
+                        .is_some_and(|b| b.eq_ignore_ascii_case("userPassword"))
+                })
                 .flat_map(|a| a.values)
                 .collect())
         })

@@ -22,7 +22,10 @@ pub fn compare(server: &Arc<Server>, who: &Identity, req: &CompareRequest) -> Op
         ));
     }
     let want = schema.normalize(at, &req.ava.value).map_err(|e| {
-        LdapError::new(ResultCode::INVALID_ATTRIBUTE_SYNTAX, format!("{}: value invalid per syntax: {e}", at.name()))
+        LdapError::new(
+            ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+            format!("{}: value invalid per syntax: {e}", at.name()),
+        )
     })?;
     let rtxn = server.store.read()?;
     let view = rtxn.view();
@@ -31,18 +34,26 @@ pub fn compare(server: &Arc<Server>, who: &Identity, req: &CompareRequest) -> Op
     let mut present = false;
     for a in &attrs {
         let base = a.desc.split(';').next().unwrap_or("");
-        let Some(t) = schema.attribute(base) else { continue };
+        let Some(t) = schema.attribute(base) else {
+            continue;
+        };
         if !schema.is_subtype(t, at) {
             continue;
         }
         present = true;
-        if a.values.iter().any(|v| schema.normalize(t, v).is_ok_and(|n| n == want)) {
+        if a.values
+            .iter()
+            .any(|v| schema.normalize(t, v).is_ok_and(|n| n == want))
+        {
             return Ok(ResultCode::COMPARE_TRUE);
         }
     }
     if present {
         Ok(ResultCode::COMPARE_FALSE)
     } else {
-        Err(LdapError::new(ResultCode::NO_SUCH_ATTRIBUTE, format!("entry has no {} attribute", at.name())))
+        Err(LdapError::new(
+            ResultCode::NO_SUCH_ATTRIBUTE,
+            format!("entry has no {} attribute", at.name()),
+        ))
     }
 }

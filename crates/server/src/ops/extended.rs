@@ -3,47 +3,81 @@
 use std::sync::Arc;
 
 use pando_model::Attribute;
-use pando_proto::{encode_passwd_modify_response, oid, ExtendedRequest, ExtendedResponse, LdapResult, PasswdModifyRequest, ResultCode};
+use pando_proto::{
+    encode_passwd_modify_response, oid, ExtendedRequest, ExtendedResponse, LdapResult,
+    PasswdModifyRequest, ResultCode,
+};
 use pando_store::WriteTxn;
 
 use crate::error::{LdapError, OpResult};
 use crate::password;
 use crate::state::{Identity, Server};
 
-pub async fn extended(server: &Arc<Server>, who: &Identity, req: ExtendedRequest) -> OpResult<ExtendedResponse> {
+pub async fn extended(
+    server: &Arc<Server>,
+    who: &Identity,
+    req: ExtendedRequest,
+) -> OpResult<ExtendedResponse> {
     match req.name.as_str() {
         oid::WHOAMI => {
             let authz = match who {
                 Identity::Anonymous => String::new(),
                 other => format!("dn:{}", other.dn()),
             };
-            Ok(ExtendedResponse { result: LdapResult::success(), name: None, value: Some(authz.into_bytes()) })
+            Ok(ExtendedResponse {
+                result: LdapResult::success(),
+                name: None,
+                value: Some(authz.into_bytes()),
+            })
         }
         oid::PASSWD_MODIFY => passwd_modify(server, who, req.value.as_deref()).await,
-        oid::START_TLS => Err(LdapError::new(ResultCode::UNAVAILABLE, "StartTLS is not configured on this server")),
-        other => Err(LdapError::protocol(format!("unsupported extended operation {other}"))),
+        oid::START_TLS => Err(LdapError::new(
+            ResultCode::UNAVAILABLE,
+            "StartTLS is not configured on this server",
+        )),
+        other => Err(LdapError::protocol(format!(
+            "unsupported extended operation {other}"
+        ))),
     }
 }
 
-async fn passwd_modify(server: &Arc<Server>, who: &Identity, value: Option<&[u8]>) -> OpResult<ExtendedResponse> {
+async fn passwd_modify(
+    server: &Arc<Server>,
+    who: &Identity,
+    value: Option<&[u8]>,
+) -> OpResult<ExtendedResponse> {
     let req = match value {
-        None => PasswdModifyRequest { user_identity: None, old_password: None, new_password: None },
-        Some(v) => PasswdModifyRequest::decode(v).map_err(|e| LdapError::protocol(format!("malformed Password Modify request: {}", e.reason)))?,
+        None => PasswdModifyRequest {
+            user_identity: None,
+            old_password: None,
+            new_password: None,
+        },
+        Some(v) => PasswdModifyRequest::decode(v).map_err(|e| {
+            LdapError::protocol(format!("malformed Password Modify request: {}", e.reason))
+        })?,
     };
     if who.is_anonymous() {
-        return Err(LdapError::unwilling("only authenticated users may change passwords"));
+        return Err(LdapError::unwilling(
+            "only authenticated users may change passwords",
+        ));
     }
     let target = match &req.user_identity {
         Some(u) => {
-            let s = std::str::from_utf8(u).map_err(|_| LdapError::protocol("userIdentity is not UTF-8"))?;
+            let s = std::str::from_utf8(u)
+                .map_err(|_| LdapError::protocol("userIdentity is not UTF-8"))?;
             // Both a plain DN and the "dn:" authzId form are accepted.
             super::parse_dn(s.strip_prefix("dn:").unwrap_or(s))?
         }
         None => super::parse_dn(who.dn())?,
     };
-    let norm = server.schema.normalize_dn(&target).map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
+    let norm = server
+        .schema
+        .normalize_dn(&target)
+        .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
     if !who.is_admin() && who.norm(server) != norm {
-        return Err(LdapError::access("users may change only their own password"));
+        return Err(LdapError::access(
+            "users may change only their own password",
+        ));
     }
     let generated = req.new_password.is_none();
     let new_clear = match req.new_password {
@@ -76,7 +110,10 @@ async fn passwd_modify(server: &Arc<Server>, who: &Identity, value: Option<&[u8]
     .await
     .map_err(|_| LdapError::new(ResultCode::OTHER, "password check failed"))??;
     if !stored_ok {
-        return Err(LdapError::new(ResultCode::INVALID_CREDENTIALS, "the old password is wrong"));
+        return Err(LdapError::new(
+            ResultCode::INVALID_CREDENTIALS,
+            "the old password is wrong",
+        ));
     }
     let server3 = server.clone();
     let who2 = who.clone();
@@ -87,23 +124,43 @@ async fn passwd_modify(server: &Arc<Server>, who: &Identity, value: Option<&[u8]
             let id = match super::resolve(&view, &target) {
                 Ok(id) => id,
                 Err(e) if e.code == ResultCode::NO_SUCH_OBJECT && norm == server3.root_dn_norm => {
-                    return Err(LdapError::unwilling("the root DN is not an entry; set root_password_hash in the configuration"))
+                    return Err(LdapError::unwilling(
+                        "the root DN is not an entry; set root_password_hash in the configuration",
+                    ))
                 }
                 Err(e) => return Err(e),
             };
             let old_attrs = view.attrs(id)?.unwrap_or_default();
             let mut new = old_attrs.clone();
             new.retain(|a| !a.desc.eq_ignore_ascii_case("userPassword"));
-            new.push(Attribute { desc: "userPassword".into(), values: vec![hashed.into_bytes()] });
+            new.push(Attribute {
+                desc: "userPassword".into(),
+                values: vec![hashed.into_bytes()],
+            });
             let now = crate::clock::generalized_time(crate::clock::now_micros());
-            for (desc, v) in [("modifyTimestamp", now), ("modifiersName", who2.dn().to_string()), ("entryCSN", server3.csn.next())] {
+            for (desc, v) in [
+                ("modifyTimestamp", now),
+                ("modifiersName", who2.dn().to_string()),
+                ("entryCSN", server3.csn.next()),
+            ] {
                 new.retain(|a| !a.desc.eq_ignore_ascii_case(desc));
-                new.push(Attribute { desc: desc.into(), values: vec![v.into_bytes()] });
+                new.push(Attribute {
+                    desc: desc.into(),
+                    values: vec![v.into_bytes()],
+                });
             }
             w.replace(id, &old_attrs, &new)?;
             Ok(())
         })
         .await?;
-    let value = if generated { Some(encode_passwd_modify_response(Some(&new_clear))) } else { None };
-    Ok(ExtendedResponse { result: LdapResult::success(), name: None, value })
+    let value = if generated {
+        Some(encode_passwd_modify_response(Some(&new_clear)))
+    } else {
+        None
+    };
+    Ok(ExtendedResponse {
+        result: LdapResult::success(),
+        name: None,
+        value,
+    })
 }

@@ -23,7 +23,8 @@ pub fn parse_dn(s: &str) -> OpResult<Dn> {
 
 /// Normalised RDNs of `dn`, or invalidDNSyntax naming the problem.
 pub fn norm_rdns(view: &View<'_>, dn: &Dn) -> OpResult<Vec<String>> {
-    view.normalize_rdns(dn).map_err(|e| LdapError::invalid_dn(format!("invalid DN '{dn}': {e}")))
+    view.normalize_rdns(dn)
+        .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{dn}': {e}")))
 }
 
 /// Resolve an existing entry, or noSuchObject with the deepest existing
@@ -47,7 +48,12 @@ pub fn no_such_object(view: &View<'_>, matched: Option<EntryId>) -> OpResult<Lda
 /// Writes need an authenticated administrator; users may change only their
 /// own password (`self_password`). Anonymous callers are told to
 /// authenticate (strongerAuthRequired), as slapd does.
-pub fn require_write(server: &Server, who: &Identity, target_norm: &str, self_password: bool) -> OpResult<()> {
+pub fn require_write(
+    server: &Server,
+    who: &Identity,
+    target_norm: &str,
+    self_password: bool,
+) -> OpResult<()> {
     match who {
         Identity::Root { .. } => Ok(()),
         Identity::Anonymous => Err(LdapError::new(

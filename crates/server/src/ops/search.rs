@@ -45,7 +45,12 @@ pub struct SearchOutcome {
 }
 
 /// Operational attributes computed on read rather than stored.
-const COMPUTED: &[&str] = &["entryDN", "subschemaSubentry", "hasSubordinates", "numSubordinates"];
+const COMPUTED: &[&str] = &[
+    "entryDN",
+    "subschemaSubentry",
+    "hasSubordinates",
+    "numSubordinates",
+];
 
 /// Which attributes a search returns (RFC 4511 4.5.1.8, RFC 3673, RFC 4529).
 struct Selection {
@@ -57,7 +62,11 @@ struct Selection {
 
 impl Selection {
     fn new(schema: &Schema, attrs: &[String]) -> Selection {
-        let mut s = Selection { all_user: attrs.is_empty(), all_oper: false, named: Vec::new() };
+        let mut s = Selection {
+            all_user: attrs.is_empty(),
+            all_oper: false,
+            named: Vec::new(),
+        };
         for a in attrs {
             match a.as_str() {
                 "*" => s.all_user = true,
@@ -73,7 +82,8 @@ impl Selection {
                 // Unrecognised descriptions are ignored (RFC 4511 4.5.1.8).
                 _ => {
                     if let Ok((desc, at)) = schema.canonical_desc(a) {
-                        s.named.push((at.name().to_ascii_lowercase(), options_of(&desc)));
+                        s.named
+                            .push((at.name().to_ascii_lowercase(), options_of(&desc)));
                     }
                 }
             }
@@ -82,12 +92,18 @@ impl Selection {
     }
 
     fn wants(&self, schema: &Schema, at: &AttributeType, opts: &[String]) -> bool {
-        if if at.is_operational() { self.all_oper } else { self.all_user } {
+        if if at.is_operational() {
+            self.all_oper
+        } else {
+            self.all_user
+        } {
             return true;
         }
         self.named.iter().any(|(name, want_opts)| {
             want_opts.iter().all(|o| opts.contains(o))
-                && schema.attribute(name).is_some_and(|rt| schema.is_subtype(at, rt))
+                && schema
+                    .attribute(name)
+                    .is_some_and(|rt| schema.is_subtype(at, rt))
         })
     }
 
@@ -98,7 +114,10 @@ impl Selection {
 }
 
 fn options_of(desc: &str) -> Vec<String> {
-    desc.split(';').skip(1).map(|o| o.to_ascii_lowercase()).collect()
+    desc.split(';')
+        .skip(1)
+        .map(|o| o.to_ascii_lowercase())
+        .collect()
 }
 
 /// Filter attributes that need computed values added before evaluation.
@@ -113,7 +132,10 @@ fn computed_in_filter(f: &Filter, out: &mut Vec<&'static str>) {
     match f {
         Filter::And(v) | Filter::Or(v) => v.iter().for_each(|g| computed_in_filter(g, out)),
         Filter::Not(g) => computed_in_filter(g, out),
-        Filter::Equality(a) | Filter::GreaterOrEqual(a) | Filter::LessOrEqual(a) | Filter::Approx(a) => check(&a.attr),
+        Filter::Equality(a)
+        | Filter::GreaterOrEqual(a)
+        | Filter::LessOrEqual(a)
+        | Filter::Approx(a) => check(&a.attr),
         Filter::Substrings(s) => check(&s.attr),
         Filter::Present(a) => check(a),
         Filter::Extensible(m) => {
@@ -145,8 +167,16 @@ impl Cookie {
         if b.len() != 24 {
             return None;
         }
-        let n = |i: usize| b.get(i..i + 8).and_then(|s| <[u8; 8]>::try_from(s).ok()).map(u64::from_be_bytes);
-        Some(Cookie { last: n(0)?, sent: n(8)?, hash: n(16)? })
+        let n = |i: usize| {
+            b.get(i..i + 8)
+                .and_then(|s| <[u8; 8]>::try_from(s).ok())
+                .map(u64::from_be_bytes)
+        };
+        Some(Cookie {
+            last: n(0)?,
+            sent: n(8)?,
+            hash: n(16)?,
+        })
     }
 }
 
@@ -170,14 +200,23 @@ struct Emitter<'a> {
 }
 
 impl Emitter<'_> {
-    fn emit(&self, view: Option<&View<'_>>, id: Option<EntryId>, dn: &str, entry: &Entry, buf: &mut Vec<u8>) -> OpResult<()> {
+    fn emit(
+        &self,
+        view: Option<&View<'_>>,
+        id: Option<EntryId>,
+        dn: &str,
+        entry: &Entry,
+        buf: &mut Vec<u8>,
+    ) -> OpResult<()> {
         let mut enc = EntryEncoder::begin(buf, self.msg_id, dn.as_bytes());
         for a in &entry.attrs {
             let base = a.desc.split(';').next().unwrap_or("");
             if !self.admin && base.eq_ignore_ascii_case("userPassword") {
                 continue;
             }
-            let Some(at) = self.schema.attribute(base) else { continue };
+            let Some(at) = self.schema.attribute(base) else {
+                continue;
+            };
             if COMPUTED.iter().any(|c| c.eq_ignore_ascii_case(base)) && id.is_some() {
                 continue; // recomputed below for stored entries
             }
@@ -212,7 +251,12 @@ fn computed_value(view: &View<'_>, id: EntryId, dn: &str, name: &str) -> OpResul
     Ok(match name {
         "entryDN" => dn.to_string(),
         "subschemaSubentry" => SUBSCHEMA_DN.to_string(),
-        "hasSubordinates" => if view.has_children(id)? { "TRUE" } else { "FALSE" }.to_string(),
+        "hasSubordinates" => if view.has_children(id)? {
+            "TRUE"
+        } else {
+            "FALSE"
+        }
+        .to_string(),
         _ => view.count_children(id)?.to_string(),
     })
 }
@@ -225,14 +269,22 @@ pub fn run(job: SearchJob) -> Option<SearchOutcome> {
         Err(e) => Some(SearchOutcome {
             result: e.into_result(),
             // A failed paged search still answers with an (empty-cookie) control.
-            controls: if paged { vec![paged_control(0, Vec::new())] } else { Vec::new() },
+            controls: if paged {
+                vec![paged_control(0, Vec::new())]
+            } else {
+                Vec::new()
+            },
             entries: 0,
         }),
     }
 }
 
 fn paged_control(size: i32, cookie: Vec<u8>) -> Control {
-    Control { oid: oid::PAGED_RESULTS.to_string(), critical: false, value: Some(PagedResults { size, cookie }.encode()) }
+    Control {
+        oid: oid::PAGED_RESULTS.to_string(),
+        critical: false,
+        value: Some(PagedResults { size, cookie }.encode()),
+    }
 }
 
 fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
@@ -243,11 +295,21 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
     let started = Instant::now();
     let base = super::parse_dn(&req.base)?;
     let sel = Selection::new(schema, &req.attrs);
-    let emitter = Emitter { schema, sel, types_only: req.types_only, admin, msg_id: job.msg_id };
+    let emitter = Emitter {
+        schema,
+        sel,
+        types_only: req.types_only,
+        admin,
+        msg_id: job.msg_id,
+    };
     let filter = schema.compile_filter(&req.filter);
 
     // Time limit: the smaller of the client's and (for non-admins) the server's.
-    let server_time = if admin { 0 } else { server.cfg.config.limits.time_limit };
+    let server_time = if admin {
+        0
+    } else {
+        server.cfg.config.limits.time_limit
+    };
     let time_limit = match (req.time_limit as u32, server_time) {
         (0, 0) => None,
         (0, s) | (s, 0) => Some(Duration::from_secs(s.into())),
@@ -255,27 +317,51 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
     };
     // Size limit: the client's, and the server's unless admin; with paging the
     // server limit caps each page instead (the client's still caps the total).
-    let server_size = if admin { 0 } else { server.cfg.config.limits.size_limit };
+    let server_size = if admin {
+        0
+    } else {
+        server.cfg.config.limits.size_limit
+    };
 
     // The root DSE and the subschema subentry are not in the store.
-    let norm_base = if base.is_root() { String::new() } else { schema.normalize_dn(&base).unwrap_or_default() };
+    let norm_base = if base.is_root() {
+        String::new()
+    } else {
+        schema.normalize_dn(&base).unwrap_or_default()
+    };
     if base.is_root() || norm_base == SUBSCHEMA_NORM {
         if req.scope != Scope::Base {
             return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"));
         }
-        let entry = if base.is_root() { special::root_dse(server) } else { special::subschema(server) };
+        let entry = if base.is_root() {
+            special::root_dse(server)
+        } else {
+            special::subschema(server)
+        };
         let mut buf = Vec::new();
         let mut n = 0;
         if filter.matches(schema, &entry) == Ternary::True {
-            let dn = if base.is_root() { String::new() } else { SUBSCHEMA_DN.to_string() };
+            let dn = if base.is_root() {
+                String::new()
+            } else {
+                SUBSCHEMA_DN.to_string()
+            };
             emitter.emit(None, None, &dn, &entry, &mut buf)?;
             n = 1;
             if job.out.blocking_send(buf).is_err() {
                 return Ok(None);
             }
         }
-        let controls = if job.paged.is_some() { vec![paged_control(0, Vec::new())] } else { Vec::new() };
-        return Ok(Some(SearchOutcome { result: LdapResult::success(), controls, entries: n }));
+        let controls = if job.paged.is_some() {
+            vec![paged_control(0, Vec::new())]
+        } else {
+            Vec::new()
+        };
+        return Ok(Some(SearchOutcome {
+            result: LdapResult::success(),
+            controls,
+            entries: n,
+        }));
     }
 
     let rtxn = server.store.read()?;
@@ -310,7 +396,14 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
             (after, sent, Some(size))
         }
     };
-    let total_limit: Option<u64> = match (req.size_limit as u64, if job.paged.is_some() { 0 } else { server_size as u64 }) {
+    let total_limit: Option<u64> = match (
+        req.size_limit as u64,
+        if job.paged.is_some() {
+            0
+        } else {
+            server_size as u64
+        },
+    ) {
         (0, 0) => None,
         (0, s) | (s, 0) => Some(s),
         (c, s) => Some(c.min(s)),
@@ -324,7 +417,9 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
     let mut buf = Vec::with_capacity(CHUNK + 4096);
     let mut sent_now = 0u64;
     let mut last_id = None;
-    let iter = scope_ids.iter().filter(|id| resume_after.is_none_or(|a| *id > a));
+    let iter = scope_ids
+        .iter()
+        .filter(|id| resume_after.is_none_or(|a| *id > a));
     for id in iter {
         if job.abandoned.load(Ordering::Relaxed) {
             return Ok(None);
@@ -339,15 +434,29 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
                 }));
             }
         }
-        let Some(attrs) = view.attrs(id)? else { continue };
+        let Some(attrs) = view.attrs(id)? else {
+            continue;
+        };
         let dn = dn_of(&view, id, &mut dn_cache)?;
-        let mut entry = Entry { dn: Dn::parse(&dn).unwrap_or(Dn { rdns: Vec::new() }), attrs };
+        let mut entry = Entry {
+            dn: Dn::parse(&dn).unwrap_or(Dn { rdns: Vec::new() }),
+            attrs,
+        };
         if !admin {
-            entry.attrs.retain(|a| !a.desc.split(';').next().unwrap_or("").eq_ignore_ascii_case("userPassword"));
+            entry.attrs.retain(|a| {
+                !a.desc
+                    .split(';')
+                    .next()
+                    .unwrap_or("")
+                    .eq_ignore_ascii_case("userPassword")
+            });
         }
         for name in &needed_computed {
             let v = computed_value(&view, id, &dn, name)?;
-            entry.attrs.push(pando_model::Attribute { desc: name.to_string(), values: vec![v.into_bytes()] });
+            entry.attrs.push(pando_model::Attribute {
+                desc: name.to_string(),
+                values: vec![v.into_bytes()],
+            });
         }
         if filter.matches(schema, &entry) != Ternary::True {
             continue;
@@ -357,7 +466,11 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
                 flush(&job.out, &mut buf)?;
                 return Ok(Some(SearchOutcome {
                     result: LdapResult::new(ResultCode::SIZE_LIMIT_EXCEEDED, "size limit exceeded"),
-                    controls: if job.paged.is_some() { vec![paged_control(0, Vec::new())] } else { Vec::new() },
+                    controls: if job.paged.is_some() {
+                        vec![paged_control(0, Vec::new())]
+                    } else {
+                        Vec::new()
+                    },
                     entries: sent_now,
                 }));
             }
@@ -366,7 +479,12 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
             // A full page went out and there is more: hand back a cookie.
             flush(&job.out, &mut buf)?;
             sent_before += sent_now;
-            let cookie = Cookie { last: last_id.unwrap_or(0), sent: sent_before, hash }.encode();
+            let cookie = Cookie {
+                last: last_id.unwrap_or(0),
+                sent: sent_before,
+                hash,
+            }
+            .encode();
             return Ok(Some(SearchOutcome {
                 result: LdapResult::success(),
                 controls: vec![paged_control(0, cookie)],
@@ -381,8 +499,16 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
         }
     }
     flush(&job.out, &mut buf)?;
-    let controls = if job.paged.is_some() { vec![paged_control(0, Vec::new())] } else { Vec::new() };
-    Ok(Some(SearchOutcome { result: LdapResult::success(), controls, entries: sent_now }))
+    let controls = if job.paged.is_some() {
+        vec![paged_control(0, Vec::new())]
+    } else {
+        Vec::new()
+    };
+    Ok(Some(SearchOutcome {
+        result: LdapResult::success(),
+        controls,
+        entries: sent_now,
+    }))
 }
 
 fn flush(out: &mpsc::Sender<Vec<u8>>, buf: &mut Vec<u8>) -> OpResult<()> {
@@ -390,7 +516,8 @@ fn flush(out: &mpsc::Sender<Vec<u8>>, buf: &mut Vec<u8>) -> OpResult<()> {
         return Ok(());
     }
     let chunk = std::mem::replace(buf, Vec::with_capacity(CHUNK + 4096));
-    out.blocking_send(chunk).map_err(|_| LdapError::new(ResultCode::OTHER, "connection closed"))
+    out.blocking_send(chunk)
+        .map_err(|_| LdapError::new(ResultCode::OTHER, "connection closed"))
 }
 
 /// DN of `id`, reusing the DNs of parents already seen in this search.
@@ -429,7 +556,11 @@ fn scope_candidates(
         s.insert(base);
         return Ok(s);
     }
-    let limit = if who.is_admin() { u64::MAX } else { server.cfg.config.limits.unindexed_search_limit };
+    let limit = if who.is_admin() {
+        u64::MAX
+    } else {
+        server.cfg.config.limits.unindexed_search_limit
+    };
     let over_limit = || {
         LdapError::new(
             ResultCode::ADMIN_LIMIT_EXCEEDED,

@@ -16,11 +16,18 @@ pub const SUPPORTED_EXTENSIONS: &[&str] = &[oid::WHOAMI, oid::PASSWD_MODIFY];
 /// supportedFeatures: all operational attributes ("+", RFC 3673),
 /// "@objectClass" lists (RFC 4529), absolute true/false filters (RFC 4526),
 /// modify-increment (RFC 4525).
-pub const SUPPORTED_FEATURES: &[&str] =
-    &["1.3.6.1.4.1.4203.1.5.1", "1.3.6.1.4.1.4203.1.5.2", "1.3.6.1.4.1.4203.1.5.3", "1.3.6.1.1.14"];
+pub const SUPPORTED_FEATURES: &[&str] = &[
+    "1.3.6.1.4.1.4203.1.5.1",
+    "1.3.6.1.4.1.4203.1.5.2",
+    "1.3.6.1.4.1.4203.1.5.3",
+    "1.3.6.1.1.14",
+];
 
 fn attr(desc: &str, values: impl IntoIterator<Item = impl Into<Vec<u8>>>) -> Attribute {
-    Attribute { desc: desc.to_string(), values: values.into_iter().map(Into::into).collect() }
+    Attribute {
+        desc: desc.to_string(),
+        values: values.into_iter().map(Into::into).collect(),
+    }
 }
 
 pub fn root_dse(server: &Server) -> Entry {
@@ -28,21 +35,30 @@ pub fn root_dse(server: &Server) -> Entry {
         dn: Dn { rdns: Vec::new() },
         attrs: vec![
             attr("objectClass", ["top", "extensibleObject"]),
-            attr("namingContexts", server.suffixes.iter().map(|(d, _)| d.to_string())),
+            attr(
+                "namingContexts",
+                server.suffixes.iter().map(|(d, _)| d.to_string()),
+            ),
             attr("subschemaSubentry", [SUBSCHEMA_DN]),
             attr("supportedLDAPVersion", ["3"]),
             attr("supportedControl", SUPPORTED_CONTROLS.iter().copied()),
             attr("supportedExtension", SUPPORTED_EXTENSIONS.iter().copied()),
             attr("supportedFeatures", SUPPORTED_FEATURES.iter().copied()),
             attr("vendorName", ["Pando project"]),
-            attr("vendorVersion", [format!("Pando {}", env!("CARGO_PKG_VERSION"))]),
+            attr(
+                "vendorVersion",
+                [format!("Pando {}", env!("CARGO_PKG_VERSION"))],
+            ),
         ],
     }
 }
 
 pub fn subschema(server: &Server) -> Entry {
     let mut attrs = vec![
-        attr("objectClass", ["top", "subentry", "subschema", "extensibleObject"]),
+        attr(
+            "objectClass",
+            ["top", "subentry", "subschema", "extensibleObject"],
+        ),
         attr("cn", ["Subschema"]),
         attr("structuralObjectClass", ["subentry"]),
     ];

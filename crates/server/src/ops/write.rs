@@ -47,7 +47,13 @@ async fn hash_clear_passwords(values: Vec<Vec<u8>>) -> OpResult<Vec<Vec<u8>>> {
     tokio::task::spawn_blocking(move || {
         values
             .into_iter()
-            .map(|v| if password::is_hashed(&v) { v } else { password::hash_password(&v).into_bytes() })
+            .map(|v| {
+                if password::is_hashed(&v) {
+                    v
+                } else {
+                    password::hash_password(&v).into_bytes()
+                }
+            })
             .collect()
     })
     .await
@@ -59,12 +65,22 @@ pub fn random_uuid() -> String {
     b[6] = (b[6] & 0x0f) | 0x40; // version 4
     b[8] = (b[8] & 0x3f) | 0x80; // RFC 4122 variant
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 fn set_attr(entry: &mut Entry, desc: &str, value: String) {
     entry.remove(desc);
-    entry.attrs.push(Attribute { desc: desc.to_string(), values: vec![value.into_bytes()] });
+    entry.attrs.push(Attribute {
+        desc: desc.to_string(),
+        values: vec![value.into_bytes()],
+    });
 }
 
 /// Stamp modifyTimestamp, modifiersName and entryCSN.
@@ -76,7 +92,9 @@ fn stamp_modified(server: &Server, who: &Identity, entry: &mut Entry) {
 }
 
 fn reject_maintained(schema: &Schema, desc: &str) -> OpResult<()> {
-    let Some(at) = schema.attribute(base_of(desc)) else { return Ok(()) };
+    let Some(at) = schema.attribute(base_of(desc)) else {
+        return Ok(());
+    };
     if at.no_user_modification || MAINTAINED.iter().any(|m| at.has_name(m)) {
         return Err(LdapError::new(
             ResultCode::CONSTRAINT_VIOLATION,
@@ -93,13 +111,22 @@ fn placement_for(server: &Server, w: &WriteTxn<'_>, dn: &Dn) -> OpResult<Placeme
     let rdns = super::norm_rdns(&view, dn)?;
     let norm_dn = rdns.join(",");
     if server.suffix_of(&norm_dn).is_none() {
-        return Err(LdapError::unwilling(format!("no global superior knowledge: '{dn}' is outside every suffix")));
+        return Err(LdapError::unwilling(format!(
+            "no global superior knowledge: '{dn}' is outside every suffix"
+        )));
     }
     match view.lookup_norm(&rdns)? {
-        Lookup::Found(_) => Err(LdapError::new(ResultCode::ENTRY_ALREADY_EXISTS, "entry already exists")),
+        Lookup::Found(_) => Err(LdapError::new(
+            ResultCode::ENTRY_ALREADY_EXISTS,
+            "entry already exists",
+        )),
         Lookup::Missing { matched } => {
             if server.is_suffix(&norm_dn) {
-                return Ok(Placement { parent: 0, rdn: dn.to_string(), norm_rdn: norm_dn });
+                return Ok(Placement {
+                    parent: 0,
+                    rdn: dn.to_string(),
+                    norm_rdn: norm_dn,
+                });
             }
             let (Some(parent), Some(rdn)) = (matched, dn.rdn()) else {
                 return Err(super::no_such_object(&view, matched)?);
@@ -114,7 +141,11 @@ fn placement_for(server: &Server, w: &WriteTxn<'_>, dn: &Dn) -> OpResult<Placeme
             if found_norm != parent_norm {
                 return Err(super::no_such_object(&view, Some(parent))?);
             }
-            Ok(Placement { parent, rdn: rdn.to_string(), norm_rdn: rdns[0].clone() })
+            Ok(Placement {
+                parent,
+                rdn: rdn.to_string(),
+                norm_rdn: rdns[0].clone(),
+            })
         }
     }
 }
@@ -125,7 +156,9 @@ pub async fn add(server: &Arc<Server>, who: &Identity, req: AddRequest) -> OpRes
     if dn.is_root() {
         return Err(LdapError::unwilling("cannot add the root DSE"));
     }
-    let norm = schema.normalize_dn(&dn).map_err(|e| LdapError::invalid_dn(format!("invalid DN '{dn}': {e}")))?;
+    let norm = schema
+        .normalize_dn(&dn)
+        .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{dn}': {e}")))?;
     super::require_write(server, who, &norm, false)?;
     let mut entry = Entry::new(dn.clone());
     for a in req.attrs {
@@ -133,7 +166,11 @@ pub async fn add(server: &Arc<Server>, who: &Identity, req: AddRequest) -> OpRes
             return Err(LdapError::protocol(format!("{}: no values given", a.name)));
         }
         reject_maintained(schema, &a.name)?;
-        let values = if is_password(&a.name) { hash_clear_passwords(a.values).await? } else { a.values };
+        let values = if is_password(&a.name) {
+            hash_clear_passwords(a.values).await?
+        } else {
+            a.values
+        };
         entry.add_values(&a.name, values);
     }
     let server2 = server.clone();
@@ -158,7 +195,10 @@ pub async fn add(server: &Arc<Server>, who: &Identity, req: AddRequest) -> OpRes
 
 pub async fn delete(server: &Arc<Server>, who: &Identity, dn_text: String) -> OpResult<()> {
     let dn = super::parse_dn(&dn_text)?;
-    let norm = server.schema.normalize_dn(&dn).map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
+    let norm = server
+        .schema
+        .normalize_dn(&dn)
+        .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
     super::require_write(server, who, &norm, false)?;
     server
         .store
@@ -166,7 +206,10 @@ pub async fn delete(server: &Arc<Server>, who: &Identity, dn_text: String) -> Op
             let view = w.view();
             let id = super::resolve(&view, &dn)?;
             if view.has_children(id)? {
-                return Err(LdapError::new(ResultCode::NOT_ALLOWED_ON_NON_LEAF, "subordinate objects must be deleted first"));
+                return Err(LdapError::new(
+                    ResultCode::NOT_ALLOWED_ON_NON_LEAF,
+                    "subordinate objects must be deleted first",
+                ));
             }
             let attrs = view.attrs(id)?.unwrap_or_default();
             w.delete(id, &attrs)?;
@@ -185,7 +228,13 @@ pub fn apply_changes(schema: &Schema, entry: &mut Entry, changes: &[Change]) -> 
         for v in &ch.attr.values {
             if ch.op != ModOp::Delete || at.equality.is_none() {
                 schema.validate(at, v).map_err(|e| {
-                    LdapError::new(ResultCode::INVALID_ATTRIBUTE_SYNTAX, format!("{name}: value #{} invalid per syntax: {e}", norm_values.len()))
+                    LdapError::new(
+                        ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+                        format!(
+                            "{name}: value #{} invalid per syntax: {e}",
+                            norm_values.len()
+                        ),
+                    )
                 })?;
             }
             norm_values.push(schema.normalize(at, v).unwrap_or_else(|_| v.clone()));
@@ -193,11 +242,18 @@ pub fn apply_changes(schema: &Schema, entry: &mut Entry, changes: &[Change]) -> 
         match ch.op {
             ModOp::Add => {
                 if ch.attr.values.is_empty() {
-                    return Err(LdapError::protocol(format!("{name}: modify/add with no values")));
+                    return Err(LdapError::protocol(format!(
+                        "{name}: modify/add with no values"
+                    )));
                 }
                 let existing: Vec<Vec<u8>> = entry
                     .get(&desc)
-                    .map(|a| a.values.iter().map(|v| schema.normalize(at, v).unwrap_or_else(|_| v.clone())).collect())
+                    .map(|a| {
+                        a.values
+                            .iter()
+                            .map(|v| schema.normalize(at, v).unwrap_or_else(|_| v.clone()))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 for (i, n) in norm_values.iter().enumerate() {
                     if existing.contains(n) || norm_values[..i].contains(n) {
@@ -211,7 +267,10 @@ pub fn apply_changes(schema: &Schema, entry: &mut Entry, changes: &[Change]) -> 
             }
             ModOp::Delete => {
                 let Some(attr) = entry.get_mut(&desc) else {
-                    return Err(LdapError::new(ResultCode::NO_SUCH_ATTRIBUTE, format!("modify/delete: {name}: no such attribute")));
+                    return Err(LdapError::new(
+                        ResultCode::NO_SUCH_ATTRIBUTE,
+                        format!("modify/delete: {name}: no such attribute"),
+                    ));
                 };
                 if ch.attr.values.is_empty() {
                     entry.remove(&desc);
@@ -254,20 +313,40 @@ pub fn apply_changes(schema: &Schema, entry: &mut Entry, changes: &[Change]) -> 
             }
             ModOp::Increment => {
                 let [delta] = ch.attr.values.as_slice() else {
-                    return Err(LdapError::protocol(format!("modify/increment: {name}: exactly one value needed")));
+                    return Err(LdapError::protocol(format!(
+                        "modify/increment: {name}: exactly one value needed"
+                    )));
                 };
-                let delta: i128 = std::str::from_utf8(delta).ok().and_then(|s| s.parse().ok()).ok_or_else(|| {
-                    LdapError::new(ResultCode::INVALID_ATTRIBUTE_SYNTAX, format!("modify/increment: {name}: value is not an integer"))
-                })?;
+                let delta: i128 = std::str::from_utf8(delta)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| {
+                        LdapError::new(
+                            ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+                            format!("modify/increment: {name}: value is not an integer"),
+                        )
+                    })?;
                 let Some(attr) = entry.get_mut(&desc) else {
-                    return Err(LdapError::new(ResultCode::NO_SUCH_ATTRIBUTE, format!("modify/increment: {name}: no such attribute")));
+                    return Err(LdapError::new(
+                        ResultCode::NO_SUCH_ATTRIBUTE,
+                        format!("modify/increment: {name}: no such attribute"),
+                    ));
                 };
                 for v in attr.values.iter_mut() {
-                    let cur: i128 = std::str::from_utf8(v).ok().and_then(|s| s.parse().ok()).ok_or_else(|| {
-                        LdapError::new(ResultCode::CONSTRAINT_VIOLATION, format!("modify/increment: {name}: stored value is not an integer"))
-                    })?;
+                    let cur: i128 = std::str::from_utf8(v)
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .ok_or_else(|| {
+                            LdapError::new(
+                                ResultCode::CONSTRAINT_VIOLATION,
+                                format!("modify/increment: {name}: stored value is not an integer"),
+                            )
+                        })?;
                     let next = cur.checked_add(delta).ok_or_else(|| {
-                        LdapError::new(ResultCode::CONSTRAINT_VIOLATION, format!("modify/increment: {name}: overflow"))
+                        LdapError::new(
+                            ResultCode::CONSTRAINT_VIOLATION,
+                            format!("modify/increment: {name}: overflow"),
+                        )
                     })?;
                     *v = next.to_string().into_bytes();
                 }
@@ -279,7 +358,10 @@ pub fn apply_changes(schema: &Schema, entry: &mut Entry, changes: &[Change]) -> 
 
 /// The structural object class may not change, and RDN values must stay.
 fn check_invariants(schema: &Schema, old: &Entry, new: &Entry) -> OpResult<()> {
-    let soc = |e: &Entry| e.get("structuralObjectClass").and_then(|a| a.values.first().cloned());
+    let soc = |e: &Entry| {
+        e.get("structuralObjectClass")
+            .and_then(|a| a.values.first().cloned())
+    };
     if let (Some(before), Some(after)) = (soc(old), soc(new)) {
         if before != after {
             return Err(LdapError::new(
@@ -290,11 +372,19 @@ fn check_invariants(schema: &Schema, old: &Entry, new: &Entry) -> OpResult<()> {
     }
     if let Some(rdn) = new.dn.rdn() {
         for ava in &rdn.avas {
-            let Some(at) = schema.attribute(&ava.attr) else { continue };
-            let want = schema.normalize(at, &ava.value).unwrap_or_else(|_| ava.value.clone());
+            let Some(at) = schema.attribute(&ava.attr) else {
+                continue;
+            };
+            let want = schema
+                .normalize(at, &ava.value)
+                .unwrap_or_else(|_| ava.value.clone());
             let present = new.attrs.iter().any(|a| {
-                schema.attribute(base_of(&a.desc)).is_some_and(|t| std::ptr::eq(t, at))
-                    && a.values.iter().any(|v| schema.normalize(at, v).unwrap_or_else(|_| v.clone()) == want)
+                schema
+                    .attribute(base_of(&a.desc))
+                    .is_some_and(|t| std::ptr::eq(t, at))
+                    && a.values
+                        .iter()
+                        .any(|v| schema.normalize(at, v).unwrap_or_else(|_| v.clone()) == want)
             });
             if !present {
                 return Err(LdapError::new(
@@ -310,8 +400,11 @@ fn check_invariants(schema: &Schema, old: &Entry, new: &Entry) -> OpResult<()> {
 pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest) -> OpResult<()> {
     let schema = &server.schema;
     let dn = super::parse_dn(&req.dn)?;
-    let norm = schema.normalize_dn(&dn).map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
-    let only_password = !req.changes.is_empty() && req.changes.iter().all(|c| is_password(&c.attr.name));
+    let norm = schema
+        .normalize_dn(&dn)
+        .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
+    let only_password =
+        !req.changes.is_empty() && req.changes.iter().all(|c| is_password(&c.attr.name));
     super::require_write(server, who, &norm, only_password)?;
     for ch in &mut req.changes {
         reject_maintained(schema, &ch.attr.name)?;
@@ -329,7 +422,10 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
             let view = w.view();
             let id = super::resolve(&view, &dn)?;
             let old_attrs = view.attrs(id)?.unwrap_or_default();
-            let old = Entry { dn: dn.clone(), attrs: old_attrs.clone() };
+            let old = Entry {
+                dn: dn.clone(),
+                attrs: old_attrs.clone(),
+            };
             let mut new = old.clone();
             apply_changes(schema, &mut new, &req.changes)?;
             // Schema checks apply to user attributes; maintained ones ride along.
@@ -345,7 +441,9 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
 pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnRequest) -> OpResult<()> {
     let schema = &server.schema;
     let dn = super::parse_dn(&req.dn)?;
-    let norm = schema.normalize_dn(&dn).map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
+    let norm = schema
+        .normalize_dn(&dn)
+        .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
     super::require_write(server, who, &norm, false)?;
     let new_rdn = pando_model::Rdn::parse(&req.new_rdn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid new RDN '{}': {e}", req.new_rdn)))?;
@@ -372,8 +470,14 @@ pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnReques
             };
             let parent_id = match view.lookup(&parent_dn)? {
                 Ok(Lookup::Found(p)) => p,
-                Ok(Lookup::Missing { matched }) => return Err(super::no_such_object(&view, matched)?),
-                Err(e) => return Err(LdapError::invalid_dn(format!("invalid new superior '{parent_dn}': {e}"))),
+                Ok(Lookup::Missing { matched }) => {
+                    return Err(super::no_such_object(&view, matched)?)
+                }
+                Err(e) => {
+                    return Err(LdapError::invalid_dn(format!(
+                        "invalid new superior '{parent_dn}': {e}"
+                    )))
+                }
             };
             if view.is_within(parent_id, id)? {
                 return Err(LdapError::unwilling("cannot move an entry below itself"));
@@ -385,24 +489,43 @@ pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnReques
             let new_rdns = super::norm_rdns(&view, &new_dn)?;
             match view.lookup_norm(&new_rdns)? {
                 Lookup::Found(other) if other != id => {
-                    return Err(LdapError::new(ResultCode::ENTRY_ALREADY_EXISTS, "an entry with the new DN already exists"))
+                    return Err(LdapError::new(
+                        ResultCode::ENTRY_ALREADY_EXISTS,
+                        "an entry with the new DN already exists",
+                    ))
                 }
                 _ => {}
             }
             let old_attrs = view.attrs(id)?.unwrap_or_default();
-            let old = Entry { dn: dn.clone(), attrs: old_attrs.clone() };
-            let mut new = Entry { dn: new_dn.clone(), attrs: old_attrs.clone() };
+            let old = Entry {
+                dn: dn.clone(),
+                attrs: old_attrs.clone(),
+            };
+            let mut new = Entry {
+                dn: new_dn.clone(),
+                attrs: old_attrs.clone(),
+            };
             // Old RDN values go first (when asked), then new RDN values come in.
             if delete_old {
                 if let Some(old_rdn) = dn.rdn() {
                     for ava in &old_rdn.avas {
-                        let Some(at) = schema.attribute(&ava.attr) else { continue };
-                        let want = schema.normalize(at, &ava.value).unwrap_or_else(|_| ava.value.clone());
+                        let Some(at) = schema.attribute(&ava.attr) else {
+                            continue;
+                        };
+                        let want = schema
+                            .normalize(at, &ava.value)
+                            .unwrap_or_else(|_| ava.value.clone());
                         if at.no_user_modification {
                             continue;
                         }
-                        for a in new.attrs.iter_mut().filter(|a| schema.attribute(base_of(&a.desc)).is_some_and(|t| std::ptr::eq(t, at))) {
-                            a.values.retain(|v| schema.normalize(at, v).unwrap_or_else(|_| v.clone()) != want);
+                        for a in new.attrs.iter_mut().filter(|a| {
+                            schema
+                                .attribute(base_of(&a.desc))
+                                .is_some_and(|t| std::ptr::eq(t, at))
+                        }) {
+                            a.values.retain(|v| {
+                                schema.normalize(at, v).unwrap_or_else(|_| v.clone()) != want
+                            });
                         }
                         new.attrs.retain(|a| !a.values.is_empty());
                     }
@@ -410,12 +533,21 @@ pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnReques
             }
             for ava in &new_rdn.avas {
                 let Some(at) = schema.attribute(&ava.attr) else {
-                    return Err(LdapError::invalid_dn(format!("unknown attribute type '{}' in new RDN", ava.attr)));
+                    return Err(LdapError::invalid_dn(format!(
+                        "unknown attribute type '{}' in new RDN",
+                        ava.attr
+                    )));
                 };
-                let want = schema.normalize(at, &ava.value).unwrap_or_else(|_| ava.value.clone());
+                let want = schema
+                    .normalize(at, &ava.value)
+                    .unwrap_or_else(|_| ava.value.clone());
                 let present = new.attrs.iter().any(|a| {
-                    schema.attribute(base_of(&a.desc)).is_some_and(|t| std::ptr::eq(t, at))
-                        && a.values.iter().any(|v| schema.normalize(at, v).unwrap_or_else(|_| v.clone()) == want)
+                    schema
+                        .attribute(base_of(&a.desc))
+                        .is_some_and(|t| std::ptr::eq(t, at))
+                        && a.values
+                            .iter()
+                            .any(|v| schema.normalize(at, v).unwrap_or_else(|_| v.clone()) == want)
                 });
                 if !present {
                     new.add_values(at.name(), vec![ava.value.clone()]);
@@ -424,7 +556,14 @@ pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnReques
             schema.check_entry(&mut new)?;
             check_invariants(schema, &old, &new)?;
             stamp_modified(server, &who, &mut new);
-            w.rename(id, &Placement { parent: parent_id, rdn: new_rdn.to_string(), norm_rdn: new_norm_rdn })?;
+            w.rename(
+                id,
+                &Placement {
+                    parent: parent_id,
+                    rdn: new_rdn.to_string(),
+                    norm_rdn: new_norm_rdn,
+                },
+            )?;
             w.replace(id, &old_attrs, &new.attrs)?;
             Ok(())
         })
