@@ -79,10 +79,17 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
             let csn = CsnClock::new(0);
             let pw = bootstrap::root_password(&store, &data_dir, configured.as_deref())?;
             let created = bootstrap::ensure_suffixes(&store, &suffixes, &creator, &csn)?;
-            let demo_added = if demo {
-                bootstrap::load_demo(&store, &suffixes[0], &creator, &csn)?
+            // Demo data goes only into a store created by this start, so entries
+            // an operator deleted do not come back on the next `--demo` start.
+            let fresh = created
+                .iter()
+                .any(|c| suffixes.first().is_some_and(|s| *c == s.to_string()));
+            let demo_added = if demo && fresh {
+                Some(bootstrap::load_demo(&store, &suffixes[0], &creator, &csn)?)
+            } else if demo {
+                None
             } else {
-                0
+                Some(0)
             };
             Ok((pw, created, demo_added))
         })
@@ -166,7 +173,7 @@ async fn wait_for_signal() {
     }
 }
 
-fn print_banner(server: &Server, pw: &RootPassword, created: &[String], demo_added: usize) {
+fn print_banner(server: &Server, pw: &RootPassword, created: &[String], demo_added: Option<usize>) {
     let cfg = &server.cfg;
     let suffix = cfg
         .suffixes
@@ -189,8 +196,10 @@ fn print_banner(server: &Server, pw: &RootPassword, created: &[String], demo_add
     for c in created {
         println!("  created suffix entry {c}");
     }
-    if demo_added > 0 {
-        println!("  loaded {demo_added} demo entries");
+    match demo_added {
+        Some(0) => {}
+        Some(n) => println!("  loaded {n} demo entries"),
+        None => println!("  --demo: the store already existed, so no demo entries were loaded"),
     }
     println!("  administrator: {}", cfg.root_dn);
     match pw {

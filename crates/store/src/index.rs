@@ -104,6 +104,24 @@ pub fn grams_of(part: &[u8], out: &mut BTreeSet<Vec<u8>>) {
     }
 }
 
+/// The key to look up for an assertion value (unlike [`keys_for`], an
+/// object class assertion does not expand to superclasses). None when the
+/// value is invalid for the syntax, so it can match nothing.
+pub fn assertion_key(
+    schema: &Schema,
+    at: &AttributeType,
+    kind: IndexKind,
+    value: &[u8],
+) -> Option<Vec<u8>> {
+    match kind {
+        IndexKind::Pres => Some(PRESENCE_KEY.to_vec()),
+        IndexKind::Eq => schema.normalize(at, value).ok().map(cut),
+        IndexKind::Approx => Some(cut(schema.approx_key(at, value))),
+        IndexKind::Ord => schema.ordering_key(at, value).map(cut),
+        IndexKind::Sub => None,
+    }
+}
+
 /// Every index key `value` of attribute `at` produces for `kind`.
 /// Values the schema cannot normalise produce no key (they were rejected at
 /// write time unless the syntax is lenient).

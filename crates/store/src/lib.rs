@@ -276,6 +276,13 @@ impl Store {
     /// released; this waits for the writer in any case.
     pub fn close(self) {
         self.writer.shutdown();
+        let Store { inner, writer } = self;
+        drop(writer);
+        // The last handle: close the environment now rather than whenever
+        // the final reference happens to drop.
+        if let Ok(inner) = Arc::try_unwrap(inner) {
+            inner.env.prepare_for_closing().wait();
+        }
     }
 
     /// Bytes used by the database file.
@@ -457,8 +464,16 @@ impl<'t> View<'t> {
         }
     }
 
+    /// Parent ID (None for a suffix entry or a missing one), reading only
+    /// the first field of the id2parent record.
     pub fn parent_of(&self, id: EntryId) -> Result<Option<EntryId>, StoreError> {
-        Ok(self.placement(id)?.map(|p| p.parent).filter(|&p| p != 0))
+        match self.inner.id2parent.get(self.txn, &id_bytes(id))? {
+            Some(v) if v.len() >= 8 => Ok(Some(id_from(&v[..8])?).filter(|&p| p != 0)),
+            Some(_) => Err(StoreError::Corrupt(format!(
+                "id2parent record {id} is malformed"
+            ))),
+            None => Ok(None),
+        }
     }
 
     /// The entry's DN as stored (RDNs as given when added or renamed).
@@ -567,9 +582,9 @@ impl<'t> View<'t> {
             if cur == ancestor {
                 return Ok(true);
             }
-            match self.placement(cur)? {
-                Some(p) if p.parent != 0 => cur = p.parent,
-                _ => return Ok(false),
+            match self.parent_of(cur)? {
+                Some(p) => cur = p,
+                None => return Ok(false),
             }
         }
         Err(StoreError::Corrupt(format!(
@@ -896,3 +911,6 @@ impl<'e> WriteTxn<'e> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -93,9 +93,7 @@ pub(crate) fn candidates(view: &View<'_>, f: &Filter) -> Result<Candidates, Stor
                 // when there is no approx index: it is not a superset, so don't.
                 return Ok(Candidates::All);
             };
-            let mut keys = BTreeSet::new();
-            index::keys_for(view.schema(), at, kind, &ava.value, &mut keys);
-            match keys.into_iter().next() {
+            match index::assertion_key(view.schema(), at, kind, &ava.value) {
                 Some(k) => Candidates::Ids(view.posting(db, &k)?),
                 // The assertion value is invalid for the syntax: it matches nothing.
                 None => Candidates::Ids(RoaringTreemap::new()),

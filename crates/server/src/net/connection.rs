@@ -410,7 +410,15 @@ async fn run_op(
                 abandoned,
                 out: tx.clone(),
             };
-            let outcome = tokio::task::spawn_blocking(move || ops::search::run(job)).await;
+            let outcome = match ops::search::run_inline(job) {
+                Ok((entries, outcome)) => {
+                    if !entries.is_empty() && tx.send(entries).await.is_err() {
+                        return;
+                    }
+                    Ok(outcome)
+                }
+                Err(job) => tokio::task::spawn_blocking(move || ops::search::run(job)).await,
+            };
             match outcome {
                 Ok(Some(o)) => {
                     send(tx, id, ProtocolOp::SearchResultDone(o.result), o.controls).await

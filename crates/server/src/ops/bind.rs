@@ -52,17 +52,14 @@ pub async fn bind(server: &Arc<Server>, req: BindRequest) -> OpResult<Identity> 
         }
         // A root DN with no password may still exist as an entry below.
     }
-    let stored = {
-        let server = server.clone();
-        let dn = dn.clone();
-        tokio::task::spawn_blocking(move || -> OpResult<Vec<Vec<u8>>> {
-            let rtxn = server.store.read()?;
-            let view = rtxn.view();
-            let Ok(id) = super::resolve(&view, &dn) else {
-                return Ok(Vec::new());
-            };
-            let attrs = view.attrs(id)?.unwrap_or_default();
-            Ok(attrs
+    // One indexed lookup: cheaper inline than a handoff to a blocking thread.
+    let stored: Vec<Vec<u8>> = {
+        let rtxn = server.store.read()?;
+        let view = rtxn.view();
+        match super::resolve(&view, &dn) {
+            Ok(id) => view
+                .attrs(id)?
+                .unwrap_or_default()
                 .into_iter()
                 .filter(|a| {
                     a.desc
@@ -71,10 +68,9 @@ pub async fn bind(server: &Arc<Server>, req: BindRequest) -> OpResult<Identity> 
                         .is_some_and(|b| b.eq_ignore_ascii_case("userPassword"))
                 })
                 .flat_map(|a| a.values)
-                .collect())
-        })
-        .await
-        .map_err(|_| LdapError::new(ResultCode::OTHER, "bind task failed"))??
+                .collect(),
+            Err(_) => Vec::new(),
+        }
     };
     // The same answer whether the entry is missing, has no password or the
     // password is wrong: a bind must not reveal which DNs exist.
@@ -88,8 +84,33 @@ fn invalid() -> LdapError {
     LdapError::new(ResultCode::INVALID_CREDENTIALS, "")
 }
 
-/// Password hashing is slow by design: keep it off the async threads.
+/// Salted-digest schemes take microseconds; key-stretching ones (argon2,
+/// bcrypt, crypt, PBKDF2) take milliseconds by design.
+fn is_cheap(stored: &[u8]) -> bool {
+    const CHEAP: &[&str] = &[
+        "{SHA}",
+        "{SSHA}",
+        "{SHA256}",
+        "{SSHA256}",
+        "{SHA384}",
+        "{SSHA384}",
+        "{SHA512}",
+        "{SSHA512}",
+    ];
+    if stored.first() != Some(&b'{') {
+        return true; // clear text
+    }
+    CHEAP
+        .iter()
+        .any(|p| stored.len() >= p.len() && stored[..p.len()].eq_ignore_ascii_case(p.as_bytes()))
+}
+
+/// Verify on the calling thread when every stored value is cheap to check,
+/// otherwise on a blocking thread so slow hashes never stall the async ones.
 async fn verify(clear: Vec<u8>, stored: Vec<Vec<u8>>) -> bool {
+    if stored.iter().all(|s| is_cheap(s)) {
+        return stored.iter().any(|s| password::verify_password(&clear, s));
+    }
     tokio::task::spawn_blocking(move || stored.iter().any(|s| password::verify_password(&clear, s)))
         .await
         .unwrap_or(false)

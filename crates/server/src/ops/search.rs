@@ -146,6 +146,15 @@ fn computed_in_filter(f: &Filter, out: &mut Vec<&'static str>) {
     }
 }
 
+fn uses_dn_attributes(f: &Filter) -> bool {
+    match f {
+        Filter::And(v) | Filter::Or(v) => v.iter().any(uses_dn_attributes),
+        Filter::Not(g) => uses_dn_attributes(g),
+        Filter::Extensible(m) => m.dn_attributes,
+        _ => false,
+    }
+}
+
 /// Stateless paging cookie: resume after `last` having sent `sent` entries
 /// of the search whose parameters hash to `hash`.
 struct Cookie {
@@ -261,12 +270,27 @@ fn computed_value(view: &View<'_>, id: EntryId, dn: &str, name: &str) -> OpResul
     })
 }
 
-/// Run a search to completion on the current (blocking) thread.
-pub fn run(job: SearchJob) -> Option<SearchOutcome> {
-    let paged = job.paged.is_some();
-    match search(&job) {
-        Ok(o) => o,
-        Err(e) => Some(SearchOutcome {
+/// Searches with at most this many candidates run on the async thread that
+/// received them: a thread handoff costs more than such a search.
+pub const INLINE_CANDIDATES: u64 = 8;
+
+/// Where entries go: straight to the connection (blocking thread), or into
+/// a buffer the async caller sends afterwards (inline).
+enum Out<'a> {
+    Channel(&'a mpsc::Sender<Vec<u8>>),
+    Buffer(&'a mut Vec<u8>),
+}
+
+enum Step {
+    Done(Option<SearchOutcome>),
+    /// Too many candidates to run inline; nothing was sent.
+    TooBig,
+}
+
+fn outcome(paged: bool, r: OpResult<Step>) -> Step {
+    match r {
+        Ok(s) => s,
+        Err(e) => Step::Done(Some(SearchOutcome {
             result: e.into_result(),
             // A failed paged search still answers with an (empty-cookie) control.
             controls: if paged {
@@ -275,7 +299,34 @@ pub fn run(job: SearchJob) -> Option<SearchOutcome> {
                 Vec::new()
             },
             entries: 0,
-        }),
+        })),
+    }
+}
+
+/// Run a search to completion on the current (blocking) thread.
+pub fn run(job: SearchJob) -> Option<SearchOutcome> {
+    let out = job.out.clone();
+    match outcome(
+        job.paged.is_some(),
+        search(&job, &mut Out::Channel(&out), None),
+    ) {
+        Step::Done(o) => o,
+        Step::TooBig => None,
+    }
+}
+
+/// Try the search on the calling thread; `Err(job)` when it is too big for
+/// that and must go to [`run`] on a blocking thread. On success the encoded
+/// entries are in the returned buffer, to be sent before the outcome.
+pub fn run_inline(job: SearchJob) -> Result<(Vec<u8>, Option<SearchOutcome>), SearchJob> {
+    let mut buf = Vec::new();
+    let step = outcome(
+        job.paged.is_some(),
+        search(&job, &mut Out::Buffer(&mut buf), Some(INLINE_CANDIDATES)),
+    );
+    match step {
+        Step::Done(o) => Ok((buf, o)),
+        Step::TooBig => Err(job),
     }
 }
 
@@ -287,7 +338,7 @@ fn paged_control(size: i32, cookie: Vec<u8>) -> Control {
     }
 }
 
-fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
+fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResult<Step> {
     let server = &job.server;
     let schema = &*server.schema;
     let req = &job.req;
@@ -324,10 +375,11 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
     };
 
     // The root DSE and the subschema subentry are not in the store.
-    let norm_base = if base.is_root() {
-        String::new()
-    } else {
+    // Only a one-RDN base can be cn=Subschema; skip normalising others.
+    let norm_base = if base.rdns.len() == 1 {
         schema.normalize_dn(&base).unwrap_or_default()
+    } else {
+        String::new()
     };
     if base.is_root() || norm_base == SUBSCHEMA_NORM {
         if req.scope != Scope::Base {
@@ -348,8 +400,8 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
             };
             emitter.emit(None, None, &dn, &entry, &mut buf)?;
             n = 1;
-            if job.out.blocking_send(buf).is_err() {
-                return Ok(None);
+            if flush(out, &mut buf).is_err() {
+                return Ok(Step::Done(None));
             }
         }
         let controls = if job.paged.is_some() {
@@ -357,11 +409,11 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
         } else {
             Vec::new()
         };
-        return Ok(Some(SearchOutcome {
+        return Ok(Step::Done(Some(SearchOutcome {
             result: LdapResult::success(),
             controls,
             entries: n,
-        }));
+        })));
     }
 
     let rtxn = server.store.read()?;
@@ -369,7 +421,11 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
     let base_id = super::resolve(&view, &base)?;
 
     // Paging state.
-    let hash = request_hash(req);
+    let hash = if job.paged.is_some() {
+        request_hash(req)
+    } else {
+        0
+    };
     let (resume_after, mut sent_before, page_size) = match &job.paged {
         None => (None, 0, None),
         Some(p) => {
@@ -383,11 +439,11 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
             };
             if p.size <= 0 {
                 // Size 0 abandons the paged search (RFC 2696 3).
-                return Ok(Some(SearchOutcome {
+                return Ok(Step::Done(Some(SearchOutcome {
                     result: LdapResult::success(),
                     controls: vec![paged_control(0, Vec::new())],
                     entries: 0,
-                }));
+                })));
             }
             let mut size = p.size as u64;
             if server_size > 0 {
@@ -410,7 +466,11 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
     };
 
     let scope_ids = scope_candidates(server, &view, &job.who, base_id, req.scope, &req.filter)?;
+    if inline_max.is_some_and(|m| scope_ids.len() > m) {
+        return Ok(Step::TooBig);
+    }
 
+    let uses_dn = uses_dn_attributes(&req.filter);
     let mut needed_computed = Vec::new();
     computed_in_filter(&req.filter, &mut needed_computed);
     let mut dn_cache: HashMap<EntryId, String> = HashMap::new();
@@ -422,26 +482,29 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
         .filter(|id| resume_after.is_none_or(|a| *id > a));
     for id in iter {
         if job.abandoned.load(Ordering::Relaxed) {
-            return Ok(None);
+            return Ok(Step::Done(None));
         }
         if let Some(t) = time_limit {
             if started.elapsed() > t {
-                flush(&job.out, &mut buf)?;
-                return Ok(Some(SearchOutcome {
+                flush(out, &mut buf)?;
+                return Ok(Step::Done(Some(SearchOutcome {
                     result: LdapResult::new(ResultCode::TIME_LIMIT_EXCEEDED, "time limit exceeded"),
                     controls: Vec::new(),
                     entries: sent_now,
-                }));
+                })));
             }
         }
         let Some(attrs) = view.attrs(id)? else {
             continue;
         };
         let dn = dn_of(&view, id, &mut dn_cache)?;
-        let mut entry = Entry {
-            dn: Dn::parse(&dn).unwrap_or(Dn { rdns: Vec::new() }),
-            attrs,
+        // The parsed DN is only consulted by extensible matches with dnAttributes.
+        let parsed = if uses_dn {
+            Dn::parse(&dn).unwrap_or(Dn { rdns: Vec::new() })
+        } else {
+            Dn { rdns: Vec::new() }
         };
+        let mut entry = Entry { dn: parsed, attrs };
         if !admin {
             entry.attrs.retain(|a| {
                 !a.desc
@@ -463,8 +526,8 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
         }
         if let Some(limit) = total_limit {
             if sent_before + sent_now >= limit {
-                flush(&job.out, &mut buf)?;
-                return Ok(Some(SearchOutcome {
+                flush(out, &mut buf)?;
+                return Ok(Step::Done(Some(SearchOutcome {
                     result: LdapResult::new(ResultCode::SIZE_LIMIT_EXCEEDED, "size limit exceeded"),
                     controls: if job.paged.is_some() {
                         vec![paged_control(0, Vec::new())]
@@ -472,12 +535,12 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
                         Vec::new()
                     },
                     entries: sent_now,
-                }));
+                })));
             }
         }
         if page_size.is_some_and(|p| sent_now >= p) {
             // A full page went out and there is more: hand back a cookie.
-            flush(&job.out, &mut buf)?;
+            flush(out, &mut buf)?;
             sent_before += sent_now;
             let cookie = Cookie {
                 last: last_id.unwrap_or(0),
@@ -485,39 +548,47 @@ fn search(job: &SearchJob) -> OpResult<Option<SearchOutcome>> {
                 hash,
             }
             .encode();
-            return Ok(Some(SearchOutcome {
+            return Ok(Step::Done(Some(SearchOutcome {
                 result: LdapResult::success(),
                 controls: vec![paged_control(0, cookie)],
                 entries: sent_now,
-            }));
+            })));
         }
         emitter.emit(Some(&view), Some(id), &dn, &entry, &mut buf)?;
         sent_now += 1;
         last_id = Some(id);
         if buf.len() >= CHUNK {
-            flush(&job.out, &mut buf)?;
+            flush(out, &mut buf)?;
         }
     }
-    flush(&job.out, &mut buf)?;
+    flush(out, &mut buf)?;
     let controls = if job.paged.is_some() {
         vec![paged_control(0, Vec::new())]
     } else {
         Vec::new()
     };
-    Ok(Some(SearchOutcome {
+    Ok(Step::Done(Some(SearchOutcome {
         result: LdapResult::success(),
         controls,
         entries: sent_now,
-    }))
+    })))
 }
 
-fn flush(out: &mpsc::Sender<Vec<u8>>, buf: &mut Vec<u8>) -> OpResult<()> {
+fn flush(out: &mut Out<'_>, buf: &mut Vec<u8>) -> OpResult<()> {
     if buf.is_empty() {
         return Ok(());
     }
-    let chunk = std::mem::replace(buf, Vec::with_capacity(CHUNK + 4096));
-    out.blocking_send(chunk)
-        .map_err(|_| LdapError::new(ResultCode::OTHER, "connection closed"))
+    match out {
+        Out::Buffer(b) => {
+            b.append(buf);
+            Ok(())
+        }
+        Out::Channel(tx) => {
+            let chunk = std::mem::replace(buf, Vec::with_capacity(CHUNK + 4096));
+            tx.blocking_send(chunk)
+                .map_err(|_| LdapError::new(ResultCode::OTHER, "connection closed"))
+        }
+    }
 }
 
 /// DN of `id`, reusing the DNs of parents already seen in this search.

@@ -1,0 +1,402 @@
+//! Store tests: every write path ends with `verify()`.
+
+use std::sync::Arc;
+
+use pando_model::{Attribute, Dn, Schema};
+use pando_proto::Filter;
+
+use super::*;
+
+fn open(dir: &Path) -> Store {
+    let opts = StoreOptions {
+        map_size: 64 << 20,
+        indexes: vec![
+            IndexSpec {
+                attr: "objectClass".into(),
+                kinds: vec![IndexKind::Eq],
+            },
+            IndexSpec {
+                attr: "cn".into(),
+                kinds: vec![IndexKind::Eq, IndexKind::Sub, IndexKind::Pres],
+            },
+            IndexSpec {
+                attr: "uidNumber".into(),
+                kinds: vec![IndexKind::Eq, IndexKind::Ord],
+            },
+        ],
+        max_batch: 16,
+    };
+    Store::open(dir, Arc::new(Schema::standard()), &opts).unwrap()
+}
+
+fn attrs(pairs: &[(&str, &str)]) -> Vec<Attribute> {
+    let mut out: Vec<Attribute> = Vec::new();
+    for (d, v) in pairs {
+        match out.iter_mut().find(|a| a.desc == *d) {
+            Some(a) => a.values.push(v.as_bytes().to_vec()),
+            None => out.push(Attribute {
+                desc: d.to_string(),
+                values: vec![v.as_bytes().to_vec()],
+            }),
+        }
+    }
+    out
+}
+
+fn place(store: &Store, dn: &str) -> Placement {
+    let dn = Dn::parse(dn).unwrap();
+    let r = store.read().unwrap();
+    let v = r.view();
+    let rdns = v.normalize_rdns(&dn).unwrap();
+    match v.lookup_norm(&rdns[1..]).unwrap() {
+        Lookup::Found(p) => Placement {
+            parent: p,
+            rdn: dn.rdn().unwrap().to_string(),
+            norm_rdn: rdns[0].clone(),
+        },
+        Lookup::Missing { .. } => Placement {
+            parent: 0,
+            rdn: dn.to_string(),
+            norm_rdn: rdns.join(","),
+        },
+    }
+}
+
+fn add(store: &Store, dn: &str, a: Vec<Attribute>) -> EntryId {
+    let p = place(store, dn);
+    store.write_blocking(move |w| w.add(&p, &a)).unwrap()
+}
+
+fn find(store: &Store, dn: &str) -> Option<EntryId> {
+    let r = store.read().unwrap();
+    match r.view().lookup(&Dn::parse(dn).unwrap()).unwrap().unwrap() {
+        Lookup::Found(id) => Some(id),
+        Lookup::Missing { .. } => None,
+    }
+}
+
+fn assert_consistent(store: &Store) {
+    let r = store.read().unwrap();
+    let problems = r.view().verify().unwrap();
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+fn person(cn: &str, uid_number: &str) -> Vec<Attribute> {
+    attrs(&[
+        ("objectClass", "top"),
+        ("objectClass", "person"),
+        ("cn", cn),
+        ("sn", "x"),
+        ("uidNumber", uid_number),
+    ])
+}
+
+fn tree(store: &Store) {
+    add(
+        store,
+        "dc=example,dc=com",
+        attrs(&[("objectClass", "domain"), ("dc", "example")]),
+    );
+    add(
+        store,
+        "ou=People,dc=example,dc=com",
+        attrs(&[("objectClass", "organizationalUnit"), ("ou", "People")]),
+    );
+    for i in 0..20 {
+        add(
+            store,
+            &format!("cn=user{i},ou=People,dc=example,dc=com"),
+            person(&format!("user{i}"), &i.to_string()),
+        );
+    }
+}
+
+fn ids(c: Candidates) -> Vec<u64> {
+    match c {
+        Candidates::Ids(s) => s.iter().collect(),
+        Candidates::All => panic!("expected indexed candidates"),
+    }
+}
+
+#[test]
+fn add_lookup_and_dns() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    let id =
+        find(&store, "CN=User7, ou=people,DC=Example,dc=com").expect("case and spaces ignored");
+    let r = store.read().unwrap();
+    let v = r.view();
+    assert_eq!(
+        v.dn_string(id).unwrap(),
+        "cn=user7,ou=People,dc=example,dc=com"
+    );
+    let people = find(&store, "ou=People,dc=example,dc=com").unwrap();
+    assert_eq!(v.children(people).unwrap().len(), 20);
+    assert_eq!(v.subtree(people, u64::MAX).unwrap().unwrap().len(), 21);
+    assert!(v.subtree(people, 5).unwrap().is_none(), "limit is honoured");
+    assert!(v.is_within(id, people).unwrap());
+    match v
+        .lookup(&Dn::parse("cn=nobody,ou=People,dc=example,dc=com").unwrap())
+        .unwrap()
+        .unwrap()
+    {
+        Lookup::Missing { matched } => assert_eq!(matched, Some(people)),
+        other => panic!("{other:?}"),
+    }
+    drop(r);
+    assert_consistent(&store);
+}
+
+#[test]
+fn index_candidates_follow_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    let id = find(&store, "cn=user3,ou=People,dc=example,dc=com").unwrap();
+    {
+        let r = store.read().unwrap();
+        let v = r.view();
+        assert_eq!(
+            ids(v.candidates(&Filter::parse("(cn=USER3)").unwrap()).unwrap()),
+            vec![id]
+        );
+        assert_eq!(
+            ids(v
+                .candidates(&Filter::parse("(cn=*ser1*)").unwrap())
+                .unwrap())
+            .len(),
+            11
+        );
+        assert_eq!(
+            ids(v
+                .candidates(&Filter::parse("(uidNumber>=15)").unwrap())
+                .unwrap())
+            .len(),
+            5
+        );
+        assert_eq!(
+            ids(v
+                .candidates(&Filter::parse("(uidNumber<=2)").unwrap())
+                .unwrap())
+            .len(),
+            3
+        );
+        // (objectClass=person) is indexed under the class and its superclasses.
+        assert_eq!(
+            ids(v
+                .candidates(&Filter::parse("(objectClass=top)").unwrap())
+                .unwrap())
+            .len(),
+            22
+        );
+        assert_eq!(
+            ids(v
+                .candidates(&Filter::parse("(objectClass=person)").unwrap())
+                .unwrap())
+            .len(),
+            20
+        );
+        assert_eq!(
+            v.candidates(&Filter::parse("(!(cn=x))").unwrap()).unwrap(),
+            Candidates::All
+        );
+        assert_eq!(
+            ids(v
+                .candidates(&Filter::parse("(&(cn=user3)(sn=x))").unwrap())
+                .unwrap()),
+            vec![id]
+        );
+        assert_eq!(
+            v.candidates(&Filter::parse("(|(cn=user3)(sn=x))").unwrap())
+                .unwrap(),
+            Candidates::All
+        );
+    }
+    let old = store.read().unwrap().view().attrs(id).unwrap().unwrap();
+    let new = person("renamed", "99");
+    store
+        .write_blocking(move |w| w.replace(id, &old, &new))
+        .unwrap();
+    let r = store.read().unwrap();
+    let v = r.view();
+    assert!(ids(v.candidates(&Filter::parse("(cn=user3)").unwrap()).unwrap()).is_empty());
+    assert_eq!(
+        ids(v
+            .candidates(&Filter::parse("(cn=renamed)").unwrap())
+            .unwrap()),
+        vec![id]
+    );
+    drop(r);
+    assert_consistent(&store);
+}
+
+#[test]
+fn subtree_move_rewrites_one_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    add(
+        &store,
+        "ou=Moved,dc=example,dc=com",
+        attrs(&[("objectClass", "organizationalUnit"), ("ou", "Moved")]),
+    );
+    let people = find(&store, "ou=People,dc=example,dc=com").unwrap();
+    let moved = find(&store, "ou=Moved,dc=example,dc=com").unwrap();
+    let to = Placement {
+        parent: moved,
+        rdn: "ou=Staff".into(),
+        norm_rdn: "ou=staff".into(),
+    };
+    store
+        .write_blocking(move |w| w.rename(people, &to))
+        .unwrap();
+    assert!(find(&store, "cn=user5,ou=People,dc=example,dc=com").is_none());
+    let id =
+        find(&store, "cn=user5,ou=Staff,ou=Moved,dc=example,dc=com").expect("descendants follow");
+    let r = store.read().unwrap();
+    assert_eq!(
+        r.view().dn_string(id).unwrap(),
+        "cn=user5,ou=Staff,ou=Moved,dc=example,dc=com"
+    );
+    drop(r);
+    assert_consistent(&store);
+}
+
+#[test]
+fn delete_needs_a_leaf() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    let people = find(&store, "ou=People,dc=example,dc=com").unwrap();
+    let old = store.read().unwrap().view().attrs(people).unwrap().unwrap();
+    assert!(store
+        .write_blocking(move |w| w.delete(people, &old))
+        .is_err());
+    let leaf = find(&store, "cn=user0,ou=People,dc=example,dc=com").unwrap();
+    let old = store.read().unwrap().view().attrs(leaf).unwrap().unwrap();
+    store.write_blocking(move |w| w.delete(leaf, &old)).unwrap();
+    assert!(find(&store, "cn=user0,ou=People,dc=example,dc=com").is_none());
+    assert_consistent(&store);
+}
+
+#[derive(Debug, PartialEq)]
+enum TestErr {
+    Store(StoreError),
+    Refused,
+}
+
+impl From<StoreError> for TestErr {
+    fn from(e: StoreError) -> Self {
+        TestErr::Store(e)
+    }
+}
+
+#[test]
+fn a_failing_job_rolls_back_only_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let people = find(&store, "ou=People,dc=example,dc=com").unwrap();
+    let results = rt.block_on(async {
+        let mut futs = Vec::new();
+        for i in 0..10 {
+            let a = person(&format!("batch{i}"), "1");
+            let p = Placement {
+                parent: people,
+                rdn: format!("cn=batch{i}"),
+                norm_rdn: format!("cn=batch{i}"),
+            };
+            futs.push(store.write(move |w| -> Result<EntryId, TestErr> {
+                let id = w.add(&p, &a)?;
+                // Odd jobs fail after writing: their writes must vanish.
+                if i % 2 == 1 {
+                    return Err(TestErr::Refused);
+                }
+                Ok(id)
+            }));
+        }
+        let mut out = Vec::new();
+        for f in futs {
+            out.push(f.await);
+        }
+        out
+    });
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(r.is_ok(), i % 2 == 0, "job {i}: {r:?}");
+        let found = find(&store, &format!("cn=batch{i},ou=People,dc=example,dc=com"));
+        assert_eq!(found.is_some(), i % 2 == 0, "job {i}");
+    }
+    assert_consistent(&store);
+}
+
+#[test]
+fn verify_finds_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    let id = find(&store, "cn=user4,ou=People,dc=example,dc=com").unwrap();
+    // A posting that names an entry whose values do not produce the key.
+    store
+        .write_blocking(move |w| -> Result<(), StoreError> {
+            let db = w.view().index_db("cn", IndexKind::Eq).copied().unwrap();
+            let mut set = RoaringTreemap::new();
+            set.insert(id);
+            let mut buf = Vec::new();
+            set.serialize_into(&mut buf)?;
+            db.put(&mut w.txn, b"somebody else", &buf)?;
+            Ok(())
+        })
+        .unwrap();
+    // A flipped byte inside a stored entry.
+    store
+        .write_blocking(move |w| -> Result<(), StoreError> {
+            let mut bytes = w.view().entry_bytes(id)?.unwrap().to_vec();
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0x20;
+            w.inner.id2entry.put(&mut w.txn, &id_bytes(id), &bytes)?;
+            Ok(())
+        })
+        .unwrap();
+    let problems = store.read().unwrap().view().verify().unwrap();
+    let text = problems.join("\n");
+    assert!(text.contains("idx:cn:eq"), "{text}");
+    assert!(
+        text.contains(&format!("id2entry record {id}: checksum mismatch")),
+        "{text}"
+    );
+}
+
+#[test]
+fn reopen_keeps_data_and_builds_new_indexes() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path());
+        tree(&store);
+        store.close();
+    }
+    let opts = StoreOptions {
+        map_size: 64 << 20,
+        indexes: vec![IndexSpec {
+            attr: "sn".into(),
+            kinds: vec![IndexKind::Eq],
+        }],
+        max_batch: 16,
+    };
+    let store = Store::open(dir.path(), Arc::new(Schema::standard()), &opts).unwrap();
+    let r = store.read().unwrap();
+    assert_eq!(r.view().entry_count().unwrap(), 22);
+    assert_eq!(
+        ids(r
+            .view()
+            .candidates(&Filter::parse("(sn=X)").unwrap())
+            .unwrap())
+        .len(),
+        20
+    );
+    drop(r);
+    assert_consistent(&store);
+}
