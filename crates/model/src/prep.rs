@@ -74,20 +74,37 @@ pub(crate) fn prepare(s: &str, fold: bool, spaces: Spaces) -> Result<String, Str
         }
     }
     // NFKC after folding; folding again after NFKC catches compatibility
-    // characters that decompose into upper case (e.g. U+2160 ROMAN NUMERAL
-    // ONE → "I").
+    // characters that decompose into foldable ones (U+2160 ROMAN NUMERAL
+    // ONE → "I", U+03F2 GREEK LUNATE SIGMA → final sigma). Repeat until
+    // stable so that preparing a prepared string changes nothing; two
+    // rounds settle every case known, four bound the work.
     let mut normalized: String = mapped.nfkc().collect();
-    if fold && normalized.chars().any(|c| c.is_uppercase()) {
-        let mut again = String::with_capacity(normalized.len());
-        for c in normalized.chars() {
-            fold_into(c, &mut again);
+    // Folded ASCII is already stable.
+    if fold && !normalized.is_ascii() {
+        for _ in 0..4 {
+            let mut again = String::with_capacity(normalized.len());
+            for c in normalized.chars() {
+                fold_into(c, &mut again);
+            }
+            let again: String = again.nfkc().collect();
+            if again == normalized {
+                break;
+            }
+            normalized = again;
         }
-        normalized = again.nfkc().collect();
     }
     if normalized.contains('\u{FFFD}') {
         return Err("value contains U+FFFD REPLACEMENT CHARACTER".into());
     }
-    Ok(handle_spaces(&normalized, spaces))
+    let out = handle_spaces(&normalized, spaces);
+    // Removing spaces can bring combining marks together that NFKC orders
+    // differently (found by the `dn` fuzz target); normalise again so a
+    // prepared string is a fixed point.
+    if out.is_ascii() {
+        Ok(out)
+    } else {
+        Ok(out.nfkc().collect())
+    }
 }
 
 fn handle_spaces(s: &str, spaces: Spaces) -> String {
@@ -173,6 +190,15 @@ mod tests {
             "a bc"
         );
         assert_eq!(prepare("Straße", true, Spaces::Value).unwrap(), "strasse");
+        // Found by the `dn` fuzz target: lunate sigma folds, then NFKC turns
+        // it into a final sigma, which must fold again.
+        let once = prepare("BB\u{3F9}", true, Spaces::Value).unwrap();
+        assert_eq!(prepare(&once, true, Spaces::Value).unwrap(), once);
+        assert_eq!(once, "bb\u{3C3}");
+        // Removing the space brings two combining marks of different
+        // classes together; the result must still be stable.
+        let once = prepare("a\u{7FD} \u{7ED}\u{301}", true, Spaces::RemoveAll).unwrap();
+        assert_eq!(prepare(&once, true, Spaces::RemoveAll).unwrap(), once);
         // Fullwidth letters normalise under NFKC.
         assert_eq!(prepare("ＡＢＣ", true, Spaces::Value).unwrap(), "abc");
         assert_eq!(prepare("ＡＢＣ", false, Spaces::Value).unwrap(), "ABC");

@@ -10,7 +10,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use pando_model::{Dn, Schema};
-use pando_store::{IndexKind, IndexSpec};
+use pando_store::{Durability, IndexKind, IndexSpec};
 use serde::Deserialize;
 
 pub const DEFAULT_SUFFIX: &str = "dc=example,dc=com";
@@ -82,17 +82,55 @@ impl Default for Limits {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// Upper bound of the database file, in MiB.
+    /// Upper bound of the database file, in MiB; 0 = no practical bound
+    /// (1 TiB of address space; the file grows only as data is written).
     pub map_size_mb: u64,
     /// Most write operations committed together (group commit).
     pub max_write_batch: usize,
+    /// `durable` (acknowledge after fsync), `batched` (acknowledge before
+    /// the fsync, at most `batched_max_writes` writes or `batched_max_ms`
+    /// at risk) or `none` (the OS flushes). Changeable with SIGHUP.
+    pub durability: String,
+    pub batched_max_writes: u64,
+    pub batched_max_ms: u64,
+    /// Read the database file into the page cache in the background on start.
+    pub warm_start: bool,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
-            map_size_mb: 64 * 1024,
+            map_size_mb: 0,
             max_write_batch: 256,
+            durability: "durable".into(),
+            batched_max_writes: 1000,
+            batched_max_ms: 1000,
+            warm_start: true,
+        }
+    }
+}
+
+impl StoreConfig {
+    pub fn durability(&self) -> Result<Durability, ConfigError> {
+        match self.durability.as_str() {
+            "durable" => Ok(Durability::Durable),
+            "batched" => {
+                if self.batched_max_writes == 0 {
+                    return Err(err("store.batched_max_writes", "must be at least 1"));
+                }
+                if self.batched_max_ms == 0 {
+                    return Err(err("store.batched_max_ms", "must be at least 1"));
+                }
+                Ok(Durability::Batched {
+                    max_writes: self.batched_max_writes,
+                    max_ms: self.batched_max_ms,
+                })
+            }
+            "none" => Ok(Durability::None),
+            other => Err(err(
+                "store.durability",
+                format!("'{other}' is not one of durable, batched, none"),
+            )),
         }
     }
 }
@@ -390,9 +428,13 @@ impl Config {
         if l.max_ops_per_connection == 0 {
             return Err(err("limits.max_ops_per_connection", "must be at least 1"));
         }
-        if self.store.map_size_mb < 16 {
-            return Err(err("store.map_size_mb", "must be at least 16"));
+        if self.store.map_size_mb != 0 && self.store.map_size_mb < 16 {
+            return Err(err(
+                "store.map_size_mb",
+                "must be 0 (unbounded) or at least 16",
+            ));
         }
+        self.store.durability()?;
         if self.store.max_write_batch == 0 {
             return Err(err("store.max_write_batch", "must be at least 1"));
         }
@@ -451,6 +493,10 @@ mod tests {
         assert_eq!(e.key, "suffixes[1]");
         let e = check("[limits]\nmax_pdu_bytes = 10\n").unwrap_err();
         assert_eq!(e.key, "limits.max_pdu_bytes");
+        let e = check("[store]\ndurability = \"sometimes\"\n").unwrap_err();
+        assert_eq!(e.key, "store.durability");
+        let e = check("[store]\ndurability = \"batched\"\nbatched_max_ms = 0\n").unwrap_err();
+        assert_eq!(e.key, "store.batched_max_ms");
     }
 
     #[test]

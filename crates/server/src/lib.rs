@@ -1,9 +1,11 @@
 //! Pando's server: configuration, the LDAP operations, and the network
 //! frontend. `run` starts everything and returns after a clean shutdown.
 
+pub mod backup;
 pub mod bootstrap;
 pub mod clock;
 pub mod config;
+pub mod datadir;
 pub mod error;
 pub mod net;
 pub mod ops;
@@ -27,10 +29,14 @@ use crate::state::Server;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-#[derive(Debug, Clone, Default)]
+/// Re-reads the configuration (file plus command-line overrides) on SIGHUP.
+pub type Reloader = Arc<dyn Fn() -> Result<Resolved, String> + Send + Sync>;
+
+#[derive(Clone, Default)]
 pub struct ServeOptions {
     /// Load the demo tree (ou=People, ou=Groups) into the first suffix.
     pub demo: bool,
+    pub reload: Option<Reloader>,
 }
 
 /// Directory holding the LMDB files inside the data directory.
@@ -39,10 +45,17 @@ pub fn store_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 pub fn store_options(cfg: &Resolved) -> StoreOptions {
+    let st = &cfg.config.store;
     StoreOptions {
-        map_size: (cfg.config.store.map_size_mb as usize) << 20,
+        map_size: if st.map_size_mb == 0 {
+            pando_store::DEFAULT_MAP_SIZE
+        } else {
+            (st.map_size_mb as usize) << 20
+        },
         indexes: cfg.indexes.clone(),
-        max_batch: cfg.config.store.max_write_batch,
+        max_batch: st.max_write_batch,
+        // Validated with the rest of the configuration.
+        durability: st.durability().unwrap_or(pando_store::Durability::Durable),
     }
 }
 
@@ -53,6 +66,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         .map_err(|e| format!("cannot create data directory {}: {e}", data_dir.display()))?;
     std::fs::set_permissions(&data_dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| format!("{}: {e}", data_dir.display()))?;
+    let _lock = datadir::lock(&data_dir)?;
     let store = {
         let dir = store_dir(&data_dir);
         let schema = schema.clone();
@@ -66,6 +80,9 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
                 )
             })?
     };
+    if cfg.config.store.warm_start {
+        datadir::warm_in_background(store_dir(&data_dir).join("data.mdb"));
+    }
     let csn = CsnClock::new(0);
     let root_dn_text = cfg.root_dn.to_string();
     let (root_pw, created, demo_added) = {
@@ -138,7 +155,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         ));
     }
 
-    wait_for_signal().await;
+    wait_for_stop(&server, opts.reload.as_ref()).await;
     tracing::info!("shutting down: no new connections; finishing operations in progress");
     let _ = stop_tx.send(true);
     while listeners.join_next().await.is_some() {}
@@ -158,18 +175,53 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     Ok(())
 }
 
-async fn wait_for_signal() {
+/// Serve until SIGTERM or SIGINT; on SIGHUP reload the configuration and
+/// apply what can change at runtime (today: the durability mode).
+async fn wait_for_stop(server: &Server, reload: Option<&Reloader>) {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
+    let (Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = term.recv() => return,
+            _ = tokio::signal::ctrl_c() => return,
+            _ = hup.recv() => apply_reload(server, reload),
+        }
+    }
+}
+
+fn apply_reload(server: &Server, reload: Option<&Reloader>) {
+    let Some(reload) = reload else {
+        tracing::info!("SIGHUP: no configuration file to reload");
+        return;
+    };
+    let new = match reload() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::error!("SIGHUP: configuration not reloaded, the running one stays: {e}");
             return;
         }
     };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+    match new.config.store.durability() {
+        Ok(d) => {
+            if d != server.store.durability() {
+                server.store.set_durability(d);
+                tracing::info!(durability = ?d, "SIGHUP: durability changed");
+            }
+        }
+        Err(e) => tracing::error!("SIGHUP: {e}"),
+    }
+    let mut same = new.config.clone();
+    same.store.durability = server.cfg.config.store.durability.clone();
+    same.store.batched_max_ms = server.cfg.config.store.batched_max_ms;
+    same.store.batched_max_writes = server.cfg.config.store.batched_max_writes;
+    if same != server.cfg.config {
+        tracing::warn!("SIGHUP: other configuration changes take effect at the next start");
     }
 }
 

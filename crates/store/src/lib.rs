@@ -36,10 +36,15 @@ use roaring::RoaringTreemap;
 
 pub use index::IndexKind;
 pub use plan::Candidates;
-pub use writer::WriteJobError;
+pub use writer::{Durability, WriteJobError, WriterFigures};
 
 pub type EntryId = u64;
 type Db = Database<Bytes, Bytes>;
+
+/// Default memory map: 1 TiB of address space. The file only grows as data
+/// is written, so a large map costs nothing and removes the "maxsize"
+/// cliff; `map_size` is a cap an operator may set on purpose.
+pub const DEFAULT_MAP_SIZE: usize = 1 << 40;
 
 /// On-disk format of the whole store; bumped on any incompatible change.
 pub const FORMAT_VERSION: u32 = 1;
@@ -103,14 +108,16 @@ pub struct StoreOptions {
     pub indexes: Vec<IndexSpec>,
     /// Most operations applied in one write transaction.
     pub max_batch: usize,
+    pub durability: Durability,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
-            map_size: 64 << 30,
+            map_size: DEFAULT_MAP_SIZE,
             indexes: Vec::new(),
             max_batch: 256,
+            durability: Durability::Durable,
         }
     }
 }
@@ -133,6 +140,8 @@ pub(crate) struct Inner {
     has_subtypes: HashSet<String>,
     schema: Arc<Schema>,
     path: PathBuf,
+    durability: writer::DurabilityCell,
+    stats: writer::WriterStats,
 }
 
 /// A handle to the open store; cheap to clone.
@@ -203,14 +212,7 @@ impl Store {
                     .push(IndexDb { kind, db });
             }
         }
-        let mut has_subtypes = HashSet::new();
-        for at in schema.attributes() {
-            if let Some(sup) = &at.sup {
-                if let Some(sup_at) = schema.attribute(sup) {
-                    has_subtypes.insert(sup_at.name().to_ascii_lowercase());
-                }
-            }
-        }
+        let has_subtypes = subtype_parents(&schema);
         wtxn.commit()?;
         let inner = Arc::new(Inner {
             env,
@@ -222,6 +224,8 @@ impl Store {
             has_subtypes,
             schema,
             path: path.to_path_buf(),
+            durability: writer::DurabilityCell::new(opts.durability),
+            stats: writer::WriterStats::default(),
         });
         if !new_indexes.is_empty() {
             build_new_indexes(&inner, &new_indexes)?;
@@ -230,8 +234,139 @@ impl Store {
         Ok(Store { inner, writer })
     }
 
+    /// Open an existing store read-only, beside a server that may be writing
+    /// it (LMDB readers and a writer coexist across processes): for backup,
+    /// export and verify. Writes through this handle fail with `Closed`.
+    pub fn open_read_only(
+        path: &Path,
+        schema: Arc<Schema>,
+        opts: &StoreOptions,
+    ) -> Result<Store, StoreError> {
+        if !path.join("data.mdb").exists() {
+            return Err(StoreError::Format(format!(
+                "no store in {}",
+                path.display()
+            )));
+        }
+        let mut env_opts = EnvOpenOptions::new();
+        env_opts
+            .map_size(opts.map_size)
+            .max_dbs(16 + 5 * opts.indexes.len() as u32)
+            .max_readers(1024);
+        // SAFETY: as in `open`; READ_ONLY never writes the data file.
+        let env = unsafe {
+            env_opts.flags(EnvFlags::NO_TLS | EnvFlags::READ_ONLY);
+            env_opts.open(path)?
+        };
+        let rtxn = env.read_txn()?;
+        let open = |name: &str| -> Result<Db, StoreError> {
+            env.open_database::<Bytes, Bytes>(&rtxn, Some(name))?
+                .ok_or_else(|| {
+                    StoreError::Format(format!(
+                        "{} has no '{name}' database: not a Pando store",
+                        path.display()
+                    ))
+                })
+        };
+        let (meta, id2entry, dn2id, id2parent) = (
+            open("meta")?,
+            open("id2entry")?,
+            open("dn2id")?,
+            open("id2parent")?,
+        );
+        let found = meta
+            .get(&rtxn, META_FORMAT)?
+            .and_then(|v| <[u8; 4]>::try_from(v).ok())
+            .map(u32::from_be_bytes);
+        if found != Some(FORMAT_VERSION) {
+            return Err(StoreError::Format(format!(
+                "store {} has format {found:?}, this Pando reads format {FORMAT_VERSION}",
+                path.display()
+            )));
+        }
+        let mut indexes: HashMap<String, Vec<IndexDb>> = HashMap::new();
+        for spec in &opts.indexes {
+            let attr = spec.attr.to_ascii_lowercase();
+            for &kind in &spec.kinds {
+                if let Some(db) =
+                    env.open_database::<Bytes, Bytes>(&rtxn, Some(&index::db_name(&attr, kind)))?
+                {
+                    indexes
+                        .entry(attr.clone())
+                        .or_default()
+                        .push(IndexDb { kind, db });
+                }
+            }
+        }
+        rtxn.commit()?;
+        let has_subtypes = subtype_parents(&schema);
+        let inner = Arc::new(Inner {
+            env,
+            meta,
+            id2entry,
+            dn2id,
+            id2parent,
+            indexes,
+            has_subtypes,
+            schema,
+            path: path.to_path_buf(),
+            durability: writer::DurabilityCell::new(Durability::Durable),
+            stats: writer::WriterStats::default(),
+        });
+        Ok(Store {
+            inner,
+            writer: writer::WriterHandle::closed(),
+        })
+    }
+
+    /// A consistent, compacted copy of the database file, made from one read
+    /// transaction while writes continue.
+    pub fn copy_compacted(&self, dest: &Path) -> Result<(), StoreError> {
+        let f = self
+            .inner
+            .env
+            .copy_to_file(dest, heed::CompactionOption::Enabled)?;
+        f.sync_all()?;
+        Ok(())
+    }
+
     pub fn schema(&self) -> &Arc<Schema> {
         &self.inner.schema
+    }
+
+    /// Change when acknowledged writes reach the disk; applies from the
+    /// writer's next batch.
+    pub fn set_durability(&self, d: Durability) {
+        self.inner.durability.set(d);
+    }
+
+    pub fn durability(&self) -> Durability {
+        self.inner.durability.get()
+    }
+
+    pub fn writer_stats(&self) -> WriterFigures {
+        self.inner.stats.snapshot()
+    }
+
+    /// Rebuild the indexes of the given attributes (all when empty) from
+    /// id2entry, in one transaction. Returns the number of entries read.
+    pub fn rebuild_indexes(&self, only: &[String]) -> Result<u64, StoreError> {
+        let only: Vec<String> = only.iter().map(|a| a.to_ascii_lowercase()).collect();
+        self.write_blocking(move |w: &mut WriteTxn<'_>| -> Result<u64, StoreError> {
+            let inner = w.inner;
+            let mut targets = Vec::new();
+            for (attr, dbs) in &inner.indexes {
+                if only.is_empty() || only.contains(attr) {
+                    for idx in dbs {
+                        targets.push((attr.clone(), idx.kind, idx.db));
+                    }
+                }
+            }
+            for (_, _, db) in &targets {
+                db.clear(&mut w.txn)?;
+            }
+            fill_indexes(inner, &mut w.txn, &targets)
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -291,18 +426,43 @@ impl Store {
     }
 }
 
+/// Lowercase names of attribute types that some other type names as SUP.
+fn subtype_parents(schema: &Schema) -> HashSet<String> {
+    let mut out = HashSet::new();
+    for at in schema.attributes() {
+        if let Some(sup_at) = at.sup.as_deref().and_then(|s| schema.attribute(s)) {
+            out.insert(sup_at.name().to_ascii_lowercase());
+        }
+    }
+    out
+}
+
 /// Fill index databases that were just created for an existing store, in
 /// one transaction, so an index database that exists is always complete.
 fn build_new_indexes(inner: &Inner, new: &[(String, IndexKind, Db)]) -> Result<(), StoreError> {
     let mut wtxn = inner.env.write_txn()?;
+    fill_indexes(inner, &mut wtxn, new)?;
+    wtxn.commit()?;
+    Ok(())
+}
+
+/// Write the postings of every entry into the (empty) index databases
+/// `targets`. Returns the number of entries read.
+fn fill_indexes(
+    inner: &Inner,
+    wtxn: &mut RwTxn<'_>,
+    targets: &[(String, IndexKind, Db)],
+) -> Result<u64, StoreError> {
     let mut postings: HashMap<(usize, Vec<u8>), RoaringTreemap> = HashMap::new();
+    let mut entries = 0;
     {
-        let view = View { txn: &wtxn, inner };
-        for item in inner.id2entry.iter(&wtxn)? {
+        let view = View { txn: wtxn, inner };
+        for item in inner.id2entry.iter(wtxn)? {
             let (k, v) = item?;
             let id = id_from(k)?;
             let entry = entry_codec::decode(id, Dn { rdns: vec![] }, v)?;
-            for (i, (attr, kind, _)) in new.iter().enumerate() {
+            entries += 1;
+            for (i, (attr, kind, _)) in targets.iter().enumerate() {
                 for key in view.keys_of(&entry.attrs, attr, *kind) {
                     postings.entry((i, key)).or_default().insert(id);
                 }
@@ -312,10 +472,9 @@ fn build_new_indexes(inner: &Inner, new: &[(String, IndexKind, Db)]) -> Result<(
     for ((i, key), set) in postings {
         let mut buf = Vec::new();
         set.serialize_into(&mut buf)?;
-        new[i].2.put(&mut wtxn, &key, &buf)?;
+        targets[i].2.put(wtxn, &key, &buf)?;
     }
-    wtxn.commit()?;
-    Ok(())
+    Ok(entries)
 }
 
 /// A read transaction over the store.

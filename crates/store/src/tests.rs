@@ -25,6 +25,7 @@ fn open(dir: &Path) -> Store {
             },
         ],
         max_batch: 16,
+        durability: Durability::Durable,
     };
     Store::open(dir, Arc::new(Schema::standard()), &opts).unwrap()
 }
@@ -385,6 +386,7 @@ fn reopen_keeps_data_and_builds_new_indexes() {
             kinds: vec![IndexKind::Eq],
         }],
         max_batch: 16,
+        durability: Durability::Durable,
     };
     let store = Store::open(dir.path(), Arc::new(Schema::standard()), &opts).unwrap();
     let r = store.read().unwrap();
@@ -398,5 +400,59 @@ fn reopen_keeps_data_and_builds_new_indexes() {
         20
     );
     drop(r);
+    assert_consistent(&store);
+}
+
+#[test]
+fn rebuild_repairs_indexes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    store
+        .write_blocking(move |w| -> Result<(), StoreError> {
+            let db = w.view().index_db("cn", IndexKind::Sub).copied().unwrap();
+            db.clear(&mut w.txn)?;
+            Ok(())
+        })
+        .unwrap();
+    assert!(!store.read().unwrap().view().verify().unwrap().is_empty());
+    assert_eq!(store.rebuild_indexes(&["CN".to_string()]).unwrap(), 22);
+    assert_consistent(&store);
+}
+
+#[test]
+fn durability_modes_switch_at_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    let people = find(&store, "ou=People,dc=example,dc=com").unwrap();
+    for (round, mode) in [
+        Durability::Batched {
+            max_writes: 5,
+            max_ms: 20,
+        },
+        Durability::None,
+        Durability::Durable,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        store.set_durability(mode);
+        for i in 0..12 {
+            let a = person(&format!("m{round}x{i}"), "1");
+            let p = Placement {
+                parent: people,
+                rdn: format!("cn=m{round}x{i}"),
+                norm_rdn: format!("cn=m{round}x{i}"),
+            };
+            store.write_blocking(move |w| w.add(&p, &a)).unwrap();
+        }
+        assert_eq!(store.durability(), mode);
+    }
+    // Batched mode synced at least every 5 writes; leaving it synced the rest.
+    let figures = store.writer_stats();
+    assert!(figures.syncs >= 2, "{figures:?}");
+    assert!(figures.operations >= 36 + 22, "{figures:?}");
+    assert_eq!(store.read().unwrap().view().entry_count().unwrap(), 22 + 36);
     assert_consistent(&store);
 }

@@ -7,9 +7,11 @@
 //! and only then answers each job. A job's success is therefore never
 //! reported before it is durable.
 
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -81,6 +83,14 @@ impl WriterHandle {
         })
     }
 
+    /// A handle for a read-only store: every write is refused.
+    pub(crate) fn closed() -> Self {
+        WriterHandle {
+            tx: Arc::new(Mutex::new(None)),
+            thread: Arc::new(Mutex::new(None)),
+        }
+    }
+
     pub(crate) fn submit<R, E, F>(&self, f: F) -> Result<oneshot::Receiver<Result<R, E>>, E>
     where
         R: Send + 'static,
@@ -109,20 +119,194 @@ impl WriterHandle {
     }
 }
 
+/// When acknowledged writes reach the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Acknowledge after the batch's fsync (default).
+    Durable,
+    /// Acknowledge after commit, fsync later: at most `max_writes` writes or
+    /// `max_ms` milliseconds are at risk on a power loss or OS crash (a
+    /// process crash loses nothing: the data is in the page cache).
+    Batched { max_writes: u64, max_ms: u64 },
+    /// Leave flushing to the OS (bulk loads, tests).
+    None,
+}
+
+impl Durability {
+    fn code(self) -> u8 {
+        match self {
+            Durability::Durable => 0,
+            Durability::Batched { .. } => 1,
+            Durability::None => 2,
+        }
+    }
+}
+
+/// Writer figures for monitoring. Counters only grow.
+#[derive(Default)]
+pub struct WriterStats {
+    pub batches: AtomicU64,
+    pub operations: AtomicU64,
+    pub failed_operations: AtomicU64,
+    pub largest_batch: AtomicU64,
+    /// Sum of commit (including fsync) times, microseconds.
+    pub commit_micros: AtomicU64,
+    pub last_commit_micros: AtomicU64,
+    pub syncs: AtomicU64,
+}
+
+/// A snapshot of [`WriterStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterFigures {
+    pub batches: u64,
+    pub operations: u64,
+    pub failed_operations: u64,
+    pub largest_batch: u64,
+    pub commit_micros: u64,
+    pub last_commit_micros: u64,
+    pub syncs: u64,
+}
+
+impl WriterStats {
+    pub fn snapshot(&self) -> WriterFigures {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        WriterFigures {
+            batches: l(&self.batches),
+            operations: l(&self.operations),
+            failed_operations: l(&self.failed_operations),
+            largest_batch: l(&self.largest_batch),
+            commit_micros: l(&self.commit_micros),
+            last_commit_micros: l(&self.last_commit_micros),
+            syncs: l(&self.syncs),
+        }
+    }
+}
+
+/// The durability setting shared with the writer; changeable at runtime.
+pub(crate) struct DurabilityCell {
+    mode: AtomicU8,
+    max_writes: AtomicU64,
+    max_ms: AtomicU64,
+}
+
+impl DurabilityCell {
+    pub(crate) fn new(d: Durability) -> Self {
+        let c = DurabilityCell {
+            mode: AtomicU8::new(0),
+            max_writes: AtomicU64::new(0),
+            max_ms: AtomicU64::new(0),
+        };
+        c.set(d);
+        c
+    }
+
+    pub(crate) fn set(&self, d: Durability) {
+        if let Durability::Batched { max_writes, max_ms } = d {
+            self.max_writes.store(max_writes.max(1), Ordering::Relaxed);
+            self.max_ms.store(max_ms.max(1), Ordering::Relaxed);
+        }
+        self.mode.store(d.code(), Ordering::Release);
+    }
+
+    pub(crate) fn get(&self) -> Durability {
+        match self.mode.load(Ordering::Acquire) {
+            0 => Durability::Durable,
+            1 => Durability::Batched {
+                max_writes: self.max_writes.load(Ordering::Relaxed),
+                max_ms: self.max_ms.load(Ordering::Relaxed),
+            },
+            _ => Durability::None,
+        }
+    }
+}
+
 fn run(inner: Arc<Inner>, rx: mpsc::Receiver<Job>, max_batch: usize) {
     let mut batch: Vec<Job> = Vec::with_capacity(max_batch);
-    while let Ok(first) = rx.recv() {
-        batch.push(first);
-        while batch.len() < max_batch {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
+    // Whether the environment currently commits without fsync.
+    let mut no_sync = false;
+    // Writes committed but not yet synced, and since when (batched mode).
+    let mut unsynced: u64 = 0;
+    let mut unsynced_since = Instant::now();
+    loop {
+        let mode = inner.durability.get();
+        // With unsynced writes pending, wake up in time to sync them.
+        let first = match (mode, unsynced) {
+            (Durability::Batched { max_ms, .. }, n) if n > 0 => {
+                let deadline = unsynced_since + Duration::from_millis(max_ms);
+                match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(job) => Some(job),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+            }
+            _ => match rx.recv() {
+                Ok(job) => Some(job),
                 Err(_) => break,
+            },
+        };
+        let mode = inner.durability.get();
+        let want_no_sync = mode != Durability::Durable;
+        if want_no_sync != no_sync {
+            // Only this thread commits, so flipping MDB_NOSYNC between
+            // transactions is safe. Leaving a no-sync mode syncs first.
+            if !want_no_sync && unsynced > 0 {
+                sync(&inner, &mut unsynced);
+            }
+            let flag = if want_no_sync {
+                heed::FlagSetMode::Enable
+            } else {
+                heed::FlagSetMode::Disable
+            };
+            // SAFETY: no other thread calls set_flags, and no write
+            // transaction is open on this thread here.
+            if let Err(e) = unsafe { inner.env.set_flags(heed::EnvFlags::NO_SYNC, flag) } {
+                tracing::error!(error = %e, "cannot change the durability mode");
+            } else {
+                no_sync = want_no_sync;
             }
         }
-        let replies = apply_batch(&inner, &mut batch);
-        for (reply, result) in replies {
-            reply(result);
+        if let Some(first) = first {
+            batch.push(first);
+            while batch.len() < max_batch {
+                match rx.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            let n = batch.len() as u64;
+            let replies = apply_batch(&inner, &mut batch);
+            if no_sync {
+                if unsynced == 0 {
+                    unsynced_since = Instant::now();
+                }
+                unsynced += n;
+            }
+            for (reply, result) in replies {
+                reply(result);
+            }
         }
+        if let Durability::Batched { max_writes, max_ms } = inner.durability.get() {
+            if unsynced > 0
+                && (unsynced >= max_writes
+                    || unsynced_since.elapsed() >= Duration::from_millis(max_ms))
+            {
+                sync(&inner, &mut unsynced);
+            }
+        }
+    }
+    // Shutting down: whatever the mode, leave nothing unsynced.
+    if no_sync {
+        sync(&inner, &mut unsynced);
+    }
+}
+
+fn sync(inner: &Inner, unsynced: &mut u64) {
+    match inner.env.force_sync() {
+        Ok(()) => {
+            *unsynced = 0;
+            inner.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(e) => tracing::error!(error = %e, "fsync of the store failed"),
     }
 }
 
@@ -149,6 +333,12 @@ fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), St
         };
         let mut w = WriteTxn { txn: child, inner };
         let (keep, reply) = job.run(&mut w);
+        if !keep {
+            inner
+                .stats
+                .failed_operations
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let outcome = if keep {
             w.txn.commit().map_err(StoreError::from)
         } else {
@@ -157,7 +347,17 @@ fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), St
         };
         done.push((reply, outcome));
     }
-    match parent.commit() {
+    let n = done.len() as u64;
+    let started = Instant::now();
+    let committed = parent.commit();
+    let micros = started.elapsed().as_micros() as u64;
+    let st = &inner.stats;
+    st.batches.fetch_add(1, Ordering::Relaxed);
+    st.operations.fetch_add(n, Ordering::Relaxed);
+    st.largest_batch.fetch_max(n, Ordering::Relaxed);
+    st.commit_micros.fetch_add(micros, Ordering::Relaxed);
+    st.last_commit_micros.store(micros, Ordering::Relaxed);
+    match committed {
         Ok(()) => done,
         Err(e) => {
             let e = StoreError::from(e);

@@ -120,11 +120,12 @@ impl Connection {
             };
             tokio::select! {
                 r = read => match r {
-                    None => {
+                    // Idle means nothing to read and nothing running.
+                    None if outstanding.lock().map(|m| m.is_empty()).unwrap_or(true) => {
                         let _ = tx.send(notice_of_disconnection(ResultCode::UNAVAILABLE, "idle timeout")).await;
-                        abandon_all(&outstanding);
                         return "idle timeout";
                     }
+                    None => {}
                     Some(Ok(0)) | Some(Err(_)) => {
                         abandon_all(&outstanding);
                         return "peer closed";

@@ -138,10 +138,11 @@ async fn passwd_modify(
                 values: vec![hashed.into_bytes()],
             });
             let now = crate::clock::generalized_time(crate::clock::now_micros());
+            let csn = server3.csn.next();
             for (desc, v) in [
                 ("modifyTimestamp", now),
                 ("modifiersName", who2.dn().to_string()),
-                ("entryCSN", server3.csn.next()),
+                ("entryCSN", csn.clone()),
             ] {
                 new.retain(|a| !a.desc.eq_ignore_ascii_case(desc));
                 new.push(Attribute {
@@ -150,6 +151,7 @@ async fn passwd_modify(
                 });
             }
             w.replace(id, &old_attrs, &new)?;
+            w.meta_put(crate::backup::META_CONTEXT_CSN, csn.as_bytes())?;
             Ok(())
         })
         .await?;

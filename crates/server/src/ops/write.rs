@@ -11,6 +11,7 @@ use pando_model::{Attribute, Dn, Entry, Schema};
 use pando_proto::{AddRequest, Change, ModOp, ModifyDnRequest, ModifyRequest, ResultCode};
 use pando_store::{Lookup, Placement, WriteTxn};
 
+use crate::backup::META_CONTEXT_CSN;
 use crate::error::{LdapError, OpResult};
 use crate::password;
 use crate::state::{Identity, Server};
@@ -84,11 +85,21 @@ fn set_attr(entry: &mut Entry, desc: &str, value: String) {
 }
 
 /// Stamp modifyTimestamp, modifiersName and entryCSN.
-fn stamp_modified(server: &Server, who: &Identity, entry: &mut Entry) {
+/// Stamp modifyTimestamp, modifiersName and entryCSN, and record the CSN as
+/// the store's newest change (the replication state a backup carries).
+fn stamp_modified(
+    server: &Server,
+    w: &mut WriteTxn<'_>,
+    who: &Identity,
+    entry: &mut Entry,
+) -> OpResult<()> {
     let now = crate::clock::generalized_time(crate::clock::now_micros());
+    let csn = server.csn.next();
+    w.meta_put(META_CONTEXT_CSN, csn.as_bytes())?;
     set_attr(entry, "modifyTimestamp", now);
     set_attr(entry, "modifiersName", who.dn().to_string());
-    set_attr(entry, "entryCSN", server.csn.next());
+    set_attr(entry, "entryCSN", csn);
+    Ok(())
 }
 
 fn reject_maintained(schema: &Schema, desc: &str) -> OpResult<()> {
@@ -115,38 +126,29 @@ fn placement_for(server: &Server, w: &WriteTxn<'_>, dn: &Dn) -> OpResult<Placeme
             "no global superior knowledge: '{dn}' is outside every suffix"
         )));
     }
-    match view.lookup_norm(&rdns)? {
-        Lookup::Found(_) => Err(LdapError::new(
+    if let Lookup::Found(_) = view.lookup_norm(&rdns)? {
+        return Err(LdapError::new(
             ResultCode::ENTRY_ALREADY_EXISTS,
             "entry already exists",
-        )),
-        Lookup::Missing { matched } => {
-            if server.is_suffix(&norm_dn) {
-                return Ok(Placement {
-                    parent: 0,
-                    rdn: dn.to_string(),
-                    norm_rdn: norm_dn,
-                });
-            }
-            let (Some(parent), Some(rdn)) = (matched, dn.rdn()) else {
-                return Err(super::no_such_object(&view, matched)?);
-            };
-            // The deepest existing ancestor must be the direct parent.
-            let parent_norm = rdns[1..].join(",");
-            let parent_dn = view.dn_string(parent)?;
-            let found_norm = Dn::parse(&parent_dn)
-                .ok()
-                .and_then(|d| server.schema.normalize_dn(&d).ok())
-                .unwrap_or_default();
-            if found_norm != parent_norm {
-                return Err(super::no_such_object(&view, Some(parent))?);
-            }
-            Ok(Placement {
-                parent,
-                rdn: rdn.to_string(),
-                norm_rdn: rdns[0].clone(),
-            })
-        }
+        ));
+    }
+    if server.is_suffix(&norm_dn) {
+        return Ok(Placement {
+            parent: 0,
+            rdn: dn.to_string(),
+            norm_rdn: norm_dn,
+        });
+    }
+    // The parent itself must exist; otherwise matchedDN names the deepest
+    // existing ancestor.
+    let rdn = dn.rdn().map(|r| r.to_string()).unwrap_or_default();
+    match view.lookup_norm(&rdns[1..])? {
+        Lookup::Found(parent) => Ok(Placement {
+            parent,
+            rdn,
+            norm_rdn: rdns[0].clone(),
+        }),
+        Lookup::Missing { matched } => Err(super::no_such_object(&view, matched)?),
     }
 }
 
@@ -186,7 +188,7 @@ pub async fn add(server: &Arc<Server>, who: &Identity, req: AddRequest) -> OpRes
             set_attr(&mut entry, "entryUUID", random_uuid());
             set_attr(&mut entry, "creatorsName", who.dn().to_string());
             set_attr(&mut entry, "createTimestamp", now);
-            stamp_modified(server, &who, &mut entry);
+            stamp_modified(server, w, &who, &mut entry)?;
             w.add(&place, &entry.attrs)?;
             Ok(())
         })
@@ -200,9 +202,11 @@ pub async fn delete(server: &Arc<Server>, who: &Identity, dn_text: String) -> Op
         .normalize_dn(&dn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
     super::require_write(server, who, &norm, false)?;
+    let server2 = server.clone();
     server
         .store
         .write(move |w: &mut WriteTxn<'_>| -> OpResult<()> {
+            let server = &*server2;
             let view = w.view();
             let id = super::resolve(&view, &dn)?;
             if view.has_children(id)? {
@@ -213,6 +217,7 @@ pub async fn delete(server: &Arc<Server>, who: &Identity, dn_text: String) -> Op
             }
             let attrs = view.attrs(id)?.unwrap_or_default();
             w.delete(id, &attrs)?;
+            w.meta_put(META_CONTEXT_CSN, server.csn.next().as_bytes())?;
             Ok(())
         })
         .await
@@ -431,7 +436,7 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
             // Schema checks apply to user attributes; maintained ones ride along.
             schema.check_entry(&mut new)?;
             check_invariants(schema, &old, &new)?;
-            stamp_modified(server, &who, &mut new);
+            stamp_modified(server, w, &who, &mut new)?;
             w.replace(id, &old_attrs, &new.attrs)?;
             Ok(())
         })
@@ -555,7 +560,7 @@ pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnReques
             }
             schema.check_entry(&mut new)?;
             check_invariants(schema, &old, &new)?;
-            stamp_modified(server, &who, &mut new);
+            stamp_modified(server, w, &who, &mut new)?;
             w.rename(
                 id,
                 &Placement {
