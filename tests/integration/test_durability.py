@@ -221,3 +221,28 @@ def test_sighup_changes_durability(tmp_path):
     assert "store.durability" in srv.logs()
     assert srv.alive()
     srv.stop_and_verify()
+
+
+BACKUP_EXOP = "2.25.15972167931155808496075090497880241257.1.1"
+
+
+def test_online_backup_through_the_server(tmp_path):
+    srv = Pando(tmp_path / "a", demo=True).start()
+    dest = tmp_path / "online"
+    # Anonymous callers may not start a backup.
+    rc, out, err = srv.ldap("ldapexop", "%s:%s" % (BACKUP_EXOP, dest), auth=None)
+    assert rc != 0 and "Insufficient access (50)" in err, (rc, out, err)
+    assert not dest.exists()
+    rc, out, err = srv.ldap("ldapexop", "%s:%s" % (BACKUP_EXOP, dest))
+    assert rc == 0, (out, err)
+    assert (dest / "manifest.toml").exists() and (dest / "data.mdb").exists()
+    # The same destination twice is refused: a backup never overwrites.
+    rc, out, err = srv.ldap("ldapexop", "%s:%s" % (BACKUP_EXOP, dest))
+    assert rc != 0 and "already exists" in err, (rc, err)
+    srv.stop_and_verify()
+    other = Pando(tmp_path / "b")
+    r = subprocess.run([PANDO_BIN, "restore", "--data-dir", str(other.data_dir), str(dest)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rc, out = other.verify()
+    assert rc == 0 and "19 entries, consistent" in out, out

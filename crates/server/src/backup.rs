@@ -67,14 +67,13 @@ fn sha256_file(path: &Path) -> Result<(String, u64), String> {
 }
 
 /// Copy the store in `store_dir` to the new directory `dest` (which must not
-/// exist). Works whether or not a server is running on the store.
+/// exist), from another process: works whether or not a server is running.
 pub fn backup(
     store_dir: &Path,
     dest: &Path,
     schema: std::sync::Arc<Schema>,
     opts: &StoreOptions,
 ) -> Result<BackupReport, String> {
-    let started = Instant::now();
     if dest.exists() {
         return Err(format!(
             "{} already exists; a backup goes into a new directory",
@@ -83,6 +82,21 @@ pub fn backup(
     }
     let store = Store::open_read_only(store_dir, schema, opts)
         .map_err(|e| format!("{}: {e}", store_dir.display()))?;
+    let r = backup_store(&store, dest);
+    store.close();
+    r
+}
+
+/// Copy an open store (the running server's, for the online backup
+/// extended operation) to the new directory `dest`.
+pub fn backup_store(store: &Store, dest: &Path) -> Result<BackupReport, String> {
+    let started = Instant::now();
+    if dest.exists() {
+        return Err(format!(
+            "{} already exists; a backup goes into a new directory",
+            dest.display()
+        ));
+    }
     std::fs::create_dir_all(dest).map_err(|e| format!("cannot create {}: {e}", dest.display()))?;
     let data = dest.join(DATA_FILE);
     let copy_started = Instant::now();
@@ -90,7 +104,6 @@ pub fn backup(
         .copy_compacted(&data)
         .map_err(|e| format!("copy to {} failed: {e}", data.display()))?;
     let copy_secs = copy_started.elapsed().as_secs_f64();
-    store.close();
     // Describe the copy itself (not the live store, which may have moved on).
     let copy = Store::open_read_only(
         dest,

@@ -31,6 +31,7 @@ pub async fn extended(
             })
         }
         oid::PASSWD_MODIFY => passwd_modify(server, who, req.value.as_deref()).await,
+        super::special::BACKUP_EXOP => online_backup(server, who, req.value).await,
         oid::START_TLS => Err(LdapError::new(
             ResultCode::UNAVAILABLE,
             "StartTLS is not configured on this server",
@@ -164,5 +165,40 @@ async fn passwd_modify(
         result: LdapResult::success(),
         name: None,
         value,
+    })
+}
+
+/// Back up the running store into a directory on the server host.
+async fn online_backup(
+    server: &Arc<Server>,
+    who: &Identity,
+    value: Option<Vec<u8>>,
+) -> OpResult<ExtendedResponse> {
+    if !who.is_admin() {
+        return Err(LdapError::access(
+            "only the administrator may start a backup",
+        ));
+    }
+    let dest = value
+        .as_deref()
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .filter(|p| p.starts_with('/'))
+        .ok_or_else(|| {
+            LdapError::protocol("the request value must be an absolute destination directory")
+        })?
+        .to_string();
+    let server2 = server.clone();
+    let report = tokio::task::spawn_blocking(move || {
+        crate::backup::backup_store(&server2.store, std::path::Path::new(&dest))
+    })
+    .await
+    .map_err(|_| LdapError::new(ResultCode::OTHER, "backup task failed"))?
+    .map_err(|e| LdapError::new(ResultCode::OTHER, format!("backup failed: {e}")))?;
+    tracing::info!(dest = %report.dest.display(), entries = report.manifest.entries, secs = report.total_secs, "online backup written");
+    let text = toml::to_string(&report.manifest).unwrap_or_default();
+    Ok(ExtendedResponse {
+        result: LdapResult::success(),
+        name: Some(super::special::BACKUP_EXOP.to_string()),
+        value: Some(text.into_bytes()),
     })
 }

@@ -11,8 +11,15 @@ pub const SUBSCHEMA_NORM: &str = "cn=subschema";
 
 /// Controls this server implements (advertised in supportedControl).
 pub const SUPPORTED_CONTROLS: &[&str] = &[oid::PAGED_RESULTS, oid::MANAGE_DSA_IT];
+/// Pando's own OID arc: a UUID-derived OID under 2.25 (ITU-T X.667), which
+/// needs no registration and cannot collide with anyone else's.
+pub const PANDO_ARC: &str = "2.25.15972167931155808496075090497880241257";
+/// Online backup: request value = destination directory on the server
+/// host; response value = the backup's manifest. Administrators only.
+pub const BACKUP_EXOP: &str = "2.25.15972167931155808496075090497880241257.1.1";
+
 /// Extended operations this server implements.
-pub const SUPPORTED_EXTENSIONS: &[&str] = &[oid::WHOAMI, oid::PASSWD_MODIFY];
+pub const SUPPORTED_EXTENSIONS: &[&str] = &[oid::WHOAMI, oid::PASSWD_MODIFY, BACKUP_EXOP];
 /// supportedFeatures: all operational attributes ("+", RFC 3673),
 /// "@objectClass" lists (RFC 4529), absolute true/false filters (RFC 4526),
 /// modify-increment (RFC 4525).
