@@ -78,10 +78,16 @@ pub(crate) fn prepare(s: &str, fold: bool, spaces: Spaces) -> Result<String, Str
     // ONE → "I", U+03F2 GREEK LUNATE SIGMA → final sigma). Repeat until
     // stable so that preparing a prepared string changes nothing; two
     // rounds settle every case known, four bound the work.
-    let mut normalized: String = mapped.nfkc().collect();
+    // NFKC leaves ASCII unchanged: skip it for the common case.
+    let ascii = mapped.is_ascii();
+    let mut normalized: String = if ascii {
+        mapped
+    } else {
+        mapped.nfkc().collect()
+    };
     // Folded ASCII input is already stable; anything else may decompose
     // into characters that fold (U+2121 TELEPHONE SIGN → "TEL").
-    if fold && !mapped.is_ascii() {
+    if fold && !ascii {
         for _ in 0..4 {
             let mut again = String::with_capacity(normalized.len());
             for c in normalized.chars() {

@@ -19,6 +19,54 @@
 //! - MUST/MAY/SUP lists hold primary names (`name()`) of the items.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// FNV-1a: name lookups are on every request path, and these tables are
+/// built once from trusted schema files (clients cannot insert keys, so a
+/// non-keyed hash invites no flooding).
+#[derive(Clone, Copy)]
+pub(crate) struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Names (as defined and lowercased) and OIDs to an index.
+type NameMap = HashMap<String, usize, BuildHasherDefault<Fnv>>;
+
+/// Case-insensitive lookup without allocating for names of usual length.
+fn lookup(map: &NameMap, key: &str) -> Option<usize> {
+    if let Some(i) = map.get(key) {
+        return Some(*i);
+    }
+    if !key.bytes().any(|b| b.is_ascii_uppercase()) {
+        return None;
+    }
+    let mut buf = [0u8; 96];
+    match buf.get_mut(..key.len()) {
+        Some(dst) => {
+            dst.copy_from_slice(key.as_bytes());
+            dst.make_ascii_lowercase();
+            // ASCII lowercasing keeps UTF-8 valid.
+            map.get(std::str::from_utf8(dst).ok()?).copied()
+        }
+        None => map.get(&key.to_ascii_lowercase()).copied(),
+    }
+}
 use std::fmt::{self, Write as _};
 
 use crate::check::SchemaViolation;
@@ -143,9 +191,9 @@ impl std::error::Error for SchemaError {}
 pub struct Schema {
     attrs: Vec<AttributeType>,
     /// Lowercased names and OIDs → index into `attrs`.
-    attr_index: HashMap<String, usize>,
+    attr_index: NameMap,
     classes: Vec<ObjectClass>,
-    class_index: HashMap<String, usize>,
+    class_index: NameMap,
     syntaxes: Vec<SyntaxDef>,
     syntax_index: HashMap<String, usize>,
 }
@@ -749,20 +797,12 @@ impl Schema {
 
     /// Attribute type by name (case-insensitive) or OID.
     pub fn attribute(&self, name_or_oid: &str) -> Option<&AttributeType> {
-        let i = match self.attr_index.get(name_or_oid) {
-            Some(i) => *i,
-            None => *self.attr_index.get(&name_or_oid.to_ascii_lowercase())?,
-        };
-        self.attrs.get(i)
+        self.attrs.get(lookup(&self.attr_index, name_or_oid)?)
     }
 
     /// Object class by name (case-insensitive) or OID.
     pub fn object_class(&self, name_or_oid: &str) -> Option<&ObjectClass> {
-        let i = match self.class_index.get(name_or_oid) {
-            Some(i) => *i,
-            None => *self.class_index.get(&name_or_oid.to_ascii_lowercase())?,
-        };
-        self.classes.get(i)
+        self.classes.get(lookup(&self.class_index, name_or_oid)?)
     }
 
     pub fn attributes(&self) -> impl Iterator<Item = &AttributeType> {

@@ -426,6 +426,21 @@ impl Store {
     }
 }
 
+/// The values of attribute `attr_lower` (any options) in stored order.
+fn values_of<'a>(attrs: &'a [Attribute], attr_lower: &str) -> Vec<(&'a str, &'a [Vec<u8>])> {
+    attrs
+        .iter()
+        .filter(|a| {
+            a.desc
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .eq_ignore_ascii_case(attr_lower)
+        })
+        .map(|a| (a.desc.as_str(), a.values.as_slice()))
+        .collect()
+}
+
 /// Lowercase names of attribute types that some other type names as SUP.
 fn subtype_parents(schema: &Schema) -> HashSet<String> {
     let mut out = HashSet::new();
@@ -1029,6 +1044,11 @@ impl<'e> WriteTxn<'e> {
     ) -> Result<(), StoreError> {
         let inner = self.inner;
         for (attr, dbs) in &inner.indexes {
+            // Most modifications leave most indexed attributes alone: when
+            // the values are the same, so are the keys.
+            if !old.is_empty() && !new.is_empty() && values_of(old, attr) == values_of(new, attr) {
+                continue;
+            }
             for idx in dbs {
                 let (before, after) = {
                     let view = self.view();
