@@ -192,6 +192,11 @@ pub struct LdifReader<R: BufRead> {
 }
 
 impl<R: BufRead> LdifReader<R> {
+    /// The underlying reader (e.g. to ask how far it got).
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
     pub fn new(reader: R, options: ReaderOptions) -> Self {
         LdifReader {
             inner: reader,

@@ -34,6 +34,49 @@ enum Command {
     Restore(RestoreArgs),
     /// Generate LDIF from a MakeLDIF template (built-in: example, telco).
     Gen(GenArgs),
+    /// Load LDIF into the store of a stopped server (one pass, bounded memory).
+    Import(ImportArgs),
+    /// Write the store (or a subtree) as LDIF, consistently, server running or not.
+    Export(ExportArgs),
+}
+
+#[derive(clap::Args)]
+struct ImportArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// LDIF file ("-" or absent: standard input).
+    #[arg(long, short = 'f')]
+    file: Option<PathBuf>,
+    /// Skip bad records (written to --rejects) instead of stopping at the first.
+    #[arg(long)]
+    continue_on_error: bool,
+    /// Where rejected records go (default: <file>.rejects or ./import.rejects).
+    #[arg(long)]
+    rejects: Option<PathBuf>,
+    /// Entries per write transaction.
+    #[arg(long, default_value_t = 10_000)]
+    batch: usize,
+}
+
+#[derive(clap::Args)]
+struct ExportArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Output file (default: standard output).
+    #[arg(long, short = 'o')]
+    output: Option<PathBuf>,
+    /// Only this subtree.
+    #[arg(long, short = 'b')]
+    base: Option<String>,
+    /// Only entries matching this RFC 4515 filter.
+    #[arg(long)]
+    filter: Option<String>,
+    /// Include operational attributes (entryUUID, entryCSN, timestamps…).
+    #[arg(long)]
+    operational: bool,
+    /// Fold lines at this width (0 = no folding).
+    #[arg(long, default_value_t = 76)]
+    wrap: usize,
 }
 
 #[derive(clap::Args)]
@@ -137,6 +180,8 @@ fn main() -> ExitCode {
         Command::Backup(args) => backup(args),
         Command::Restore(args) => restore(args),
         Command::Gen(args) => gen(args),
+        Command::Import(args) => import(args),
+        Command::Export(args) => export(args),
     };
     match result {
         Ok(code) => code,
@@ -337,6 +382,162 @@ fn gen(args: GenArgs) -> Result<ExitCode, String> {
         stats.entries,
         stats.bytes >> 20,
         stats.entries as f64 / secs.max(1e-9)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn import(args: ImportArgs) -> Result<ExitCode, String> {
+    use std::io::{BufRead, Write};
+    let (resolved, schema) = resolve(&args.store)?;
+    let data_dir = resolved.config.data_dir.clone();
+    std::fs::create_dir_all(&data_dir)
+        .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
+    let _lock = pando_server::datadir::lock(&data_dir)
+        .map_err(|e| format!("{e}; stop the server before importing"))?;
+    let dir = pando_server::store_dir(&data_dir);
+    let store = pando_store::Store::open(
+        &dir,
+        schema.clone(),
+        &pando_server::store_options(&resolved),
+    )
+    .map_err(|e| format!("{}: {e}", dir.display()))?;
+    pando_server::bulk::check_complete(&store)?;
+    let (input, origin): (Box<dyn BufRead>, String) = match &args.file {
+        None => (
+            Box::new(std::io::BufReader::with_capacity(1 << 20, std::io::stdin())),
+            "<stdin>".into(),
+        ),
+        Some(p) if p.as_os_str() == "-" => (
+            Box::new(std::io::BufReader::with_capacity(1 << 20, std::io::stdin())),
+            "<stdin>".into(),
+        ),
+        Some(p) => {
+            let f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            (
+                Box::new(std::io::BufReader::with_capacity(1 << 20, f)),
+                p.display().to_string(),
+            )
+        }
+    };
+    let rejects_path = args.rejects.clone().unwrap_or_else(|| match &args.file {
+        Some(p) if p.as_os_str() != "-" => PathBuf::from(format!("{}.rejects", p.display())),
+        _ => PathBuf::from("import.rejects"),
+    });
+    let mut rejects_file: Option<std::io::BufWriter<std::fs::File>> = None;
+    let mut reject_err: Option<String> = None;
+    let mut on_reject = |r: &pando_server::bulk::Reject| {
+        if rejects_file.is_none() && reject_err.is_none() {
+            match std::fs::File::create(&rejects_path) {
+                Ok(f) => rejects_file = Some(std::io::BufWriter::new(f)),
+                Err(e) => reject_err = Some(format!("{}: {e}", rejects_path.display())),
+            }
+        }
+        if let Some(f) = rejects_file.as_mut() {
+            let _ = writeln!(
+                f,
+                "# {origin}:{}: {}\n# dn: {}\n",
+                r.line,
+                r.reason.replace('\n', " "),
+                r.dn
+            );
+        }
+    };
+    let started = std::time::Instant::now();
+    let mut last = (started, 0u64);
+    let mut on_progress = |n: u64, bytes: u64| {
+        let now = std::time::Instant::now();
+        if now.duration_since(last.0).as_secs_f64() >= 2.0 {
+            let avg = n as f64 / now.duration_since(started).as_secs_f64();
+            let recent = (n - last.1) as f64 / now.duration_since(last.0).as_secs_f64();
+            eprintln!("Processed {n} entries ({} MiB read) -- average rate {avg:.0}/sec, recent rate {recent:.0}/sec", bytes >> 20);
+            last = (now, n);
+        }
+    };
+    let opts = pando_server::bulk::ImportOptions {
+        continue_on_error: args.continue_on_error,
+        batch: args.batch.max(1),
+        creator: resolved.root_dn.to_string(),
+    };
+    let suffixes: Vec<String> = resolved
+        .suffixes
+        .iter()
+        .map(|d| schema.normalize_dn(d))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("suffixes: {e}"))?;
+    let result = pando_server::bulk::import(
+        &store,
+        &suffixes,
+        input,
+        &origin,
+        &opts,
+        &mut on_reject,
+        &mut on_progress,
+    );
+    let size = store.disk_size();
+    store.close();
+    if let Some(e) = reject_err {
+        return Err(e);
+    }
+    let report = result.map_err(|e| format!("{e}\nimport stopped: the store is marked incomplete and will not be served; import again into an empty data directory"))?;
+    eprintln!(
+        "imported {} entries ({} rejected{}) in {:.1} s, {:.0} entries/s; {} MiB read; store {} MiB",
+        report.entries,
+        report.rejected,
+        if report.rejected > 0 { format!(", see {}", rejects_path.display()) } else { String::new() },
+        report.secs,
+        report.entries as f64 / report.secs.max(1e-9),
+        report.bytes_read >> 20,
+        size >> 20
+    );
+    Ok(if report.rejected > 0 {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn export(args: ExportArgs) -> Result<ExitCode, String> {
+    use std::io::Write;
+    let (resolved, schema) = resolve(&args.store)?;
+    let dir = pando_server::store_dir(&resolved.config.data_dir);
+    let store =
+        pando_store::Store::open_read_only(&dir, schema, &pando_server::store_options(&resolved))
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let opts = pando_server::bulk::ExportOptions {
+        base: match &args.base {
+            Some(b) => Some(pando_model::Dn::parse(b).map_err(|e| format!("--base '{b}': {e}"))?),
+            None => None,
+        },
+        filter: match &args.filter {
+            Some(f) => {
+                Some(pando_proto::Filter::parse(f).map_err(|e| format!("--filter '{f}': {e}"))?)
+            }
+            None => None,
+        },
+        operational: args.operational,
+        wrap: (args.wrap > 1).then_some(args.wrap),
+    };
+    let started = std::time::Instant::now();
+    let n = match &args.output {
+        Some(p) => {
+            let f = std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            let n = pando_server::bulk::export(&store, &mut w, &opts)?;
+            w.flush().map_err(|e| format!("{}: {e}", p.display()))?;
+            n
+        }
+        None => {
+            let out = std::io::stdout();
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, out.lock());
+            let n = pando_server::bulk::export(&store, &mut w, &opts)?;
+            w.flush().map_err(|e| e.to_string())?;
+            n
+        }
+    };
+    store.close();
+    eprintln!(
+        "exported {n} entries in {:.1} s",
+        started.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -3,6 +3,7 @@
 
 pub mod backup;
 pub mod bootstrap;
+pub mod bulk;
 pub mod clock;
 pub mod config;
 pub mod datadir;
@@ -80,6 +81,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
                 )
             })?
     };
+    bulk::check_complete(&store)?;
     if cfg.config.store.warm_start {
         datadir::warm_in_background(store_dir(&data_dir).join("data.mdb"));
     }

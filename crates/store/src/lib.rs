@@ -492,6 +492,12 @@ fn fill_indexes(
     Ok(entries)
 }
 
+/// Index postings gathered by [`WriteTxn::add_deferred`].
+#[derive(Default)]
+pub struct PendingPostings {
+    map: HashMap<(String, Vec<u8>), RoaringTreemap>,
+}
+
 /// A read transaction over the store.
 pub struct ReadTxn<'s> {
     txn: RoTxn<'s>,
@@ -942,6 +948,11 @@ impl<'e> WriteTxn<'e> {
         }
     }
 
+    pub fn meta_delete(&mut self, key: &str) -> Result<(), StoreError> {
+        self.inner.meta.delete(&mut self.txn, key.as_bytes())?;
+        Ok(())
+    }
+
     pub fn meta_put(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         Ok(self.inner.meta.put(&mut self.txn, key.as_bytes(), value)?)
     }
@@ -979,6 +990,71 @@ impl<'e> WriteTxn<'e> {
         self.inner.dn2id.put(&mut self.txn, &key, &id_bytes(id))?;
         self.update_indexes(id, &[], attrs)?;
         Ok(id)
+    }
+
+    /// Like [`WriteTxn::add`], but index postings are gathered in `pending`
+    /// and written by [`WriteTxn::apply_postings`]: a bulk load then rewrites
+    /// each posting list once per batch instead of once per entry. Until
+    /// applied, the indexes lag the entries (apply before the job ends).
+    pub fn add_deferred(
+        &mut self,
+        place: &Placement,
+        attrs: &[Attribute],
+        pending: &mut PendingPostings,
+    ) -> Result<EntryId, StoreError> {
+        let key = dn2id_key(place.parent, &place.norm_rdn);
+        if self.inner.dn2id.get(&self.txn, &key)?.is_some() {
+            return Err(StoreError::Corrupt(format!(
+                "dn2id already holds '{}'",
+                place.rdn
+            )));
+        }
+        let id = self.allocate_id()?;
+        let mut buf = Vec::new();
+        entry_codec::encode(attrs, &mut buf);
+        self.inner
+            .id2entry
+            .put(&mut self.txn, &id_bytes(id), &buf)?;
+        self.inner
+            .id2parent
+            .put(&mut self.txn, &id_bytes(id), &encode_placement(place))?;
+        self.inner.dn2id.put(&mut self.txn, &key, &id_bytes(id))?;
+        let view = self.view();
+        for (attr, dbs) in &self.inner.indexes {
+            for idx in dbs {
+                for k in view.keys_of(attrs, attr, idx.kind) {
+                    pending
+                        .map
+                        .entry((index::db_name(attr, idx.kind), k))
+                        .or_default()
+                        .insert(id);
+                }
+            }
+        }
+        Ok(id)
+    }
+
+    /// Merge gathered postings into the index databases.
+    pub fn apply_postings(&mut self, pending: PendingPostings) -> Result<(), StoreError> {
+        let mut dbs: HashMap<String, Db> = HashMap::new();
+        for (attr, list) in &self.inner.indexes {
+            for idx in list {
+                dbs.insert(index::db_name(attr, idx.kind), idx.db);
+            }
+        }
+        let mut entries: Vec<_> = pending.map.into_iter().collect();
+        // Key order makes the B-tree writes sequential.
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let mut buf = Vec::new();
+        for ((name, key), add) in entries {
+            let Some(db) = dbs.get(&name) else { continue };
+            let mut set = self.view().posting(db, &key)?;
+            set |= add;
+            buf.clear();
+            set.serialize_into(&mut buf)?;
+            db.put(&mut self.txn, &key, &buf)?;
+        }
+        Ok(())
     }
 
     /// Replace the attributes of entry `id` (`old` must be what is stored).
