@@ -249,6 +249,25 @@ pub fn import<R: BufRead>(
     store.set_durability(Durability::None);
     let mut report = ImportReport::default();
     let mut batch: Vec<Ready> = Vec::with_capacity(opts.batch);
+    // Write what is gathered; count and pass on its rejects.
+    let flush = |batch: &mut Vec<Ready>,
+                 report: &mut ImportReport,
+                 rejects_out: &mut dyn FnMut(&Reject)| {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let (n, rj) = write_batch(
+            store,
+            suffixes.clone(),
+            std::mem::take(batch),
+            opts.continue_on_error,
+        )
+        .map_err(|e| ImportError(format!("{origin}:{e}")))?;
+        report.entries += n;
+        report.rejected += rj.len() as u64;
+        rj.iter().for_each(|r| rejects_out(r));
+        Ok::<(), ImportError>(())
+    };
     let result = (|| -> Result<(), ImportError> {
         loop {
             let rec = match reader.next() {
@@ -296,31 +315,11 @@ pub fn import<R: BufRead>(
                 }
             }
             if batch.len() >= opts.batch {
-                let (n, rj) = write_batch(
-                    store,
-                    suffixes.clone(),
-                    std::mem::take(&mut batch),
-                    opts.continue_on_error,
-                )
-                .map_err(|e| ImportError(format!("{origin}:{e}")))?;
-                report.entries += n;
-                report.rejected += rj.len() as u64;
-                rj.iter().for_each(|r| rejects_out(r));
+                flush(&mut batch, &mut report, rejects_out)?;
                 on_progress(report.entries, reader_bytes(&reader));
             }
         }
-        if !batch.is_empty() {
-            let (n, rj) = write_batch(
-                store,
-                suffixes.clone(),
-                std::mem::take(&mut batch),
-                opts.continue_on_error,
-            )
-            .map_err(|e| ImportError(format!("{origin}:{e}")))?;
-            report.entries += n;
-            report.rejected += rj.len() as u64;
-            rj.iter().for_each(|r| rejects_out(r));
-        }
+        flush(&mut batch, &mut report, rejects_out)?;
         Ok(())
     })();
     store.set_durability(previous);

@@ -971,36 +971,16 @@ impl<'e> WriteTxn<'e> {
     /// Store a new entry under `place`. The caller has checked that the parent
     /// exists and that no sibling has the same normalised RDN.
     pub fn add(&mut self, place: &Placement, attrs: &[Attribute]) -> Result<EntryId, StoreError> {
-        let key = dn2id_key(place.parent, &place.norm_rdn);
-        if self.inner.dn2id.get(&self.txn, &key)?.is_some() {
-            return Err(StoreError::Corrupt(format!(
-                "dn2id already holds '{}'",
-                place.rdn
-            )));
-        }
-        let id = self.allocate_id()?;
-        let mut buf = Vec::new();
-        entry_codec::encode(attrs, &mut buf);
-        self.inner
-            .id2entry
-            .put(&mut self.txn, &id_bytes(id), &buf)?;
-        self.inner
-            .id2parent
-            .put(&mut self.txn, &id_bytes(id), &encode_placement(place))?;
-        self.inner.dn2id.put(&mut self.txn, &key, &id_bytes(id))?;
+        let id = self.insert_records(place, attrs)?;
         self.update_indexes(id, &[], attrs)?;
         Ok(id)
     }
 
-    /// Like [`WriteTxn::add`], but index postings are gathered in `pending`
-    /// and written by [`WriteTxn::apply_postings`]: a bulk load then rewrites
-    /// each posting list once per batch instead of once per entry. Until
-    /// applied, the indexes lag the entries (apply before the job ends).
-    pub fn add_deferred(
+    /// id2entry, id2parent and dn2id records of a new entry (no indexes).
+    fn insert_records(
         &mut self,
         place: &Placement,
         attrs: &[Attribute],
-        pending: &mut PendingPostings,
     ) -> Result<EntryId, StoreError> {
         let key = dn2id_key(place.parent, &place.norm_rdn);
         if self.inner.dn2id.get(&self.txn, &key)?.is_some() {
@@ -1019,6 +999,20 @@ impl<'e> WriteTxn<'e> {
             .id2parent
             .put(&mut self.txn, &id_bytes(id), &encode_placement(place))?;
         self.inner.dn2id.put(&mut self.txn, &key, &id_bytes(id))?;
+        Ok(id)
+    }
+
+    /// Like [`WriteTxn::add`], but index postings are gathered in `pending`
+    /// and written by [`WriteTxn::apply_postings`]: a bulk load then rewrites
+    /// each posting list once per batch instead of once per entry. Until
+    /// applied, the indexes lag the entries (apply before the job ends).
+    pub fn add_deferred(
+        &mut self,
+        place: &Placement,
+        attrs: &[Attribute],
+        pending: &mut PendingPostings,
+    ) -> Result<EntryId, StoreError> {
+        let id = self.insert_records(place, attrs)?;
         let view = self.view();
         for (attr, dbs) in &self.inner.indexes {
             for idx in dbs {

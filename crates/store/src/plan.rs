@@ -35,24 +35,17 @@ impl Candidates {
 pub(crate) fn candidates(view: &View<'_>, f: &Filter) -> Result<Candidates, StoreError> {
     Ok(match f {
         Filter::And(parts) => {
-            let mut acc: Option<RoaringTreemap> = None;
+            let mut sets = Vec::new();
             for p in parts {
                 if let Candidates::Ids(s) = candidates(view, p)? {
-                    let next = match acc {
-                        None => s,
-                        Some(a) => a & s,
-                    };
-                    if next.is_empty() {
-                        return Ok(Candidates::Ids(next));
+                    if s.is_empty() {
+                        return Ok(Candidates::Ids(s));
                     }
-                    acc = Some(next);
+                    sets.push(Ok(s));
                 }
             }
-            match acc {
-                Some(s) => Candidates::Ids(s),
-                // An empty AND is absolute true (RFC 4526).
-                None => Candidates::All,
-            }
+            // With no indexed part (or an empty AND, RFC 4526), everything.
+            intersect(sets)?.map_or(Candidates::All, Candidates::Ids)
         }
         Filter::Or(parts) => {
             let mut acc = RoaringTreemap::new();
@@ -124,19 +117,9 @@ pub(crate) fn candidates(view: &View<'_>, f: &Filter) -> Result<Candidates, Stor
             if grams.is_empty() {
                 return Ok(Candidates::All);
             }
-            let mut acc: Option<RoaringTreemap> = None;
-            for g in grams {
-                let s = view.posting(db, &g)?;
-                let next = match acc {
-                    None => s,
-                    Some(a) => a & s,
-                };
-                if next.is_empty() {
-                    return Ok(Candidates::Ids(next));
-                }
-                acc = Some(next);
-            }
-            Candidates::Ids(acc.unwrap_or_default())
+            Candidates::Ids(
+                intersect(grams.iter().map(|g| view.posting(db, g)))?.unwrap_or_default(),
+            )
         }
         Filter::GreaterOrEqual(ava) | Filter::LessOrEqual(ava) => {
             let Some((name, at)) = resolve(view, &ava.attr) else {
@@ -163,6 +146,25 @@ pub(crate) fn candidates(view: &View<'_>, f: &Filter) -> Result<Candidates, Stor
             Candidates::Ids(acc)
         }
     })
+}
+
+/// Intersection of the sets, stopping early once it is empty; None when
+/// there are no sets at all.
+fn intersect(
+    sets: impl IntoIterator<Item = Result<RoaringTreemap, StoreError>>,
+) -> Result<Option<RoaringTreemap>, StoreError> {
+    let mut acc: Option<RoaringTreemap> = None;
+    for s in sets {
+        let next = match acc {
+            None => s?,
+            Some(a) => a & s?,
+        };
+        if next.is_empty() {
+            return Ok(Some(next));
+        }
+        acc = Some(next);
+    }
+    Ok(acc)
 }
 
 /// Lowercase canonical name and type of a filter attribute; None if unknown.

@@ -361,6 +361,24 @@ pub fn apply_changes(schema: &Schema, entry: &mut Entry, changes: &[Change]) -> 
     Ok(())
 }
 
+/// Whether `entry` holds `value` in attribute `at` (any options), compared
+/// with the attribute's equality rule.
+fn has_value(
+    schema: &Schema,
+    entry: &Entry,
+    at: &pando_model::AttributeType,
+    value: &[u8],
+) -> bool {
+    let norm = |v: &[u8]| schema.normalize(at, v).unwrap_or_else(|_| v.to_vec());
+    let want = norm(value);
+    entry.attrs.iter().any(|a| {
+        schema
+            .attribute(base_of(&a.desc))
+            .is_some_and(|t| std::ptr::eq(t, at))
+            && a.values.iter().any(|v| norm(v) == want)
+    })
+}
+
 /// The structural object class may not change, and RDN values must stay.
 fn check_invariants(schema: &Schema, old: &Entry, new: &Entry) -> OpResult<()> {
     let soc = |e: &Entry| {
@@ -380,18 +398,7 @@ fn check_invariants(schema: &Schema, old: &Entry, new: &Entry) -> OpResult<()> {
             let Some(at) = schema.attribute(&ava.attr) else {
                 continue;
             };
-            let want = schema
-                .normalize(at, &ava.value)
-                .unwrap_or_else(|_| ava.value.clone());
-            let present = new.attrs.iter().any(|a| {
-                schema
-                    .attribute(base_of(&a.desc))
-                    .is_some_and(|t| std::ptr::eq(t, at))
-                    && a.values
-                        .iter()
-                        .any(|v| schema.normalize(at, v).unwrap_or_else(|_| v.clone()) == want)
-            });
-            if !present {
+            if !has_value(schema, new, at, &ava.value) {
                 return Err(LdapError::new(
                     ResultCode::NOT_ALLOWED_ON_RDN,
                     format!("{}: cannot remove the naming value", at.name()),
@@ -543,18 +550,7 @@ pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnReques
                         ava.attr
                     )));
                 };
-                let want = schema
-                    .normalize(at, &ava.value)
-                    .unwrap_or_else(|_| ava.value.clone());
-                let present = new.attrs.iter().any(|a| {
-                    schema
-                        .attribute(base_of(&a.desc))
-                        .is_some_and(|t| std::ptr::eq(t, at))
-                        && a.values
-                            .iter()
-                            .any(|v| schema.normalize(at, v).unwrap_or_else(|_| v.clone()) == want)
-                });
-                if !present {
+                if !has_value(schema, &new, at, &ava.value) {
                     new.add_values(at.name(), vec![ava.value.clone()]);
                 }
             }
