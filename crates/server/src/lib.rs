@@ -171,6 +171,20 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     {
         tracing::warn!("some connections did not close within 10 s; closing anyway");
     }
+    let w = store.writer_stats();
+    tracing::info!(
+        batches = w.batches,
+        operations = w.operations,
+        failed = w.failed_operations,
+        largest_batch = w.largest_batch,
+        mean_batch = format_args!("{:.1}", w.operations as f64 / w.batches.max(1) as f64),
+        mean_commit_ms = format_args!(
+            "{:.2}",
+            w.commit_micros as f64 / 1000.0 / w.batches.max(1) as f64
+        ),
+        syncs = w.syncs,
+        "writer totals"
+    );
     drop(server);
     tokio::task::spawn_blocking(move || store.close()).await?;
     tracing::info!("store closed cleanly");
