@@ -367,3 +367,31 @@ def test_restart_keeps_data(fresh_server):
     n = len(entries(c))
     c.unbind()
     assert n == 1 + 2 + 10 + 6, "entries after restart: %d (suffix, 2 ous, 10 users -1 +1, 6 groups)" % n
+
+
+def test_concurrent_modifies_of_one_entry_all_apply(tmp_path):
+    """Modifies are prepared outside the writer and confirmed in it; racing
+    changes to one entry must all land, in some serial order."""
+    import threading
+    import ldap3
+    from conftest import Pando, SUFFIX
+    srv = Pando(tmp_path, demo=True).start()
+    dn = "uid=alice,ou=People," + SUFFIX
+    errors = []
+
+    def bump(n):
+        c = srv.conn()
+        for _ in range(n):
+            if not c.modify(dn, {"uidNumber": [(ldap3.MODIFY_INCREMENT, ["1"])]}):
+                errors.append(dict(c.result))
+        c.unbind()
+
+    threads = [threading.Thread(target=bump, args=(40,)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:3]
+    rc, entries, err = srv.search(dn, "(objectClass=*)", "uidNumber", scope="base")
+    assert entries[0][1]["uidNumber"] == [str(1001 + 8 * 40)], entries
+    srv.stop_and_verify()
