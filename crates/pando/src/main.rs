@@ -165,9 +165,13 @@ fn load_config(args: &StoreArgs) -> Result<Config, String> {
 fn init_logging(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PANDO_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},heed=warn")));
+    // A log line that cannot be written (stderr on a full disk, say) is
+    // dropped: by default the subscriber reports that with eprintln!, which
+    // panics the thread that logged — the store's writer, for instance.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .init();
 }
 

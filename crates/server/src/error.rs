@@ -55,9 +55,13 @@ impl From<StoreError> for LdapError {
             StoreError::MapFull => LdapError::unwilling(
                 "the database is full (store.map_size_mb reached); the change was not made",
             ),
-            StoreError::Closed => {
-                LdapError::new(ResultCode::UNAVAILABLE, "the server is shutting down")
-            }
+            StoreError::DiskFull => LdapError::unwilling(
+                "the disk holding the database is full; the change was not made",
+            ),
+            StoreError::Closed => LdapError::new(
+                ResultCode::UNAVAILABLE,
+                "the operation was not completed: the server is shutting down or its writer failed",
+            ),
             other => {
                 tracing::error!(error = %other, "store error");
                 LdapError::new(

@@ -55,6 +55,8 @@ const META_NEXT_ID: &[u8] = b"next_id";
 pub enum StoreError {
     /// The memory map (and so the database file) reached its configured size.
     MapFull,
+    /// The filesystem holding the database has no space left.
+    DiskFull,
     /// A record failed its checks: the store is damaged.
     Corrupt(String),
     /// The store was written by an incompatible version of Pando.
@@ -69,6 +71,7 @@ impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::MapFull => f.write_str("database map is full"),
+            Self::DiskFull => f.write_str("no space left on the device holding the database"),
             Self::Corrupt(s) => write!(f, "store corruption: {s}"),
             Self::Format(s) => write!(f, "store format: {s}"),
             Self::Lmdb(s) => write!(f, "storage error: {s}"),
@@ -83,6 +86,8 @@ impl From<heed::Error> for StoreError {
     fn from(e: heed::Error) -> Self {
         match e {
             heed::Error::Mdb(heed::MdbError::MapFull) => StoreError::MapFull,
+            heed::Error::Mdb(heed::MdbError::Other(ENOSPC)) => StoreError::DiskFull,
+            heed::Error::Io(e) if e.raw_os_error() == Some(ENOSPC) => StoreError::DiskFull,
             other => StoreError::Lmdb(other.to_string()),
         }
     }
@@ -90,9 +95,15 @@ impl From<heed::Error> for StoreError {
 
 impl From<std::io::Error> for StoreError {
     fn from(e: std::io::Error) -> Self {
+        if e.raw_os_error() == Some(ENOSPC) {
+            return StoreError::DiskFull;
+        }
         StoreError::Lmdb(e.to_string())
     }
 }
+
+/// errno for "no space left on device" (Linux).
+const ENOSPC: i32 = 28;
 
 /// One configured index: attribute name (canonical, lowercase) and kinds.
 #[derive(Clone, Debug, PartialEq, Eq)]

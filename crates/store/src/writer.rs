@@ -332,7 +332,21 @@ fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), St
             }
         };
         let mut w = WriteTxn { txn: child, inner };
-        let (keep, reply) = job.run(&mut w);
+        // A bug in one job must not take the writer (and every later write)
+        // down: its nested transaction is aborted and the batch goes on.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&mut w)));
+        let (keep, reply) = match ran {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::error!("a write operation panicked; it was rolled back");
+                w.txn.abort();
+                inner
+                    .stats
+                    .failed_operations
+                    .fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        };
         if !keep {
             inner
                 .stats
@@ -340,7 +354,9 @@ fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), St
                 .fetch_add(1, Ordering::Relaxed);
         }
         let outcome = if keep {
-            w.txn.commit().map_err(StoreError::from)
+            w.txn
+                .commit()
+                .map_err(|e| disk_full_or(inner, StoreError::from(e)))
         } else {
             w.txn.abort();
             Ok(())
@@ -360,9 +376,31 @@ fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), St
     match committed {
         Ok(()) => done,
         Err(e) => {
-            let e = StoreError::from(e);
+            let e = disk_full_or(inner, StoreError::from(e));
             tracing::error!(error = %e, "write batch commit failed");
             done.into_iter().map(|(r, _)| (r, Err(e.clone()))).collect()
         }
+    }
+}
+
+/// LMDB reports a write cut short by a full filesystem as EIO; tell the two
+/// apart by looking at the free space where the database lives.
+fn disk_full_or(inner: &Inner, e: StoreError) -> StoreError {
+    if !matches!(e, StoreError::Lmdb(_)) {
+        return e;
+    }
+    let Ok(path) = std::ffi::CString::new(inner.path.as_os_str().as_encoded_bytes()) else {
+        return e;
+    };
+    // SAFETY: a valid C string and a zeroed out-parameter of the right type.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return e;
+    }
+    let free = (st.f_bavail as u64).saturating_mul(st.f_frsize as u64);
+    if free < 1 << 20 {
+        StoreError::DiskFull
+    } else {
+        e
     }
 }
