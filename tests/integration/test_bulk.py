@@ -111,3 +111,18 @@ def test_broken_ldif_names_file_and_line(tmp_path):
     r = run("import", "--data-dir", str(tmp_path / "d"), "-f", str(src))
     assert r.returncode != 0
     assert "broken.ldif:7:" in r.stderr, r.stderr
+
+
+def test_index_rebuild(tmp_path):
+    ldif = tmp_path / "u.ldif"
+    assert run("gen", "-D", "numusers=300", "-o", str(ldif)).returncode == 0
+    d = tmp_path / "d"
+    assert run("import", "--data-dir", str(d), "-f", str(ldif)).returncode == 0
+    r = run("index", "rebuild", "--data-dir", str(d), "cn", "mail")
+    assert r.returncode == 0 and "rebuilt cn, mail from 302 entries" in r.stderr, r.stderr
+    r = run("index", "rebuild", "--data-dir", str(d))
+    assert r.returncode == 0 and "rebuilt every index" in r.stderr, r.stderr
+    r = run("index", "rebuild", "--data-dir", str(d), "description")
+    assert r.returncode != 0 and "no index" in r.stderr, r.stderr
+    v = run("verify", "--data-dir", str(d))
+    assert v.returncode == 0, v.stdout

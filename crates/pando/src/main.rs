@@ -38,6 +38,25 @@ enum Command {
     Import(ImportArgs),
     /// Write the store (or a subtree) as LDIF, consistently, server running or not.
     Export(ExportArgs),
+    /// Index maintenance (server stopped).
+    Index(IndexArgs),
+}
+
+#[derive(clap::Args)]
+struct IndexArgs {
+    #[command(subcommand)]
+    action: IndexAction,
+}
+
+#[derive(Subcommand)]
+enum IndexAction {
+    /// Rebuild the indexes of these attributes (all configured ones when
+    /// none are named) from the entries, e.g. after changing [indexes].
+    Rebuild {
+        #[command(flatten)]
+        store: StoreArgs,
+        attrs: Vec<String>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -186,6 +205,9 @@ fn main() -> ExitCode {
         Command::Gen(args) => gen(args),
         Command::Import(args) => import(args),
         Command::Export(args) => export(args),
+        Command::Index(IndexArgs {
+            action: IndexAction::Rebuild { store, attrs },
+        }) => index_rebuild(store, attrs),
     };
     match result {
         Ok(code) => code,
@@ -541,6 +563,57 @@ fn export(args: ExportArgs) -> Result<ExitCode, String> {
     store.close();
     eprintln!(
         "exported {n} entries in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn index_rebuild(args: StoreArgs, attrs: Vec<String>) -> Result<ExitCode, String> {
+    let (resolved, schema) = resolve(&args)?;
+    let data_dir = &resolved.config.data_dir;
+    for a in &attrs {
+        let known = resolved
+            .indexes
+            .iter()
+            .any(|i| i.attr.eq_ignore_ascii_case(a))
+            || schema
+                .attribute(a)
+                .is_some_and(|t| resolved.indexes.iter().any(|i| t.has_name(&i.attr)));
+        if !known {
+            return Err(format!(
+                "'{a}' has no index in the configuration ([indexes])"
+            ));
+        }
+    }
+    let _lock =
+        pando_server::datadir::lock(data_dir).map_err(|e| format!("{e}; stop the server first"))?;
+    let dir = pando_server::store_dir(data_dir);
+    let store = pando_store::Store::open(
+        &dir,
+        schema.clone(),
+        &pando_server::store_options(&resolved),
+    )
+    .map_err(|e| format!("{}: {e}", dir.display()))?;
+    pando_server::bulk::check_complete(&store)?;
+    let names: Vec<String> = attrs
+        .iter()
+        .map(|a| {
+            schema
+                .attribute(a)
+                .map(|t| t.name().to_string())
+                .unwrap_or_else(|| a.clone())
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let n = store.rebuild_indexes(&names).map_err(|e| e.to_string())?;
+    store.close();
+    eprintln!(
+        "rebuilt {} from {n} entries in {:.1} s",
+        if names.is_empty() {
+            "every index".to_string()
+        } else {
+            names.join(", ")
+        },
         started.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
