@@ -285,10 +285,13 @@ def test_verify_catches_flipped_bytes(tmp_path):
     shutil.copytree(srv.data_dir, copy)
     data = copy / "db" / "data.mdb"
     blob = bytearray(data.read_bytes())
-    # Flip one byte inside a stored value (not LMDB's own structure).
+    # Flip a byte inside a stored value (not LMDB's own structure). Copy-on-
+    # write leaves old page images in free pages too, so flip every copy.
     at = blob.find(b"Liddell")
     assert at > 0
-    blob[at] ^= 0x20
+    while at >= 0:
+        blob[at] ^= 0x20
+        at = blob.find(b"Liddell", at + 1)
     data.write_bytes(bytes(blob))
     r = subprocess.run([PANDO_BIN, "verify", "--data-dir", str(copy)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r.stdout + r.stderr

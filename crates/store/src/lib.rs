@@ -50,6 +50,8 @@ pub const DEFAULT_MAP_SIZE: usize = 1 << 40;
 pub const FORMAT_VERSION: u32 = 1;
 const META_FORMAT: &[u8] = b"format";
 const META_NEXT_ID: &[u8] = b"next_id";
+/// Newline-separated names of the index databases kept complete.
+const META_INDEXES: &[u8] = b"indexes";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreError {
@@ -204,25 +206,62 @@ impl Store {
                 }
             }
         }
+        // `meta:indexes` lists the index databases kept up to date. A
+        // configured index not on the list (new, or dropped from the
+        // configuration earlier and so stale) is rebuilt, and the list
+        // updated, in this same transaction: an index that is listed is
+        // always complete. Indexes no longer configured are emptied.
+        let listed: HashSet<String> = match meta.get(&wtxn, META_INDEXES)? {
+            Some(v) => String::from_utf8_lossy(v)
+                .split('\n')
+                .filter(|l| !l.is_empty())
+                .map(str::to_string)
+                .collect(),
+            // Stores from before the list: their existing indexes were built whole.
+            None => {
+                let mut existing = HashSet::new();
+                for spec in &opts.indexes {
+                    for &kind in &spec.kinds {
+                        let name = index::db_name(&spec.attr.to_ascii_lowercase(), kind);
+                        if env
+                            .open_database::<Bytes, Bytes>(&wtxn, Some(&name))?
+                            .is_some()
+                        {
+                            existing.insert(name);
+                        }
+                    }
+                }
+                existing
+            }
+        };
         let mut indexes: HashMap<String, Vec<IndexDb>> = HashMap::new();
-        let mut new_indexes = Vec::new();
+        let mut to_build = Vec::new();
+        let mut maintained: Vec<String> = Vec::new();
         for spec in &opts.indexes {
             let attr = spec.attr.to_ascii_lowercase();
             for &kind in &spec.kinds {
                 let name = index::db_name(&attr, kind);
-                let existed = env
-                    .open_database::<Bytes, Bytes>(&wtxn, Some(&name))?
-                    .is_some();
                 let db: Db = env.create_database(&mut wtxn, Some(&name))?;
-                if !existed {
-                    new_indexes.push((attr.clone(), kind, db));
+                if !listed.contains(&name) {
+                    db.clear(&mut wtxn)?;
+                    to_build.push((attr.clone(), kind, db));
                 }
+                maintained.push(name);
                 indexes
                     .entry(attr.clone())
                     .or_default()
                     .push(IndexDb { kind, db });
             }
         }
+        for name in listed.iter().filter(|n| !maintained.contains(n)) {
+            if let Some(db) = env.open_database::<Bytes, Bytes>(&wtxn, Some(name))? {
+                db.clear(&mut wtxn)?;
+            }
+        }
+        if !to_build.is_empty() {
+            fill_indexes(&schema, id2entry, &mut wtxn, &to_build)?;
+        }
+        meta.put(&mut wtxn, META_INDEXES, maintained.join("\n").as_bytes())?;
         let has_subtypes = subtype_parents(&schema);
         wtxn.commit()?;
         let inner = Arc::new(Inner {
@@ -238,9 +277,6 @@ impl Store {
             durability: writer::DurabilityCell::new(opts.durability),
             stats: writer::WriterStats::default(),
         });
-        if !new_indexes.is_empty() {
-            build_new_indexes(&inner, &new_indexes)?;
-        }
         let writer = writer::WriterHandle::start(inner.clone(), opts.max_batch)?;
         Ok(Store { inner, writer })
     }
@@ -349,6 +385,11 @@ impl Store {
     /// writer's next batch.
     pub fn set_durability(&self, d: Durability) {
         self.inner.durability.set(d);
+        // Wake the writer so a switch to `durable` syncs what earlier modes
+        // left unsynced now, not at the next write.
+        let _ = self
+            .writer
+            .submit(|_w: &mut WriteTxn<'_>| Ok::<(), StoreError>(()));
     }
 
     pub fn durability(&self) -> Durability {
@@ -376,7 +417,7 @@ impl Store {
             for (_, _, db) in &targets {
                 db.clear(&mut w.txn)?;
             }
-            fill_indexes(inner, &mut w.txn, &targets)
+            fill_indexes(&inner.schema, inner.id2entry, &mut w.txn, &targets)
         })
     }
 
@@ -452,6 +493,28 @@ fn values_of<'a>(attrs: &'a [Attribute], attr_lower: &str) -> Vec<(&'a str, &'a 
         .collect()
 }
 
+/// The keys that the values of `attr_lower` in `attrs` produce for `kind`.
+fn attr_keys(
+    schema: &Schema,
+    attrs: &[Attribute],
+    attr_lower: &str,
+    kind: IndexKind,
+) -> BTreeSet<Vec<u8>> {
+    let mut keys = BTreeSet::new();
+    for a in attrs {
+        let base = a.desc.split(';').next().unwrap_or("");
+        if !base.eq_ignore_ascii_case(attr_lower) {
+            continue;
+        }
+        if let Some(at) = schema.attribute(base) {
+            for v in &a.values {
+                index::keys_for(schema, at, kind, v, &mut keys);
+            }
+        }
+    }
+    keys
+}
+
 /// Lowercase names of attribute types that some other type names as SUP.
 fn subtype_parents(schema: &Schema) -> HashSet<String> {
     let mut out = HashSet::new();
@@ -463,35 +526,24 @@ fn subtype_parents(schema: &Schema) -> HashSet<String> {
     out
 }
 
-/// Fill index databases that were just created for an existing store, in
-/// one transaction, so an index database that exists is always complete.
-fn build_new_indexes(inner: &Inner, new: &[(String, IndexKind, Db)]) -> Result<(), StoreError> {
-    let mut wtxn = inner.env.write_txn()?;
-    fill_indexes(inner, &mut wtxn, new)?;
-    wtxn.commit()?;
-    Ok(())
-}
-
 /// Write the postings of every entry into the (empty) index databases
 /// `targets`. Returns the number of entries read.
 fn fill_indexes(
-    inner: &Inner,
+    schema: &Schema,
+    id2entry: Db,
     wtxn: &mut RwTxn<'_>,
     targets: &[(String, IndexKind, Db)],
 ) -> Result<u64, StoreError> {
     let mut postings: HashMap<(usize, Vec<u8>), RoaringTreemap> = HashMap::new();
     let mut entries = 0;
-    {
-        let view = View { txn: wtxn, inner };
-        for item in inner.id2entry.iter(wtxn)? {
-            let (k, v) = item?;
-            let id = id_from(k)?;
-            let entry = entry_codec::decode(id, Dn { rdns: vec![] }, v)?;
-            entries += 1;
-            for (i, (attr, kind, _)) in targets.iter().enumerate() {
-                for key in view.keys_of(&entry.attrs, attr, *kind) {
-                    postings.entry((i, key)).or_default().insert(id);
-                }
+    for item in id2entry.iter(wtxn)? {
+        let (k, v) = item?;
+        let id = id_from(k)?;
+        let entry = entry_codec::decode(id, Dn { rdns: vec![] }, v)?;
+        entries += 1;
+        for (i, (attr, kind, _)) in targets.iter().enumerate() {
+            for key in attr_keys(schema, &entry.attrs, attr, *kind) {
+                postings.entry((i, key)).or_default().insert(id);
             }
         }
     }
@@ -825,20 +877,7 @@ impl<'t> View<'t> {
 
     /// The keys that `attrs` produce in the index (attr, kind).
     fn keys_of(&self, attrs: &[Attribute], attr_lower: &str, kind: IndexKind) -> BTreeSet<Vec<u8>> {
-        let schema = &self.inner.schema;
-        let mut keys = BTreeSet::new();
-        for a in attrs {
-            let base = a.desc.split(';').next().unwrap_or("");
-            if !base.eq_ignore_ascii_case(attr_lower) {
-                continue;
-            }
-            if let Some(at) = schema.attribute(base) {
-                for v in &a.values {
-                    index::keys_for(schema, at, kind, v, &mut keys);
-                }
-            }
-        }
-        keys
+        attr_keys(&self.inner.schema, attrs, attr_lower, kind)
     }
 
     /// Every (index name, key) pair `attrs` produce: used by `verify`.

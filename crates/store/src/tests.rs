@@ -456,3 +456,45 @@ fn durability_modes_switch_at_runtime() {
     assert_eq!(store.read().unwrap().view().entry_count().unwrap(), 22 + 36);
     assert_consistent(&store);
 }
+
+#[test]
+fn an_index_dropped_and_added_back_is_rebuilt_not_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path());
+        tree(&store);
+        store.close();
+    }
+    // Without the cn indexes, write more entries.
+    let without = StoreOptions {
+        map_size: 64 << 20,
+        indexes: vec![IndexSpec {
+            attr: "objectClass".into(),
+            kinds: vec![IndexKind::Eq],
+        }],
+        max_batch: 16,
+        durability: Durability::Durable,
+    };
+    {
+        let store = Store::open(dir.path(), Arc::new(Schema::standard()), &without).unwrap();
+        add(
+            &store,
+            "cn=later,ou=People,dc=example,dc=com",
+            person("later", "7"),
+        );
+        store.close();
+    }
+    let store = open(dir.path());
+    let r = store.read().unwrap();
+    let hits = ids(r
+        .view()
+        .candidates(&Filter::parse("(cn=later)").unwrap())
+        .unwrap());
+    assert_eq!(
+        hits.len(),
+        1,
+        "the re-added index must include entries written while it was off"
+    );
+    drop(r);
+    assert_consistent(&store);
+}

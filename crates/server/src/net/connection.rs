@@ -29,6 +29,9 @@ use crate::state::{Identity, Server};
 /// Controls recognised on any operation (others, if critical, are refused).
 const KNOWN_CONTROLS: &[&str] = &[oid::MANAGE_DSA_IT];
 
+/// Longest a response may wait for the client to read it.
+const WRITE_STALL: Duration = Duration::from_secs(60);
+
 type Outstanding = Arc<Mutex<HashMap<i32, Arc<AtomicBool>>>>;
 
 pub struct Connection {
@@ -161,6 +164,10 @@ impl Connection {
                     (e.structural, e.msg_id, e.op_tag.and_then(response_for))
                 {
                     tracing::debug!(conn = self.id, msg_id = id, reason = %e.reason, "malformed request");
+                    if e.op_tag == Some(pando_proto::op_tag::BIND_REQUEST) {
+                        // A failed bind leaves the connection anonymous (RFC 4511 4.2.1).
+                        *identity = Identity::Anonymous;
+                    }
                     let res = LdapError::protocol(e.reason).into_result();
                     send(tx, id, op(res), Vec::new()).await;
                     return Flow::Continue;
@@ -221,6 +228,7 @@ impl Connection {
                     drop(all);
                 }
                 if let Some(c) = unknown_critical(&msg.controls, &[]) {
+                    *identity = Identity::Anonymous;
                     send(tx, id, bind_response(c.into_result()), Vec::new()).await;
                     return Flow::Continue;
                 }
@@ -270,12 +278,22 @@ impl Connection {
                 }
                 None => None,
             };
-            run_op(server, who, id, msg.op, msg.controls, flag, &tx).await;
+            // A write abandoned before it started is skipped; once started it
+            // completes and is answered (see run_op), so a client never loses
+            // the outcome of a change that was made.
+            let skip = done.is_some() && flag.load(Ordering::Relaxed);
+            if !skip {
+                run_op(server, who, id, msg.op, msg.controls, flag.clone(), &tx).await;
+            }
             if let Some(done) = done {
                 let _ = done.send(());
             }
+            // Only this operation's own entry: a client may reuse a message
+            // ID before the earlier operation finished.
             if let Ok(mut m) = outstanding.lock() {
-                m.remove(&id);
+                if m.get(&id).is_some_and(|f| Arc::ptr_eq(f, &flag)) {
+                    m.remove(&id);
+                }
             }
             drop(permit);
         });
@@ -445,6 +463,7 @@ async fn run_op(
                 }
                 return;
             }
+            let changed = is_update(&other);
             let response = match other {
                 ProtocolOp::AddRequest(req) => {
                     ProtocolOp::AddResponse(result_or(ops::write::add(&server, &who, req).await))
@@ -494,7 +513,9 @@ async fn run_op(
                 // Filtered out by `dispatch`.
                 _ => return,
             };
-            if abandoned.load(Ordering::Relaxed) {
+            // An abandoned read has no answer; a change that was made always
+            // does (RFC 4511 4.11 lets the operation complete normally).
+            if abandoned.load(Ordering::Relaxed) && !changed {
                 return;
             }
             send(tx, id, response, Vec::new()).await;
@@ -532,8 +553,15 @@ async fn write_loop<W: AsyncWrite>(wr: W, mut rx: mpsc::Receiver<Vec<u8>>) {
             }
             std::mem::take(&mut batch)
         };
-        if wr.write_all(&out).await.is_err() {
-            return;
+        // A client that stops reading must not hold operations (and their
+        // read transactions) forever: give up on it after WRITE_STALL.
+        match tokio::time::timeout(WRITE_STALL, wr.write_all(&out)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return,
+            Err(_) => {
+                tracing::info!("closing a connection whose client stopped reading");
+                return;
+            }
         }
     }
     let _ = wr.shutdown().await;

@@ -465,7 +465,19 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
         (c, s) => Some(c.min(s)),
     };
 
-    let scope_ids = scope_candidates(server, &view, &job.who, base_id, req.scope, &req.filter)?;
+    // Inline runs must stay small: give up before any scope walk when the
+    // index candidates (or an unindexed scope) could be large.
+    let cands = if req.scope == Scope::Base {
+        Candidates::All
+    } else {
+        view.candidates(&req.filter)?
+    };
+    if let (Some(max), false) = (inline_max, req.scope == Scope::Base) {
+        if !matches!(&cands, Candidates::Ids(ids) if ids.len() <= max) {
+            return Ok(Step::TooBig);
+        }
+    }
+    let scope_ids = scope_candidates(server, &view, &job.who, base_id, req.scope, cands)?;
     if inline_max.is_some_and(|m| scope_ids.len() > m) {
         return Ok(Step::TooBig);
     }
@@ -489,7 +501,11 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
                 flush(out, &mut buf)?;
                 return Ok(Step::Done(Some(SearchOutcome {
                     result: LdapResult::new(ResultCode::TIME_LIMIT_EXCEEDED, "time limit exceeded"),
-                    controls: Vec::new(),
+                    controls: if job.paged.is_some() {
+                        vec![paged_control(0, Vec::new())]
+                    } else {
+                        Vec::new()
+                    },
                     entries: sent_now,
                 })));
             }
@@ -620,7 +636,7 @@ fn scope_candidates(
     who: &Identity,
     base: EntryId,
     scope: Scope,
-    filter: &Filter,
+    cands: Candidates,
 ) -> OpResult<RoaringTreemap> {
     if scope == Scope::Base {
         let mut s = RoaringTreemap::new();
@@ -638,7 +654,6 @@ fn scope_candidates(
             format!("unindexed search would examine more than {limit} entries; add an index or narrow the filter"),
         )
     };
-    let cands = view.candidates(filter)?;
     let mut set = match (scope, cands) {
         (Scope::One, Candidates::All) => {
             let kids: RoaringTreemap = view.children(base)?.into_iter().collect();

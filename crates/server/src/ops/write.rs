@@ -420,6 +420,14 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
     super::require_write(server, who, &norm, only_password)?;
     for ch in &mut req.changes {
         reject_maintained(schema, &ch.attr.name)?;
+        // Each clear-text value costs an argon2 hash: users changing their
+        // own password get one value, not thousands.
+        if is_password(&ch.attr.name) && !who.is_admin() && ch.attr.values.len() > 1 {
+            return Err(LdapError::new(
+                ResultCode::CONSTRAINT_VIOLATION,
+                "userPassword: one value at a time",
+            ));
+        }
         if is_password(&ch.attr.name) && matches!(ch.op, ModOp::Add | ModOp::Replace) {
             ch.attr.values = hash_clear_passwords(std::mem::take(&mut ch.attr.values)).await?;
         }
