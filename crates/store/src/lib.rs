@@ -157,6 +157,39 @@ pub(crate) struct Inner {
     stats: writer::WriterStats,
 }
 
+/// The four fixed databases.
+struct Dbs {
+    meta: Db,
+    id2entry: Db,
+    dn2id: Db,
+    id2parent: Db,
+}
+
+impl Inner {
+    fn new(
+        env: Env,
+        dbs: Dbs,
+        indexes: HashMap<String, Vec<IndexDb>>,
+        schema: Arc<Schema>,
+        path: &Path,
+        d: Durability,
+    ) -> Inner {
+        Inner {
+            env,
+            meta: dbs.meta,
+            id2entry: dbs.id2entry,
+            dn2id: dbs.dn2id,
+            id2parent: dbs.id2parent,
+            indexes,
+            has_subtypes: subtype_parents(&schema),
+            schema,
+            path: path.to_path_buf(),
+            durability: writer::DurabilityCell::new(d),
+            stats: writer::WriterStats::default(),
+        }
+    }
+}
+
 /// A handle to the open store; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -262,21 +295,14 @@ impl Store {
             fill_indexes(&schema, id2entry, &mut wtxn, &to_build)?;
         }
         meta.put(&mut wtxn, META_INDEXES, maintained.join("\n").as_bytes())?;
-        let has_subtypes = subtype_parents(&schema);
         wtxn.commit()?;
-        let inner = Arc::new(Inner {
-            env,
+        let dbs = Dbs {
             meta,
             id2entry,
             dn2id,
             id2parent,
-            indexes,
-            has_subtypes,
-            schema,
-            path: path.to_path_buf(),
-            durability: writer::DurabilityCell::new(opts.durability),
-            stats: writer::WriterStats::default(),
-        });
+        };
+        let inner = Arc::new(Inner::new(env, dbs, indexes, schema, path, opts.durability));
         let writer = writer::WriterHandle::start(inner.clone(), opts.max_batch)?;
         Ok(Store { inner, writer })
     }
@@ -346,20 +372,20 @@ impl Store {
             }
         }
         rtxn.commit()?;
-        let has_subtypes = subtype_parents(&schema);
-        let inner = Arc::new(Inner {
-            env,
+        let dbs = Dbs {
             meta,
             id2entry,
             dn2id,
             id2parent,
+        };
+        let inner = Arc::new(Inner::new(
+            env,
+            dbs,
             indexes,
-            has_subtypes,
             schema,
-            path: path.to_path_buf(),
-            durability: writer::DurabilityCell::new(Durability::Durable),
-            stats: writer::WriterStats::default(),
-        });
+            path,
+            Durability::Durable,
+        ));
         Ok(Store {
             inner,
             writer: writer::WriterHandle::closed(),
