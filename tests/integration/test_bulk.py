@@ -39,6 +39,11 @@ def test_import_export_round_trip(tmp_path):
     for d in (a, b):
         v = run("verify", "--data-dir", str(d))
         assert v.returncode == 0 and "consistent" in v.stdout, v.stdout
+    # The import records the newest CSN as the store's state; backups carry it.
+    newest = max(l.split(": ", 1)[1] for l in out1.read_text().splitlines() if l.startswith("entryCSN: "))
+    r = run("backup", "--data-dir", str(b), str(tmp_path / "bk"))
+    assert r.returncode == 0, r.stderr
+    assert 'context_csn = "%s"' % newest in (tmp_path / "bk" / "manifest.toml").read_text()
     # The imported store serves.
     srv = Pando(tmp_path / "srv")
     srv.data_dir = b

@@ -248,6 +248,9 @@ pub fn import<R: BufRead>(
     let previous = store.durability();
     store.set_durability(Durability::None);
     let mut report = ImportReport::default();
+    // Newest CSN among the imported entries: the store's replication state
+    // afterwards (CSNs compare correctly as strings).
+    let mut newest_csn: Option<Vec<u8>> = None;
     let mut batch: Vec<Ready> = Vec::with_capacity(opts.batch);
     // Write what is gathered; count and pass on its rejects.
     let flush = |batch: &mut Vec<Ready>,
@@ -300,7 +303,14 @@ pub fn import<R: BufRead>(
                 }
             };
             match prepare(&schema, &csn, opts, line, &dn, attrs) {
-                Ok(r) => batch.push(r),
+                Ok(r) => {
+                    if let Some(c) = r.entry.get("entryCSN").and_then(|a| a.values.first()) {
+                        if newest_csn.as_ref().is_none_or(|n| c > n) {
+                            newest_csn = Some(c.clone());
+                        }
+                    }
+                    batch.push(r)
+                }
                 Err(reason) if opts.continue_on_error => {
                     rejects_out(&Reject { line, dn, reason });
                     report.rejected += 1;
@@ -326,7 +336,18 @@ pub fn import<R: BufRead>(
     result?;
     // Everything is in; one sync (by a durable write), then the store is
     // declared complete.
-    store.write_blocking(|w: &mut WriteTxn<'_>| w.meta_delete(META_IMPORTING))?;
+    store.write_blocking(move |w: &mut WriteTxn<'_>| -> Result<(), StoreError> {
+        if let Some(csn) = newest_csn {
+            let newer = w
+                .view()
+                .meta_get(crate::backup::META_CONTEXT_CSN)?
+                .is_none_or(|cur| csn > cur);
+            if newer {
+                w.meta_put(crate::backup::META_CONTEXT_CSN, &csn)?;
+            }
+        }
+        w.meta_delete(META_IMPORTING)
+    })?;
     report.bytes_read = reader_bytes(&reader);
     report.secs = started.elapsed().as_secs_f64();
     Ok(report)
