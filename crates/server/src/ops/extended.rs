@@ -96,20 +96,24 @@ async fn passwd_modify(
     let old = req.old_password;
     let server2 = server.clone();
     let target2 = target.clone();
-    let stored_ok = tokio::task::spawn_blocking(move || -> OpResult<bool> {
-        let Some(old) = old else { return Ok(true) };
+    // The values checked are remembered: the write below only goes ahead if
+    // they are still the stored ones, so a concurrent change cannot slip in
+    // between the check and the write.
+    let checked = tokio::task::spawn_blocking(move || -> OpResult<Option<Vec<Vec<u8>>>> {
+        let Some(old) = old else { return Ok(None) };
         let rtxn = server2.store.read()?;
         let view = rtxn.view();
         let id = super::resolve(&view, &target2)?;
-        let attrs = view.attrs(id)?.unwrap_or_default();
-        Ok(attrs
-            .iter()
-            .filter(|a| a.desc.eq_ignore_ascii_case("userPassword"))
-            .flat_map(|a| a.values.iter())
-            .any(|v| password::verify_password(&old, v)))
+        let stored = password_values(&view.attrs(id)?.unwrap_or_default());
+        if stored.iter().any(|v| password::verify_password(&old, v)) {
+            Ok(Some(stored))
+        } else {
+            Ok(Some(Vec::new()))
+        }
     })
     .await
     .map_err(|_| LdapError::new(ResultCode::OTHER, "password check failed"))??;
+    let stored_ok = checked.as_ref().is_none_or(|v| !v.is_empty());
     if !stored_ok {
         return Err(LdapError::new(
             ResultCode::INVALID_CREDENTIALS,
@@ -132,8 +136,17 @@ async fn passwd_modify(
                 Err(e) => return Err(e),
             };
             let old_attrs = view.attrs(id)?.unwrap_or_default();
+            if checked
+                .as_ref()
+                .is_some_and(|c| *c != password_values(&old_attrs))
+            {
+                return Err(LdapError::new(
+                    ResultCode::BUSY,
+                    "the password changed while this request was being checked; try again",
+                ));
+            }
             let mut new = old_attrs.clone();
-            new.retain(|a| !a.desc.eq_ignore_ascii_case("userPassword"));
+            new.retain(|a| !is_password_desc(&a.desc));
             new.push(Attribute {
                 desc: "userPassword".into(),
                 values: vec![hashed.into_bytes()],
@@ -201,4 +214,19 @@ async fn online_backup(
         name: Some(super::special::BACKUP_EXOP.to_string()),
         value: Some(text.into_bytes()),
     })
+}
+
+fn is_password_desc(desc: &str) -> bool {
+    desc.split(';')
+        .next()
+        .is_some_and(|b| b.eq_ignore_ascii_case("userPassword"))
+}
+
+/// Every userPassword value, whatever its options, in stored order.
+fn password_values(attrs: &[Attribute]) -> Vec<Vec<u8>> {
+    attrs
+        .iter()
+        .filter(|a| is_password_desc(&a.desc))
+        .flat_map(|a| a.values.iter().cloned())
+        .collect()
 }
