@@ -26,7 +26,7 @@ mod template;
 use std::fmt;
 use std::io::{self, Write};
 
-use pando_ldif::needs_base64;
+use pando_ldif::append_line as put_line;
 
 use rng::Rng;
 use template::{Body, Compiled, DnKind, Piece, Sub};
@@ -596,80 +596,6 @@ fn split_dn_bytes(dn: &[u8], out: &mut Vec<(usize, usize)>) {
         i += 1;
     }
     out.push((start.min(dn.len()), dn.len()));
-}
-
-const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-fn base64_into(out: &mut Vec<u8>, v: &[u8]) {
-    for chunk in v.chunks(3) {
-        let n = match *chunk {
-            [a] => (a as u32) << 16,
-            [a, b] => (a as u32) << 16 | (b as u32) << 8,
-            [a, b, c] => (a as u32) << 16 | (b as u32) << 8 | c as u32,
-            _ => 0,
-        };
-        out.push(B64[(n >> 18) as usize & 63]);
-        out.push(B64[(n >> 12) as usize & 63]);
-        out.push(if chunk.len() > 1 {
-            B64[(n >> 6) as usize & 63]
-        } else {
-            b'='
-        });
-        out.push(if chunk.len() > 2 {
-            B64[n as usize & 63]
-        } else {
-            b'='
-        });
-    }
-}
-
-/// Appends `name: value` (or `name:: base64` when the value is not an RFC
-/// 2849 SAFE-STRING), folded so no physical line exceeds `wrap` bytes.
-fn put_line(
-    out: &mut Vec<u8>,
-    logical: &mut Vec<u8>,
-    name: &[u8],
-    value: &[u8],
-    wrap: Option<usize>,
-) {
-    let line = match wrap {
-        Some(w) if w >= 2 => {
-            logical.clear();
-            &mut *logical
-        }
-        // Not folding: build straight into the record.
-        _ => &mut *out,
-    };
-    line.extend_from_slice(name);
-    if needs_base64(value) {
-        line.extend_from_slice(b":: ");
-        base64_into(line, value);
-    } else {
-        line.push(b':');
-        line.push(b' ');
-        line.extend_from_slice(value);
-    }
-    let Some(width) = wrap.filter(|&w| w >= 2) else {
-        out.push(b'\n');
-        return;
-    };
-    if logical.len() <= width {
-        out.extend_from_slice(logical);
-        out.push(b'\n');
-        return;
-    }
-    // Output is ASCII (non-ASCII values are base64), so folding at any
-    // byte never splits a character.
-    let (head, mut rest) = logical.split_at(width);
-    out.extend_from_slice(head);
-    out.push(b'\n');
-    while !rest.is_empty() {
-        let (chunk, tail) = rest.split_at(rest.len().min(width - 1));
-        out.push(b' ');
-        out.extend_from_slice(chunk);
-        out.push(b'\n');
-        rest = tail;
-    }
 }
 
 #[cfg(test)]

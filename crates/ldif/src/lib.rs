@@ -20,4 +20,4 @@ pub use reader::{
     ChangeRecord, LdifError, LdifReader, ModKind, ModSpec, ReaderOptions, Record,
     DEFAULT_MAX_RECORD_BYTES,
 };
-pub use writer::{needs_base64, write_entry, DEFAULT_WRAP};
+pub use writer::{append_line, needs_base64, write_entry, DEFAULT_WRAP};

@@ -41,15 +41,17 @@ fn valid_name(name: &str) -> bool {
 
 /// Appends `name: value` (or `name:: base64`) to `out`, folded so no physical
 /// line exceeds `wrap` bytes; continuation lines start with one space.
-fn put_line(
+/// `logical` is scratch space, reused across calls. The caller has checked
+/// that `name` is a valid attribute description (ASCII, no line breaks).
+pub fn append_line(
     out: &mut Vec<u8>,
     logical: &mut Vec<u8>,
-    name: &str,
+    name: &[u8],
     value: &[u8],
     wrap: Option<usize>,
 ) {
     logical.clear();
-    logical.extend_from_slice(name.as_bytes());
+    logical.extend_from_slice(name);
     if needs_base64(value) {
         logical.extend_from_slice(b":: ");
         let start = logical.len();
@@ -111,7 +113,7 @@ pub fn write_entry<'a, 'b, W: Write>(
 ) -> io::Result<()> {
     let mut out = Vec::with_capacity(512);
     let mut logical = Vec::with_capacity(128);
-    put_line(&mut out, &mut logical, "dn", dn.as_bytes(), wrap);
+    append_line(&mut out, &mut logical, b"dn", dn.as_bytes(), wrap);
     for (name, value) in attrs {
         if !valid_name(name) {
             return Err(io::Error::new(
@@ -119,7 +121,7 @@ pub fn write_entry<'a, 'b, W: Write>(
                 format!("invalid attribute description {name:?}"),
             ));
         }
-        put_line(&mut out, &mut logical, name, value, wrap);
+        append_line(&mut out, &mut logical, name.as_bytes(), value, wrap);
     }
     out.push(b'\n');
     w.write_all(&out)

@@ -391,26 +391,19 @@ async fn run_op(
     };
     match op {
         ProtocolOp::SearchRequest(req) => {
+            // Paged results is the one search control understood; a bad value
+            // or an unknown critical control fails the search.
             let mut paged = None;
-            for c in &controls {
-                if c.oid == oid::PAGED_RESULTS {
-                    match c.value.as_deref().map(PagedResults::decode) {
-                        Some(Ok(p)) => paged = Some(p),
-                        _ => {
-                            let e = LdapError::protocol("malformed paged results control value");
-                            send(
-                                tx,
-                                id,
-                                ProtocolOp::SearchResultDone(e.into_result()),
-                                Vec::new(),
-                            )
-                            .await;
-                            return;
-                        }
+            let mut refused = unknown_critical(&controls, &[oid::PAGED_RESULTS]);
+            for c in controls.iter().filter(|c| c.oid == oid::PAGED_RESULTS) {
+                match c.value.as_deref().map(PagedResults::decode) {
+                    Some(Ok(p)) => paged = Some(p),
+                    _ => {
+                        refused = Some(LdapError::protocol("malformed paged results control value"))
                     }
                 }
             }
-            if let Some(e) = unknown_critical(&controls, &[oid::PAGED_RESULTS]) {
+            if let Some(e) = refused {
                 send(
                     tx,
                     id,
