@@ -482,7 +482,16 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
     let opts = pando_server::bulk::ImportOptions {
         continue_on_error: args.continue_on_error,
         batch: args.batch.max(1),
-        creator: resolved.root_dn.to_string(),
+        // Entries imported without creatorsName are credited to the root DN,
+        // or with none configured to the local administrator's ldapi identity.
+        creator: match &resolved.root_dn {
+            Some(d) => d.to_string(),
+            None => pando_server::auth::peercred_dn(pando_server::state::PeerCred {
+                // SAFETY: geteuid/getegid have no preconditions.
+                uid: unsafe { libc::geteuid() },
+                gid: unsafe { libc::getegid() },
+            }),
+        },
     };
     let suffixes: Vec<String> = resolved
         .suffixes

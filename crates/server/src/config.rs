@@ -26,7 +26,8 @@ pub struct Config {
     pub listen: Vec<String>,
     /// Naming contexts served.
     pub suffixes: Vec<String>,
-    /// The administrator DN; it need not exist as an entry.
+    /// The administrator DN; it need not exist as an entry. `""` runs with
+    /// no root DN at all (administer over ldapi, see `[auth]`).
     pub root_dn: Option<String>,
     /// `{ARGON2}`/`{SSHA}`… hash of the administrator password. When unset,
     /// a random password is generated on first start (see README).
@@ -37,6 +38,52 @@ pub struct Config {
     pub indexes: BTreeMap<String, Vec<String>>,
     pub limits: Limits,
     pub store: StoreConfig,
+    pub auth: AuthConfig,
+}
+
+/// How clients authenticate and which identities hold the administrator role.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Refuse simple binds carrying a password over connections that are
+    /// neither TLS nor ldapi (confidentialityRequired).
+    pub require_secure_binds: bool,
+    /// Authorization identities given the administrator role besides the
+    /// root DN: DNs (after `external_map`), or `ldapi-owner` for any ldapi
+    /// client running as the server's own Unix user or as root.
+    pub admins: Vec<String>,
+    /// One identity (a DN or `ldapi-owner`) for which access rules are not
+    /// applied, honoured only over ldapi. Unset by default.
+    pub break_glass: Option<String>,
+    /// Rules mapping SASL EXTERNAL identities (peer credentials, certificate
+    /// subjects) to directory entries; the first whose pattern matches wins.
+    pub external_map: Vec<ExternalMap>,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            require_secure_binds: false,
+            admins: vec![LDAPI_OWNER.to_string()],
+            break_glass: None,
+            external_map: Vec::new(),
+        }
+    }
+}
+
+/// `ldapi-owner`: an ldapi peer running as the server's Unix user, or root.
+pub const LDAPI_OWNER: &str = "ldapi-owner";
+
+/// Map an EXTERNAL authorization DN matching `pattern` (a regular expression
+/// over the normalised DN, anchored) to `dn` (with `$1`… from the pattern's
+/// groups), or to the one entry under `base` matching `filter` (also with `$1`…).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalMap {
+    pub pattern: String,
+    pub dn: Option<String>,
+    pub base: Option<String>,
+    pub filter: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -61,6 +108,20 @@ pub struct Limits {
     pub max_ops_per_connection: usize,
     /// Close connections idle this many seconds (0 = never).
     pub idle_timeout: u64,
+    /// Simultaneous connections from one IP address (0 = no limit).
+    pub max_connections_per_ip: usize,
+    /// Failed binds (per DN or address) answered without delay.
+    pub failed_bind_free: u32,
+    /// Longest delay before answering a failed bind; the delay doubles
+    /// from 250 ms with each further failure (0 = no delay).
+    pub failed_bind_max_delay_ms: u64,
+    /// Failed binds for one DN that lock it out (0 = never).
+    pub failed_bind_lockout: u32,
+    /// Failed binds from one address that lock it out (0 = never).
+    pub failed_bind_lockout_ip: u32,
+    /// How long a lockout lasts; failure counts are forgotten this long
+    /// after the last failure.
+    pub failed_bind_lockout_seconds: u64,
 }
 
 impl Default for Limits {
@@ -75,6 +136,12 @@ impl Default for Limits {
             max_connections: 4096,
             max_ops_per_connection: 64,
             idle_timeout: 0,
+            max_connections_per_ip: 1024,
+            failed_bind_free: 5,
+            failed_bind_max_delay_ms: 4000,
+            failed_bind_lockout: 50,
+            failed_bind_lockout_ip: 500,
+            failed_bind_lockout_seconds: 300,
         }
     }
 }
@@ -158,6 +225,7 @@ impl Default for Config {
             indexes,
             limits: Limits::default(),
             store: StoreConfig::default(),
+            auth: AuthConfig::default(),
         }
     }
 }
@@ -239,7 +307,8 @@ pub struct Resolved {
     pub config: Config,
     pub listeners: Vec<Listener>,
     pub suffixes: Vec<Dn>,
-    pub root_dn: Dn,
+    /// None when the configuration has `root_dn = ""`.
+    pub root_dn: Option<Dn>,
     pub indexes: Vec<IndexSpec>,
 }
 
@@ -352,14 +421,50 @@ impl Config {
             Some(d) => d.clone(),
             None => format!("cn=admin,{}", self.suffixes[0]),
         };
-        let root_dn = Dn::parse(&root_dn_text)
-            .map_err(|e| err("root_dn", format!("'{root_dn_text}': {e}")))?;
-        if root_dn.is_root() {
-            return Err(err("root_dn", "must not be empty"));
+        let root_dn = if root_dn_text.is_empty() {
+            None
+        } else {
+            let dn = Dn::parse(&root_dn_text)
+                .map_err(|e| err("root_dn", format!("'{root_dn_text}': {e}")))?;
+            schema.normalize_dn(&dn).map_err(|e| err("root_dn", e))?;
+            Some(dn)
+        };
+        if root_dn.is_none() && self.root_password_hash.is_some() {
+            return Err(err(
+                "root_password_hash",
+                "is set but root_dn is \"\" (no root DN)",
+            ));
         }
-        schema
-            .normalize_dn(&root_dn)
-            .map_err(|e| err("root_dn", e))?;
+        for (i, a) in self.auth.admins.iter().enumerate() {
+            if a != LDAPI_OWNER {
+                let dn = Dn::parse(a).map_err(|e| {
+                    err(
+                        format!("auth.admins[{i}]"),
+                        format!("'{a}' is not a DN or {LDAPI_OWNER}: {e}"),
+                    )
+                })?;
+                schema
+                    .normalize_dn(&dn)
+                    .map_err(|e| err(format!("auth.admins[{i}]"), e))?;
+            }
+        }
+        if let Some(b) = &self.auth.break_glass {
+            if b != LDAPI_OWNER {
+                let dn = Dn::parse(b).map_err(|e| {
+                    err(
+                        "auth.break_glass",
+                        format!("'{b}' is not a DN or {LDAPI_OWNER}: {e}"),
+                    )
+                })?;
+                schema
+                    .normalize_dn(&dn)
+                    .map_err(|e| err("auth.break_glass", e))?;
+            }
+        }
+        for (i, m) in self.auth.external_map.iter().enumerate() {
+            let key = format!("auth.external_map[{i}]");
+            crate::auth::compile_map(m).map_err(|e| err(&key, e))?;
+        }
         if let Some(h) = &self.root_password_hash {
             if !crate::password::is_hashed(h.as_bytes()) {
                 return Err(err(
@@ -460,7 +565,7 @@ mod tests {
     #[test]
     fn defaults_validate() {
         let r = check("").unwrap();
-        assert_eq!(r.root_dn.to_string(), "cn=admin,dc=example,dc=com");
+        assert_eq!(r.root_dn.unwrap().to_string(), "cn=admin,dc=example,dc=com");
         assert_eq!(
             r.listeners[0],
             Listener::Tcp("127.0.0.1:3389".parse().unwrap())

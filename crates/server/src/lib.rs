@@ -1,6 +1,7 @@
 //! Pando's server: configuration, the LDAP operations, and the network
 //! frontend. `run` starts everything and returns after a clean shutdown.
 
+pub mod auth;
 pub mod backup;
 pub mod bootstrap;
 pub mod bulk;
@@ -12,6 +13,7 @@ pub mod net;
 pub mod ops;
 pub mod password;
 pub mod state;
+pub mod throttle;
 
 use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, RwLock};
@@ -86,7 +88,11 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         datadir::warm_in_background(store_dir(&data_dir).join("data.mdb"));
     }
     let csn = CsnClock::new(0);
-    let root_dn_text = cfg.root_dn.to_string();
+    let root_dn_text = cfg
+        .root_dn
+        .as_ref()
+        .map(|d| d.to_string())
+        .unwrap_or_default();
     let (root_pw, created, demo_added) = {
         let store = store.clone();
         let data_dir = data_dir.clone();
@@ -94,9 +100,20 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         let suffixes = cfg.suffixes.clone();
         let creator = root_dn_text.clone();
         let demo = opts.demo;
+        let root_dn_set = cfg.root_dn.is_some();
         tokio::task::spawn_blocking(move || -> Result<_, BoxError> {
             let csn = CsnClock::new(0);
-            let pw = bootstrap::root_password(&store, &data_dir, configured.as_deref())?;
+            // No root DN, no root password: administration goes through
+            // ldapi (SASL EXTERNAL) or identities given the admin role.
+            let pw = if root_dn_set {
+                Some(bootstrap::root_password(
+                    &store,
+                    &data_dir,
+                    configured.as_deref(),
+                )?)
+            } else {
+                None
+            };
             let created = bootstrap::ensure_suffixes(&store, &suffixes, &creator, &csn)?;
             // Demo data goes only into a store created by this start, so entries
             // an operator deleted do not come back on the next `--demo` start.
@@ -114,9 +131,14 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         })
         .await??
     };
-    let root_dn_norm = schema
-        .normalize_dn(&cfg.root_dn)
-        .map_err(|e| format!("root_dn: {e}"))?;
+    let root_dn_norm = match &cfg.root_dn {
+        Some(d) => schema
+            .normalize_dn(d)
+            .map_err(|e| format!("root_dn: {e}"))?,
+        None => String::new(),
+    };
+    let auth = auth::AuthPolicy::new(&cfg.config.auth, &schema)?;
+    let throttle = throttle::BindThrottle::new(&cfg.config.limits);
     let suffixes = cfg
         .suffixes
         .iter()
@@ -130,7 +152,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     };
     let bound = net::listener::bind_all(&cfg.listeners).await?;
     let server = Arc::new(Server {
-        root_pw_hash: RwLock::new(Some(root_pw.hash().to_string())),
+        root_pw_hash: RwLock::new(root_pw.as_ref().map(|p| p.hash().to_string())),
         cfg,
         schema,
         store: store.clone(),
@@ -138,6 +160,8 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         suffixes,
         csn,
         decode_limits,
+        auth,
+        throttle,
         started: SystemTime::now(),
     });
 
@@ -241,7 +265,12 @@ fn apply_reload(server: &Server, reload: Option<&Reloader>) {
     }
 }
 
-fn print_banner(server: &Server, pw: &RootPassword, created: &[String], demo_added: Option<usize>) {
+fn print_banner(
+    server: &Server,
+    pw: &Option<RootPassword>,
+    created: &[String],
+    demo_added: Option<usize>,
+) {
     let cfg = &server.cfg;
     let suffix = cfg
         .suffixes
@@ -269,16 +298,20 @@ fn print_banner(server: &Server, pw: &RootPassword, created: &[String], demo_add
         Some(n) => println!("  loaded {n} demo entries"),
         None => println!("  --demo: the store already existed, so no demo entries were loaded"),
     }
-    println!("  administrator: {}", cfg.root_dn);
+    match &cfg.root_dn {
+        Some(d) => println!("  administrator: {d}"),
+        None => println!("  no root DN: administer over ldapi with SASL EXTERNAL (see [auth])"),
+    }
     match pw {
-        RootPassword::Generated { file, .. } => {
+        None => {}
+        Some(RootPassword::Generated { file, .. }) => {
             println!(
                 "  a random administrator password was generated and written to {}",
                 file.display()
             );
             println!("  (only its hash is kept; read the file, store the password safely, then delete the file)");
         }
-        RootPassword::Stored(_) => {
+        Some(RootPassword::Stored(_)) => {
             let f = cfg.config.data_dir.join(bootstrap::ADMIN_PASSWORD_FILE);
             if f.exists() {
                 println!("  administrator password: see {}", f.display());
@@ -286,7 +319,7 @@ fn print_banner(server: &Server, pw: &RootPassword, created: &[String], demo_add
                 println!("  administrator password: as generated on first start (hash kept in the store)");
             }
         }
-        RootPassword::Configured(_) => {
+        Some(RootPassword::Configured(_)) => {
             println!("  administrator password: root_password_hash from the configuration")
         }
     }
@@ -294,13 +327,22 @@ fn print_banner(server: &Server, pw: &RootPassword, created: &[String], demo_add
         println!();
         println!("Try:");
         println!("  ldapsearch -x -H ldap://{a} -b '{suffix}'");
-        println!(
-            "  ldapwhoami -x -H ldap://{a} -D '{}' -y {}",
-            cfg.root_dn,
-            cfg.config
-                .data_dir
-                .join(bootstrap::ADMIN_PASSWORD_FILE)
-                .display()
-        );
+        if let Some(root) = &cfg.root_dn {
+            println!(
+                "  ldapwhoami -x -H ldap://{a} -D '{root}' -y {}",
+                cfg.config
+                    .data_dir
+                    .join(bootstrap::ADMIN_PASSWORD_FILE)
+                    .display()
+            );
+        }
+    }
+    if let Some(Listener::Ldapi(p)) = cfg
+        .listeners
+        .iter()
+        .find(|l| matches!(l, Listener::Ldapi(_)))
+    {
+        let url = Listener::Ldapi(p.clone()).url();
+        println!("  ldapwhoami -Y EXTERNAL -H {url}");
     }
 }

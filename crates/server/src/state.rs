@@ -23,49 +23,105 @@ pub struct Server {
     pub suffixes: Vec<(Dn, String)>,
     pub csn: CsnClock,
     pub decode_limits: DecodeLimits,
+    pub auth: crate::auth::AuthPolicy,
+    pub throttle: crate::throttle::BindThrottle,
     pub started: SystemTime,
+}
+
+/// Facts about the transport a connection runs over, used by authentication
+/// (SASL EXTERNAL) and access control. Replaced, not mutated, when they
+/// change (StartTLS), so a running operation keeps the facts it started with.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Session {
+    /// Remote address of a TCP connection; None over ldapi.
+    pub peer_ip: Option<std::net::IpAddr>,
+    /// Peer credentials of an ldapi (Unix socket) connection.
+    pub peer_cred: Option<PeerCred>,
+    /// LDAPS, or StartTLS completed.
+    pub tls: bool,
+    /// Subject DN (RFC 4514 string) of a verified TLS client certificate.
+    pub client_cert_dn: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCred {
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// Who is talking. Fixed for the life of one operation: an operation takes a
 /// copy when it starts, so a later bind does not change a running search.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Identity {
-    Anonymous,
-    /// The configured root DN.
-    Root {
-        dn: String,
-    },
-    /// An entry that authenticated with its userPassword.
-    User {
-        dn: String,
-        norm: String,
-    },
+pub struct Identity {
+    /// The DN as bound (recorded in creatorsName/modifiersName, WhoAmI);
+    /// empty when anonymous.
+    dn: String,
+    /// Normalised form of `dn`, for comparing with targets.
+    norm: String,
+    /// Holds the administrator role (the root DN, or an identity mapped to
+    /// it). Administrators are subject to access rules like anyone else.
+    admin: bool,
+    /// The configured break-glass identity: access rules do not apply.
+    break_glass: bool,
+    pub session: std::sync::Arc<Session>,
 }
 
 impl Identity {
+    pub fn anonymous(session: std::sync::Arc<Session>) -> Identity {
+        Identity {
+            dn: String::new(),
+            norm: String::new(),
+            admin: false,
+            break_glass: false,
+            session,
+        }
+    }
+
+    /// An authenticated identity; `norm` is the normalised form of `dn`.
+    pub fn authenticated(dn: String, norm: String, session: std::sync::Arc<Session>) -> Identity {
+        Identity {
+            dn,
+            norm,
+            admin: false,
+            break_glass: false,
+            session,
+        }
+    }
+
+    pub fn with_session(mut self, session: std::sync::Arc<Session>) -> Identity {
+        self.session = session;
+        self
+    }
+
+    /// Settle the administrator role and break-glass status from the root
+    /// DN and the `[auth]` policy, for this identity over its session.
+    pub fn with_admin_from(mut self, server: &Server) -> Identity {
+        let root = !server.root_dn_norm.is_empty() && self.norm == server.root_dn_norm;
+        self.admin = root || server.auth.is_admin(&self.norm, &self.session);
+        self.break_glass = server.auth.is_break_glass(&self.norm, &self.session);
+        self
+    }
+
     pub fn is_admin(&self) -> bool {
-        matches!(self, Identity::Root { .. })
+        self.admin
+    }
+
+    pub fn is_break_glass(&self) -> bool {
+        self.break_glass
     }
 
     pub fn is_anonymous(&self) -> bool {
-        matches!(self, Identity::Anonymous)
+        self.dn.is_empty()
     }
 
     /// The DN as recorded in creatorsName/modifiersName and WhoAmI.
     pub fn dn(&self) -> &str {
-        match self {
-            Identity::Anonymous => "",
-            Identity::Root { dn } | Identity::User { dn, .. } => dn,
-        }
+        &self.dn
     }
 
-    /// The normalised DN, for comparing with targets.
-    pub fn norm<'a>(&'a self, server: &'a Server) -> &'a str {
-        match self {
-            Identity::Anonymous => "",
-            Identity::Root { .. } => &server.root_dn_norm,
-            Identity::User { norm, .. } => norm,
-        }
+    /// The normalised DN ("" when anonymous).
+    pub fn norm(&self) -> &str {
+        &self.norm
     }
 }
 

@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 use crate::error::LdapError;
 use crate::ops;
-use crate::state::{Identity, Server};
+use crate::state::{Identity, Server, Session};
 
 /// Controls recognised on any operation (others, if critical, are refused).
 const KNOWN_CONTROLS: &[&str] = &[oid::MANAGE_DSA_IT];
@@ -38,6 +38,8 @@ pub struct Connection {
     pub server: Arc<Server>,
     pub id: u64,
     pub peer: String,
+    /// Transport facts; replaced when StartTLS completes.
+    pub session: Arc<Session>,
     pub shutdown: watch::Receiver<bool>,
 }
 
@@ -65,7 +67,7 @@ impl Connection {
         let idle = (limits.idle_timeout > 0).then(|| Duration::from_secs(limits.idle_timeout));
         let permits = Arc::new(Semaphore::new(max_ops));
         let outstanding: Outstanding = Arc::new(Mutex::new(HashMap::new()));
-        let mut identity = Identity::Anonymous;
+        let mut identity = Identity::anonymous(self.session.clone());
         let mut write_chain: Option<oneshot::Receiver<()>> = None;
         let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
         let mut start = 0usize;
@@ -166,7 +168,7 @@ impl Connection {
                     tracing::debug!(conn = self.id, msg_id = id, reason = %e.reason, "malformed request");
                     if e.op_tag == Some(pando_proto::op_tag::BIND_REQUEST) {
                         // A failed bind leaves the connection anonymous (RFC 4511 4.2.1).
-                        *identity = Identity::Anonymous;
+                        *identity = Identity::anonymous(self.session.clone());
                     }
                     let res = LdapError::protocol(e.reason).into_result();
                     send(tx, id, op(res), Vec::new()).await;
@@ -228,18 +230,18 @@ impl Connection {
                     drop(all);
                 }
                 if let Some(c) = unknown_critical(&msg.controls, &[]) {
-                    *identity = Identity::Anonymous;
+                    *identity = Identity::anonymous(self.session.clone());
                     send(tx, id, bind_response(c.into_result()), Vec::new()).await;
                     return Flow::Continue;
                 }
-                let result = match ops::bind::bind(&self.server, req).await {
+                let result = match ops::bind::bind(&self.server, req, &self.session).await {
                     Ok(who) => {
                         tracing::debug!(conn = self.id, dn = who.dn(), "bind ok");
                         *identity = who;
                         LdapResult::success()
                     }
                     Err(e) => {
-                        *identity = Identity::Anonymous;
+                        *identity = Identity::anonymous(self.session.clone());
                         e.into_result()
                     }
                 };

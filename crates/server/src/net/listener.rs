@@ -13,7 +13,7 @@ use tokio::task::JoinSet;
 
 use super::connection::Connection;
 use crate::config::Listener;
-use crate::state::Server;
+use crate::state::{PeerCred, Server, Session};
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
@@ -73,7 +73,7 @@ pub async fn serve(
             _ = shutdown.changed() => break,
             a = accept(&bound) => a,
         };
-        let (stream, peer) = match accepted {
+        let (stream, peer, session) = match accepted {
             Ok(x) => x,
             Err(e) => {
                 // Out of file descriptors and similar: back off rather than spin.
@@ -97,6 +97,7 @@ pub async fn serve(
             server: server.clone(),
             id,
             peer,
+            session: Arc::new(session),
             shutdown: shutdown.clone(),
         };
         tasks.lock().await.spawn(async move {
@@ -120,19 +121,32 @@ enum Stream {
     Unix(tokio::net::UnixStream),
 }
 
-async fn accept(bound: &Bound) -> std::io::Result<(Stream, String)> {
+/// Accept one connection: the stream, a printable peer, and the session facts.
+async fn accept(bound: &Bound) -> std::io::Result<(Stream, String, Session)> {
     match bound {
         Bound::Tcp(l) => {
             let (s, a) = l.accept().await?;
-            Ok((Stream::Tcp(s), a.to_string()))
+            let session = Session {
+                peer_ip: Some(a.ip()),
+                ..Session::default()
+            };
+            Ok((Stream::Tcp(s), a.to_string(), session))
         }
         Bound::Unix(l, path) => {
             let (s, _) = l.accept().await?;
-            let who = match s.peer_cred() {
-                Ok(c) => format!("ldapi:{} uid={} gid={}", path.display(), c.uid(), c.gid()),
-                Err(_) => format!("ldapi:{}", path.display()),
+            let cred = s.peer_cred().ok().map(|c| PeerCred {
+                uid: c.uid(),
+                gid: c.gid(),
+            });
+            let who = match cred {
+                Some(c) => format!("ldapi:{} uid={} gid={}", path.display(), c.uid, c.gid),
+                None => format!("ldapi:{}", path.display()),
             };
-            Ok((Stream::Unix(s), who))
+            let session = Session {
+                peer_cred: cred,
+                ..Session::default()
+            };
+            Ok((Stream::Unix(s), who, session))
         }
     }
 }

@@ -1,16 +1,23 @@
-//! Bind (RFC 4511 4.2, RFC 4513 5.1): anonymous and simple.
+//! Bind (RFC 4511 4.2, RFC 4513): anonymous, simple, and SASL EXTERNAL.
 
 use std::sync::Arc;
 
+use pando_model::Dn;
 use pando_proto::{BindAuth, BindRequest, ResultCode};
+use pando_store::{Candidates, View};
 
+use crate::auth::{peercred_dn, MapTarget};
 use crate::error::{LdapError, OpResult};
 use crate::password;
-use crate::state::{Identity, Server};
+use crate::state::{Identity, Server, Session};
 
 /// Authenticate; the new identity on success. Failed binds leave the
 /// connection anonymous (the caller resets it).
-pub async fn bind(server: &Arc<Server>, req: BindRequest) -> OpResult<Identity> {
+pub async fn bind(
+    server: &Arc<Server>,
+    req: BindRequest,
+    session: &Arc<Session>,
+) -> OpResult<Identity> {
     if req.version != 3 {
         return Err(LdapError::protocol(format!(
             "LDAP version {} is not supported",
@@ -19,16 +26,22 @@ pub async fn bind(server: &Arc<Server>, req: BindRequest) -> OpResult<Identity> 
     }
     let pw = match req.auth {
         BindAuth::Simple(pw) => pw,
-        BindAuth::Sasl { mechanism, .. } => {
+        BindAuth::Sasl {
+            mechanism,
+            credentials,
+        } => {
+            if mechanism.eq_ignore_ascii_case("EXTERNAL") {
+                return external(server, session, credentials.as_deref());
+            }
             return Err(LdapError::new(
                 ResultCode::AUTH_METHOD_NOT_SUPPORTED,
                 format!("SASL mechanism '{mechanism}' is not supported"),
-            ))
+            ));
         }
     };
     if req.name.is_empty() {
         if pw.is_empty() {
-            return Ok(Identity::Anonymous);
+            return Ok(Identity::anonymous(session.clone()));
         }
         return Err(invalid());
     }
@@ -38,16 +51,46 @@ pub async fn bind(server: &Arc<Server>, req: BindRequest) -> OpResult<Identity> 
             "unauthenticated bind (DN with no password) disallowed",
         ));
     }
+    if server.auth.require_secure_binds && !session.tls && session.peer_cred.is_none() {
+        return Err(LdapError::new(
+            ResultCode::CONFIDENTIALITY_REQUIRED,
+            "simple binds with a password need TLS (StartTLS or ldaps://) or ldapi",
+        ));
+    }
     let dn = super::parse_dn(&req.name)?;
     let norm = server
         .schema
         .normalize_dn(&dn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
-    if norm == server.root_dn_norm {
+    let throttle_key = crate::throttle::Key::new(&norm, session);
+    server.throttle.before_attempt(&throttle_key).await?;
+    let ok = check_simple(server, &req.name, &dn, &norm, pw).await?;
+    match ok {
+        Some(who) => {
+            server.throttle.succeeded(&throttle_key);
+            Ok(who.with_session(session.clone()).with_admin_from(server))
+        }
+        None => {
+            server.throttle.failed(&throttle_key).await;
+            Err(invalid())
+        }
+    }
+}
+
+/// Check a simple bind's password; Some(identity) when it is right.
+async fn check_simple(
+    server: &Arc<Server>,
+    name: &str,
+    dn: &Dn,
+    norm: &str,
+    pw: Vec<u8>,
+) -> OpResult<Option<Identity>> {
+    let who = || Identity::authenticated(name.to_string(), norm.to_string(), Arc::default());
+    if !server.root_dn_norm.is_empty() && norm == server.root_dn_norm {
         let hash = server.root_pw_hash.read().ok().and_then(|h| h.clone());
         if let Some(hash) = hash {
             if verify(pw.clone(), vec![hash.into_bytes()]).await {
-                return Ok(Identity::Root { dn: req.name });
+                return Ok(Some(who()));
             }
         }
         // A root DN with no password may still exist as an entry below.
@@ -56,7 +99,7 @@ pub async fn bind(server: &Arc<Server>, req: BindRequest) -> OpResult<Identity> 
     let stored: Vec<Vec<u8>> = {
         let rtxn = server.store.read()?;
         let view = rtxn.view();
-        match super::resolve(&view, &dn) {
+        match super::resolve(&view, dn) {
             Ok(id) => view
                 .attrs(id)?
                 .unwrap_or_default()
@@ -74,10 +117,112 @@ pub async fn bind(server: &Arc<Server>, req: BindRequest) -> OpResult<Identity> 
     };
     // The same answer whether the entry is missing, has no password or the
     // password is wrong: a bind must not reveal which DNs exist.
-    if !stored.is_empty() && verify(pw, stored).await {
-        return Ok(Identity::User { dn: req.name, norm });
+    Ok((!stored.is_empty() && verify(pw, stored).await).then(who))
+}
+
+/// SASL EXTERNAL: the identity the transport established — the peer's Unix
+/// credentials over ldapi, else a verified client certificate's subject —
+/// mapped through `[[auth.external_map]]` when a rule matches.
+fn external(
+    server: &Arc<Server>,
+    session: &Arc<Session>,
+    authz_id: Option<&[u8]>,
+) -> OpResult<Identity> {
+    let authz = if let Some(c) = session.peer_cred {
+        peercred_dn(c)
+    } else if let Some(subject) = &session.client_cert_dn {
+        subject.clone()
+    } else {
+        return Err(LdapError::new(
+            ResultCode::INAPPROPRIATE_AUTHENTICATION,
+            "SASL EXTERNAL needs an ldapi connection or a TLS client certificate",
+        ));
+    };
+    let authz_dn = super::parse_dn(&authz)?;
+    let authz_norm = server
+        .schema
+        .normalize_dn(&authz_dn)
+        .map_err(|e| LdapError::invalid_dn(format!("external identity '{authz}': {e}")))?;
+    let (dn, norm) = match server.auth.map_external(&authz_norm) {
+        None => (authz, authz_norm),
+        Some(MapTarget::Dn(d)) => {
+            let parsed = super::parse_dn(&d)?;
+            let n = server
+                .schema
+                .normalize_dn(&parsed)
+                .map_err(|e| LdapError::invalid_dn(format!("mapped DN '{d}': {e}")))?;
+            (d, n)
+        }
+        Some(MapTarget::Search { base, filter }) => {
+            let rtxn = server.store.read()?;
+            let view = rtxn.view();
+            let found = find_unique(server, &view, &base, &filter)?;
+            let Some(d) = found else {
+                return Err(LdapError::new(
+                    ResultCode::INVALID_CREDENTIALS,
+                    "the external identity maps to no single entry",
+                ));
+            };
+            let parsed = super::parse_dn(&d)?;
+            let n = server
+                .schema
+                .normalize_dn(&parsed)
+                .map_err(|e| LdapError::invalid_dn(e.to_string()))?;
+            (d, n)
+        }
+    };
+    // An explicit authorization identity (RFC 4422 appendix A) must name the
+    // identity itself: acting as someone else is not offered.
+    if let Some(z) = authz_id.filter(|z| !z.is_empty()) {
+        let z = std::str::from_utf8(z).map_err(|_| LdapError::protocol("authzId is not UTF-8"))?;
+        let asked = z.strip_prefix("dn:").unwrap_or(z);
+        let same = Dn::parse(asked)
+            .ok()
+            .and_then(|d| server.schema.normalize_dn(&d).ok())
+            .is_some_and(|n| n == norm);
+        if !same {
+            return Err(LdapError::access(
+                "asserting another authorization identity is not permitted",
+            ));
+        }
     }
-    Err(invalid())
+    Ok(Identity::authenticated(dn, norm, session.clone()).with_admin_from(server))
+}
+
+/// The DN of the single entry under `base` matching `filter`; None when
+/// there are none or several. Only indexed filters are accepted here.
+fn find_unique(
+    server: &Server,
+    view: &View<'_>,
+    base: &str,
+    filter: &str,
+) -> OpResult<Option<String>> {
+    let base = super::parse_dn(base)?;
+    let base_id = super::resolve(view, &base)?;
+    let f = pando_proto::Filter::parse(filter)
+        .map_err(|e| LdapError::protocol(format!("mapping filter '{filter}': {e}")))?;
+    let compiled = server.schema.compile_filter(&f);
+    let Candidates::Ids(ids) = view.candidates(&f)? else {
+        return Err(LdapError::unwilling(format!(
+            "mapping filter '{filter}' is not indexed"
+        )));
+    };
+    let mut found = None;
+    for id in ids.iter() {
+        if !view.is_within(id, base_id)? {
+            continue;
+        }
+        let Some(entry) = view.entry(id)? else {
+            continue;
+        };
+        if compiled.matches(&server.schema, &entry) == pando_model::Ternary::True {
+            if found.is_some() {
+                return Ok(None);
+            }
+            found = Some(entry.dn.to_string());
+        }
+    }
+    Ok(found)
 }
 
 fn invalid() -> LdapError {

@@ -20,9 +20,10 @@ pub async fn extended(
 ) -> OpResult<ExtendedResponse> {
     match req.name.as_str() {
         oid::WHOAMI => {
-            let authz = match who {
-                Identity::Anonymous => String::new(),
-                other => format!("dn:{}", other.dn()),
+            let authz = if who.is_anonymous() {
+                String::new()
+            } else {
+                format!("dn:{}", who.dn())
             };
             Ok(ExtendedResponse {
                 result: LdapResult::success(),
@@ -75,7 +76,7 @@ async fn passwd_modify(
         .schema
         .normalize_dn(&target)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
-    if !who.is_admin() && who.norm(server) != norm {
+    if !who.is_admin() && who.norm() != norm {
         return Err(LdapError::access(
             "users may change only their own password",
         ));

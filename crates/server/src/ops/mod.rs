@@ -54,13 +54,17 @@ pub fn require_write(
     target_norm: &str,
     self_password: bool,
 ) -> OpResult<()> {
-    match who {
-        Identity::Root { .. } => Ok(()),
-        Identity::Anonymous => Err(LdapError::new(
+    let _ = server;
+    if who.is_admin() {
+        Ok(())
+    } else if who.is_anonymous() {
+        Err(LdapError::new(
             ResultCode::STRONGER_AUTH_REQUIRED,
             "modifications require authentication",
-        )),
-        Identity::User { .. } if self_password && who.norm(server) == target_norm => Ok(()),
-        Identity::User { .. } => Err(LdapError::access("no write access to the target entry")),
+        ))
+    } else if self_password && who.norm() == target_norm {
+        Ok(())
+    } else {
+        Err(LdapError::access("no write access to the target entry"))
     }
 }
