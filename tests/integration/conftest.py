@@ -291,7 +291,21 @@ class Pando:
         return len(entries)
 
 
-def make_server(tmp_path_factory, name, demo=True, config=None):
+# The built-in access rules let only authenticated users read the tree
+# (test_acl.py checks them). Modules about the protocol and clients read
+# anonymously, as against a slapd with its default "read by *": these rules
+# are the defaults plus anonymous read.
+PUBLIC_READ = """
+[[access]]
+attrs = ["userPassword"]
+by = [{ who = "admins", rights = "all" }, { who = "self", rights = ["auth", "write"] }, { who = "*", rights = "auth" }]
+
+[[access]]
+by = [{ who = "admins", rights = "all" }, { who = "*", rights = "read" }]
+"""
+
+
+def make_server(tmp_path_factory, name, demo=True, config=PUBLIC_READ):
     base = tmp_path_factory.mktemp(name)
     return Pando(base, demo=demo, config=config, name=name).start()
 

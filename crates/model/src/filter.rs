@@ -160,7 +160,20 @@ impl Schema {
     /// Compile a protocol filter against this schema.
     pub fn compile_filter(&self, f: &Filter) -> CompiledFilter {
         CompiledFilter {
-            node: self.compile_node(f, 1),
+            node: self.compile_node(f, 1, &|_| false),
+        }
+    }
+
+    /// Compile with some attribute types hidden: every item on a hidden
+    /// type evaluates to Undefined, as if the requester could not see it
+    /// (access control: no search right on that attribute).
+    pub fn compile_filter_hiding(
+        &self,
+        f: &Filter,
+        hidden: &dyn Fn(&AttributeType) -> bool,
+    ) -> CompiledFilter {
+        CompiledFilter {
+            node: self.compile_node(f, 1, hidden),
         }
     }
 
@@ -176,16 +189,42 @@ impl Schema {
         ))
     }
 
-    fn compile_node(&self, f: &Filter, depth: usize) -> Node {
+    fn compile_node(
+        &self,
+        f: &Filter,
+        depth: usize,
+        hidden: &dyn Fn(&AttributeType) -> bool,
+    ) -> Node {
         if depth > MAX_FILTER_DEPTH {
             return undefined();
         }
-        match f {
-            Filter::And(v) => {
-                Node::And(v.iter().map(|x| self.compile_node(x, depth + 1)).collect())
+        let item_attr = match f {
+            Filter::Equality(a)
+            | Filter::GreaterOrEqual(a)
+            | Filter::LessOrEqual(a)
+            | Filter::Approx(a) => Some(a.attr.as_str()),
+            Filter::Substrings(s) => Some(s.attr.as_str()),
+            Filter::Present(a) => Some(a.as_str()),
+            Filter::Extensible(m) => m.attr.as_deref(),
+            Filter::And(_) | Filter::Or(_) | Filter::Not(_) => None,
+        };
+        if let Some(Ok((_, at))) = item_attr.map(|d| self.canonical_desc(d)) {
+            if hidden(at) {
+                return undefined();
             }
-            Filter::Or(v) => Node::Or(v.iter().map(|x| self.compile_node(x, depth + 1)).collect()),
-            Filter::Not(x) => Node::Not(Box::new(self.compile_node(x, depth + 1))),
+        }
+        match f {
+            Filter::And(v) => Node::And(
+                v.iter()
+                    .map(|x| self.compile_node(x, depth + 1, hidden))
+                    .collect(),
+            ),
+            Filter::Or(v) => Node::Or(
+                v.iter()
+                    .map(|x| self.compile_node(x, depth + 1, hidden))
+                    .collect(),
+            ),
+            Filter::Not(x) => Node::Not(Box::new(self.compile_node(x, depth + 1, hidden))),
             Filter::Present(desc) => match self.target(desc) {
                 Some((t, _)) if t.oid == OBJECT_CLASS_OID => Node::Const(Ternary::True),
                 Some((t, _)) => Node::Present(t),

@@ -39,6 +39,56 @@ pub struct Config {
     pub limits: Limits,
     pub store: StoreConfig,
     pub auth: AuthConfig,
+    /// Access rules (`[[access]]`), in order; none configured = the
+    /// built-in defaults (see docs/access-control.md).
+    pub access: Vec<AccessRule>,
+}
+
+/// One access rule: what it covers, then who gets which rights.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AccessRule {
+    /// Base DN of the entries covered (default: every entry).
+    pub dn: Option<String>,
+    /// `base`, `one`, `sub` (default) or `children`, relative to `dn`.
+    pub scope: Option<String>,
+    /// Instead of `dn`/`scope`: a regular expression over the normalised
+    /// DN (lower-case types and values, no spaces), anchored at both ends.
+    pub dn_regex: Option<String>,
+    /// Only entries matching this filter.
+    pub filter: Option<String>,
+    /// Only these attribute types (`entry` stands for the entry itself);
+    /// default: every attribute and the entry.
+    pub attrs: Option<Vec<String>>,
+    /// Who gets which rights; the first clause whose subject matches decides.
+    pub by: Vec<AccessBy>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AccessBy {
+    /// A subject, or a list of subjects that must all hold.
+    pub who: OneOrMany,
+    /// A level (`none`, `auth`, `compare`, `search`, `read`, `write`, `all`)
+    /// or a list of single rights (`auth`, `compare`, `search`, `read`,
+    /// `write`, `add`, `delete`).
+    pub rights: OneOrMany,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    pub fn items(&self) -> Vec<&str> {
+        match self {
+            OneOrMany::One(s) => vec![s.as_str()],
+            OneOrMany::Many(v) => v.iter().map(String::as_str).collect(),
+        }
+    }
 }
 
 /// How clients authenticate and which identities hold the administrator role.
@@ -226,6 +276,7 @@ impl Default for Config {
             limits: Limits::default(),
             store: StoreConfig::default(),
             auth: AuthConfig::default(),
+            access: Vec::new(),
         }
     }
 }
@@ -461,6 +512,19 @@ impl Config {
                     .map_err(|e| err("auth.break_glass", e))?;
             }
         }
+        crate::acl::Acl::compile(&self.access, schema).map_err(|(i, key, e)| {
+            err(
+                format!(
+                    "access[{i}]{}",
+                    if key.is_empty() {
+                        String::new()
+                    } else {
+                        format!(".{key}")
+                    }
+                ),
+                e,
+            )
+        })?;
         for (i, m) in self.auth.external_map.iter().enumerate() {
             let key = format!("auth.external_map[{i}]");
             crate::auth::compile_map(m).map_err(|e| err(&key, e))?;

@@ -1,6 +1,7 @@
 //! Pando's server: configuration, the LDAP operations, and the network
 //! frontend. `run` starts everything and returns after a clean shutdown.
 
+pub mod acl;
 pub mod auth;
 pub mod backup;
 pub mod bootstrap;
@@ -139,6 +140,8 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     };
     let auth = auth::AuthPolicy::new(&cfg.config.auth, &schema)?;
     let throttle = throttle::BindThrottle::new(&cfg.config.limits);
+    let acl = acl::Acl::from_config(&cfg.config.access, &schema)
+        .map_err(|(i, k, e)| format!("access[{i}].{k}: {e}"))?;
     let suffixes = cfg
         .suffixes
         .iter()
@@ -161,6 +164,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         csn,
         decode_limits,
         auth,
+        acl,
         throttle,
         started: SystemTime::now(),
     });

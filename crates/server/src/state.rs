@@ -24,6 +24,7 @@ pub struct Server {
     pub csn: CsnClock,
     pub decode_limits: DecodeLimits,
     pub auth: crate::auth::AuthPolicy,
+    pub acl: crate::acl::Acl,
     pub throttle: crate::throttle::BindThrottle,
     pub started: SystemTime,
 }
@@ -90,6 +91,13 @@ impl Identity {
 
     pub fn with_session(mut self, session: std::sync::Arc<Session>) -> Identity {
         self.session = session;
+        self
+    }
+
+    /// Set the roles directly (tests and internal callers).
+    pub fn with_roles(mut self, admin: bool, break_glass: bool) -> Identity {
+        self.admin = admin;
+        self.break_glass = break_glass;
         self
     }
 

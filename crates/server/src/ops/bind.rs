@@ -6,6 +6,7 @@ use pando_model::Dn;
 use pando_proto::{BindAuth, BindRequest, ResultCode};
 use pando_store::{Candidates, View};
 
+use crate::acl;
 use crate::auth::{peercred_dn, MapTarget};
 use crate::error::{LdapError, OpResult};
 use crate::password;
@@ -64,7 +65,7 @@ pub async fn bind(
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
     let throttle_key = crate::throttle::Key::new(&norm, session);
     server.throttle.before_attempt(&throttle_key).await?;
-    let ok = check_simple(server, &req.name, &dn, &norm, pw).await?;
+    let ok = check_simple(server, session, &req.name, &dn, &norm, pw).await?;
     match ok {
         Some(who) => {
             server.throttle.succeeded(&throttle_key);
@@ -80,6 +81,7 @@ pub async fn bind(
 /// Check a simple bind's password; Some(identity) when it is right.
 async fn check_simple(
     server: &Arc<Server>,
+    session: &Arc<Session>,
     name: &str,
     dn: &Dn,
     norm: &str,
@@ -100,18 +102,33 @@ async fn check_simple(
         let rtxn = server.store.read()?;
         let view = rtxn.view();
         match super::resolve(&view, dn) {
-            Ok(id) => view
-                .attrs(id)?
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|a| {
-                    a.desc
-                        .split(';')
-                        .next()
-                        .is_some_and(|b| b.eq_ignore_ascii_case("userPassword"))
-                })
-                .flat_map(|a| a.values)
-                .collect(),
+            Ok(id) => {
+                let entry = pando_model::Entry {
+                    dn: Dn { rdns: Vec::new() },
+                    attrs: view.attrs(id)?.unwrap_or_default(),
+                };
+                // Binding needs auth access to userPassword, judged for the
+                // not-yet-authenticated client over this session.
+                let anon = Identity::anonymous(session.clone());
+                let pw = server.schema.attribute("userPassword");
+                let allowed =
+                    super::require(server, &view, &anon, norm, &entry, &[(pw, acl::AUTH)]).is_ok();
+                if allowed {
+                    entry
+                        .attrs
+                        .into_iter()
+                        .filter(|a| {
+                            a.desc
+                                .split(';')
+                                .next()
+                                .is_some_and(|b| b.eq_ignore_ascii_case("userPassword"))
+                        })
+                        .flat_map(|a| a.values)
+                        .collect()
+                } else {
+                    Vec::new()
+                }
+            }
             Err(_) => Vec::new(),
         }
     };

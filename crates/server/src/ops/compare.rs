@@ -12,9 +12,6 @@ pub fn compare(server: &Arc<Server>, who: &Identity, req: &CompareRequest) -> Op
     let schema = &*server.schema;
     let dn = super::parse_dn(&req.dn)?;
     let (_, at) = schema.canonical_desc(&req.ava.attr)?;
-    if at.name().eq_ignore_ascii_case("userPassword") && !who.is_admin() {
-        return Err(LdapError::access("comparing userPassword is not allowed"));
-    }
     if at.equality.is_none() {
         return Err(LdapError::new(
             ResultCode::INAPPROPRIATE_MATCHING,
@@ -29,8 +26,22 @@ pub fn compare(server: &Arc<Server>, who: &Identity, req: &CompareRequest) -> Op
     })?;
     let rtxn = server.store.read()?;
     let view = rtxn.view();
-    let id = super::resolve(&view, &dn)?;
+    let id = super::resolve_for(server, &view, who, &dn)?;
     let attrs = view.attrs(id)?.unwrap_or_default();
+    let norm = super::norm_dn_of(&view, id)?;
+    let entry = pando_model::Entry {
+        dn: pando_model::Dn { rdns: Vec::new() },
+        attrs,
+    };
+    super::require(
+        server,
+        &view,
+        who,
+        &norm,
+        &entry,
+        &[(Some(at), crate::acl::COMPARE)],
+    )?;
+    let attrs = entry.attrs;
     let mut present = false;
     for a in &attrs {
         let base = a.desc.split(';').next().unwrap_or("");

@@ -9,6 +9,7 @@ use pando_proto::{
 };
 use pando_store::WriteTxn;
 
+use crate::acl;
 use crate::error::{LdapError, OpResult};
 use crate::password;
 use crate::state::{Identity, Server};
@@ -76,10 +77,26 @@ async fn passwd_modify(
         .schema
         .normalize_dn(&target)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
-    if !who.is_admin() && who.norm() != norm {
-        return Err(LdapError::access(
-            "users may change only their own password",
-        ));
+    // Access is settled before any hashing, so refused callers cost little.
+    {
+        let rtxn = server.store.read()?;
+        let view = rtxn.view();
+        match super::resolve_for(server, &view, who, &target) {
+            Ok(id) => {
+                let entry = pando_model::Entry {
+                    dn: pando_model::Dn { rdns: Vec::new() },
+                    attrs: view.attrs(id)?.unwrap_or_default(),
+                };
+                let pw = server.schema.attribute("userPassword");
+                super::require(server, &view, who, &norm, &entry, &[(pw, acl::WRITE)])?;
+            }
+            Err(e) if e.code == ResultCode::NO_SUCH_OBJECT && norm == server.root_dn_norm => {
+                return Err(LdapError::unwilling(
+                    "the root DN is not an entry; set root_password_hash in the configuration",
+                ))
+            }
+            Err(e) => return Err(e),
+        }
     }
     let generated = req.new_password.is_none();
     let new_clear = match req.new_password {
@@ -127,15 +144,7 @@ async fn passwd_modify(
         .store
         .write(move |w: &mut WriteTxn<'_>| -> OpResult<()> {
             let view = w.view();
-            let id = match super::resolve(&view, &target) {
-                Ok(id) => id,
-                Err(e) if e.code == ResultCode::NO_SUCH_OBJECT && norm == server3.root_dn_norm => {
-                    return Err(LdapError::unwilling(
-                        "the root DN is not an entry; set root_password_hash in the configuration",
-                    ))
-                }
-                Err(e) => return Err(e),
-            };
+            let id = super::resolve(&view, &target)?;
             let old_attrs = view.attrs(id)?.unwrap_or_default();
             if checked
                 .as_ref()
@@ -188,9 +197,9 @@ async fn online_backup(
     who: &Identity,
     value: Option<Vec<u8>>,
 ) -> OpResult<ExtendedResponse> {
-    if !who.is_admin() {
+    if !who.is_admin() && !who.is_break_glass() {
         return Err(LdapError::access(
-            "only the administrator may start a backup",
+            "only an administrator may start a backup",
         ));
     }
     let dest = value

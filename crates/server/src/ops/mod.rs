@@ -9,9 +9,11 @@ pub mod search;
 pub mod special;
 pub mod write;
 
-use pando_model::Dn;
+use pando_model::{AttributeType, Dn, Entry};
 use pando_proto::ResultCode;
 use pando_store::{EntryId, Lookup, View};
+
+use crate::acl::{self, Access, EntryRules, Rights};
 
 use crate::error::{LdapError, OpResult};
 use crate::state::{Identity, Server};
@@ -45,26 +47,88 @@ pub fn no_such_object(view: &View<'_>, matched: Option<EntryId>) -> OpResult<Lda
     })
 }
 
-/// Writes need an authenticated administrator; users may change only their
-/// own password (`self_password`). Anonymous callers are told to
+/// Check that `who` holds every `(attribute, right)` in `checks` on the
+/// entry `norm` (None = the entry itself). A refusal does not reveal an
+/// entry the requester may not see: noSuchObject then, not
+/// insufficientAccessRights (RFC 4511 4.1.9). Anonymous writers are told to
 /// authenticate (strongerAuthRequired), as slapd does.
-pub fn require_write(
+pub fn require(
     server: &Server,
+    view: &View<'_>,
     who: &Identity,
-    target_norm: &str,
-    self_password: bool,
+    norm: &str,
+    entry: &Entry,
+    checks: &[(Option<&AttributeType>, Rights)],
 ) -> OpResult<()> {
-    let _ = server;
-    if who.is_admin() {
-        Ok(())
-    } else if who.is_anonymous() {
-        Err(LdapError::new(
-            ResultCode::STRONGER_AUTH_REQUIRED,
-            "modifications require authentication",
-        ))
-    } else if self_password && who.norm() == target_norm {
-        Ok(())
-    } else {
-        Err(LdapError::access("no write access to the target entry"))
+    let mut access = Access::new(&server.acl, who);
+    if access.unrestricted() {
+        return Ok(());
     }
+    let rules = access.entry(&server.schema, norm, entry);
+    for (attr, right) in checks {
+        if access.allows(Some(view), &rules, norm, *attr, *right) {
+            continue;
+        }
+        if who.is_anonymous() && right & (acl::WRITE | acl::ADD | acl::DELETE) != 0 {
+            return Err(LdapError::new(
+                ResultCode::STRONGER_AUTH_REQUIRED,
+                "modifications require authentication",
+            ));
+        }
+        if !visible(&mut access, view, &rules, norm) {
+            return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"));
+        }
+        let what = match attr {
+            Some(at) => format!("attribute {}", at.name()),
+            None => "the entry".to_string(),
+        };
+        return Err(LdapError::access(format!(
+            "no {} access to {what}",
+            acl::right_name(*right)
+        )));
+    }
+    Ok(())
+}
+
+/// May the requester know the entry exists at all?
+pub fn visible(access: &mut Access<'_>, view: &View<'_>, rules: &EntryRules, norm: &str) -> bool {
+    [acl::SEARCH, acl::READ, acl::COMPARE]
+        .into_iter()
+        .any(|r| access.allows(Some(view), rules, norm, None, r))
+}
+
+/// Like [`resolve`], but the matchedDN of a noSuchObject names only an
+/// ancestor the requester may see.
+pub fn resolve_for(server: &Server, view: &View<'_>, who: &Identity, dn: &Dn) -> OpResult<EntryId> {
+    let rdns = norm_rdns(view, dn)?;
+    match view.lookup_norm(&rdns)? {
+        Lookup::Found(id) => Ok(id),
+        Lookup::Missing { matched: None } => Err(no_such_object(view, None)?),
+        Lookup::Missing { matched: Some(m) } => {
+            let mut access = Access::new(&server.acl, who);
+            let shown = access.unrestricted() || {
+                let entry = Entry {
+                    dn: Dn { rdns: Vec::new() },
+                    attrs: view.attrs(m)?.unwrap_or_default(),
+                };
+                let norm = norm_dn_of(view, m)?;
+                let rules = access.entry(&server.schema, &norm, &entry);
+                visible(&mut access, view, &rules, &norm)
+            };
+            Err(no_such_object(view, shown.then_some(m))?)
+        }
+    }
+}
+
+/// The normalised DN of a stored entry (normalised RDNs joined by commas).
+pub fn norm_dn_of(view: &View<'_>, mut id: EntryId) -> OpResult<String> {
+    let mut parts = Vec::new();
+    while let Some(p) = view.placement(id)? {
+        parts.push(p.norm_rdn);
+        if p.parent == 0 {
+            break;
+        }
+        id = p.parent;
+    }
+    Ok(parts.join(","))
 }

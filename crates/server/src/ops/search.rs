@@ -21,6 +21,7 @@ use roaring::RoaringTreemap;
 use tokio::sync::mpsc;
 
 use super::special::{self, SUBSCHEMA_DN, SUBSCHEMA_NORM};
+use crate::acl::{self, Access, EntryRules};
 use crate::error::{LdapError, OpResult};
 use crate::state::{Identity, Server};
 
@@ -204,8 +205,22 @@ struct Emitter<'a> {
     schema: &'a Schema,
     sel: Selection,
     types_only: bool,
-    admin: bool,
     msg_id: i32,
+}
+
+/// Access decisions for the entry being emitted: only attributes the
+/// requester may read go out.
+struct Guard<'g, 'a> {
+    access: &'g mut Access<'a>,
+    rules: &'g EntryRules,
+    norm: &'g str,
+}
+
+impl Guard<'_, '_> {
+    fn may_read(&mut self, view: Option<&View<'_>>, at: &AttributeType) -> bool {
+        self.access
+            .allows(view, self.rules, self.norm, Some(at), acl::READ)
+    }
 }
 
 impl Emitter<'_> {
@@ -215,17 +230,18 @@ impl Emitter<'_> {
         id: Option<EntryId>,
         dn: &str,
         entry: &Entry,
+        mut guard: Option<Guard<'_, '_>>,
         buf: &mut Vec<u8>,
     ) -> OpResult<()> {
         let mut enc = EntryEncoder::begin(buf, self.msg_id, dn.as_bytes());
         for a in &entry.attrs {
             let base = a.desc.split(';').next().unwrap_or("");
-            if !self.admin && base.eq_ignore_ascii_case("userPassword") {
-                continue;
-            }
             let Some(at) = self.schema.attribute(base) else {
                 continue;
             };
+            if guard.as_mut().is_some_and(|g| !g.may_read(view, at)) {
+                continue;
+            }
             if COMPUTED.iter().any(|c| c.eq_ignore_ascii_case(base)) && id.is_some() {
                 continue; // recomputed below for stored entries
             }
@@ -241,6 +257,13 @@ impl Emitter<'_> {
         if let (Some(view), Some(id)) = (view, id) {
             for name in COMPUTED {
                 if !self.sel.wants_computed(name) {
+                    continue;
+                }
+                let readable = match (self.schema.attribute(name), guard.as_mut()) {
+                    (Some(at), Some(g)) => g.may_read(Some(view), at),
+                    _ => true,
+                };
+                if !readable {
                     continue;
                 }
                 let value = computed_value(view, id, dn, name)?;
@@ -350,9 +373,9 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
         schema,
         sel,
         types_only: req.types_only,
-        admin,
         msg_id: job.msg_id,
     };
+    let mut access = Access::new(&server.acl, &job.who);
     let filter = schema.compile_filter(&req.filter);
 
     // Time limit: the smaller of the client's and (for non-admins) the server's.
@@ -398,7 +421,9 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
             } else {
                 SUBSCHEMA_DN.to_string()
             };
-            emitter.emit(None, None, &dn, &entry, &mut buf)?;
+            // The root DSE and the subschema are public: what a client
+            // needs to learn how to talk to the server.
+            emitter.emit(None, None, &dn, &entry, None, &mut buf)?;
             n = 1;
             if flush(out, &mut buf).is_err() {
                 return Ok(Step::Done(None));
@@ -418,7 +443,20 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
 
     let rtxn = server.store.read()?;
     let view = rtxn.view();
-    let base_id = super::resolve(&view, &base)?;
+    let base_id = super::resolve_for(server, &view, &job.who, &base)?;
+    // Searching needs search access to the base entry; without it the base
+    // is reported missing, so its existence is not revealed.
+    if !access.unrestricted() {
+        let base_norm = super::norm_dn_of(&view, base_id)?;
+        let base_entry = Entry {
+            dn: Dn { rdns: Vec::new() },
+            attrs: view.attrs(base_id)?.unwrap_or_default(),
+        };
+        let rules = access.entry(schema, &base_norm, &base_entry);
+        if !access.allows(Some(&view), &rules, &base_norm, None, acl::SEARCH) {
+            return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"));
+        }
+    }
 
     // Paging state.
     let hash = if job.paged.is_some() {
@@ -485,7 +523,11 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
     let uses_dn = uses_dn_attributes(&req.filter);
     let mut needed_computed = Vec::new();
     computed_in_filter(&req.filter, &mut needed_computed);
-    let mut dn_cache: HashMap<EntryId, String> = HashMap::new();
+    let mut dn_cache: HashMap<EntryId, (String, String)> = HashMap::new();
+    let mut filter_types: Vec<&AttributeType> = Vec::new();
+    types_in_filter(schema, &req.filter, &mut filter_types);
+    let mut masked: HashMap<u64, pando_model::CompiledFilter> = HashMap::new();
+    let mut rules = EntryRules::default();
     let mut buf = Vec::with_capacity(CHUNK + 4096);
     let mut sent_now = 0u64;
     let mut last_id = None;
@@ -513,7 +555,7 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
         let Some(attrs) = view.attrs(id)? else {
             continue;
         };
-        let dn = dn_of(&view, id, &mut dn_cache)?;
+        let (dn, norm) = dn_of(&view, id, &mut dn_cache)?;
         // The parsed DN is only consulted by extensible matches with dnAttributes.
         let parsed = if uses_dn {
             Dn::parse(&dn).unwrap_or(Dn { rdns: Vec::new() })
@@ -521,15 +563,6 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
             Dn { rdns: Vec::new() }
         };
         let mut entry = Entry { dn: parsed, attrs };
-        if !admin {
-            entry.attrs.retain(|a| {
-                !a.desc
-                    .split(';')
-                    .next()
-                    .unwrap_or("")
-                    .eq_ignore_ascii_case("userPassword")
-            });
-        }
         for name in &needed_computed {
             let v = computed_value(&view, id, &dn, name)?;
             entry.attrs.push(pando_model::Attribute {
@@ -537,7 +570,44 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
                 values: vec![v.into_bytes()],
             });
         }
-        if filter.matches(schema, &entry) != Ternary::True {
+        let matched = if access.unrestricted() {
+            filter.matches(schema, &entry)
+        } else {
+            access.entry_into(schema, &norm, &entry, &mut rules);
+            if !access.allows(Some(&view), &rules, &norm, None, acl::READ) {
+                continue;
+            }
+            // Filter items on attributes the requester may not search are
+            // Undefined for them, as if the attribute were invisible.
+            let mut mask = 0u64;
+            for (i, at) in filter_types.iter().enumerate() {
+                if !access.allows(Some(&view), &rules, &norm, Some(at), acl::SEARCH) {
+                    mask |= 1 << i.min(63);
+                }
+            }
+            if mask == 0 {
+                filter.matches(schema, &entry)
+            } else {
+                let hidden: Vec<&str> = filter_types
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| mask & (1 << (*i).min(63)) != 0)
+                    .map(|(_, at)| at.oid.as_str())
+                    .collect();
+                let hide = |at: &AttributeType| hidden.contains(&at.oid.as_str());
+                if filter_types.len() > 64 {
+                    schema
+                        .compile_filter_hiding(&req.filter, &hide)
+                        .matches(schema, &entry)
+                } else {
+                    masked
+                        .entry(mask)
+                        .or_insert_with(|| schema.compile_filter_hiding(&req.filter, &hide))
+                        .matches(schema, &entry)
+                }
+            }
+        };
+        if matched != Ternary::True {
             continue;
         }
         if let Some(limit) = total_limit {
@@ -570,7 +640,12 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
                 entries: sent_now,
             })));
         }
-        emitter.emit(Some(&view), Some(id), &dn, &entry, &mut buf)?;
+        let guard = (!access.unrestricted()).then_some(Guard {
+            access: &mut access,
+            rules: &rules,
+            norm: &norm,
+        });
+        emitter.emit(Some(&view), Some(id), &dn, &entry, guard, &mut buf)?;
         sent_now += 1;
         last_id = Some(id);
         if buf.len() >= CHUNK {
@@ -607,26 +682,62 @@ fn flush(out: &mut Out<'_>, buf: &mut Vec<u8>) -> OpResult<()> {
     }
 }
 
-/// DN of `id`, reusing the DNs of parents already seen in this search.
-fn dn_of(view: &View<'_>, id: EntryId, cache: &mut HashMap<EntryId, String>) -> OpResult<String> {
+/// DN of `id` and its normalised form, reusing those of parents already
+/// seen in this search.
+fn dn_of(
+    view: &View<'_>,
+    id: EntryId,
+    cache: &mut HashMap<EntryId, (String, String)>,
+) -> OpResult<(String, String)> {
     let Some(p) = view.placement(id)? else {
-        return Ok(view.dn_string(id)?);
+        return Ok((view.dn_string(id)?, super::norm_dn_of(view, id)?));
     };
     if p.parent == 0 {
-        return Ok(p.rdn);
+        return Ok((p.rdn, p.norm_rdn));
     }
-    let parent_dn = match cache.get(&p.parent) {
-        Some(d) => d.clone(),
+    let (parent_dn, parent_norm) = match cache.get(&p.parent) {
+        Some(d) => d,
         None => {
-            let d = view.dn_string(p.parent)?;
+            let d = (
+                view.dn_string(p.parent)?,
+                super::norm_dn_of(view, p.parent)?,
+            );
             if cache.len() > 10_000 {
                 cache.clear();
             }
-            cache.insert(p.parent, d.clone());
-            d
+            cache.entry(p.parent).or_insert(d)
         }
     };
-    Ok(format!("{},{}", p.rdn, parent_dn))
+    Ok((
+        format!("{},{}", p.rdn, parent_dn),
+        format!("{},{}", p.norm_rdn, parent_norm),
+    ))
+}
+
+/// Attribute types a filter tests, each once.
+fn types_in_filter<'s>(schema: &'s Schema, f: &Filter, out: &mut Vec<&'s AttributeType>) {
+    let mut add = |desc: &str| {
+        if let Ok((_, at)) = schema.canonical_desc(desc) {
+            if !out.iter().any(|x| std::ptr::eq(*x, at)) {
+                out.push(at);
+            }
+        }
+    };
+    match f {
+        Filter::And(v) | Filter::Or(v) => v.iter().for_each(|g| types_in_filter(schema, g, out)),
+        Filter::Not(g) => types_in_filter(schema, g, out),
+        Filter::Equality(a)
+        | Filter::GreaterOrEqual(a)
+        | Filter::LessOrEqual(a)
+        | Filter::Approx(a) => add(&a.attr),
+        Filter::Substrings(s) => add(&s.attr),
+        Filter::Present(a) => add(a),
+        Filter::Extensible(m) => {
+            if let Some(a) = &m.attr {
+                add(a)
+            }
+        }
+    }
 }
 
 /// Candidate IDs within the scope, ascending.

@@ -11,6 +11,7 @@ use pando_model::{Attribute, Dn, Entry, Schema};
 use pando_proto::{AddRequest, Change, ModOp, ModifyDnRequest, ModifyRequest, ResultCode};
 use pando_store::{Lookup, Placement, WriteTxn};
 
+use crate::acl;
 use crate::backup::META_CONTEXT_CSN;
 use crate::error::{LdapError, OpResult};
 use crate::password;
@@ -161,7 +162,6 @@ pub async fn add(server: &Arc<Server>, who: &Identity, req: AddRequest) -> OpRes
     let norm = schema
         .normalize_dn(&dn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{dn}': {e}")))?;
-    super::require_write(server, who, &norm, false)?;
     let mut entry = Entry::new(dn.clone());
     for a in req.attrs {
         if a.values.is_empty() {
@@ -181,6 +181,7 @@ pub async fn add(server: &Arc<Server>, who: &Identity, req: AddRequest) -> OpRes
         .store
         .write(move |w: &mut WriteTxn<'_>| -> OpResult<()> {
             let server = &*server2;
+            super::require(server, &w.view(), &who, &norm, &entry, &[(None, acl::ADD)])?;
             let place = placement_for(server, w, &dn)?;
             let structural = server.schema.check_entry(&mut entry)?;
             let now = crate::clock::generalized_time(crate::clock::now_micros());
@@ -201,22 +202,26 @@ pub async fn delete(server: &Arc<Server>, who: &Identity, dn_text: String) -> Op
         .schema
         .normalize_dn(&dn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
-    super::require_write(server, who, &norm, false)?;
     let server2 = server.clone();
+    let who = who.clone();
     server
         .store
         .write(move |w: &mut WriteTxn<'_>| -> OpResult<()> {
             let server = &*server2;
             let view = w.view();
-            let id = super::resolve(&view, &dn)?;
+            let id = super::resolve_for(server, &view, &who, &dn)?;
+            let entry = Entry {
+                dn: Dn { rdns: Vec::new() },
+                attrs: view.attrs(id)?.unwrap_or_default(),
+            };
+            super::require(server, &view, &who, &norm, &entry, &[(None, acl::DELETE)])?;
             if view.has_children(id)? {
                 return Err(LdapError::new(
                     ResultCode::NOT_ALLOWED_ON_NON_LEAF,
                     "subordinate objects must be deleted first",
                 ));
             }
-            let attrs = view.attrs(id)?.unwrap_or_default();
-            w.delete(id, &attrs)?;
+            w.delete(id, &entry.attrs)?;
             w.meta_put(META_CONTEXT_CSN, server.csn.next().as_bytes())?;
             Ok(())
         })
@@ -415,9 +420,6 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
     let norm = schema
         .normalize_dn(&dn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
-    let only_password =
-        !req.changes.is_empty() && req.changes.iter().all(|c| is_password(&c.attr.name));
-    super::require_write(server, who, &norm, only_password)?;
     for ch in &mut req.changes {
         reject_maintained(schema, &ch.attr.name)?;
         // Each clear-text value costs an argon2 hash: users changing their
@@ -444,7 +446,7 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
         let (id, old_bytes, old_attrs, mut new) = {
             let rtxn = server.store.read()?;
             let view = rtxn.view();
-            let id = super::resolve(&view, &dn)?;
+            let id = super::resolve_for(server, &view, who, &dn)?;
             let old_bytes = view
                 .entry_bytes(id)?
                 .map(<[u8]>::to_vec)
@@ -455,6 +457,12 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
                 dn: dn.clone(),
                 attrs: old_attrs,
             };
+            let mut checks = Vec::with_capacity(changes.len());
+            for ch in &changes {
+                let (_, at) = schema.canonical_desc(&ch.attr.name)?;
+                checks.push((Some(at), acl::WRITE));
+            }
+            super::require(server, &view, who, &norm, &old, &checks)?;
             let mut new = old.clone();
             apply_changes(schema, &mut new, &changes)?;
             // Schema checks apply to user attributes; maintained ones ride along.
@@ -491,7 +499,6 @@ pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnReques
     let norm = schema
         .normalize_dn(&dn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
-    super::require_write(server, who, &norm, false)?;
     let new_rdn = pando_model::Rdn::parse(&req.new_rdn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid new RDN '{}': {e}", req.new_rdn)))?;
     let new_superior = match &req.new_superior {
@@ -510,7 +517,7 @@ pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnReques
             let server = &*server2;
             let schema = &*server.schema;
             let view = w.view();
-            let id = super::resolve(&view, &dn)?;
+            let id = super::resolve_for(server, &view, &who, &dn)?;
             let parent_dn = match new_superior {
                 Some(d) => d,
                 None => dn.parent().unwrap_or(Dn { rdns: Vec::new() }),
@@ -534,6 +541,20 @@ pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnReques
                 .normalize_rdn(&new_rdn)
                 .map_err(|e| LdapError::invalid_dn(format!("invalid new RDN: {e}")))?;
             let new_rdns = super::norm_rdns(&view, &new_dn)?;
+            let current = Entry {
+                dn: Dn { rdns: Vec::new() },
+                attrs: view.attrs(id)?.unwrap_or_default(),
+            };
+            // Moving is deleting here and adding there.
+            super::require(server, &view, &who, &norm, &current, &[(None, acl::DELETE)])?;
+            super::require(
+                server,
+                &view,
+                &who,
+                &new_rdns.join(","),
+                &current,
+                &[(None, acl::ADD)],
+            )?;
             match view.lookup_norm(&new_rdns)? {
                 Lookup::Found(other) if other != id => {
                     return Err(LdapError::new(
@@ -543,7 +564,7 @@ pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnReques
                 }
                 _ => {}
             }
-            let old_attrs = view.attrs(id)?.unwrap_or_default();
+            let old_attrs = current.attrs;
             let old = Entry {
                 dn: dn.clone(),
                 attrs: old_attrs.clone(),

@@ -1,0 +1,916 @@
+//! Access control: ordered rules compiled once, evaluated per operation,
+//! entry and attribute.
+//!
+//! A rule covers entries (by subtree or DN pattern, optionally a filter) and
+//! attributes (optionally a list; `entry` is the entry itself). For a check —
+//! may this requester exercise this right on this attribute of this entry —
+//! the first rule covering the entry and attribute is used, and in it the
+//! first `by` clause whose subjects all hold decides. Nothing matching means
+//! no access. The user guide is docs/access-control.md.
+//!
+//! Cost model: everything about the requester alone (anonymous, admin, DN,
+//! address, TLS, ldapi) is settled once per operation in [`Access::new`];
+//! group membership once per operation on first use (one index lookup per
+//! nesting level); per entry, the rules covering it are found once
+//! ([`Access::entry`]) and each attribute check walks only those.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use pando_model::{AttributeType, CompiledFilter, Dn, Entry, Schema, Ternary};
+use pando_proto::{Ava, Filter};
+use pando_store::{Candidates, EntryId, Lookup, View};
+use regex::Regex;
+use roaring::RoaringTreemap;
+
+use crate::config::{AccessRule, OneOrMany};
+use crate::state::Identity;
+
+/// A set of rights, one bit each.
+pub type Rights = u8;
+pub const AUTH: Rights = 1;
+pub const COMPARE: Rights = 2;
+pub const SEARCH: Rights = 4;
+pub const READ: Rights = 8;
+pub const WRITE: Rights = 16;
+pub const ADD: Rights = 32;
+pub const DELETE: Rights = 64;
+
+/// Most rules (rule indices are kept as u16).
+const MAX_RULES: usize = 4096;
+/// Deepest group nesting followed for `group:` subjects.
+const MAX_GROUP_NESTING: usize = 4;
+/// Most groups collected for one requester.
+const MAX_GROUPS: u64 = 10_000;
+
+/// The name of a single right, for messages.
+pub fn right_name(r: Rights) -> &'static str {
+    match r {
+        AUTH => "auth",
+        COMPARE => "compare",
+        SEARCH => "search",
+        READ => "read",
+        WRITE => "write",
+        ADD => "add",
+        DELETE => "delete",
+        _ => "sufficient",
+    }
+}
+
+fn level(name: &str) -> Option<Rights> {
+    Some(match name {
+        "none" => 0,
+        "auth" => AUTH,
+        "compare" => AUTH | COMPARE,
+        "search" => AUTH | COMPARE | SEARCH,
+        "read" => AUTH | COMPARE | SEARCH | READ,
+        "write" | "all" => AUTH | COMPARE | SEARCH | READ | WRITE | ADD | DELETE,
+        _ => return None,
+    })
+}
+
+fn single(name: &str) -> Option<Rights> {
+    Some(match name {
+        "auth" => AUTH,
+        "compare" => COMPARE,
+        "search" => SEARCH,
+        "read" => READ,
+        "write" => WRITE,
+        "add" => ADD,
+        "delete" => DELETE,
+        _ => return None,
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    Base,
+    One,
+    Sub,
+    Children,
+}
+
+#[derive(Debug)]
+enum Target {
+    All,
+    Dn { base: String, scope: Scope },
+    Regex(Regex),
+}
+
+#[derive(Debug)]
+enum Subject {
+    Anyone,
+    Anonymous,
+    Users,
+    SelfDn,
+    Admins,
+    Dn(String),
+    Subtree(String),
+    Group(Dn),
+    Net(IpAddr, u8),
+    Tls,
+    Ldapi,
+}
+
+#[derive(Debug)]
+struct By {
+    subjects: Vec<Subject>,
+    rights: Rights,
+}
+
+struct Rule {
+    target: Target,
+    filter: Option<CompiledFilter>,
+    /// None: every attribute and the entry itself.
+    attrs: Option<AttrSel>,
+    /// Index of this rule's first clause in the flattened clause list.
+    first_by: usize,
+    by: Vec<By>,
+}
+
+struct AttrSel {
+    entry: bool,
+    oids: Vec<String>,
+}
+
+/// The compiled rule list.
+pub struct Acl {
+    rules: Vec<Rule>,
+    clauses: usize,
+    /// Normalised group DNs named by `group:` subjects, in order.
+    groups: Vec<Dn>,
+}
+
+/// The rules used when none are configured.
+pub fn default_rules() -> Vec<AccessRule> {
+    // One right name is a level (cumulative); a list is exactly those rights.
+    let by = |who: &str, rights: &[&str]| crate::config::AccessBy {
+        who: OneOrMany::One(who.to_string()),
+        rights: match rights {
+            [level] => OneOrMany::One(level.to_string()),
+            list => OneOrMany::Many(list.iter().map(|r| r.to_string()).collect()),
+        },
+    };
+    vec![
+        AccessRule {
+            dn: None,
+            scope: None,
+            dn_regex: None,
+            filter: None,
+            attrs: Some(vec!["userPassword".into()]),
+            by: vec![
+                by("admins", &["all"]),
+                by("self", &["auth", "write"]),
+                by("*", &["auth"]),
+            ],
+        },
+        AccessRule {
+            dn: None,
+            scope: None,
+            dn_regex: None,
+            filter: None,
+            attrs: None,
+            by: vec![by("admins", &["all"]), by("users", &["read"])],
+        },
+    ]
+}
+
+type CompileError = (usize, &'static str, String);
+
+impl Acl {
+    /// The configured rules, or the defaults when there are none.
+    pub fn from_config(rules: &[AccessRule], schema: &Schema) -> Result<Acl, CompileError> {
+        if rules.is_empty() {
+            Acl::compile(&default_rules(), schema)
+        } else {
+            Acl::compile(rules, schema)
+        }
+    }
+
+    /// Compile rules; an error names the rule index, the key and the problem.
+    pub fn compile(rules: &[AccessRule], schema: &Schema) -> Result<Acl, CompileError> {
+        if rules.len() > MAX_RULES {
+            return Err((MAX_RULES, "", format!("more than {MAX_RULES} rules")));
+        }
+        let mut out = Vec::with_capacity(rules.len());
+        let mut clauses = 0;
+        let mut groups: Vec<Dn> = Vec::new();
+        for (i, r) in rules.iter().enumerate() {
+            let e = |key: &'static str, msg: String| (i, key, msg);
+            let norm_dn = |key: &'static str, s: &str| -> Result<String, CompileError> {
+                let dn = Dn::parse(s).map_err(|x| e(key, format!("'{s}' is not a DN: {x}")))?;
+                schema.normalize_dn(&dn).map_err(|x| e(key, x))
+            };
+            let target = match (&r.dn, &r.scope, &r.dn_regex) {
+                (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => {
+                    return Err(e(
+                        "dn_regex",
+                        "give either dn_regex, or dn and scope".into(),
+                    ));
+                }
+                (None, None, Some(re)) => Target::Regex(
+                    Regex::new(&format!("^(?:{re})$"))
+                        .map_err(|x| e("dn_regex", format!("not a regular expression: {x}")))?,
+                ),
+                (dn, scope, None) => {
+                    let scope = match scope.as_deref().unwrap_or("sub") {
+                        "base" => Scope::Base,
+                        "one" => Scope::One,
+                        "sub" => Scope::Sub,
+                        "children" => Scope::Children,
+                        other => {
+                            return Err(e(
+                                "scope",
+                                format!("'{other}' is not one of base, one, sub, children"),
+                            ))
+                        }
+                    };
+                    match dn.as_deref() {
+                        None | Some("") if scope == Scope::Sub => Target::All,
+                        None => Target::Dn {
+                            base: String::new(),
+                            scope,
+                        },
+                        Some(d) => Target::Dn {
+                            base: if d.is_empty() {
+                                String::new()
+                            } else {
+                                norm_dn("dn", d)?
+                            },
+                            scope,
+                        },
+                    }
+                }
+            };
+            let filter = match &r.filter {
+                None => None,
+                Some(f) => {
+                    let parsed = Filter::parse(f)
+                        .map_err(|x| e("filter", format!("'{f}' is not a filter: {x}")))?;
+                    Some(schema.compile_filter(&parsed))
+                }
+            };
+            let attrs = match &r.attrs {
+                None => None,
+                Some(list) => {
+                    let mut sel = AttrSel {
+                        entry: false,
+                        oids: Vec::new(),
+                    };
+                    for a in list {
+                        if a.eq_ignore_ascii_case("entry") {
+                            sel.entry = true;
+                        } else {
+                            let at = schema.attribute(a).ok_or_else(|| {
+                                e("attrs", format!("unknown attribute type '{a}'"))
+                            })?;
+                            sel.oids.push(at.oid.clone());
+                        }
+                    }
+                    Some(sel)
+                }
+            };
+            if r.by.is_empty() {
+                return Err(e("by", "at least one clause is needed".into()));
+            }
+            let mut by = Vec::new();
+            for b in &r.by {
+                let mut subjects = Vec::new();
+                for w in b.who.items() {
+                    let s = match w {
+                        "*" | "anyone" => Subject::Anyone,
+                        "anonymous" => Subject::Anonymous,
+                        "users" => Subject::Users,
+                        "self" => Subject::SelfDn,
+                        "admins" => Subject::Admins,
+                        "tls" => Subject::Tls,
+                        "ldapi" => Subject::Ldapi,
+                        _ => {
+                            let (kind, arg) = w.split_once(':').ok_or_else(|| {
+                                e(
+                                    "by.who",
+                                    format!("'{w}' is not a subject (see docs/access-control.md)"),
+                                )
+                            })?;
+                            match kind {
+                                "dn" => Subject::Dn(norm_dn("by.who", arg)?),
+                                "subtree" => Subject::Subtree(norm_dn("by.who", arg)?),
+                                "group" => {
+                                    let dn = Dn::parse(arg).map_err(|x| {
+                                        e("by.who", format!("'{arg}' is not a DN: {x}"))
+                                    })?;
+                                    schema.normalize_dn(&dn).map_err(|x| e("by.who", x))?;
+                                    groups.push(dn.clone());
+                                    Subject::Group(dn)
+                                }
+                                "ip" => {
+                                    let (addr, bits) = parse_net(arg).ok_or_else(|| {
+                                        e(
+                                            "by.who",
+                                            format!("'{arg}' is not an address or address/prefix"),
+                                        )
+                                    })?;
+                                    Subject::Net(addr, bits)
+                                }
+                                _ => {
+                                    return Err(e(
+                                        "by.who",
+                                        format!(
+                                            "'{w}' is not a subject (see docs/access-control.md)"
+                                        ),
+                                    ))
+                                }
+                            }
+                        }
+                    };
+                    subjects.push(s);
+                }
+                if subjects.is_empty() {
+                    return Err(e("by.who", "no subject given".into()));
+                }
+                let items = b.rights.items();
+                let rights = match (&b.rights, items.as_slice()) {
+                    (OneOrMany::One(l), _) => level(l).ok_or_else(|| {
+                        e(
+                            "by.rights",
+                            format!(
+                                "'{l}' is not one of none, auth, compare, search, read, write, all"
+                            ),
+                        )
+                    })?,
+                    (OneOrMany::Many(_), list) => {
+                        let mut r = 0;
+                        for x in list {
+                            r |= single(x).or_else(|| (*x == "all" || *x == "none").then(|| level(x).unwrap_or(0))).ok_or_else(|| {
+                                e("by.rights", format!("'{x}' is not one of auth, compare, search, read, write, add, delete, all, none"))
+                            })?;
+                        }
+                        r
+                    }
+                };
+                by.push(By { subjects, rights });
+            }
+            let first_by = clauses;
+            clauses += by.len();
+            out.push(Rule {
+                target,
+                filter,
+                attrs,
+                first_by,
+                by,
+            });
+        }
+        Ok(Acl {
+            rules: out,
+            clauses,
+            groups,
+        })
+    }
+}
+
+fn parse_net(s: &str) -> Option<(IpAddr, u8)> {
+    let (a, bits) = match s.rsplit_once('/') {
+        Some((a, b)) => (a, Some(b.parse::<u8>().ok()?)),
+        None => (s, None),
+    };
+    let addr: IpAddr = a.parse().ok()?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let bits = bits.unwrap_or(max);
+    (bits <= max).then_some((addr, bits))
+}
+
+fn in_net(ip: IpAddr, net: IpAddr, bits: u8) -> bool {
+    // An IPv4 client may arrive as an IPv4-mapped IPv6 address.
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    match (ip, net) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let mask = if bits == 0 {
+                0
+            } else {
+                u32::MAX << (32 - bits)
+            };
+            u32::from(a) & mask == u32::from(n) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let mask = if bits == 0 {
+                0
+            } else {
+                u128::MAX << (128 - bits)
+            };
+            u128::from(a) & mask == u128::from(n) & mask
+        }
+        _ => false,
+    }
+}
+
+/// Is `dn` strictly below `base` (both normalised)? A comma only counts
+/// as a separator when it is not escaped.
+pub fn is_below(dn: &str, base: &str) -> bool {
+    if base.is_empty() {
+        return !dn.is_empty();
+    }
+    let Some(head) = dn.strip_suffix(base) else {
+        return false;
+    };
+    let Some(head) = head.strip_suffix(',') else {
+        return false;
+    };
+    !head.is_empty() && !ends_escaped(head)
+}
+
+/// Does `s` end in an odd run of backslashes (so a following char is escaped)?
+fn ends_escaped(s: &str) -> bool {
+    s.bytes().rev().take_while(|&b| b == b'\\').count() % 2 == 1
+}
+
+/// Does the head (the part of a DN before its parent) hold exactly one RDN?
+fn single_rdn(head: &str) -> bool {
+    let b = head.as_bytes();
+    !b.iter()
+        .enumerate()
+        .any(|(i, &c)| c == b',' && !ends_escaped(&head[..i]))
+}
+
+impl Target {
+    fn covers(&self, dn: &str) -> bool {
+        match self {
+            Target::All => true,
+            Target::Regex(r) => r.is_match(dn),
+            Target::Dn { base, scope } => match scope {
+                Scope::Base => dn == base,
+                Scope::Sub => dn == base || is_below(dn, base),
+                Scope::Children => is_below(dn, base),
+                Scope::One => {
+                    if !is_below(dn, base) {
+                        return false;
+                    }
+                    let head_len = if base.is_empty() {
+                        dn.len()
+                    } else {
+                        dn.len() - base.len() - 1
+                    };
+                    single_rdn(&dn[..head_len])
+                }
+            },
+        }
+    }
+}
+
+/// A clause's subjects, settled for one requester.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    No,
+    Yes,
+    /// Holds if the target is the requester's own entry and/or the
+    /// requester is in the listed groups: decided per check.
+    Depends,
+}
+
+/// Decisions for one operation by one requester.
+pub struct Access<'a> {
+    acl: &'a Acl,
+    who: &'a Identity,
+    bypass: bool,
+    settled: Vec<Settled>,
+    /// Group DN (index into acl.groups) → is the requester a member?
+    member_of: HashMap<usize, bool>,
+    /// IDs of every group the requester belongs to, directly or nested.
+    groups_of_requester: Option<RoaringTreemap>,
+}
+
+/// The rules that cover one entry (indices), found once per entry.
+#[derive(Default)]
+pub struct EntryRules {
+    rules: Vec<u16>,
+}
+
+impl<'a> Access<'a> {
+    pub fn new(acl: &'a Acl, who: &'a Identity) -> Access<'a> {
+        let bypass = who.is_break_glass();
+        let mut settled = Vec::with_capacity(acl.clauses);
+        if !bypass {
+            for r in &acl.rules {
+                for b in &r.by {
+                    settled.push(settle(b, who));
+                }
+            }
+        }
+        Access {
+            acl,
+            who,
+            bypass,
+            settled,
+            member_of: HashMap::new(),
+            groups_of_requester: None,
+        }
+    }
+
+    /// Does this requester bypass every rule (break-glass)?
+    pub fn unrestricted(&self) -> bool {
+        self.bypass
+    }
+
+    /// Rules covering the entry `norm_dn` with these attributes.
+    pub fn entry(&self, schema: &Schema, norm_dn: &str, entry: &Entry) -> EntryRules {
+        let mut out = EntryRules::default();
+        self.entry_into(schema, norm_dn, entry, &mut out);
+        out
+    }
+
+    /// [`Access::entry`] into a reused buffer (searches do this per entry).
+    pub fn entry_into(&self, schema: &Schema, norm_dn: &str, entry: &Entry, out: &mut EntryRules) {
+        out.rules.clear();
+        if self.bypass {
+            return;
+        }
+        let rules = &mut out.rules;
+        for (i, r) in self.acl.rules.iter().enumerate() {
+            if !r.target.covers(norm_dn) {
+                continue;
+            }
+            if let Some(f) = &r.filter {
+                if f.matches(schema, entry) != Ternary::True {
+                    continue;
+                }
+            }
+            rules.push(i as u16);
+        }
+    }
+
+    /// May the requester exercise all of `right` on `attr` (None = the
+    /// entry itself) of the entry these rules were found for?
+    pub fn allows(
+        &mut self,
+        view: Option<&View<'_>>,
+        rules: &EntryRules,
+        norm_dn: &str,
+        attr: Option<&AttributeType>,
+        right: Rights,
+    ) -> bool {
+        if self.bypass {
+            return true;
+        }
+        for &i in &rules.rules {
+            let r = &self.acl.rules[i as usize];
+            let covered = match (&r.attrs, attr) {
+                (None, _) => true,
+                (Some(sel), None) => sel.entry,
+                (Some(sel), Some(at)) => sel.oids.iter().any(|o| *o == at.oid),
+            };
+            if !covered {
+                continue;
+            }
+            for (j, b) in r.by.iter().enumerate() {
+                let holds = match self.settled[r.first_by + j] {
+                    Settled::No => false,
+                    Settled::Yes => true,
+                    Settled::Depends => self.depends_hold(view, b, norm_dn),
+                };
+                if holds {
+                    return b.rights & right == right;
+                }
+            }
+            return false;
+        }
+        false
+    }
+
+    /// The rights the requester holds on `attr` of this entry.
+    pub fn rights(
+        &mut self,
+        view: Option<&View<'_>>,
+        rules: &EntryRules,
+        norm_dn: &str,
+        attr: Option<&AttributeType>,
+    ) -> Rights {
+        let mut r = 0;
+        for bit in [AUTH, COMPARE, SEARCH, READ, WRITE, ADD, DELETE] {
+            if self.allows(view, rules, norm_dn, attr, bit) {
+                r |= bit;
+            }
+        }
+        r
+    }
+
+    fn depends_hold(&mut self, view: Option<&View<'_>>, b: &By, norm_dn: &str) -> bool {
+        for s in &b.subjects {
+            let ok = match s {
+                Subject::SelfDn => !self.who.is_anonymous() && self.who.norm() == norm_dn,
+                Subject::Group(dn) => match view {
+                    Some(v) => self.is_member(v, dn),
+                    None => false,
+                },
+                // Settled ones already held, or the clause would be `No`.
+                _ => true,
+            };
+            if !ok {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn is_member(&mut self, view: &View<'_>, group: &Dn) -> bool {
+        let idx = self
+            .acl
+            .groups
+            .iter()
+            .position(|g| std::ptr::eq(g, group) || g == group)
+            .unwrap_or(usize::MAX);
+        if let Some(&m) = self.member_of.get(&idx) {
+            return m;
+        }
+        let m = self.lookup_member(view, group).unwrap_or(false);
+        self.member_of.insert(idx, m);
+        m
+    }
+
+    fn lookup_member(&mut self, view: &View<'_>, group: &Dn) -> Option<bool> {
+        if self.who.is_anonymous() {
+            return Some(false);
+        }
+        let Ok(Ok(Lookup::Found(gid))) = view.lookup(group) else {
+            return Some(false);
+        };
+        if self.groups_of_requester.is_none() {
+            self.groups_of_requester = Some(groups_containing(view, self.who.dn())?);
+        }
+        Some(self.groups_of_requester.as_ref()?.contains(gid))
+    }
+}
+
+/// Every group whose member/uniqueMember holds `dn`, directly or through
+/// nested groups (up to MAX_GROUP_NESTING levels), found through the
+/// equality indexes of member and uniqueMember.
+fn groups_containing(view: &View<'_>, dn: &str) -> Option<RoaringTreemap> {
+    let mut all = RoaringTreemap::new();
+    let mut frontier = vec![dn.to_string()];
+    for _ in 0..MAX_GROUP_NESTING {
+        let mut next = Vec::new();
+        for d in &frontier {
+            for attr in ["member", "uniqueMember"] {
+                let f = Filter::Equality(Ava {
+                    attr: attr.into(),
+                    value: d.as_bytes().to_vec(),
+                });
+                let ids = match view.candidates(&f).ok()? {
+                    Candidates::Ids(ids) => ids,
+                    // Unindexed membership is not followed: add an eq index
+                    // on member/uniqueMember (they are indexed by default).
+                    Candidates::All => continue,
+                };
+                // Index keys are truncated (pando_store::index::MAX_KEY): a long DN
+                // may share a key with another, so confirm those.
+                let confirm = d.len() >= pando_store::index::MAX_KEY / 2;
+                for id in ids.iter() {
+                    if all.contains(id) || (confirm && !has_member(view, id, attr, d)) {
+                        continue;
+                    }
+                    all.insert(id);
+                    next.push(id);
+                }
+            }
+        }
+        if next.is_empty() || all.len() > MAX_GROUPS {
+            break;
+        }
+        frontier = next
+            .into_iter()
+            .filter_map(|id: EntryId| view.dn_string(id).ok())
+            .collect();
+    }
+    Some(all)
+}
+
+/// Does group `id` hold `dn` in `attr` (compared as normalised DNs)?
+fn has_member(view: &View<'_>, id: EntryId, attr: &str, dn: &str) -> bool {
+    let schema = view.schema();
+    let Some(at) = schema.attribute(attr) else {
+        return false;
+    };
+    let Ok(want) = schema.normalize(at, dn.as_bytes()) else {
+        return false;
+    };
+    let Ok(Some(attrs)) = view.attrs(id) else {
+        return false;
+    };
+    attrs
+        .iter()
+        .filter(|a| a.desc.eq_ignore_ascii_case(attr))
+        .flat_map(|a| &a.values)
+        .any(|v| schema.normalize(at, v).is_ok_and(|n| n == want))
+}
+
+fn settle(b: &By, who: &Identity) -> Settled {
+    let s = &who.session;
+    let mut depends = false;
+    for subj in &b.subjects {
+        let ok = match subj {
+            Subject::Anyone => true,
+            Subject::Anonymous => who.is_anonymous(),
+            Subject::Users => !who.is_anonymous(),
+            Subject::Admins => who.is_admin(),
+            Subject::Dn(d) => !who.is_anonymous() && who.norm() == d,
+            Subject::Subtree(d) => {
+                !who.is_anonymous() && (who.norm() == d || is_below(who.norm(), d))
+            }
+            Subject::Net(net, bits) => s.peer_ip.is_some_and(|ip| in_net(ip, *net, *bits)),
+            Subject::Tls => s.tls,
+            Subject::Ldapi => s.peer_cred.is_some(),
+            Subject::SelfDn | Subject::Group(_) => {
+                if who.is_anonymous() {
+                    false
+                } else {
+                    depends = true;
+                    true
+                }
+            }
+        };
+        if !ok {
+            return Settled::No;
+        }
+    }
+    if depends {
+        Settled::Depends
+    } else {
+        Settled::Yes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{AccessBy, Config};
+    use crate::state::{PeerCred, Session};
+    use std::path::Path;
+    use std::sync::Arc;
+
+    fn rules(toml: &str) -> Vec<AccessRule> {
+        Config::from_toml(toml, Path::new("t.toml")).unwrap().access
+    }
+
+    fn who(dn: &str, session: Session) -> Identity {
+        let schema = Schema::standard();
+        let norm = schema.normalize_dn(&Dn::parse(dn).unwrap()).unwrap();
+        Identity::authenticated(dn.into(), norm, Arc::new(session))
+    }
+
+    fn entry() -> Entry {
+        Entry {
+            dn: Dn { rdns: Vec::new() },
+            attrs: vec![pando_model::Attribute {
+                desc: "objectClass".into(),
+                values: vec![b"person".to_vec()],
+            }],
+        }
+    }
+
+    #[test]
+    fn dn_scopes() {
+        assert!(is_below("uid=a,dc=x", "dc=x"));
+        assert!(!is_below("dc=x", "dc=x"));
+        assert!(!is_below("uid=a\\,dc=x", "dc=x"));
+        assert!(is_below("uid=a\\\\,dc=x", "dc=x"));
+        assert!(!is_below("xdc=x", "dc=x"));
+        let one = Target::Dn {
+            base: "dc=x".into(),
+            scope: Scope::One,
+        };
+        assert!(one.covers("uid=a,dc=x"));
+        assert!(one.covers("uid=a\\,b,dc=x"));
+        assert!(!one.covers("uid=a,ou=p,dc=x"));
+        assert!(!one.covers("dc=x"));
+    }
+
+    #[test]
+    fn first_rule_then_first_clause_default_deny() {
+        let schema = Schema::standard();
+        let acl = Acl::compile(
+            &rules(
+                r#"
+[[access]]
+dn = "ou=people,dc=example,dc=com"
+attrs = ["mail"]
+by = [{ who = "self", rights = "write" }, { who = "users", rights = "read" }]
+[[access]]
+dn = "ou=people,dc=example,dc=com"
+by = [{ who = ["users", "tls"], rights = "read" }, { who = "ip:10.0.0.0/8", rights = "search" }]
+"#,
+            ),
+            &schema,
+        )
+        .unwrap();
+        let mail = schema.attribute("mail").unwrap();
+        let cn = schema.attribute("cn").unwrap();
+        let target = "uid=a,ou=people,dc=example,dc=com";
+        let e = entry();
+        let me = who("uid=a,ou=People,dc=example,dc=com", Session::default());
+        let mut a = Access::new(&acl, &me);
+        let r = a.entry(&schema, target, &e);
+        assert!(a.allows(None, &r, target, Some(mail), WRITE));
+        // cn falls to the second rule: users only with TLS.
+        assert!(!a.allows(None, &r, target, Some(cn), READ));
+        let tls = who(
+            "uid=b,ou=People,dc=example,dc=com",
+            Session {
+                tls: true,
+                ..Session::default()
+            },
+        );
+        let mut a = Access::new(&acl, &tls);
+        let r = a.entry(&schema, target, &e);
+        assert!(a.allows(None, &r, target, Some(cn), READ));
+        assert!(!a.allows(None, &r, target, Some(mail), WRITE));
+        assert!(a.allows(None, &r, target, Some(mail), READ));
+        // Address subject; outside every rule nothing is allowed.
+        let net = Identity::anonymous(Arc::new(Session {
+            peer_ip: Some("10.1.2.3".parse().unwrap()),
+            ..Session::default()
+        }));
+        let mut a = Access::new(&acl, &net);
+        let r = a.entry(&schema, target, &e);
+        assert!(a.allows(None, &r, target, Some(cn), SEARCH));
+        assert!(!a.allows(None, &r, target, Some(cn), READ));
+        let r = a.entry(&schema, "dc=example,dc=com", &e);
+        assert!(!a.allows(None, &r, "dc=example,dc=com", None, SEARCH));
+    }
+
+    #[test]
+    fn defaults_protect_passwords() {
+        let schema = Schema::standard();
+        let acl = Acl::from_config(&[], &schema).unwrap();
+        let pw = schema.attribute("userPassword").unwrap();
+        let cn = schema.attribute("cn").unwrap();
+        let t = "uid=a,dc=example,dc=com";
+        let e = entry();
+        let anon = Identity::anonymous(Arc::default());
+        let mut a = Access::new(&acl, &anon);
+        let r = a.entry(&schema, t, &e);
+        assert_eq!(a.rights(None, &r, t, Some(pw)), AUTH);
+        assert_eq!(a.rights(None, &r, t, Some(cn)), 0);
+        let me = who("uid=a,dc=example,dc=com", Session::default());
+        let mut a = Access::new(&acl, &me);
+        assert_eq!(a.rights(None, &r, t, Some(pw)), AUTH | WRITE);
+        assert_eq!(
+            a.rights(None, &r, t, Some(cn)),
+            AUTH | COMPARE | SEARCH | READ
+        );
+        let admin = who("cn=admin,dc=example,dc=com", Session::default()).with_roles(true, false);
+        let mut a = Access::new(&acl, &admin);
+        assert!(a.allows(None, &r, t, Some(pw), READ | WRITE));
+        let glass = Identity::anonymous(Arc::new(Session {
+            peer_cred: Some(PeerCred { uid: 0, gid: 0 }),
+            ..Session::default()
+        }))
+        .with_roles(false, true);
+        let a = Access::new(&acl, &glass);
+        assert!(a.unrestricted());
+    }
+
+    #[test]
+    fn compile_errors_name_rule_and_key() {
+        let schema = Schema::standard();
+        let bad = |t: &str| Acl::compile(&rules(t), &schema).err().unwrap();
+        let e = bad("[[access]]\nscope = \"deep\"\nby = [{ who = \"*\", rights = \"read\" }]\n");
+        assert_eq!((e.0, e.1), (0, "scope"));
+        let e = bad("[[access]]\nby = [{ who = \"*\", rights = \"read\" }]\n[[access]]\nby = [{ who = \"nobody\", rights = \"read\" }]\n");
+        assert_eq!((e.0, e.1), (1, "by.who"));
+        let e = bad("[[access]]\nby = [{ who = \"*\", rights = \"peek\" }]\n");
+        assert_eq!(e.1, "by.rights");
+        let e = bad("[[access]]\nattrs = [\"nope\"]\nby = [{ who = \"*\", rights = \"read\" }]\n");
+        assert_eq!(e.1, "attrs");
+        let e = bad("[[access]]\nfilter = \"(((\"\nby = [{ who = \"*\", rights = \"read\" }]\n");
+        assert_eq!(e.1, "filter");
+        let e = bad("[[access]]\ndn_regex = \"(\"\nby = [{ who = \"*\", rights = \"read\" }]\n");
+        assert_eq!(e.1, "dn_regex");
+        let _ = AccessBy {
+            who: OneOrMany::One("*".into()),
+            rights: OneOrMany::One("read".into()),
+        };
+    }
+
+    #[test]
+    fn networks() {
+        assert!(in_net(
+            "10.1.2.3".parse().unwrap(),
+            "10.0.0.0".parse().unwrap(),
+            8
+        ));
+        assert!(!in_net(
+            "11.1.2.3".parse().unwrap(),
+            "10.0.0.0".parse().unwrap(),
+            8
+        ));
+        assert!(in_net(
+            "::ffff:10.1.2.3".parse().unwrap(),
+            "10.0.0.0".parse().unwrap(),
+            8
+        ));
+        assert!(in_net("::1".parse().unwrap(), "::1".parse().unwrap(), 128));
+        assert!(parse_net("10.0.0.0/33").is_none());
+        assert_eq!(parse_net("::1"), Some(("::1".parse().unwrap(), 128)));
+    }
+}
