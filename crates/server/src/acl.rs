@@ -137,8 +137,6 @@ struct AttrSel {
 pub struct Acl {
     rules: Vec<Rule>,
     clauses: usize,
-    /// Normalised group DNs named by `group:` subjects, in order.
-    groups: Vec<Dn>,
 }
 
 /// The rules used when none are configured.
@@ -194,7 +192,6 @@ impl Acl {
         }
         let mut out = Vec::with_capacity(rules.len());
         let mut clauses = 0;
-        let mut groups: Vec<Dn> = Vec::new();
         for (i, r) in rules.iter().enumerate() {
             let e = |key: &'static str, msg: String| (i, key, msg);
             let norm_dn = |key: &'static str, s: &str| -> Result<String, CompileError> {
@@ -277,53 +274,7 @@ impl Acl {
             for b in &r.by {
                 let mut subjects = Vec::new();
                 for w in b.who.items() {
-                    let s = match w {
-                        "*" | "anyone" => Subject::Anyone,
-                        "anonymous" => Subject::Anonymous,
-                        "users" => Subject::Users,
-                        "self" => Subject::SelfDn,
-                        "admins" => Subject::Admins,
-                        "tls" => Subject::Tls,
-                        "ldapi" => Subject::Ldapi,
-                        _ => {
-                            let (kind, arg) = w.split_once(':').ok_or_else(|| {
-                                e(
-                                    "by.who",
-                                    format!("'{w}' is not a subject (see docs/access-control.md)"),
-                                )
-                            })?;
-                            match kind {
-                                "dn" => Subject::Dn(norm_dn("by.who", arg)?),
-                                "subtree" => Subject::Subtree(norm_dn("by.who", arg)?),
-                                "group" => {
-                                    let dn = Dn::parse(arg).map_err(|x| {
-                                        e("by.who", format!("'{arg}' is not a DN: {x}"))
-                                    })?;
-                                    schema.normalize_dn(&dn).map_err(|x| e("by.who", x))?;
-                                    groups.push(dn.clone());
-                                    Subject::Group(dn)
-                                }
-                                "ip" => {
-                                    let (addr, bits) = parse_net(arg).ok_or_else(|| {
-                                        e(
-                                            "by.who",
-                                            format!("'{arg}' is not an address or address/prefix"),
-                                        )
-                                    })?;
-                                    Subject::Net(addr, bits)
-                                }
-                                _ => {
-                                    return Err(e(
-                                        "by.who",
-                                        format!(
-                                            "'{w}' is not a subject (see docs/access-control.md)"
-                                        ),
-                                    ))
-                                }
-                            }
-                        }
-                    };
-                    subjects.push(s);
+                    subjects.push(parse_subject(w, schema).map_err(|m| e("by.who", m))?);
                 }
                 if subjects.is_empty() {
                     return Err(e("by.who", "no subject given".into()));
@@ -363,8 +314,89 @@ impl Acl {
         Ok(Acl {
             rules: out,
             clauses,
-            groups,
         })
+    }
+}
+
+/// One subject of a `who` list (see docs/access-control.md).
+fn parse_subject(w: &str, schema: &Schema) -> Result<Subject, String> {
+    let dn_arg = |arg: &str| -> Result<Dn, String> {
+        let dn = Dn::parse(arg).map_err(|x| format!("'{arg}' is not a DN: {x}"))?;
+        schema.normalize_dn(&dn)?;
+        Ok(dn)
+    };
+    let norm = |arg: &str| -> Result<String, String> { schema.normalize_dn(&dn_arg(arg)?) };
+    Ok(match w {
+        "*" | "anyone" => Subject::Anyone,
+        "anonymous" => Subject::Anonymous,
+        "users" => Subject::Users,
+        "self" => Subject::SelfDn,
+        "admins" => Subject::Admins,
+        "tls" => Subject::Tls,
+        "ldapi" => Subject::Ldapi,
+        _ => {
+            let unknown = || format!("'{w}' is not a subject (see docs/access-control.md)");
+            let (kind, arg) = w.split_once(':').ok_or_else(unknown)?;
+            match kind {
+                "dn" => Subject::Dn(norm(arg)?),
+                "subtree" => Subject::Subtree(norm(arg)?),
+                "group" => Subject::Group(dn_arg(arg)?),
+                "ip" => {
+                    let (addr, bits) = parse_net(arg)
+                        .ok_or_else(|| format!("'{arg}' is not an address or address/prefix"))?;
+                    Subject::Net(addr, bits)
+                }
+                _ => return Err(unknown()),
+            }
+        }
+    })
+}
+
+/// A list of subjects that must all hold, for settings chosen per
+/// requester (limits). `self` has no meaning there and is refused.
+#[derive(Debug)]
+pub struct Who {
+    subjects: Vec<Subject>,
+}
+
+impl Who {
+    pub fn parse(items: &[&str], schema: &Schema) -> Result<Who, String> {
+        let mut subjects = Vec::new();
+        for w in items {
+            let s = parse_subject(w, schema)?;
+            if matches!(s, Subject::SelfDn) {
+                return Err("'self' needs a target entry and cannot be used here".into());
+            }
+            subjects.push(s);
+        }
+        if subjects.is_empty() {
+            return Err("no subject given".into());
+        }
+        Ok(Who { subjects })
+    }
+
+    /// Does the requester match? Group subjects look into the store.
+    pub fn holds(&self, who: &Identity, view: &View<'_>) -> bool {
+        match settle_subjects(&self.subjects, who) {
+            Settled::No => false,
+            Settled::Yes => true,
+            Settled::Depends => {
+                let mut groups = None;
+                self.subjects.iter().all(|s| match s {
+                    Subject::Group(dn) => {
+                        let Ok(Ok(Lookup::Found(gid))) = view.lookup(dn) else {
+                            return false;
+                        };
+                        groups
+                            .get_or_insert_with(|| {
+                                groups_containing(view, who.dn()).unwrap_or_default()
+                            })
+                            .contains(gid)
+                    }
+                    _ => true,
+                })
+            }
+        }
     }
 }
 
@@ -475,7 +507,8 @@ pub struct Access<'a> {
     who: &'a Identity,
     bypass: bool,
     settled: Vec<Settled>,
-    /// Group DN (index into acl.groups) → is the requester a member?
+    /// Group subject (by address in the compiled rules) → is the
+    /// requester a member?
     member_of: HashMap<usize, bool>,
     /// IDs of every group the requester belongs to, directly or nested.
     groups_of_requester: Option<RoaringTreemap>,
@@ -614,12 +647,7 @@ impl<'a> Access<'a> {
     }
 
     fn is_member(&mut self, view: &View<'_>, group: &Dn) -> bool {
-        let idx = self
-            .acl
-            .groups
-            .iter()
-            .position(|g| std::ptr::eq(g, group) || g == group)
-            .unwrap_or(usize::MAX);
+        let idx = group as *const Dn as usize;
         if let Some(&m) = self.member_of.get(&idx) {
             return m;
         }
@@ -705,9 +733,13 @@ fn has_member(view: &View<'_>, id: EntryId, attr: &str, dn: &str) -> bool {
 }
 
 fn settle(b: &By, who: &Identity) -> Settled {
+    settle_subjects(&b.subjects, who)
+}
+
+fn settle_subjects(subjects: &[Subject], who: &Identity) -> Settled {
     let s = &who.session;
     let mut depends = false;
-    for subj in &b.subjects {
+    for subj in subjects {
         let ok = match subj {
             Subject::Anyone => true,
             Subject::Anonymous => who.is_anonymous(),

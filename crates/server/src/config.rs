@@ -172,6 +172,20 @@ pub struct Limits {
     /// How long a lockout lasts; failure counts are forgotten this long
     /// after the last failure.
     pub failed_bind_lockout_seconds: u64,
+    /// Search limits for particular requesters (`[[limits.by]]`); the first
+    /// whose `who` matches applies, fields it leaves out keep the general
+    /// values (administrators: unlimited).
+    pub by: Vec<LimitsFor>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsFor {
+    /// Subjects as in access rules (all must hold), e.g. `group:cn=apps,…`.
+    pub who: OneOrMany,
+    pub size_limit: Option<u32>,
+    pub time_limit: Option<u32>,
+    pub unindexed_search_limit: Option<u64>,
 }
 
 impl Default for Limits {
@@ -192,6 +206,7 @@ impl Default for Limits {
             failed_bind_lockout: 50,
             failed_bind_lockout_ip: 500,
             failed_bind_lockout_seconds: 300,
+            by: Vec::new(),
         }
     }
 }
@@ -593,6 +608,10 @@ impl Config {
         }
         if l.max_connections == 0 {
             return Err(err("limits.max_connections", "must be at least 1"));
+        }
+        for (i, b) in l.by.iter().enumerate() {
+            crate::acl::Who::parse(&b.who.items(), schema)
+                .map_err(|e| err(format!("limits.by[{i}].who"), e))?;
         }
         if l.max_ops_per_connection == 0 {
             return Err(err("limits.max_ops_per_connection", "must be at least 1"));

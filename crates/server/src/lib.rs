@@ -142,6 +142,13 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     let throttle = throttle::BindThrottle::new(&cfg.config.limits);
     let acl = acl::Acl::from_config(&cfg.config.access, &schema)
         .map_err(|(i, k, e)| format!("access[{i}].{k}: {e}"))?;
+    let limits_by = cfg
+        .config
+        .limits
+        .by
+        .iter()
+        .map(|b| acl::Who::parse(&b.who.items(), &schema).map(|w| (w, b.clone())))
+        .collect::<Result<Vec<_>, _>>()?;
     let suffixes = cfg
         .suffixes
         .iter()
@@ -165,6 +172,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         decode_limits,
         auth,
         acl,
+        limits_by,
         throttle,
         started: SystemTime::now(),
     });

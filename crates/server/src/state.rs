@@ -25,6 +25,8 @@ pub struct Server {
     pub decode_limits: DecodeLimits,
     pub auth: crate::auth::AuthPolicy,
     pub acl: crate::acl::Acl,
+    /// `[[limits.by]]`, compiled.
+    pub limits_by: Vec<(crate::acl::Who, crate::config::LimitsFor)>,
     pub throttle: crate::throttle::BindThrottle,
     pub started: SystemTime,
 }

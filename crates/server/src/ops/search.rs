@@ -365,7 +365,6 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
     let server = &job.server;
     let schema = &*server.schema;
     let req = &job.req;
-    let admin = job.who.is_admin();
     let started = Instant::now();
     let base = super::parse_dn(&req.base)?;
     let sel = Selection::new(schema, &req.attrs);
@@ -377,25 +376,6 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
     };
     let mut access = Access::new(&server.acl, &job.who);
     let filter = schema.compile_filter(&req.filter);
-
-    // Time limit: the smaller of the client's and (for non-admins) the server's.
-    let server_time = if admin {
-        0
-    } else {
-        server.cfg.config.limits.time_limit
-    };
-    let time_limit = match (req.time_limit as u32, server_time) {
-        (0, 0) => None,
-        (0, s) | (s, 0) => Some(Duration::from_secs(s.into())),
-        (c, s) => Some(Duration::from_secs(c.min(s).into())),
-    };
-    // Size limit: the client's, and the server's unless admin; with paging the
-    // server limit caps each page instead (the client's still caps the total).
-    let server_size = if admin {
-        0
-    } else {
-        server.cfg.config.limits.size_limit
-    };
 
     // The root DSE and the subschema subentry are not in the store.
     // Only a one-RDN base can be cn=Subschema; skip normalising others.
@@ -444,6 +424,16 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
     let rtxn = server.store.read()?;
     let view = rtxn.view();
     let base_id = super::resolve_for(server, &view, &job.who, &base)?;
+    let limits = Limits::for_requester(server, &job.who, &view);
+    // Time limit: the smaller of the client's and the requester's.
+    let time_limit = match (req.time_limit as u32, limits.time) {
+        (0, 0) => None,
+        (0, s) | (s, 0) => Some(Duration::from_secs(s.into())),
+        (c, s) => Some(Duration::from_secs(c.min(s).into())),
+    };
+    // Size limit: the client's and the requester's; with paging the
+    // requester's limit caps each page instead (the client's still caps the total).
+    let server_size = limits.size;
     // Searching needs search access to the base entry; without it the base
     // is reported missing, so its existence is not revealed.
     if !access.unrestricted() {
@@ -515,7 +505,7 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
             return Ok(Step::TooBig);
         }
     }
-    let scope_ids = scope_candidates(server, &view, &job.who, base_id, req.scope, cands)?;
+    let scope_ids = scope_candidates(&view, limits.unindexed, base_id, req.scope, cands)?;
     if inline_max.is_some_and(|m| scope_ids.len() > m) {
         return Ok(Step::TooBig);
     }
@@ -740,11 +730,47 @@ fn types_in_filter<'s>(schema: &'s Schema, f: &Filter, out: &mut Vec<&'s Attribu
     }
 }
 
+/// Search limits for one requester (0 = unlimited; unindexed: most
+/// entries an unindexed search may examine).
+struct Limits {
+    size: u32,
+    time: u32,
+    unindexed: u64,
+}
+
+impl Limits {
+    /// The first `[[limits.by]]` matching the requester, over the general
+    /// limits (administrators: none).
+    fn for_requester(server: &Server, who: &Identity, view: &View<'_>) -> Limits {
+        let l = &server.cfg.config.limits;
+        let base = if who.is_admin() || who.is_break_glass() {
+            Limits {
+                size: 0,
+                time: 0,
+                unindexed: u64::MAX,
+            }
+        } else {
+            Limits {
+                size: l.size_limit,
+                time: l.time_limit,
+                unindexed: l.unindexed_search_limit,
+            }
+        };
+        match server.limits_by.iter().find(|(w, _)| w.holds(who, view)) {
+            None => base,
+            Some((_, o)) => Limits {
+                size: o.size_limit.unwrap_or(base.size),
+                time: o.time_limit.unwrap_or(base.time),
+                unindexed: o.unindexed_search_limit.unwrap_or(base.unindexed),
+            },
+        }
+    }
+}
+
 /// Candidate IDs within the scope, ascending.
 fn scope_candidates(
-    server: &Server,
     view: &View<'_>,
-    who: &Identity,
+    limit: u64,
     base: EntryId,
     scope: Scope,
     cands: Candidates,
@@ -754,11 +780,6 @@ fn scope_candidates(
         s.insert(base);
         return Ok(s);
     }
-    let limit = if who.is_admin() {
-        u64::MAX
-    } else {
-        server.cfg.config.limits.unindexed_search_limit
-    };
     let over_limit = || {
         LdapError::new(
             ResultCode::ADMIN_LIMIT_EXCEEDED,
