@@ -34,6 +34,11 @@ pub struct Config {
     pub root_password_hash: Option<String>,
     /// `error`, `warn`, `info`, `debug` or `trace`.
     pub log_level: String,
+    /// Started as root: the user (name or ID) to switch to once the
+    /// listeners are bound. Unset: keep running as the starting user.
+    pub user: Option<String>,
+    /// The group to switch to (default: the user's primary group).
+    pub group: Option<String>,
     /// Attribute → index kinds (`eq`, `pres`, `sub`, `approx`, `ord`).
     pub indexes: BTreeMap<String, Vec<String>>,
     pub limits: Limits,
@@ -287,6 +292,8 @@ impl Default for Config {
             root_dn: None,
             root_password_hash: None,
             log_level: "info".to_string(),
+            user: None,
+            group: None,
             indexes,
             limits: Limits::default(),
             store: StoreConfig::default(),
@@ -563,6 +570,21 @@ impl Config {
                     self.log_level
                 ),
             ));
+        }
+        if self.group.is_some() && self.user.is_none() {
+            return Err(err("group", "needs user to be set too"));
+        }
+        if let Some(u) = &self.user {
+            crate::privileges::resolve(u, self.group.as_deref()).map_err(|e| {
+                err(
+                    if e.starts_with("group") {
+                        "group"
+                    } else {
+                        "user"
+                    },
+                    e,
+                )
+            })?;
         }
         let mut indexes = Vec::new();
         for (attr, kinds) in &self.indexes {

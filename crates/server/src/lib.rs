@@ -13,6 +13,7 @@ pub mod error;
 pub mod net;
 pub mod ops;
 pub mod password;
+pub mod privileges;
 pub mod state;
 pub mod throttle;
 
@@ -65,6 +66,27 @@ pub fn store_options(cfg: &Resolved) -> StoreOptions {
 
 /// Open the store, bootstrap it, listen, and serve until SIGINT/SIGTERM.
 pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Result<(), BoxError> {
+    // Listeners first: binding ports below 1024 may need root, which is
+    // given up right after, before any data file is opened or created. The
+    // data directory (home of the ldapi socket) is made and handed to the
+    // service account first.
+    let target = match &cfg.config.user {
+        Some(u) => Some(privileges::resolve(u, cfg.config.group.as_deref())?),
+        None => None,
+    };
+    privileges::prepare_data_dir(&cfg.config.data_dir, target)?;
+    let bound = net::listener::bind_all(&cfg.listeners).await?;
+    match target {
+        Some(target) => {
+            privileges::drop_to(target)?;
+            tracing::info!(uid = target.uid, gid = target.gid, "switched to the configured user and group");
+        }
+        // SAFETY: geteuid has no preconditions.
+        None if unsafe { libc::geteuid() } == 0 => tracing::warn!(
+            "running as root: set `user` in the configuration (see docs/operations.md) so the server drops its privileges"
+        ),
+        None => {}
+    }
     let data_dir = cfg.config.data_dir.clone();
     std::fs::create_dir_all(&data_dir)
         .map_err(|e| format!("cannot create data directory {}: {e}", data_dir.display()))?;
@@ -160,7 +182,6 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         max_depth: limits.max_filter_depth,
         max_filter_terms: limits.max_filter_terms,
     };
-    let bound = net::listener::bind_all(&cfg.listeners).await?;
     let server = Arc::new(Server {
         root_pw_hash: RwLock::new(root_pw.as_ref().map(|p| p.hash().to_string())),
         cfg,
