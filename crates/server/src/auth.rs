@@ -18,11 +18,16 @@ pub fn peercred_dn(c: PeerCred) -> String {
     )
 }
 
-/// Who may claim "ldapi-owner": the server's own Unix user, and root.
-fn is_ldapi_owner(session: &Session) -> bool {
+/// Is `norm` the ldapi owner's own EXTERNAL identity? The peer must run as
+/// the server's Unix user or root, and the bound identity must be that
+/// peer's credentials themselves: a simple bind as some entry over the same
+/// socket is that entry, not the owner.
+fn is_ldapi_owner(norm: &str, session: &Session) -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
-    session.peer_cred.is_some_and(|c| c.uid == me || c.uid == 0)
+    session
+        .peer_cred
+        .is_some_and(|c| (c.uid == me || c.uid == 0) && norm.eq_ignore_ascii_case(&peercred_dn(c)))
 }
 
 /// An identity named in `[auth]`: a normalised DN or the ldapi owner.
@@ -43,7 +48,7 @@ impl Named {
 
     fn matches(&self, norm: &str, session: &Session) -> bool {
         match self {
-            Named::LdapiOwner => is_ldapi_owner(session),
+            Named::LdapiOwner => is_ldapi_owner(norm, session),
             Named::Dn(d) => d == norm,
         }
     }
@@ -273,10 +278,15 @@ mod tests {
             ..Session::default()
         };
         let tcp = Session::default();
-        assert!(p.is_admin("", &local));
-        assert!(!p.is_admin("", &tcp));
-        assert!(p.is_break_glass("", &local));
-        assert!(!p.is_break_glass("", &tcp));
+        let own = peercred_dn(PeerCred { uid: me, gid: 0 });
+        let own_norm = schema.normalize_dn(&Dn::parse(&own).unwrap()).unwrap();
+        assert!(p.is_admin(&own_norm, &local));
+        assert!(!p.is_admin(&own_norm, &tcp));
+        // Another identity bound over the owner's socket is not the owner.
+        assert!(!p.is_admin("uid=bob,ou=people,dc=example,dc=com", &local));
+        assert!(p.is_break_glass(&own_norm, &local));
+        assert!(!p.is_break_glass(&own_norm, &tcp));
+        assert!(!p.is_break_glass("uid=bob,ou=people,dc=example,dc=com", &local));
         let other = Session {
             peer_cred: Some(PeerCred {
                 uid: me.wrapping_add(4242),
@@ -284,6 +294,13 @@ mod tests {
             }),
             ..Session::default()
         };
-        assert_eq!(p.is_admin("", &other), me.wrapping_add(4242) == 0);
+        let other_dn = peercred_dn(PeerCred {
+            uid: me.wrapping_add(4242),
+            gid: 0,
+        });
+        assert_eq!(
+            p.is_admin(&other_dn.to_ascii_lowercase(), &other),
+            me.wrapping_add(4242) == 0
+        );
     }
 }

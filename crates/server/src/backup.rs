@@ -8,6 +8,7 @@
 
 use std::fs::File;
 use std::io::{BufReader, Read};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -97,7 +98,7 @@ pub fn backup_store(store: &Store, dest: &Path) -> Result<BackupReport, String> 
             dest.display()
         ));
     }
-    std::fs::create_dir_all(dest).map_err(|e| format!("cannot create {}: {e}", dest.display()))?;
+    private_dir(dest)?;
     let data = dest.join(DATA_FILE);
     let copy_started = Instant::now();
     store
@@ -143,6 +144,11 @@ pub fn backup_store(store: &Store, dest: &Path) -> Result<BackupReport, String> 
     let text = toml::to_string(&manifest).map_err(|e| e.to_string())?;
     let mpath = dest.join(MANIFEST);
     std::fs::write(&mpath, text).map_err(|e| format!("{}: {e}", mpath.display()))?;
+    // A backup holds every password hash: readable by the service account only.
+    for f in [&data, &mpath] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| format!("{}: {e}", f.display()))?;
+    }
     File::open(dest)
         .and_then(|d| d.sync_all())
         .map_err(|e| format!("{}: {e}", dest.display()))?;
@@ -197,8 +203,7 @@ pub fn restore(src: &Path, data_dir: &Path) -> Result<Manifest, String> {
     let staging = data_dir.join("db.restoring");
     let old = data_dir.join("db.replaced");
     let _ = std::fs::remove_dir_all(&staging);
-    std::fs::create_dir_all(&staging)
-        .map_err(|e| format!("cannot create {}: {e}", staging.display()))?;
+    private_dir(&staging)?;
     let staged = staging.join(DATA_FILE);
     std::fs::copy(src.join(DATA_FILE), &staged)
         .map_err(|e| format!("copy to {} failed: {e}", staged.display()))?;
@@ -226,4 +231,16 @@ pub fn restore(src: &Path, data_dir: &Path) -> Result<Manifest, String> {
         .map_err(|e| format!("{}: {e}", data_dir.display()))?;
     let _ = std::fs::remove_dir_all(&old);
     Ok(m)
+}
+
+/// Create `dir` (and missing parents) with the last component 0700.
+fn private_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("{}: {e}", dir.display()))
 }

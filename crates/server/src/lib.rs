@@ -154,49 +154,13 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         })
         .await??
     };
-    let root_dn_norm = match &cfg.root_dn {
-        Some(d) => schema
-            .normalize_dn(d)
-            .map_err(|e| format!("root_dn: {e}"))?,
-        None => String::new(),
-    };
-    let auth = auth::AuthPolicy::new(&cfg.config.auth, &schema)?;
-    let throttle = throttle::BindThrottle::new(&cfg.config.limits);
-    let acl = acl::Acl::from_config(&cfg.config.access, &schema)
-        .map_err(|(i, k, e)| format!("access[{i}].{k}: {e}"))?;
-    let limits_by = cfg
-        .config
-        .limits
-        .by
-        .iter()
-        .map(|b| acl::Who::parse(&b.who.items(), &schema).map(|w| (w, b.clone())))
-        .collect::<Result<Vec<_>, _>>()?;
-    let suffixes = cfg
-        .suffixes
-        .iter()
-        .map(|d| schema.normalize_dn(d).map(|n| (d.clone(), n)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("suffixes: {e}"))?;
-    let limits = &cfg.config.limits;
-    let decode_limits = DecodeLimits {
-        max_depth: limits.max_filter_depth,
-        max_filter_terms: limits.max_filter_terms,
-    };
-    let server = Arc::new(Server {
-        root_pw_hash: RwLock::new(root_pw.as_ref().map(|p| p.hash().to_string())),
+    let server = Arc::new(build_server(
         cfg,
         schema,
-        store: store.clone(),
-        root_dn_norm,
-        suffixes,
+        store.clone(),
         csn,
-        decode_limits,
-        auth,
-        acl,
-        limits_by,
-        throttle,
-        started: SystemTime::now(),
-    });
+        root_pw.as_ref().map(|p| p.hash().to_string()),
+    )?);
 
     print_banner(&server, &root_pw, &created, demo_added);
 
@@ -246,6 +210,61 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     tokio::task::spawn_blocking(move || store.close()).await?;
     tracing::info!("store closed cleanly");
     Ok(())
+}
+
+/// The shared server state for a validated configuration and an open
+/// store: compiled access rules, authentication policy, limits. Used by
+/// `run` and by in-process harnesses (the whole-server fuzz target).
+pub fn build_server(
+    cfg: Resolved,
+    schema: Arc<Schema>,
+    store: Store,
+    csn: CsnClock,
+    root_pw_hash: Option<String>,
+) -> Result<Server, BoxError> {
+    let root_dn_norm = match &cfg.root_dn {
+        Some(d) => schema
+            .normalize_dn(d)
+            .map_err(|e| format!("root_dn: {e}"))?,
+        None => String::new(),
+    };
+    let auth = auth::AuthPolicy::new(&cfg.config.auth, &schema)?;
+    let throttle = throttle::BindThrottle::new(&cfg.config.limits);
+    let acl = acl::Acl::from_config(&cfg.config.access, &schema)
+        .map_err(|(i, k, e)| format!("access[{i}].{k}: {e}"))?;
+    let limits_by = cfg
+        .config
+        .limits
+        .by
+        .iter()
+        .map(|b| acl::Who::parse(&b.who.items(), &schema).map(|w| (w, b.clone())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let suffixes = cfg
+        .suffixes
+        .iter()
+        .map(|d| schema.normalize_dn(d).map(|n| (d.clone(), n)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("suffixes: {e}"))?;
+    let limits = &cfg.config.limits;
+    let decode_limits = DecodeLimits {
+        max_depth: limits.max_filter_depth,
+        max_filter_terms: limits.max_filter_terms,
+    };
+    Ok(Server {
+        root_pw_hash: RwLock::new(root_pw_hash),
+        cfg,
+        schema,
+        store,
+        root_dn_norm,
+        suffixes,
+        csn,
+        decode_limits,
+        auth,
+        acl,
+        limits_by,
+        throttle,
+        started: SystemTime::now(),
+    })
 }
 
 /// Serve until SIGTERM or SIGINT; on SIGHUP reload the configuration and

@@ -205,6 +205,11 @@ impl Store {
         opts: &StoreOptions,
     ) -> Result<Store, StoreError> {
         std::fs::create_dir_all(path)?;
+        // The store holds every password hash: private to the service account.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))?;
+        }
         let mut env_opts = EnvOpenOptions::new();
         env_opts
             .map_size(opts.map_size)
