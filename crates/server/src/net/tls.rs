@@ -692,6 +692,34 @@ mod tests {
         assert!(Arc::ptr_eq(&before, &ctx.config()));
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn silent_clients_are_dropped_after_the_handshake_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        ensure_self_signed(&cert, &key).unwrap();
+        let ctx = TlsContext::load(TlsSettings {
+            cert_file: cert,
+            key_file: key,
+            ca_file: None,
+            client_certs: ClientCerts::None,
+            min_version: TlsVersion::V1_2,
+            self_signed: true,
+        })
+        .unwrap();
+        // Connected, but never says anything.
+        let (_client, server) = tokio::io::duplex(4096);
+        let started = tokio::time::Instant::now();
+        let e = ctx.accept(server).await.err().unwrap();
+        assert_eq!(started.elapsed(), HANDSHAKE_TIMEOUT);
+        assert!(!e.silent_close);
+        assert!(e.reason.contains("10 s"), "{e}");
+        // One that closes at once is a quiet failure.
+        let (client, server) = tokio::io::duplex(4096);
+        drop(client);
+        let e = ctx.accept(server).await.err().unwrap();
+        assert!(e.silent_close, "{e}");
+    }
+
     #[test]
     fn load_errors_name_key_and_file() {
         let dir = tempfile::tempdir().unwrap();
