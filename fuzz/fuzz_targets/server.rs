@@ -48,7 +48,7 @@ fn harness() -> &'static Harness {
         pando_server::bootstrap::ensure_suffixes(&store, &cfg.suffixes, creator, &csn)
             .expect("suffix");
         let _ = pando_server::bootstrap::load_demo(&store, &cfg.suffixes[0], creator, &csn);
-        let server = pando_server::build_server(cfg, schema, store, csn, None).expect("server");
+        let server = pando_server::build_server(cfg, schema, store, csn, None, None).expect("server");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .max_blocking_threads(2)

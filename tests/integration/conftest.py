@@ -120,14 +120,19 @@ def person_attrs(uid, i=0, extra=None):
 
 
 class Pando:
-    def __init__(self, base_dir, demo=False, config=None, name="pando"):
+    def __init__(self, base_dir, demo=False, config=None, name="pando", ldaps=False, args=()):
+        """ldaps: also listen on ldaps://127.0.0.1:<ldaps_port>; args: extra
+        `pando serve` arguments (e.g. "--tls-self-signed")."""
         self.base = Path(base_dir)
         self.data_dir = self.base / "data"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.demo = demo
         self.config = config
         self.name = name
+        self.ldaps = ldaps
+        self.args = list(args)
         self.port = None
+        self.ldaps_port = None
         self.proc = None
         self.admin_dn = ADMIN_DN
         self.admin_pw = None
@@ -136,6 +141,10 @@ class Pando:
     @property
     def url(self):
         return "ldap://127.0.0.1:%d" % self.port
+
+    @property
+    def ldaps_url(self):
+        return "ldaps://127.0.0.1:%d" % self.ldaps_port
 
     @property
     def ldapi_url(self):
@@ -148,19 +157,24 @@ class Pando:
         self.port = free_port()
         cmd = [PANDO_BIN, "serve", "--data-dir", str(self.data_dir),
                "--listen", self.url, "--listen", "ldapi://"]
+        if self.ldaps:
+            self.ldaps_port = free_port()
+            cmd += ["--listen", self.ldaps_url]
         if self.demo:
             cmd.append("--demo")
         if self.config:
             cfg = self.base / "pando.toml"
             cfg.write_text(self.config)
             cmd += ["--config", str(cfg)]
+        cmd += self.args
         self.out = open(self.base / "stdout.log", "ab")
         self.err = open(self.base / "stderr.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, stdin=subprocess.DEVNULL)
-        if not wait_port(self.port, self.proc, timeout):
-            self.proc.kill()
-            self.proc.wait()
-            pytest.fail("pando did not start listening on %s:\n%s" % (self.url, self.logs()))
+        for port in [self.port] + ([self.ldaps_port] if self.ldaps else []):
+            if not wait_port(port, self.proc, timeout):
+                self.proc.kill()
+                self.proc.wait()
+                pytest.fail("pando did not start listening on port %d:\n%s" % (port, self.logs()))
         pwfile = self.data_dir / "admin-password"
         for _ in range(100):
             if pwfile.exists() and pwfile.stat().st_size > 0:
@@ -292,7 +306,7 @@ class Pando:
 
 
 # The built-in access rules let only authenticated users read the tree
-# (test_acl.py checks them). Modules about the protocol and clients read
+# (test_security.py checks them). Modules about the protocol and clients read
 # anonymously, as against a slapd with its default "read by *": these rules
 # are the defaults plus anonymous read.
 PUBLIC_READ = """
@@ -305,9 +319,9 @@ by = [{ who = "admins", rights = "all" }, { who = "*", rights = "read" }]
 """
 
 
-def make_server(tmp_path_factory, name, demo=True, config=PUBLIC_READ):
+def make_server(tmp_path_factory, name, demo=True, config=PUBLIC_READ, **kw):
     base = tmp_path_factory.mktemp(name)
-    return Pando(base, demo=demo, config=config, name=name).start()
+    return Pando(base, demo=demo, config=config, name=name, **kw).start()
 
 
 @pytest.fixture(scope="module")

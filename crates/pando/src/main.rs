@@ -167,6 +167,11 @@ struct ServeArgs {
     /// Log level: error, warn, info, debug, trace (overrides log_level).
     #[arg(long)]
     log_level: Option<String>,
+    /// When [tls] names no certificate, use a self-signed one for
+    /// localhost, 127.0.0.1 and ::1 kept in <data_dir>/tls/ (generated on
+    /// the first start, reused after). Enables StartTLS and ldaps:// listeners.
+    #[arg(long)]
+    tls_self_signed: bool,
 }
 
 fn load_config(args: &StoreArgs) -> Result<Config, String> {
@@ -229,6 +234,7 @@ fn serve_config(
     if let Some(l) = &args.log_level {
         cfg.log_level = l.clone();
     }
+    cfg.tls.self_signed = args.tls_self_signed;
     cfg.validate(schema).map_err(|e| e.to_string())
 }
 

@@ -21,8 +21,9 @@ pub const DEFAULT_LDAP_URL: &str = "ldap://127.0.0.1:3389";
 pub struct Config {
     /// Where the store, the ldapi socket and generated secrets live.
     pub data_dir: PathBuf,
-    /// Listener URLs: `ldap://host:port` or `ldapi://` (socket in the data
-    /// directory) or `ldapi:///absolute/path`.
+    /// Listener URLs: `ldap://host:port`, `ldaps://host:port` (needs
+    /// `[tls]`), `ldapi://` (socket in the data directory) or
+    /// `ldapi:///absolute/path`.
     pub listen: Vec<String>,
     /// Naming contexts served.
     pub suffixes: Vec<String>,
@@ -47,6 +48,7 @@ pub struct Config {
     /// Access rules (`[[access]]`), in order; none configured = the
     /// built-in defaults (see docs/access-control.md).
     pub access: Vec<AccessRule>,
+    pub tls: TlsConfig,
 }
 
 /// One access rule: what it covers, then who gets which rights.
@@ -93,6 +95,160 @@ impl OneOrMany {
             OneOrMany::One(s) => vec![s.as_str()],
             OneOrMany::Many(v) => v.iter().map(String::as_str).collect(),
         }
+    }
+}
+
+/// `[tls]`: the server certificate for ldaps:// listeners and StartTLS, and
+/// how client certificates are asked for.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM certificate chain, the server's own certificate first.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of the certificate.
+    pub key_file: Option<PathBuf>,
+    /// PEM CA certificates that client certificates must chain to.
+    pub ca_file: Option<PathBuf>,
+    /// `none` (never asked for), `request` (asked for, optional) or
+    /// `require` (the handshake fails without a valid one).
+    pub client_certs: String,
+    /// Oldest TLS version accepted: `1.2` or `1.3`.
+    pub min_version: String,
+    /// Use (creating it on first start) a self-signed certificate in
+    /// `<data_dir>/tls/` when `cert_file` is unset. Set by
+    /// `pando serve --tls-self-signed`, never read from the file, so a
+    /// certificate is never generated without being asked for.
+    #[serde(skip)]
+    pub self_signed: bool,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig {
+            cert_file: None,
+            key_file: None,
+            ca_file: None,
+            client_certs: "none".into(),
+            min_version: "1.2".into(),
+            self_signed: false,
+        }
+    }
+}
+
+/// Whether and how the server asks for client certificates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientCerts {
+    None,
+    Request,
+    Require,
+}
+
+/// Oldest TLS protocol version accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsVersion {
+    V1_2,
+    V1_3,
+}
+
+/// `[tls]`, validated: TLS is configured when this exists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSettings {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub ca_file: Option<PathBuf>,
+    pub client_certs: ClientCerts,
+    pub min_version: TlsVersion,
+    /// The files are the generated self-signed pair in `<data_dir>/tls/`.
+    pub self_signed: bool,
+}
+
+/// Directory of the generated self-signed certificate (`--tls-self-signed`).
+pub fn self_signed_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("tls")
+}
+
+impl TlsConfig {
+    /// None when no certificate is configured (and none is to be generated).
+    fn resolve(&self, data_dir: &Path) -> Result<Option<TlsSettings>, ConfigError> {
+        let client_certs = match self.client_certs.as_str() {
+            "none" => ClientCerts::None,
+            "request" => ClientCerts::Request,
+            "require" => ClientCerts::Require,
+            other => {
+                return Err(err(
+                    "tls.client_certs",
+                    format!("'{other}' is not one of none, request, require"),
+                ))
+            }
+        };
+        let min_version = match self.min_version.as_str() {
+            "1.2" => TlsVersion::V1_2,
+            "1.3" => TlsVersion::V1_3,
+            other => {
+                return Err(err(
+                    "tls.min_version",
+                    format!("'{other}' is not one of \"1.2\", \"1.3\""),
+                ))
+            }
+        };
+        for (key, p) in [
+            ("tls.cert_file", &self.cert_file),
+            ("tls.key_file", &self.key_file),
+            ("tls.ca_file", &self.ca_file),
+        ] {
+            if p.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                return Err(err(key, "must not be empty"));
+            }
+        }
+        let (cert_file, key_file, self_signed) = match (&self.cert_file, &self.key_file) {
+            (Some(c), Some(k)) => (c.clone(), k.clone(), false),
+            (Some(_), None) => {
+                return Err(err(
+                    "tls.key_file",
+                    "is needed with tls.cert_file (the certificate's private key)",
+                ))
+            }
+            (None, Some(_)) => return Err(err("tls.cert_file", "is needed with tls.key_file")),
+            (None, None) if self.self_signed => {
+                let dir = self_signed_dir(data_dir);
+                (dir.join("cert.pem"), dir.join("key.pem"), true)
+            }
+            (None, None) => {
+                if client_certs != ClientCerts::None || self.ca_file.is_some() {
+                    return Err(err(
+                        "tls.cert_file",
+                        "is needed for client certificates (tls.client_certs, tls.ca_file)",
+                    ));
+                }
+                return Ok(None);
+            }
+        };
+        match (client_certs, &self.ca_file) {
+            (ClientCerts::None, Some(_)) => {
+                return Err(err(
+                    "tls.ca_file",
+                    "is set but tls.client_certs is \"none\": set it to \"request\" or \"require\", or remove ca_file",
+                ))
+            }
+            (ClientCerts::Request | ClientCerts::Require, None) => {
+                return Err(err(
+                    "tls.ca_file",
+                    format!(
+                        "is needed with tls.client_certs = \"{}\" (the CAs client certificates are checked against)",
+                        self.client_certs
+                    ),
+                ))
+            }
+            _ => {}
+        }
+        Ok(Some(TlsSettings {
+            cert_file,
+            key_file,
+            ca_file: self.ca_file.clone(),
+            client_certs,
+            min_version,
+            self_signed,
+        }))
     }
 }
 
@@ -299,6 +455,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             auth: AuthConfig::default(),
             access: Vec::new(),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -333,6 +490,8 @@ fn err(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Listener {
     Tcp(std::net::SocketAddr),
+    /// TLS from the first byte (ldaps://).
+    Ldaps(std::net::SocketAddr),
     Ldapi(PathBuf),
 }
 
@@ -340,6 +499,7 @@ impl Listener {
     pub fn url(&self) -> String {
         match self {
             Listener::Tcp(a) => format!("ldap://{a}"),
+            Listener::Ldaps(a) => format!("ldaps://{a}"),
             Listener::Ldapi(p) => format!("ldapi://{}", percent_encode_path(&p.to_string_lossy())),
         }
     }
@@ -383,6 +543,8 @@ pub struct Resolved {
     /// None when the configuration has `root_dn = ""`.
     pub root_dn: Option<Dn>,
     pub indexes: Vec<IndexSpec>,
+    /// `[tls]` resolved; None when TLS is not configured.
+    pub tls: Option<TlsSettings>,
 }
 
 impl Config {
@@ -422,22 +584,15 @@ impl Config {
         for (i, url) in self.listen.iter().enumerate() {
             let key = format!("listen[{i}]");
             let l = if let Some(rest) = url.strip_prefix("ldap://") {
-                let hostport = rest.trim_end_matches('/');
-                let addr = if hostport.contains(':') {
-                    hostport.to_string()
-                } else {
-                    format!("{hostport}:389")
-                };
-                let addr = addr
-                    .parse()
-                    .or_else(|_| {
-                        std::net::ToSocketAddrs::to_socket_addrs(&addr.as_str())
-                            .ok()
-                            .and_then(|mut it| it.next())
-                            .ok_or(())
-                    })
-                    .map_err(|_| err(&key, format!("'{url}' is not host:port")))?;
-                Listener::Tcp(addr)
+                Listener::Tcp(
+                    socket_addr(rest, 389)
+                        .map_err(|_| err(&key, format!("'{url}' is not host:port")))?,
+                )
+            } else if let Some(rest) = url.strip_prefix("ldaps://") {
+                Listener::Ldaps(
+                    socket_addr(rest, 636)
+                        .map_err(|_| err(&key, format!("'{url}' is not host:port")))?,
+                )
             } else if let Some(rest) = url.strip_prefix("ldapi://") {
                 if rest.is_empty() || rest == "/" {
                     // Clients need an absolute path in the URL.
@@ -454,18 +609,28 @@ impl Config {
                         .ok_or_else(|| err(&key, "bad %-escape in socket path"))?;
                     Listener::Ldapi(PathBuf::from(p))
                 }
-            } else if url.starts_with("ldaps://") {
-                return Err(err(
-                    &key,
-                    "ldaps:// needs TLS, which this build does not configure yet",
-                ));
             } else {
                 return Err(err(
                     &key,
-                    format!("'{url}' must start with ldap:// or ldapi://"),
+                    format!("'{url}' must start with ldap://, ldaps:// or ldapi://"),
                 ));
             };
             listeners.push(l);
+        }
+        let tls = self.tls.resolve(&self.data_dir)?;
+        if tls.is_none() {
+            if let Some(i) = listeners
+                .iter()
+                .position(|l| matches!(l, Listener::Ldaps(_)))
+            {
+                return Err(err(
+                    "tls.cert_file",
+                    format!(
+                        "listen[{i}] '{}' needs a certificate: set tls.cert_file and tls.key_file (or serve with --tls-self-signed)",
+                        self.listen[i]
+                    ),
+                ));
+            }
         }
         if self.suffixes.is_empty() {
             return Err(err("suffixes", "at least one suffix is needed"));
@@ -654,8 +819,30 @@ impl Config {
             suffixes,
             root_dn,
             indexes,
+            tls,
         })
     }
+}
+
+/// `host:port` (or `host`, taking `default_port`) of a listener URL.
+fn socket_addr(rest: &str, default_port: u16) -> Result<std::net::SocketAddr, ()> {
+    let hostport = rest.trim_end_matches('/');
+    // `[::1]` is an IPv6 address without a port.
+    let has_port = match hostport.strip_prefix('[') {
+        Some(v6) => v6.contains("]:"),
+        None => hostport.contains(':'),
+    };
+    let addr = if has_port {
+        hostport.to_string()
+    } else {
+        format!("{hostport}:{default_port}")
+    };
+    addr.parse().or_else(|_| {
+        std::net::ToSocketAddrs::to_socket_addrs(&addr.as_str())
+            .ok()
+            .and_then(|mut it| it.next())
+            .ok_or(())
+    })
 }
 
 #[cfg(test)]
@@ -707,6 +894,103 @@ mod tests {
         assert_eq!(e.key, "store.durability");
         let e = check("[store]\ndurability = \"batched\"\nbatched_max_ms = 0\n").unwrap_err();
         assert_eq!(e.key, "store.batched_max_ms");
+    }
+
+    #[test]
+    fn tls_settings() {
+        let r = check("").unwrap();
+        assert_eq!(r.tls, None);
+        let r = check(
+            "listen = [\"ldap://127.0.0.1:3389\", \"ldaps://127.0.0.1\", \"ldaps://[::1]:1636\"]\n\
+             [tls]\ncert_file = \"/etc/pando/cert.pem\"\nkey_file = \"/etc/pando/key.pem\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            r.listeners[1],
+            Listener::Ldaps("127.0.0.1:636".parse().unwrap())
+        );
+        assert_eq!(r.listeners[1].url(), "ldaps://127.0.0.1:636");
+        assert_eq!(
+            r.listeners[2],
+            Listener::Ldaps("[::1]:1636".parse().unwrap())
+        );
+        let t = r.tls.unwrap();
+        assert_eq!(t.cert_file, PathBuf::from("/etc/pando/cert.pem"));
+        assert_eq!(t.client_certs, ClientCerts::None);
+        assert_eq!(t.min_version, TlsVersion::V1_2);
+        assert!(!t.self_signed);
+        let r = check(
+            "[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\nca_file = \"ca.pem\"\n\
+             client_certs = \"require\"\nmin_version = \"1.3\"\n",
+        )
+        .unwrap();
+        let t = r.tls.unwrap();
+        assert_eq!(t.client_certs, ClientCerts::Require);
+        assert_eq!(t.min_version, TlsVersion::V1_3);
+        assert_eq!(t.ca_file, Some(PathBuf::from("ca.pem")));
+    }
+
+    #[test]
+    fn tls_errors_name_the_key() {
+        let key = |toml: &str| check(toml).unwrap_err().key;
+        // An ldaps listener without a certificate names the key to set.
+        let e = check("listen = [\"ldap://127.0.0.1:1\", \"ldaps://127.0.0.1:2\"]\n").unwrap_err();
+        assert_eq!(e.key, "tls.cert_file");
+        assert!(e.problem.contains("listen[1]"), "{e}");
+        assert_eq!(key("listen = [\"ldaps://no port here:x\"]\n"), "listen[0]");
+        assert_eq!(key("[tls]\ncert_file = \"c.pem\"\n"), "tls.key_file");
+        assert_eq!(key("[tls]\nkey_file = \"k.pem\"\n"), "tls.cert_file");
+        assert_eq!(
+            key("[tls]\ncert_file = \"\"\nkey_file = \"k.pem\"\n"),
+            "tls.cert_file"
+        );
+        let base = "[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n";
+        assert_eq!(
+            key(&format!("{base}client_certs = \"maybe\"\n")),
+            "tls.client_certs"
+        );
+        assert_eq!(
+            key(&format!("{base}client_certs = \"request\"\n")),
+            "tls.ca_file"
+        );
+        assert_eq!(key(&format!("{base}ca_file = \"ca.pem\"\n")), "tls.ca_file");
+        assert_eq!(
+            key(&format!("{base}min_version = \"1.1\"\n")),
+            "tls.min_version"
+        );
+        assert_eq!(
+            key("[tls]\nclient_certs = \"require\"\nca_file = \"ca.pem\"\n"),
+            "tls.cert_file"
+        );
+        // Unknown keys and the command-line-only flag are refused in the file.
+        let e = check("[tls]\ncertfile = \"c.pem\"\n").unwrap_err();
+        assert!(e.to_string().contains("certfile"), "{e}");
+        let e = check("[tls]\nself_signed = true\n").unwrap_err();
+        assert!(e.to_string().contains("self_signed"), "{e}");
+    }
+
+    #[test]
+    fn tls_self_signed_paths() {
+        let mut c = Config::from_toml(
+            "data_dir = \"/var/lib/pando\"\nlisten = [\"ldaps://127.0.0.1:1636\"]\n",
+            Path::new("test.toml"),
+        )
+        .unwrap();
+        c.tls.self_signed = true;
+        let t = c.validate(&Schema::standard()).unwrap().tls.unwrap();
+        assert!(t.self_signed);
+        assert_eq!(t.cert_file, PathBuf::from("/var/lib/pando/tls/cert.pem"));
+        assert_eq!(t.key_file, PathBuf::from("/var/lib/pando/tls/key.pem"));
+        // A configured certificate wins over the flag.
+        let mut c = Config::from_toml(
+            "[tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n",
+            Path::new("test.toml"),
+        )
+        .unwrap();
+        c.tls.self_signed = true;
+        let t = c.validate(&Schema::standard()).unwrap().tls.unwrap();
+        assert!(!t.self_signed);
+        assert_eq!(t.cert_file, PathBuf::from("c.pem"));
     }
 
     #[test]

@@ -66,6 +66,10 @@ pub fn store_options(cfg: &Resolved) -> StoreOptions {
 
 /// Open the store, bootstrap it, listen, and serve until SIGINT/SIGTERM.
 pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Result<(), BoxError> {
+    // Signal handlers before anything else: once a port is bound a client
+    // (or a supervisor) may act, and SIGTERM/SIGHUP must never kill the
+    // process with the default action.
+    let signals = Signals::install()?;
     // Listeners first: binding ports below 1024 may need root, which is
     // given up right after, before any data file is opened or created. The
     // data directory (home of the ldapi socket) is made and handed to the
@@ -93,6 +97,16 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     std::fs::set_permissions(&data_dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| format!("{}: {e}", data_dir.display()))?;
     let _lock = datadir::lock(&data_dir)?;
+    // The generated certificate (`--tls-self-signed`) is made on the first
+    // start and reused after; configured files are only read.
+    let tls_generated = match &cfg.tls {
+        Some(t) if t.self_signed => net::tls::ensure_self_signed(&t.cert_file, &t.key_file)?,
+        _ => false,
+    };
+    let tls = match &cfg.tls {
+        Some(t) => Some(Arc::new(net::tls::TlsContext::load(t.clone())?)),
+        None => None,
+    };
     let store = {
         let dir = store_dir(&data_dir);
         let schema = schema.clone();
@@ -160,12 +174,14 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         store.clone(),
         csn,
         root_pw.as_ref().map(|p| p.hash().to_string()),
+        tls,
     )?);
 
-    print_banner(&server, &root_pw, &created, demo_added);
+    print_banner(&server, &root_pw, &created, demo_added, tls_generated);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let conn_limit = Arc::new(Semaphore::new(server.cfg.config.limits.max_connections));
+    let per_ip = net::listener::PerIpLimit::new(server.cfg.config.limits.max_connections_per_ip);
     let tasks = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
     let mut listeners = JoinSet::new();
     for b in bound {
@@ -173,12 +189,13 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
             b,
             server.clone(),
             conn_limit.clone(),
+            per_ip.clone(),
             stop_rx.clone(),
             tasks.clone(),
         ));
     }
 
-    wait_for_stop(&server, opts.reload.as_ref()).await;
+    signals.wait_for_stop(&server, opts.reload.as_ref()).await;
     tracing::info!("shutting down: no new connections; finishing operations in progress");
     let _ = stop_tx.send(true);
     while listeners.join_next().await.is_some() {}
@@ -221,6 +238,7 @@ pub fn build_server(
     store: Store,
     csn: CsnClock,
     root_pw_hash: Option<String>,
+    tls: Option<Arc<net::tls::TlsContext>>,
 ) -> Result<Server, BoxError> {
     let root_dn_norm = match &cfg.root_dn {
         Some(d) => schema
@@ -264,30 +282,47 @@ pub fn build_server(
         limits_by,
         throttle,
         started: SystemTime::now(),
+        tls,
     })
 }
 
-/// Serve until SIGTERM or SIGINT; on SIGHUP reload the configuration and
-/// apply what can change at runtime (today: the durability mode).
-async fn wait_for_stop(server: &Server, reload: Option<&Reloader>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
-        let _ = tokio::signal::ctrl_c().await;
-        return;
-    };
-    loop {
-        tokio::select! {
-            _ = term.recv() => return,
-            _ = tokio::signal::ctrl_c() => return,
-            _ = hup.recv() => apply_reload(server, reload),
+/// SIGTERM, SIGINT and SIGHUP, caught from the start of `run`.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals, BoxError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let cannot = |e: std::io::Error| format!("cannot install signal handlers: {e}");
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).map_err(cannot)?,
+            int: signal(SignalKind::interrupt()).map_err(cannot)?,
+            hup: signal(SignalKind::hangup()).map_err(cannot)?,
+        })
+    }
+
+    /// Serve until SIGTERM or SIGINT; on SIGHUP reload the configuration and
+    /// apply what can change at runtime (durability, TLS certificates).
+    async fn wait_for_stop(mut self, server: &Server, reload: Option<&Reloader>) {
+        loop {
+            tokio::select! {
+                _ = self.term.recv() => return,
+                _ = self.int.recv() => return,
+                _ = self.hup.recv() => apply_reload(server, reload),
+            }
         }
     }
 }
 
 fn apply_reload(server: &Server, reload: Option<&Reloader>) {
+    // Certificate files are re-read whether or not there is a configuration
+    // file (a renewed certificate under the same names, or the self-signed one).
+    if let Some(tls) = &server.tls {
+        tls.reload();
+    }
     let Some(reload) = reload else {
         tracing::info!("SIGHUP: no configuration file to reload");
         return;
@@ -322,6 +357,7 @@ fn print_banner(
     pw: &Option<RootPassword>,
     created: &[String],
     demo_added: Option<usize>,
+    tls_generated: bool,
 ) {
     let cfg = &server.cfg;
     let suffix = cfg
@@ -375,6 +411,9 @@ fn print_banner(
             println!("  administrator password: root_password_hash from the configuration")
         }
     }
+    if let Some(t) = &cfg.tls {
+        print_tls_status(cfg, t, tls_generated);
+    }
     if let Some(Listener::Tcp(a)) = cfg.listeners.iter().find(|l| matches!(l, Listener::Tcp(_))) {
         println!();
         println!("Try:");
@@ -397,4 +436,74 @@ fn print_banner(
         let url = Listener::Ldapi(p.clone()).url();
         println!("  ldapwhoami -Y EXTERNAL -H {url}");
     }
+    if let Some(t) = &cfg.tls {
+        let trust = if t.self_signed {
+            // A self-signed certificate is its own issuer, not a CA.
+            "LDAPTLS_REQCERT=never".to_string()
+        } else {
+            "LDAPTLS_CACERT=<your CA file>".to_string()
+        };
+        if !cfg.listeners.iter().any(|l| matches!(l, Listener::Tcp(_))) {
+            println!();
+            println!("Try:");
+        }
+        for l in &cfg.listeners {
+            match l {
+                Listener::Tcp(a) => {
+                    println!("  {trust} ldapsearch -x -ZZ -H ldap://{a} -b '{suffix}'")
+                }
+                Listener::Ldaps(a) => {
+                    println!("  {trust} ldapsearch -x -H ldaps://{a} -b '{suffix}'")
+                }
+                Listener::Ldapi(_) => {}
+            }
+        }
+    }
+}
+
+/// The TLS lines of the banner: which certificate, whether it was just
+/// generated, where StartTLS is offered and what is asked of clients.
+fn print_tls_status(cfg: &config::Resolved, t: &config::TlsSettings, generated: bool) {
+    if t.self_signed {
+        let dir = t.cert_file.parent().unwrap_or(&t.cert_file);
+        if generated {
+            println!(
+                "  TLS: generated a self-signed certificate for {} in {} (--tls-self-signed)",
+                net::tls::SELF_SIGNED_NAMES.join(", "),
+                dir.display()
+            );
+        } else {
+            println!(
+                "  TLS: the self-signed certificate in {} (generated at an earlier start; --tls-self-signed)",
+                dir.display()
+            );
+        }
+        println!(
+            "       clients must trust {} or skip certificate checks",
+            t.cert_file.display()
+        );
+    } else {
+        println!(
+            "  TLS: certificate {}, key {}",
+            t.cert_file.display(),
+            t.key_file.display()
+        );
+    }
+    if cfg.listeners.iter().any(|l| matches!(l, Listener::Tcp(_))) {
+        println!("  StartTLS is offered on the ldap:// listeners");
+    }
+    let min = match t.min_version {
+        config::TlsVersion::V1_2 => "1.2",
+        config::TlsVersion::V1_3 => "1.3",
+    };
+    let certs = match (t.client_certs, &t.ca_file) {
+        (config::ClientCerts::None, _) | (_, None) => "not asked for".to_string(),
+        (config::ClientCerts::Request, Some(ca)) => {
+            format!("requested, checked against {}", ca.display())
+        }
+        (config::ClientCerts::Require, Some(ca)) => {
+            format!("required, checked against {}", ca.display())
+        }
+    };
+    println!("  TLS {min} and later; client certificates {certs}");
 }

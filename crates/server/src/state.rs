@@ -29,6 +29,9 @@ pub struct Server {
     pub limits_by: Vec<(crate::acl::Who, crate::config::LimitsFor)>,
     pub throttle: crate::throttle::BindThrottle,
     pub started: SystemTime,
+    /// The certificate and TLS settings when `[tls]` is configured: serves
+    /// ldaps:// listeners and StartTLS. Reloaded on SIGHUP.
+    pub tls: Option<Arc<crate::net::tls::TlsContext>>,
 }
 
 /// Facts about the transport a connection runs over, used by authentication

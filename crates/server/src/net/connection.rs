@@ -9,6 +9,12 @@
 //! Bind and Unbind are handled in the reader loop itself: before a bind, the
 //! outstanding operations are abandoned and waited for (RFC 4511 4.2.1), so
 //! every operation runs with the identity that was current when it arrived.
+//!
+//! So is StartTLS (RFC 4511 4.14, RFC 4513 3): it is accepted only with
+//! nothing outstanding; then the reader loop ends, the writer task sends the
+//! response and hands its half of the stream back, the halves are reunited,
+//! the TLS handshake runs on the same socket, and LDAP continues over TLS
+//! with a new session (the bound identity keeps its DN).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pando_proto::{
-    frame_length, notice_of_disconnection, oid, Control, ExtendedResponse, LdapMessage, LdapResult,
-    PagedResults, ProtocolOp, ResultCode,
+    frame_length, notice_of_disconnection, oid, Control, ExtendedRequest, ExtendedResponse,
+    LdapMessage, LdapResult, PagedResults, ProtocolOp, ResultCode,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
@@ -43,31 +49,106 @@ pub struct Connection {
     pub shutdown: watch::Receiver<bool>,
 }
 
+/// How serving one stream ended.
+enum Served<S> {
+    Closed(&'static str),
+    /// StartTLS accepted and its response written: the whole stream, for
+    /// the handshake.
+    StartTls(S),
+}
+
+/// How a read loop ended.
+enum Ended {
+    Close(&'static str),
+    /// StartTLS accepted; its response is queued to the writer.
+    StartTls,
+}
+
 impl Connection {
-    pub async fn run<S>(self, stream: S)
+    pub async fn run<S>(mut self, stream: S)
     where
-        S: AsyncRead + AsyncWrite + Send + 'static,
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let mut identity = Identity::anonymous(self.session.clone());
+        let reason = match self.serve(stream, &mut identity).await {
+            Served::Closed(why) => why,
+            Served::StartTls(plain) => match self.upgrade(plain).await {
+                Some(tls) => {
+                    identity = identity.with_session(self.session.clone());
+                    match self.serve(tls, &mut identity).await {
+                        Served::Closed(why) => why,
+                        // Not reached: StartTLS is refused once TLS is active.
+                        Served::StartTls(_) => "StartTLS over TLS",
+                    }
+                }
+                None => "StartTLS handshake failed",
+            },
+        };
+        tracing::debug!(conn = self.id, peer = %self.peer, reason, "connection closing");
+    }
+
+    /// Serve LDAP on `stream` until the connection ends, or until StartTLS
+    /// is accepted (then the stream is handed back once the response is out).
+    async fn serve<S>(&self, stream: S, identity: &mut Identity) -> Served<S>
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let (mut rd, wr) = tokio::io::split(stream);
         let (tx, rx) = mpsc::channel::<Vec<u8>>(64);
         let writer = tokio::spawn(write_loop(wr, rx));
-        let reason = self.read_loop(&mut rd, &tx).await;
-        tracing::debug!(conn = self.id, peer = %self.peer, reason, "connection closing");
+        let ended = self.read_loop(&mut rd, &tx, identity).await;
         drop(tx);
-        let _ = writer.await;
+        // The writer ends once every response queued has been written (all
+        // senders gone), handing back its half; None if writing failed.
+        let wr = writer.await.ok().flatten();
+        match (ended, wr) {
+            (Ended::StartTls, Some(wr)) => Served::StartTls(rd.unsplit(wr)),
+            (Ended::StartTls, None) => Served::Closed("write failed before StartTLS"),
+            (Ended::Close(why), Some(mut wr)) => {
+                let _ = tokio::time::timeout(WRITE_STALL, wr.shutdown()).await;
+                Served::Closed(why)
+            }
+            (Ended::Close(why), None) => Served::Closed(why),
+        }
+    }
+
+    /// The TLS handshake after StartTLS; on success the connection's
+    /// session becomes a TLS one. None closes the connection.
+    async fn upgrade<S>(&mut self, stream: S) -> Option<tokio_rustls::server::TlsStream<S>>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        // Present: StartTLS is refused without it.
+        let tls = self.server.tls.clone()?;
+        match tls.accept(stream).await {
+            Ok(h) => {
+                self.session = Arc::new(Session {
+                    tls: true,
+                    client_cert_dn: h.client_cert_dn,
+                    ..(*self.session).clone()
+                });
+                tracing::debug!(conn = self.id, client_cert = ?self.session.client_cert_dn, "StartTLS: TLS established");
+                Some(h.stream)
+            }
+            Err(mut e) => {
+                e.reason = format!("StartTLS: {}", e.reason);
+                e.log(self.id, &self.peer);
+                None
+            }
+        }
     }
 
     async fn read_loop<R: AsyncRead + Unpin>(
         &self,
         rd: &mut R,
         tx: &mpsc::Sender<Vec<u8>>,
-    ) -> &'static str {
+        identity: &mut Identity,
+    ) -> Ended {
         let limits = &self.server.cfg.config.limits;
         let max_ops = limits.max_ops_per_connection;
         let idle = (limits.idle_timeout > 0).then(|| Duration::from_secs(limits.idle_timeout));
         let permits = Arc::new(Semaphore::new(max_ops));
         let outstanding: Outstanding = Arc::new(Mutex::new(HashMap::new()));
-        let mut identity = Identity::anonymous(self.session.clone());
         let mut write_chain: Option<oneshot::Receiver<()>> = None;
         let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
         let mut start = 0usize;
@@ -79,22 +160,25 @@ impl Connection {
                     Ok(Some(len)) => {
                         let frame = buf[start..start + len].to_vec();
                         start += len;
+                        let pipelined = start < buf.len();
                         match self
                             .dispatch(
                                 &frame,
-                                &mut identity,
+                                identity,
                                 &mut write_chain,
                                 tx,
                                 &permits,
                                 &outstanding,
+                                pipelined,
                             )
                             .await
                         {
                             Flow::Continue => {}
                             Flow::Close(why) => {
                                 abandon_all(&outstanding);
-                                return why;
+                                return Ended::Close(why);
                             }
+                            Flow::StartTls => return Ended::StartTls,
                         }
                     }
                     Ok(None) => break,
@@ -106,7 +190,7 @@ impl Connection {
                             ))
                             .await;
                         abandon_all(&outstanding);
-                        return "bad frame";
+                        return Ended::Close("bad frame");
                     }
                 }
             }
@@ -128,12 +212,12 @@ impl Connection {
                     // Idle means nothing to read and nothing running.
                     None if outstanding.lock().map(|m| m.is_empty()).unwrap_or(true) => {
                         let _ = tx.send(notice_of_disconnection(ResultCode::UNAVAILABLE, "idle timeout")).await;
-                        return "idle timeout";
+                        return Ended::Close("idle timeout");
                     }
                     None => {}
                     Some(Ok(0)) | Some(Err(_)) => {
                         abandon_all(&outstanding);
-                        return "peer closed";
+                        return Ended::Close("peer closed");
                     }
                     Some(Ok(_)) => {}
                 },
@@ -142,12 +226,14 @@ impl Connection {
                     let _ = tokio::time::timeout(Duration::from_secs(5), permits.acquire_many(max_ops as u32)).await;
                     abandon_all(&outstanding);
                     let _ = tx.send(notice_of_disconnection(ResultCode::UNAVAILABLE, "server shutting down")).await;
-                    return "server shutdown";
+                    return Ended::Close("server shutdown");
                 }
             }
         }
     }
 
+    /// `pipelined`: more bytes followed this PDU in the same read.
+    #[allow(clippy::too_many_arguments)]
     async fn dispatch(
         &self,
         frame: &[u8],
@@ -156,6 +242,7 @@ impl Connection {
         tx: &mpsc::Sender<Vec<u8>>,
         permits: &Arc<Semaphore>,
         outstanding: &Outstanding,
+        pipelined: bool,
     ) -> Flow {
         let msg = match LdapMessage::decode(frame, &self.server.decode_limits) {
             Ok(m) => m,
@@ -195,6 +282,11 @@ impl Connection {
                     flag.store(true, Ordering::Relaxed);
                 }
                 return Flow::Continue;
+            }
+            ProtocolOp::ExtendedRequest(req) if req.name == oid::START_TLS => {
+                return self
+                    .start_tls(id, &req, &msg.controls, pipelined, outstanding, tx)
+                    .await;
             }
             ProtocolOp::SearchRequest(_)
             | ProtocolOp::ModifyRequest(_)
@@ -301,11 +393,70 @@ impl Connection {
         });
         Flow::Continue
     }
+
+    /// StartTLS (RFC 4511 4.14): refused while TLS is active (or over
+    /// ldapi), without a certificate, or with other operations outstanding;
+    /// otherwise answered with success, after which the caller stops
+    /// reading and the handshake begins.
+    async fn start_tls(
+        &self,
+        id: i32,
+        req: &ExtendedRequest,
+        controls: &[Control],
+        pipelined: bool,
+        outstanding: &Outstanding,
+        tx: &mpsc::Sender<Vec<u8>>,
+    ) -> Flow {
+        let busy = pipelined || outstanding.lock().map(|m| !m.is_empty()).unwrap_or(true);
+        let refused = if let Some(e) = unknown_critical(controls, &[]) {
+            Some(e)
+        } else if self.session.tls {
+            Some(LdapError::new(
+                ResultCode::OPERATIONS_ERROR,
+                "TLS is already established on this connection",
+            ))
+        } else if self.session.peer_ip.is_none() {
+            Some(LdapError::protocol(
+                "StartTLS is not offered over ldapi (the socket is local)",
+            ))
+        } else if self.server.tls.is_none() {
+            Some(LdapError::protocol(
+                "StartTLS is not available: no TLS certificate is configured",
+            ))
+        } else if req.value.is_some() {
+            Some(LdapError::protocol("a StartTLS request has no value"))
+        } else if busy {
+            Some(LdapError::new(
+                ResultCode::OPERATIONS_ERROR,
+                "StartTLS needs every other operation on the connection to have completed",
+            ))
+        } else {
+            None
+        };
+        let ok = refused.is_none();
+        let result = match refused {
+            Some(e) => e.into_result(),
+            None => LdapResult::success(),
+        };
+        let response = ProtocolOp::ExtendedResponse(ExtendedResponse {
+            result,
+            name: Some(oid::START_TLS.to_string()),
+            value: None,
+        });
+        send(tx, id, response, Vec::new()).await;
+        if ok {
+            Flow::StartTls
+        } else {
+            Flow::Continue
+        }
+    }
 }
 
 enum Flow {
     Continue,
     Close(&'static str),
+    /// StartTLS accepted: stop reading in clear.
+    StartTls,
 }
 
 fn is_update(op: &ProtocolOp) -> bool {
@@ -531,8 +682,12 @@ fn request_tag(op: &ProtocolOp) -> Option<u8> {
     })
 }
 
-async fn write_loop<W: AsyncWrite>(wr: W, mut rx: mpsc::Receiver<Vec<u8>>) {
-    let mut wr = Box::pin(wr);
+/// Write what arrives on `rx` until every sender is gone; then hand the
+/// writer back (flushed). None when writing failed or stalled.
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut wr: W,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+) -> Option<W> {
     let mut batch: Vec<u8> = Vec::new();
     while let Some(first) = rx.recv().await {
         let out = if rx.is_empty() {
@@ -552,12 +707,15 @@ async fn write_loop<W: AsyncWrite>(wr: W, mut rx: mpsc::Receiver<Vec<u8>>) {
         // read transactions) forever: give up on it after WRITE_STALL.
         match tokio::time::timeout(WRITE_STALL, wr.write_all(&out)).await {
             Ok(Ok(())) => {}
-            Ok(Err(_)) => return,
+            Ok(Err(_)) => return None,
             Err(_) => {
                 tracing::info!("closing a connection whose client stopped reading");
-                return;
+                return None;
             }
         }
     }
-    let _ = wr.shutdown().await;
+    match tokio::time::timeout(WRITE_STALL, wr.flush()).await {
+        Ok(Ok(())) => Some(wr),
+        _ => None,
+    }
 }

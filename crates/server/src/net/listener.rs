@@ -1,8 +1,10 @@
-//! Accept loops for TCP and ldapi (Unix socket) listeners.
+//! Accept loops for TCP, LDAPS and ldapi (Unix socket) listeners.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pando_proto::{notice_of_disconnection, ResultCode};
@@ -19,7 +21,67 @@ static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
 pub enum Bound {
     Tcp(TcpListener),
+    /// TLS from the first byte.
+    Ldaps(TcpListener),
     Unix(UnixListener, std::path::PathBuf),
+}
+
+/// Open connections per client address (`limits.max_connections_per_ip`),
+/// shared by every TCP listener; ldapi connections are not counted.
+pub struct PerIpLimit {
+    /// 0 = no limit.
+    max: usize,
+    counts: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One counted connection; dropping it (when the connection ends) gives
+/// the slot back.
+pub struct IpSlot {
+    limit: Arc<PerIpLimit>,
+    ip: IpAddr,
+}
+
+impl PerIpLimit {
+    pub fn new(max: usize) -> Arc<PerIpLimit> {
+        Arc::new(PerIpLimit {
+            max,
+            counts: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A slot for `ip`, or None when it already has `max` connections.
+    /// IPv4-mapped IPv6 addresses count as the IPv4 address.
+    pub fn try_acquire(self: &Arc<Self>, ip: IpAddr) -> Option<IpSlot> {
+        let ip = ip.to_canonical();
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = counts.entry(ip).or_insert(0);
+        if self.max > 0 && *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(IpSlot {
+            limit: self.clone(),
+            ip,
+        })
+    }
+
+    /// Connections currently counted for `ip`.
+    pub fn count(&self, ip: IpAddr) -> usize {
+        let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        counts.get(&ip.to_canonical()).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for IpSlot {
+    fn drop(&mut self) {
+        let mut counts = self.limit.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = counts.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// Bind every configured listener before serving, so a port in use is
@@ -28,11 +90,14 @@ pub async fn bind_all(listeners: &[Listener]) -> std::io::Result<Vec<Bound>> {
     let mut out = Vec::new();
     for l in listeners {
         match l {
-            Listener::Tcp(addr) => {
+            Listener::Tcp(addr) | Listener::Ldaps(addr) => {
                 let tl = TcpListener::bind(addr).await.map_err(|e| {
                     std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
                 })?;
-                out.push(Bound::Tcp(tl));
+                out.push(match l {
+                    Listener::Ldaps(_) => Bound::Ldaps(tl),
+                    _ => Bound::Tcp(tl),
+                });
             }
             Listener::Ldapi(path) => {
                 // A socket file left by an earlier run is replaced; anything
@@ -65,9 +130,11 @@ pub async fn serve(
     bound: Bound,
     server: Arc<Server>,
     conn_limit: Arc<Semaphore>,
+    per_ip: Arc<PerIpLimit>,
     mut shutdown: watch::Receiver<bool>,
     tasks: Arc<tokio::sync::Mutex<JoinSet<()>>>,
 ) {
+    let ldaps = matches!(bound, Bound::Ldaps(_));
     loop {
         let accepted = tokio::select! {
             _ = shutdown.changed() => break,
@@ -84,12 +151,19 @@ pub async fn serve(
         };
         let Ok(permit) = conn_limit.clone().try_acquire_owned() else {
             tracing::warn!(%peer, "connection refused: limits.max_connections reached");
-            let notice = notice_of_disconnection(ResultCode::BUSY, "too many connections");
-            let _ = match stream {
-                Stream::Tcp(mut s) => s.write_all(&notice).await,
-                Stream::Unix(mut s) => s.write_all(&notice).await,
-            };
+            refuse(stream, ldaps, "too many connections").await;
             continue;
+        };
+        let ip_slot = match session.peer_ip {
+            Some(ip) => match per_ip.try_acquire(ip) {
+                Some(slot) => Some(slot),
+                None => {
+                    tracing::warn!(%peer, "connection refused: limits.max_connections_per_ip reached");
+                    refuse(stream, ldaps, "too many connections from your address").await;
+                    continue;
+                }
+            },
+            None => None,
         };
         let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(conn = id, %peer, "connection accepted");
@@ -102,18 +176,56 @@ pub async fn serve(
         };
         tasks.lock().await.spawn(async move {
             match stream {
+                Stream::Tcp(s) if ldaps => {
+                    let _ = s.set_nodelay(true);
+                    run_ldaps(conn, s).await
+                }
                 Stream::Tcp(s) => {
                     let _ = s.set_nodelay(true);
                     conn.run(s).await
                 }
                 Stream::Unix(s) => conn.run(s).await,
             }
+            drop(ip_slot);
             drop(permit);
         });
     }
     if let Bound::Unix(_, path) = &bound {
         let _ = std::fs::remove_file(path);
     }
+}
+
+/// Handshake (bounded by the TLS handshake timeout, and holding the
+/// connection's slots meanwhile), then serve LDAP over TLS.
+async fn run_ldaps(mut conn: Connection, s: tokio::net::TcpStream) {
+    let Some(tls) = conn.server.tls.clone() else {
+        // Configuration validation makes ldaps listeners need [tls].
+        tracing::error!(conn = conn.id, "ldaps connection but TLS is not configured");
+        return;
+    };
+    match tls.accept(s).await {
+        Ok(h) => {
+            conn.session = Arc::new(Session {
+                tls: true,
+                client_cert_dn: h.client_cert_dn,
+                ..(*conn.session).clone()
+            });
+            tracing::debug!(conn = conn.id, client_cert = ?conn.session.client_cert_dn, "TLS established");
+            conn.run(h.stream).await
+        }
+        Err(e) => e.log(conn.id, &conn.peer),
+    }
+}
+
+/// Turn a connection away: a Notice of Disconnection (busy) in clear, except
+/// on ldaps where the client expects a TLS handshake, so it is just closed.
+async fn refuse(stream: Stream, ldaps: bool, why: &str) {
+    let notice = notice_of_disconnection(ResultCode::BUSY, why);
+    let _ = match stream {
+        Stream::Tcp(_) if ldaps => Ok(()),
+        Stream::Tcp(mut s) => s.write_all(&notice).await,
+        Stream::Unix(mut s) => s.write_all(&notice).await,
+    };
 }
 
 enum Stream {
@@ -124,7 +236,7 @@ enum Stream {
 /// Accept one connection: the stream, a printable peer, and the session facts.
 async fn accept(bound: &Bound) -> std::io::Result<(Stream, String, Session)> {
     match bound {
-        Bound::Tcp(l) => {
+        Bound::Tcp(l) | Bound::Ldaps(l) => {
             let (s, a) = l.accept().await?;
             let session = Session {
                 peer_ip: Some(a.ip()),
@@ -148,5 +260,34 @@ async fn accept(bound: &Bound) -> std::io::Result<(Stream, String, Session)> {
             };
             Ok((Stream::Unix(s), who, session))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_ip_slots_are_counted_and_given_back() {
+        let limit = PerIpLimit::new(2);
+        let a: IpAddr = "127.0.0.1".parse().unwrap();
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        let b: IpAddr = "::1".parse().unwrap();
+        let s1 = limit.try_acquire(a).unwrap();
+        let s2 = limit.try_acquire(mapped).unwrap();
+        assert!(limit.try_acquire(a).is_none(), "a third from one address");
+        let s3 = limit.try_acquire(b).unwrap();
+        assert_eq!(limit.count(a), 2);
+        drop(s1);
+        assert_eq!(limit.count(a), 1);
+        let s4 = limit.try_acquire(a).unwrap();
+        drop((s2, s3, s4));
+        assert_eq!(limit.count(a), 0);
+        assert!(limit.counts.lock().unwrap().is_empty());
+        // 0 = no limit.
+        let none = PerIpLimit::new(0);
+        let slots: Vec<_> = (0..100).map(|_| none.try_acquire(a).unwrap()).collect();
+        assert_eq!(none.count(a), 100);
+        drop(slots);
     }
 }

@@ -2,3 +2,4 @@
 
 pub mod connection;
 pub mod listener;
+pub mod tls;

@@ -34,10 +34,6 @@ pub async fn extended(
         }
         oid::PASSWD_MODIFY => passwd_modify(server, who, req.value.as_deref()).await,
         super::special::BACKUP_EXOP => online_backup(server, who, req.value).await,
-        oid::START_TLS => Err(LdapError::new(
-            ResultCode::UNAVAILABLE,
-            "StartTLS is not configured on this server",
-        )),
         other => Err(LdapError::protocol(format!(
             "unsupported extended operation {other}"
         ))),

@@ -18,8 +18,11 @@ pub const PANDO_ARC: &str = "2.25.15972167931155808496075090497880241257";
 /// host; response value = the backup's manifest. Administrators only.
 pub const BACKUP_EXOP: &str = "2.25.15972167931155808496075090497880241257.1.1";
 
-/// Extended operations this server implements.
+/// Extended operations this server implements (and StartTLS when a
+/// certificate is configured).
 pub const SUPPORTED_EXTENSIONS: &[&str] = &[oid::WHOAMI, oid::PASSWD_MODIFY, BACKUP_EXOP];
+/// SASL mechanisms: EXTERNAL (ldapi peer credentials, TLS client certificates).
+pub const SUPPORTED_SASL_MECHANISMS: &[&str] = &["EXTERNAL"];
 /// supportedFeatures: all operational attributes ("+", RFC 3673),
 /// "@objectClass" lists (RFC 4529), absolute true/false filters (RFC 4526),
 /// modify-increment (RFC 4525).
@@ -49,7 +52,17 @@ pub fn root_dse(server: &Server) -> Entry {
             attr("subschemaSubentry", [SUBSCHEMA_DN]),
             attr("supportedLDAPVersion", ["3"]),
             attr("supportedControl", SUPPORTED_CONTROLS.iter().copied()),
-            attr("supportedExtension", SUPPORTED_EXTENSIONS.iter().copied()),
+            attr(
+                "supportedExtension",
+                SUPPORTED_EXTENSIONS
+                    .iter()
+                    .copied()
+                    .chain(server.tls.is_some().then_some(oid::START_TLS)),
+            ),
+            attr(
+                "supportedSASLMechanisms",
+                SUPPORTED_SASL_MECHANISMS.iter().copied(),
+            ),
             attr("supportedFeatures", SUPPORTED_FEATURES.iter().copied()),
             attr("vendorName", ["Pando project"]),
             attr(
