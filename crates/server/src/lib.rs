@@ -70,6 +70,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     // (or a supervisor) may act, and SIGTERM/SIGHUP must never kill the
     // process with the default action.
     let signals = Signals::install()?;
+    raise_fd_limit();
     // Listeners first: binding ports below 1024 may need root, which is
     // given up right after, before any data file is opened or created. The
     // data directory (home of the ldapi socket) is made and handed to the
@@ -79,7 +80,16 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         None => None,
     };
     privileges::prepare_data_dir(&cfg.config.data_dir, target)?;
-    let bound = net::listener::bind_all(&cfg.listeners).await?;
+    let bound = match net::listener::from_systemd()? {
+        Some(b) => {
+            tracing::info!(
+                sockets = b.len(),
+                "using the sockets passed by systemd (socket activation); `listen` is not used"
+            );
+            b
+        }
+        None => net::listener::bind_all(&cfg.listeners).await?,
+    };
     match target {
         Some(target) => {
             privileges::drop_to(target)?;
@@ -168,6 +178,13 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         })
         .await??
     };
+    if tls.is_none()
+        && bound
+            .iter()
+            .any(|b| matches!(b, net::listener::Bound::Ldaps(_)))
+    {
+        return Err("an LDAPS socket was passed by systemd but [tls] has no certificate".into());
+    }
     let server = Arc::new(build_server(
         cfg,
         schema,
@@ -284,6 +301,27 @@ pub fn build_server(
         started: SystemTime::now(),
         tls,
     })
+}
+
+/// Each connection is a file descriptor: lift the soft limit to the hard one
+/// so `limits.max_connections` rather than a default of 1024 decides.
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit on a valid, initialised struct.
+    unsafe {
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && rl.rlim_cur < rl.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: rl.rlim_max.min(1 << 20),
+                rlim_max: rl.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) != 0 {
+                tracing::debug!("could not raise the open-files limit");
+            }
+        }
+    }
 }
 
 /// SIGTERM, SIGINT and SIGHUP, caught from the start of `run`.

@@ -23,7 +23,9 @@ pub enum Bound {
     Tcp(TcpListener),
     /// TLS from the first byte.
     Ldaps(TcpListener),
-    Unix(UnixListener, std::path::PathBuf),
+    /// The socket path, and whether this process created it (and removes
+    /// it at shutdown) rather than receiving it from systemd.
+    Unix(UnixListener, std::path::PathBuf, bool),
 }
 
 /// Open connections per client address (`limits.max_connections_per_ip`),
@@ -117,11 +119,94 @@ pub async fn bind_all(listeners: &[Listener]) -> std::io::Result<Vec<Bound>> {
                 // Reachable by anyone who can reach the data directory; who
                 // may do what is decided per identity, not by file mode.
                 std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
-                out.push(Bound::Unix(ul, path.clone()));
+                out.push(Bound::Unix(ul, path.clone(), true));
             }
         }
     }
     Ok(out)
+}
+
+/// Sockets handed over by systemd socket activation (the `sd_listen_fds`
+/// protocol: `LISTEN_PID` is this process, `LISTEN_FDS` sockets from fd 3,
+/// optional `LISTEN_FDNAMES`). A socket named `ldaps` serves LDAPS; other
+/// TCP sockets serve LDAP, Unix sockets ldapi. None when not activated.
+pub fn from_systemd() -> std::io::Result<Option<Vec<Bound>>> {
+    use std::os::fd::FromRawFd;
+    const FIRST_FD: i32 = 3;
+    let pid_matches = std::env::var("LISTEN_PID")
+        .ok()
+        .and_then(|p| p.parse::<u32>().ok())
+        .is_some_and(|p| p == std::process::id());
+    let Some(n) = std::env::var("LISTEN_FDS")
+        .ok()
+        .and_then(|n| n.parse::<i32>().ok())
+        .filter(|n| pid_matches && *n > 0)
+    else {
+        return Ok(None);
+    };
+    if n > 64 {
+        return Err(std::io::Error::other(format!(
+            "LISTEN_FDS={n}: more sockets than a directory server listens on"
+        )));
+    }
+    let names: Vec<String> = std::env::var("LISTEN_FDNAMES")
+        .map(|s| s.split(':').map(str::to_string).collect())
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for i in 0..n {
+        let fd = FIRST_FD + i;
+        let name = names.get(i as usize).map(String::as_str).unwrap_or("");
+        // SAFETY: an all-zero sockaddr_storage is valid; getsockname fills
+        // at most `len` bytes of it.
+        let family = unsafe {
+            let mut ss: libc::sockaddr_storage = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            if libc::getsockname(
+                fd,
+                (&mut ss as *mut libc::sockaddr_storage).cast(),
+                &mut len,
+            ) != 0
+            {
+                return Err(std::io::Error::other(format!(
+                    "LISTEN_FDS: fd {fd} is not a socket: {}",
+                    std::io::Error::last_os_error()
+                )));
+            }
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            ss.ss_family as i32
+        };
+        match family {
+            libc::AF_UNIX => {
+                // SAFETY: systemd passed this descriptor to this process for
+                // its exclusive use; nothing else owns it.
+                let std_l = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
+                std_l.set_nonblocking(true)?;
+                let path = std_l
+                    .local_addr()?
+                    .as_pathname()
+                    .map(|p| p.to_path_buf())
+                    .unwrap_or_else(|| format!("systemd-fd-{fd}").into());
+                out.push(Bound::Unix(UnixListener::from_std(std_l)?, path, false));
+            }
+            libc::AF_INET | libc::AF_INET6 => {
+                // SAFETY: as above.
+                let std_l = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+                std_l.set_nonblocking(true)?;
+                let l = TcpListener::from_std(std_l)?;
+                out.push(if name == "ldaps" {
+                    Bound::Ldaps(l)
+                } else {
+                    Bound::Tcp(l)
+                });
+            }
+            other => {
+                return Err(std::io::Error::other(format!(
+                    "LISTEN_FDS: fd {fd} has address family {other}, not TCP or Unix"
+                )))
+            }
+        }
+    }
+    Ok(Some(out))
 }
 
 /// Accept on `bound` until `shutdown` flips; every connection task is added
@@ -190,7 +275,7 @@ pub async fn serve(
             drop(permit);
         });
     }
-    if let Bound::Unix(_, path) = &bound {
+    if let Bound::Unix(_, path, true) = &bound {
         let _ = std::fs::remove_file(path);
     }
 }
@@ -244,7 +329,7 @@ async fn accept(bound: &Bound) -> std::io::Result<(Stream, String, Session)> {
             };
             Ok((Stream::Tcp(s), a.to_string(), session))
         }
-        Bound::Unix(l, path) => {
+        Bound::Unix(l, path, _) => {
             let (s, _) = l.accept().await?;
             let cred = s.peer_cred().ok().map(|c| PeerCred {
                 uid: c.uid(),
