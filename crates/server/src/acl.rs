@@ -591,7 +591,7 @@ impl<'a> Access<'a> {
             let covered = match (&r.attrs, attr) {
                 (None, _) => true,
                 (Some(sel), None) => sel.entry,
-                (Some(sel), Some(at)) => sel.oids.iter().any(|o| *o == at.oid),
+                (Some(sel), Some(at)) => sel.oids.contains(&at.oid),
             };
             if !covered {
                 continue;

@@ -138,7 +138,7 @@ pub fn compile_map(m: &ExternalMap) -> Result<CompiledMap, String> {
         (None, Some(base), Some(filter)) => {
             Dn::parse(base).map_err(|e| format!("base '{base}' is not a DN: {e}"))?;
             // The template must parse once a sample value is substituted.
-            let sample = filter.replace(|c: char| c == '$', "x");
+            let sample = filter.replace('$', "x");
             pando_proto::Filter::parse(&sample)
                 .map_err(|e| format!("filter '{filter}' is not a filter: {e}"))?;
             MapTarget::Search {

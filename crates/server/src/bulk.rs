@@ -157,7 +157,7 @@ fn place(w: &WriteTxn<'_>, suffixes: &[String], r: &Ready) -> Result<Placement, 
     if let Lookup::Found(_) = view.lookup_norm(&r.norm_rdns).map_err(|e| e.to_string())? {
         return Err(format!("entry '{}' already exists", r.entry.dn));
     }
-    if suffixes.iter().any(|s| *s == norm_dn) {
+    if suffixes.contains(&norm_dn) {
         return Ok(Placement {
             parent: 0,
             rdn: r.entry.dn.to_string(),
@@ -268,7 +268,7 @@ pub fn import<R: BufRead>(
         .map_err(|e| ImportError(format!("{origin}:{e}")))?;
         report.entries += n;
         report.rejected += rj.len() as u64;
-        rj.iter().for_each(|r| rejects_out(r));
+        rj.iter().for_each(&mut rejects_out);
         Ok::<(), ImportError>(())
     };
     let result = (|| -> Result<(), ImportError> {

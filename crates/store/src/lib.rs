@@ -6,7 +6,7 @@
 //! * `meta`      — format version, next entry ID, server secrets (hashes only)
 //! * `id2entry`  — entry ID (u64 BE) → stored entry (see [`entry_codec`])
 //! * `dn2id`     — parent ID (u64 BE) ‖ normalised RDN → entry ID (u64 BE);
-//!                 a suffix entry has parent 0 and its whole normalised DN as "RDN"
+//!   a suffix entry has parent 0 and its whole normalised DN as "RDN"
 //! * `id2parent` — entry ID → parent ID ‖ u16 len ‖ RDN as given ‖ normalised RDN
 //! * `idx:<attr>:<kind>` — index key → RoaringTreemap of entry IDs (see [`index`])
 //!

@@ -341,6 +341,9 @@ pub fn run(job: SearchJob) -> Option<SearchOutcome> {
 /// Try the search on the calling thread; `Err(job)` when it is too big for
 /// that and must go to [`run`] on a blocking thread. On success the encoded
 /// entries are in the returned buffer, to be sent before the outcome.
+// The job comes back by value only on the (rare) hand-off path; boxing it
+// would cost an allocation on every search instead.
+#[allow(clippy::result_large_err)]
 pub fn run_inline(job: SearchJob) -> Result<(Vec<u8>, Option<SearchOutcome>), SearchJob> {
     let mut buf = Vec::new();
     let step = outcome(
