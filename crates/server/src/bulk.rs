@@ -268,7 +268,7 @@ pub fn import<R: BufRead>(
         .map_err(|e| ImportError(format!("{origin}:{e}")))?;
         report.entries += n;
         report.rejected += rj.len() as u64;
-        rj.iter().for_each(&mut rejects_out);
+        rj.iter().for_each(&mut *rejects_out);
         Ok::<(), ImportError>(())
     };
     let result = (|| -> Result<(), ImportError> {
