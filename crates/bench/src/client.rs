@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 
 use crate::config::{OpKind, Plan, Target};
 use crate::keys::Rng;
-use crate::schedule::OpenLoop;
+use crate::schedule::{latency_start, OpenLoop};
 use crate::stats::{ErrKey, Stats};
 use crate::template::{decimal, MessageTemplate};
 use crate::wire;
@@ -362,8 +362,11 @@ struct Slot {
     kind: usize,
     op: OpKind,
     msg_id: i32,
-    /// Issue time, or the scheduled time in open loop.
+    /// Start of the latency: issue time, or in open loop the scheduled time
+    /// when the request waited for this slot ([`crate::schedule::latency_start`]).
     started: Instant,
+    /// When the slot last became free.
+    free_since: Instant,
     measured: bool,
     key: u64,
     entries: u64,
@@ -456,6 +459,7 @@ impl Client {
                 op: OpKind::Search,
                 msg_id: 0,
                 started: t.start,
+                free_since: t.start,
                 measured: false,
                 key: 0,
                 entries: 0,
@@ -578,7 +582,11 @@ impl Client {
                 self.issuing = false;
                 break;
             }
-            if !self.start(slot, at, measured) {
+            let begin = match (&self.sched, self.slots.get(slot)) {
+                (Some(_), Some(s)) => latency_start(at, s.free_since, now),
+                _ => now,
+            };
+            if !self.start(slot, begin, measured) {
                 // add/delete: every key of the range has been used.
                 self.issuing = false;
                 break;
@@ -847,6 +855,7 @@ impl Client {
         }
         let measured = s.measured;
         s.step = Step::Free;
+        s.free_since = now;
         self.free.push(slot);
         self.inflight -= 1;
         if measured {

@@ -74,12 +74,15 @@ fn round(v: f64, digits: i32) -> f64 {
     (v * m).round() / m
 }
 
-/// CPU time used so far by this process and, optionally, the server.
+/// CPU time used so far by this process, optionally the server, and the
+/// whole machine.
 #[derive(Clone, Copy, Debug)]
 pub struct CpuSample {
     at: Instant,
     client_s: f64,
     server_s: Option<f64>,
+    /// Busy time of all CPUs (user, nice, system, irq, softirq).
+    machine_s: Option<f64>,
 }
 
 fn clock_ticks() -> f64 {
@@ -113,12 +116,29 @@ fn pid_cpu_s(pid: u32) -> Option<f64> {
     Some((ut + st) / clock_ticks())
 }
 
+/// Busy seconds of all CPUs from the first line of /proc/stat:
+/// `cpu user nice system idle iowait irq softirq steal ...`.
+fn machine_busy_s() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/stat").ok()?;
+    let v: Vec<f64> = s
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .take(7)
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    let busy = v.first()? + v.get(1)? + v.get(2)? + v.get(5)? + v.get(6)?;
+    Some(busy / clock_ticks())
+}
+
 impl CpuSample {
     pub fn now(server_pid: Option<u32>) -> CpuSample {
         CpuSample {
             at: Instant::now(),
             client_s: self_cpu_s(),
             server_s: server_pid.and_then(pid_cpu_s),
+            machine_s: machine_busy_s(),
         }
     }
 }
@@ -177,9 +197,20 @@ pub fn banner(plan: &Plan) -> String {
     )
 }
 
+/// Percentages of one core over the measured time.
 struct Cpu {
     client_pct: f64,
     server_pct: Option<f64>,
+    /// All CPUs together (200% = both cores of a 2-core machine).
+    machine_pct: Option<f64>,
+}
+
+impl Cpu {
+    /// What neither this process nor the server used: other processes
+    /// (noise) plus kernel network work accounted to neither.
+    fn other_pct(&self) -> Option<f64> {
+        Some(self.machine_pct? - self.client_pct - self.server_pct?)
+    }
 }
 
 impl Summary<'_> {
@@ -204,6 +235,10 @@ impl Summary<'_> {
         Some(Cpu {
             client_pct: 100.0 * (b.client_s - a.client_s) / wall,
             server_pct: match (a.server_s, b.server_s) {
+                (Some(x), Some(y)) => Some(100.0 * (y - x) / wall),
+                _ => None,
+            },
+            machine_pct: match (a.machine_s, b.machine_s) {
                 (Some(x), Some(y)) => Some(100.0 * (y - x) / wall),
                 _ => None,
             },
@@ -313,6 +348,12 @@ impl Summary<'_> {
             if let Some(s) = c.server_pct {
                 let _ = write!(o, ", server {s:.0}%");
             }
+            if let Some(m) = c.machine_pct {
+                let _ = write!(o, ", machine {m:.0}%");
+            }
+            if let Some(x) = c.other_pct() {
+                let _ = write!(o, ", other processes and kernel {x:.0}%");
+            }
             o.push('\n');
         }
         for w in self.warnings() {
@@ -350,6 +391,12 @@ impl Summary<'_> {
             let _ = write!(s, " cpu_client={:.0}%", c.client_pct);
             if let Some(sv) = c.server_pct {
                 let _ = write!(s, " cpu_server={sv:.0}%");
+            }
+            if let Some(x) = c.other_pct() {
+                let _ = write!(s, " cpu_other={x:.0}%");
+            }
+            if let Some(m) = c.machine_pct {
+                let _ = write!(s, " cpu_machine={m:.0}%");
             }
         }
         if let Some(r) = self.plan.rate {
@@ -414,6 +461,7 @@ impl Summary<'_> {
             "intervals": self.intervals.iter().map(Line::json).collect::<Vec<_>>(),
             "cpu_client_pct": cpu.as_ref().map(|c| round(c.client_pct, 1)),
             "cpu_server_pct": cpu.as_ref().and_then(|c| c.server_pct).map(|p| round(p, 1)),
+            "cpu_machine_pct": cpu.as_ref().and_then(|c| c.machine_pct).map(|p| round(p, 1)),
             "stopped": self.stopped,
             "fatal": self.fatal,
             "warnings": self.warnings(),

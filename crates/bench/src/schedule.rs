@@ -49,6 +49,18 @@ impl OpenLoop {
     }
 }
 
+/// Where the latency of an open-loop request starts: its due time
+/// `scheduled` if its slot only became free after that (`slot_free_since`
+/// later than `scheduled`: the request queued behind the server), else the
+/// time it is sent (`now`).
+pub fn latency_start(scheduled: Instant, slot_free_since: Instant, now: Instant) -> Instant {
+    if slot_free_since > scheduled {
+        scheduled
+    } else {
+        now
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +101,18 @@ mod tests {
         let due: Vec<f64> = std::iter::from_fn(|| s.take_due(now)).map(|t| ms(t, t0).round()).collect();
         assert_eq!(due, [10.0, 20.0, 30.0]);
         assert_eq!(ms(s.next_at(), t0).round(), 40.0);
+    }
+
+    #[test]
+    fn latency_starts_at_the_due_time_only_for_a_backlog() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // Due at 10, slot free since 5, timer fired at 11: the client's delay.
+        assert_eq!(latency_start(at(10), at(5), at(11)), at(11));
+        // Due at 10, the server freed the slot only at 30: counted from 10.
+        assert_eq!(latency_start(at(10), at(30), at(30)), at(10));
+        // Freed exactly at the due time: no wait for the server.
+        assert_eq!(latency_start(at(10), at(10), at(10)), at(10));
     }
 
     #[test]
