@@ -41,7 +41,7 @@ enum Command {
     /// Index maintenance (server stopped).
     Index(IndexArgs),
     /// Load generator: search/auth/bind/modify/add/delete rates against any LDAP server.
-    Bench(pando_bench::BenchArgs),
+    Bench(Box<pando_bench::BenchArgs>),
 }
 
 #[derive(clap::Args)]
@@ -210,7 +210,7 @@ fn main() -> ExitCode {
         Command::Index(IndexArgs {
             action: IndexAction::Rebuild { store, attrs },
         }) => index_rebuild(store, attrs),
-        Command::Bench(args) => pando_bench::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Bench(args) => pando_bench::run(*args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
