@@ -40,6 +40,8 @@ enum Command {
     Export(ExportArgs),
     /// Index maintenance (server stopped).
     Index(IndexArgs),
+    /// Load generator: search/auth/bind/modify/add/delete rates against any LDAP server.
+    Bench(Box<pando_bench::BenchArgs>),
 }
 
 #[derive(clap::Args)]
@@ -213,6 +215,7 @@ fn main() -> ExitCode {
         Command::Index(IndexArgs {
             action: IndexAction::Rebuild { store, attrs },
         }) => index_rebuild(store, attrs),
+        Command::Bench(args) => pando_bench::run(*args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
