@@ -239,13 +239,14 @@ impl Emitter<'_> {
             let Some(at) = self.schema.attribute(base) else {
                 continue;
             };
-            if guard.as_mut().is_some_and(|g| !g.may_read(view, at)) {
-                continue;
-            }
             if COMPUTED.iter().any(|c| c.eq_ignore_ascii_case(base)) && id.is_some() {
                 continue; // recomputed below for stored entries
             }
             if !self.sel.wants(self.schema, at, &options_of(&a.desc)) {
+                continue;
+            }
+            // Access last: only attributes that would go out are checked.
+            if guard.as_mut().is_some_and(|g| !g.may_read(view, at)) {
                 continue;
             }
             if self.types_only {
