@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+mod stat;
+
 use clap::{Parser, Subcommand};
 use pando_model::Schema;
 use pando_server::config::Config;
@@ -40,6 +42,9 @@ enum Command {
     Export(ExportArgs),
     /// Index maintenance (server stopped).
     Index(IndexArgs),
+    /// Print a running server's operation rates, latencies, I/O and CPU,
+    /// one line per interval (from /metrics or cn=Monitor).
+    Stat(stat::StatArgs),
 }
 
 #[derive(clap::Args)]
@@ -213,6 +218,7 @@ fn main() -> ExitCode {
         Command::Index(IndexArgs {
             action: IndexAction::Rebuild { store, attrs },
         }) => index_rebuild(store, attrs),
+        Command::Stat(args) => stat::run(args),
     };
     match result {
         Ok(code) => code,

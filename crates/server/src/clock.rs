@@ -40,6 +40,21 @@ pub fn generalized_time(micros: u64) -> String {
     format!("{}Z", parts(micros))
 }
 
+/// RFC 3339 time with microseconds, UTC: `2026-11-22T07:02:25.123456Z`.
+pub fn rfc3339_micros(micros: u64) -> String {
+    let p = parts(micros);
+    format!(
+        "{}-{}-{}T{}:{}:{}.{:06}Z",
+        &p[0..4],
+        &p[4..6],
+        &p[6..8],
+        &p[8..10],
+        &p[10..12],
+        &p[12..14],
+        micros % 1_000_000
+    )
+}
+
 /// Issues strictly increasing CSNs of the OpenLDAP form
 /// `YYYYmmddHHMMSS.uuuuuuZ#cccccc#sid#000000`; the counter separates changes
 /// within one microsecond.
