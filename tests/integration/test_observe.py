@@ -365,3 +365,25 @@ def test_bad_log_config_names_the_key(tmp_path):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode != 0
     assert "logs.access_format" in r.stderr
+
+
+def test_monitor_opened_by_an_access_rule(tmp_path_factory):
+    """A rule naming cn=Monitor lets the users it grants read it; a broad
+    rule (PUBLIC_READ's "everyone reads") does not open it to anonymous."""
+    base = tmp_path_factory.mktemp("obsacl")
+    rule = """
+[[access]]
+dn = "cn=Monitor"
+by = [{ who = "admins", rights = "all" }, { who = "users", rights = "read" }]
+"""
+    s = Pando(base, demo=True, config=rule + PUBLIC_READ, name="obsacl").start()
+    try:
+        rc, _, err = s.ldap("ldappasswd", "-s", "alice-pw", "uid=alice,%s" % PEOPLE)
+        assert rc == 0, err
+        rc, entries, err = s.search("cn=Monitor", "(objectClass=*)", "pandoCompleted",
+                                    auth=("uid=alice,%s" % PEOPLE, "alice-pw"))
+        assert rc == 0 and len(entries) >= 10, (rc, err)
+        rc, entries, err = s.search("cn=Monitor", "(objectClass=*)", auth=None)
+        assert rc == 32, (rc, entries)
+    finally:
+        s.stop_and_verify()

@@ -183,7 +183,9 @@ impl Ldap {
             let _ = s.set_read_timeout(timeout);
             Ok((Ldap::new(Box::new(s)), true))
         } else {
-            Err(format!("--url '{url}': expected http://, ldap:// or ldapi://"))
+            Err(format!(
+                "--url '{url}': expected http://, ldap:// or ldapi://"
+            ))
         }
     }
 
@@ -310,8 +312,7 @@ fn from_monitor(m: &HashMap<String, HashMap<String, Vec<String>>>) -> Sample {
     for op in ALL_OPS {
         // Monitor RDNs are cn=Search, cn=ModDN…; DNs were lower-cased.
         let dn = format!("cn={op},cn=operations,cn=monitor");
-        s.completed
-            .insert(op.to_string(), n(&dn, "pandocompleted"));
+        s.completed.insert(op.to_string(), n(&dn, "pandocompleted"));
         if !TIMED_OPS.contains(op) {
             continue;
         }
@@ -380,7 +381,9 @@ impl Source {
 
     fn sample(&mut self) -> Result<Sample, String> {
         let mut s = match self {
-            Source::Http { addr, path } => from_prometheus(&parse_prometheus(&http_get(addr, path)?)),
+            Source::Http { addr, path } => {
+                from_prometheus(&parse_prometheus(&http_get(addr, path)?))
+            }
             Source::Ldap(l) => from_monitor(&l.monitor()?),
         };
         s.at = Some(Instant::now());
@@ -389,8 +392,8 @@ impl Source {
 }
 
 fn http_get(addr: &str, path: &str) -> Result<String, String> {
-    let mut s = std::net::TcpStream::connect(addr)
-        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+    let mut s =
+        std::net::TcpStream::connect(addr).map_err(|e| format!("cannot connect to {addr}: {e}"))?;
     let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
     write!(
         s,
@@ -487,8 +490,16 @@ fn interval(a: &Sample, b: &Sample) -> Line {
         out_rate: d(a.bytes_out, b.bytes_out) / secs,
         read_rate: read / secs,
         write_rate: write / secs,
-        read_per_op: if total_ops > 0.0 { read / total_ops } else { 0.0 },
-        write_per_op: if total_ops > 0.0 { write / total_ops } else { 0.0 },
+        read_per_op: if total_ops > 0.0 {
+            read / total_ops
+        } else {
+            0.0
+        },
+        write_per_op: if total_ops > 0.0 {
+            write / total_ops
+        } else {
+            0.0
+        },
         cpu: d(a.cpu_secs, b.cpu_secs) / secs * 100.0,
     }
 }
@@ -562,7 +573,11 @@ fn csv_header() -> String {
     let mut h = String::from("time");
     for c in HEADER_COLS {
         h.push(',');
-        h.push_str(&c.to_ascii_lowercase().replace('/', "_per_").replace('%', "_pct"));
+        h.push_str(
+            &c.to_ascii_lowercase()
+                .replace('/', "_per_")
+                .replace('%', "_pct"),
+        );
     }
     h.push_str(",outlier");
     h
@@ -637,7 +652,11 @@ pub fn run(args: StatArgs) -> Result<std::process::ExitCode, String> {
     let mut outliers = Outliers::default();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let header = if args.csv { csv_header() } else { text_header() };
+    let header = if args.csv {
+        csv_header()
+    } else {
+        text_header()
+    };
     writeln!(out, "{header}").map_err(|e| e.to_string())?;
     let mut printed = 0u64;
     while args.count == 0 || printed < args.count {

@@ -142,7 +142,10 @@ impl LogsConfig {
             return Err(err("logs.access_buffer", "must be at least 1"));
         }
         if self.access.is_some() && self.access == self.audit {
-            return Err(err("logs.audit", "must be a different file from logs.access"));
+            return Err(err(
+                "logs.audit",
+                "must be a different file from logs.access",
+            ));
         }
         Ok(())
     }

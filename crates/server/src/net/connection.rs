@@ -282,7 +282,7 @@ impl Connection {
         };
         let id = msg.id;
         *op_seq += 1;
-        let rec = OpStart::new(&self.server, self.id, *op_seq, &msg);
+        let mut rec = OpStart::new(&self.server, self.id, *op_seq, &msg);
         // Operations answered here (or never) are finished here.
         let done_here = |rec: Option<OpStart>, code: Option<u32>| {
             if let Some(r) = rec {
@@ -345,6 +345,10 @@ impl Connection {
                 if let Ok(all) = permits.acquire_many(max).await {
                     drop(all);
                 }
+                // Waiting for the outstanding operations was its queue time.
+                if let Some(r) = rec.as_mut() {
+                    r.started();
+                }
                 if let Some(c) = unknown_critical(&msg.controls, &[]) {
                     *identity = Identity::anonymous(self.session.clone());
                     let r = c.into_result();
@@ -391,7 +395,6 @@ impl Connection {
         } else {
             None
         };
-        let mut rec = rec;
         tokio::spawn(async move {
             let done = match order {
                 Some((prev, done)) => {
@@ -415,7 +418,15 @@ impl Connection {
                 answered = observe::OP
                     .scope(
                         ctx,
-                        run_op(server.clone(), who, id, msg.op, msg.controls, flag.clone(), &tx),
+                        run_op(
+                            server.clone(),
+                            who,
+                            id,
+                            msg.op,
+                            msg.controls,
+                            flag.clone(),
+                            &tx,
+                        ),
                     )
                     .await;
             }
@@ -772,7 +783,9 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         // A client that stops reading must not hold operations (and their
         // read transactions) forever: give up on it after WRITE_STALL.
         match tokio::time::timeout(WRITE_STALL, wr.write_all(&out)).await {
-            Ok(Ok(())) => server.metrics.add(&server.metrics.bytes_out, out.len() as u64),
+            Ok(Ok(())) => server
+                .metrics
+                .add(&server.metrics.bytes_out, out.len() as u64),
             Ok(Err(_)) => return None,
             Err(_) => {
                 tracing::info!("closing a connection whose client stopped reading");

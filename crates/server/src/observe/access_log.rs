@@ -304,8 +304,10 @@ impl AccessLog {
     }
 
     pub fn conn(&self, conn: u64, event: ConnEvent<'_>) {
-        self.file
-            .write(self.format.conn_line(crate::clock::now_micros(), conn, event));
+        self.file.write(
+            self.format
+                .conn_line(crate::clock::now_micros(), conn, event),
+        );
     }
 }
 
@@ -404,7 +406,10 @@ mod tests {
             }
         }
         let l = line(Format::Text, &ops[2], Some(0));
-        assert!(l.contains("MOD dn=\"uid=a,dc=x\" attrs=\"userPassword\""), "{l}");
+        assert!(
+            l.contains("MOD dn=\"uid=a,dc=x\" attrs=\"userPassword\""),
+            "{l}"
+        );
     }
 
     #[test]
@@ -427,7 +432,10 @@ mod tests {
                 tls: false,
             },
         );
-        assert_eq!(t, "1970-01-01T00:00:00.000000Z conn=7 ACCEPT from IP=127.0.0.1:5555\n");
+        assert_eq!(
+            t,
+            "1970-01-01T00:00:00.000000Z conn=7 ACCEPT from IP=127.0.0.1:5555\n"
+        );
         let c = Format::Text.conn_line(0, 7, ConnEvent::Closed { reason: "unbind" });
         assert_eq!(c, "1970-01-01T00:00:00.000000Z conn=7 closed (unbind)\n");
         let u = line(Format::Text, &ProtocolOp::UnbindRequest, None);

@@ -287,10 +287,13 @@ mod tests {
             },
         );
         assert!(!r.contains("old-clear"));
-        assert!(r.ends_with(
-            "changetype: modify\nreplace: userPassword\nuserPassword: {ARGON2}hash\n-\n\
+        assert!(
+            r.ends_with(
+                "changetype: modify\nreplace: userPassword\nuserPassword: {ARGON2}hash\n-\n\
              replace: mail\nmail: z@example.com\n-\n\n"
-        ), "{r}");
+            ),
+            "{r}"
+        );
     }
 
     #[test]

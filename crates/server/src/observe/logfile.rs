@@ -49,12 +49,15 @@ enum Msg {
     Reopen,
     /// Flush and answer (tests, shutdown).
     Sync(std::sync::mpsc::SyncSender<()>),
+    /// Write what came before, then end the thread.
+    Close,
 }
 
 /// The sending side; cheap to share. Dropping the last one ends the thread
 /// after everything queued is written.
 pub struct LogFile {
-    tx: Mutex<Option<SyncSender<Msg>>>,
+    /// Shared by every request thread without a lock (`SyncSender` is `Sync`).
+    tx: SyncSender<Msg>,
     on_full: OnFull,
     pub dropped: Arc<AtomicU64>,
     pub write_errors: Arc<AtomicU64>,
@@ -88,7 +91,7 @@ impl LogFile {
             })
             .map_err(|e| format!("cannot start the log writer thread: {e}"))?;
         Ok(LogFile {
-            tx: Mutex::new(Some(tx)),
+            tx,
             on_full,
             dropped,
             write_errors,
@@ -101,23 +104,18 @@ impl LogFile {
         &self.path
     }
 
-    fn sender(&self) -> Option<SyncSender<Msg>> {
-        self.tx.lock().ok().and_then(|t| t.clone())
-    }
-
     /// Queue one record (it must end with a newline). Never blocks with
     /// `OnFull::Drop`.
     pub fn write(&self, record: String) {
-        let Some(tx) = self.sender() else { return };
         match self.on_full {
-            OnFull::Drop => match tx.try_send(Msg::Record(record)) {
+            OnFull::Drop => match self.tx.try_send(Msg::Record(record)) {
                 Ok(()) => {}
                 Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                     self.dropped.fetch_add(1, Ordering::Relaxed);
                 }
             },
             OnFull::Block => {
-                if tx.send(Msg::Record(record)).is_err() {
+                if self.tx.send(Msg::Record(record)).is_err() {
                     self.dropped.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -126,26 +124,21 @@ impl LogFile {
 
     /// Close and reopen the path (after an external rotation).
     pub fn reopen(&self) {
-        if let Some(tx) = self.sender() {
-            let _ = tx.send(Msg::Reopen);
-        }
+        let _ = self.tx.send(Msg::Reopen);
     }
 
     /// Wait until everything queued so far is written and flushed.
     pub fn sync(&self) {
-        if let Some(tx) = self.sender() {
-            let (done_tx, done_rx) = sync_channel(1);
-            if tx.send(Msg::Sync(done_tx)).is_ok() {
-                let _ = done_rx.recv();
-            }
+        let (done_tx, done_rx) = sync_channel(1);
+        if self.tx.send(Msg::Sync(done_tx)).is_ok() {
+            let _ = done_rx.recv();
         }
     }
 
-    /// Write what is queued and stop the thread.
+    /// Write what is queued and stop the thread. Records written after
+    /// this are counted as dropped.
     pub fn close(&self) {
-        if let Ok(mut t) = self.tx.lock() {
-            t.take();
-        }
+        let _ = self.tx.send(Msg::Close);
         if let Some(h) = self.thread.lock().ok().and_then(|mut t| t.take()) {
             let _ = h.join();
         }
@@ -194,7 +187,11 @@ impl Writer {
             } else {
                 // Idle: wake at least once a minute for daily rotation.
                 match rx.recv_timeout(Duration::from_secs(60)) {
-                    Ok(m) => self.handle(m),
+                    Ok(m) => {
+                        if !self.handle(m) {
+                            break;
+                        }
+                    }
                     Err(RecvTimeoutError::Timeout) => {
                         self.maybe_rotate();
                         continue;
@@ -208,7 +205,10 @@ impl Writer {
                 match rx.try_recv() {
                     Ok(m) => {
                         n += 1;
-                        self.handle(m);
+                        if !self.handle(m) {
+                            closed = true;
+                            break;
+                        }
                     }
                     Err(std::sync::mpsc::TryRecvError::Empty) => break,
                     Err(std::sync::mpsc::TryRecvError::Disconnected) => {
@@ -226,7 +226,8 @@ impl Writer {
         self.flush();
     }
 
-    fn handle(&mut self, msg: Msg) {
+    /// Apply one message; false when the log is closing.
+    fn handle(&mut self, msg: Msg) -> bool {
         match msg {
             Msg::Record(r) => {
                 self.maybe_rotate();
@@ -240,7 +241,9 @@ impl Writer {
                 self.flush();
                 let _ = done.send(());
             }
+            Msg::Close => return false,
         }
+        true
     }
 
     fn flush(&mut self) {
@@ -370,9 +373,8 @@ mod tests {
         // A writer stuck behind a Sync whose answer nobody reads keeps the
         // channel full.
         let l = LogFile::open(opts(d.path(), 2, OnFull::Drop, 0)).unwrap();
-        let tx = l.sender().unwrap();
         let (stuck_tx, _stuck_rx) = sync_channel(0);
-        tx.send(Msg::Sync(stuck_tx)).unwrap();
+        l.tx.send(Msg::Sync(stuck_tx)).unwrap();
         // Give the thread time to pick up the Sync and block on it.
         std::thread::sleep(Duration::from_millis(100));
         for i in 0..10 {

@@ -157,7 +157,11 @@ impl ProcessFigures {
                 let f: Vec<&str> = rest.split_whitespace().collect();
                 // rest[0] is field 3 (state): utime = 14, stime = 15,
                 // num_threads = 20, rss = 24 (pages).
-                let n = |i: usize| f.get(i - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+                let n = |i: usize| {
+                    f.get(i - 3)
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(0)
+                };
                 // SAFETY: sysconf has no preconditions.
                 let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
                 // SAFETY: as above.
@@ -189,10 +193,9 @@ pub struct Latency {
 /// what `pando stat` computes interval percentiles from): steps of 1, 1.5,
 /// 2, 3, 5, 7 per decade from 10 µs to 10 s.
 pub const LATENCY_BOUNDS: &[u64] = &[
-    10, 15, 20, 30, 50, 70, 100, 150, 200, 300, 500, 700, 1_000, 1_500, 2_000, 3_000, 5_000,
-    7_000, 10_000, 15_000, 20_000, 30_000, 50_000, 70_000, 100_000, 150_000, 200_000, 300_000,
-    500_000, 700_000, 1_000_000, 1_500_000, 2_000_000, 3_000_000, 5_000_000, 7_000_000,
-    10_000_000,
+    10, 15, 20, 30, 50, 70, 100, 150, 200, 300, 500, 700, 1_000, 1_500, 2_000, 3_000, 5_000, 7_000,
+    10_000, 15_000, 20_000, 30_000, 50_000, 70_000, 100_000, 150_000, 200_000, 300_000, 500_000,
+    700_000, 1_000_000, 1_500_000, 2_000_000, 3_000_000, 5_000_000, 7_000_000, 10_000_000,
 ];
 
 /// Everything counted while the server runs. One per server.
@@ -297,7 +300,10 @@ impl Metrics {
                 ..Latency::default()
             };
         }
-        let sum = h.iter_recorded().map(|v| v.value_iterated_to() * v.count_at_value()).sum();
+        let sum = h
+            .iter_recorded()
+            .map(|v| v.value_iterated_to() * v.count_at_value())
+            .sum();
         Latency {
             count: h.len(),
             sum,

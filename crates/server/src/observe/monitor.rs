@@ -70,7 +70,10 @@ fn num(desc: &str, v: u64) -> Attribute {
 }
 
 fn node(cn: &str, dn: &str, mut attrs: Vec<Attribute>) -> (String, Entry) {
-    let mut all = vec![attr("objectClass", ["top", "pandoMonitor"]), attr("cn", [cn])];
+    let mut all = vec![
+        attr("objectClass", ["top", "pandoMonitor"]),
+        attr("cn", [cn]),
+    ];
     all.append(&mut attrs);
     let parsed = Dn::parse(dn).unwrap_or(Dn { rdns: Vec::new() });
     (
@@ -129,7 +132,10 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
         "Monitor",
         "cn=Monitor",
         vec![
-            attr("pandoVersion", [format!("Pando {}", env!("CARGO_PKG_VERSION"))]),
+            attr(
+                "pandoVersion",
+                [format!("Pando {}", env!("CARGO_PKG_VERSION"))],
+            ),
             attr("pandoStartTime", [crate::clock::generalized_time(started)]),
             num("pandoUptime", m.uptime_secs()),
             num("pandoThreads", p.threads),
@@ -208,7 +214,10 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
             num("pandoCommitMicros", w.commit_micros),
             num("pandoLastCommitMicros", w.last_commit_micros),
             num("pandoSyncs", w.syncs),
-            attr("pandoDurability", [format!("{:?}", server.store.durability())]),
+            attr(
+                "pandoDurability",
+                [format!("{:?}", server.store.durability())],
+            ),
         ],
     ));
     let mut logs = vec![

@@ -60,7 +60,9 @@ async fn answer(mut stream: TcpStream, server: Arc<Server>) {
             break i;
         }
         if buf.len() > MAX_REQUEST {
-            let _ = stream.write_all(&response(431, "text/plain", "request too large\n")).await;
+            let _ = stream
+                .write_all(&response(431, "text/plain", "request too large\n"))
+                .await;
             return;
         }
         let mut chunk = [0u8; 1024];
@@ -187,9 +189,17 @@ pub fn render(server: &Server) -> String {
         m.get(&m.conns_total),
     );
     for (name, help, v) in [
-        ("pando_received_bytes_total", "LDAP bytes received.", &m.bytes_in),
+        (
+            "pando_received_bytes_total",
+            "LDAP bytes received.",
+            &m.bytes_in,
+        ),
         ("pando_sent_bytes_total", "LDAP bytes sent.", &m.bytes_out),
-        ("pando_received_pdus_total", "LDAP messages received.", &m.pdus_in),
+        (
+            "pando_received_pdus_total",
+            "LDAP messages received.",
+            &m.pdus_in,
+        ),
         (
             "pando_sent_pdus_total",
             "LDAP messages sent (responses and search entries).",
