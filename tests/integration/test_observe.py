@@ -233,6 +233,10 @@ def test_monitor_counters_follow_a_known_workload(obs):
     assert 0 < p99 <= mx
     assert int(monitor_value(obs, "cn=Store,cn=Monitor", "pandoEntries")) > 10
     assert int(monitor_value(obs, "cn=Connections,cn=Monitor", "pandoCurrent")) >= 1
+    # The search reading it is in progress itself.
+    assert int(monitor_value(obs, "cn=Operations,cn=Monitor", "pandoInProgress")) >= 1
+    float(monitor_value(obs, "cn=Writer,cn=Monitor", "pandoMeanBatch"))
+    assert int(monitor_value(obs, "cn=Store,cn=Monitor", "pandoReadersOpen")) >= 0
 
 
 def scrape(port, path="/metrics"):

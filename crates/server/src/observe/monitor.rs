@@ -3,11 +3,11 @@
 //! ```text
 //! cn=Monitor                     version, start time, uptime, process (CPU, I/O, threads)
 //!   cn=Connections,cn=Monitor    current, total, bytes and PDUs in/out
-//!   cn=Operations,cn=Monitor     totals, entries sent, wait time
+//!   cn=Operations,cn=Monitor     totals, in progress, entries sent, wait time
 //!     cn=Search,cn=Operations,cn=Monitor   (one per type: Bind … Unbind)
 //!                                initiated, completed, latency percentiles and buckets
 //!   cn=Store,cn=Monitor          entries, sizes, map use, page-cache residency, per-database sizes
-//!   cn=Writer,cn=Monitor         batches, batch sizes, commit latency, fsyncs
+//!   cn=Writer,cn=Monitor         batches, largest and mean batch size, commit latency, fsyncs
 //!   cn=Logs,cn=Monitor           access-log lines dropped, write errors
 //! ```
 //!
@@ -168,6 +168,7 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
         vec![
             num("pandoInitiated", ini),
             num("pandoCompleted", com),
+            num("pandoInProgress", ini.saturating_sub(com)),
             num("pandoEntriesSent", m.get(&m.entries_sent)),
             num("pandoWaitMicros", m.get(&m.wait_micros)),
         ],
@@ -211,6 +212,13 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
             num("pandoWriteOperations", w.operations),
             num("pandoFailedOperations", w.failed_operations),
             num("pandoLargestBatch", w.largest_batch),
+            attr(
+                "pandoMeanBatch",
+                [format!(
+                    "{:.2}",
+                    w.operations as f64 / w.batches.max(1) as f64
+                )],
+            ),
             num("pandoCommitMicros", w.commit_micros),
             num("pandoLastCommitMicros", w.last_commit_micros),
             num("pandoSyncs", w.syncs),

@@ -243,6 +243,15 @@ pub fn render(server: &Server) -> String {
             m.completed(k),
         );
     }
+    let (ini, com) = OP_KINDS.iter().fold((0u64, 0u64), |(i, c), k| {
+        (i + m.initiated(*k), c + m.completed(*k))
+    });
+    t.one(
+        "pando_operations_in_progress",
+        "gauge",
+        "Operations received and not yet finished.",
+        ini.saturating_sub(com),
+    );
     let lat: Vec<_> = OP_KINDS.iter().map(|k| (k.name(), m.latency(*k))).collect();
     t.family(
         "pando_operation_duration_seconds",
