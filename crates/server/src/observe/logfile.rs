@@ -348,6 +348,38 @@ mod tests {
     }
 
     #[test]
+    fn rotates_when_the_day_changes() {
+        let d = tempfile::tempdir().unwrap();
+        let mut o = opts(d.path(), 16, OnFull::Block, 0);
+        o.daily = true;
+        let file = open_append(&o.path, o.mode).unwrap();
+        let mut w = Writer {
+            out: BufWriter::new(file),
+            size: 0,
+            // Opened "yesterday".
+            day: today() - 1,
+            opts: o,
+            errors: Arc::new(AtomicU64::new(0)),
+        };
+        w.handle(Msg::Record("old day\n".into()));
+        w.flush();
+        // The record that finds the date changed went to a new file.
+        let names: Vec<String> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("access.log")).unwrap(),
+            "old day\n"
+        );
+        assert_eq!(w.day, today());
+        w.handle(Msg::Record("same day\n".into()));
+        w.flush();
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 2);
+    }
+
+    #[test]
     fn reopen_after_external_rename() {
         let d = tempfile::tempdir().unwrap();
         let l = LogFile::open(opts(d.path(), 16, OnFull::Block, 0)).unwrap();
