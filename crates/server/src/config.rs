@@ -155,9 +155,9 @@ impl LogsConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
-    /// `host:port` of the Prometheus endpoint (`GET /metrics`); unset =
-    /// off. Loopback unless deliberately set otherwise: the figures are
-    /// not access-controlled.
+    /// `host:port` (or a bare port, meaning 127.0.0.1) of the Prometheus
+    /// endpoint (`GET /metrics`); unset = off. Keep it on loopback unless
+    /// deliberately exposing it: the figures are not access-controlled.
     pub listen: Option<String>,
 }
 
@@ -165,6 +165,10 @@ impl MetricsConfig {
     pub fn addr(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
         match &self.listen {
             None => Ok(None),
+            Some(a) if a.parse::<u16>().is_ok() => Ok(Some(std::net::SocketAddr::from((
+                std::net::Ipv4Addr::LOCALHOST,
+                a.parse::<u16>().unwrap_or(0),
+            )))),
             Some(a) => a.parse().map(Some).map_err(|_| {
                 err(
                     "metrics.listen",
@@ -1129,5 +1133,33 @@ mod tests {
             Listener::Ldapi(PathBuf::from("/tmp/x.sock"))
         );
         assert_eq!(r.listeners[0].url(), "ldapi://%2Ftmp%2Fx.sock");
+    }
+
+    #[test]
+    fn logs_and_metrics_settings() {
+        let r = check(
+            "[logs]\naccess = \"/tmp/a.log\"\nfile_mode = \"0640\"\n[metrics]\nlisten = \"9390\"\n",
+        )
+        .unwrap();
+        assert_eq!(r.config.logs.mode().unwrap(), 0o640);
+        assert_eq!(
+            r.config.metrics.addr().unwrap(),
+            Some("127.0.0.1:9390".parse().unwrap())
+        );
+        for (toml, key) in [
+            ("[logs]\naccess_format = \"xml\"\n", "logs.access_format"),
+            ("[logs]\non_full = \"wait\"\n", "logs.on_full"),
+            ("[logs]\nfile_mode = \"rw\"\n", "logs.file_mode"),
+            ("[logs]\nfile_mode = \"0400\"\n", "logs.file_mode"),
+            ("[logs]\naccess_buffer = 0\n", "logs.access_buffer"),
+            (
+                "[logs]\naccess = \"/tmp/x\"\naudit = \"/tmp/x\"\n",
+                "logs.audit",
+            ),
+            ("[metrics]\nlisten = \"localhost\"\n", "metrics.listen"),
+        ] {
+            let e = check(toml).unwrap_err();
+            assert_eq!(e.key, key, "{toml}: {e}");
+        }
     }
 }

@@ -33,6 +33,11 @@ pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, String> {
 pub async fn serve(listener: TcpListener, server: Arc<Server>, mut stop: watch::Receiver<bool>) {
     if let Ok(a) = listener.local_addr() {
         tracing::info!("metrics endpoint: http://{a}/metrics");
+        if !a.ip().is_loopback() {
+            tracing::warn!(
+                "metrics.listen {a} is not a loopback address: anyone who can reach it reads the server's figures"
+            );
+        }
     }
     loop {
         tokio::select! {
