@@ -210,6 +210,7 @@ const FILES: &[(&str, &str)] = &[
         "operational.schema",
         include_str!("../schema/operational.schema"),
     ),
+    ("monitor.schema", include_str!("../schema/monitor.schema")),
 ];
 
 /// Longest SUP chain followed (attribute types or object classes). Chains

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+mod stat;
+
 use clap::{Parser, Subcommand};
 use pando_model::Schema;
 use pando_server::config::Config;
@@ -42,6 +44,9 @@ enum Command {
     Index(IndexArgs),
     /// Load generator: search/auth/bind/modify/add/delete rates against any LDAP server.
     Bench(Box<pando_bench::BenchArgs>),
+    /// Print a running server's operation rates, latencies, I/O and CPU,
+    /// one line per interval (from /metrics or cn=Monitor).
+    Stat(stat::StatArgs),
 }
 
 #[derive(clap::Args)]
@@ -216,6 +221,7 @@ fn main() -> ExitCode {
             action: IndexAction::Rebuild { store, attrs },
         }) => index_rebuild(store, attrs),
         Command::Bench(args) => pando_bench::run(*args).map(|()| ExitCode::SUCCESS),
+        Command::Stat(args) => stat::run(args),
     };
     match result {
         Ok(code) => code,

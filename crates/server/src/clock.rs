@@ -40,6 +40,38 @@ pub fn generalized_time(micros: u64) -> String {
     format!("{}Z", parts(micros))
 }
 
+/// RFC 3339 time with microseconds, UTC: `2026-11-22T07:02:25.123456Z`.
+pub fn rfc3339_micros(micros: u64) -> String {
+    use std::cell::RefCell;
+    use std::fmt::Write;
+    thread_local! {
+        /// The date-and-seconds part for the last second formatted on this
+        /// thread (access-log lines come many per second).
+        static LAST: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+    }
+    let secs = micros / 1_000_000;
+    LAST.with(|l| {
+        let mut l = l.borrow_mut();
+        if l.0 != secs {
+            let p = parts(micros);
+            l.1 = format!(
+                "{}-{}-{}T{}:{}:{}",
+                &p[0..4],
+                &p[4..6],
+                &p[6..8],
+                &p[8..10],
+                &p[10..12],
+                &p[12..14]
+            );
+            l.0 = secs;
+        }
+        let mut out = String::with_capacity(28);
+        out.push_str(&l.1);
+        let _ = write!(out, ".{:06}Z", micros % 1_000_000);
+        out
+    })
+}
+
 /// Issues strictly increasing CSNs of the OpenLDAP form
 /// `YYYYmmddHHMMSS.uuuuuuZ#cccccc#sid#000000`; the counter separates changes
 /// within one microsecond.

@@ -49,6 +49,134 @@ pub struct Config {
     /// built-in defaults (see docs/access-control.md).
     pub access: Vec<AccessRule>,
     pub tls: TlsConfig,
+    /// `[logs]`: access and audit log files.
+    pub logs: LogsConfig,
+    /// `[metrics]`: the Prometheus endpoint.
+    pub metrics: MetricsConfig,
+}
+
+/// `[logs]`. Nothing is logged to files unless a path is set.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogsConfig {
+    /// Access log file: one line per operation result and per connection
+    /// open/close. Unset = off.
+    pub access: Option<PathBuf>,
+    /// `text` (OpenLDAP-like) or `json` (one object per line).
+    pub access_format: String,
+    /// Lines buffered between request handling and the writer thread.
+    pub access_buffer: usize,
+    /// When the buffer is full: `drop` (count the line as dropped, never
+    /// stall requests) or `block` (wait for the writer).
+    pub on_full: String,
+    /// Audit log file: every successful change as LDIF. Unset = off.
+    pub audit: Option<PathBuf>,
+    /// Rotate a log when it reaches this size (MiB); 0 = never by size.
+    pub max_size_mb: u64,
+    /// Rotate the logs when the UTC date changes.
+    pub rotate_daily: bool,
+    /// Permission bits (octal) of log files created, e.g. "0640".
+    pub file_mode: String,
+}
+
+impl Default for LogsConfig {
+    fn default() -> Self {
+        LogsConfig {
+            access: None,
+            access_format: "text".into(),
+            access_buffer: 65536,
+            on_full: "drop".into(),
+            audit: None,
+            max_size_mb: 0,
+            rotate_daily: false,
+            file_mode: "0600".into(),
+        }
+    }
+}
+
+impl LogsConfig {
+    pub fn format(&self) -> Result<crate::observe::access_log::Format, ConfigError> {
+        match self.access_format.as_str() {
+            "text" => Ok(crate::observe::access_log::Format::Text),
+            "json" => Ok(crate::observe::access_log::Format::Json),
+            o => Err(err(
+                "logs.access_format",
+                format!("'{o}' is not one of text, json"),
+            )),
+        }
+    }
+
+    pub fn on_full(&self) -> Result<crate::observe::logfile::OnFull, ConfigError> {
+        match self.on_full.as_str() {
+            "drop" => Ok(crate::observe::logfile::OnFull::Drop),
+            "block" => Ok(crate::observe::logfile::OnFull::Block),
+            o => Err(err(
+                "logs.on_full",
+                format!("'{o}' is not one of drop, block"),
+            )),
+        }
+    }
+
+    pub fn mode(&self) -> Result<u32, ConfigError> {
+        match u32::from_str_radix(self.file_mode.trim_start_matches("0o"), 8) {
+            Ok(m) if m <= 0o777 && m & 0o600 == 0o600 => Ok(m),
+            Ok(_) => Err(err(
+                "logs.file_mode",
+                format!(
+                    "'{}' must be at most 0777 and let the owner read and write",
+                    self.file_mode
+                ),
+            )),
+            Err(_) => Err(err(
+                "logs.file_mode",
+                format!("'{}' is not an octal mode like 0600", self.file_mode),
+            )),
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.format()?;
+        self.on_full()?;
+        self.mode()?;
+        if self.access_buffer == 0 {
+            return Err(err("logs.access_buffer", "must be at least 1"));
+        }
+        if self.access.is_some() && self.access == self.audit {
+            return Err(err(
+                "logs.audit",
+                "must be a different file from logs.access",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// `host:port` (or a bare port, meaning 127.0.0.1) of the Prometheus
+    /// endpoint (`GET /metrics`); unset = off. Keep it on loopback unless
+    /// deliberately exposing it: the figures are not access-controlled.
+    pub listen: Option<String>,
+}
+
+impl MetricsConfig {
+    pub fn addr(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+        match &self.listen {
+            None => Ok(None),
+            Some(a) if a.parse::<u16>().is_ok() => Ok(Some(std::net::SocketAddr::from((
+                std::net::Ipv4Addr::LOCALHOST,
+                a.parse::<u16>().unwrap_or(0),
+            )))),
+            Some(a) => a.parse().map(Some).map_err(|_| {
+                err(
+                    "metrics.listen",
+                    format!("'{a}' is not an address like 127.0.0.1:9389"),
+                )
+            }),
+        }
+    }
 }
 
 /// One access rule: what it covers, then who gets which rights.
@@ -456,6 +584,8 @@ impl Default for Config {
             auth: AuthConfig::default(),
             access: Vec::new(),
             tls: TlsConfig::default(),
+            logs: LogsConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -618,6 +748,8 @@ impl Config {
             listeners.push(l);
         }
         let tls = self.tls.resolve(&self.data_dir)?;
+        self.logs.validate()?;
+        self.metrics.addr()?;
         if tls.is_none() {
             if let Some(i) = listeners
                 .iter()
@@ -1001,5 +1133,33 @@ mod tests {
             Listener::Ldapi(PathBuf::from("/tmp/x.sock"))
         );
         assert_eq!(r.listeners[0].url(), "ldapi://%2Ftmp%2Fx.sock");
+    }
+
+    #[test]
+    fn logs_and_metrics_settings() {
+        let r = check(
+            "[logs]\naccess = \"/tmp/a.log\"\nfile_mode = \"0640\"\n[metrics]\nlisten = \"9390\"\n",
+        )
+        .unwrap();
+        assert_eq!(r.config.logs.mode().unwrap(), 0o640);
+        assert_eq!(
+            r.config.metrics.addr().unwrap(),
+            Some("127.0.0.1:9390".parse().unwrap())
+        );
+        for (toml, key) in [
+            ("[logs]\naccess_format = \"xml\"\n", "logs.access_format"),
+            ("[logs]\non_full = \"wait\"\n", "logs.on_full"),
+            ("[logs]\nfile_mode = \"rw\"\n", "logs.file_mode"),
+            ("[logs]\nfile_mode = \"0400\"\n", "logs.file_mode"),
+            ("[logs]\naccess_buffer = 0\n", "logs.access_buffer"),
+            (
+                "[logs]\naccess = \"/tmp/x\"\naudit = \"/tmp/x\"\n",
+                "logs.audit",
+            ),
+            ("[metrics]\nlisten = \"localhost\"\n", "metrics.listen"),
+        ] {
+            let e = check(toml).unwrap_err();
+            assert_eq!(e.key, key, "{toml}: {e}");
+        }
     }
 }

@@ -11,6 +11,7 @@ pub mod config;
 pub mod datadir;
 pub mod error;
 pub mod net;
+pub mod observe;
 pub mod ops;
 pub mod password;
 pub mod privileges;
@@ -212,6 +213,14 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         ));
     }
 
+    if let Some(addr) = server.cfg.config.metrics.addr()? {
+        listeners.spawn(observe::prometheus::serve(
+            observe::prometheus::bind(addr).await?,
+            server.clone(),
+            stop_rx.clone(),
+        ));
+    }
+
     signals.wait_for_stop(&server, opts.reload.as_ref()).await;
     tracing::info!("shutting down: no new connections; finishing operations in progress");
     let _ = stop_tx.send(true);
@@ -240,6 +249,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         syncs = w.syncs,
         "writer totals"
     );
+    server.logs.close();
     drop(server);
     tokio::task::spawn_blocking(move || store.close()).await?;
     tracing::info!("store closed cleanly");
@@ -280,6 +290,7 @@ pub fn build_server(
         .map(|d| schema.normalize_dn(d).map(|n| (d.clone(), n)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("suffixes: {e}"))?;
+    let logs = observe::Logs::open(&cfg.config.logs)?;
     let limits = &cfg.config.limits;
     let decode_limits = DecodeLimits {
         max_depth: limits.max_filter_depth,
@@ -300,6 +311,8 @@ pub fn build_server(
         throttle,
         started: SystemTime::now(),
         tls,
+        metrics: observe::metrics::Metrics::new(),
+        logs,
     })
 }
 
@@ -361,6 +374,7 @@ fn apply_reload(server: &Server, reload: Option<&Reloader>) {
     if let Some(tls) = &server.tls {
         tls.reload();
     }
+    server.logs.reopen();
     let Some(reload) = reload else {
         tracing::info!("SIGHUP: no configuration file to reload");
         return;

@@ -32,6 +32,10 @@ pub struct Server {
     /// The certificate and TLS settings when `[tls]` is configured: serves
     /// ldaps:// listeners and StartTLS. Reloaded on SIGHUP.
     pub tls: Option<Arc<crate::net::tls::TlsContext>>,
+    /// Counters and latency histograms (cn=Monitor, /metrics).
+    pub metrics: crate::observe::metrics::Metrics,
+    /// Access and audit logs (`[logs]`); reopened on SIGHUP.
+    pub logs: crate::observe::Logs,
 }
 
 /// Facts about the transport a connection runs over, used by authentication

@@ -23,6 +23,7 @@
 pub mod entry_codec;
 pub mod index;
 mod plan;
+mod readers;
 mod writer;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -155,6 +156,7 @@ pub(crate) struct Inner {
     path: PathBuf,
     durability: writer::DurabilityCell,
     stats: writer::WriterStats,
+    readers: readers::Readers,
 }
 
 /// The four fixed databases.
@@ -186,6 +188,7 @@ impl Inner {
             path: path.to_path_buf(),
             durability: writer::DurabilityCell::new(d),
             stats: writer::WriterStats::default(),
+            readers: readers::Readers::new(),
         }
     }
 }
@@ -458,9 +461,11 @@ impl Store {
 
     /// A consistent read-only snapshot.
     pub fn read(&self) -> Result<ReadTxn<'_>, StoreError> {
+        let txn = self.inner.env.read_txn()?;
         Ok(ReadTxn {
-            txn: self.inner.env.read_txn()?,
+            txn,
             inner: &self.inner,
+            slot: self.inner.readers.enter(),
         })
     }
 
@@ -507,6 +512,81 @@ impl Store {
     pub fn disk_size(&self) -> u64 {
         self.inner.env.real_disk_size().unwrap_or(0)
     }
+
+    /// Figures for monitoring: sizes of the environment and of every
+    /// database (pages × page size), reader slots, entries.
+    pub fn stats(&self) -> Result<StoreStats, StoreError> {
+        let inner = &self.inner;
+        let info = inner.env.info();
+        let txn = inner.env.read_txn()?;
+        let mut databases = Vec::new();
+        let mut page_size = 4096u64;
+        let mut add = |name: String, db: &Db| -> Result<(), StoreError> {
+            let st = db.stat(&txn)?;
+            page_size = u64::from(st.page_size);
+            let pages = (st.branch_pages + st.leaf_pages + st.overflow_pages) as u64;
+            databases.push(DbFigures {
+                name,
+                bytes: pages * u64::from(st.page_size),
+                items: st.entries as u64,
+            });
+            Ok(())
+        };
+        add("id2entry".into(), &inner.id2entry)?;
+        add("dn2id".into(), &inner.dn2id)?;
+        add("id2parent".into(), &inner.id2parent)?;
+        add("meta".into(), &inner.meta)?;
+        let mut names: Vec<&String> = inner.indexes.keys().collect();
+        names.sort();
+        for attr in names {
+            for idx in &inner.indexes[attr] {
+                add(format!("idx:{attr}:{}", idx.kind.as_str()), &idx.db)?;
+            }
+        }
+        let entries = inner.id2entry.len(&txn)?;
+        drop(txn);
+        let (readers_open, oldest_reader_micros) = inner.readers.snapshot();
+        Ok(StoreStats {
+            readers_open,
+            oldest_reader_micros,
+            entries,
+            disk_bytes: inner.env.real_disk_size().unwrap_or(0),
+            map_size: info.map_size as u64,
+            map_used_bytes: (info.last_page_number as u64 + 1) * page_size,
+            reader_slots_used: u64::from(info.number_of_readers),
+            last_txn_id: info.last_txn_id as u64,
+            databases,
+        })
+    }
+}
+
+/// See [`Store::stats`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    pub entries: u64,
+    /// Size of the data file on disk.
+    pub disk_bytes: u64,
+    /// The configured map size (the data file's upper bound).
+    pub map_size: u64,
+    /// Pages in use up to the highest one written, in bytes.
+    pub map_used_bytes: u64,
+    /// LMDB reader-table slots in use (threads that have read; a slot
+    /// stays assigned to its thread).
+    pub reader_slots_used: u64,
+    pub last_txn_id: u64,
+    /// Read transactions open now (through [`Store::read`]).
+    pub readers_open: u64,
+    /// How long the oldest of them has been open, microseconds.
+    pub oldest_reader_micros: u64,
+    pub databases: Vec<DbFigures>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DbFigures {
+    /// `id2entry`, `dn2id`, `id2parent`, `meta`, `idx:<attr>:<kind>`.
+    pub name: String,
+    pub bytes: u64,
+    pub items: u64,
 }
 
 /// The values of attribute `attr_lower` (any options) in stored order.
@@ -596,6 +676,14 @@ pub struct PendingPostings {
 pub struct ReadTxn<'s> {
     txn: RoTxn<'s>,
     inner: &'s Inner,
+    /// Its entry in the table of open readers (monitoring).
+    slot: Option<usize>,
+}
+
+impl Drop for ReadTxn<'_> {
+    fn drop(&mut self) {
+        self.inner.readers.leave(self.slot);
+    }
 }
 
 impl<'s> ReadTxn<'s> {

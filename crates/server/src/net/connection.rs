@@ -29,6 +29,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 use crate::error::LdapError;
+use crate::observe::{self, OpStart};
 use crate::ops;
 use crate::state::{Identity, Server, Session};
 
@@ -70,12 +71,15 @@ impl Connection {
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let mut identity = Identity::anonymous(self.session.clone());
-        let reason = match self.serve(stream, &mut identity).await {
+        observe::conn_opened(&self.server, self.id, &self.peer, self.session.tls);
+        // Operation numbers of this connection (access and audit logs).
+        let mut op_seq = 0u64;
+        let reason = match self.serve(stream, &mut identity, &mut op_seq).await {
             Served::Closed(why) => why,
             Served::StartTls(plain) => match self.upgrade(plain).await {
                 Some(tls) => {
                     identity = identity.with_session(self.session.clone());
-                    match self.serve(tls, &mut identity).await {
+                    match self.serve(tls, &mut identity, &mut op_seq).await {
                         Served::Closed(why) => why,
                         // Not reached: StartTLS is refused once TLS is active.
                         Served::StartTls(_) => "StartTLS over TLS",
@@ -85,18 +89,19 @@ impl Connection {
             },
         };
         tracing::debug!(conn = self.id, peer = %self.peer, reason, "connection closing");
+        observe::conn_closed(&self.server, self.id, reason);
     }
 
     /// Serve LDAP on `stream` until the connection ends, or until StartTLS
     /// is accepted (then the stream is handed back once the response is out).
-    async fn serve<S>(&self, stream: S, identity: &mut Identity) -> Served<S>
+    async fn serve<S>(&self, stream: S, identity: &mut Identity, op_seq: &mut u64) -> Served<S>
     where
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let (mut rd, wr) = tokio::io::split(stream);
         let (tx, rx) = mpsc::channel::<Vec<u8>>(64);
-        let writer = tokio::spawn(write_loop(wr, rx));
-        let ended = self.read_loop(&mut rd, &tx, identity).await;
+        let writer = tokio::spawn(write_loop(wr, rx, self.server.clone()));
+        let ended = self.read_loop(&mut rd, &tx, identity, op_seq).await;
         drop(tx);
         // The writer ends once every response queued has been written (all
         // senders gone), handing back its half; None if writing failed.
@@ -143,6 +148,7 @@ impl Connection {
         rd: &mut R,
         tx: &mpsc::Sender<Vec<u8>>,
         identity: &mut Identity,
+        op_seq: &mut u64,
     ) -> Ended {
         let limits = &self.server.cfg.config.limits;
         let max_ops = limits.max_ops_per_connection;
@@ -170,6 +176,7 @@ impl Connection {
                                 &permits,
                                 &outstanding,
                                 pipelined,
+                                op_seq,
                             )
                             .await
                         {
@@ -219,7 +226,7 @@ impl Connection {
                         abandon_all(&outstanding);
                         return Ended::Close("peer closed");
                     }
-                    Some(Ok(_)) => {}
+                    Some(Ok(n)) => self.server.metrics.add(&self.server.metrics.bytes_in, n as u64),
                 },
                 _ = shutdown.changed() => {
                     // Let running operations finish briefly, then tell the client.
@@ -243,7 +250,10 @@ impl Connection {
         permits: &Arc<Semaphore>,
         outstanding: &Outstanding,
         pipelined: bool,
+        op_seq: &mut u64,
     ) -> Flow {
+        let metrics = &self.server.metrics;
+        metrics.add(&metrics.pdus_in, 1);
         let msg = match LdapMessage::decode(frame, &self.server.decode_limits) {
             Ok(m) => m,
             Err(e) => {
@@ -271,9 +281,21 @@ impl Connection {
             }
         };
         let id = msg.id;
+        *op_seq += 1;
+        let mut rec = OpStart::new(&self.server, self.id, *op_seq, &msg);
+        // Operations answered here (or never) are finished here.
+        let done_here = |rec: Option<OpStart>, code: Option<u32>| {
+            if let Some(r) = rec {
+                r.finish(&self.server, code, 0);
+            }
+        };
         match msg.op {
-            ProtocolOp::UnbindRequest => return Flow::Close("unbind"),
+            ProtocolOp::UnbindRequest => {
+                done_here(rec, None);
+                return Flow::Close("unbind");
+            }
             ProtocolOp::AbandonRequest(target) => {
+                done_here(rec, None);
                 if let Some(flag) = outstanding
                     .lock()
                     .ok()
@@ -284,9 +306,11 @@ impl Connection {
                 return Flow::Continue;
             }
             ProtocolOp::ExtendedRequest(req) if req.name == oid::START_TLS => {
-                return self
+                let (flow, code) = self
                     .start_tls(id, &req, &msg.controls, pipelined, outstanding, tx)
                     .await;
+                done_here(rec, Some(code));
+                return flow;
             }
             ProtocolOp::SearchRequest(_)
             | ProtocolOp::ModifyRequest(_)
@@ -321,9 +345,16 @@ impl Connection {
                 if let Ok(all) = permits.acquire_many(max).await {
                     drop(all);
                 }
+                // Waiting for the outstanding operations was its queue time.
+                if let Some(r) = rec.as_mut() {
+                    r.started();
+                }
                 if let Some(c) = unknown_critical(&msg.controls, &[]) {
                     *identity = Identity::anonymous(self.session.clone());
-                    send(tx, id, bind_response(c.into_result()), Vec::new()).await;
+                    let r = c.into_result();
+                    let code = r.code.0;
+                    send(tx, id, bind_response(r), Vec::new()).await;
+                    done_here(rec, Some(code));
                     return Flow::Continue;
                 }
                 let result = match ops::bind::bind(&self.server, req, &self.session).await {
@@ -337,7 +368,9 @@ impl Connection {
                         e.into_result()
                     }
                 };
+                let code = result.code.0;
                 send(tx, id, bind_response(result), Vec::new()).await;
+                done_here(rec, Some(code));
                 return Flow::Continue;
             }
         }
@@ -376,8 +409,29 @@ impl Connection {
             // completes and is answered (see run_op), so a client never loses
             // the outcome of a change that was made.
             let skip = done.is_some() && flag.load(Ordering::Relaxed);
+            let mut answered = None;
             if !skip {
-                run_op(server, who, id, msg.op, msg.controls, flag.clone(), &tx).await;
+                if let Some(r) = rec.as_mut() {
+                    r.started();
+                }
+                let ctx = rec.as_ref().map(|r| r.ctx()).unwrap_or_default();
+                answered = observe::OP
+                    .scope(
+                        ctx,
+                        run_op(
+                            server.clone(),
+                            who,
+                            id,
+                            msg.op,
+                            msg.controls,
+                            flag.clone(),
+                            &tx,
+                        ),
+                    )
+                    .await;
+            }
+            if let Some(r) = rec {
+                r.finish(&server, answered.map(|a| a.0), answered.map_or(0, |a| a.1));
             }
             if let Some(done) = done {
                 let _ = done.send(());
@@ -406,7 +460,7 @@ impl Connection {
         pipelined: bool,
         outstanding: &Outstanding,
         tx: &mpsc::Sender<Vec<u8>>,
-    ) -> Flow {
+    ) -> (Flow, u32) {
         let busy = pipelined || outstanding.lock().map(|m| !m.is_empty()).unwrap_or(true);
         let refused = if let Some(e) = unknown_critical(controls, &[]) {
             Some(e)
@@ -438,6 +492,7 @@ impl Connection {
             Some(e) => e.into_result(),
             None => LdapResult::success(),
         };
+        let code = result.code.0;
         let response = ProtocolOp::ExtendedResponse(ExtendedResponse {
             result,
             name: Some(oid::START_TLS.to_string()),
@@ -445,9 +500,9 @@ impl Connection {
         });
         send(tx, id, response, Vec::new()).await;
         if ok {
-            Flow::StartTls
+            (Flow::StartTls, code)
         } else {
-            Flow::Continue
+            (Flow::Continue, code)
         }
     }
 }
@@ -537,7 +592,7 @@ async fn run_op(
     controls: Vec<Control>,
     abandoned: Arc<AtomicBool>,
     tx: &mpsc::Sender<Vec<u8>>,
-) {
+) -> Answered {
     let result_or = |r: Result<(), LdapError>| match r {
         Ok(()) => LdapResult::success(),
         Err(e) => e.into_result(),
@@ -557,14 +612,10 @@ async fn run_op(
                 }
             }
             if let Some(e) = refused {
-                send(
-                    tx,
-                    id,
-                    ProtocolOp::SearchResultDone(e.into_result()),
-                    Vec::new(),
-                )
-                .await;
-                return;
+                let r = e.into_result();
+                let code = r.code.0;
+                send(tx, id, ProtocolOp::SearchResultDone(r), Vec::new()).await;
+                return Some((code, 0));
             }
             let job = ops::search::SearchJob {
                 server,
@@ -578,7 +629,7 @@ async fn run_op(
             let outcome = match ops::search::run_inline(job) {
                 Ok((entries, outcome)) => {
                     if !entries.is_empty() && tx.send(entries).await.is_err() {
-                        return;
+                        return None;
                     }
                     Ok(outcome)
                 }
@@ -586,10 +637,12 @@ async fn run_op(
             };
             match outcome {
                 Ok(Some(o)) => {
-                    send(tx, id, ProtocolOp::SearchResultDone(o.result), o.controls).await
+                    let answered = Some((o.result.code.0, o.entries));
+                    send(tx, id, ProtocolOp::SearchResultDone(o.result), o.controls).await;
+                    answered
                 }
                 // Abandoned: no response at all (RFC 4511 4.11).
-                Ok(None) => {}
+                Ok(None) => None,
                 Err(_) => {
                     let e = LdapError::new(ResultCode::OTHER, "search failed unexpectedly");
                     send(
@@ -599,15 +652,18 @@ async fn run_op(
                         Vec::new(),
                     )
                     .await;
+                    Some((ResultCode::OTHER.0, 0))
                 }
             }
         }
         other => {
             if let Some(e) = unknown_critical(&controls, &[]) {
+                let r = e.into_result();
+                let code = r.code.0;
                 if let Some(mk) = request_tag(&other).and_then(response_for) {
-                    send(tx, id, mk(e.into_result()), Vec::new()).await;
+                    send(tx, id, mk(r), Vec::new()).await;
                 }
-                return;
+                return Some((code, 0));
             }
             let changed = is_update(&other);
             let response = match other {
@@ -657,16 +713,36 @@ async fn run_op(
                     },
                 ),
                 // Filtered out by `dispatch`.
-                _ => return,
+                _ => return None,
             };
             // An abandoned read has no answer; a change that was made always
             // does (RFC 4511 4.11 lets the operation complete normally).
             if abandoned.load(Ordering::Relaxed) && !changed {
-                return;
+                return None;
             }
+            let code = response_code(&response);
             send(tx, id, response, Vec::new()).await;
+            code.map(|c| (c, 0))
         }
     }
+}
+
+/// What `run_op` answered: the result code and the entries sent; None when
+/// nothing was sent (abandoned).
+type Answered = Option<(u32, u64)>;
+
+fn response_code(op: &ProtocolOp) -> Option<u32> {
+    Some(match op {
+        ProtocolOp::AddResponse(r)
+        | ProtocolOp::DelResponse(r)
+        | ProtocolOp::ModifyResponse(r)
+        | ProtocolOp::ModifyDnResponse(r)
+        | ProtocolOp::CompareResponse(r)
+        | ProtocolOp::SearchResultDone(r) => r.code.0,
+        ProtocolOp::ExtendedResponse(e) => e.result.code.0,
+        ProtocolOp::BindResponse(b) => b.result.code.0,
+        _ => return None,
+    })
 }
 
 fn request_tag(op: &ProtocolOp) -> Option<u8> {
@@ -687,6 +763,7 @@ fn request_tag(op: &ProtocolOp) -> Option<u8> {
 async fn write_loop<W: AsyncWrite + Unpin>(
     mut wr: W,
     mut rx: mpsc::Receiver<Vec<u8>>,
+    server: Arc<Server>,
 ) -> Option<W> {
     let mut batch: Vec<u8> = Vec::new();
     while let Some(first) = rx.recv().await {
@@ -706,7 +783,9 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         // A client that stops reading must not hold operations (and their
         // read transactions) forever: give up on it after WRITE_STALL.
         match tokio::time::timeout(WRITE_STALL, wr.write_all(&out)).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => server
+                .metrics
+                .add(&server.metrics.bytes_out, out.len() as u64),
             Ok(Err(_)) => return None,
             Err(_) => {
                 tracing::info!("closing a connection whose client stopped reading");

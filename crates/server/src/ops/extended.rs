@@ -134,6 +134,8 @@ async fn passwd_modify(
             "the old password is wrong",
         ));
     }
+    let audited = crate::observe::auditing(server)
+        .then(|| (target.to_string(), vec![hashed.clone().into_bytes()]));
     let server3 = server.clone();
     let who2 = who.clone();
     server
@@ -175,6 +177,25 @@ async fn passwd_modify(
             Ok(())
         })
         .await?;
+    if let Some((target, stored)) = audited {
+        // Logged as a replace of userPassword with the stored hash.
+        let change = pando_proto::Change {
+            op: pando_proto::ModOp::Replace,
+            attr: pando_proto::PartialAttribute {
+                name: "userPassword".into(),
+                values: Vec::new(),
+            },
+        };
+        crate::observe::audit(
+            server,
+            who,
+            crate::observe::audit::Record::Modify {
+                dn: &target.to_string(),
+                changes: std::slice::from_ref(&change),
+                passwords: Some(&stored),
+            },
+        );
+    }
     let value = if generated {
         Some(encode_passwd_modify_response(Some(&new_clear)))
     } else {

@@ -357,6 +357,79 @@ pub fn run_inline(job: SearchJob) -> Result<(Vec<u8>, Option<SearchOutcome>), Se
     }
 }
 
+/// A search at or below cn=Monitor: its entries are made now, and each is
+/// returned only to those who may read it (see `observe::monitor`).
+fn search_monitor(
+    job: &SearchJob,
+    out: &mut Out<'_>,
+    emitter: &Emitter<'_>,
+    filter: &pando_model::CompiledFilter,
+    base: &Dn,
+) -> OpResult<Step> {
+    use crate::observe::monitor;
+    let server = &job.server;
+    let schema = &*server.schema;
+    let no_such = || LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object");
+    let norm_base = schema.normalize_dn(base).map_err(|_| no_such())?;
+    // Nothing is computed for requesters who can see none of it.
+    let probe = Entry {
+        dn: base.clone(),
+        attrs: Vec::new(),
+    };
+    if !monitor::may_read(server, &job.who, &norm_base, &probe) {
+        return Err(no_such());
+    }
+    let below = format!(",{norm_base}");
+    let mut found = false;
+    let mut n = 0u64;
+    let mut buf = Vec::new();
+    for (dn, entry) in monitor::entries(server) {
+        let Ok(norm) = schema.normalize_dn(&entry.dn) else {
+            continue;
+        };
+        if !monitor::may_read(server, &job.who, &norm, &entry) {
+            continue;
+        }
+        found |= norm == norm_base;
+        let rel = norm.strip_suffix(below.as_str());
+        let in_scope = match job.req.scope {
+            Scope::Base => norm == norm_base,
+            Scope::One => rel.is_some_and(|r| !r.contains(',')),
+            Scope::Sub => norm == norm_base || rel.is_some(),
+            Scope::Children => rel.is_some(),
+        };
+        if !in_scope || filter.matches(schema, &entry) != Ternary::True {
+            continue;
+        }
+        if job.req.size_limit > 0 && n >= job.req.size_limit as u64 {
+            flush(out, &mut buf).ok();
+            return Ok(Step::Done(Some(SearchOutcome {
+                result: LdapError::new(ResultCode::SIZE_LIMIT_EXCEEDED, "size limit exceeded")
+                    .into_result(),
+                controls: Vec::new(),
+                entries: n,
+            })));
+        }
+        emitter.emit(None, None, &dn, &entry, None, &mut buf)?;
+        n += 1;
+    }
+    if !found {
+        return Err(no_such());
+    }
+    if flush(out, &mut buf).is_err() {
+        return Ok(Step::Done(None));
+    }
+    Ok(Step::Done(Some(SearchOutcome {
+        result: LdapResult::success(),
+        controls: if job.paged.is_some() {
+            vec![paged_control(0, Vec::new())]
+        } else {
+            Vec::new()
+        },
+        entries: n,
+    })))
+}
+
 fn paged_control(size: i32, cookie: Vec<u8>) -> Control {
     Control {
         oid: oid::PAGED_RESULTS.to_string(),
@@ -423,6 +496,16 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
             controls,
             entries: n,
         })));
+    }
+
+    // cn=Monitor is computed, not stored (crate::observe::monitor).
+    if base
+        .rdns
+        .last()
+        .and_then(|r| schema.normalize_rdn(r).ok())
+        .is_some_and(|r| r == crate::observe::monitor::MONITOR_NORM)
+    {
+        return search_monitor(job, out, &emitter, &filter, &base);
     }
 
     let rtxn = server.store.read()?;

@@ -176,12 +176,15 @@ pub async fn add(server: &Arc<Server>, who: &Identity, req: AddRequest) -> OpRes
         entry.add_values(&a.name, values);
     }
     let server2 = server.clone();
-    let who = who.clone();
+    let who2 = who.clone();
+    // The audit record holds the user attributes as stored (hashed passwords).
+    let audited = crate::observe::auditing(server).then(|| entry.attrs.clone());
     server
         .store
         .write(move |w: &mut WriteTxn<'_>| -> OpResult<()> {
             let server = &*server2;
-            super::require(server, &w.view(), &who, &norm, &entry, &[(None, acl::ADD)])?;
+            let who = &who2;
+            super::require(server, &w.view(), who, &norm, &entry, &[(None, acl::ADD)])?;
             let place = placement_for(server, w, &dn)?;
             let structural = server.schema.check_entry(&mut entry)?;
             let now = crate::clock::generalized_time(crate::clock::now_micros());
@@ -189,11 +192,22 @@ pub async fn add(server: &Arc<Server>, who: &Identity, req: AddRequest) -> OpRes
             set_attr(&mut entry, "entryUUID", random_uuid());
             set_attr(&mut entry, "creatorsName", who.dn().to_string());
             set_attr(&mut entry, "createTimestamp", now);
-            stamp_modified(server, w, &who, &mut entry)?;
+            stamp_modified(server, w, who, &mut entry)?;
             w.add(&place, &entry.attrs)?;
             Ok(())
         })
-        .await
+        .await?;
+    if let Some(attrs) = audited {
+        crate::observe::audit(
+            server,
+            who,
+            crate::observe::audit::Record::Add {
+                dn: &req.dn,
+                attrs: &attrs,
+            },
+        );
+    }
+    Ok(())
 }
 
 pub async fn delete(server: &Arc<Server>, who: &Identity, dn_text: String) -> OpResult<()> {
@@ -203,18 +217,21 @@ pub async fn delete(server: &Arc<Server>, who: &Identity, dn_text: String) -> Op
         .normalize_dn(&dn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
     let server2 = server.clone();
-    let who = who.clone();
+    let who2 = who.clone();
+    let dn2 = dn.clone();
     server
         .store
         .write(move |w: &mut WriteTxn<'_>| -> OpResult<()> {
             let server = &*server2;
+            let who = &who2;
+            let dn = &dn2;
             let view = w.view();
-            let id = super::resolve_for(server, &view, &who, &dn)?;
+            let id = super::resolve_for(server, &view, who, dn)?;
             let entry = Entry {
                 dn: Dn { rdns: Vec::new() },
                 attrs: view.attrs(id)?.unwrap_or_default(),
             };
-            super::require(server, &view, &who, &norm, &entry, &[(None, acl::DELETE)])?;
+            super::require(server, &view, who, &norm, &entry, &[(None, acl::DELETE)])?;
             if view.has_children(id)? {
                 return Err(LdapError::new(
                     ResultCode::NOT_ALLOWED_ON_NON_LEAF,
@@ -225,7 +242,15 @@ pub async fn delete(server: &Arc<Server>, who: &Identity, dn_text: String) -> Op
             w.meta_put(META_CONTEXT_CSN, server.csn.next().as_bytes())?;
             Ok(())
         })
-        .await
+        .await?;
+    crate::observe::audit(
+        server,
+        who,
+        crate::observe::audit::Record::Delete {
+            dn: &dn.to_string(),
+        },
+    );
+    Ok(())
 }
 
 /// Apply RFC 4511 modifications to `entry` in order; all-or-nothing is
@@ -472,6 +497,16 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
         };
         let server2 = server.clone();
         let who2 = who.clone();
+        // userPassword is audited as the values stored after the change.
+        let passwords: Option<Vec<Vec<u8>>> = (crate::observe::auditing(server)
+            && changes.iter().any(|c| is_password(&c.attr.name)))
+        .then(|| {
+            new.attrs
+                .iter()
+                .filter(|a| is_password(&a.desc))
+                .flat_map(|a| a.values.iter().cloned())
+                .collect()
+        });
         let written = server
             .store
             .write(move |w: &mut WriteTxn<'_>| -> OpResult<bool> {
@@ -484,6 +519,15 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
             })
             .await?;
         if written {
+            crate::observe::audit(
+                server,
+                who,
+                crate::observe::audit::Record::Modify {
+                    dn: &req.dn,
+                    changes: &changes,
+                    passwords: passwords.as_deref(),
+                },
+            );
             return Ok(());
         }
     }
@@ -509,15 +553,16 @@ pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnReques
         return Err(LdapError::unwilling("cannot rename a suffix entry"));
     }
     let server2 = server.clone();
-    let who = who.clone();
+    let who2 = who.clone();
     let delete_old = req.delete_old_rdn;
     server
         .store
         .write(move |w: &mut WriteTxn<'_>| -> OpResult<()> {
+            let who = &who2;
             let server = &*server2;
             let schema = &*server.schema;
             let view = w.view();
-            let id = super::resolve_for(server, &view, &who, &dn)?;
+            let id = super::resolve_for(server, &view, who, &dn)?;
             let parent_dn = match new_superior {
                 Some(d) => d,
                 None => dn.parent().unwrap_or(Dn { rdns: Vec::new() }),
@@ -546,11 +591,11 @@ pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnReques
                 attrs: view.attrs(id)?.unwrap_or_default(),
             };
             // Moving is deleting here and adding there.
-            super::require(server, &view, &who, &norm, &current, &[(None, acl::DELETE)])?;
+            super::require(server, &view, who, &norm, &current, &[(None, acl::DELETE)])?;
             super::require(
                 server,
                 &view,
-                &who,
+                who,
                 &new_rdns.join(","),
                 &current,
                 &[(None, acl::ADD)],
@@ -612,7 +657,7 @@ pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnReques
             }
             schema.check_entry(&mut new)?;
             check_invariants(schema, &old, &new)?;
-            stamp_modified(server, w, &who, &mut new)?;
+            stamp_modified(server, w, who, &mut new)?;
             w.rename(
                 id,
                 &Placement {
@@ -624,5 +669,16 @@ pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnReques
             w.replace(id, &old_attrs, &new.attrs)?;
             Ok(())
         })
-        .await
+        .await?;
+    crate::observe::audit(
+        server,
+        who,
+        crate::observe::audit::Record::ModDn {
+            dn: &req.dn,
+            new_rdn: &req.new_rdn,
+            delete_old_rdn: req.delete_old_rdn,
+            new_superior: req.new_superior.as_deref(),
+        },
+    );
+    Ok(())
 }

@@ -1,0 +1,444 @@
+//! The access log: one line per operation result, plus connection open and
+//! close, in a text format close to OpenLDAP's or in JSON (one object per
+//! line).
+//!
+//! Text:
+//! ```text
+//! 2026-11-22T07:02:25.123456Z conn=5 ACCEPT from IP=127.0.0.1:5555
+//! 2026-11-22T07:02:25.123789Z conn=5 op=1 msgid=1 BIND dn="cn=admin,dc=example,dc=com" method=128 RESULT tag=97 err=0 nentries=0 etime=0.000310 qtime=0.000002
+//! 2026-11-22T07:02:25.124012Z conn=5 op=2 msgid=2 SRCH base="dc=example,dc=com" scope=2 filter="(uid=alice)" attrs="cn mail" RESULT tag=101 err=0 nentries=1 etime=0.000123 qtime=0.000004
+//! 2026-11-22T07:02:25.124100Z conn=5 op=3 msgid=3 UNBIND
+//! 2026-11-22T07:02:25.124150Z conn=5 closed (unbind)
+//! ```
+//! `etime` runs from the request's arrival to its response being queued to
+//! the connection; `qtime` is the part of it spent waiting (for a slot on
+//! the connection, or behind the connection's previous write).
+//!
+//! What is never logged: bind credentials, attribute values of writes
+//! (only the DN and, for modify, the attribute names), extended request
+//! values (Password Modify carries passwords); compare logs the attribute
+//! type only.
+
+use std::fmt::Write as _;
+
+use pando_proto::{BindAuth, ProtocolOp};
+
+use super::logfile::LogFile;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+/// A field value of a log line.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Val {
+    Str(String),
+    Num(u64),
+}
+
+/// What a request was, for its log line: the OpenLDAP-style tag (`SRCH`)
+/// and its key arguments.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub tag: &'static str,
+    pub fields: Vec<(&'static str, Val)>,
+}
+
+fn s(v: impl Into<String>) -> Val {
+    Val::Str(v.into())
+}
+
+impl Request {
+    /// Describe a decoded request. Only DNs, scopes, filters, attribute
+    /// names, methods and OIDs: never credentials or written values.
+    pub fn of(op: &ProtocolOp) -> Request {
+        let (tag, fields) = match op {
+            ProtocolOp::BindRequest(b) => {
+                let mut f = vec![("dn", s(b.name.clone()))];
+                match &b.auth {
+                    BindAuth::Simple(_) => f.push(("method", Val::Num(128))),
+                    BindAuth::Sasl { mechanism, .. } => {
+                        f.push(("method", Val::Num(163)));
+                        f.push(("mech", s(mechanism.clone())));
+                    }
+                }
+                ("BIND", f)
+            }
+            ProtocolOp::SearchRequest(r) => (
+                "SRCH",
+                vec![
+                    ("base", s(r.base.clone())),
+                    ("scope", Val::Num(r.scope as u64)),
+                    ("filter", s(r.filter.to_string())),
+                    ("attrs", s(r.attrs.join(" "))),
+                ],
+            ),
+            ProtocolOp::CompareRequest(r) => (
+                "CMP",
+                vec![("dn", s(r.dn.clone())), ("attr", s(r.ava.attr.clone()))],
+            ),
+            ProtocolOp::AddRequest(r) => ("ADD", vec![("dn", s(r.dn.clone()))]),
+            ProtocolOp::DelRequest(dn) => ("DEL", vec![("dn", s(dn.clone()))]),
+            ProtocolOp::ModifyRequest(r) => {
+                let mut names: Vec<&str> = Vec::new();
+                for c in &r.changes {
+                    if !names.iter().any(|n| n.eq_ignore_ascii_case(&c.attr.name)) {
+                        names.push(&c.attr.name);
+                    }
+                }
+                (
+                    "MOD",
+                    vec![("dn", s(r.dn.clone())), ("attrs", s(names.join(" ")))],
+                )
+            }
+            ProtocolOp::ModifyDnRequest(r) => {
+                let mut f = vec![
+                    ("dn", s(r.dn.clone())),
+                    ("newrdn", s(r.new_rdn.clone())),
+                    ("deleteoldrdn", Val::Num(r.delete_old_rdn as u64)),
+                ];
+                if let Some(sup) = &r.new_superior {
+                    f.push(("newsuperior", s(sup.clone())));
+                }
+                ("MODRDN", f)
+            }
+            ProtocolOp::ExtendedRequest(r) => ("EXT", vec![("oid", s(r.name.clone()))]),
+            ProtocolOp::AbandonRequest(id) => ("ABANDON", vec![("msgid", Val::Num(*id as u64))]),
+            ProtocolOp::UnbindRequest => ("UNBIND", Vec::new()),
+            _ => ("UNKNOWN", Vec::new()),
+        };
+        Request { tag, fields }
+    }
+}
+
+/// The response's application tag (OpenLDAP prints it as `tag=`).
+pub fn result_tag(request_tag: &str) -> u64 {
+    match request_tag {
+        "BIND" => 97,
+        "SRCH" => 101,
+        "MOD" => 103,
+        "ADD" => 105,
+        "DEL" => 107,
+        "MODRDN" => 109,
+        "CMP" => 111,
+        "EXT" => 120,
+        _ => 0,
+    }
+}
+
+/// A finished operation.
+pub struct OpResultLine<'a> {
+    pub time_micros: u64,
+    pub conn: u64,
+    pub op: u64,
+    pub msgid: i32,
+    pub request: &'a Request,
+    /// None: no response (abandon, unbind, an abandoned search).
+    pub code: Option<u32>,
+    pub nentries: u64,
+    pub etime_us: u64,
+    pub qtime_us: u64,
+}
+
+/// Quote for the text format: `"` and `\` escaped, control characters as
+/// `\xNN`, so a line is always one line.
+fn quote_text(out: &mut String, v: &str) {
+    out.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+pub fn quote_json(out: &mut String, v: &str) {
+    out.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+fn secs6(us: u64) -> String {
+    format!("{}.{:06}", us / 1_000_000, us % 1_000_000)
+}
+
+impl Format {
+    pub fn op_line(self, l: &OpResultLine<'_>) -> String {
+        let mut out = String::with_capacity(256);
+        let time = crate::clock::rfc3339_micros(l.time_micros);
+        match self {
+            Format::Text => {
+                let _ = write!(
+                    out,
+                    "{time} conn={} op={} msgid={} {}",
+                    l.conn, l.op, l.msgid, l.request.tag
+                );
+                for (k, v) in &l.request.fields {
+                    let _ = write!(out, " {k}=");
+                    match v {
+                        Val::Str(x) => quote_text(&mut out, x),
+                        Val::Num(n) => {
+                            let _ = write!(out, "{n}");
+                        }
+                    }
+                }
+                if let Some(code) = l.code {
+                    let _ = write!(
+                        out,
+                        " RESULT tag={} err={code} nentries={} etime={} qtime={}",
+                        result_tag(l.request.tag),
+                        l.nentries,
+                        secs6(l.etime_us),
+                        secs6(l.qtime_us)
+                    );
+                }
+            }
+            Format::Json => {
+                out.push_str("{\"time\":");
+                quote_json(&mut out, &time);
+                let _ = write!(
+                    out,
+                    ",\"conn\":{},\"op\":{},\"msgid\":{},\"type\":\"{}\"",
+                    l.conn, l.op, l.msgid, l.request.tag
+                );
+                for (k, v) in &l.request.fields {
+                    let _ = write!(out, ",\"{k}\":");
+                    match v {
+                        Val::Str(x) => quote_json(&mut out, x),
+                        Val::Num(n) => {
+                            let _ = write!(out, "{n}");
+                        }
+                    }
+                }
+                if let Some(code) = l.code {
+                    let _ = write!(
+                        out,
+                        ",\"tag\":{},\"err\":{code},\"nentries\":{},\"etime_us\":{},\"qtime_us\":{}",
+                        result_tag(l.request.tag),
+                        l.nentries,
+                        l.etime_us,
+                        l.qtime_us
+                    );
+                }
+                out.push('}');
+            }
+        }
+        out.push('\n');
+        out
+    }
+
+    /// `ACCEPT` (open) or `closed` line of a connection.
+    pub fn conn_line(self, time_micros: u64, conn: u64, event: ConnEvent<'_>) -> String {
+        let time = crate::clock::rfc3339_micros(time_micros);
+        let mut out = String::with_capacity(128);
+        match (self, event) {
+            (Format::Text, ConnEvent::Accept { peer, tls }) => {
+                let _ = write!(out, "{time} conn={conn} ACCEPT from ");
+                if peer.starts_with('/') || peer.is_empty() || peer.starts_with("ldapi") {
+                    let _ = write!(out, "PATH=");
+                    quote_text(&mut out, peer);
+                } else {
+                    let _ = write!(out, "IP={peer}");
+                }
+                if tls {
+                    out.push_str(" tls=1");
+                }
+            }
+            (Format::Text, ConnEvent::Closed { reason }) => {
+                let _ = write!(out, "{time} conn={conn} closed ({reason})");
+            }
+            (Format::Json, ConnEvent::Accept { peer, tls }) => {
+                out.push_str("{\"time\":");
+                quote_json(&mut out, &time);
+                let _ = write!(out, ",\"conn\":{conn},\"type\":\"ACCEPT\",\"peer\":");
+                quote_json(&mut out, peer);
+                let _ = write!(out, ",\"tls\":{tls}}}");
+            }
+            (Format::Json, ConnEvent::Closed { reason }) => {
+                out.push_str("{\"time\":");
+                quote_json(&mut out, &time);
+                let _ = write!(out, ",\"conn\":{conn},\"type\":\"CLOSED\",\"reason\":");
+                quote_json(&mut out, reason);
+                out.push('}');
+            }
+        }
+        out.push('\n');
+        out
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum ConnEvent<'a> {
+    Accept { peer: &'a str, tls: bool },
+    Closed { reason: &'a str },
+}
+
+/// The access log: a format and a file written by its own thread.
+pub struct AccessLog {
+    pub format: Format,
+    pub file: LogFile,
+}
+
+impl AccessLog {
+    pub fn op(&self, l: &OpResultLine<'_>) {
+        self.file.write(self.format.op_line(l));
+    }
+
+    pub fn conn(&self, conn: u64, event: ConnEvent<'_>) {
+        self.file.write(
+            self.format
+                .conn_line(crate::clock::now_micros(), conn, event),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pando_proto::{
+        AddRequest, BindRequest, Change, ExtendedRequest, ModOp, ModifyRequest, PartialAttribute,
+    };
+
+    fn line(f: Format, op: &ProtocolOp, code: Option<u32>) -> String {
+        let r = Request::of(op);
+        f.op_line(&OpResultLine {
+            time_micros: 1_763_795_000_000_123,
+            conn: 5,
+            op: 2,
+            msgid: 3,
+            request: &r,
+            code,
+            nentries: 1,
+            etime_us: 123,
+            qtime_us: 4,
+        })
+    }
+
+    #[test]
+    fn text_search_line() {
+        let op = LdapSearch::op();
+        let l = line(Format::Text, &op, Some(0));
+        assert_eq!(
+            l,
+            "2025-11-22T07:03:20.000123Z conn=5 op=2 msgid=3 SRCH base=\"dc=example,dc=com\" scope=2 filter=\"(uid=alice)\" attrs=\"cn mail\" RESULT tag=101 err=0 nentries=1 etime=0.000123 qtime=0.000004\n"
+        );
+    }
+
+    struct LdapSearch;
+    impl LdapSearch {
+        fn op() -> ProtocolOp {
+            ProtocolOp::SearchRequest(pando_proto::SearchRequest {
+                base: "dc=example,dc=com".into(),
+                scope: pando_proto::Scope::Sub,
+                deref: pando_proto::DerefAliases::Never,
+                size_limit: 0,
+                time_limit: 0,
+                types_only: false,
+                filter: pando_proto::Filter::parse("(uid=alice)").unwrap(),
+                attrs: vec!["cn".into(), "mail".into()],
+            })
+        }
+    }
+
+    #[test]
+    fn json_line_is_one_object() {
+        let l = line(Format::Json, &LdapSearch::op(), Some(32));
+        assert!(l.starts_with("{\"time\":\"2025-11-22T07:03:20.000123Z\",\"conn\":5"));
+        assert!(l.contains("\"type\":\"SRCH\""));
+        assert!(l.contains("\"filter\":\"(uid=alice)\""));
+        assert!(l.ends_with("\"err\":32,\"nentries\":1,\"etime_us\":123,\"qtime_us\":4}\n"));
+    }
+
+    #[test]
+    fn no_credentials_or_values() {
+        let secret = b"s3cret-Pa55".to_vec();
+        let ops = [
+            ProtocolOp::BindRequest(BindRequest {
+                version: 3,
+                name: "uid=a,dc=x".into(),
+                auth: BindAuth::Simple(secret.clone()),
+            }),
+            ProtocolOp::AddRequest(AddRequest {
+                dn: "uid=a,dc=x".into(),
+                attrs: vec![PartialAttribute {
+                    name: "userPassword".into(),
+                    values: vec![secret.clone()],
+                }],
+            }),
+            ProtocolOp::ModifyRequest(ModifyRequest {
+                dn: "uid=a,dc=x".into(),
+                changes: vec![Change {
+                    op: ModOp::Replace,
+                    attr: PartialAttribute {
+                        name: "userPassword".into(),
+                        values: vec![secret.clone()],
+                    },
+                }],
+            }),
+            ProtocolOp::ExtendedRequest(ExtendedRequest {
+                name: "1.3.6.1.4.1.4203.1.11.1".into(),
+                value: Some(secret.clone()),
+            }),
+        ];
+        for op in &ops {
+            for f in [Format::Text, Format::Json] {
+                let l = line(f, op, Some(0));
+                assert!(!l.contains("s3cret"), "{l}");
+            }
+        }
+        let l = line(Format::Text, &ops[2], Some(0));
+        assert!(
+            l.contains("MOD dn=\"uid=a,dc=x\" attrs=\"userPassword\""),
+            "{l}"
+        );
+    }
+
+    #[test]
+    fn quoting_keeps_one_line() {
+        let op = ProtocolOp::DelRequest("cn=a\"b\\c\nd,dc=x".into());
+        let l = line(Format::Text, &op, Some(0));
+        assert_eq!(l.lines().count(), 1);
+        assert!(l.contains(r#"dn="cn=a\"b\\c\x0ad,dc=x""#), "{l}");
+        let j = line(Format::Json, &op, Some(0));
+        assert!(j.contains(r#""dn":"cn=a\"b\\c\nd,dc=x""#), "{j}");
+    }
+
+    #[test]
+    fn connection_lines() {
+        let t = Format::Text.conn_line(
+            0,
+            7,
+            ConnEvent::Accept {
+                peer: "127.0.0.1:5555",
+                tls: false,
+            },
+        );
+        assert_eq!(
+            t,
+            "1970-01-01T00:00:00.000000Z conn=7 ACCEPT from IP=127.0.0.1:5555\n"
+        );
+        let c = Format::Text.conn_line(0, 7, ConnEvent::Closed { reason: "unbind" });
+        assert_eq!(c, "1970-01-01T00:00:00.000000Z conn=7 closed (unbind)\n");
+        let u = line(Format::Text, &ProtocolOp::UnbindRequest, None);
+        assert!(u.ends_with("msgid=3 UNBIND\n"), "{u}");
+    }
+}

@@ -1,0 +1,317 @@
+//! The audit log: every successful change as an LDIF change record
+//! (RFC 2849), preceded by a comment saying when, who and on which
+//! connection:
+//!
+//! ```text
+//! # 2026-11-22T07:02:25.123456Z cn=admin,dc=example,dc=com conn=5 op=2
+//! dn: uid=zoe,ou=People,dc=example,dc=com
+//! changetype: add
+//! objectClass: inetOrgPerson
+//! userPassword: {ARGON2}$argon2id$v=19$...
+//! ...
+//! ```
+//!
+//! Records hold user attributes only: the server-maintained ones
+//! (entryUUID, timestamps, creatorsName…) cannot be set by a client, so
+//! leaving them out lets `ldapmodify -a` replay the log into another server.
+//! Password values are the stored (hashed) forms, never clear text: a
+//! modify touching userPassword is logged as a `replace` with the values
+//! the entry holds afterwards, whatever the client sent (a `delete` of a
+//! value names the clear password, which must not be written anywhere).
+
+use pando_model::{Attribute, Schema};
+use pando_proto::{Change, ModOp};
+
+use super::logfile::LogFile;
+
+pub struct AuditLog {
+    pub file: LogFile,
+}
+
+/// Who made a change, and over which connection/operation (0 when made
+/// outside a connection).
+pub struct Origin<'a> {
+    pub time_micros: u64,
+    pub who: &'a str,
+    pub conn: u64,
+    pub op: u64,
+}
+
+fn is_password(desc: &str) -> bool {
+    desc.split(';')
+        .next()
+        .unwrap_or(desc)
+        .eq_ignore_ascii_case("userPassword")
+}
+
+/// A change that happened, in the terms the record is written in.
+pub enum Record<'a> {
+    /// The entry as stored (hashed passwords); operational attributes are
+    /// left out when writing.
+    Add {
+        dn: &'a str,
+        attrs: &'a [Attribute],
+    },
+    Delete {
+        dn: &'a str,
+    },
+    /// `passwords`: the userPassword values after the change, when any
+    /// change touched userPassword.
+    Modify {
+        dn: &'a str,
+        changes: &'a [Change],
+        passwords: Option<&'a [Vec<u8>]>,
+    },
+    ModDn {
+        dn: &'a str,
+        new_rdn: &'a str,
+        delete_old_rdn: bool,
+        new_superior: Option<&'a str>,
+    },
+}
+
+struct Out {
+    buf: Vec<u8>,
+    logical: Vec<u8>,
+}
+
+impl Out {
+    fn line(&mut self, name: &str, value: &[u8]) {
+        pando_ldif::append_line(
+            &mut self.buf,
+            &mut self.logical,
+            name.as_bytes(),
+            value,
+            Some(pando_ldif::DEFAULT_WRAP),
+        );
+    }
+}
+
+/// The LDIF text of one record, blank line included.
+pub fn format(schema: &Schema, origin: &Origin<'_>, record: &Record<'_>) -> String {
+    let mut o = Out {
+        buf: Vec::with_capacity(512),
+        logical: Vec::with_capacity(128),
+    };
+    // The comment is one line whatever the DN holds.
+    let who: String = if origin.who.is_empty() {
+        "anonymous".into()
+    } else {
+        origin
+            .who
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect()
+    };
+    o.buf.extend_from_slice(
+        format!(
+            "# {} {who} conn={} op={}\n",
+            crate::clock::rfc3339_micros(origin.time_micros),
+            origin.conn,
+            origin.op
+        )
+        .as_bytes(),
+    );
+    match record {
+        Record::Add { dn, attrs } => {
+            o.line("dn", dn.as_bytes());
+            o.line("changetype", b"add");
+            for a in attrs.iter() {
+                let base = a.desc.split(';').next().unwrap_or(&a.desc);
+                let operational = schema
+                    .attribute(base)
+                    .map(|t| t.is_operational())
+                    .unwrap_or(false);
+                if operational {
+                    continue;
+                }
+                for v in &a.values {
+                    o.line(&a.desc, v);
+                }
+            }
+        }
+        Record::Delete { dn } => {
+            o.line("dn", dn.as_bytes());
+            o.line("changetype", b"delete");
+        }
+        Record::Modify {
+            dn,
+            changes,
+            passwords,
+        } => {
+            o.line("dn", dn.as_bytes());
+            o.line("changetype", b"modify");
+            let mut password_done = false;
+            for c in changes.iter() {
+                if is_password(&c.attr.name) {
+                    if password_done {
+                        continue;
+                    }
+                    password_done = true;
+                    o.line("replace", b"userPassword");
+                    for v in passwords.unwrap_or(&[]) {
+                        o.line("userPassword", v);
+                    }
+                    o.buf.extend_from_slice(b"-\n");
+                    continue;
+                }
+                let kind: &[u8] = match c.op {
+                    ModOp::Add => b"add",
+                    ModOp::Delete => b"delete",
+                    ModOp::Replace => b"replace",
+                    ModOp::Increment => b"increment",
+                };
+                o.line(
+                    std::str::from_utf8(kind).unwrap_or("replace"),
+                    c.attr.name.as_bytes(),
+                );
+                for v in &c.attr.values {
+                    o.line(&c.attr.name, v);
+                }
+                o.buf.extend_from_slice(b"-\n");
+            }
+        }
+        Record::ModDn {
+            dn,
+            new_rdn,
+            delete_old_rdn,
+            new_superior,
+        } => {
+            o.line("dn", dn.as_bytes());
+            o.line("changetype", b"modrdn");
+            o.line("newrdn", new_rdn.as_bytes());
+            o.line("deleteoldrdn", if *delete_old_rdn { b"1" } else { b"0" });
+            if let Some(s) = new_superior {
+                o.line("newsuperior", s.as_bytes());
+            }
+        }
+    }
+    o.buf.push(b'\n');
+    // append_line base64-encodes everything that is not a SAFE-STRING, so
+    // the bytes are ASCII.
+    String::from_utf8_lossy(&o.buf).into_owned()
+}
+
+impl AuditLog {
+    pub fn write(&self, schema: &Schema, origin: &Origin<'_>, record: &Record<'_>) {
+        self.file.write(format(schema, origin, record));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pando_proto::PartialAttribute;
+
+    fn origin() -> Origin<'static> {
+        Origin {
+            time_micros: 0,
+            who: "cn=admin,dc=example,dc=com",
+            conn: 3,
+            op: 4,
+        }
+    }
+
+    fn schema() -> Schema {
+        Schema::standard()
+    }
+
+    #[test]
+    fn add_leaves_out_operational_attributes() {
+        let attrs = vec![
+            Attribute {
+                desc: "objectClass".into(),
+                values: vec![b"person".to_vec()],
+            },
+            Attribute {
+                desc: "cn".into(),
+                values: vec!["Zoë".as_bytes().to_vec()],
+            },
+            Attribute {
+                desc: "entryUUID".into(),
+                values: vec![b"0f9a...".to_vec()],
+            },
+            Attribute {
+                desc: "creatorsName".into(),
+                values: vec![b"cn=admin".to_vec()],
+            },
+        ];
+        let r = format(
+            &schema(),
+            &origin(),
+            &Record::Add {
+                dn: "cn=z,dc=example,dc=com",
+                attrs: &attrs,
+            },
+        );
+        assert_eq!(
+            r,
+            "# 1970-01-01T00:00:00.000000Z cn=admin,dc=example,dc=com conn=3 op=4\n\
+             dn: cn=z,dc=example,dc=com\nchangetype: add\nobjectClass: person\ncn:: Wm/Dqw==\n\n"
+        );
+    }
+
+    #[test]
+    fn modify_logs_stored_passwords_only() {
+        let changes = vec![
+            Change {
+                op: ModOp::Delete,
+                attr: PartialAttribute {
+                    name: "userPassword".into(),
+                    values: vec![b"old-clear".to_vec()],
+                },
+            },
+            Change {
+                op: ModOp::Add,
+                attr: PartialAttribute {
+                    name: "userPassword".into(),
+                    values: vec![b"{ARGON2}hash".to_vec()],
+                },
+            },
+            Change {
+                op: ModOp::Replace,
+                attr: PartialAttribute {
+                    name: "mail".into(),
+                    values: vec![b"z@example.com".to_vec()],
+                },
+            },
+        ];
+        let stored = vec![b"{ARGON2}hash".to_vec()];
+        let r = format(
+            &schema(),
+            &origin(),
+            &Record::Modify {
+                dn: "cn=z,dc=example,dc=com",
+                changes: &changes,
+                passwords: Some(&stored),
+            },
+        );
+        assert!(!r.contains("old-clear"));
+        assert!(
+            r.ends_with(
+                "changetype: modify\nreplace: userPassword\nuserPassword: {ARGON2}hash\n-\n\
+             replace: mail\nmail: z@example.com\n-\n\n"
+            ),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn moddn_and_delete() {
+        let r = format(
+            &schema(),
+            &origin(),
+            &Record::ModDn {
+                dn: "cn=a,dc=x",
+                new_rdn: "cn=b",
+                delete_old_rdn: true,
+                new_superior: Some("ou=y,dc=x"),
+            },
+        );
+        assert!(r.ends_with(
+            "dn: cn=a,dc=x\nchangetype: modrdn\nnewrdn: cn=b\ndeleteoldrdn: 1\nnewsuperior: ou=y,dc=x\n\n"
+        ));
+        let d = format(&schema(), &origin(), &Record::Delete { dn: "cn=a,dc=x" });
+        assert!(d.ends_with("dn: cn=a,dc=x\nchangetype: delete\n\n"));
+    }
+}

@@ -1,0 +1,269 @@
+//! The `cn=Monitor` subtree, computed when it is read:
+//!
+//! ```text
+//! cn=Monitor                     version, start time, uptime, process (CPU, I/O, threads)
+//!   cn=Connections,cn=Monitor    current, total, bytes and PDUs in/out
+//!   cn=Operations,cn=Monitor     totals, in progress, entries sent, wait time
+//!     cn=Search,cn=Operations,cn=Monitor   (one per type: Bind … Unbind)
+//!                                initiated, completed, latency percentiles and buckets
+//!   cn=Store,cn=Monitor          entries, sizes, map use, page-cache residency, per-database sizes
+//!   cn=Writer,cn=Monitor         batches, largest and mean batch size, commit latency, fsyncs
+//!   cn=Logs,cn=Monitor           access-log lines dropped, write errors
+//! ```
+//!
+//! Attribute types are Pando's own (`pando…`, crates/model/schema/monitor.schema).
+//!
+//! Who may read it: holders of the administrator role (and break-glass).
+//! Everyone else gets noSuchObject, as for an entry they may not see,
+//! unless a configured `[[access]]` rule names the subtree (its `dn` is
+//! `cn=Monitor` or below): then the rules decide, evaluated with the
+//! monitor entry's DN like any other entry. A rule covering every entry
+//! (no `dn`) does not open the monitor by accident.
+
+use pando_model::{Attribute, Dn, Entry};
+
+use super::metrics::{Latency, ProcessFigures, LATENCY_BOUNDS, OP_KINDS};
+use crate::acl::{self, Access};
+use crate::state::{Identity, Server};
+
+pub const MONITOR_NORM: &str = "cn=monitor";
+
+/// Is the normalised DN `cn=monitor` or below it?
+pub fn is_monitor_dn(norm: &str) -> bool {
+    norm == MONITOR_NORM || norm.ends_with(",cn=monitor")
+}
+
+/// Does a configured rule name the monitor subtree?
+fn rules_name_monitor(server: &Server) -> bool {
+    server.cfg.config.access.iter().any(|r| {
+        r.dn.as_deref().is_some_and(|d| {
+            server
+                .schema
+                .normalize_dn(&Dn::parse(d).unwrap_or(Dn { rdns: Vec::new() }))
+                .is_ok_and(|n| is_monitor_dn(&n))
+        })
+    })
+}
+
+/// May `who` read the monitor entry `norm` (holding `entry`)?
+pub fn may_read(server: &Server, who: &Identity, norm: &str, entry: &Entry) -> bool {
+    if who.is_admin() || who.is_break_glass() {
+        return true;
+    }
+    if !rules_name_monitor(server) {
+        return false;
+    }
+    let mut access = Access::new(&server.acl, who);
+    let rules = access.entry(&server.schema, norm, entry);
+    access.allows(None, &rules, norm, None, acl::READ)
+}
+
+fn attr(desc: &str, values: impl IntoIterator<Item = impl Into<Vec<u8>>>) -> Attribute {
+    Attribute {
+        desc: desc.to_string(),
+        values: values.into_iter().map(Into::into).collect(),
+    }
+}
+
+fn num(desc: &str, v: u64) -> Attribute {
+    attr(desc, [v.to_string()])
+}
+
+fn node(cn: &str, dn: &str, mut attrs: Vec<Attribute>) -> (String, Entry) {
+    let mut all = vec![
+        attr("objectClass", ["top", "pandoMonitor"]),
+        attr("cn", [cn]),
+    ];
+    all.append(&mut attrs);
+    let parsed = Dn::parse(dn).unwrap_or(Dn { rdns: Vec::new() });
+    (
+        dn.to_string(),
+        Entry {
+            dn: parsed,
+            attrs: all,
+        },
+    )
+}
+
+/// Op type names as they appear in RDNs.
+fn title(name: &str) -> String {
+    match name {
+        "moddn" => "ModDN".into(),
+        other => {
+            let mut c = other.chars();
+            match c.next() {
+                Some(f) => f.to_ascii_uppercase().to_string() + c.as_str(),
+                None => String::new(),
+            }
+        }
+    }
+}
+
+fn latency_attrs(l: &Latency) -> Vec<Attribute> {
+    vec![
+        num("pandoLatencyCount", l.count),
+        num("pandoLatencySumMicros", l.sum),
+        num("pandoLatencyP50", l.p50),
+        num("pandoLatencyP90", l.p90),
+        num("pandoLatencyP99", l.p99),
+        num("pandoLatencyP999", l.p999),
+        num("pandoLatencyMax", l.max),
+        attr(
+            "pandoLatencyBucket",
+            LATENCY_BOUNDS
+                .iter()
+                .zip(&l.buckets)
+                .map(|(b, c)| format!("{b} {c}"))
+                .chain(std::iter::once(format!("+Inf {}", l.count))),
+        ),
+    ]
+}
+
+/// Every monitor entry with its DN, parents before children.
+pub fn entries(server: &Server) -> Vec<(String, Entry)> {
+    let m = &server.metrics;
+    let p = ProcessFigures::read();
+    let started = m
+        .started
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    let mut out = vec![node(
+        "Monitor",
+        "cn=Monitor",
+        vec![
+            attr(
+                "pandoVersion",
+                [format!("Pando {}", env!("CARGO_PKG_VERSION"))],
+            ),
+            attr("pandoStartTime", [crate::clock::generalized_time(started)]),
+            num("pandoUptime", m.uptime_secs()),
+            num("pandoThreads", p.threads),
+            num("pandoCpuMicros", p.cpu_micros),
+            num("pandoRssBytes", p.rss_bytes),
+            num("pandoReadBytes", p.read_bytes),
+            num("pandoWriteBytes", p.write_bytes),
+            num("pandoReadSyscalls", p.syscr),
+            num("pandoWriteSyscalls", p.syscw),
+        ],
+    )];
+    out.push(node(
+        "Connections",
+        "cn=Connections,cn=Monitor",
+        vec![
+            num("pandoCurrent", m.get(&m.conns_current)),
+            num("pandoTotal", m.get(&m.conns_total)),
+            num("pandoBytesIn", m.get(&m.bytes_in)),
+            num("pandoBytesOut", m.get(&m.bytes_out)),
+            num("pandoPdusIn", m.get(&m.pdus_in)),
+            num("pandoPdusOut", m.get(&m.pdus_out)),
+        ],
+    ));
+    let (ini, com) = OP_KINDS.iter().fold((0, 0), |(i, c), k| {
+        (i + m.initiated(*k), c + m.completed(*k))
+    });
+    out.push(node(
+        "Operations",
+        "cn=Operations,cn=Monitor",
+        vec![
+            num("pandoInitiated", ini),
+            num("pandoCompleted", com),
+            num("pandoInProgress", ini.saturating_sub(com)),
+            num("pandoEntriesSent", m.get(&m.entries_sent)),
+            num("pandoWaitMicros", m.get(&m.wait_micros)),
+        ],
+    ));
+    for k in OP_KINDS {
+        let t = title(k.name());
+        let mut attrs = vec![
+            num("pandoInitiated", m.initiated(k)),
+            num("pandoCompleted", m.completed(k)),
+        ];
+        attrs.extend(latency_attrs(&m.latency(k)));
+        out.push(node(&t, &format!("cn={t},cn=Operations,cn=Monitor"), attrs));
+    }
+    let mut store = Vec::new();
+    if let Ok(s) = server.store.stats() {
+        store.push(num("pandoEntries", s.entries));
+        store.push(num("pandoDiskBytes", s.disk_bytes));
+        store.push(num("pandoMapSize", s.map_size));
+        store.push(num("pandoMapUsedBytes", s.map_used_bytes));
+        store.push(num("pandoReaderSlots", s.reader_slots_used));
+        store.push(num("pandoReadersOpen", s.readers_open));
+        store.push(num("pandoOldestReaderMicros", s.oldest_reader_micros));
+        store.push(num("pandoLastTxnId", s.last_txn_id));
+        store.push(attr(
+            "pandoDatabaseSize",
+            s.databases
+                .iter()
+                .map(|d| format!("{} {} {}", d.name, d.bytes, d.items)),
+        ));
+    }
+    if let Some(r) = resident(server) {
+        store.push(attr("pandoResidentPercent", [format!("{:.1}", r * 100.0)]));
+    }
+    out.push(node("Store", "cn=Store,cn=Monitor", store));
+    let w = server.store.writer_stats();
+    out.push(node(
+        "Writer",
+        "cn=Writer,cn=Monitor",
+        vec![
+            num("pandoBatches", w.batches),
+            num("pandoWriteOperations", w.operations),
+            num("pandoFailedOperations", w.failed_operations),
+            num("pandoLargestBatch", w.largest_batch),
+            attr(
+                "pandoMeanBatch",
+                [format!(
+                    "{:.2}",
+                    w.operations as f64 / w.batches.max(1) as f64
+                )],
+            ),
+            num("pandoCommitMicros", w.commit_micros),
+            num("pandoLastCommitMicros", w.last_commit_micros),
+            num("pandoSyncs", w.syncs),
+            attr(
+                "pandoDurability",
+                [format!("{:?}", server.store.durability())],
+            ),
+        ],
+    ));
+    let mut logs = vec![
+        num("pandoDropped", server.logs.access_dropped()),
+        num("pandoWriteErrors", server.logs.write_errors()),
+    ];
+    let files: Vec<String> = [
+        server.logs.access.as_ref().map(|a| a.file.path()),
+        server.logs.audit.as_ref().map(|a| a.file.path()),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|p| p.display().to_string())
+    .collect();
+    if !files.is_empty() {
+        logs.push(attr("pandoLogFile", files));
+    }
+    out.push(node("Logs", "cn=Logs,cn=Monitor", logs));
+    out
+}
+
+/// Share of the database file in the page cache.
+pub fn resident(server: &Server) -> Option<f64> {
+    let file = crate::store_dir(&server.cfg.config.data_dir).join("data.mdb");
+    crate::datadir::resident_fraction(&file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn monitor_dns() {
+        assert!(is_monitor_dn("cn=monitor"));
+        assert!(is_monitor_dn("cn=search,cn=operations,cn=monitor"));
+        assert!(!is_monitor_dn("cn=monitor,dc=example,dc=com"));
+        assert!(!is_monitor_dn("cn=notmonitor"));
+        assert_eq!(title("moddn"), "ModDN");
+        assert_eq!(title("search"), "Search");
+    }
+}

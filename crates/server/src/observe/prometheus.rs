@@ -1,0 +1,532 @@
+//! The Prometheus endpoint (`[metrics] listen`): `GET /metrics` answers the
+//! figures of `cn=Monitor` in the text exposition format 0.0.4; anything
+//! else is 404 (405 for other methods). A minimal HTTP/1.1 responder, one
+//! request per connection (`Connection: close`): scrapers need no more.
+//!
+//! Latencies are exported twice: as a histogram
+//! (`pando_operation_duration_seconds`, buckets from 10 µs to 10 s, from
+//! which `pando stat` computes per-interval percentiles) and as a summary
+//! of the HDR percentiles since start (`pando_operation_latency_seconds`).
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use super::metrics::{ProcessFigures, LATENCY_BOUNDS, OP_KINDS};
+use crate::state::Server;
+
+/// Longest request head accepted.
+const MAX_REQUEST: usize = 8192;
+/// A client gets this long to send its request.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("metrics.listen: cannot listen on {addr}: {e}"))
+}
+
+pub async fn serve(listener: TcpListener, server: Arc<Server>, mut stop: watch::Receiver<bool>) {
+    if let Ok(a) = listener.local_addr() {
+        tracing::info!("metrics endpoint: http://{a}/metrics");
+        if !a.ip().is_loopback() {
+            tracing::warn!(
+                "metrics.listen {a} is not a loopback address: anyone who can reach it reads the server's figures"
+            );
+        }
+    }
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            a = listener.accept() => match a {
+                Ok((stream, _)) => {
+                    let server = server.clone();
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(READ_TIMEOUT * 2, answer(stream, server)).await;
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("metrics endpoint: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
+
+async fn answer(mut stream: TcpStream, server: Arc<Server>) {
+    let mut buf = Vec::with_capacity(1024);
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i;
+        }
+        if buf.len() > MAX_REQUEST {
+            let _ = stream
+                .write_all(&response(431, "text/plain", "request too large\n"))
+                .await;
+            return;
+        }
+        let mut chunk = [0u8; 1024];
+        match tokio::time::timeout(READ_TIMEOUT, stream.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return,
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]);
+    let mut first = head.lines().next().unwrap_or("").split(' ');
+    let (method, target) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    let reply = match (method, path) {
+        ("GET", "/metrics") | ("HEAD", "/metrics") => {
+            let s = server.clone();
+            let body = tokio::task::spawn_blocking(move || render(&s))
+                .await
+                .unwrap_or_default();
+            let mut r = response(200, "text/plain; version=0.0.4; charset=utf-8", &body);
+            if method == "HEAD" {
+                let at = r.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4;
+                r.truncate(at);
+            }
+            r
+        }
+        ("GET", _) | ("HEAD", _) => response(404, "text/plain", "not found: try /metrics\n"),
+        _ => response(405, "text/plain", "method not allowed\n"),
+    };
+    let _ = stream.write_all(&reply).await;
+    let _ = stream.shutdown().await;
+}
+
+fn response(code: u16, ctype: &str, body: &str) -> Vec<u8> {
+    let reason = match code {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        431 => "Request Header Fields Too Large",
+        _ => "Error",
+    };
+    let mut r = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    r.extend_from_slice(body.as_bytes());
+    r
+}
+
+/// Writes one metric family: HELP, TYPE, then its samples.
+struct Text {
+    out: String,
+}
+
+impl Text {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &str, v: impl std::fmt::Display) {
+        if labels.is_empty() {
+            let _ = writeln!(self.out, "{name} {v}");
+        } else {
+            let _ = writeln!(self.out, "{name}{{{labels}}} {v}");
+        }
+    }
+
+    fn one(&mut self, name: &str, kind: &str, help: &str, v: impl std::fmt::Display) {
+        self.family(name, kind, help);
+        self.sample(name, "", v);
+    }
+}
+
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn secs(us: u64) -> String {
+    format!("{}.{:06}", us / 1_000_000, us % 1_000_000)
+}
+
+/// The whole exposition.
+pub fn render(server: &Server) -> String {
+    let m = &server.metrics;
+    let mut t = Text {
+        out: String::with_capacity(16 * 1024),
+    };
+    t.family("pando_info", "gauge", "Server version.");
+    t.sample(
+        "pando_info",
+        &format!("version=\"{}\"", env!("CARGO_PKG_VERSION")),
+        1,
+    );
+    let started = m
+        .started
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    t.one(
+        "pando_start_time_seconds",
+        "gauge",
+        "Start time of the server, Unix seconds.",
+        started,
+    );
+    t.one(
+        "pando_uptime_seconds",
+        "gauge",
+        "Seconds since the server started.",
+        m.uptime_secs(),
+    );
+    t.one(
+        "pando_connections_current",
+        "gauge",
+        "Connections open now.",
+        m.get(&m.conns_current),
+    );
+    t.one(
+        "pando_connections_total",
+        "counter",
+        "Connections accepted since start.",
+        m.get(&m.conns_total),
+    );
+    for (name, help, v) in [
+        (
+            "pando_received_bytes_total",
+            "LDAP bytes received.",
+            &m.bytes_in,
+        ),
+        ("pando_sent_bytes_total", "LDAP bytes sent.", &m.bytes_out),
+        (
+            "pando_received_pdus_total",
+            "LDAP messages received.",
+            &m.pdus_in,
+        ),
+        (
+            "pando_sent_pdus_total",
+            "LDAP messages sent (responses and search entries).",
+            &m.pdus_out,
+        ),
+        (
+            "pando_search_entries_total",
+            "Search result entries sent.",
+            &m.entries_sent,
+        ),
+    ] {
+        t.one(name, "counter", help, m.get(v));
+    }
+    t.one(
+        "pando_operation_wait_seconds_total",
+        "counter",
+        "Time operations waited before running (queue time).",
+        secs(m.get(&m.wait_micros)),
+    );
+    t.family(
+        "pando_operations_initiated_total",
+        "counter",
+        "Operations received, by type.",
+    );
+    for k in OP_KINDS {
+        t.sample(
+            "pando_operations_initiated_total",
+            &format!("op=\"{}\"", k.name()),
+            m.initiated(k),
+        );
+    }
+    t.family(
+        "pando_operations_completed_total",
+        "counter",
+        "Operations finished, by type.",
+    );
+    for k in OP_KINDS {
+        t.sample(
+            "pando_operations_completed_total",
+            &format!("op=\"{}\"", k.name()),
+            m.completed(k),
+        );
+    }
+    let (ini, com) = OP_KINDS.iter().fold((0u64, 0u64), |(i, c), k| {
+        (i + m.initiated(*k), c + m.completed(*k))
+    });
+    t.one(
+        "pando_operations_in_progress",
+        "gauge",
+        "Operations received and not yet finished.",
+        ini.saturating_sub(com),
+    );
+    let lat: Vec<_> = OP_KINDS.iter().map(|k| (k.name(), m.latency(*k))).collect();
+    t.family(
+        "pando_operation_duration_seconds",
+        "histogram",
+        "Operation latency from request to response, by type.",
+    );
+    for (op, l) in &lat {
+        for (b, c) in LATENCY_BOUNDS.iter().zip(&l.buckets) {
+            t.sample(
+                "pando_operation_duration_seconds_bucket",
+                &format!("op=\"{op}\",le=\"{}\"", secs(*b)),
+                c,
+            );
+        }
+        t.sample(
+            "pando_operation_duration_seconds_bucket",
+            &format!("op=\"{op}\",le=\"+Inf\""),
+            l.count,
+        );
+        t.sample(
+            "pando_operation_duration_seconds_sum",
+            &format!("op=\"{op}\""),
+            secs(l.sum),
+        );
+        t.sample(
+            "pando_operation_duration_seconds_count",
+            &format!("op=\"{op}\""),
+            l.count,
+        );
+    }
+    t.family(
+        "pando_operation_latency_seconds",
+        "summary",
+        "Operation latency percentiles since start (HDR histogram), by type.",
+    );
+    for (op, l) in &lat {
+        for (q, v) in [
+            ("0.5", l.p50),
+            ("0.9", l.p90),
+            ("0.99", l.p99),
+            ("0.999", l.p999),
+        ] {
+            t.sample(
+                "pando_operation_latency_seconds",
+                &format!("op=\"{op}\",quantile=\"{q}\""),
+                secs(v),
+            );
+        }
+        t.sample(
+            "pando_operation_latency_seconds_sum",
+            &format!("op=\"{op}\""),
+            secs(l.sum),
+        );
+        t.sample(
+            "pando_operation_latency_seconds_count",
+            &format!("op=\"{op}\""),
+            l.count,
+        );
+    }
+    t.family(
+        "pando_operation_latency_max_seconds",
+        "gauge",
+        "Largest operation latency since start, by type.",
+    );
+    for (op, l) in &lat {
+        t.sample(
+            "pando_operation_latency_max_seconds",
+            &format!("op=\"{op}\""),
+            secs(l.max),
+        );
+    }
+    let w = server.store.writer_stats();
+    t.one(
+        "pando_writer_batches_total",
+        "counter",
+        "Write batches committed.",
+        w.batches,
+    );
+    t.one(
+        "pando_writer_operations_total",
+        "counter",
+        "Write operations applied in batches.",
+        w.operations,
+    );
+    t.one(
+        "pando_writer_failed_operations_total",
+        "counter",
+        "Write operations that failed and were rolled back.",
+        w.failed_operations,
+    );
+    t.one(
+        "pando_writer_largest_batch",
+        "gauge",
+        "Most operations committed in one batch.",
+        w.largest_batch,
+    );
+    t.one(
+        "pando_writer_commit_seconds_total",
+        "counter",
+        "Time spent committing batches, fsync included.",
+        secs(w.commit_micros),
+    );
+    t.one(
+        "pando_writer_last_commit_seconds",
+        "gauge",
+        "Duration of the last commit.",
+        secs(w.last_commit_micros),
+    );
+    t.one(
+        "pando_writer_syncs_total",
+        "counter",
+        "fsyncs of the database.",
+        w.syncs,
+    );
+    if let Ok(s) = server.store.stats() {
+        t.one(
+            "pando_store_entries",
+            "gauge",
+            "Entries in the store.",
+            s.entries,
+        );
+        t.one(
+            "pando_store_disk_bytes",
+            "gauge",
+            "Size of the database file.",
+            s.disk_bytes,
+        );
+        t.one(
+            "pando_store_map_size_bytes",
+            "gauge",
+            "Configured map size.",
+            s.map_size,
+        );
+        t.one(
+            "pando_store_map_used_bytes",
+            "gauge",
+            "Map pages in use.",
+            s.map_used_bytes,
+        );
+        t.one(
+            "pando_store_reader_slots",
+            "gauge",
+            "LMDB reader table slots in use.",
+            s.reader_slots_used,
+        );
+        t.one(
+            "pando_store_readers_open",
+            "gauge",
+            "Read transactions open now.",
+            s.readers_open,
+        );
+        t.one(
+            "pando_store_oldest_reader_seconds",
+            "gauge",
+            "Age of the oldest open read transaction.",
+            secs(s.oldest_reader_micros),
+        );
+        t.family(
+            "pando_store_database_bytes",
+            "gauge",
+            "Size of each database (pages in use).",
+        );
+        for d in &s.databases {
+            t.sample(
+                "pando_store_database_bytes",
+                &format!("db=\"{}\"", label_value(&d.name)),
+                d.bytes,
+            );
+        }
+        t.family(
+            "pando_store_database_items",
+            "gauge",
+            "Items (keys) in each database.",
+        );
+        for d in &s.databases {
+            t.sample(
+                "pando_store_database_items",
+                &format!("db=\"{}\"", label_value(&d.name)),
+                d.items,
+            );
+        }
+    }
+    if let Some(r) = super::monitor::resident(server) {
+        t.one(
+            "pando_store_resident_ratio",
+            "gauge",
+            "Share of the database file in the page cache.",
+            format!("{r:.4}"),
+        );
+    }
+    t.one(
+        "pando_access_log_dropped_total",
+        "counter",
+        "Access log lines dropped because the buffer was full.",
+        server.logs.access_dropped(),
+    );
+    t.one(
+        "pando_log_write_errors_total",
+        "counter",
+        "Log records that could not be written.",
+        server.logs.write_errors(),
+    );
+    let p = ProcessFigures::read();
+    t.one(
+        "process_cpu_seconds_total",
+        "counter",
+        "User and system CPU time of the server process.",
+        secs(p.cpu_micros),
+    );
+    t.one(
+        "process_resident_memory_bytes",
+        "gauge",
+        "Resident memory of the server process.",
+        p.rss_bytes,
+    );
+    t.one(
+        "pando_process_threads",
+        "gauge",
+        "Threads of the server process.",
+        p.threads,
+    );
+    t.one(
+        "pando_process_read_bytes_total",
+        "counter",
+        "Bytes the server process read from storage (/proc/self/io read_bytes).",
+        p.read_bytes,
+    );
+    t.one(
+        "pando_process_write_bytes_total",
+        "counter",
+        "Bytes the server process wrote to storage (/proc/self/io write_bytes).",
+        p.write_bytes,
+    );
+    t.one(
+        "pando_process_read_syscalls_total",
+        "counter",
+        "read() system calls of the server process (/proc/self/io syscr).",
+        p.syscr,
+    );
+    t.one(
+        "pando_process_write_syscalls_total",
+        "counter",
+        "write() system calls of the server process (/proc/self/io syscw).",
+        p.syscw,
+    );
+    t.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn responses_are_well_formed() {
+        let r = String::from_utf8(response(200, "text/plain", "a 1\n")).unwrap();
+        assert!(r.starts_with("HTTP/1.1 200 OK\r\n"));
+        assert!(r.contains("Content-Length: 4\r\n"));
+        assert!(r.ends_with("\r\n\r\na 1\n"));
+    }
+
+    #[test]
+    fn families_and_samples() {
+        let mut t = Text { out: String::new() };
+        t.family("x_total", "counter", "Things.");
+        t.sample("x_total", "op=\"a\"", 3);
+        t.one("y", "gauge", "Y.", 1.5);
+        assert_eq!(
+            t.out,
+            "# HELP x_total Things.\n# TYPE x_total counter\nx_total{op=\"a\"} 3\n# HELP y Y.\n# TYPE y gauge\ny 1.5\n"
+        );
+        assert_eq!(label_value("a\"b"), "a\\\"b");
+    }
+}
