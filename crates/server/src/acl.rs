@@ -176,6 +176,12 @@ pub fn default_rules() -> Vec<AccessRule> {
 type CompileError = (usize, &'static str, String);
 
 impl Acl {
+    /// Do any rules look at entry contents (a filter)? If not, callers may
+    /// pass an entry without attributes to [`Access::entry`].
+    pub fn reads_entries(&self) -> bool {
+        self.rules.iter().any(|r| r.filter.is_some())
+    }
+
     /// The configured rules, or the defaults when there are none.
     pub fn from_config(rules: &[AccessRule], schema: &Schema) -> Result<Acl, CompileError> {
         if rules.is_empty() {

@@ -100,9 +100,19 @@ pub fn visible(access: &mut Access<'_>, view: &View<'_>, rules: &EntryRules, nor
 /// Like [`resolve`], but the matchedDN of a noSuchObject names only an
 /// ancestor the requester may see.
 pub fn resolve_for(server: &Server, view: &View<'_>, who: &Identity, dn: &Dn) -> OpResult<EntryId> {
+    resolve_norm_for(server, view, who, dn).map(|(id, _)| id)
+}
+
+/// [`resolve_for`], also giving the entry's normalised RDNs.
+pub fn resolve_norm_for(
+    server: &Server,
+    view: &View<'_>,
+    who: &Identity,
+    dn: &Dn,
+) -> OpResult<(EntryId, Vec<String>)> {
     let rdns = norm_rdns(view, dn)?;
     match view.lookup_norm(&rdns)? {
-        Lookup::Found(id) => Ok(id),
+        Lookup::Found(id) => Ok((id, rdns)),
         Lookup::Missing { matched: None } => Err(no_such_object(view, None)?),
         Lookup::Missing { matched: Some(m) } => {
             let mut access = Access::new(&server.acl, who);

@@ -510,7 +510,7 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
 
     let rtxn = server.store.read()?;
     let view = rtxn.view();
-    let base_id = super::resolve_for(server, &view, &job.who, &base)?;
+    let (base_id, base_rdns) = super::resolve_norm_for(server, &view, &job.who, &base)?;
     let limits = Limits::for_requester(server, &job.who, &view);
     // Time limit: the smaller of the client's and the requester's.
     let time_limit = match (req.time_limit as u32, limits.time) {
@@ -524,10 +524,15 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
     // Searching needs search access to the base entry; without it the base
     // is reported missing, so its existence is not revealed.
     if !access.unrestricted() {
-        let base_norm = super::norm_dn_of(&view, base_id)?;
+        let base_norm = base_rdns.join(",");
+        // The entry's content matters only to rules with a filter.
         let base_entry = Entry {
             dn: Dn { rdns: Vec::new() },
-            attrs: view.attrs(base_id)?.unwrap_or_default(),
+            attrs: if server.acl.reads_entries() {
+                view.attrs(base_id)?.unwrap_or_default()
+            } else {
+                Vec::new()
+            },
         };
         let rules = access.entry(schema, &base_norm, &base_entry);
         if !access.allows(Some(&view), &rules, &base_norm, None, acl::SEARCH) {
@@ -775,10 +780,7 @@ fn dn_of(
     let (parent_dn, parent_norm) = match cache.get(&p.parent) {
         Some(d) => d,
         None => {
-            let d = (
-                view.dn_string(p.parent)?,
-                super::norm_dn_of(view, p.parent)?,
-            );
+            let d = dn_pair(view, p.parent)?;
             if cache.len() > 10_000 {
                 cache.clear();
             }
@@ -789,6 +791,26 @@ fn dn_of(
         format!("{},{}", p.rdn, parent_dn),
         format!("{},{}", p.norm_rdn, parent_norm),
     ))
+}
+
+/// The DN of `id` as stored and normalised, from one walk up the tree.
+fn dn_pair(view: &View<'_>, mut id: EntryId) -> OpResult<(String, String)> {
+    let (mut dn, mut norm) = (String::new(), String::new());
+    // Bounded like View::dn_string: a corrupt parent cycle must not spin.
+    for _ in 0..1024 {
+        let Some(p) = view.placement(id)? else { break };
+        if !dn.is_empty() {
+            dn.push(',');
+            norm.push(',');
+        }
+        dn.push_str(&p.rdn);
+        norm.push_str(&p.norm_rdn);
+        if p.parent == 0 {
+            break;
+        }
+        id = p.parent;
+    }
+    Ok((dn, norm))
 }
 
 /// Attribute types a filter tests, each once.
