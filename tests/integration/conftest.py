@@ -175,12 +175,18 @@ class Pando:
                 self.proc.kill()
                 self.proc.wait()
                 pytest.fail("pando did not start listening on port %d:\n%s" % (port, self.logs()))
+        # Ports are bound before the store opens; the banner on stdout says
+        # the server is fully up.
+        out = self.base / "stdout.log"
+        deadline = time.monotonic() + timeout
+        while b"is serving:" not in out.read_bytes():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                self.proc.wait()
+                pytest.fail("pando did not finish starting:\n%s" % self.logs())
+            time.sleep(0.02)
         pwfile = self.data_dir / "admin-password"
-        for _ in range(100):
-            if pwfile.exists() and pwfile.stat().st_size > 0:
-                break
-            time.sleep(0.05)
-        self.admin_pw = pwfile.read_text()
+        self.admin_pw = pwfile.read_text() if pwfile.exists() else None
         return self
 
     def logs(self, tail=4000):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PANDO_BIN, PEOPLE, REPO, SUFFIX, Pando, ldif_entry
+from conftest import PANDO_BIN, PEOPLE, REPO, SUFFIX, Pando, ldif_entry, PUBLIC_READ
 
 USERS = 300
 USER_PW = "password"
@@ -47,7 +47,8 @@ PEOPLE_OU = (PEOPLE, {"objectClass": ["top", "organizationalUnit"], "ou": ["Peop
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """Pando with ou=People and uid=user.0..299 ({SSHA} passwords)."""
-    s = Pando(tmp_path_factory.mktemp("bench"), demo=False, name="bench").start()
+    # Anonymous searches (ldapi, no bind) read the tree, as against slapd.
+    s = Pando(tmp_path_factory.mktemp("bench"), demo=False, name="bench", config=PUBLIC_READ).start()
     s.bulk_add([PEOPLE_OU] + list(user_entries()))
     yield s
     s.stop_and_verify()

@@ -56,41 +56,11 @@ def peercred_dn():
 # ------------------------------------------------------------------ server
 
 
-class Srv(Pando):
-    """Pando that may run without a root DN (then no admin-password file)."""
-
-    expect_admin_password = True
-
-    def start(self, timeout=30.0):
-        if self.expect_admin_password:
-            return super().start(timeout)
-        self.port = free_port()
-        cmd = [PANDO_BIN, "serve", "--data-dir", str(self.data_dir), "--listen", self.url, "--listen", "ldapi://"]
-        if self.demo:
-            cmd.append("--demo")
-        if self.config:
-            cfg = self.base / "pando.toml"
-            cfg.write_text(self.config)
-            cmd += ["--config", str(cfg)]
-        self.out = open(self.base / "stdout.log", "ab")
-        self.err = open(self.base / "stderr.log", "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, stdin=subprocess.DEVNULL)
-        if not wait_port(self.port, self.proc, timeout):
-            self.proc.kill()
-            self.proc.wait()
-            pytest.fail("pando did not start listening on %s:\n%s" % (self.url, self.logs()))
-        sock = self.data_dir / "ldapi"
-        for _ in range(100):
-            if sock.exists():
-                break
-            time.sleep(0.05)
-        return self
-
-
 def start(tmp_path_factory, name, config, demo=True, admin_password=True):
-    s = Srv(tmp_path_factory.mktemp(name), demo=demo, config=config, name=name)
-    s.expect_admin_password = admin_password
-    return s.start()
+    """admin_password=False: a server without root DN, so without the file."""
+    s = Pando(tmp_path_factory.mktemp(name), demo=demo, config=config, name=name).start()
+    assert (s.admin_pw is not None) == admin_password, s.logs()
+    return s
 
 
 # ------------------------------------------------------------------ clients
