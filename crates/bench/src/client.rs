@@ -22,7 +22,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pando_proto::{frame_length, op_tag, BindAuth, BindRequest, LdapMessage, ProtocolOp, ResultCode};
+use pando_proto::{
+    frame_length, op_tag, BindAuth, BindRequest, LdapMessage, ProtocolOp, ResultCode,
+};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::Notify;
 
@@ -100,7 +102,10 @@ impl Shared {
     }
 
     pub fn stop_reason(&self) -> Option<String> {
-        self.stop_reason.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.stop_reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// --count: may one more measured operation start?
@@ -221,8 +226,16 @@ impl Conn {
     /// Sends what the socket takes now.
     fn flush(&mut self) -> Result<(), String> {
         while self.pending() {
-            match self.stream.try_write(self.wbuf.get(self.wpos..).unwrap_or_default()) {
-                Ok(0) => return Err(format!("{} connection: the server stopped reading", self.what)),
+            match self
+                .stream
+                .try_write(self.wbuf.get(self.wpos..).unwrap_or_default())
+            {
+                Ok(0) => {
+                    return Err(format!(
+                        "{} connection: the server stopped reading",
+                        self.what
+                    ))
+                }
                 Ok(n) => self.wpos += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) => return Err(format!("{} connection: write failed: {e}", self.what)),
@@ -294,7 +307,12 @@ async fn connect(plan: &Plan, what: &'static str) -> Result<Conn, String> {
         }
     })
     .await
-    .map_err(|_| format!("cannot connect to {}: no answer in {SETUP_TIMEOUT:?}", plan.url))?
+    .map_err(|_| {
+        format!(
+            "cannot connect to {}: no answer in {SETUP_TIMEOUT:?}",
+            plan.url
+        )
+    })?
     .map_err(|e: io::Error| format!("cannot connect to {}: {e}", plan.url))?;
     Ok(Conn {
         stream,
@@ -330,7 +348,11 @@ async fn setup_bind(conn: &mut Conn, dn: &str, password: &[u8]) -> Result<(), St
                 Err(format!(
                     "bind as '{dn}' failed: {}{}",
                     ResultCode(code),
-                    if diag.is_empty() { String::new() } else { format!(": {diag}") }
+                    if diag.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {diag}")
+                    }
                 ))
             }
             (op, None) => Err(format!("bind as '{dn}': unexpected response 0x{op:02x}")),
@@ -449,7 +471,12 @@ pub async fn open(plan: &Plan, index: usize) -> Result<Connected, String> {
 }
 
 impl Client {
-    pub fn new(c: Connected, shared: Arc<Shared>, t: Timeline, stats: Rc<RefCell<Stats>>) -> Client {
+    pub fn new(
+        c: Connected,
+        shared: Arc<Shared>,
+        t: Timeline,
+        stats: Rc<RefCell<Stats>>,
+    ) -> Client {
         let plan = &shared.plan;
         let depth = plan.depth;
         let slots = (0..depth)
@@ -648,14 +675,18 @@ impl Client {
         } else {
             0
         };
-        let Some(s) = self.slots.get_mut(slot) else { return };
+        let Some(s) = self.slots.get_mut(slot) else {
+            return;
+        };
         s.msg_id = next_msg_id(s.msg_id, slot, depth);
         s.step = step;
         let (id, op, key) = (s.msg_id, s.op, s.key);
         let mut kb = [0u8; 20];
         let mut cb = [0u8; 20];
         let vars = [decimal(key, &mut kb), decimal(counter, &mut cb), &[][..]];
-        let Some(tpl) = Client::template_of(&self.shared, op, false) else { return };
+        let Some(tpl) = Client::template_of(&self.shared, op, false) else {
+            return;
+        };
         if let Some(c) = self.main.as_mut() {
             tpl.encode(&mut c.wbuf, id, &vars);
         }
@@ -686,20 +717,30 @@ impl Client {
     }
 
     fn send_bind(&mut self, slot: usize) {
-        self.bind_msg_id = if self.bind_msg_id == i32::MAX { 1 } else { self.bind_msg_id + 1 };
+        self.bind_msg_id = if self.bind_msg_id == i32::MAX {
+            1
+        } else {
+            self.bind_msg_id + 1
+        };
         self.bind_busy = Some(slot);
-        let Some(s) = self.slots.get_mut(slot) else { return };
+        let Some(s) = self.slots.get_mut(slot) else {
+            return;
+        };
         s.step = Step::Bind;
         let mut kb = [0u8; 20];
         let vars = [decimal(s.key, &mut kb), &[][..], &s.dn[..]];
-        let Some(tpl) = Client::template_of(&self.shared, s.op, true) else { return };
+        let Some(tpl) = Client::template_of(&self.shared, s.op, true) else {
+            return;
+        };
         if let Some(c) = self.bind.as_mut() {
             tpl.encode(&mut c.wbuf, self.bind_msg_id, &vars);
         }
     }
 
     fn on_readable(&mut self, w: Which) -> Result<(), String> {
-        let Some(conn) = self.conn(w) else { return Ok(()) };
+        let Some(conn) = self.conn(w) else {
+            return Ok(());
+        };
         if !conn.read()? {
             return Ok(());
         }
@@ -732,7 +773,8 @@ impl Client {
         if env.msg_id == 0 {
             return Err(format!(
                 "the server sent an unsolicited notification (result {}): {}",
-                env.code.map_or_else(|| "none".into(), |c| ResultCode(c).to_string()),
+                env.code
+                    .map_or_else(|| "none".into(), |c| ResultCode(c).to_string()),
                 wire::diagnostic(frame)
             ));
         }
@@ -742,7 +784,12 @@ impl Client {
         }
     }
 
-    fn on_main(&mut self, env: wire::Envelope<'_>, frame: &[u8], now: Instant) -> Result<(), String> {
+    fn on_main(
+        &mut self,
+        env: wire::Envelope<'_>,
+        frame: &[u8],
+        now: Instant,
+    ) -> Result<(), String> {
         let depth = self.shared.plan.depth;
         let slot = (env.msg_id as usize - 1) % depth;
         let Some(s) = self.slots.get_mut(slot) else {
@@ -791,11 +838,25 @@ impl Client {
             }
             return Ok(());
         }
-        self.finish(slot, if code == 0 { Ok(()) } else { Err(ErrKey::Ldap(code)) }, frame, now);
+        self.finish(
+            slot,
+            if code == 0 {
+                Ok(())
+            } else {
+                Err(ErrKey::Ldap(code))
+            },
+            frame,
+            now,
+        );
         Ok(())
     }
 
-    fn on_bind(&mut self, env: wire::Envelope<'_>, frame: &[u8], now: Instant) -> Result<(), String> {
+    fn on_bind(
+        &mut self,
+        env: wire::Envelope<'_>,
+        frame: &[u8],
+        now: Instant,
+    ) -> Result<(), String> {
         let (Some(slot), true) = (self.bind_busy, env.msg_id == self.bind_msg_id) else {
             return Err(format!(
                 "bind connection: response with message ID {} that no request is waiting for",
@@ -804,10 +865,24 @@ impl Client {
         };
         let code = match (env.op, env.code) {
             (op_tag::BIND_RESPONSE, Some(c)) => c,
-            _ => return Err(format!("bind connection: response 0x{:02x} to a bind", env.op)),
+            _ => {
+                return Err(format!(
+                    "bind connection: response 0x{:02x} to a bind",
+                    env.op
+                ))
+            }
         };
         self.bind_busy = None;
-        self.finish(slot, if code == 0 { Ok(()) } else { Err(ErrKey::Ldap(code)) }, frame, now);
+        self.finish(
+            slot,
+            if code == 0 {
+                Ok(())
+            } else {
+                Err(ErrKey::Ldap(code))
+            },
+            frame,
+            now,
+        );
         if let Some(next) = self.bind_queue.pop_front() {
             self.send_bind(next);
         }
@@ -816,10 +891,11 @@ impl Client {
 
     /// Records an operation's outcome and frees its slot.
     fn finish(&mut self, slot: usize, outcome: Result<(), ErrKey>, frame: &[u8], now: Instant) {
-        let Some(s) = self.slots.get_mut(slot) else { return };
-        let recording = s.measured
-            && !self.shared.stopping()
-            && !matches!(self.t.end, Some(e) if now >= e);
+        let Some(s) = self.slots.get_mut(slot) else {
+            return;
+        };
+        let recording =
+            s.measured && !self.shared.stopping() && !matches!(self.t.end, Some(e) if now >= e);
         if recording {
             let mut st = self.stats.borrow_mut();
             st.last_completion = Some(now);
@@ -849,7 +925,11 @@ impl Client {
                     s.op.name(),
                     s.key,
                     e.describe(),
-                    if diag.is_empty() { String::new() } else { format!(": {diag}") }
+                    if diag.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {diag}")
+                    }
                 );
             }
         }
@@ -865,7 +945,10 @@ impl Client {
 
     /// Says goodbye with an UnbindRequest on each connection (best effort).
     fn close(&mut self) {
-        for c in [self.main.as_mut(), self.bind.as_mut()].into_iter().flatten() {
+        for c in [self.main.as_mut(), self.bind.as_mut()]
+            .into_iter()
+            .flatten()
+        {
             c.wbuf.clear();
             c.wpos = 0;
             LdapMessage {

@@ -380,8 +380,8 @@ fn percent_decode(s: &str) -> Result<String, String> {
 pub fn parse_url(url: &str, allow_remote: bool) -> Result<Target, String> {
     let lower = url.to_ascii_lowercase();
     if let Some(rest) = lower.strip_prefix("ldapi://").map(|_| &url[8..]) {
-        let path = percent_decode(rest.trim_end_matches('/'))
-            .map_err(|e| format!("--url {url}: {e}"))?;
+        let path =
+            percent_decode(rest.trim_end_matches('/')).map_err(|e| format!("--url {url}: {e}"))?;
         if path.is_empty() {
             return Err(format!(
                 "--url {url}: ldapi:// needs the socket path, percent-encoded, e.g. ldapi://%2Fvar%2Frun%2Fldapi"
@@ -466,8 +466,8 @@ impl Plan {
                 password: pw.as_bytes().to_vec(),
             }),
             (Some(dn), None, Some(f)) => {
-                let text = std::fs::read(f)
-                    .map_err(|e| format!("--bind-pw-file {}: {e}", f.display()))?;
+                let text =
+                    std::fs::read(f).map_err(|e| format!("--bind-pw-file {}: {e}", f.display()))?;
                 let end = text
                     .iter()
                     .rposition(|&b| b != b'\n' && b != b'\r')
@@ -483,12 +483,15 @@ impl Plan {
             (None, None) => Workload::Search,
             (None, Some(_)) | (Some(Workload::Mixed), Some(_)) => Workload::Mixed,
             (Some(Workload::Mixed), None) => {
-                return Err("--workload mixed needs --mix, e.g. --mix search=80,modify=10,auth=10".into())
+                return Err(
+                    "--workload mixed needs --mix, e.g. --mix search=80,modify=10,auth=10".into(),
+                )
             }
             (Some(w), Some(_)) => {
                 return Err(format!(
                     "--mix only goes with --workload mixed (not {})",
-                    w.to_possible_value().map_or_else(String::new, |v| v.get_name().to_string())
+                    w.to_possible_value()
+                        .map_or_else(String::new, |v| v.get_name().to_string())
                 ))
             }
             (Some(w), None) => w,
@@ -514,13 +517,19 @@ impl Plan {
         let (lo, hi) = parse_range(&a.range)?;
         let hot = a.hot.as_deref().map(parse_hot).transpose()?;
         if writes_once && hot.is_some() {
-            return Err("--hot does not apply to add and delete, which visit each key of --range once".into());
+            return Err(
+                "--hot does not apply to add and delete, which visit each key of --range once"
+                    .into(),
+            );
         }
         let keys = KeySpace::new(lo, hi, a.sequential || writes_once, hot)?;
 
         let mut notes = Vec::new();
         if a.connections == 0 || a.connections > 100_000 {
-            return Err(format!("--connections {}: must be 1 to 100000", a.connections));
+            return Err(format!(
+                "--connections {}: must be 1 to 100000",
+                a.connections
+            ));
         }
         if a.depth == 0 || a.depth > 65_536 {
             return Err(format!("--depth {}: must be 1 to 65536", a.depth));
@@ -529,7 +538,10 @@ impl Plan {
         if depth > 1 && ops.iter().all(|o| o.kind.binds()) {
             notes.push(format!(
                 "--depth {depth} ignored: binds are not pipelined, so {} runs at depth 1",
-                ops.iter().map(|o| o.kind.name()).collect::<Vec<_>>().join("/")
+                ops.iter()
+                    .map(|o| o.kind.name())
+                    .collect::<Vec<_>>()
+                    .join("/")
             ));
             depth = 1;
         }
@@ -561,7 +573,9 @@ impl Plan {
         };
         if let Some(r) = a.rate {
             if !(r.is_finite() && r > 0.0) {
-                return Err(format!("--rate {r}: must be a number of requests per second above 0"));
+                return Err(format!(
+                    "--rate {r}: must be a number of requests per second above 0"
+                ));
             }
         }
 
@@ -570,10 +584,13 @@ impl Plan {
         let filter = TextTemplate::parse("--filter", &a.filter)?;
         let sample_filter = filter.render(lo);
         Filter::parse(&sample_filter).map_err(|e| {
-            format!("--filter '{}' (for key {lo}: '{sample_filter}'): {e}", a.filter)
+            format!(
+                "--filter '{}' (for key {lo}: '{sample_filter}'): {e}",
+                a.filter
+            )
         })?;
-        let marked_filter = Filter::parse(filter.marked())
-            .map_err(|e| format!("--filter '{}': {e}", a.filter))?;
+        let marked_filter =
+            Filter::parse(filter.marked()).map_err(|e| format!("--filter '{}': {e}", a.filter))?;
         for at in &a.attrs {
             check_no_markers("--attrs", at)?;
             if at.is_empty() || at.contains(char::is_whitespace) {
@@ -605,7 +622,10 @@ impl Plan {
         } else {
             format!("uid=user.%d,{}", a.base.replace('%', "%%"))
         };
-        let dn = TextTemplate::parse("--dn-template", a.dn_template.as_deref().unwrap_or(&dn_default))?;
+        let dn = TextTemplate::parse(
+            "--dn-template",
+            a.dn_template.as_deref().unwrap_or(&dn_default),
+        )?;
         if writes_once && dn.key_count() == 0 {
             return Err(format!(
                 "--dn-template '{}': add and delete need %d in the DN, one entry per key",
@@ -619,30 +639,42 @@ impl Plan {
         }
         if has(OpKind::Auth) {
             requests.auth_search = Some(search(vec!["1.1".into()])?);
-            requests.auth_bind = Some(MessageTemplate::compile(ProtocolOp::BindRequest(BindRequest {
-                version: 3,
-                name: DN.to_string(),
-                auth: BindAuth::Simple(user_password.clone()),
-            }))?);
+            requests.auth_bind = Some(MessageTemplate::compile(ProtocolOp::BindRequest(
+                BindRequest {
+                    version: 3,
+                    name: DN.to_string(),
+                    auth: BindAuth::Simple(user_password.clone()),
+                },
+            ))?);
         }
         if has(OpKind::Bind) {
-            requests.bind = Some(MessageTemplate::compile(ProtocolOp::BindRequest(BindRequest {
-                version: 3,
-                name: dn.marked().to_string(),
-                auth: BindAuth::Simple(user_password.clone()),
-            }))?);
+            requests.bind = Some(MessageTemplate::compile(ProtocolOp::BindRequest(
+                BindRequest {
+                    version: 3,
+                    name: dn.marked().to_string(),
+                    auth: BindAuth::Simple(user_password.clone()),
+                },
+            ))?);
         }
         if has(OpKind::Modify) {
             if a.modify_attr.is_empty() || a.modify_attr.contains(char::is_whitespace) {
-                return Err(format!("--modify-attr '{}' is not an attribute name", a.modify_attr));
+                return Err(format!(
+                    "--modify-attr '{}' is not an attribute name",
+                    a.modify_attr
+                ));
             }
-            requests.modify = Some(MessageTemplate::compile(ProtocolOp::ModifyRequest(ModifyRequest {
-                dn: dn.marked().to_string(),
-                changes: vec![Change {
-                    op: ModOp::Replace,
-                    attr: pa(&a.modify_attr, &[&format!("modified by pando bench {COUNTER}")]),
-                }],
-            }))?);
+            requests.modify = Some(MessageTemplate::compile(ProtocolOp::ModifyRequest(
+                ModifyRequest {
+                    dn: dn.marked().to_string(),
+                    changes: vec![Change {
+                        op: ModOp::Replace,
+                        attr: pa(
+                            &a.modify_attr,
+                            &[&format!("modified by pando bench {COUNTER}")],
+                        ),
+                    }],
+                },
+            ))?);
         }
         if has(OpKind::Add) {
             let uid = first_uid(dn.marked()).ok_or_else(|| {
@@ -652,15 +684,20 @@ impl Plan {
                     a.base
                 )
             })?;
-            requests.add = Some(MessageTemplate::compile(ProtocolOp::AddRequest(AddRequest {
-                dn: dn.marked().to_string(),
-                attrs: vec![
-                    pa("objectClass", &["top", "person", "organizationalPerson", "inetOrgPerson"]),
-                    pa("uid", &[uid]),
-                    pa("cn", &[&format!("Bench {KEY}")]),
-                    pa("sn", &["Bench"]),
-                ],
-            }))?);
+            requests.add = Some(MessageTemplate::compile(ProtocolOp::AddRequest(
+                AddRequest {
+                    dn: dn.marked().to_string(),
+                    attrs: vec![
+                        pa(
+                            "objectClass",
+                            &["top", "person", "organizationalPerson", "inetOrgPerson"],
+                        ),
+                        pa("uid", &[uid]),
+                        pa("cn", &[&format!("Bench {KEY}")]),
+                        pa("sn", &["Bench"]),
+                    ],
+                },
+            ))?);
         }
         if has(OpKind::Delete) {
             requests.delete = Some(MessageTemplate::compile(ProtocolOp::DelRequest(
@@ -739,17 +776,29 @@ mod tests {
 
     #[test]
     fn later_options_win() {
-        let p = plan(&["--range", "0-9", "--range", "5-6", "--attrs", "cn", "--attrs", "mail"]).unwrap();
+        let p = plan(&[
+            "--range", "0-9", "--range", "5-6", "--attrs", "cn", "--attrs", "mail",
+        ])
+        .unwrap();
         assert_eq!((p.keys.lo, p.keys.n), (5, 2));
     }
 
     #[test]
     fn durations() {
         assert_eq!(parse_duration("d", "10s").unwrap(), Duration::from_secs(10));
-        assert_eq!(parse_duration("d", "500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(
+            parse_duration("d", "500ms").unwrap(),
+            Duration::from_millis(500)
+        );
         assert_eq!(parse_duration("d", "2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(parse_duration("d", "1.5").unwrap(), Duration::from_millis(1500));
-        assert_eq!(parse_duration("d", "1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(
+            parse_duration("d", "1.5").unwrap(),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(
+            parse_duration("d", "1h").unwrap(),
+            Duration::from_secs(3600)
+        );
         let e = parse_duration("--duration", "10 parsecs").unwrap_err();
         assert!(e.contains("--duration '10 parsecs'"), "{e}");
         assert!(parse_duration("d", "").is_err());
@@ -799,14 +848,29 @@ mod tests {
         assert_eq!(
             m,
             [
-                OpShare { kind: OpKind::Search, upto: 80 },
-                OpShare { kind: OpKind::Modify, upto: 90 },
-                OpShare { kind: OpKind::Auth, upto: 100 },
+                OpShare {
+                    kind: OpKind::Search,
+                    upto: 80
+                },
+                OpShare {
+                    kind: OpKind::Modify,
+                    upto: 90
+                },
+                OpShare {
+                    kind: OpKind::Auth,
+                    upto: 100
+                },
             ]
         );
-        assert!(parse_mix("search=1,add=1").unwrap_err().contains("separate runs"));
-        assert!(parse_mix("search=1,search=2").unwrap_err().contains("twice"));
-        assert!(parse_mix("serch=1").unwrap_err().contains("unknown operation"));
+        assert!(parse_mix("search=1,add=1")
+            .unwrap_err()
+            .contains("separate runs"));
+        assert!(parse_mix("search=1,search=2")
+            .unwrap_err()
+            .contains("twice"));
+        assert!(parse_mix("serch=1")
+            .unwrap_err()
+            .contains("unknown operation"));
         assert!(parse_mix("search=x").unwrap_err().contains("whole number"));
         assert!(parse_mix("search=0").unwrap_err().contains("no operation"));
     }
@@ -820,13 +884,22 @@ mod tests {
         let p = plan(&["--workload", "bind"]).unwrap();
         assert!(!p.uses_main() && p.uses_bind_conn());
         let p = plan(&["--mix", "search=9,auth=1", "--depth", "4"]).unwrap();
-        assert_eq!((p.workload, p.depth, p.total_weight()), (Workload::Mixed, 4, 10));
-        assert!(plan(&["--workload", "mixed"]).unwrap_err().contains("needs --mix"));
-        assert!(plan(&["--workload", "search", "--mix", "search=1"]).unwrap_err().contains("only goes with"));
+        assert_eq!(
+            (p.workload, p.depth, p.total_weight()),
+            (Workload::Mixed, 4, 10)
+        );
+        assert!(plan(&["--workload", "mixed"])
+            .unwrap_err()
+            .contains("needs --mix"));
+        assert!(plan(&["--workload", "search", "--mix", "search=1"])
+            .unwrap_err()
+            .contains("only goes with"));
         let p = plan(&["--workload", "add", "--range", "0-9"]).unwrap();
         assert!(p.requests.add.is_some());
         assert_eq!(p.keys.dist, crate::keys::Dist::Sequential);
-        assert!(plan(&["--workload", "add", "--hot", "80:20"]).unwrap_err().contains("--hot"));
+        assert!(plan(&["--workload", "add", "--hot", "80:20"])
+            .unwrap_err()
+            .contains("--hot"));
         let e = plan(&["--workload", "add", "--dn-template", "cn=x%d,dc=y"]).unwrap_err();
         assert!(e.contains("uid=VALUE"), "{e}");
         let e = plan(&["--workload", "delete", "--dn-template", "uid=x,dc=y"]).unwrap_err();
@@ -836,22 +909,36 @@ mod tests {
     #[test]
     fn bad_input_is_named() {
         let e = plan(&["--filter", "(uid=user.%d"]).unwrap_err();
-        assert!(e.contains("--filter '(uid=user.%d'") && e.contains("bad search filter"), "{e}");
+        assert!(
+            e.contains("--filter '(uid=user.%d'") && e.contains("bad search filter"),
+            "{e}"
+        );
         let e = plan(&["--filter", "(uid=%x)"]).unwrap_err();
         assert!(e.contains("'%x'"), "{e}");
-        assert!(plan(&["--bind-dn", "cn=x"]).unwrap_err().contains("--bind-pw"));
-        assert!(plan(&["--bind-pw", "x"]).unwrap_err().contains("need --bind-dn"));
-        assert!(plan(&["--connections", "0"]).unwrap_err().contains("--connections"));
+        assert!(plan(&["--bind-dn", "cn=x"])
+            .unwrap_err()
+            .contains("--bind-pw"));
+        assert!(plan(&["--bind-pw", "x"])
+            .unwrap_err()
+            .contains("need --bind-dn"));
+        assert!(plan(&["--connections", "0"])
+            .unwrap_err()
+            .contains("--connections"));
         assert!(plan(&["--rate", "0"]).unwrap_err().contains("--rate"));
         assert!(plan(&["--count", "0"]).unwrap_err().contains("--count"));
-        assert!(plan(&["--range", "9-1"]).unwrap_err().contains("below the start"));
+        assert!(plan(&["--range", "9-1"])
+            .unwrap_err()
+            .contains("below the start"));
         let e = plan(&["--bind-dn", "cn=x", "--bind-pw-file", "/nonexistent/pw"]).unwrap_err();
         assert!(e.contains("/nonexistent/pw"), "{e}");
     }
 
     #[test]
     fn credentials_debug_hides_the_password() {
-        let c = Credentials { dn: "cn=x".into(), password: b"hunter2".to_vec() };
+        let c = Credentials {
+            dn: "cn=x".into(),
+            password: b"hunter2".to_vec(),
+        };
         let s = format!("{c:?}");
         assert!(s.contains("cn=x") && !s.contains("hunter2"), "{s}");
     }
@@ -859,8 +946,14 @@ mod tests {
     #[test]
     fn count_without_duration_is_capped() {
         let p = plan(&["--count", "100"]).unwrap();
-        assert_eq!((p.duration, p.count, p.time_cap), (None, Some(100), DEFAULT_COUNT_CAP));
+        assert_eq!(
+            (p.duration, p.count, p.time_cap),
+            (None, Some(100), DEFAULT_COUNT_CAP)
+        );
         let p = plan(&["--count", "100", "--duration", "3s"]).unwrap();
-        assert_eq!((p.duration, p.time_cap), (Some(Duration::from_secs(3)), Duration::from_secs(3)));
+        assert_eq!(
+            (p.duration, p.time_cap),
+            (Some(Duration::from_secs(3)), Duration::from_secs(3))
+        );
     }
 }

@@ -44,7 +44,10 @@ pub enum Dist {
     Uniform,
     /// `hot_share` of the requests (a fraction of 2^64) go to the first
     /// `hot_keys` keys of the range, the rest to the others.
-    Hot { hot_keys: u64, hot_share: u64 },
+    Hot {
+        hot_keys: u64,
+        hot_share: u64,
+    },
     /// lo, lo+1, ... shared by all connections, wrapping at the end.
     Sequential,
 }
@@ -60,7 +63,12 @@ pub struct KeySpace {
 
 impl KeySpace {
     /// `hot` is (percent of requests, percent of keys), e.g. (80, 20).
-    pub fn new(lo: u64, hi: u64, sequential: bool, hot: Option<(u32, u32)>) -> Result<KeySpace, String> {
+    pub fn new(
+        lo: u64,
+        hi: u64,
+        sequential: bool,
+        hot: Option<(u32, u32)>,
+    ) -> Result<KeySpace, String> {
         if hi < lo {
             return Err(format!("--range {lo}-{hi}: the end is below the start"));
         }
@@ -82,7 +90,10 @@ impl KeySpace {
                     ));
                 }
                 let hot_share = ((u128::from(req) << 64) / 100) as u64;
-                Dist::Hot { hot_keys, hot_share }
+                Dist::Hot {
+                    hot_keys,
+                    hot_share,
+                }
             }
         };
         Ok(KeySpace { lo, n, dist })
@@ -92,7 +103,10 @@ impl KeySpace {
     pub fn sample(&self, rng: &mut Rng, seq: &AtomicU64) -> u64 {
         match self.dist {
             Dist::Uniform => self.lo + rng.below(self.n),
-            Dist::Hot { hot_keys, hot_share } => {
+            Dist::Hot {
+                hot_keys,
+                hot_share,
+            } => {
                 if rng.next_u64() < hot_share {
                     self.lo + rng.below(hot_keys)
                 } else {
@@ -136,7 +150,10 @@ mod tests {
         let ks = KeySpace::new(0, 99_999, false, Some((80, 20))).unwrap();
         assert_eq!(
             ks.dist,
-            Dist::Hot { hot_keys: 20_000, hot_share: ((80u128 << 64) / 100) as u64 }
+            Dist::Hot {
+                hot_keys: 20_000,
+                hot_share: ((80u128 << 64) / 100) as u64
+            }
         );
         let mut rng = Rng::for_stream(7, 3);
         let seq = AtomicU64::new(0);
@@ -156,7 +173,10 @@ mod tests {
         assert!((0.79..0.81).contains(&hot_frac), "hot fraction {hot_frac}");
         // The cold 20% of requests spread evenly over the other 80,000 keys.
         let cold_frac = cold_top_half as f64 / n as f64;
-        assert!((0.095..0.105).contains(&cold_frac), "upper cold fraction {cold_frac}");
+        assert!(
+            (0.095..0.105).contains(&cold_frac),
+            "upper cold fraction {cold_frac}"
+        );
     }
 
     #[test]

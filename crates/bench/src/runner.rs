@@ -157,9 +157,9 @@ pub fn execute(plan: Plan) -> Result<(), String> {
     let total = rows.total.clone();
     let elapsed = match t.end {
         Some(e) if reason.is_none() && finished >= e => e - t.warmup_end,
-        _ => total
-            .last_completion
-            .map_or(Duration::ZERO, |l| l.saturating_duration_since(t.warmup_end)),
+        _ => total.last_completion.map_or(Duration::ZERO, |l| {
+            l.saturating_duration_since(t.warmup_end)
+        }),
     };
     let keys_used_up = matches!(
         plan.ops.first().map(|o| o.kind),
@@ -194,7 +194,10 @@ fn load_thread(
     ready: std_mpsc::Sender<Result<(), String>>,
     start: std_mpsc::Receiver<Option<Instant>>,
 ) {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             let _ = ready.send(Err(format!("cannot start a runtime: {e}")));
@@ -229,7 +232,11 @@ fn load_thread(
     local.block_on(&rt, async {
         for c in conns {
             let client = Client::new(c, Arc::clone(&shared), t, Rc::clone(&stats));
-            let (shared, running, all_done) = (Arc::clone(&shared), Rc::clone(&running), Rc::clone(&all_done));
+            let (shared, running, all_done) = (
+                Arc::clone(&shared),
+                Rc::clone(&running),
+                Rc::clone(&all_done),
+            );
             tokio::task::spawn_local(async move {
                 if let Err(e) = client.run().await {
                     shared.fail(e);
@@ -260,7 +267,8 @@ async fn ticker(
     let interval = shared.plan.interval;
     let mut seq: u64 = 0;
     loop {
-        let mut boundary = t.warmup_end + interval.saturating_mul(u32::try_from(seq + 1).unwrap_or(u32::MAX));
+        let mut boundary =
+            t.warmup_end + interval.saturating_mul(u32::try_from(seq + 1).unwrap_or(u32::MAX));
         let mut last = false;
         if let Some(e) = t.end {
             if boundary >= e {

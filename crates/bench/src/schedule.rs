@@ -98,7 +98,9 @@ mod tests {
         // The client was stuck until 35 ms: three requests are due, each
         // with its own schedule time, not "now".
         let now = t0 + Duration::from_millis(35);
-        let due: Vec<f64> = std::iter::from_fn(|| s.take_due(now)).map(|t| ms(t, t0).round()).collect();
+        let due: Vec<f64> = std::iter::from_fn(|| s.take_due(now))
+            .map(|t| ms(t, t0).round())
+            .collect();
         assert_eq!(due, [10.0, 20.0, 30.0]);
         assert_eq!(ms(s.next_at(), t0).round(), 40.0);
     }

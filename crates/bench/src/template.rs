@@ -179,7 +179,9 @@ fn compile_children(content: &[u8]) -> Result<Vec<Node>, String> {
     while !r.is_empty() {
         let before = r.remaining();
         let (t, c) = r.read_tlv().map_err(|e| e.to_string())?;
-        let whole = before.get(..before.len() - r.remaining().len()).unwrap_or_default();
+        let whole = before
+            .get(..before.len() - r.remaining().len())
+            .unwrap_or_default();
         let node = compile_element(t, c, whole)?;
         // Adjacent literal runs are merged so that encoding copies fewer pieces.
         match (out.last_mut(), node) {
@@ -328,7 +330,10 @@ mod tests {
     #[test]
     fn text_template_errors_name_the_problem() {
         let e = TextTemplate::parse("--filter", "(uid=%s)").unwrap_err();
-        assert!(e.contains("--filter") && e.contains("'%s'") && e.contains("offset 5"), "{e}");
+        assert!(
+            e.contains("--filter") && e.contains("'%s'") && e.contains("offset 5"),
+            "{e}"
+        );
         let e = TextTemplate::parse("--dn-template", "uid=%").unwrap_err();
         assert!(e.contains("lone '%'"), "{e}");
         let e = TextTemplate::parse("--filter", "(cn=\u{E000})").unwrap_err();
@@ -366,11 +371,20 @@ mod tests {
             (1, "0", "5", "uid=a,dc=x"),
             (127, "12", "", "cn=b"),
             (128, "99999", "123456", ""),
-            (70000, "1234567890123", "1", "uid=user.5,ou=People,dc=example,dc=com"),
+            (
+                70000,
+                "1234567890123",
+                "1",
+                "uid=user.5,ou=People,dc=example,dc=com",
+            ),
             (i32::MAX, "7", "77", &"x".repeat(300)),
         ] {
             out.clear();
-            t.encode(&mut out, id, &[key.as_bytes(), ctr.as_bytes(), dn.as_bytes()]);
+            t.encode(
+                &mut out,
+                id,
+                &[key.as_bytes(), ctr.as_bytes(), dn.as_bytes()],
+            );
             let want = LdapMessage {
                 id,
                 op: concrete(key, ctr, dn),
@@ -387,16 +401,28 @@ mod tests {
     fn search_template_matches_proto_encoding() {
         let k = KEY.to_string();
         check_same(
-            search(&format!("(&(objectClass=person)(uid=user.{k}))"), "ou=People,dc=example,dc=com"),
+            search(
+                &format!("(&(objectClass=person)(uid=user.{k}))"),
+                "ou=People,dc=example,dc=com",
+            ),
             |key, _, _| {
-                search(&format!("(&(objectClass=person)(uid=user.{key}))"), "ou=People,dc=example,dc=com")
+                search(
+                    &format!("(&(objectClass=person)(uid=user.{key}))"),
+                    "ou=People,dc=example,dc=com",
+                )
             },
         );
         // Key in the base DN (a base-scope read) and twice in a substring filter.
         check_same(
-            search(&format!("(cn=*{k}*{k})"), &format!("uid=user.{k},ou=People,dc=example,dc=com")),
+            search(
+                &format!("(cn=*{k}*{k})"),
+                &format!("uid=user.{k},ou=People,dc=example,dc=com"),
+            ),
             |key, _, _| {
-                search(&format!("(cn=*{key}*{key})"), &format!("uid=user.{key},ou=People,dc=example,dc=com"))
+                search(
+                    &format!("(cn=*{key}*{key})"),
+                    &format!("uid=user.{key},ou=People,dc=example,dc=com"),
+                )
             },
         );
         // No variable at all: the whole op is one literal.
@@ -439,7 +465,10 @@ mod tests {
             ProtocolOp::AddRequest(AddRequest {
                 dn: format!("uid=bench.{key},ou=People,dc=example,dc=com"),
                 attrs: vec![
-                    pa("objectClass", &["top", "person", "organizationalPerson", "inetOrgPerson"]),
+                    pa(
+                        "objectClass",
+                        &["top", "person", "organizationalPerson", "inetOrgPerson"],
+                    ),
                     pa("uid", &[&format!("bench.{key}")]),
                     pa("cn", &[&format!("Bench {key}")]),
                     pa("sn", &["Bench"]),
@@ -447,9 +476,10 @@ mod tests {
             })
         };
         check_same(add(&KEY.to_string()), |key, _, _| add(key));
-        check_same(ProtocolOp::DelRequest(format!("uid=bench.{KEY},dc=x")), |key, _, _| {
-            ProtocolOp::DelRequest(format!("uid=bench.{key},dc=x"))
-        });
+        check_same(
+            ProtocolOp::DelRequest(format!("uid=bench.{KEY},dc=x")),
+            |key, _, _| ProtocolOp::DelRequest(format!("uid=bench.{key},dc=x")),
+        );
     }
 
     #[test]

@@ -83,9 +83,8 @@ pub fn envelope(frame: &[u8]) -> Result<Envelope<'_>, String> {
             .read(tag::ENUMERATED)
             .and_then(decode_int)
             .map_err(|e| format!("malformed resultCode in response 0x{op:02x}: {e}"))?;
-        env.code = Some(
-            u32::try_from(code).map_err(|_| format!("resultCode {code} out of range"))?,
-        );
+        env.code =
+            Some(u32::try_from(code).map_err(|_| format!("resultCode {code} out of range"))?);
     } else if op == op_tag::SEARCH_RESULT_ENTRY {
         env.dn = c
             .read(tag::OCTET_STRING)
@@ -122,26 +121,49 @@ mod tests {
     };
 
     fn frame(id: i32, op: ProtocolOp) -> Vec<u8> {
-        LdapMessage { id, op, controls: vec![] }.to_bytes()
+        LdapMessage {
+            id,
+            op,
+            controls: vec![],
+        }
+        .to_bytes()
     }
 
     #[test]
     fn result_responses() {
-        let r = LdapResult::new(ResultCode::NO_SUCH_OBJECT, "no such entry").with_matched_dn("dc=x");
+        let r =
+            LdapResult::new(ResultCode::NO_SUCH_OBJECT, "no such entry").with_matched_dn("dc=x");
         for (op, tag) in [
-            (ProtocolOp::SearchResultDone(r.clone()), op_tag::SEARCH_RESULT_DONE),
-            (ProtocolOp::ModifyResponse(r.clone()), op_tag::MODIFY_RESPONSE),
+            (
+                ProtocolOp::SearchResultDone(r.clone()),
+                op_tag::SEARCH_RESULT_DONE,
+            ),
+            (
+                ProtocolOp::ModifyResponse(r.clone()),
+                op_tag::MODIFY_RESPONSE,
+            ),
             (ProtocolOp::AddResponse(r.clone()), op_tag::ADD_RESPONSE),
             (ProtocolOp::DelResponse(r.clone()), op_tag::DEL_RESPONSE),
             (
-                ProtocolOp::BindResponse(BindResponse { result: r.clone(), server_sasl_creds: None }),
+                ProtocolOp::BindResponse(BindResponse {
+                    result: r.clone(),
+                    server_sasl_creds: None,
+                }),
                 op_tag::BIND_RESPONSE,
             ),
         ] {
             for id in [1, 127, 128, 65_536, i32::MAX] {
                 let f = frame(id, op.clone());
                 let e = envelope(&f).unwrap();
-                assert_eq!(e, Envelope { msg_id: id, op: tag, code: Some(32), dn: b"" });
+                assert_eq!(
+                    e,
+                    Envelope {
+                        msg_id: id,
+                        op: tag,
+                        code: Some(32),
+                        dn: b""
+                    }
+                );
                 assert_eq!(diagnostic(&f), "no such entry");
             }
         }
@@ -156,15 +178,27 @@ mod tests {
             9,
             ProtocolOp::SearchResultEntry(SearchResultEntry {
                 dn: long_dn.clone(),
-                attrs: vec![PartialAttribute { name: "cn".into(), values: vec![b"x".to_vec(); 50] }],
+                attrs: vec![PartialAttribute {
+                    name: "cn".into(),
+                    values: vec![b"x".to_vec(); 50],
+                }],
             }),
         );
         let e = envelope(&f).unwrap();
-        assert_eq!((e.msg_id, e.op, e.code), (9, op_tag::SEARCH_RESULT_ENTRY, None));
+        assert_eq!(
+            (e.msg_id, e.op, e.code),
+            (9, op_tag::SEARCH_RESULT_ENTRY, None)
+        );
         assert_eq!(e.dn, long_dn.as_bytes());
-        let r = frame(9, ProtocolOp::SearchResultReference(vec!["ldap://x/".into()]));
+        let r = frame(
+            9,
+            ProtocolOp::SearchResultReference(vec!["ldap://x/".into()]),
+        );
         let e = envelope(&r).unwrap();
-        assert_eq!((e.op, e.code, e.dn), (op_tag::SEARCH_RESULT_REFERENCE, None, &b""[..]));
+        assert_eq!(
+            (e.op, e.code, e.dn),
+            (op_tag::SEARCH_RESULT_REFERENCE, None, &b""[..])
+        );
     }
 
     #[test]
@@ -178,17 +212,27 @@ mod tests {
             }),
         );
         let e = envelope(&f).unwrap();
-        assert_eq!((e.msg_id, e.op, e.code), (0, op_tag::EXTENDED_RESPONSE, Some(52)));
+        assert_eq!(
+            (e.msg_id, e.op, e.code),
+            (0, op_tag::EXTENDED_RESPONSE, Some(52))
+        );
         assert_eq!(diagnostic(&f), "shutting down");
     }
 
     #[test]
     fn hand_written_bytes_and_garbage() {
         // 30 0c 02 01 07 65 07 0a 01 31 04 00 04 00: SearchResultDone, id 7, code 49.
-        let f = [0x30, 0x0c, 0x02, 0x01, 0x07, 0x65, 0x07, 0x0a, 0x01, 0x31, 0x04, 0x00, 0x04, 0x00];
+        let f = [
+            0x30, 0x0c, 0x02, 0x01, 0x07, 0x65, 0x07, 0x0a, 0x01, 0x31, 0x04, 0x00, 0x04, 0x00,
+        ];
         assert_eq!(
             envelope(&f).unwrap(),
-            Envelope { msg_id: 7, op: 0x65, code: Some(49), dn: b"" }
+            Envelope {
+                msg_id: 7,
+                op: 0x65,
+                code: Some(49),
+                dn: b""
+            }
         );
         // Truncated, wrong outer tag, missing result code, negative ID.
         assert!(envelope(&f[..8]).is_err());

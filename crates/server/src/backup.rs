@@ -98,7 +98,7 @@ pub fn backup_store(store: &Store, dest: &Path) -> Result<BackupReport, String> 
             dest.display()
         ));
     }
-    private_dir(dest)?;
+    crate::datadir::private_dir(dest)?;
     let data = dest.join(DATA_FILE);
     let copy_started = Instant::now();
     store
@@ -203,7 +203,7 @@ pub fn restore(src: &Path, data_dir: &Path) -> Result<Manifest, String> {
     let staging = data_dir.join("db.restoring");
     let old = data_dir.join("db.replaced");
     let _ = std::fs::remove_dir_all(&staging);
-    private_dir(&staging)?;
+    crate::datadir::private_dir(&staging)?;
     let staged = staging.join(DATA_FILE);
     std::fs::copy(src.join(DATA_FILE), &staged)
         .map_err(|e| format!("copy to {} failed: {e}", staged.display()))?;
@@ -231,16 +231,4 @@ pub fn restore(src: &Path, data_dir: &Path) -> Result<Manifest, String> {
         .map_err(|e| format!("{}: {e}", data_dir.display()))?;
     let _ = std::fs::remove_dir_all(&old);
     Ok(m)
-}
-
-/// Create `dir` (and missing parents) with the last component 0700.
-fn private_dir(dir: &Path) -> Result<(), String> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| format!("{}: {e}", dir.display()))
 }

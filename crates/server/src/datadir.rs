@@ -141,6 +141,19 @@ pub fn resident_fraction(path: &Path) -> Option<f64> {
     Some(resident as f64 / pages as f64)
 }
 
+/// Create `dir` (and missing parents) and make it 0700: data, backups and
+/// generated keys are for the service account only.
+pub fn private_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("{}: {e}", dir.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

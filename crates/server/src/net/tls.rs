@@ -256,19 +256,12 @@ fn describe_leaf(der: &CertificateDer<'_>, file: &Path) {
 /// 0600 and the certificate 0644, each through a temporary file and a
 /// rename so a crash never leaves a half-written file in place.
 pub fn ensure_self_signed(cert_file: &Path, key_file: &Path) -> Result<bool, String> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     if cert_file.is_file() && key_file.is_file() {
         return Ok(false);
     }
     for f in [cert_file, key_file] {
         if let Some(dir) = f.parent() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-                .map_err(|e| format!("{}: {e}", dir.display()))?;
+            crate::datadir::private_dir(dir)?;
         }
     }
     let (cert_pem, key_pem) = generate_self_signed()

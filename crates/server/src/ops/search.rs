@@ -121,30 +121,34 @@ fn options_of(desc: &str) -> Vec<String> {
         .collect()
 }
 
+/// Call `f` with the attribute description of every item of a filter.
+fn for_each_filter_attr(filter: &Filter, f: &mut dyn FnMut(&str)) {
+    match filter {
+        Filter::And(v) | Filter::Or(v) => v.iter().for_each(|g| for_each_filter_attr(g, f)),
+        Filter::Not(g) => for_each_filter_attr(g, f),
+        Filter::Equality(a)
+        | Filter::GreaterOrEqual(a)
+        | Filter::LessOrEqual(a)
+        | Filter::Approx(a) => f(&a.attr),
+        Filter::Substrings(s) => f(&s.attr),
+        Filter::Present(a) => f(a),
+        Filter::Extensible(m) => {
+            if let Some(a) = &m.attr {
+                f(a)
+            }
+        }
+    }
+}
+
 /// Filter attributes that need computed values added before evaluation.
-fn computed_in_filter(f: &Filter, out: &mut Vec<&'static str>) {
-    let mut check = |attr: &str| {
+fn computed_in_filter(filter: &Filter, out: &mut Vec<&'static str>) {
+    for_each_filter_attr(filter, &mut |attr| {
         for c in COMPUTED {
             if attr.eq_ignore_ascii_case(c) && !out.contains(c) {
                 out.push(c);
             }
         }
-    };
-    match f {
-        Filter::And(v) | Filter::Or(v) => v.iter().for_each(|g| computed_in_filter(g, out)),
-        Filter::Not(g) => computed_in_filter(g, out),
-        Filter::Equality(a)
-        | Filter::GreaterOrEqual(a)
-        | Filter::LessOrEqual(a)
-        | Filter::Approx(a) => check(&a.attr),
-        Filter::Substrings(s) => check(&s.attr),
-        Filter::Present(a) => check(a),
-        Filter::Extensible(m) => {
-            if let Some(a) = &m.attr {
-                check(a)
-            }
-        }
-    }
+    });
 }
 
 fn uses_dn_attributes(f: &Filter) -> bool {
@@ -814,29 +818,14 @@ fn dn_pair(view: &View<'_>, mut id: EntryId) -> OpResult<(String, String)> {
 }
 
 /// Attribute types a filter tests, each once.
-fn types_in_filter<'s>(schema: &'s Schema, f: &Filter, out: &mut Vec<&'s AttributeType>) {
-    let mut add = |desc: &str| {
+fn types_in_filter<'s>(schema: &'s Schema, filter: &Filter, out: &mut Vec<&'s AttributeType>) {
+    for_each_filter_attr(filter, &mut |desc| {
         if let Ok((_, at)) = schema.canonical_desc(desc) {
             if !out.iter().any(|x| std::ptr::eq(*x, at)) {
                 out.push(at);
             }
         }
-    };
-    match f {
-        Filter::And(v) | Filter::Or(v) => v.iter().for_each(|g| types_in_filter(schema, g, out)),
-        Filter::Not(g) => types_in_filter(schema, g, out),
-        Filter::Equality(a)
-        | Filter::GreaterOrEqual(a)
-        | Filter::LessOrEqual(a)
-        | Filter::Approx(a) => add(&a.attr),
-        Filter::Substrings(s) => add(&s.attr),
-        Filter::Present(a) => add(a),
-        Filter::Extensible(m) => {
-            if let Some(a) = &m.attr {
-                add(a)
-            }
-        }
-    }
+    });
 }
 
 /// Search limits for one requester (0 = unlimited; unindexed: most
