@@ -4,6 +4,7 @@ and slow (slowloris) connections are held open."""
 
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -123,8 +124,10 @@ def test_switches_user_after_binding():
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(30)
-    assert rc == 0, (base / "stderr.log").read_text()
-    assert "switched to the configured user" in (base / "stderr.log").read_text()
+    log = (base / "stderr.log").read_text()
+    shutil.rmtree(base, ignore_errors=True)
+    assert rc == 0, log
+    assert "switched to the configured user" in log
 
 
 def test_unknown_user_is_a_config_error(tmp_path):
