@@ -389,16 +389,7 @@ impl Who {
             Settled::Depends => {
                 let mut groups = None;
                 self.subjects.iter().all(|s| match s {
-                    Subject::Group(dn) => {
-                        let Ok(Ok(Lookup::Found(gid))) = view.lookup(dn) else {
-                            return false;
-                        };
-                        groups
-                            .get_or_insert_with(|| {
-                                groups_containing(view, who.dn()).unwrap_or_default()
-                            })
-                            .contains(gid)
-                    }
+                    Subject::Group(dn) => in_group(view, who.dn(), dn, &mut groups),
                     _ => true,
                 })
             }
@@ -657,23 +648,24 @@ impl<'a> Access<'a> {
         if let Some(&m) = self.member_of.get(&idx) {
             return m;
         }
-        let m = self.lookup_member(view, group).unwrap_or(false);
+        let m = in_group(view, self.who.dn(), group, &mut self.groups_of_requester);
         self.member_of.insert(idx, m);
         m
     }
+}
 
-    fn lookup_member(&mut self, view: &View<'_>, group: &Dn) -> Option<bool> {
-        if self.who.is_anonymous() {
-            return Some(false);
-        }
-        let Ok(Ok(Lookup::Found(gid))) = view.lookup(group) else {
-            return Some(false);
-        };
-        if self.groups_of_requester.is_none() {
-            self.groups_of_requester = Some(groups_containing(view, self.who.dn())?);
-        }
-        Some(self.groups_of_requester.as_ref()?.contains(gid))
+/// Is `dn` (the requester; empty = anonymous) a member of `group`, directly
+/// or nested? `groups` keeps the requester's groups between calls.
+fn in_group(view: &View<'_>, dn: &str, group: &Dn, groups: &mut Option<RoaringTreemap>) -> bool {
+    if dn.is_empty() {
+        return false;
     }
+    let Ok(Ok(Lookup::Found(gid))) = view.lookup(group) else {
+        return false;
+    };
+    groups
+        .get_or_insert_with(|| groups_containing(view, dn).unwrap_or_default())
+        .contains(gid)
 }
 
 /// Every group whose member/uniqueMember holds `dn`, directly or through

@@ -18,7 +18,6 @@ pub mod privileges;
 pub mod state;
 pub mod throttle;
 
-use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -103,10 +102,6 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         None => {}
     }
     let data_dir = cfg.config.data_dir.clone();
-    std::fs::create_dir_all(&data_dir)
-        .map_err(|e| format!("cannot create data directory {}: {e}", data_dir.display()))?;
-    std::fs::set_permissions(&data_dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| format!("{}: {e}", data_dir.display()))?;
     let _lock = datadir::lock(&data_dir)?;
     // The generated certificate (`--tls-self-signed`) is made on the first
     // start and reused after; configured files are only read.

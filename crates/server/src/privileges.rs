@@ -80,21 +80,12 @@ fn lookup_group(group: &str) -> Result<u32, String> {
 /// Create the data directory (0700) if needed and, when running as root,
 /// give it to the service account, so the server can use it after the switch.
 pub fn prepare_data_dir(dir: &std::path::Path, owner: Option<Target>) -> Result<(), String> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| format!("cannot create data directory {}: {e}", dir.display()))?;
-    }
+    crate::datadir::private_dir(dir).map_err(|e| format!("data directory: {e}"))?;
     let Some(t) = owner else { return Ok(()) };
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         std::os::unix::fs::chown(dir, Some(t.uid), Some(t.gid))
             .map_err(|e| format!("cannot give {} to uid {}: {e}", dir.display(), t.uid))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     Ok(())
 }

@@ -103,10 +103,7 @@ async fn check_simple(
         let view = rtxn.view();
         match super::resolve(&view, dn) {
             Ok(id) => {
-                let entry = pando_model::Entry {
-                    dn: Dn { rdns: Vec::new() },
-                    attrs: view.attrs(id)?.unwrap_or_default(),
-                };
+                let entry = super::stored_entry(&view, id)?;
                 // Binding needs auth access to userPassword, judged for the
                 // not-yet-authenticated client over this session.
                 let anon = Identity::anonymous(session.clone());

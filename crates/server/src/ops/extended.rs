@@ -79,10 +79,7 @@ async fn passwd_modify(
         let view = rtxn.view();
         match super::resolve_for(server, &view, who, &target) {
             Ok(id) => {
-                let entry = pando_model::Entry {
-                    dn: pando_model::Dn { rdns: Vec::new() },
-                    attrs: view.attrs(id)?.unwrap_or_default(),
-                };
+                let entry = super::stored_entry(&view, id)?;
                 let pw = server.schema.attribute("userPassword");
                 super::require(server, &view, who, &norm, &entry, &[(pw, acl::WRITE)])?;
             }

@@ -117,10 +117,7 @@ pub fn resolve_norm_for(
         Lookup::Missing { matched: Some(m) } => {
             let mut access = Access::new(&server.acl, who);
             let shown = access.unrestricted() || {
-                let entry = Entry {
-                    dn: Dn { rdns: Vec::new() },
-                    attrs: view.attrs(m)?.unwrap_or_default(),
-                };
+                let entry = stored_entry(view, m)?;
                 let norm = norm_dn_of(view, m)?;
                 let rules = access.entry(&server.schema, &norm, &entry);
                 visible(&mut access, view, &rules, &norm)
@@ -130,15 +127,36 @@ pub fn resolve_norm_for(
     }
 }
 
-/// The normalised DN of a stored entry (normalised RDNs joined by commas).
-pub fn norm_dn_of(view: &View<'_>, mut id: EntryId) -> OpResult<String> {
-    let mut parts = Vec::new();
-    while let Some(p) = view.placement(id)? {
-        parts.push(p.norm_rdn);
+/// A stored entry's attributes as an [`Entry`] for access checks (which
+/// take the DN separately, normalised).
+pub fn stored_entry(view: &View<'_>, id: EntryId) -> OpResult<Entry> {
+    Ok(Entry {
+        dn: Dn { rdns: Vec::new() },
+        attrs: view.attrs(id)?.unwrap_or_default(),
+    })
+}
+
+/// The DN of `id` as stored and normalised, from one walk up the tree.
+pub fn dn_pair(view: &View<'_>, mut id: EntryId) -> OpResult<(String, String)> {
+    let (mut dn, mut norm) = (String::new(), String::new());
+    // Bounded like View::dn_string: a corrupt parent cycle must not spin.
+    for _ in 0..1024 {
+        let Some(p) = view.placement(id)? else { break };
+        if !dn.is_empty() {
+            dn.push(',');
+            norm.push(',');
+        }
+        dn.push_str(&p.rdn);
+        norm.push_str(&p.norm_rdn);
         if p.parent == 0 {
             break;
         }
         id = p.parent;
     }
-    Ok(parts.join(","))
+    Ok((dn, norm))
+}
+
+/// The normalised DN of a stored entry (normalised RDNs joined by commas).
+pub fn norm_dn_of(view: &View<'_>, id: EntryId) -> OpResult<String> {
+    Ok(dn_pair(view, id)?.1)
 }

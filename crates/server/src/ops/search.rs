@@ -784,7 +784,7 @@ fn dn_of(
     let (parent_dn, parent_norm) = match cache.get(&p.parent) {
         Some(d) => d,
         None => {
-            let d = dn_pair(view, p.parent)?;
+            let d = super::dn_pair(view, p.parent)?;
             if cache.len() > 10_000 {
                 cache.clear();
             }
@@ -795,26 +795,6 @@ fn dn_of(
         format!("{},{}", p.rdn, parent_dn),
         format!("{},{}", p.norm_rdn, parent_norm),
     ))
-}
-
-/// The DN of `id` as stored and normalised, from one walk up the tree.
-fn dn_pair(view: &View<'_>, mut id: EntryId) -> OpResult<(String, String)> {
-    let (mut dn, mut norm) = (String::new(), String::new());
-    // Bounded like View::dn_string: a corrupt parent cycle must not spin.
-    for _ in 0..1024 {
-        let Some(p) = view.placement(id)? else { break };
-        if !dn.is_empty() {
-            dn.push(',');
-            norm.push(',');
-        }
-        dn.push_str(&p.rdn);
-        norm.push_str(&p.norm_rdn);
-        if p.parent == 0 {
-            break;
-        }
-        id = p.parent;
-    }
-    Ok((dn, norm))
 }
 
 /// Attribute types a filter tests, each once.

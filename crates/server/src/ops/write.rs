@@ -227,10 +227,7 @@ pub async fn delete(server: &Arc<Server>, who: &Identity, dn_text: String) -> Op
             let dn = &dn2;
             let view = w.view();
             let id = super::resolve_for(server, &view, who, dn)?;
-            let entry = Entry {
-                dn: Dn { rdns: Vec::new() },
-                attrs: view.attrs(id)?.unwrap_or_default(),
-            };
+            let entry = super::stored_entry(&view, id)?;
             super::require(server, &view, who, &norm, &entry, &[(None, acl::DELETE)])?;
             if view.has_children(id)? {
                 return Err(LdapError::new(
@@ -586,10 +583,7 @@ pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnReques
                 .normalize_rdn(&new_rdn)
                 .map_err(|e| LdapError::invalid_dn(format!("invalid new RDN: {e}")))?;
             let new_rdns = super::norm_rdns(&view, &new_dn)?;
-            let current = Entry {
-                dn: Dn { rdns: Vec::new() },
-                attrs: view.attrs(id)?.unwrap_or_default(),
-            };
+            let current = super::stored_entry(&view, id)?;
             // Moving is deleting here and adding there.
             super::require(server, &view, who, &norm, &current, &[(None, acl::DELETE)])?;
             super::require(
