@@ -210,6 +210,17 @@ impl<R: BufRead> LdifReader<R> {
         }
     }
 
+    /// A reader for a piece of a larger input: the piece starts after line
+    /// `lines_before` (so errors name lines of the whole input) and not at
+    /// the input's start (a `version:` line there is not accepted). The
+    /// piece must begin at a record boundary.
+    pub fn continuing(reader: R, options: ReaderOptions, lines_before: u64) -> Self {
+        let mut r = LdifReader::new(reader, options);
+        r.line_no = lines_before;
+        r.at_start = false;
+        r
+    }
+
     /// Number of physical lines read so far.
     pub fn line_number(&self) -> u64 {
         self.line_no

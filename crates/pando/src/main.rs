@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+mod progress;
 mod stat;
 
 use clap::{Parser, Subcommand};
@@ -80,8 +81,18 @@ struct ImportArgs {
     #[arg(long)]
     rejects: Option<PathBuf>,
     /// Entries per write transaction.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 20_000)]
     batch: usize,
+    /// Memory for index keys (e.g. 256M, 2G); beyond it keys are spilled to
+    /// sorted runs in the data directory and merged once at the end.
+    #[arg(long, default_value = "512M", value_parser = progress::parse_size)]
+    memory: usize,
+    /// Threads parsing and checking entries (default: one per CPU).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Let `attr:< file://…` lines read local files.
+    #[arg(long)]
+    allow_file_urls: bool,
 }
 
 #[derive(clap::Args)]
@@ -295,6 +306,11 @@ fn resolve(args: &StoreArgs) -> Result<(pando_server::config::Resolved, Arc<Sche
     Ok((resolved, schema))
 }
 
+fn entry_count(store: &pando_store::Store) -> Result<u64, String> {
+    let r = store.read().map_err(|e| e.to_string())?;
+    r.view().entry_count().map_err(|e| e.to_string())
+}
+
 fn verify(args: VerifyArgs) -> Result<ExitCode, String> {
     let (resolved, schema) = resolve(&args.store)?;
     let data_dir = &resolved.config.data_dir;
@@ -306,7 +322,12 @@ fn verify(args: VerifyArgs) -> Result<ExitCode, String> {
         let store = pando_store::Store::open(&dir, schema, &opts)
             .map_err(|e| format!("{}: {e}", dir.display()))?;
         let started = std::time::Instant::now();
-        let n = store.rebuild_indexes(&[]).map_err(|e| e.to_string())?;
+        let total = entry_count(&store)?;
+        let mut reporter = progress::Reporter::new(None);
+        let n = store
+            .rebuild_indexes(&[], &mut |done| reporter.entries(done, total))
+            .map_err(|e| e.to_string())?;
+        reporter.finish();
         println!(
             "rebuilt every index from {n} entries in {:.2} s",
             started.elapsed().as_secs_f64()
@@ -428,7 +449,7 @@ fn gen(args: GenArgs) -> Result<ExitCode, String> {
 }
 
 fn import(args: ImportArgs) -> Result<ExitCode, String> {
-    use std::io::{BufRead, Write};
+    use std::io::Write;
     let (resolved, schema) = resolve(&args.store)?;
     let data_dir = resolved.config.data_dir.clone();
     std::fs::create_dir_all(&data_dir)
@@ -443,23 +464,15 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
     )
     .map_err(|e| format!("{}: {e}", dir.display()))?;
     pando_server::bulk::check_complete(&store)?;
-    let (input, origin): (Box<dyn BufRead>, String) = match &args.file {
-        None => (
-            Box::new(std::io::BufReader::with_capacity(1 << 20, std::io::stdin())),
-            "<stdin>".into(),
-        ),
-        Some(p) if p.as_os_str() == "-" => (
-            Box::new(std::io::BufReader::with_capacity(1 << 20, std::io::stdin())),
-            "<stdin>".into(),
-        ),
-        Some(p) => {
-            let f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            (
-                Box::new(std::io::BufReader::with_capacity(1 << 20, f)),
-                p.display().to_string(),
-            )
-        }
-    };
+    let (input, origin, size): (Box<dyn std::io::Read + Send>, String, Option<u64>) =
+        match &args.file {
+            Some(p) if p.as_os_str() != "-" => {
+                let f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+                let size = f.metadata().ok().map(|m| m.len()).filter(|&n| n > 0);
+                (Box::new(f), p.display().to_string(), size)
+            }
+            _ => (Box::new(std::io::stdin()), "<stdin>".into(), None),
+        };
     let rejects_path = args.rejects.clone().unwrap_or_else(|| match &args.file {
         Some(p) if p.as_os_str() != "-" => PathBuf::from(format!("{}.rejects", p.display())),
         _ => PathBuf::from("import.rejects"),
@@ -483,20 +496,15 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
             );
         }
     };
-    let started = std::time::Instant::now();
-    let mut last = (started, 0u64);
-    let mut on_progress = |n: u64, bytes: u64| {
-        let now = std::time::Instant::now();
-        if now.duration_since(last.0).as_secs_f64() >= 2.0 {
-            let avg = n as f64 / now.duration_since(started).as_secs_f64();
-            let recent = (n - last.1) as f64 / now.duration_since(last.0).as_secs_f64();
-            eprintln!("Processed {n} entries ({} MiB read) -- average rate {avg:.0}/sec, recent rate {recent:.0}/sec", bytes >> 20);
-            last = (now, n);
-        }
-    };
+    let mut reporter = progress::Reporter::new(size);
+    let mut on_progress = |p| reporter.update(p);
+    let defaults = pando_server::bulk::ImportOptions::default();
     let opts = pando_server::bulk::ImportOptions {
         continue_on_error: args.continue_on_error,
-        batch: args.batch.max(1),
+        commit_every: args.batch.max(1),
+        memory: args.memory,
+        threads: args.threads.unwrap_or(defaults.threads).max(1),
+        allow_file_urls: args.allow_file_urls,
         // Entries imported without creatorsName are credited to the root DN,
         // or with none configured to the local administrator's ldapi identity.
         creator: match &resolved.root_dn {
@@ -523,21 +531,33 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
         &mut on_reject,
         &mut on_progress,
     );
-    let size = store.disk_size();
+    reporter.finish();
+    let store_size = store.disk_size();
     store.close();
     if let Some(e) = reject_err {
         return Err(e);
     }
     let report = result.map_err(|e| format!("{e}\nimport stopped: the store is marked incomplete and will not be served; import again into an empty data directory"))?;
+    if let Some(f) = rejects_file.as_mut() {
+        f.flush()
+            .map_err(|e| format!("{}: {e}", rejects_path.display()))?;
+    }
     eprintln!(
-        "imported {} entries ({} rejected{}) in {:.1} s, {:.0} entries/s; {} MiB read; store {} MiB",
+        "imported {} entries ({} rejected{}) in {:.1} s, {:.0} entries/s; {} MiB read ({}); {} index keys{}; store {} MiB{}",
         report.entries,
         report.rejected,
         if report.rejected > 0 { format!(", see {}", rejects_path.display()) } else { String::new() },
         report.secs,
         report.entries as f64 / report.secs.max(1e-9),
         report.bytes_read >> 20,
-        size >> 20
+        report.input_format,
+        report.index_keys,
+        if report.spilled_runs > 0 { format!(" sorted in {} runs spilled to disk", report.spilled_runs) } else { String::new() },
+        store_size >> 20,
+        match report.dictionary {
+            Some(id) => format!(", entries compressed with dictionary {id}"),
+            None => String::new(),
+        }
     );
     Ok(if report.rejected > 0 {
         ExitCode::from(2)
@@ -629,7 +649,12 @@ fn index_rebuild(args: StoreArgs, attrs: Vec<String>) -> Result<ExitCode, String
         })
         .collect();
     let started = std::time::Instant::now();
-    let n = store.rebuild_indexes(&names).map_err(|e| e.to_string())?;
+    let total = entry_count(&store)?;
+    let mut reporter = progress::Reporter::new(None);
+    let n = store
+        .rebuild_indexes(&names, &mut |done| reporter.entries(done, total))
+        .map_err(|e| e.to_string())?;
+    reporter.finish();
     store.close();
     eprintln!(
         "rebuilt {} from {n} entries in {:.1} s",

@@ -516,6 +516,11 @@ pub struct StoreConfig {
     pub batched_max_ms: u64,
     /// Read the database file into the page cache in the background on start.
     pub warm_start: bool,
+    /// `zstd` (entries compressed, with a dictionary trained by `pando
+    /// import`) or `off`. Entries already stored stay readable either way.
+    pub compression: String,
+    /// zstd level, 1 (fastest) to 19.
+    pub compression_level: i32,
 }
 
 impl Default for StoreConfig {
@@ -527,11 +532,31 @@ impl Default for StoreConfig {
             batched_max_writes: 1000,
             batched_max_ms: 1000,
             warm_start: true,
+            compression: "zstd".into(),
+            compression_level: pando_store::DEFAULT_COMPRESSION_LEVEL,
         }
     }
 }
 
 impl StoreConfig {
+    /// The zstd level for new entries, None when compression is off.
+    pub fn compression(&self) -> Result<Option<i32>, ConfigError> {
+        match self.compression.as_str() {
+            "off" => Ok(None),
+            "zstd" if (1..=19).contains(&self.compression_level) => {
+                Ok(Some(self.compression_level))
+            }
+            "zstd" => Err(err(
+                "store.compression_level",
+                format!("{} is outside 1..=19", self.compression_level),
+            )),
+            other => Err(err(
+                "store.compression",
+                format!("'{other}' is not one of zstd, off"),
+            )),
+        }
+    }
+
     pub fn durability(&self) -> Result<Durability, ConfigError> {
         match self.durability.as_str() {
             "durable" => Ok(Durability::Durable),
@@ -942,6 +967,7 @@ impl Config {
             ));
         }
         self.store.durability()?;
+        self.store.compression()?;
         if self.store.max_write_batch == 0 {
             return Err(err("store.max_write_batch", "must be at least 1"));
         }

@@ -61,6 +61,9 @@ pub fn store_options(cfg: &Resolved) -> StoreOptions {
         max_batch: st.max_write_batch,
         // Validated with the rest of the configuration.
         durability: st.durability().unwrap_or(pando_store::Durability::Durable),
+        compression: st
+            .compression()
+            .unwrap_or(Some(pando_store::DEFAULT_COMPRESSION_LEVEL)),
     }
 }
 

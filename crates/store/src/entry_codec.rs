@@ -1,32 +1,282 @@
-//! The stored form of an entry in `id2entry`.
+//! The stored form of an entry in `id2entry`, plain or zstd-compressed.
 //!
 //! ```text
+//! format 1 (plain)
 //! offset  size  field
-//! 0       1     format version (ENTRY_FORMAT = 1)
+//! 0       1     format (1)
 //! 1       4     CRC-32 (IEEE) of every byte after this field, little-endian
-//! 5       var   attribute count (LEB128)
-//!         per attribute:
-//!           var   description length (LEB128), then the canonical description bytes
-//!           var   value count (LEB128)
-//!           per value: var length (LEB128), then the value bytes
+//! 5       var   body:
+//!                 attribute count (LEB128)
+//!                 per attribute:
+//!                   var   description length (LEB128), then the canonical description bytes
+//!                   var   value count (LEB128)
+//!                   per value: var length (LEB128), then the value bytes
+//!
+//! format 2 (compressed)
+//! 0       1     format (2)
+//! 1       4     CRC-32 (IEEE) of every byte after this field, little-endian
+//! 5       var   dictionary ID (LEB128; 0 = compressed without a dictionary)
+//!         var   length of the body once decompressed (LEB128)
+//!         rest  one zstd frame holding the format-1 body
 //! ```
 //!
 //! The DN is not stored here: it is derived from `id2parent` so that renaming
 //! or moving a subtree rewrites one record, not every descendant. The checksum
-//! lets reads and `pando verify` detect corruption end to end.
+//! lets reads and `pando verify` detect corruption end to end without
+//! decompressing.
+//!
+//! Dictionaries are trained from a sample of the entries (by `pando import`)
+//! and kept in `meta` under `zstd_dict:<id>`; `zstd_dict_current` names the
+//! one new entries use. Each compressed entry names its dictionary, so a
+//! dictionary can be retrained later and old entries still read; nothing is
+//! ever rewritten to change dictionaries.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 
 use pando_model::{Attribute, Dn, Entry};
+use zstd::zstd_safe::{self, CCtx, CDict, CParameter, DCtx, DDict};
 
 use crate::StoreError;
 
 pub const ENTRY_FORMAT: u8 = 1;
+pub const ENTRY_FORMAT_ZSTD: u8 = 2;
 const HEADER: usize = 5;
+/// Bodies are never this large (a PDU is capped far below); a stored length
+/// above it means corruption, not a reason to allocate.
+const MAX_BODY: u64 = 1 << 30;
+/// Below this a body is stored plain when no dictionary is in use:
+/// zstd's frame overhead eats the gain.
+const MIN_PLAIN_COMPRESS: usize = 256;
 
-/// Append the stored form of `attrs` to `out` (which is cleared first).
-pub fn encode(attrs: &[Attribute], out: &mut Vec<u8>) {
+/// Meta key of dictionary `id`.
+pub fn dict_meta_key(id: u32) -> String {
+    format!("zstd_dict:{id}")
+}
+/// Meta key naming the dictionary new entries are compressed with.
+pub const META_DICT_CURRENT: &str = "zstd_dict_current";
+
+/// A trained dictionary, prepared for both directions.
+pub struct Dict {
+    pub id: u32,
+    pub bytes: Vec<u8>,
+    cdict: CDict<'static>,
+    ddict: DDict<'static>,
+}
+
+impl Dict {
+    pub fn new(id: u32, bytes: Vec<u8>, level: i32) -> Dict {
+        let cdict = CDict::create(&bytes, level);
+        let ddict = DDict::create(&bytes);
+        Dict {
+            id,
+            bytes,
+            cdict,
+            ddict,
+        }
+    }
+}
+
+/// How entries are written and read: compression setting and the
+/// dictionaries known to the store.
+pub struct Codec {
+    /// zstd level for new entries; None stores them plain.
+    level: Option<i32>,
+    dicts: RwLock<HashMap<u32, Arc<Dict>>>,
+    current: RwLock<Option<Arc<Dict>>>,
+}
+
+thread_local! {
+    static CCTX: RefCell<CCtx<'static>> = RefCell::new(frame_cctx());
+    static DCTX: RefCell<DCtx<'static>> = RefCell::new(DCtx::create());
+}
+
+/// A compression context whose frames carry neither the content size nor
+/// the dictionary ID (the entry header holds both) nor a checksum (CRC-32
+/// covers the record).
+fn frame_cctx() -> CCtx<'static> {
+    let mut c = CCtx::create();
+    let _ = c.set_parameter(CParameter::ContentSizeFlag(false));
+    let _ = c.set_parameter(CParameter::DictIdFlag(false));
+    let _ = c.set_parameter(CParameter::ChecksumFlag(false));
+    c
+}
+
+impl Codec {
+    /// `level`: None = store entries plain.
+    pub fn new(level: Option<i32>) -> Codec {
+        Codec {
+            level,
+            dicts: RwLock::new(HashMap::new()),
+            current: RwLock::new(None),
+        }
+    }
+
+    pub fn level(&self) -> Option<i32> {
+        self.level
+    }
+
+    /// Make dictionary `id` (bytes as kept in meta) readable; `current`
+    /// also makes it the one new entries use.
+    pub fn add_dict(&self, id: u32, bytes: Vec<u8>, current: bool) -> Arc<Dict> {
+        let d = Arc::new(Dict::new(id, bytes, self.level.unwrap_or(3)));
+        self.dicts
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, d.clone());
+        if current {
+            *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(d.clone());
+        }
+        d
+    }
+
+    pub fn current_dict(&self) -> Option<Arc<Dict>> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Highest dictionary ID known (0 when none).
+    pub fn max_dict_id(&self) -> u32 {
+        let d = self.dicts.read().unwrap_or_else(|e| e.into_inner());
+        d.keys().copied().max().unwrap_or(0)
+    }
+
+    /// The stored form of `attrs` into `out` (cleared first), compressed
+    /// with the current dictionary when compression is on.
+    pub fn encode(&self, attrs: &[Attribute], out: &mut Vec<u8>) {
+        let dict = self.current_dict();
+        self.encode_with(attrs, dict.as_deref(), out)
+    }
+
+    /// Like [`Codec::encode`] with an explicit dictionary (None: none).
+    pub fn encode_with(&self, attrs: &[Attribute], dict: Option<&Dict>, out: &mut Vec<u8>) {
+        let Some(level) = self.level else {
+            return encode_plain(attrs, out);
+        };
+        let mut body = Vec::with_capacity(512);
+        encode_body(attrs, &mut body);
+        if dict.is_none() && body.len() < MIN_PLAIN_COMPRESS {
+            return encode_plain(attrs, out);
+        }
+        out.clear();
+        out.push(ENTRY_FORMAT_ZSTD);
+        out.extend_from_slice(&[0; 4]);
+        put_varint(out, dict.map_or(0, |d| d.id) as u64);
+        put_varint(out, body.len() as u64);
+        let start = out.len();
+        out.reserve(zstd_safe::compress_bound(body.len()));
+        let ok = CCTX.with(|c| {
+            let mut c = c.borrow_mut();
+            let r = match dict {
+                Some(d) => c.ref_cdict(&d.cdict),
+                None => c
+                    .load_dictionary(&[])
+                    .and_then(|_| c.set_parameter(CParameter::CompressionLevel(level))),
+            };
+            // The frame goes after the header already in `out`.
+            let mut at = std::io::Cursor::new(&mut *out);
+            at.set_position(start as u64);
+            r.is_ok() && c.compress2(&mut at, &body).is_ok()
+        });
+        // Compression cannot fail with a bound-sized buffer; should it, or
+        // should it not pay, the entry is stored plain.
+        if !ok || out.len() - start >= body.len() {
+            out.clear();
+            out.push(ENTRY_FORMAT);
+            out.extend_from_slice(&[0; 4]);
+            out.extend_from_slice(&body);
+        }
+        let crc = crc32fast::hash(&out[HEADER..]);
+        out[1..HEADER].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Decode a stored entry; `dn` comes from `id2parent`.
+    pub fn decode(&self, id: u64, dn: Dn, bytes: &[u8]) -> Result<Entry, StoreError> {
+        let corrupt = |why: &str| StoreError::Corrupt(format!("id2entry record {id}: {why}"));
+        if bytes.len() < HEADER {
+            return Err(corrupt("shorter than its header"));
+        }
+        let stored_crc = u32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+        if crc32fast::hash(&bytes[HEADER..]) != stored_crc {
+            return Err(corrupt("checksum mismatch"));
+        }
+        match bytes[0] {
+            ENTRY_FORMAT => decode_body(id, dn, &bytes[HEADER..]),
+            ENTRY_FORMAT_ZSTD => {
+                let mut r = Reader {
+                    buf: &bytes[HEADER..],
+                };
+                let dict_id = r
+                    .varint()
+                    .ok_or_else(|| corrupt("truncated dictionary ID"))?;
+                let len = r.varint().ok_or_else(|| corrupt("truncated body length"))?;
+                if len > MAX_BODY {
+                    return Err(corrupt("implausible body length"));
+                }
+                let mut body = Vec::with_capacity(len as usize);
+                let dict = match dict_id {
+                    0 => None,
+                    n => {
+                        let d = self.dicts.read().unwrap_or_else(|e| e.into_inner());
+                        Some(d.get(&(n as u32)).cloned().ok_or_else(|| {
+                            corrupt(&format!(
+                                "compressed with dictionary {n}, which the store does not hold"
+                            ))
+                        })?)
+                    }
+                };
+                let res = DCTX.with(|c| {
+                    let mut c = c.borrow_mut();
+                    match &dict {
+                        Some(d) => c.decompress_using_ddict(&mut body, r.buf, &d.ddict),
+                        None => c.decompress(&mut body, r.buf),
+                    }
+                });
+                match res {
+                    Ok(n) if n as u64 == len => decode_body(id, dn, &body),
+                    Ok(_) => Err(corrupt("decompressed length differs from the stored one")),
+                    Err(code) => Err(corrupt(&format!(
+                        "zstd: {}",
+                        zstd_safe::get_error_name(code)
+                    ))),
+                }
+            }
+            f => Err(corrupt(&format!("unknown entry format {f}"))),
+        }
+    }
+}
+
+/// Train a dictionary of at most `max_size` bytes from sample bodies
+/// (the encoded, uncompressed entries). None when the samples are too few
+/// or too alike for zstd to build one.
+pub fn train(samples: &[Vec<u8>], max_size: usize) -> Option<Vec<u8>> {
+    if samples.len() < 8 {
+        return None;
+    }
+    zstd::dict::from_samples(samples, max_size).ok()
+}
+
+/// The plain body of `attrs` (what a dictionary is trained on).
+pub fn body_of(attrs: &[Attribute]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(512);
+    encode_body(attrs, &mut b);
+    b
+}
+
+/// Format 1 of `attrs` into `out` (cleared first).
+pub fn encode_plain(attrs: &[Attribute], out: &mut Vec<u8>) {
     out.clear();
     out.push(ENTRY_FORMAT);
     out.extend_from_slice(&[0; 4]);
+    encode_body(attrs, out);
+    let crc = crc32fast::hash(&out[HEADER..]);
+    out[1..HEADER].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn encode_body(attrs: &[Attribute], out: &mut Vec<u8>) {
     put_varint(out, attrs.len() as u64);
     for a in attrs {
         put_varint(out, a.desc.len() as u64);
@@ -37,26 +287,11 @@ pub fn encode(attrs: &[Attribute], out: &mut Vec<u8>) {
             out.extend_from_slice(v);
         }
     }
-    let crc = crc32fast::hash(&out[HEADER..]);
-    out[1..HEADER].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// Decode a stored entry; `dn` comes from `id2parent`.
-pub fn decode(id: u64, dn: Dn, bytes: &[u8]) -> Result<Entry, StoreError> {
+fn decode_body(id: u64, dn: Dn, body: &[u8]) -> Result<Entry, StoreError> {
     let corrupt = |why: &str| StoreError::Corrupt(format!("id2entry record {id}: {why}"));
-    if bytes.len() < HEADER {
-        return Err(corrupt("shorter than its header"));
-    }
-    if bytes[0] != ENTRY_FORMAT {
-        return Err(corrupt(&format!("unknown entry format {}", bytes[0])));
-    }
-    let stored_crc = u32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
-    if crc32fast::hash(&bytes[HEADER..]) != stored_crc {
-        return Err(corrupt("checksum mismatch"));
-    }
-    let mut r = Reader {
-        buf: &bytes[HEADER..],
-    };
+    let mut r = Reader { buf: body };
     let count = r
         .varint()
         .ok_or_else(|| corrupt("truncated attribute count"))?;
@@ -125,7 +360,7 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
 
-    fn sample() -> Vec<Attribute> {
+    fn sample(n: usize) -> Vec<Attribute> {
         vec![
             Attribute {
                 desc: "objectClass".into(),
@@ -133,39 +368,92 @@ mod tests {
             },
             Attribute {
                 desc: "cn".into(),
-                values: vec![vec![0xff; 300]],
+                values: vec![format!("Person Number {n}").into_bytes(), vec![0xff; 300]],
+            },
+            Attribute {
+                desc: "description".into(),
+                values: vec![format!("This is the description for person {n}.").into_bytes()],
             },
         ]
     }
 
+    fn none() -> Dn {
+        Dn { rdns: vec![] }
+    }
+
+    /// Every way an entry can be stored: plain, zstd without and with a
+    /// dictionary.
+    fn codecs() -> Vec<(Codec, &'static str)> {
+        let plain = Codec::new(None);
+        let nodict = Codec::new(Some(3));
+        let dict = Codec::new(Some(3));
+        let samples: Vec<Vec<u8>> = (0..500).map(|i| body_of(&sample(i))).collect();
+        let trained = train(&samples, 4096).expect("trainable");
+        dict.add_dict(1, trained, true);
+        vec![(plain, "plain"), (nodict, "zstd"), (dict, "zstd+dict")]
+    }
+
     #[test]
     fn round_trip() {
+        for (c, name) in codecs() {
+            let mut buf = Vec::new();
+            c.encode(&sample(7), &mut buf);
+            let e = c.decode(7, none(), &buf).unwrap();
+            assert_eq!(e.attrs, sample(7), "{name}");
+            let format = if name == "plain" {
+                ENTRY_FORMAT
+            } else {
+                ENTRY_FORMAT_ZSTD
+            };
+            assert_eq!(buf[0], format, "{name}");
+        }
+    }
+
+    #[test]
+    fn dictionary_shrinks_entries() {
+        let cs = codecs();
+        let size = |c: &Codec| {
+            let mut buf = Vec::new();
+            c.encode(&sample(12345), &mut buf);
+            buf.len()
+        };
+        let (plain, nodict, dict) = (size(&cs[0].0), size(&cs[1].0), size(&cs[2].0));
+        assert!(dict < nodict && nodict < plain, "{plain} {nodict} {dict}");
+    }
+
+    #[test]
+    fn unknown_dictionary_is_corruption_not_a_panic() {
+        let cs = codecs();
         let mut buf = Vec::new();
-        encode(&sample(), &mut buf);
-        let e = decode(7, Dn { rdns: vec![] }, &buf).unwrap();
-        assert_eq!(e.attrs, sample());
+        cs[2].0.encode(&sample(1), &mut buf);
+        let err = Codec::new(Some(3)).decode(1, none(), &buf).unwrap_err();
+        assert!(err.to_string().contains("dictionary 1"), "{err}");
     }
 
     #[test]
     fn flipped_byte_is_detected() {
-        let mut buf = Vec::new();
-        encode(&sample(), &mut buf);
-        for i in 0..buf.len() {
-            let mut copy = buf.clone();
-            copy[i] ^= 0x10;
-            assert!(
-                decode(1, Dn { rdns: vec![] }, &copy).is_err(),
-                "flip at {i} undetected"
-            );
+        for (c, name) in codecs() {
+            let mut buf = Vec::new();
+            c.encode(&sample(3), &mut buf);
+            for i in 0..buf.len() {
+                let mut copy = buf.clone();
+                copy[i] ^= 0x10;
+                assert!(
+                    c.decode(1, none(), &copy).is_err(),
+                    "{name}: flip at {i} undetected"
+                );
+            }
         }
     }
 
     #[test]
     fn truncation_is_detected() {
-        let mut buf = Vec::new();
-        encode(&sample(), &mut buf);
-        for len in 0..buf.len() {
-            assert!(decode(1, Dn { rdns: vec![] }, &buf[..len]).is_err());
+        for (c, name) in codecs() {
+            let mut buf = Vec::new();
+            c.encode(&sample(3), &mut buf);
+            for len in 0..buf.len() {
+                assert!(c.decode(1, none(), &buf[..len]).is_err(), "{name} {len}");
+            }
         }
     }
 }

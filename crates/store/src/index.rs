@@ -20,6 +20,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use pando_model::{AttributeType, Schema};
+use roaring::RoaringTreemap;
 
 /// Longer keys are cut here: LMDB's key limit is 511 bytes, and a cut key
 /// only merges postings of values sharing a long prefix.
@@ -104,6 +105,33 @@ pub fn grams_of(part: &[u8], out: &mut BTreeSet<Vec<u8>>) {
     }
 }
 
+/// The stored form of a posting list: an entry ID alone (8 bytes, big
+/// endian) when the list has one ID, as for a unique attribute, otherwise a
+/// serialised RoaringTreemap (never 8 bytes long: its header alone is 8
+/// and a non-empty map adds more). Empty lists are not stored.
+pub fn encode_posting(set: &RoaringTreemap, out: &mut Vec<u8>) {
+    out.clear();
+    if set.len() == 1 {
+        if let Some(id) = set.min() {
+            out.extend_from_slice(&id.to_be_bytes());
+            return;
+        }
+    }
+    out.reserve(set.serialized_size());
+    // Writing into a Vec cannot fail.
+    let _ = set.serialize_into(&mut *out);
+}
+
+/// Read a posting list written by [`encode_posting`].
+pub fn decode_posting(v: &[u8]) -> Result<RoaringTreemap, String> {
+    if let Ok(one) = <[u8; 8]>::try_from(v) {
+        let mut set = RoaringTreemap::new();
+        set.insert(u64::from_be_bytes(one));
+        return Ok(set);
+    }
+    RoaringTreemap::deserialize_from(v).map_err(|e| format!("index posting: {e}"))
+}
+
 /// The key to look up for an assertion value (unlike [`keys_for`], an
 /// object class assertion does not expand to superclasses). None when the
 /// value is invalid for the syntax, so it can match nothing.
@@ -172,6 +200,23 @@ pub fn keys_for(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn postings_round_trip() {
+        for ids in [
+            vec![7u64],
+            vec![1, 2, 3],
+            vec![u64::MAX],
+            (0..10_000).collect(),
+        ] {
+            let set: RoaringTreemap = ids.iter().copied().collect();
+            let mut buf = Vec::new();
+            encode_posting(&set, &mut buf);
+            assert_eq!(buf.len() == 8, ids.len() == 1);
+            assert_eq!(decode_posting(&buf).unwrap(), set);
+        }
+        assert!(decode_posting(b"garbage").is_err());
+    }
 
     #[test]
     fn grams_are_anchored() {

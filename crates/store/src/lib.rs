@@ -20,6 +20,7 @@
 //! in a batch, each in its own nested transaction, and commits the batch with
 //! one fsync before answering any of them (group commit).
 
+pub mod bulk;
 pub mod entry_codec;
 pub mod index;
 mod plan;
@@ -115,6 +116,12 @@ pub struct IndexSpec {
     pub kinds: Vec<IndexKind>,
 }
 
+/// Memory for index keys while an index is (re)built from id2entry.
+pub const REBUILD_MEMORY: usize = 256 << 20;
+
+/// zstd level used unless configured: fast to write, most of the gain.
+pub const DEFAULT_COMPRESSION_LEVEL: i32 = 3;
+
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
     /// Size of the memory map in bytes (upper bound of the database file).
@@ -123,6 +130,8 @@ pub struct StoreOptions {
     /// Most operations applied in one write transaction.
     pub max_batch: usize,
     pub durability: Durability,
+    /// zstd level for stored entries; None stores them plain.
+    pub compression: Option<i32>,
 }
 
 impl Default for StoreOptions {
@@ -132,6 +141,7 @@ impl Default for StoreOptions {
             indexes: Vec::new(),
             max_batch: 256,
             durability: Durability::Durable,
+            compression: Some(DEFAULT_COMPRESSION_LEVEL),
         }
     }
 }
@@ -153,6 +163,8 @@ pub(crate) struct Inner {
     /// also matches subtype values, which their own index does not hold.
     has_subtypes: HashSet<String>,
     schema: Arc<Schema>,
+    /// Entry compression and the dictionaries from meta.
+    codec: entry_codec::Codec,
     path: PathBuf,
     durability: writer::DurabilityCell,
     stats: writer::WriterStats,
@@ -175,6 +187,7 @@ impl Inner {
         schema: Arc<Schema>,
         path: &Path,
         d: Durability,
+        codec: entry_codec::Codec,
     ) -> Inner {
         Inner {
             env,
@@ -185,6 +198,7 @@ impl Inner {
             indexes,
             has_subtypes: subtype_parents(&schema),
             schema,
+            codec,
             path: path.to_path_buf(),
             durability: writer::DurabilityCell::new(d),
             stats: writer::WriterStats::default(),
@@ -299,8 +313,18 @@ impl Store {
                 db.clear(&mut wtxn)?;
             }
         }
+        let codec = load_codec(&wtxn, meta, opts.compression)?;
         if !to_build.is_empty() {
-            fill_indexes(&schema, id2entry, &mut wtxn, &to_build)?;
+            bulk::fill_indexes(
+                &schema,
+                &codec,
+                id2entry,
+                &mut wtxn,
+                &to_build,
+                REBUILD_MEMORY,
+                &path.join("index-runs"),
+                &mut |_| {},
+            )?;
         }
         meta.put(&mut wtxn, META_INDEXES, maintained.join("\n").as_bytes())?;
         wtxn.commit()?;
@@ -310,7 +334,15 @@ impl Store {
             dn2id,
             id2parent,
         };
-        let inner = Arc::new(Inner::new(env, dbs, indexes, schema, path, opts.durability));
+        let inner = Arc::new(Inner::new(
+            env,
+            dbs,
+            indexes,
+            schema,
+            path,
+            opts.durability,
+            codec,
+        ));
         let writer = writer::WriterHandle::start(inner.clone(), opts.max_batch)?;
         Ok(Store { inner, writer })
     }
@@ -379,6 +411,7 @@ impl Store {
                 }
             }
         }
+        let codec = load_codec(&rtxn, meta, opts.compression)?;
         rtxn.commit()?;
         let dbs = Dbs {
             meta,
@@ -393,6 +426,7 @@ impl Store {
             schema,
             path,
             Durability::Durable,
+            codec,
         ));
         Ok(Store {
             inner,
@@ -435,28 +469,61 @@ impl Store {
     }
 
     /// Rebuild the indexes of the given attributes (all when empty) from
-    /// id2entry, in one transaction. Returns the number of entries read.
-    pub fn rebuild_indexes(&self, only: &[String]) -> Result<u64, StoreError> {
+    /// id2entry, in one transaction, with an external sort bounded by
+    /// [`REBUILD_MEMORY`]. `progress` gets the number of entries read so
+    /// far. Returns the number of entries read.
+    pub fn rebuild_indexes(
+        &self,
+        only: &[String],
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<u64, StoreError> {
         let only: Vec<String> = only.iter().map(|a| a.to_ascii_lowercase()).collect();
-        self.write_blocking(move |w: &mut WriteTxn<'_>| -> Result<u64, StoreError> {
-            let inner = w.inner;
-            let mut targets = Vec::new();
-            for (attr, dbs) in &inner.indexes {
-                if only.is_empty() || only.contains(attr) {
-                    for idx in dbs {
-                        targets.push((attr.clone(), idx.kind, idx.db));
-                    }
+        let inner = &self.inner;
+        let mut targets = Vec::new();
+        for (attr, dbs) in &inner.indexes {
+            if only.is_empty() || only.contains(attr) {
+                for idx in dbs {
+                    targets.push((attr.clone(), idx.kind, idx.db));
                 }
             }
-            for (_, _, db) in &targets {
-                db.clear(&mut w.txn)?;
-            }
-            fill_indexes(&inner.schema, inner.id2entry, &mut w.txn, &targets)
-        })
+        }
+        let mut txn = inner.env.write_txn()?;
+        for (_, _, db) in &targets {
+            db.clear(&mut txn)?;
+        }
+        let n = bulk::fill_indexes(
+            &inner.schema,
+            &inner.codec,
+            inner.id2entry,
+            &mut txn,
+            &targets,
+            REBUILD_MEMORY,
+            &inner.path.join("index-runs"),
+            progress,
+        )?;
+        txn.commit()?;
+        Ok(n)
     }
 
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// How entries are stored (compression, dictionaries).
+    pub fn codec(&self) -> &entry_codec::Codec {
+        &self.inner.codec
+    }
+
+    /// Keep `dict` (trained by the caller) in meta under the next free ID
+    /// and compress new entries with it from now on.
+    pub fn install_dict(&self, dict: Vec<u8>) -> Result<Arc<entry_codec::Dict>, StoreError> {
+        let id = self.inner.codec.max_dict_id() + 1;
+        let bytes = dict.clone();
+        self.write_blocking(move |w: &mut WriteTxn<'_>| -> Result<(), StoreError> {
+            w.meta_put(&entry_codec::dict_meta_key(id), &bytes)?;
+            w.meta_put(entry_codec::META_DICT_CURRENT, &id.to_be_bytes())
+        })?;
+        Ok(self.inner.codec.add_dict(id, dict, true))
     }
 
     /// A consistent read-only snapshot.
@@ -637,33 +704,30 @@ fn subtype_parents(schema: &Schema) -> HashSet<String> {
     out
 }
 
-/// Write the postings of every entry into the (empty) index databases
-/// `targets`. Returns the number of entries read.
-fn fill_indexes(
-    schema: &Schema,
-    id2entry: Db,
-    wtxn: &mut RwTxn<'_>,
-    targets: &[(String, IndexKind, Db)],
-) -> Result<u64, StoreError> {
-    let mut postings: HashMap<(usize, Vec<u8>), RoaringTreemap> = HashMap::new();
-    let mut entries = 0;
-    for item in id2entry.iter(wtxn)? {
+/// The entry codec for `compression`, with every dictionary kept in meta.
+fn load_codec(
+    txn: &RoTxn<'_>,
+    meta: Db,
+    compression: Option<i32>,
+) -> Result<entry_codec::Codec, StoreError> {
+    let codec = entry_codec::Codec::new(compression);
+    let current = match meta.get(txn, entry_codec::META_DICT_CURRENT.as_bytes())? {
+        Some(v) => Some(
+            <[u8; 4]>::try_from(v)
+                .map(u32::from_be_bytes)
+                .map_err(|_| StoreError::Corrupt("meta: unreadable current dictionary".into()))?,
+        ),
+        None => None,
+    };
+    for item in meta.prefix_iter(txn, b"zstd_dict:")? {
         let (k, v) = item?;
-        let id = id_from(k)?;
-        let entry = entry_codec::decode(id, Dn { rdns: vec![] }, v)?;
-        entries += 1;
-        for (i, (attr, kind, _)) in targets.iter().enumerate() {
-            for key in attr_keys(schema, &entry.attrs, attr, *kind) {
-                postings.entry((i, key)).or_default().insert(id);
-            }
-        }
+        let id = std::str::from_utf8(&k[b"zstd_dict:".len()..])
+            .ok()
+            .and_then(|n| n.parse::<u32>().ok())
+            .ok_or_else(|| StoreError::Corrupt("meta: unreadable dictionary key".into()))?;
+        codec.add_dict(id, v.to_vec(), Some(id) == current);
     }
-    for ((i, key), set) in postings {
-        let mut buf = Vec::new();
-        set.serialize_into(&mut buf)?;
-        targets[i].2.put(wtxn, &key, &buf)?;
-    }
-    Ok(entries)
+    Ok(codec)
 }
 
 /// Index postings gathered by [`WriteTxn::add_deferred`].
@@ -769,6 +833,25 @@ fn decode_placement(id: EntryId, v: &[u8]) -> Result<Placement, StoreError> {
     })
 }
 
+/// Resolve normalised RDNs (most specific first) through dn2id.
+fn lookup_in(inner: &Inner, txn: &RoTxn<'_>, norm_rdns: &[String]) -> Result<Lookup, StoreError> {
+    // Find the longest suffix entry (parent 0) that ends this DN, then walk down.
+    for start in 0..norm_rdns.len() {
+        let suffix = norm_rdns[start..].join(",");
+        if let Some(v) = inner.dn2id.get(txn, &dn2id_key(0, &suffix))? {
+            let mut id = id_from(v)?;
+            for i in (0..start).rev() {
+                match inner.dn2id.get(txn, &dn2id_key(id, &norm_rdns[i]))? {
+                    Some(v) => id = id_from(v)?,
+                    None => return Ok(Lookup::Missing { matched: Some(id) }),
+                }
+            }
+            return Ok(Lookup::Found(id));
+        }
+    }
+    Ok(Lookup::Missing { matched: None })
+}
+
 /// Read access shared by read and write transactions.
 #[derive(Clone, Copy)]
 pub struct View<'t> {
@@ -783,25 +866,7 @@ impl<'t> View<'t> {
 
     /// Resolve `dn` (already split into normalised RDNs, leftmost first).
     pub fn lookup_norm(&self, norm_rdns: &[String]) -> Result<Lookup, StoreError> {
-        // Find the longest suffix entry (parent 0) that ends this DN, then walk down.
-        for start in 0..norm_rdns.len() {
-            let suffix = norm_rdns[start..].join(",");
-            if let Some(v) = self.inner.dn2id.get(self.txn, &dn2id_key(0, &suffix))? {
-                let mut id = id_from(v)?;
-                for i in (0..start).rev() {
-                    match self
-                        .inner
-                        .dn2id
-                        .get(self.txn, &dn2id_key(id, &norm_rdns[i]))?
-                    {
-                        Some(v) => id = id_from(v)?,
-                        None => return Ok(Lookup::Missing { matched: Some(id) }),
-                    }
-                }
-                return Ok(Lookup::Found(id));
-            }
-        }
-        Ok(Lookup::Missing { matched: None })
+        lookup_in(self.inner, self.txn, norm_rdns)
     }
 
     /// Normalise each RDN of `dn` with the schema.
@@ -868,14 +933,24 @@ impl<'t> View<'t> {
             .map_err(|e| StoreError::Corrupt(format!("stored DN '{s}' of entry {id}: {e}")))
     }
 
+    /// The stored (possibly compressed) record of entry `id`.
     pub fn entry_bytes(&self, id: EntryId) -> Result<Option<&'t [u8]>, StoreError> {
         Ok(self.inner.id2entry.get(self.txn, &id_bytes(id))?)
+    }
+
+    /// The attributes in a record read with [`View::entry_bytes`].
+    pub fn decode_attrs(&self, id: EntryId, bytes: &[u8]) -> Result<Vec<Attribute>, StoreError> {
+        Ok(self
+            .inner
+            .codec
+            .decode(id, Dn { rdns: vec![] }, bytes)?
+            .attrs)
     }
 
     /// The entry without its DN resolved (cheaper when the DN is not needed).
     pub fn attrs(&self, id: EntryId) -> Result<Option<Vec<Attribute>>, StoreError> {
         match self.entry_bytes(id)? {
-            Some(b) => Ok(Some(entry_codec::decode(id, Dn { rdns: vec![] }, b)?.attrs)),
+            Some(b) => Ok(Some(self.decode_attrs(id, b)?)),
             None => Ok(None),
         }
     }
@@ -884,7 +959,7 @@ impl<'t> View<'t> {
         match self.entry_bytes(id)? {
             Some(b) => {
                 let dn = self.dn(id)?;
-                Ok(Some(entry_codec::decode(id, dn, b)?))
+                Ok(Some(self.inner.codec.decode(id, dn, b)?))
             }
             None => Ok(None),
         }
@@ -979,8 +1054,7 @@ impl<'t> View<'t> {
 
     fn posting(&self, db: &Db, key: &[u8]) -> Result<RoaringTreemap, StoreError> {
         match db.get(self.txn, key)? {
-            Some(v) => RoaringTreemap::deserialize_from(v)
-                .map_err(|e| StoreError::Corrupt(format!("index posting: {e}"))),
+            Some(v) => index::decode_posting(v).map_err(StoreError::Corrupt),
             None => Ok(RoaringTreemap::new()),
         }
     }
@@ -1021,8 +1095,8 @@ impl<'t> View<'t> {
             let (k, v) = item?;
             let id = id_from(k)?;
             ids.insert(id);
-            let attrs = match entry_codec::decode(id, Dn { rdns: vec![] }, v) {
-                Ok(e) => e.attrs,
+            let attrs = match self.decode_attrs(id, v) {
+                Ok(a) => a,
                 Err(e) => {
                     problems.push(e.to_string());
                     continue;
@@ -1076,8 +1150,8 @@ impl<'t> View<'t> {
                 let mut seen = HashSet::new();
                 for item in idx.db.iter(self.txn)? {
                     let (k, v) = item?;
-                    let got = RoaringTreemap::deserialize_from(v)
-                        .map_err(|e| StoreError::Corrupt(format!("{name}: posting: {e}")))?;
+                    let got = index::decode_posting(v)
+                        .map_err(|e| StoreError::Corrupt(format!("{name}: {e}")))?;
                     let want = expected
                         .get(&(name.clone(), k.to_vec()))
                         .cloned()
@@ -1160,7 +1234,7 @@ impl<'e> WriteTxn<'e> {
         }
         let id = self.allocate_id()?;
         let mut buf = Vec::new();
-        entry_codec::encode(attrs, &mut buf);
+        self.inner.codec.encode(attrs, &mut buf);
         self.inner
             .id2entry
             .put(&mut self.txn, &id_bytes(id), &buf)?;
@@ -1213,8 +1287,7 @@ impl<'e> WriteTxn<'e> {
             let Some(db) = dbs.get(&name) else { continue };
             let mut set = self.view().posting(db, &key)?;
             set |= add;
-            buf.clear();
-            set.serialize_into(&mut buf)?;
+            index::encode_posting(&set, &mut buf);
             db.put(&mut self.txn, &key, &buf)?;
         }
         Ok(())
@@ -1228,7 +1301,7 @@ impl<'e> WriteTxn<'e> {
         new: &[Attribute],
     ) -> Result<(), StoreError> {
         let mut buf = Vec::new();
-        entry_codec::encode(new, &mut buf);
+        self.inner.codec.encode(new, &mut buf);
         self.inner
             .id2entry
             .put(&mut self.txn, &id_bytes(id), &buf)?;
@@ -1322,8 +1395,8 @@ impl<'e> WriteTxn<'e> {
         if set.is_empty() {
             db.delete(&mut self.txn, key)?;
         } else {
-            let mut buf = Vec::with_capacity(set.serialized_size());
-            set.serialize_into(&mut buf)?;
+            let mut buf = Vec::new();
+            index::encode_posting(&set, &mut buf);
             db.put(&mut self.txn, key, &buf)?;
         }
         Ok(())

@@ -140,8 +140,7 @@ pub(crate) fn candidates(view: &View<'_>, f: &Filter) -> Result<Candidates, Stor
             let mut acc = RoaringTreemap::new();
             for item in db.range(view.txn, &range)? {
                 let (_, v) = item?;
-                acc |= RoaringTreemap::deserialize_from(v)
-                    .map_err(|e| StoreError::Corrupt(format!("index posting: {e}")))?;
+                acc |= crate::index::decode_posting(v).map_err(StoreError::Corrupt)?;
             }
             Candidates::Ids(acc)
         }

@@ -26,6 +26,7 @@ fn open(dir: &Path) -> Store {
         ],
         max_batch: 16,
         durability: Durability::Durable,
+        compression: Some(3),
     };
     Store::open(dir, Arc::new(Schema::standard()), &opts).unwrap()
 }
@@ -347,7 +348,7 @@ fn verify_finds_damage() {
             let mut set = RoaringTreemap::new();
             set.insert(id);
             let mut buf = Vec::new();
-            set.serialize_into(&mut buf)?;
+            crate::index::encode_posting(&set, &mut buf);
             db.put(&mut w.txn, b"somebody else", &buf)?;
             Ok(())
         })
@@ -387,6 +388,7 @@ fn reopen_keeps_data_and_builds_new_indexes() {
         }],
         max_batch: 16,
         durability: Durability::Durable,
+        compression: Some(3),
     };
     let store = Store::open(dir.path(), Arc::new(Schema::standard()), &opts).unwrap();
     let r = store.read().unwrap();
@@ -416,7 +418,12 @@ fn rebuild_repairs_indexes() {
         })
         .unwrap();
     assert!(!store.read().unwrap().view().verify().unwrap().is_empty());
-    assert_eq!(store.rebuild_indexes(&["CN".to_string()]).unwrap(), 22);
+    assert_eq!(
+        store
+            .rebuild_indexes(&["CN".to_string()], &mut |_| {})
+            .unwrap(),
+        22
+    );
     assert_consistent(&store);
 }
 
@@ -474,6 +481,7 @@ fn an_index_dropped_and_added_back_is_rebuilt_not_stale() {
         }],
         max_batch: 16,
         durability: Durability::Durable,
+        compression: Some(3),
     };
     {
         let store = Store::open(dir.path(), Arc::new(Schema::standard()), &without).unwrap();

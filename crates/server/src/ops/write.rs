@@ -473,8 +473,7 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
                 .entry_bytes(id)?
                 .map(<[u8]>::to_vec)
                 .unwrap_or_default();
-            let old_attrs =
-                pando_store::entry_codec::decode(id, Dn { rdns: Vec::new() }, &old_bytes)?.attrs;
+            let old_attrs = view.decode_attrs(id, &old_bytes)?;
             let old = Entry {
                 dn: dn.clone(),
                 attrs: old_attrs,

@@ -1,0 +1,664 @@
+//! `pando import`: one pass over the LDIF, on every core.
+//!
+//! ```text
+//! input ──cut──▶ chunks ──▶ workers (parse, schema check, normalise,
+//!                            encode + compress, index keys)
+//!                                │ results tagged with the chunk number
+//!                                ▼
+//!                 this thread: reorder, place under the parent, store
+//!                 (append mode), index keys into sorted runs
+//!                                │ end of input
+//!                                ▼
+//!                 merge the runs once, write every posting list once
+//! ```
+//!
+//! Entries get IDs in input order. A child that comes before its parent
+//! waits (bounded) until the parent arrives; one whose parent never comes
+//! is reported with its line. The store carries an "import in progress"
+//! mark from the first write until everything, indexes included, is
+//! committed and synced: an interrupted import leaves a store the server
+//! refuses to open, never one that looks complete.
+//!
+//! Compression: unless the store already has a dictionary, the first
+//! entries are held back, a zstd dictionary is trained on them and kept in
+//! the store, and from then on the workers compress with it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use pando_ldif::{LdifReader, ReaderOptions, Record};
+use pando_model::{Attribute, Dn, Entry, Schema};
+use pando_store::bulk::{BulkLoad, BulkOptions};
+use pando_store::entry_codec::{self, Dict};
+use pando_store::{Durability, EntryId, Lookup, Placement, Store, StoreError, WriteTxn};
+
+use super::input::{self, Chunk};
+use super::META_IMPORTING;
+use crate::clock::{generalized_time, now_micros, CsnClock};
+
+/// Computed on read; never stored.
+const COMPUTED: &[&str] = &[
+    "entryDN",
+    "subschemaSubentry",
+    "hasSubordinates",
+    "numSubordinates",
+];
+
+/// Bytes of input per chunk handed to a worker.
+const CHUNK_BYTES: usize = 512 << 10;
+/// Entries a dictionary is trained on (fewer when the input is smaller).
+const DICT_SAMPLES: usize = 5_000;
+/// Largest dictionary trained.
+const DICT_BYTES: usize = 32 << 10;
+/// Normalised DNs remembered to find parents without a dn2id walk.
+const PARENT_CACHE: usize = 100_000;
+
+#[derive(Debug, Clone)]
+pub struct ImportOptions {
+    pub continue_on_error: bool,
+    /// Creator recorded in creatorsName/modifiersName when the input has none.
+    pub creator: String,
+    /// Memory for buffered index keys (bytes); more is spilled to sorted runs.
+    pub memory: usize,
+    /// Parsing/checking threads.
+    pub threads: usize,
+    /// Entries per write transaction.
+    pub commit_every: usize,
+    pub allow_file_urls: bool,
+}
+
+impl Default for ImportOptions {
+    fn default() -> Self {
+        ImportOptions {
+            continue_on_error: false,
+            creator: String::new(),
+            memory: 512 << 20,
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            commit_every: 20_000,
+            allow_file_urls: false,
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct ImportReport {
+    pub entries: u64,
+    pub rejected: u64,
+    pub secs: f64,
+    /// Bytes read from the input file (compressed size for compressed input).
+    pub bytes_read: u64,
+    /// Index keys sorted, and the sorted runs spilled to disk for them.
+    pub index_keys: u64,
+    pub spilled_runs: usize,
+    /// Dictionary trained by this import (ID), if any.
+    pub dictionary: Option<u32>,
+    pub input_format: &'static str,
+}
+
+/// One rejected record: where it was and why.
+#[derive(Debug, Clone)]
+pub struct Reject {
+    pub line: u64,
+    pub dn: String,
+    pub reason: String,
+}
+
+/// What the import is doing, for progress displays.
+#[derive(Debug, Clone, Copy)]
+pub enum Progress {
+    /// Entries stored so far and input bytes read.
+    Loading { entries: u64, bytes: u64 },
+    /// Index keys merged so far, of `total`.
+    Indexing { done: u64, total: u64 },
+}
+
+/// Error out of the import, naming the input line.
+#[derive(Debug)]
+pub struct ImportError(pub String);
+
+impl From<StoreError> for ImportError {
+    fn from(e: StoreError) -> Self {
+        ImportError(e.to_string())
+    }
+}
+
+impl std::fmt::Display for ImportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A parsed, checked entry ready to store.
+struct Ready {
+    line: u64,
+    dn: String,
+    norm_dn: String,
+    /// Normalised RDNs, most specific first.
+    norm_rdns: Vec<String>,
+    /// Suffix entries hang under ID 0.
+    is_suffix: bool,
+    rdn: String,
+    /// The encoded record; empty while `attrs` still has to be encoded
+    /// (entries read before the dictionary existed).
+    record: Vec<u8>,
+    attrs: Vec<Attribute>,
+    keys: Vec<u8>,
+    csn: Option<Vec<u8>>,
+}
+
+/// What a worker makes of one record.
+enum Item {
+    Ready(Box<Ready>),
+    Reject(Reject),
+}
+
+/// Everything the workers share.
+struct Shared<'a> {
+    store: &'a Store,
+    schema: Arc<Schema>,
+    csn: CsnClock,
+    opts: &'a ImportOptions,
+    suffixes: &'a [String],
+    /// Set once a dictionary exists; workers compress with it from then on.
+    dict: OnceLock<Arc<Dict>>,
+    compress: bool,
+}
+
+fn prepare(
+    sh: &Shared<'_>,
+    line: u64,
+    dn: &str,
+    attrs: Vec<(String, Vec<u8>)>,
+) -> Result<Ready, String> {
+    let schema = &sh.schema;
+    let parsed = Dn::parse(dn).map_err(|e| format!("invalid DN '{dn}': {e}"))?;
+    if parsed.is_root() {
+        return Err("the root DSE cannot be imported".into());
+    }
+    let norm_rdns = parsed
+        .rdns
+        .iter()
+        .map(|r| schema.normalize_rdn(r))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("invalid DN '{dn}': {e}"))?;
+    let norm_dn = norm_rdns.join(",");
+    let is_suffix = sh.suffixes.contains(&norm_dn);
+    let below = |s: &String| {
+        norm_dn
+            .strip_suffix(s.as_str())
+            .is_some_and(|head| head.ends_with(','))
+    };
+    if !is_suffix && !sh.suffixes.iter().any(below) {
+        return Err(format!("'{dn}' is outside every configured suffix"));
+    }
+    let rdn = if is_suffix {
+        parsed.to_string()
+    } else {
+        parsed.rdn().map(|x| x.to_string()).unwrap_or_default()
+    };
+    let mut entry = Entry::new(parsed);
+    for (a, v) in attrs {
+        let base = a.split(';').next().unwrap_or("");
+        if COMPUTED.iter().any(|c| c.eq_ignore_ascii_case(base)) {
+            continue;
+        }
+        entry.add_values(&a, vec![v]);
+    }
+    let structural = schema
+        .check_entry(&mut entry)
+        .map_err(|v| format!("{} ({})", v.message, v.code.name()))?;
+    // Operational attributes from the input (slapcat, pando export) are
+    // kept as they are; missing ones are generated.
+    let now = generalized_time(now_micros());
+    let fill = |e: &mut Entry, d: &str, v: String| {
+        if e.get(d).is_none() {
+            e.add_values(d, vec![v.into_bytes()]);
+        }
+    };
+    fill(&mut entry, "structuralObjectClass", structural);
+    fill(&mut entry, "entryUUID", crate::ops::write::random_uuid());
+    fill(&mut entry, "entryCSN", sh.csn.next());
+    fill(&mut entry, "createTimestamp", now.clone());
+    fill(&mut entry, "modifyTimestamp", now);
+    fill(&mut entry, "creatorsName", sh.opts.creator.clone());
+    fill(&mut entry, "modifiersName", sh.opts.creator.clone());
+    let csn = entry
+        .get("entryCSN")
+        .and_then(|a| a.values.first())
+        .cloned();
+    let mut keys = Vec::new();
+    sh.store.index_keys_packed(&entry.attrs, &mut keys);
+    let mut record = Vec::new();
+    let codec = sh.store.codec();
+    let attrs = match (sh.compress, sh.dict.get()) {
+        (false, _) => {
+            codec.encode_with(&entry.attrs, None, &mut record);
+            Vec::new()
+        }
+        (true, Some(d)) => {
+            codec.encode_with(&entry.attrs, Some(d), &mut record);
+            Vec::new()
+        }
+        (true, None) => entry.attrs,
+    };
+    Ok(Ready {
+        line,
+        dn: dn.to_string(),
+        norm_dn,
+        norm_rdns,
+        is_suffix,
+        rdn,
+        record,
+        attrs,
+        keys,
+        csn,
+    })
+}
+
+/// Parse and check one chunk.
+fn work(sh: &Shared<'_>, chunk: Chunk) -> (u64, Vec<Item>) {
+    let (seq, lines_before, bytes) = match chunk {
+        Chunk::Records {
+            seq,
+            lines_before,
+            bytes,
+        } => (seq, lines_before, bytes),
+        Chunk::TooLarge { seq, line } => {
+            let reason = format!(
+                "record is larger than {} bytes (no blank line ends it in reach)",
+                pando_ldif::DEFAULT_MAX_RECORD_BYTES
+            );
+            return (
+                seq,
+                vec![Item::Reject(Reject {
+                    line,
+                    dn: String::new(),
+                    reason,
+                })],
+            );
+        }
+    };
+    let opts = ReaderOptions {
+        allow_file_urls: sh.opts.allow_file_urls,
+        ..ReaderOptions::default()
+    };
+    let reader = if seq == 0 {
+        LdifReader::new(&bytes[..], opts)
+    } else {
+        LdifReader::continuing(&bytes[..], opts, lines_before)
+    };
+    let mut out = Vec::new();
+    for rec in reader {
+        let item = match rec {
+            Err(e) => Item::Reject(Reject {
+                line: e.line,
+                dn: String::new(),
+                reason: e.message,
+            }),
+            Ok(Record::Change { line, dn, .. }) => Item::Reject(Reject {
+                line,
+                dn,
+                reason: "change records are not imported (use ldapmodify)".into(),
+            }),
+            Ok(Record::Content { dn, attrs, line }) => match prepare(sh, line, &dn, attrs) {
+                Ok(r) => Item::Ready(Box::new(r)),
+                Err(reason) => Item::Reject(Reject { line, dn, reason }),
+            },
+        };
+        out.push(item);
+    }
+    (seq, out)
+}
+
+/// The storing side: places entries in input order.
+struct Loader<'s, 'r> {
+    load: BulkLoad<'s>,
+    shared: &'r Shared<'r>,
+    origin: &'r str,
+    parents: HashMap<String, EntryId>,
+    /// Children whose parent has not appeared yet, by the parent's normalised DN.
+    orphans: HashMap<String, Vec<Box<Ready>>>,
+    orphan_count: usize,
+    orphan_limit: usize,
+    /// Entries held back until the dictionary is trained.
+    held: Vec<Box<Ready>>,
+    dict_pending: bool,
+    report: ImportReport,
+    newest_csn: Option<Vec<u8>>,
+    rejects_out: &'r mut dyn FnMut(&Reject),
+}
+
+impl Loader<'_, '_> {
+    fn reject(&mut self, r: Reject) -> Result<(), ImportError> {
+        if !self.shared.opts.continue_on_error {
+            let dn = if r.dn.is_empty() {
+                String::new()
+            } else {
+                format!("{}: ", r.dn)
+            };
+            return Err(ImportError(format!(
+                "{}:{}: {dn}{}",
+                self.origin, r.line, r.reason
+            )));
+        }
+        self.report.rejected += 1;
+        (self.rejects_out)(&r);
+        Ok(())
+    }
+
+    fn item(&mut self, item: Item) -> Result<(), ImportError> {
+        match item {
+            Item::Reject(r) => self.reject(r),
+            Item::Ready(r) if self.dict_pending => {
+                self.held.push(r);
+                if self.held.len() >= DICT_SAMPLES {
+                    self.train()?;
+                }
+                Ok(())
+            }
+            Item::Ready(r) => self.place(r),
+        }
+    }
+
+    /// Train the dictionary on the held entries, then store them.
+    fn train(&mut self) -> Result<(), ImportError> {
+        self.dict_pending = false;
+        let samples: Vec<Vec<u8>> = self
+            .held
+            .iter()
+            .map(|r| entry_codec::body_of(&r.attrs))
+            .collect();
+        if let Some(bytes) = entry_codec::train(&samples, DICT_BYTES) {
+            let d = self.load.install_dict(bytes)?;
+            self.report.dictionary = Some(d.id);
+            let _ = self.shared.dict.set(d);
+        }
+        for r in std::mem::take(&mut self.held) {
+            self.place(r)?;
+        }
+        Ok(())
+    }
+
+    fn parent_of(&mut self, r: &Ready) -> Result<Option<EntryId>, ImportError> {
+        if r.is_suffix {
+            return Ok(Some(0));
+        }
+        let parent_norm = &r.norm_dn[r.norm_rdns[0].len() + 1..];
+        if let Some(&id) = self.parents.get(parent_norm) {
+            return Ok(Some(id));
+        }
+        match self.load.lookup_norm(&r.norm_rdns[1..])? {
+            Lookup::Found(id) => {
+                self.remember(parent_norm.to_string(), id);
+                Ok(Some(id))
+            }
+            Lookup::Missing { .. } => Ok(None),
+        }
+    }
+
+    fn remember(&mut self, norm_dn: String, id: EntryId) {
+        if self.parents.len() >= PARENT_CACHE {
+            self.parents.clear();
+        }
+        self.parents.insert(norm_dn, id);
+    }
+
+    /// Store `r` under its parent, or park it until the parent comes.
+    fn place(&mut self, r: Box<Ready>) -> Result<(), ImportError> {
+        let mut stack = vec![r];
+        while let Some(mut r) = stack.pop() {
+            let Some(parent) = self.parent_of(&r)? else {
+                if self.orphan_count >= self.orphan_limit {
+                    return Err(ImportError(format!(
+                        "{}:{}: parent of '{}' has not appeared, and {} entries already wait for theirs: sort the LDIF parents first",
+                        self.origin, r.line, r.dn, self.orphan_count
+                    )));
+                }
+                let parent_norm = r.norm_dn[r.norm_rdns[0].len() + 1..].to_string();
+                self.orphans.entry(parent_norm).or_default().push(r);
+                self.orphan_count += 1;
+                continue;
+            };
+            if r.record.is_empty() {
+                let dict = self.shared.dict.get().map(|d| &**d);
+                self.shared
+                    .store
+                    .codec()
+                    .encode_with(&r.attrs, dict, &mut r.record);
+            }
+            let place = Placement {
+                parent,
+                rdn: std::mem::take(&mut r.rdn),
+                norm_rdn: if r.is_suffix {
+                    r.norm_dn.clone()
+                } else {
+                    std::mem::take(&mut r.norm_rdns[0])
+                },
+            };
+            match self.load.add(&place, &r.record, &r.keys)? {
+                Ok(id) => {
+                    self.report.entries += 1;
+                    if let Some(c) = r.csn.take() {
+                        if self.newest_csn.as_ref().is_none_or(|n| &c > n) {
+                            self.newest_csn = Some(c);
+                        }
+                    }
+                    if !self.orphans.is_empty() {
+                        if let Some(kids) = self.orphans.remove(&r.norm_dn) {
+                            self.orphan_count -= kids.len();
+                            stack.extend(kids.into_iter().rev());
+                        }
+                    }
+                    self.remember(std::mem::take(&mut r.norm_dn), id);
+                }
+                Err(_) => {
+                    let reject = Reject {
+                        line: r.line,
+                        dn: r.dn.clone(),
+                        reason: "an entry with this DN already exists".into(),
+                    };
+                    self.reject(reject)?;
+                    // Its children (if parked) cannot be placed either.
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Entries still waiting for a parent at the end: each is an error.
+    fn orphans_left(&mut self) -> Result<(), ImportError> {
+        let mut left: Vec<Box<Ready>> = self.orphans.drain().flat_map(|(_, v)| v).collect();
+        left.sort_by_key(|r| r.line);
+        for r in left {
+            let parent = r.norm_dn[r.norm_rdns[0].len() + 1..].to_string();
+            self.reject(Reject {
+                line: r.line,
+                dn: r.dn.clone(),
+                reason: format!("parent '{parent}' exists neither in the input nor in the store"),
+            })?;
+        }
+        self.orphan_count = 0;
+        Ok(())
+    }
+}
+
+/// Import LDIF from `input` (a file's bytes, possibly gzip/zstd
+/// compressed; `origin` names it in messages).
+pub fn import(
+    store: &Store,
+    suffixes: &[String],
+    input: Box<dyn Read + Send>,
+    origin: &str,
+    opts: &ImportOptions,
+    rejects_out: &mut dyn FnMut(&Reject),
+    on_progress: &mut dyn FnMut(Progress),
+) -> Result<ImportReport, ImportError> {
+    let started = Instant::now();
+    let bytes_read = Arc::new(AtomicU64::new(0));
+    let counted = input::Counted {
+        inner: input,
+        bytes: bytes_read.clone(),
+    };
+    let (mut input, format) = input::decompressing(Box::new(counted))
+        .map_err(|e| ImportError(format!("{origin}: {e}")))?;
+    // Mark the store incomplete, and stop syncing, before the first entry.
+    store.write_blocking(|w: &mut WriteTxn<'_>| w.meta_put(META_IMPORTING, b"1"))?;
+    let previous = store.durability();
+    store.set_durability(Durability::None);
+    store.write_blocking(|_: &mut WriteTxn<'_>| Ok::<(), StoreError>(()))?;
+    let spill_dir = store.path().join("import-runs");
+    let _ = std::fs::remove_dir_all(&spill_dir);
+    let shared = Shared {
+        store,
+        schema: store.schema().clone(),
+        csn: CsnClock::new(0),
+        opts,
+        suffixes,
+        dict: OnceLock::new(),
+        compress: store.codec().level().is_some(),
+    };
+    if let Some(d) = store.codec().current_dict() {
+        let _ = shared.dict.set(d);
+    }
+    let load = store.bulk_load(&BulkOptions {
+        memory: opts.memory,
+        spill_dir,
+        commit_every: opts.commit_every,
+    })?;
+    let mut loader = Loader {
+        load,
+        shared: &shared,
+        origin,
+        parents: HashMap::new(),
+        orphans: HashMap::new(),
+        orphan_count: 0,
+        orphan_limit: (opts.memory / 4096).max(10_000),
+        held: Vec::new(),
+        dict_pending: shared.compress && shared.dict.get().is_none(),
+        report: ImportReport {
+            input_format: format,
+            ..ImportReport::default()
+        },
+        newest_csn: None,
+        rejects_out,
+    };
+    let threads = opts.threads.max(1);
+    let result = std::thread::scope(|s| -> Result<(), ImportError> {
+        let (chunk_tx, chunk_rx) = sync_channel::<Chunk>(threads * 2);
+        let (done_tx, done_rx) = sync_channel::<(u64, Vec<Item>)>(threads * 2);
+        let reader = s.spawn(move || {
+            input::cut(
+                &mut input,
+                CHUNK_BYTES,
+                pando_ldif::DEFAULT_MAX_RECORD_BYTES,
+                &mut |c| chunk_tx.send(c).is_ok(),
+            )
+        });
+        let chunk_rx = Arc::new(Mutex::new(chunk_rx));
+        for _ in 0..threads {
+            let rx = chunk_rx.clone();
+            let tx = done_tx.clone();
+            let sh = &shared;
+            s.spawn(move || loop {
+                let next = rx.lock().map(|r| r.recv());
+                let Ok(Ok(chunk)) = next else { break };
+                if tx.send(work(sh, chunk)).is_err() {
+                    break;
+                }
+            });
+        }
+        // Only the workers hold the chunk queue now: once they stop, the
+        // reader's next send fails and it ends too.
+        drop(chunk_rx);
+        drop(done_tx);
+        let outcome = drain(&mut loader, done_rx, &bytes_read, on_progress);
+        // Whatever happened, the reader ends: `drain` dropped the result
+        // queue, so the workers stop, and with them the chunk queue.
+        match reader.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) if outcome.is_ok() => {
+                return Err(ImportError(format!("{origin}: read error: {e}")))
+            }
+            _ => {}
+        }
+        outcome
+    });
+    let finished = result.and_then(|()| {
+        if loader.dict_pending {
+            loader.train()?;
+        }
+        loader.orphans_left()
+    });
+    let Loader {
+        load,
+        mut report,
+        newest_csn,
+        ..
+    } = loader;
+    if let Err(e) = finished {
+        drop(load);
+        store.set_durability(previous);
+        return Err(e);
+    }
+    let loaded = report.entries;
+    let figures = load.finish(&mut |done, total| on_progress(Progress::Indexing { done, total }));
+    store.set_durability(previous);
+    let figures = figures?;
+    debug_assert_eq!(figures.entries, loaded);
+    report.index_keys = figures.index_triples;
+    report.spilled_runs = figures.spilled_runs;
+    // Everything is in; one synced commit declares the store complete.
+    store.write_blocking(move |w: &mut WriteTxn<'_>| -> Result<(), StoreError> {
+        if let Some(csn) = newest_csn {
+            let newer = w
+                .view()
+                .meta_get(crate::backup::META_CONTEXT_CSN)?
+                .is_none_or(|cur| csn > cur);
+            if newer {
+                w.meta_put(crate::backup::META_CONTEXT_CSN, &csn)?;
+            }
+        }
+        w.meta_delete(META_IMPORTING)
+    })?;
+    report.bytes_read = bytes_read.load(Ordering::Relaxed);
+    report.secs = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Take the workers' results in input order and store them.
+fn drain(
+    loader: &mut Loader<'_, '_>,
+    done_rx: Receiver<(u64, Vec<Item>)>,
+    bytes_read: &AtomicU64,
+    on_progress: &mut dyn FnMut(Progress),
+) -> Result<(), ImportError> {
+    let mut waiting: BTreeMap<u64, Vec<Item>> = BTreeMap::new();
+    let mut next = 0u64;
+    let mut last_report = 0u64;
+    for (seq, items) in done_rx.iter() {
+        waiting.insert(seq, items);
+        while let Some(items) = waiting.remove(&next) {
+            next += 1;
+            for item in items {
+                loader.item(item)?;
+            }
+            let n = loader.report.entries;
+            if n - last_report >= 2_000 {
+                last_report = n;
+                on_progress(Progress::Loading {
+                    entries: n,
+                    bytes: bytes_read.load(Ordering::Relaxed),
+                });
+            }
+        }
+    }
+    on_progress(Progress::Loading {
+        entries: loader.report.entries,
+        bytes: bytes_read.load(Ordering::Relaxed),
+    });
+    Ok(())
+}

@@ -1,0 +1,239 @@
+//! Import input: decompression by magic number and cutting into chunks of
+//! whole LDIF records for the parsing threads.
+
+use std::io::{self, BufRead, BufReader, Read};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Wrap `raw` in a gzip or zstd decoder when it starts with one of their
+/// magic numbers; otherwise read it as it is.
+pub fn decompressing(
+    raw: Box<dyn Read + Send>,
+) -> io::Result<(Box<dyn Read + Send>, &'static str)> {
+    let mut r = BufReader::with_capacity(1 << 20, raw);
+    let head = r.fill_buf()?;
+    if head.starts_with(&[0x1f, 0x8b]) {
+        return Ok((Box::new(flate2::read::MultiGzDecoder::new(r)), "gzip"));
+    }
+    if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        return Ok((
+            Box::new(zstd::stream::read::Decoder::with_buffer(r)?),
+            "zstd",
+        ));
+    }
+    Ok((Box::new(r), "plain"))
+}
+
+/// Counts the bytes read from the underlying file (before decompression),
+/// so progress and ETA relate to the file's size.
+pub struct Counted<R> {
+    pub inner: R,
+    pub bytes: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// A piece of the input made of whole records.
+pub enum Chunk {
+    Records {
+        seq: u64,
+        /// Physical lines before the chunk's first byte.
+        lines_before: u64,
+        bytes: Vec<u8>,
+    },
+    /// A record at `line` has no end within the size limit; it was skipped.
+    TooLarge { seq: u64, line: u64 },
+}
+
+/// Where the last complete record of `buf` ends: just after the last blank
+/// line (`\n\n` or `\n\r\n`). None when `buf` holds no blank line.
+fn last_boundary(buf: &[u8]) -> Option<usize> {
+    let mut i = buf.len();
+    while i > 1 {
+        i -= 1;
+        if buf[i] != b'\n' {
+            continue;
+        }
+        if buf[i - 1] == b'\n' || (i > 1 && buf[i - 1] == b'\r' && buf[i - 2] == b'\n') {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
+/// Where the first record of `buf` ends (just after the first blank line).
+fn first_boundary(buf: &[u8]) -> Option<usize> {
+    (1..buf.len()).find_map(|i| {
+        let blank = buf[i] == b'\n'
+            && (buf[i - 1] == b'\n' || (i > 1 && buf[i - 1] == b'\r' && buf[i - 2] == b'\n'));
+        blank.then_some(i + 1)
+    })
+}
+
+fn count_lines(b: &[u8]) -> u64 {
+    b.iter().filter(|&&c| c == b'\n').count() as u64
+}
+
+/// Read `input` to its end, handing out chunks of about `chunk` bytes cut at
+/// record boundaries. A record longer than `max_record` has no boundary in
+/// reach: it is reported as [`Chunk::TooLarge`] and skipped. Stops early
+/// (Ok) when `send` returns false.
+pub fn cut(
+    input: &mut dyn Read,
+    chunk: usize,
+    max_record: usize,
+    send: &mut dyn FnMut(Chunk) -> bool,
+) -> io::Result<()> {
+    let mut buf: Vec<u8> = Vec::with_capacity(chunk * 2);
+    let mut lines_before = 0u64;
+    let mut seq = 0u64;
+    // Inside an oversized record: drop bytes up to the next boundary.
+    let mut skipping = false;
+    loop {
+        let old = buf.len();
+        buf.resize(old + chunk, 0);
+        let mut filled = old;
+        while filled < buf.len() {
+            match input.read(&mut buf[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let eof = filled < buf.len();
+        buf.truncate(filled);
+        if skipping {
+            match first_boundary(&buf).or(if eof { Some(buf.len()) } else { None }) {
+                Some(end) => {
+                    lines_before += count_lines(&buf[..end]);
+                    buf.drain(..end);
+                    skipping = false;
+                }
+                None => {
+                    // Keep the last two bytes: they may begin a boundary.
+                    let keep = buf.len().saturating_sub(2);
+                    lines_before += count_lines(&buf[..keep]);
+                    buf.drain(..keep);
+                    continue;
+                }
+            }
+        }
+        let end = if eof {
+            Some(buf.len())
+        } else {
+            last_boundary(&buf)
+        };
+        match end {
+            Some(end) if end > 0 => {
+                let rest = buf.split_off(end);
+                let lines = count_lines(&buf);
+                let bytes = std::mem::replace(&mut buf, rest);
+                if !send(Chunk::Records {
+                    seq,
+                    lines_before,
+                    bytes,
+                }) {
+                    return Ok(());
+                }
+                seq += 1;
+                lines_before += lines;
+                buf.reserve(chunk);
+            }
+            _ if buf.len() > max_record + chunk => {
+                // First line of the oversized record: skip leading blank lines.
+                let lead = buf
+                    .iter()
+                    .take_while(|&&c| c == b'\n' || c == b'\r')
+                    .filter(|&&c| c == b'\n')
+                    .count() as u64;
+                if !send(Chunk::TooLarge {
+                    seq,
+                    line: lines_before + lead + 1,
+                }) {
+                    return Ok(());
+                }
+                seq += 1;
+                skipping = true;
+            }
+            _ => {}
+        }
+        if eof {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunks(input: &[u8], chunk: usize, max: usize) -> Vec<(u64, String)> {
+        let mut out = Vec::new();
+        cut(&mut &input[..], chunk, max, &mut |c| {
+            match c {
+                Chunk::Records {
+                    lines_before,
+                    bytes,
+                    ..
+                } => out.push((lines_before, String::from_utf8(bytes).unwrap())),
+                Chunk::TooLarge { line, .. } => out.push((line, "TOO LARGE".into())),
+            }
+            true
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn cuts_only_between_records() {
+        let mut text = String::new();
+        for i in 0..200 {
+            text.push_str(&format!("dn: cn=e{i},dc=x\ncn: e{i}\n long folded\n\n"));
+        }
+        let got = chunks(text.as_bytes(), 100, 1000);
+        assert!(got.len() > 10);
+        let joined: String = got.iter().map(|(_, s)| s.as_str()).collect();
+        assert_eq!(joined, text);
+        for (lines_before, s) in &got {
+            assert!(s.starts_with("dn: "), "{s:?}");
+            assert_eq!(lines_before % 4, 0);
+        }
+    }
+
+    #[test]
+    fn crlf_boundaries_and_no_final_newline() {
+        let text = "dn: a=1\r\n\r\ndn: a=2\r\n\r\ndn: a=3";
+        let got = chunks(text.as_bytes(), 8, 100);
+        let joined: String = got.iter().map(|(_, s)| s.as_str()).collect();
+        assert_eq!(joined, text);
+    }
+
+    #[test]
+    fn oversized_record_is_reported_and_skipped() {
+        let big = "x".repeat(5000);
+        let text = format!("dn: a=1\n\ndn: a=2\ndescription: {big}\n\ndn: a=3\n\n");
+        let got = chunks(text.as_bytes(), 64, 1000);
+        assert!(
+            got.iter().any(|(l, s)| s == "TOO LARGE" && *l == 3),
+            "{got:?}"
+        );
+        let joined: String = got
+            .iter()
+            .filter(|(_, s)| s != "TOO LARGE")
+            .map(|(_, s)| s.as_str())
+            .collect();
+        assert!(joined.contains("dn: a=1") && joined.contains("dn: a=3"));
+        assert!(!joined.contains("a=2"));
+        // Line numbers after the skipped record are still right.
+        let last = got.iter().find(|(_, s)| s.contains("a=3")).unwrap();
+        assert!(last.1.starts_with("dn: a=3"), "{last:?}");
+        assert_eq!(last.0, 5);
+    }
+}

@@ -1,0 +1,722 @@
+//! Bulk loading: entries appended in ID order, index postings built by an
+//! external sort.
+//!
+//! `pando import` hands entries over in input order. Each is written at
+//! once to `id2entry` and `id2parent` with LMDB's append mode (IDs only
+//! grow, so every page is filled before the next is started) and to
+//! `dn2id`. Its index keys go to [`Runs`]: (index slot, key, ID) triples
+//! gathered in memory up to a budget, sorted and spilled to a file as a
+//! sorted run when the budget is reached. [`BulkLoad::finish`] merges all
+//! runs once and writes each posting list exactly once, in key order
+//! (append mode again when the index was empty). So the input is read once
+//! whatever its size, memory stays within the budget, and no posting list
+//! is rewritten per batch.
+//!
+//! Runs hold records `[klen u16][slot u16][key][id u64]` (big endian), so
+//! `slot ‖ key` is one byte string whose order is the index databases'
+//! key order within a slot. Records of one run are sorted by
+//! (`slot ‖ key`, id); runs are filled in ID order, so merging them with
+//! ties broken by ID yields each key's IDs ascending.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use heed::{PutFlags, RwTxn};
+use pando_model::Attribute;
+use roaring::RoaringTreemap;
+
+use crate::entry_codec::{self, Dict};
+use crate::index::{self, IndexKind};
+use crate::{
+    attr_keys, dn2id_key, encode_placement, id_bytes, id_from, Db, EntryId, Inner, Lookup,
+    Placement, Store, StoreError, META_NEXT_ID,
+};
+
+/// Bytes of bookkeeping per buffered triple besides the record itself.
+const SORT_ENTRY: usize = std::mem::size_of::<(u64, u32)>();
+/// Largest index key kept (longer keys are cut by the index module anyway).
+const MAX_KEY: usize = u16::MAX as usize - 2;
+
+/// Index keys of many entries, sorted in memory and spilled to files.
+pub struct Runs {
+    budget: usize,
+    dir: PathBuf,
+    arena: Vec<u8>,
+    /// (first 8 bytes of `slot ‖ key`, record offset) per record.
+    order: Vec<(u64, u32)>,
+    files: Vec<PathBuf>,
+    /// Triples pushed in total.
+    pub triples: u64,
+}
+
+fn prefix_of(sk: &[u8]) -> u64 {
+    let mut p = [0u8; 8];
+    let n = sk.len().min(8);
+    p[..n].copy_from_slice(&sk[..n]);
+    u64::from_be_bytes(p)
+}
+
+/// `slot ‖ key` and ID of the record at `off`.
+fn record_at(arena: &[u8], off: usize) -> (&[u8], u64) {
+    let klen = u16::from_be_bytes([arena[off], arena[off + 1]]) as usize;
+    let sk = &arena[off + 2..off + 4 + klen];
+    let id_at = off + 4 + klen;
+    let id = u64::from_be_bytes(arena[id_at..id_at + 8].try_into().unwrap_or([0; 8]));
+    (sk, id)
+}
+
+impl Runs {
+    /// `budget`: bytes of memory for buffered triples; spill files go to `dir`.
+    pub fn new(budget: usize, dir: &Path) -> Runs {
+        Runs {
+            budget: budget.max(1 << 20),
+            dir: dir.to_path_buf(),
+            arena: Vec::new(),
+            order: Vec::new(),
+            files: Vec::new(),
+            triples: 0,
+        }
+    }
+
+    pub fn spilled_runs(&self) -> usize {
+        self.files.len()
+    }
+
+    fn used(&self) -> usize {
+        self.arena.len() + self.order.len() * SORT_ENTRY
+    }
+
+    /// Add one triple. IDs must not decrease from one call to the next.
+    pub fn push(&mut self, slot: u16, key: &[u8], id: EntryId) -> Result<(), StoreError> {
+        let key = &key[..key.len().min(MAX_KEY)];
+        if self.used() + key.len() + 12 + SORT_ENTRY > self.budget && !self.order.is_empty() {
+            self.spill()?;
+        }
+        let off = self.arena.len();
+        let off32 = u32::try_from(off).map_err(|_| {
+            StoreError::Lmdb("import memory budget above 4 GiB per run is not supported".into())
+        })?;
+        self.arena
+            .extend_from_slice(&(key.len() as u16).to_be_bytes());
+        self.arena.extend_from_slice(&slot.to_be_bytes());
+        self.arena.extend_from_slice(key);
+        self.arena.extend_from_slice(&id.to_be_bytes());
+        let (sk, _) = record_at(&self.arena, off);
+        self.order.push((prefix_of(sk), off32));
+        self.triples += 1;
+        Ok(())
+    }
+
+    /// Add the packed keys of one entry (see [`Store::index_keys_packed`]).
+    pub fn push_packed(&mut self, packed: &[u8], id: EntryId) -> Result<(), StoreError> {
+        for (slot, key) in PackedKeys(packed) {
+            self.push(slot, key, id)?;
+        }
+        Ok(())
+    }
+
+    fn sort(&mut self) {
+        let arena = &self.arena;
+        self.order.sort_unstable_by(|a, b| {
+            a.0.cmp(&b.0).then_with(|| {
+                let (ka, ia) = record_at(arena, a.1 as usize);
+                let (kb, ib) = record_at(arena, b.1 as usize);
+                ka.cmp(kb).then(ia.cmp(&ib))
+            })
+        });
+    }
+
+    /// Sort what is buffered and write it to a new run file.
+    fn spill(&mut self) -> Result<(), StoreError> {
+        self.sort();
+        std::fs::create_dir_all(&self.dir)?;
+        let path = self.dir.join(format!("run-{:04}", self.files.len()));
+        let mut out = BufWriter::with_capacity(1 << 20, File::create(&path)?);
+        for &(_, off) in &self.order {
+            let off = off as usize;
+            let klen = u16::from_be_bytes([self.arena[off], self.arena[off + 1]]) as usize;
+            out.write_all(&self.arena[off..off + 12 + klen])?;
+        }
+        out.into_inner()
+            .map_err(|e| StoreError::from(e.into_error()))?
+            .sync_data()
+            .or_else(|e| {
+                if e.raw_os_error() == Some(libc::EINVAL) {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })?;
+        self.files.push(path);
+        self.arena.clear();
+        self.order.clear();
+        Ok(())
+    }
+
+    /// Merge everything pushed, calling `each(slot, key, ids)` once per
+    /// distinct (slot, key), in `slot ‖ key` order, IDs ascending. Spill
+    /// files are removed afterwards.
+    pub fn merge(
+        mut self,
+        each: &mut dyn FnMut(u16, &[u8], &[EntryId]) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        self.sort();
+        let mut sources: Vec<Source> = Vec::with_capacity(self.files.len() + 1);
+        for f in &self.files {
+            sources.push(Source::File {
+                reader: BufReader::with_capacity(1 << 20, File::open(f)?),
+                key: Vec::new(),
+                id: 0,
+            });
+        }
+        let memory = std::mem::take(&mut self.order);
+        sources.push(Source::Memory {
+            arena: std::mem::take(&mut self.arena),
+            order: memory,
+            pos: 0,
+            cur: 0,
+        });
+        let mut heap = BinaryHeap::with_capacity(sources.len());
+        for (i, s) in sources.iter_mut().enumerate() {
+            if s.advance()? {
+                heap.push(Head {
+                    key: s.key().to_vec(),
+                    id: s.id(),
+                    source: i,
+                });
+            }
+        }
+        let mut group_key: Vec<u8> = Vec::new();
+        let mut ids: Vec<EntryId> = Vec::new();
+        while let Some(top) = heap.pop() {
+            if top.key != group_key {
+                if !ids.is_empty() {
+                    emit(&group_key, &ids, each)?;
+                }
+                ids.clear();
+                group_key.clone_from(&top.key);
+            }
+            if ids.last() != Some(&top.id) {
+                ids.push(top.id);
+            }
+            let s = &mut sources[top.source];
+            if s.advance()? {
+                let mut key = top.key;
+                key.clear();
+                key.extend_from_slice(s.key());
+                heap.push(Head {
+                    key,
+                    id: s.id(),
+                    source: top.source,
+                });
+            }
+        }
+        if !ids.is_empty() {
+            emit(&group_key, &ids, each)?;
+        }
+        drop(sources);
+        for f in &self.files {
+            let _ = std::fs::remove_file(f);
+        }
+        self.files.clear();
+        Ok(())
+    }
+}
+
+impl Drop for Runs {
+    fn drop(&mut self) {
+        for f in &self.files {
+            let _ = std::fs::remove_file(f);
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+fn emit(
+    sk: &[u8],
+    ids: &[EntryId],
+    each: &mut dyn FnMut(u16, &[u8], &[EntryId]) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    let slot = u16::from_be_bytes([sk[0], sk[1]]);
+    each(slot, &sk[2..], ids)
+}
+
+/// The smallest head comes out of the (max-)heap first.
+struct Head {
+    key: Vec<u8>,
+    id: EntryId,
+    source: usize,
+}
+
+impl Ord for Head {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .key
+            .cmp(&self.key)
+            .then(other.id.cmp(&self.id))
+            .then(other.source.cmp(&self.source))
+    }
+}
+impl PartialOrd for Head {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl PartialEq for Head {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Head {}
+
+enum Source {
+    File {
+        reader: BufReader<File>,
+        key: Vec<u8>,
+        id: EntryId,
+    },
+    Memory {
+        arena: Vec<u8>,
+        order: Vec<(u64, u32)>,
+        pos: usize,
+        cur: usize,
+    },
+}
+
+impl Source {
+    /// Move to the next record; false at the end.
+    fn advance(&mut self) -> Result<bool, StoreError> {
+        match self {
+            Source::File { reader, key, id } => {
+                let mut len = [0u8; 2];
+                match reader.read_exact(&mut len) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
+                    Err(e) => return Err(e.into()),
+                }
+                let klen = u16::from_be_bytes(len) as usize;
+                key.resize(klen + 2, 0);
+                reader.read_exact(key)?;
+                let mut b = [0u8; 8];
+                reader.read_exact(&mut b)?;
+                *id = u64::from_be_bytes(b);
+                Ok(true)
+            }
+            Source::Memory {
+                order, pos, cur, ..
+            } => {
+                if *pos >= order.len() {
+                    return Ok(false);
+                }
+                *cur = order[*pos].1 as usize;
+                *pos += 1;
+                Ok(true)
+            }
+        }
+    }
+
+    fn key(&self) -> &[u8] {
+        match self {
+            Source::File { key, .. } => key,
+            Source::Memory { arena, cur, .. } => record_at(arena, *cur).0,
+        }
+    }
+
+    fn id(&self) -> EntryId {
+        match self {
+            Source::File { id, .. } => *id,
+            Source::Memory { arena, cur, .. } => record_at(arena, *cur).1,
+        }
+    }
+}
+
+/// Iterator over packed keys `[slot u16][len u16][key]…`.
+pub struct PackedKeys<'a>(pub &'a [u8]);
+
+impl<'a> Iterator for PackedKeys<'a> {
+    type Item = (u16, &'a [u8]);
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.0.len() < 4 {
+            return None;
+        }
+        let slot = u16::from_be_bytes([self.0[0], self.0[1]]);
+        let len = u16::from_be_bytes([self.0[2], self.0[3]]) as usize;
+        let key = self.0.get(4..4 + len)?;
+        self.0 = &self.0[4 + len..];
+        Some((slot, key))
+    }
+}
+
+/// One index database taking part in a bulk build.
+struct Target {
+    db: Db,
+    /// Empty when the build started: postings are appended, not merged.
+    was_empty: bool,
+}
+
+/// Settings of a bulk load.
+#[derive(Clone, Debug)]
+pub struct BulkOptions {
+    /// Memory for buffered index keys, in bytes.
+    pub memory: usize,
+    /// Where sorted runs are spilled (created and removed by the load).
+    pub spill_dir: PathBuf,
+    /// Entries per write transaction.
+    pub commit_every: usize,
+}
+
+/// Figures of a finished bulk load.
+#[derive(Clone, Debug, Default)]
+pub struct BulkFigures {
+    pub entries: u64,
+    pub index_triples: u64,
+    pub spilled_runs: usize,
+    pub posting_lists: u64,
+}
+
+/// An import in progress: owns the store's write transaction until
+/// [`BulkLoad::finish`]. Nothing else may write the store meanwhile.
+pub struct BulkLoad<'s> {
+    inner: &'s Inner,
+    txn: Option<RwTxn<'s>>,
+    next_id: EntryId,
+    runs: Runs,
+    targets: Vec<Target>,
+    uncommitted: usize,
+    commit_every: usize,
+    entries: u64,
+    /// Reused buffer for id2parent records.
+    buf: Vec<u8>,
+}
+
+impl Store {
+    /// The (attribute, kind) pairs of the configured indexes in slot order:
+    /// slot numbers in packed keys refer to positions in this list.
+    pub fn index_slots(&self) -> Vec<(String, IndexKind)> {
+        slots(&self.inner)
+    }
+
+    /// Every index key of `attrs`, packed as `[slot u16][len u16][key]…`
+    /// into `out` (cleared first).
+    pub fn index_keys_packed(&self, attrs: &[Attribute], out: &mut Vec<u8>) {
+        out.clear();
+        for (slot, (attr, kind)) in slots(&self.inner).iter().enumerate() {
+            for key in attr_keys(&self.inner.schema, attrs, attr, *kind) {
+                let key = &key[..key.len().min(MAX_KEY)];
+                out.extend_from_slice(&(slot as u16).to_be_bytes());
+                out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+                out.extend_from_slice(key);
+            }
+        }
+    }
+
+    /// Start a bulk load. The store's own writer must stay idle until it
+    /// finishes (offline import).
+    pub fn bulk_load(&self, opts: &BulkOptions) -> Result<BulkLoad<'_>, StoreError> {
+        let inner: &Inner = &self.inner;
+        let txn = inner.env.write_txn()?;
+        let next_id = match inner.meta.get(&txn, META_NEXT_ID)? {
+            Some(v) => id_from(v)?,
+            None => return Err(StoreError::Corrupt("meta has no next_id".into())),
+        };
+        let mut targets = Vec::new();
+        for (attr, kind) in slots(inner) {
+            let db = inner.index_db(&attr, kind).ok_or_else(|| {
+                StoreError::Corrupt(format!("index {} vanished", index::db_name(&attr, kind)))
+            })?;
+            targets.push(Target {
+                db,
+                was_empty: db.is_empty(&txn)?,
+            });
+        }
+        Ok(BulkLoad {
+            inner,
+            txn: Some(txn),
+            next_id,
+            runs: Runs::new(opts.memory, &opts.spill_dir),
+            targets,
+            uncommitted: 0,
+            commit_every: opts.commit_every.max(1),
+            entries: 0,
+            buf: Vec::new(),
+        })
+    }
+}
+
+fn slots(inner: &Inner) -> Vec<(String, IndexKind)> {
+    let mut v: Vec<(String, IndexKind)> = inner
+        .indexes
+        .iter()
+        .flat_map(|(a, dbs)| dbs.iter().map(move |d| (a.clone(), d.kind)))
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.as_str().cmp(b.1.as_str())));
+    v
+}
+
+impl Inner {
+    fn index_db(&self, attr: &str, kind: IndexKind) -> Option<Db> {
+        self.indexes
+            .get(attr)?
+            .iter()
+            .find(|i| i.kind == kind)
+            .map(|i| i.db)
+    }
+}
+
+impl<'s> BulkLoad<'s> {
+    fn txn(&mut self) -> &mut RwTxn<'s> {
+        self.txn.as_mut().expect("bulk load transaction")
+    }
+
+    /// The entry at `norm_rdns` (most specific first), read through
+    /// what this load has written so far.
+    pub fn lookup_norm(&mut self, norm_rdns: &[String]) -> Result<Lookup, StoreError> {
+        let inner = self.inner;
+        let txn = self.txn();
+        crate::lookup_in(inner, txn, norm_rdns)
+    }
+
+    /// Keep a trained dictionary in meta (next free ID) and make it the one
+    /// new entries use; returns it for the encoders.
+    pub fn install_dict(&mut self, bytes: Vec<u8>) -> Result<Arc<Dict>, StoreError> {
+        let inner = self.inner;
+        let id = inner.codec.max_dict_id() + 1;
+        let txn = self.txn();
+        inner
+            .meta
+            .put(txn, entry_codec::dict_meta_key(id).as_bytes(), &bytes)?;
+        inner.meta.put(
+            txn,
+            entry_codec::META_DICT_CURRENT.as_bytes(),
+            &id.to_be_bytes(),
+        )?;
+        Ok(inner.codec.add_dict(id, bytes, true))
+    }
+
+    /// Store one entry: `record` is its encoded form (see
+    /// [`entry_codec::Codec::encode_with`]), `keys` its packed index keys.
+    /// Err(None) when `place` is already taken (a duplicate DN).
+    pub fn add(
+        &mut self,
+        place: &Placement,
+        record: &[u8],
+        keys: &[u8],
+    ) -> Result<Result<EntryId, EntryId>, StoreError> {
+        let inner = self.inner;
+        let id = self.next_id;
+        let key = dn2id_key(place.parent, &place.norm_rdn);
+        let txn = self.txn.as_mut().expect("bulk load transaction");
+        match inner
+            .dn2id
+            .put_with_flags(txn, PutFlags::NO_OVERWRITE, &key, &id_bytes(id))
+        {
+            Ok(()) => {}
+            Err(heed::Error::Mdb(heed::MdbError::KeyExist)) => {
+                let existing = inner.dn2id.get(txn, &key)?.map(id_from).transpose()?;
+                return Ok(Err(existing.unwrap_or(0)));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        // IDs only grow: both records go at the end of their database.
+        inner
+            .id2entry
+            .put_with_flags(txn, PutFlags::APPEND, &id_bytes(id), record)?;
+        self.buf = encode_placement(place);
+        inner
+            .id2parent
+            .put_with_flags(txn, PutFlags::APPEND, &id_bytes(id), &self.buf)?;
+        self.runs.push_packed(keys, id)?;
+        self.next_id += 1;
+        self.entries += 1;
+        self.uncommitted += 1;
+        if self.uncommitted >= self.commit_every {
+            self.commit()?;
+        }
+        Ok(Ok(id))
+    }
+
+    /// Commit what is written so far and continue in a new transaction.
+    fn commit(&mut self) -> Result<(), StoreError> {
+        let inner = self.inner;
+        let next = self.next_id;
+        let mut txn = self.txn.take().expect("bulk load transaction");
+        inner.meta.put(&mut txn, META_NEXT_ID, &id_bytes(next))?;
+        txn.commit()?;
+        self.txn = Some(inner.env.write_txn()?);
+        self.uncommitted = 0;
+        Ok(())
+    }
+
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    /// Merge the index runs into the index databases and commit.
+    /// `progress(done, total)` is called now and then with triples merged.
+    pub fn finish(mut self, progress: &mut dyn FnMut(u64, u64)) -> Result<BulkFigures, StoreError> {
+        self.commit()?;
+        let runs = std::mem::replace(&mut self.runs, Runs::new(0, Path::new("/nonexistent")));
+        let mut fig = BulkFigures {
+            entries: self.entries,
+            index_triples: runs.triples,
+            spilled_runs: runs.spilled_runs(),
+            posting_lists: 0,
+        };
+        let total = runs.triples;
+        let mut done = 0u64;
+        let inner = self.inner;
+        let targets = &self.targets;
+        let txn = self.txn.take().expect("bulk load transaction");
+        let mut buf = Vec::new();
+        let mut txn_slot = Some(txn);
+        let mut each = |slot: u16, key: &[u8], ids: &[EntryId]| -> Result<(), StoreError> {
+            let t = targets
+                .get(slot as usize)
+                .ok_or_else(|| StoreError::Corrupt(format!("index slot {slot} out of range")))?;
+            let txn = txn_slot.as_mut().expect("merge transaction");
+            write_posting(txn, t, key, ids, &mut buf)?;
+            done += ids.len() as u64;
+            fig.posting_lists += 1;
+            if fig.posting_lists % 200_000 == 0 {
+                // Bound the dirty pages of one transaction on huge imports.
+                txn_slot.take().expect("merge transaction").commit()?;
+                txn_slot = Some(inner.env.write_txn()?);
+                progress(done, total);
+            }
+            Ok(())
+        };
+        runs.merge(&mut each)?;
+        drop(each);
+        txn_slot.take().expect("merge transaction").commit()?;
+        progress(total, total);
+        Ok(fig)
+    }
+}
+
+/// Write the posting list of `key` in target `t` (merged with what is
+/// stored when the index was not empty at the start).
+fn write_posting(
+    txn: &mut RwTxn<'_>,
+    t: &Target,
+    key: &[u8],
+    ids: &[EntryId],
+    buf: &mut Vec<u8>,
+) -> Result<(), StoreError> {
+    let mut set = RoaringTreemap::from_sorted_iter(ids.iter().copied())
+        .map_err(|_| StoreError::Corrupt("index IDs out of order in the merge".into()))?;
+    if t.was_empty {
+        index::encode_posting(&set, buf);
+        t.db.put_with_flags(txn, PutFlags::APPEND, key, buf)?;
+    } else {
+        if let Some(v) = t.db.get(txn, key)? {
+            set |= index::decode_posting(v).map_err(StoreError::Corrupt)?;
+        }
+        index::encode_posting(&set, buf);
+        t.db.put(txn, key, buf)?;
+    }
+    Ok(())
+}
+
+/// Build the postings of every entry into the (emptied) index databases
+/// `targets` with an external sort. Returns the number of entries read.
+pub(crate) fn fill_indexes(
+    inner_schema: &pando_model::Schema,
+    codec: &entry_codec::Codec,
+    id2entry: Db,
+    txn: &mut RwTxn<'_>,
+    targets: &[(String, IndexKind, Db)],
+    memory: usize,
+    spill_dir: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> Result<u64, StoreError> {
+    let mut runs = Runs::new(memory, spill_dir);
+    let mut entries = 0u64;
+    for item in id2entry.iter(txn)? {
+        let (k, v) = item?;
+        let id = id_from(k)?;
+        let attrs = codec.decode(id, pando_model::Dn { rdns: vec![] }, v)?.attrs;
+        for (slot, (attr, kind, _)) in targets.iter().enumerate() {
+            for key in attr_keys(inner_schema, &attrs, attr, *kind) {
+                runs.push(slot as u16, &key, id)?;
+            }
+        }
+        entries += 1;
+        if entries % 50_000 == 0 {
+            progress(entries);
+        }
+    }
+    let mut buf = Vec::new();
+    let mut each = |slot: u16, key: &[u8], ids: &[EntryId]| -> Result<(), StoreError> {
+        let t = Target {
+            db: targets[slot as usize].2,
+            was_empty: true,
+        };
+        write_posting(txn, &t, key, ids, &mut buf)
+    };
+    runs.merge(&mut each)?;
+    progress(entries);
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collect(runs: Runs) -> Vec<(u16, Vec<u8>, Vec<u64>)> {
+        let mut out = Vec::new();
+        runs.merge(&mut |s, k, ids| {
+            out.push((s, k.to_vec(), ids.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        out
+    }
+
+    fn sample(budget: usize, dir: &Path) -> Runs {
+        let mut r = Runs::new(budget, dir);
+        for id in 1..=20_000u64 {
+            r.push(1, format!("user.{id}").as_bytes(), id).unwrap();
+            r.push(0, b"person", id).unwrap();
+            r.push(1, format!("group{}", id % 7).as_bytes(), id)
+                .unwrap();
+        }
+        r
+    }
+
+    #[test]
+    fn spilled_and_in_memory_merges_agree() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = sample(1 << 30, &dir.path().join("a"));
+        assert_eq!(big.spilled_runs(), 0);
+        let small = sample(1 << 20, &dir.path().join("b"));
+        assert!(small.spilled_runs() >= 2, "{}", small.spilled_runs());
+        let (a, b) = (collect(big), collect(small));
+        assert_eq!(a, b);
+        // Slot 0 first, keys in byte order, IDs ascending.
+        assert_eq!(a[0].0, 0);
+        assert_eq!(a[0].2.len(), 20_000);
+        assert!(a.windows(2).all(|w| (w[0].0, &w[0].1) < (w[1].0, &w[1].1)));
+        assert!(a
+            .iter()
+            .all(|(_, _, ids)| ids.windows(2).all(|w| w[0] < w[1])));
+        assert_eq!(a.len(), 1 + 20_000 + 7);
+        // Spill files are gone.
+        assert!(!dir.path().join("b").exists());
+    }
+
+    #[test]
+    fn packed_keys_round_trip() {
+        let mut buf = Vec::new();
+        for (s, k) in [(0u16, &b"a"[..]), (3, b""), (1, b"xyz")] {
+            buf.extend_from_slice(&s.to_be_bytes());
+            buf.extend_from_slice(&(k.len() as u16).to_be_bytes());
+            buf.extend_from_slice(k);
+        }
+        let got: Vec<_> = PackedKeys(&buf).collect();
+        assert_eq!(got, vec![(0, &b"a"[..]), (3, &b""[..]), (1, &b"xyz"[..])]);
+    }
+}
