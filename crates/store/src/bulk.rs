@@ -36,8 +36,24 @@ use crate::{
     Placement, Store, StoreError, META_NEXT_ID,
 };
 
+/// Sort handle of one buffered record: the first 16 bytes of `slot ‖ key`
+/// (zero padded) as two integers, the key length and the record's offset.
+/// Most comparisons end on the integers; for keys of up to 14 bytes equal
+/// integers and lengths mean equal keys, and a longer key is read from the
+/// arena only when the first 14 bytes tie. Records are appended in ID
+/// order, so among equal keys the offset orders the IDs.
+#[derive(Clone, Copy)]
+struct SortEntry {
+    p1: u64,
+    p2: u64,
+    off: u32,
+    klen: u16,
+}
+
 /// Bytes of bookkeeping per buffered triple besides the record itself.
-const SORT_ENTRY: usize = std::mem::size_of::<(u64, u32)>();
+const SORT_ENTRY: usize = std::mem::size_of::<SortEntry>();
+/// Key bytes covered by `p1` and `p2` (the slot takes 2 of the 16).
+const PREFIX_KEY: usize = 14;
 /// Largest index key kept (longer keys are cut by the index module anyway).
 const MAX_KEY: usize = u16::MAX as usize - 2;
 
@@ -46,18 +62,39 @@ pub struct Runs {
     budget: usize,
     dir: PathBuf,
     arena: Vec<u8>,
-    /// (first 8 bytes of `slot ‖ key`, record offset) per record.
-    order: Vec<(u64, u32)>,
+    order: Vec<SortEntry>,
     files: Vec<PathBuf>,
     /// Triples pushed in total.
     pub triples: u64,
 }
 
-fn prefix_of(sk: &[u8]) -> u64 {
-    let mut p = [0u8; 8];
-    let n = sk.len().min(8);
+fn sort_entry(sk: &[u8], off: u32) -> SortEntry {
+    let mut p = [0u8; 16];
+    let n = sk.len().min(16);
     p[..n].copy_from_slice(&sk[..n]);
-    u64::from_be_bytes(p)
+    SortEntry {
+        p1: u64::from_be_bytes(p[..8].try_into().unwrap_or([0; 8])),
+        p2: u64::from_be_bytes(p[8..].try_into().unwrap_or([0; 8])),
+        off,
+        klen: (sk.len() - 2) as u16,
+    }
+}
+
+fn compare(arena: &[u8], a: &SortEntry, b: &SortEntry) -> Ordering {
+    a.p1.cmp(&b.p1)
+        .then(a.p2.cmp(&b.p2))
+        .then_with(|| {
+            if (a.klen as usize) <= PREFIX_KEY || (b.klen as usize) <= PREFIX_KEY {
+                // Equal padded prefixes: the shorter key is a prefix of the
+                // longer one (which continues with zero bytes).
+                a.klen.cmp(&b.klen)
+            } else {
+                record_at(arena, a.off as usize)
+                    .0
+                    .cmp(record_at(arena, b.off as usize).0)
+            }
+        })
+        .then(a.off.cmp(&b.off))
 }
 
 /// `slot ‖ key` and ID of the record at `off`.
@@ -106,7 +143,7 @@ impl Runs {
         self.arena.extend_from_slice(key);
         self.arena.extend_from_slice(&id.to_be_bytes());
         let (sk, _) = record_at(&self.arena, off);
-        self.order.push((prefix_of(sk), off32));
+        self.order.push(sort_entry(sk, off32));
         self.triples += 1;
         Ok(())
     }
@@ -121,13 +158,7 @@ impl Runs {
 
     fn sort(&mut self) {
         let arena = &self.arena;
-        self.order.sort_unstable_by(|a, b| {
-            a.0.cmp(&b.0).then_with(|| {
-                let (ka, ia) = record_at(arena, a.1 as usize);
-                let (kb, ib) = record_at(arena, b.1 as usize);
-                ka.cmp(kb).then(ia.cmp(&ib))
-            })
-        });
+        self.order.sort_unstable_by(|a, b| compare(arena, a, b));
     }
 
     /// Sort what is buffered and write it to a new run file.
@@ -136,8 +167,8 @@ impl Runs {
         std::fs::create_dir_all(&self.dir)?;
         let path = self.dir.join(format!("run-{:04}", self.files.len()));
         let mut out = BufWriter::with_capacity(1 << 20, File::create(&path)?);
-        for &(_, off) in &self.order {
-            let off = off as usize;
+        for e in &self.order {
+            let off = e.off as usize;
             let klen = u16::from_be_bytes([self.arena[off], self.arena[off + 1]]) as usize;
             out.write_all(&self.arena[off..off + 12 + klen])?;
         }
@@ -281,7 +312,7 @@ enum Source {
     },
     Memory {
         arena: Vec<u8>,
-        order: Vec<(u64, u32)>,
+        order: Vec<SortEntry>,
         pos: usize,
         cur: usize,
     },
@@ -312,7 +343,7 @@ impl Source {
                 if *pos >= order.len() {
                     return Ok(false);
                 }
-                *cur = order[*pos].1 as usize;
+                *cur = order[*pos].off as usize;
                 *pos += 1;
                 Ok(true)
             }
@@ -683,6 +714,10 @@ mod tests {
             r.push(0, b"person", id).unwrap();
             r.push(1, format!("group{}", id % 7).as_bytes(), id)
                 .unwrap();
+            // Keys that tie on the padded prefix: zero bytes, long shared starts.
+            r.push(2, &b"ab\0\0"[..2 + (id % 3) as usize], id).unwrap();
+            r.push(2, format!("a-long-shared-prefix-{}", id % 5).as_bytes(), id)
+                .unwrap();
         }
         r
     }
@@ -703,7 +738,17 @@ mod tests {
         assert!(a
             .iter()
             .all(|(_, _, ids)| ids.windows(2).all(|w| w[0] < w[1])));
-        assert_eq!(a.len(), 1 + 20_000 + 7);
+        assert_eq!(a.len(), 1 + 20_000 + 7 + 3 + 5);
+        let slot2: Vec<&[u8]> = a.iter().filter(|t| t.0 == 2).map(|t| &t.1[..]).collect();
+        assert_eq!(
+            &slot2[..3],
+            &[
+                &b"a-long-shared-prefix-0"[..],
+                b"a-long-shared-prefix-1",
+                b"a-long-shared-prefix-2"
+            ]
+        );
+        assert_eq!(&slot2[5..], &[&b"ab"[..], b"ab\0", b"ab\0\0"]);
         // Spill files are gone.
         assert!(!dir.path().join("b").exists());
     }
