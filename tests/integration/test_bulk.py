@@ -1,7 +1,13 @@
 """pando import / export: round trips, rejects, order problems, and an
 interrupted import that must not look like a valid store."""
 
+import gzip
+import re
+import signal
 import subprocess
+import time
+
+import ldap3
 
 from conftest import PANDO_BIN, SUFFIX, Pando
 
@@ -133,3 +139,135 @@ def test_index_rebuild(tmp_path):
     assert r.returncode != 0 and "no index" in r.stderr, r.stderr
     v = run("verify", "--data-dir", str(d))
     assert v.returncode == 0, v.stdout
+
+
+def strip_generated(ldif_text):
+    """The lines of an export without the values the import generates anew."""
+    generated = ("entryUUID:", "entryCSN:", "createTimestamp:", "modifyTimestamp:")
+    return [l for l in ldif_text.splitlines() if not l.startswith(generated)]
+
+
+def export_text(data_dir, *extra):
+    r = run("export", "--data-dir", str(data_dir), "--operational", *extra)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_children_before_parents_are_placed(tmp_path):
+    # Users first, then their ou, then the suffix: every entry waits for its
+    # parent and is stored once the parent arrives.
+    users = "".join(
+        "dn: uid=u%d,ou=People,dc=example,dc=com\nobjectClass: inetOrgPerson\nuid: u%d\ncn: U %d\nsn: %d\n\n" % (i, i, i, i)
+        for i in range(50))
+    src = tmp_path / "reversed.ldif"
+    src.write_text(users + "dn: ou=People,dc=example,dc=com\nobjectClass: organizationalUnit\nou: People\n\n"
+                   "dn: dc=example,dc=com\nobjectClass: domain\ndc: example\n")
+    d = tmp_path / "d"
+    r = run("import", "--data-dir", str(d), "-f", str(src))
+    assert r.returncode == 0 and "imported 52 entries (0 rejected)" in r.stderr, r.stderr
+    assert run("verify", "--data-dir", str(d)).returncode == 0
+    out = run("export", "--data-dir", str(d), "--base", "ou=People," + SUFFIX, "--filter", "(uid=u49)")
+    assert "dn: uid=u49,ou=People,dc=example,dc=com" in out.stdout, out.stdout
+
+
+def test_interrupted_import_leaves_a_store_that_says_so(tmp_path):
+    ldif = tmp_path / "big.ldif"
+    assert run("gen", "-D", "numusers=200000", "-o", str(ldif)).returncode == 0
+    d = tmp_path / "d"
+    p = subprocess.Popen([PANDO_BIN, "import", "--data-dir", str(d), "-f", str(ldif)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Kill it once entries are being written (the store file exists and grows).
+    db = d / "db" / "data.mdb"
+    deadline = time.time() + 60
+    while time.time() < deadline and (not db.exists() or db.stat().st_size < (8 << 20)):
+        time.sleep(0.05)
+    assert p.poll() is None, "import finished before it could be interrupted"
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+    srv = subprocess.run([PANDO_BIN, "serve", "--data-dir", str(d), "--listen", "ldap://127.0.0.1:1"],
+                         capture_output=True, text=True, timeout=30)
+    assert srv.returncode != 0 and "incomplete" in srv.stderr, srv.stderr
+    r = run("import", "--data-dir", str(d), "-f", str(ldif))
+    assert r.returncode != 0 and "incomplete" in r.stderr, r.stderr
+    r = run("index", "rebuild", "--data-dir", str(d))
+    assert r.returncode != 0 and "incomplete" in r.stderr, r.stderr
+
+
+def test_compressed_input(tmp_path):
+    ldif = tmp_path / "users.ldif"
+    assert run("gen", "-D", "numusers=300", "--seed", "5", "-o", str(ldif)).returncode == 0
+    gz = tmp_path / "users.ldif.gz"
+    gz.write_bytes(gzip.compress(ldif.read_bytes()))
+    zst = tmp_path / "users.ldif.zst"
+    subprocess.run(["zstd", "-q", "-f", str(ldif), "-o", str(zst)], check=True)
+    texts = []
+    for name, src, fmt in (("plain", ldif, "plain"), ("gz", gz, "gzip"), ("zst", zst, "zstd")):
+        d = tmp_path / name
+        r = run("import", "--data-dir", str(d), "-f", str(src))
+        assert r.returncode == 0 and "imported 302 entries" in r.stderr and "(%s)" % fmt in r.stderr, r.stderr
+        texts.append(export_text(d))
+    # Standard input works too (a pipe: no size, no bar).
+    d = tmp_path / "stdin"
+    r = subprocess.run([PANDO_BIN, "import", "--data-dir", str(d)], input=gz.read_bytes(),
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0 and b"(gzip)" in r.stderr, r.stderr
+    assert strip_generated(texts[0]) == strip_generated(texts[1]) == strip_generated(texts[2])
+    # A truncated gzip file is an error naming the file, not a partial store.
+    cut = tmp_path / "cut.ldif.gz"
+    cut.write_bytes(gz.read_bytes()[: len(gz.read_bytes()) // 2])
+    r = run("import", "--data-dir", str(tmp_path / "cut"), "-f", str(cut))
+    assert r.returncode != 0 and "cut.ldif.gz" in r.stderr and "incomplete" in r.stderr, r.stderr
+
+
+def test_memory_budget_smaller_than_the_data(tmp_path):
+    ldif = tmp_path / "users.ldif"
+    assert run("gen", "-D", "numusers=20000", "--seed", "3", "-o", str(ldif)).returncode == 0
+    assert ldif.stat().st_size > 8 << 20
+    small, big = tmp_path / "small", tmp_path / "big"
+    # 1 MiB for index keys: far less than the 11 MiB of LDIF, so keys are
+    # spilled as sorted runs and merged once.
+    r = run("import", "--data-dir", str(small), "-f", str(ldif), "--memory", "1M")
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"sorted in (\d+) runs spilled to disk", r.stderr)
+    assert m and int(m.group(1)) >= 5, r.stderr
+    assert not (small / "db" / "import-runs").exists()
+    r = run("import", "--data-dir", str(big), "-f", str(ldif), "--memory", "1G")
+    assert r.returncode == 0 and "spilled" not in r.stderr, r.stderr
+    for d in (small, big):
+        v = run("verify", "--data-dir", str(d))
+        assert v.returncode == 0, v.stdout
+    assert strip_generated(export_text(small)) == strip_generated(export_text(big))
+    # Bad sizes are refused by name.
+    r = run("import", "--data-dir", str(tmp_path / "x"), "-f", str(ldif), "--memory", "lots")
+    assert r.returncode != 0 and "lots" in r.stderr, r.stderr
+
+
+def test_entries_are_stored_compressed(tmp_path):
+    ldif = tmp_path / "users.ldif"
+    assert run("gen", "-D", "numusers=3000", "-o", str(ldif)).returncode == 0
+    on, off = tmp_path / "on" / "data", tmp_path / "off"
+    r = run("import", "--data-dir", str(on), "-f", str(ldif))
+    assert r.returncode == 0 and "compressed with dictionary 1" in r.stderr, r.stderr
+    cfg = tmp_path / "off.toml"
+    cfg.write_text('data_dir = "%s"\n[store]\ncompression = "off"\n' % off)
+    r = run("import", "-c", str(cfg), "-f", str(ldif))
+    assert r.returncode == 0 and "dictionary" not in r.stderr, r.stderr
+    plain = (off / "db" / "data.mdb").read_bytes()
+    packed = (on / "db" / "data.mdb").read_bytes()
+    marker = b"This is the description for"
+    # Plain: once per entry. Compressed: only inside the dictionary.
+    assert plain.count(marker) >= 3000 and packed.count(marker) < 150, packed.count(marker)
+    assert len(packed.rstrip(b"\0")) < len(plain.rstrip(b"\0")) * 0.7
+    # Both serve the same entries.
+    srv = Pando(tmp_path / "on").start()
+    rc, entries, err = srv.search(SUFFIX, "(uid=user.2999)", "description")
+    assert rc == 0 and len(entries) == 1 and "description" in entries[0][1], err
+    srv.stop_and_verify()
+    assert strip_generated(export_text(off)) == strip_generated(export_text(on))
+    # A server write after the import uses the dictionary too, and reads back.
+    srv = Pando(tmp_path / "on").start()
+    c = srv.conn()
+    assert c.modify("uid=user.1,ou=People," + SUFFIX, {"description": [(ldap3.MODIFY_REPLACE, ["changed after import"])]}), c.result
+    c.unbind()
+    srv.stop_and_verify()
+    assert "description: changed after import" in export_text(on)
