@@ -315,7 +315,9 @@ def test_restore_refuses_another_format(tmp_path):
     assert r.returncode == 0, r.stderr
     srv.stop_and_verify()
     m = dest / "manifest.toml"
-    m.write_text(m.read_text().replace("store_format = 1", "store_format = 99"))
+    text = m.read_text()
+    assert "store_format = 2" in text, text
+    m.write_text(text.replace("store_format = 2", "store_format = 99"))
     r = subprocess.run([PANDO_BIN, "restore", "--data-dir", str(tmp_path / "b"), str(dest)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "store format 99" in r.stderr, r.stderr

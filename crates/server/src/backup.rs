@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use pando_model::Schema;
-use pando_store::{Store, StoreOptions, FORMAT_VERSION};
+use pando_store::{Store, StoreOptions, FORMAT_VERSION, OLDEST_FORMAT};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -175,9 +175,9 @@ pub fn check(src: &Path) -> Result<Manifest, String> {
             m.backup_format
         ));
     }
-    if m.store_format != FORMAT_VERSION {
+    if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&m.store_format) {
         return Err(format!(
-            "{}: the backup holds store format {}, this Pando reads format {FORMAT_VERSION}",
+            "{}: the backup holds store format {}, this Pando reads formats {OLDEST_FORMAT} to {FORMAT_VERSION}",
             mpath.display(),
             m.store_format
         ));

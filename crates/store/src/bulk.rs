@@ -57,6 +57,9 @@ const PREFIX_KEY: usize = 14;
 /// Largest index key kept (longer keys are cut by the index module anyway).
 const MAX_KEY: usize = u16::MAX as usize - 2;
 
+/// Receives each distinct (slot, key) of a merge with its IDs, ascending.
+pub type PostingSink<'a> = dyn FnMut(u16, &[u8], &[EntryId]) -> Result<(), StoreError> + 'a;
+
 /// Index keys of many entries, sorted in memory and spilled to files.
 pub struct Runs {
     budget: usize,
@@ -191,10 +194,7 @@ impl Runs {
     /// Merge everything pushed, calling `each(slot, key, ids)` once per
     /// distinct (slot, key), in `slot ‖ key` order, IDs ascending. Spill
     /// files are removed afterwards.
-    pub fn merge(
-        mut self,
-        each: &mut dyn FnMut(u16, &[u8], &[EntryId]) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
+    pub fn merge(mut self, each: &mut PostingSink<'_>) -> Result<(), StoreError> {
         self.sort();
         let mut sources: Vec<Source> = Vec::with_capacity(self.files.len() + 1);
         for f in &self.files {
@@ -267,11 +267,7 @@ impl Drop for Runs {
     }
 }
 
-fn emit(
-    sk: &[u8],
-    ids: &[EntryId],
-    each: &mut dyn FnMut(u16, &[u8], &[EntryId]) -> Result<(), StoreError>,
-) -> Result<(), StoreError> {
+fn emit(sk: &[u8], ids: &[EntryId], each: &mut PostingSink<'_>) -> Result<(), StoreError> {
     let slot = u16::from_be_bytes([sk[0], sk[1]]);
     each(slot, &sk[2..], ids)
 }
@@ -612,7 +608,7 @@ impl<'s> BulkLoad<'s> {
             write_posting(txn, t, key, ids, &mut buf)?;
             done += ids.len() as u64;
             fig.posting_lists += 1;
-            if fig.posting_lists % 200_000 == 0 {
+            if fig.posting_lists.is_multiple_of(200_000) {
                 // Bound the dirty pages of one transaction on huge imports.
                 txn_slot.take().expect("merge transaction").commit()?;
                 txn_slot = Some(inner.env.write_txn()?);
@@ -621,7 +617,6 @@ impl<'s> BulkLoad<'s> {
             Ok(())
         };
         runs.merge(&mut each)?;
-        drop(each);
         txn_slot.take().expect("merge transaction").commit()?;
         progress(total, total);
         Ok(fig)
@@ -660,11 +655,9 @@ pub(crate) fn fill_indexes(
     id2entry: Db,
     txn: &mut RwTxn<'_>,
     targets: &[(String, IndexKind, Db)],
-    memory: usize,
-    spill_dir: &Path,
+    mut runs: Runs,
     progress: &mut dyn FnMut(u64),
 ) -> Result<u64, StoreError> {
-    let mut runs = Runs::new(memory, spill_dir);
     let mut entries = 0u64;
     for item in id2entry.iter(txn)? {
         let (k, v) = item?;
@@ -676,7 +669,7 @@ pub(crate) fn fill_indexes(
             }
         }
         entries += 1;
-        if entries % 50_000 == 0 {
+        if entries.is_multiple_of(50_000) {
             progress(entries);
         }
     }

@@ -49,7 +49,12 @@ type Db = Database<Bytes, Bytes>;
 pub const DEFAULT_MAP_SIZE: usize = 1 << 40;
 
 /// On-disk format of the whole store; bumped on any incompatible change.
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: entries may be zstd-compressed (entry format 2) and single-ID
+/// postings are 8 bytes. Format 1 stores are read as they are and marked
+/// format 2 when opened for writing (every format-1 record is valid in 2).
+pub const FORMAT_VERSION: u32 = 2;
+/// Oldest store format this version reads.
+pub const OLDEST_FORMAT: u32 = 1;
 const META_FORMAT: &[u8] = b"format";
 const META_NEXT_ID: &[u8] = b"next_id";
 /// Newline-separated names of the index databases kept complete.
@@ -253,11 +258,15 @@ impl Store {
                 let found = <[u8; 4]>::try_from(v)
                     .map(u32::from_be_bytes)
                     .map_err(|_| StoreError::Format("unreadable format version in meta".into()))?;
-                if found != FORMAT_VERSION {
+                if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&found) {
                     return Err(StoreError::Format(format!(
-                        "store {} has format {found}, this Pando reads format {FORMAT_VERSION}",
+                        "store {} has format {found}, this Pando reads formats {OLDEST_FORMAT} to {FORMAT_VERSION}",
                         path.display()
                     )));
+                }
+                if found < FORMAT_VERSION {
+                    // From now on records of the new format may be written.
+                    meta.put(&mut wtxn, META_FORMAT, &FORMAT_VERSION.to_be_bytes())?;
                 }
             }
         }
@@ -321,8 +330,7 @@ impl Store {
                 id2entry,
                 &mut wtxn,
                 &to_build,
-                REBUILD_MEMORY,
-                &path.join("index-runs"),
+                bulk::Runs::new(REBUILD_MEMORY, &path.join("index-runs")),
                 &mut |_| {},
             )?;
         }
@@ -391,9 +399,9 @@ impl Store {
             .get(&rtxn, META_FORMAT)?
             .and_then(|v| <[u8; 4]>::try_from(v).ok())
             .map(u32::from_be_bytes);
-        if found != Some(FORMAT_VERSION) {
+        if !found.is_some_and(|f| (OLDEST_FORMAT..=FORMAT_VERSION).contains(&f)) {
             return Err(StoreError::Format(format!(
-                "store {} has format {found:?}, this Pando reads format {FORMAT_VERSION}",
+                "store {} has format {found:?}, this Pando reads formats {OLDEST_FORMAT} to {FORMAT_VERSION}",
                 path.display()
             )));
         }
@@ -497,8 +505,7 @@ impl Store {
             inner.id2entry,
             &mut txn,
             &targets,
-            REBUILD_MEMORY,
-            &inner.path.join("index-runs"),
+            bulk::Runs::new(REBUILD_MEMORY, &inner.path.join("index-runs")),
             progress,
         )?;
         txn.commit()?;
@@ -512,18 +519,6 @@ impl Store {
     /// How entries are stored (compression, dictionaries).
     pub fn codec(&self) -> &entry_codec::Codec {
         &self.inner.codec
-    }
-
-    /// Keep `dict` (trained by the caller) in meta under the next free ID
-    /// and compress new entries with it from now on.
-    pub fn install_dict(&self, dict: Vec<u8>) -> Result<Arc<entry_codec::Dict>, StoreError> {
-        let id = self.inner.codec.max_dict_id() + 1;
-        let bytes = dict.clone();
-        self.write_blocking(move |w: &mut WriteTxn<'_>| -> Result<(), StoreError> {
-            w.meta_put(&entry_codec::dict_meta_key(id), &bytes)?;
-            w.meta_put(entry_codec::META_DICT_CURRENT, &id.to_be_bytes())
-        })?;
-        Ok(self.inner.codec.add_dict(id, dict, true))
     }
 
     /// A consistent read-only snapshot.
@@ -728,12 +723,6 @@ fn load_codec(
         codec.add_dict(id, v.to_vec(), Some(id) == current);
     }
     Ok(codec)
-}
-
-/// Index postings gathered by [`WriteTxn::add_deferred`].
-#[derive(Default)]
-pub struct PendingPostings {
-    map: HashMap<(String, Vec<u8>), RoaringTreemap>,
 }
 
 /// A read transaction over the store.
@@ -1243,54 +1232,6 @@ impl<'e> WriteTxn<'e> {
             .put(&mut self.txn, &id_bytes(id), &encode_placement(place))?;
         self.inner.dn2id.put(&mut self.txn, &key, &id_bytes(id))?;
         Ok(id)
-    }
-
-    /// Like [`WriteTxn::add`], but index postings are gathered in `pending`
-    /// and written by [`WriteTxn::apply_postings`]: a bulk load then rewrites
-    /// each posting list once per batch instead of once per entry. Until
-    /// applied, the indexes lag the entries (apply before the job ends).
-    pub fn add_deferred(
-        &mut self,
-        place: &Placement,
-        attrs: &[Attribute],
-        pending: &mut PendingPostings,
-    ) -> Result<EntryId, StoreError> {
-        let id = self.insert_records(place, attrs)?;
-        let view = self.view();
-        for (attr, dbs) in &self.inner.indexes {
-            for idx in dbs {
-                for k in view.keys_of(attrs, attr, idx.kind) {
-                    pending
-                        .map
-                        .entry((index::db_name(attr, idx.kind), k))
-                        .or_default()
-                        .insert(id);
-                }
-            }
-        }
-        Ok(id)
-    }
-
-    /// Merge gathered postings into the index databases.
-    pub fn apply_postings(&mut self, pending: PendingPostings) -> Result<(), StoreError> {
-        let mut dbs: HashMap<String, Db> = HashMap::new();
-        for (attr, list) in &self.inner.indexes {
-            for idx in list {
-                dbs.insert(index::db_name(attr, idx.kind), idx.db);
-            }
-        }
-        let mut entries: Vec<_> = pending.map.into_iter().collect();
-        // Key order makes the B-tree writes sequential.
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let mut buf = Vec::new();
-        for ((name, key), add) in entries {
-            let Some(db) = dbs.get(&name) else { continue };
-            let mut set = self.view().posting(db, &key)?;
-            set |= add;
-            index::encode_posting(&set, &mut buf);
-            db.put(&mut self.txn, &key, &buf)?;
-        }
-        Ok(())
     }
 
     /// Replace the attributes of entry `id` (`old` must be what is stored).

@@ -506,3 +506,101 @@ fn an_index_dropped_and_added_back_is_rebuilt_not_stale() {
     drop(r);
     assert_consistent(&store);
 }
+
+#[test]
+fn older_format_is_read_and_marked_current_newer_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    store
+        .write_blocking(|w| -> Result<(), StoreError> {
+            Ok(w.inner
+                .meta
+                .put(&mut w.txn, META_FORMAT, &OLDEST_FORMAT.to_be_bytes())?)
+        })
+        .unwrap();
+    store.close();
+    let store = open(dir.path());
+    let r = store.read().unwrap();
+    let format = r
+        .view()
+        .inner
+        .meta
+        .get(&r.txn, META_FORMAT)
+        .unwrap()
+        .unwrap()
+        .to_vec();
+    assert_eq!(format, FORMAT_VERSION.to_be_bytes());
+    assert!(find(&store, "cn=user4,ou=People,dc=example,dc=com").is_some());
+    drop(r);
+    store
+        .write_blocking(|w| -> Result<(), StoreError> {
+            Ok(w.inner
+                .meta
+                .put(&mut w.txn, META_FORMAT, &(FORMAT_VERSION + 1).to_be_bytes())?)
+        })
+        .unwrap();
+    store.close();
+    let opts = StoreOptions::default();
+    let err = Store::open(dir.path(), Arc::new(Schema::standard()), &opts)
+        .err()
+        .expect("a newer format is refused");
+    assert!(matches!(err, StoreError::Format(_)), "{err}");
+}
+
+#[test]
+fn bulk_load_appends_entries_and_builds_indexes_by_merge() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    let before = store.read().unwrap().view().entry_count().unwrap();
+    let people = find(&store, "ou=People,dc=example,dc=com").unwrap();
+    let mut load = store
+        .bulk_load(&bulk::BulkOptions {
+            memory: 1 << 20,
+            spill_dir: dir.path().join("runs"),
+            commit_every: 100,
+        })
+        .unwrap();
+    let samples: Vec<Vec<u8>> = (0..200)
+        .map(|i| entry_codec::body_of(&person(&format!("bulk{i}"), &i.to_string())))
+        .collect();
+    let dict = load
+        .install_dict(entry_codec::train(&samples, 2048).unwrap())
+        .unwrap();
+    let (mut rec, mut keys) = (Vec::new(), Vec::new());
+    for i in 0..3000 {
+        let a = person(&format!("bulk{i}"), &i.to_string());
+        store.codec().encode_with(&a, Some(&dict), &mut rec);
+        store.index_keys_packed(&a, &mut keys);
+        let place = Placement {
+            parent: people,
+            rdn: format!("cn=bulk{i}"),
+            norm_rdn: format!("cn=bulk{i}"),
+        };
+        assert!(load.add(&place, &rec, &keys).unwrap().is_ok());
+    }
+    // The same DN again is refused, naming the entry that holds it.
+    let dup = Placement {
+        parent: people,
+        rdn: "cn=bulk7".into(),
+        norm_rdn: "cn=bulk7".into(),
+    };
+    assert!(load.add(&dup, &rec, &keys).unwrap().is_err());
+    let fig = load.finish(&mut |_, _| {}).unwrap();
+    assert_eq!(fig.entries, 3000);
+    assert!(fig.spilled_runs >= 1, "{fig:?}");
+    let r = store.read().unwrap();
+    let v = r.view();
+    assert_eq!(v.entry_count().unwrap(), before + 3000);
+    assert_eq!(v.verify().unwrap(), Vec::<String>::new());
+    let id = find(&store, "cn=bulk2999,ou=People,dc=example,dc=com").unwrap();
+    let e = v.entry(id).unwrap().unwrap();
+    assert_eq!(e.get("cn").unwrap().values, vec![b"bulk2999".to_vec()]);
+    // Existing postings (objectClass person from `tree`) were merged, not replaced.
+    let f = Filter::parse("(objectClass=person)").unwrap();
+    match v.candidates(&f).unwrap() {
+        Candidates::Ids(ids) => assert!(ids.len() >= 3000 + 10, "{}", ids.len()),
+        other => panic!("{other:?}"),
+    }
+}

@@ -321,11 +321,11 @@ struct Loader<'s, 'r> {
     origin: &'r str,
     parents: HashMap<String, EntryId>,
     /// Children whose parent has not appeared yet, by the parent's normalised DN.
-    orphans: HashMap<String, Vec<Box<Ready>>>,
+    orphans: HashMap<String, Vec<Ready>>,
     orphan_count: usize,
     orphan_limit: usize,
     /// Entries held back until the dictionary is trained.
-    held: Vec<Box<Ready>>,
+    held: Vec<Ready>,
     dict_pending: bool,
     report: ImportReport,
     newest_csn: Option<Vec<u8>>,
@@ -354,13 +354,13 @@ impl Loader<'_, '_> {
         match item {
             Item::Reject(r) => self.reject(r),
             Item::Ready(r) if self.dict_pending => {
-                self.held.push(r);
+                self.held.push(*r);
                 if self.held.len() >= DICT_SAMPLES {
                     self.train()?;
                 }
                 Ok(())
             }
-            Item::Ready(r) => self.place(r),
+            Item::Ready(r) => self.place(*r),
         }
     }
 
@@ -408,7 +408,7 @@ impl Loader<'_, '_> {
     }
 
     /// Store `r` under its parent, or park it until the parent comes.
-    fn place(&mut self, r: Box<Ready>) -> Result<(), ImportError> {
+    fn place(&mut self, r: Ready) -> Result<(), ImportError> {
         let mut stack = vec![r];
         while let Some(mut r) = stack.pop() {
             let Some(parent) = self.parent_of(&r)? else {
@@ -471,7 +471,7 @@ impl Loader<'_, '_> {
 
     /// Entries still waiting for a parent at the end: each is an error.
     fn orphans_left(&mut self) -> Result<(), ImportError> {
-        let mut left: Vec<Box<Ready>> = self.orphans.drain().flat_map(|(_, v)| v).collect();
+        let mut left: Vec<Ready> = self.orphans.drain().flat_map(|(_, v)| v).collect();
         left.sort_by_key(|r| r.line);
         for r in left {
             let parent = r.norm_dn[r.norm_rdns[0].len() + 1..].to_string();
