@@ -8,6 +8,7 @@ import subprocess
 import time
 
 import ldap3
+import pytest
 
 from conftest import PANDO_BIN, SUFFIX, Pando
 
@@ -271,3 +272,22 @@ def test_entries_are_stored_compressed(tmp_path):
     c.unbind()
     srv.stop_and_verify()
     assert "description: changed after import" in export_text(on)
+
+
+def test_full_disk_stops_the_import_clearly(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here: %s" % r.stderr.strip())
+    try:
+        ldif = tmp_path / "users.ldif"
+        assert run("gen", "-D", "numusers=30000", "-o", str(ldif)).returncode == 0
+        r = run("import", "--data-dir", str(mnt / "d"), "-f", str(ldif))
+        assert r.returncode != 0, r.stderr
+        assert "no space left" in r.stderr and "incomplete" in r.stderr, r.stderr
+        srv = subprocess.run([PANDO_BIN, "serve", "--data-dir", str(mnt / "d"), "--listen", "ldap://127.0.0.1:1"],
+                             capture_output=True, text=True, timeout=30)
+        assert srv.returncode != 0 and "incomplete" in srv.stderr, srv.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

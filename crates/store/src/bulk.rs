@@ -533,6 +533,16 @@ impl<'s> BulkLoad<'s> {
         record: &[u8],
         keys: &[u8],
     ) -> Result<Result<EntryId, EntryId>, StoreError> {
+        self.add_inner(place, record, keys)
+            .map_err(|e| crate::writer::disk_full_or(self.inner, e))
+    }
+
+    fn add_inner(
+        &mut self,
+        place: &Placement,
+        record: &[u8],
+        keys: &[u8],
+    ) -> Result<Result<EntryId, EntryId>, StoreError> {
         let inner = self.inner;
         let id = self.next_id;
         let key = dn2id_key(place.parent, &place.norm_rdn);
@@ -568,6 +578,11 @@ impl<'s> BulkLoad<'s> {
 
     /// Commit what is written so far and continue in a new transaction.
     fn commit(&mut self) -> Result<(), StoreError> {
+        self.commit_inner()
+            .map_err(|e| crate::writer::disk_full_or(self.inner, e))
+    }
+
+    fn commit_inner(&mut self) -> Result<(), StoreError> {
         let inner = self.inner;
         let next = self.next_id;
         let mut txn = self.txn.take().expect("bulk load transaction");
@@ -584,7 +599,16 @@ impl<'s> BulkLoad<'s> {
 
     /// Merge the index runs into the index databases and commit.
     /// `progress(done, total)` is called now and then with triples merged.
-    pub fn finish(mut self, progress: &mut dyn FnMut(u64, u64)) -> Result<BulkFigures, StoreError> {
+    pub fn finish(self, progress: &mut dyn FnMut(u64, u64)) -> Result<BulkFigures, StoreError> {
+        let inner = self.inner;
+        self.finish_inner(progress)
+            .map_err(|e| crate::writer::disk_full_or(inner, e))
+    }
+
+    fn finish_inner(
+        mut self,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<BulkFigures, StoreError> {
         self.commit()?;
         let runs = std::mem::replace(&mut self.runs, Runs::new(0, Path::new("/nonexistent")));
         let mut fig = BulkFigures {

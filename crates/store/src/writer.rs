@@ -385,7 +385,7 @@ fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), St
 
 /// LMDB reports a write cut short by a full filesystem as EIO; tell the two
 /// apart by looking at the free space where the database lives.
-fn disk_full_or(inner: &Inner, e: StoreError) -> StoreError {
+pub(crate) fn disk_full_or(inner: &Inner, e: StoreError) -> StoreError {
     if !matches!(e, StoreError::Lmdb(_)) {
         return e;
     }

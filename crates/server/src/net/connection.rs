@@ -627,11 +627,24 @@ async fn run_op(
                 out: tx.clone(),
             };
             let outcome = match ops::search::run_inline(job) {
-                Ok((entries, outcome)) => {
+                // A small search answered on this task: its entries and its
+                // SearchResultDone leave in one buffer, one write.
+                Ok((mut entries, Some(o))) => {
+                    let answered = Some((o.result.code.0, o.entries));
+                    let done = LdapMessage {
+                        id,
+                        op: ProtocolOp::SearchResultDone(o.result),
+                        controls: o.controls,
+                    };
+                    done.encode(&mut entries);
+                    let _ = tx.send(entries).await;
+                    return answered;
+                }
+                Ok((entries, None)) => {
                     if !entries.is_empty() && tx.send(entries).await.is_err() {
                         return None;
                     }
-                    Ok(outcome)
+                    Ok(None)
                 }
                 Err(job) => tokio::task::spawn_blocking(move || ops::search::run(job)).await,
             };

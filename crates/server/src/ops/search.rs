@@ -59,6 +59,9 @@ struct Selection {
     all_oper: bool,
     /// Requested types (lowercase canonical names) with required options.
     named: Vec<(String, Vec<String>)>,
+    /// OIDs of the requested types, in the order of `named` (resolved once
+    /// per search, not once per attribute of every entry).
+    named_oids: Vec<String>,
 }
 
 impl Selection {
@@ -67,6 +70,7 @@ impl Selection {
             all_user: attrs.is_empty(),
             all_oper: false,
             named: Vec::new(),
+            named_oids: Vec::new(),
         };
         for a in attrs {
             match a.as_str() {
@@ -89,6 +93,16 @@ impl Selection {
                 }
             }
         }
+        s.named_oids = s
+            .named
+            .iter()
+            .map(|(n, _)| {
+                schema
+                    .attribute(n)
+                    .map(|t| t.oid.clone())
+                    .unwrap_or_default()
+            })
+            .collect();
         s
     }
 
@@ -100,18 +114,34 @@ impl Selection {
         } {
             return true;
         }
-        self.named.iter().any(|(name, want_opts)| {
-            want_opts.iter().all(|o| opts.contains(o))
-                && schema
-                    .attribute(name)
-                    .is_some_and(|rt| schema.is_subtype(at, rt))
-        })
+        self.named
+            .iter()
+            .zip(&self.named_oids)
+            .any(|((_, want_opts), oid)| {
+                want_opts.iter().all(|o| opts.contains(o)) && is_subtype_of(schema, at, oid)
+            })
     }
 
     fn wants_computed(&self, name: &str) -> bool {
         (self.all_oper && name != "numSubordinates")
             || self.named.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
     }
+}
+
+/// `at` is the type with OID `oid` or one of its subtypes (an empty OID,
+/// an unresolvable request, matches nothing). Types without a superior —
+/// most of them — are decided without a schema lookup.
+fn is_subtype_of(schema: &Schema, at: &AttributeType, oid: &str) -> bool {
+    let mut cur = Some(at);
+    // Schemas are checked for SUP cycles on load; the bound is a backstop.
+    for _ in 0..16 {
+        let Some(c) = cur else { return false };
+        if !oid.is_empty() && c.oid == oid {
+            return true;
+        }
+        cur = c.sup.as_deref().and_then(|s| schema.attribute(s));
+    }
+    false
 }
 
 fn options_of(desc: &str) -> Vec<String> {
@@ -502,10 +532,17 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
         })));
     }
 
-    // cn=Monitor is computed, not stored (crate::observe::monitor).
+    // cn=Monitor is computed, not stored (crate::observe::monitor). Only a
+    // last RDN of one `cn` value can name it: others skip the normalising.
     if base
         .rdns
         .last()
+        .filter(|r| {
+            r.avas.len() == 1
+                && schema
+                    .attribute(&r.avas[0].attr)
+                    .is_some_and(|t| t.has_name("cn"))
+        })
         .and_then(|r| schema.normalize_rdn(r).ok())
         .is_some_and(|r| r == crate::observe::monitor::MONITOR_NORM)
     {
@@ -614,7 +651,12 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
     types_in_filter(schema, &req.filter, &mut filter_types);
     let mut masked: HashMap<u64, pando_model::CompiledFilter> = HashMap::new();
     let mut rules = EntryRules::default();
-    let mut buf = Vec::with_capacity(CHUNK + 4096);
+    // Inline searches (a handful of entries) start small; streamed ones
+    // fill CHUNK-sized buffers.
+    let mut buf = Vec::with_capacity(match out {
+        Out::Buffer(_) => 2048,
+        Out::Channel(_) => CHUNK + 4096,
+    });
     let mut sent_now = 0u64;
     let mut last_id = None;
     let iter = scope_ids
