@@ -311,6 +311,7 @@ pub fn build_server(
         tls,
         metrics: observe::metrics::Metrics::new(),
         logs,
+        base_cache: ops::BaseCache::default(),
     })
 }
 

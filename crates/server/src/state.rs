@@ -36,6 +36,9 @@ pub struct Server {
     pub metrics: crate::observe::metrics::Metrics,
     /// Access and audit logs (`[logs]`); reopened on SIGHUP.
     pub logs: crate::observe::Logs,
+    /// Search bases as sent → parsed and normalised (a few distinct bases
+    /// take most searches).
+    pub base_cache: crate::ops::BaseCache,
 }
 
 /// Facts about the transport a connection runs over, used by authentication

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use pando_model::Dn;
 use pando_proto::{BindAuth, BindRequest, ResultCode};
-use pando_store::{Candidates, View};
+use pando_store::{Candidates, Lookup, View};
 
 use crate::acl;
 use crate::auth::{peercred_dn, MapTarget};
@@ -59,13 +59,17 @@ pub async fn bind(
         ));
     }
     let dn = super::parse_dn(&req.name)?;
-    let norm = server
-        .schema
-        .normalize_dn(&dn)
+    // Normalised once: the RDNs find the entry, their join is the identity.
+    let rdns = dn
+        .rdns
+        .iter()
+        .map(|r| server.schema.normalize_rdn(r))
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
+    let norm = rdns.join(",");
     let throttle_key = crate::throttle::Key::new(&norm, session);
     server.throttle.before_attempt(&throttle_key).await?;
-    let ok = check_simple(server, session, &req.name, &dn, &norm, pw).await?;
+    let ok = check_simple(server, session, &req.name, &rdns, &norm, pw).await?;
     match ok {
         Some(who) => {
             server.throttle.succeeded(&throttle_key);
@@ -83,7 +87,7 @@ async fn check_simple(
     server: &Arc<Server>,
     session: &Arc<Session>,
     name: &str,
-    dn: &Dn,
+    rdns: &[String],
     norm: &str,
     pw: Vec<u8>,
 ) -> OpResult<Option<Identity>> {
@@ -101,8 +105,8 @@ async fn check_simple(
     let stored: Vec<Vec<u8>> = {
         let rtxn = server.store.read()?;
         let view = rtxn.view();
-        match super::resolve(&view, dn) {
-            Ok(id) => {
+        match view.lookup_norm(rdns)? {
+            Lookup::Found(id) => {
                 let entry = super::stored_entry(&view, id)?;
                 // Binding needs auth access to userPassword, judged for the
                 // not-yet-authenticated client over this session.
@@ -126,7 +130,7 @@ async fn check_simple(
                     Vec::new()
                 }
             }
-            Err(_) => Vec::new(),
+            Lookup::Missing { .. } => Vec::new(),
         }
     };
     // The same answer whether the entry is missing, has no password or the

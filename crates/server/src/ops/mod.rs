@@ -9,7 +9,9 @@ pub mod search;
 pub mod special;
 pub mod write;
 
-use pando_model::{AttributeType, Dn, Entry};
+use std::sync::Arc;
+
+use pando_model::{AttributeType, Dn, Entry, Schema};
 use pando_proto::ResultCode;
 use pando_store::{EntryId, Lookup, View};
 
@@ -17,6 +19,41 @@ use crate::acl::{self, Access, EntryRules, Rights};
 
 use crate::error::{LdapError, OpResult};
 use crate::state::{Identity, Server};
+
+/// Most distinct search bases remembered; past it the cache starts over.
+const BASE_CACHE_MAX: usize = 4096;
+
+/// Parsed and normalised search bases by their text. Normalisation depends
+/// only on the schema, which does not change while the server runs, so
+/// entries never go stale.
+#[derive(Default)]
+pub struct BaseCache {
+    map: std::sync::Mutex<std::collections::HashMap<String, Arc<(Dn, Vec<String>)>>>,
+}
+
+impl BaseCache {
+    /// `raw` parsed and normalised (invalidDNSyntax naming the problem).
+    pub fn get(&self, schema: &Schema, raw: &str) -> OpResult<Arc<(Dn, Vec<String>)>> {
+        if let Some(hit) = self.map.lock().ok().and_then(|m| m.get(raw).cloned()) {
+            return Ok(hit);
+        }
+        let dn = parse_dn(raw)?;
+        let rdns = dn
+            .rdns
+            .iter()
+            .map(|r| schema.normalize_rdn(r))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{raw}': {e}")))?;
+        let v = Arc::new((dn, rdns));
+        if let Ok(mut m) = self.map.lock() {
+            if m.len() >= BASE_CACHE_MAX {
+                m.clear();
+            }
+            m.insert(raw.to_string(), v.clone());
+        }
+        Ok(v)
+    }
+}
 
 /// Parse a DN from a request.
 pub fn parse_dn(s: &str) -> OpResult<Dn> {
@@ -111,6 +148,16 @@ pub fn resolve_norm_for(
     dn: &Dn,
 ) -> OpResult<(EntryId, Vec<String>)> {
     let rdns = norm_rdns(view, dn)?;
+    resolve_rdns_for(server, view, who, rdns)
+}
+
+/// [`resolve_norm_for`] with the RDNs already normalised.
+pub fn resolve_rdns_for(
+    server: &Server,
+    view: &View<'_>,
+    who: &Identity,
+    rdns: Vec<String>,
+) -> OpResult<(EntryId, Vec<String>)> {
     match view.lookup_norm(&rdns)? {
         Lookup::Found(id) => Ok((id, rdns)),
         Lookup::Missing { matched: None } => Err(no_such_object(view, None)?),

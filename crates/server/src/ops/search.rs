@@ -477,7 +477,8 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
     let schema = &*server.schema;
     let req = &job.req;
     let started = Instant::now();
-    let base = super::parse_dn(&req.base)?;
+    let cached = server.base_cache.get(schema, &req.base)?;
+    let (base, base_norm_rdns) = (&cached.0, &cached.1);
     let sel = Selection::new(schema, &req.attrs);
     let emitter = Emitter {
         schema,
@@ -551,7 +552,8 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
 
     let rtxn = server.store.read()?;
     let view = rtxn.view();
-    let (base_id, base_rdns) = super::resolve_norm_for(server, &view, &job.who, &base)?;
+    let (base_id, base_rdns) =
+        super::resolve_rdns_for(server, &view, &job.who, base_norm_rdns.clone())?;
     let limits = Limits::for_requester(server, &job.who, &view);
     // Time limit: the smaller of the client's and the requester's.
     let time_limit = match (req.time_limit as u32, limits.time) {
