@@ -1217,3 +1217,30 @@ def test_busy_connection_not_idle(limits):
             time.sleep(0.5)
         es, done = raw_search(c, 10, PEOPLE)
         assert done["code"] == 0
+
+
+def test_dn_only_lookup_on_an_exact_index_respects_search_rights(tmp_path_factory):
+    """(mail=…) with attributes 1.1 is answered from the equality index
+    without decoding entries when no rule tests entry contents: the result
+    must still honour search rights on the filter's attribute."""
+    cfg = rule([ADM, bt("self", "read"), bt("*", "auth")], attrs=["mail", "userPassword"])
+    cfg += rule([ADM, bt("users", "read")])
+    s = start(tmp_path_factory, "exactidx", cfg)
+    try:
+        set_passwords(s, ["alice", "bob"])
+        # bob may not search mail: the item is Undefined, nothing matches.
+        rc, es, err = search(s, PEOPLE, "(mail=alice@example.com)", "1.1", scope="sub", who="bob")
+        assert (rc, es) == (0, []), (rc, dns(es), err)
+        # alice may search her own mail; the administrator anyone's.
+        rc, es, err = search(s, PEOPLE, "(mail=alice@example.com)", "1.1", scope="sub", who="alice")
+        assert (rc, dns(es)) == (0, {dn_of("alice").lower()}), (rc, dns(es), err)
+        rc, es, err = search(s, PEOPLE, "(mail=ALICE@example.com)", "1.1", scope="sub", who="admin")
+        assert (rc, dns(es)) == (0, {dn_of("alice").lower()}), (rc, dns(es), err)
+        # uid is searchable by users: found without decoding, DN only.
+        rc, es, err = search(s, PEOPLE, "(uid=bob)", "1.1", scope="sub", who="alice")
+        assert rc == 0 and dns(es) == {dn_of("bob").lower()} and es[0][1] == {}, (rc, es, err)
+        # Out of scope candidates are still dropped.
+        rc, es, err = search(s, "ou=Groups," + SUFFIX, "(uid=bob)", "1.1", scope="sub", who="admin")
+        assert (rc, es) == (0, []), (rc, dns(es), err)
+    finally:
+        s.stop_and_verify()

@@ -1041,6 +1041,12 @@ impl<'t> View<'t> {
         plan::candidates(self, filter)
     }
 
+    /// The candidates of `filter` are exactly the entries it matches (see
+    /// `plan::exact`): a caller may skip testing them.
+    pub fn candidates_are_exact(&self, filter: &pando_proto::Filter) -> bool {
+        plan::exact(self, filter)
+    }
+
     fn posting(&self, db: &Db, key: &[u8]) -> Result<RoaringTreemap, StoreError> {
         match db.get(self.txn, key)? {
             Some(v) => index::decode_posting(v).map_err(StoreError::Corrupt),

@@ -167,6 +167,28 @@ fn intersect(
 }
 
 /// Lowercase canonical name and type of a filter attribute; None if unknown.
+/// True when the candidates of `f` are exactly its matches, so testing them
+/// against `f` would change nothing: a single equality on an attribute with
+/// an equality index, written without options, with no subtypes, other than
+/// objectClass (whose keys include superclasses), and a key short enough not
+/// to be cut.
+pub(crate) fn exact(view: &View<'_>, f: &Filter) -> bool {
+    let Filter::Equality(ava) = f else {
+        return false;
+    };
+    if ava.attr.contains(';') {
+        return false;
+    }
+    let Some((name, at)) = resolve(view, &ava.attr) else {
+        return false;
+    };
+    if name == "objectclass" || usable(view, &name, IndexKind::Eq).is_none() {
+        return false;
+    }
+    index::assertion_key(view.schema(), at, IndexKind::Eq, &ava.value)
+        .is_some_and(|k| k.len() < index::MAX_KEY)
+}
+
 fn resolve<'t>(view: &View<'t>, desc: &str) -> Option<(String, &'t pando_model::AttributeType)> {
     let base = desc.split(';').next().unwrap_or(desc);
     let at = view.schema().attribute(base)?;

@@ -122,6 +122,11 @@ impl Selection {
             })
     }
 
+    /// No attribute at all goes out ("1.1" alone).
+    fn wants_nothing(&self) -> bool {
+        !self.all_user && !self.all_oper && self.named.is_empty()
+    }
+
     fn wants_computed(&self, name: &str) -> bool {
         (self.all_oper && name != "numSubordinates")
             || self.named.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -648,6 +653,15 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
     let uses_dn = uses_dn_attributes(&req.filter);
     let mut needed_computed = Vec::new();
     computed_in_filter(&req.filter, &mut needed_computed);
+    // A search that returns no attributes ("1.1", as an authentication's
+    // lookup does), whose candidates are exactly its matches and whose
+    // access rules never look inside entries, needs no entry decoded.
+    let no_decode = req.scope != Scope::Base
+        && emitter.sel.wants_nothing()
+        && !server.acl.reads_entries()
+        && needed_computed.is_empty()
+        && !uses_dn
+        && view.candidates_are_exact(&req.filter);
     let mut dn_cache: HashMap<EntryId, (String, String)> = HashMap::new();
     let mut filter_types: Vec<&AttributeType> = Vec::new();
     types_in_filter(schema, &req.filter, &mut filter_types);
@@ -682,8 +696,13 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
                 })));
             }
         }
-        let Some(attrs) = view.attrs(id)? else {
-            continue;
+        let attrs = if no_decode {
+            Vec::new()
+        } else {
+            let Some(attrs) = view.attrs(id)? else {
+                continue;
+            };
+            attrs
         };
         let (dn, norm) = dn_of(&view, id, &mut dn_cache)?;
         // The parsed DN is only consulted by extensible matches with dnAttributes.
@@ -700,7 +719,23 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
                 values: vec![v.into_bytes()],
             });
         }
-        let matched = if access.unrestricted() {
+        let matched = if no_decode {
+            // The filter is one equality the index answered exactly; it
+            // holds unless its attribute is unsearchable for the requester
+            // (then the item is Undefined, as in the masked filter below).
+            let searchable = access.unrestricted() || {
+                access.entry_into(schema, &norm, &entry, &mut rules);
+                access.allows(Some(&view), &rules, &norm, None, acl::READ)
+                    && filter_types
+                        .iter()
+                        .all(|at| access.allows(Some(&view), &rules, &norm, Some(at), acl::SEARCH))
+            };
+            if searchable {
+                Ternary::True
+            } else {
+                Ternary::Undefined
+            }
+        } else if access.unrestricted() {
             filter.matches(schema, &entry)
         } else {
             access.entry_into(schema, &norm, &entry, &mut rules);
