@@ -195,6 +195,18 @@ impl Codec {
 
     /// Decode a stored entry; `dn` comes from `id2parent`.
     pub fn decode(&self, id: u64, dn: Dn, bytes: &[u8]) -> Result<Entry, StoreError> {
+        self.decode_where(id, dn, bytes, None)
+    }
+
+    /// [`Codec::decode`] keeping only the attributes `keep` accepts (the
+    /// others are skipped without being copied).
+    pub fn decode_where(
+        &self,
+        id: u64,
+        dn: Dn,
+        bytes: &[u8],
+        keep: Keep<'_>,
+    ) -> Result<Entry, StoreError> {
         let corrupt = |why: &str| StoreError::Corrupt(format!("id2entry record {id}: {why}"));
         if bytes.len() < HEADER {
             return Err(corrupt("shorter than its header"));
@@ -204,7 +216,7 @@ impl Codec {
             return Err(corrupt("checksum mismatch"));
         }
         match bytes[0] {
-            ENTRY_FORMAT => decode_body(id, dn, &bytes[HEADER..]),
+            ENTRY_FORMAT => decode_body(id, dn, &bytes[HEADER..], keep),
             ENTRY_FORMAT_ZSTD => {
                 let mut r = Reader {
                     buf: &bytes[HEADER..],
@@ -236,7 +248,7 @@ impl Codec {
                     }
                 });
                 match res {
-                    Ok(n) if n as u64 == len => decode_body(id, dn, &body),
+                    Ok(n) if n as u64 == len => decode_body(id, dn, &body, keep),
                     Ok(_) => Err(corrupt("decompressed length differs from the stored one")),
                     Err(code) => Err(corrupt(&format!(
                         "zstd: {}",
@@ -289,7 +301,10 @@ fn encode_body(attrs: &[Attribute], out: &mut Vec<u8>) {
     }
 }
 
-fn decode_body(id: u64, dn: Dn, body: &[u8]) -> Result<Entry, StoreError> {
+/// Which attributes a decode keeps (by description); None keeps all.
+pub type Keep<'a> = Option<&'a dyn Fn(&str) -> bool>;
+
+fn decode_body(id: u64, dn: Dn, body: &[u8], keep: Keep<'_>) -> Result<Entry, StoreError> {
     let corrupt = |why: &str| StoreError::Corrupt(format!("id2entry record {id}: {why}"));
     let mut r = Reader { buf: body };
     let count = r
@@ -300,6 +315,13 @@ fn decode_body(id: u64, dn: Dn, body: &[u8]) -> Result<Entry, StoreError> {
         let desc = r.bytes().ok_or_else(|| corrupt("truncated description"))?;
         let desc = std::str::from_utf8(desc).map_err(|_| corrupt("description is not UTF-8"))?;
         let n = r.varint().ok_or_else(|| corrupt("truncated value count"))?;
+        if keep.is_some_and(|k| !k(desc)) {
+            // Skipped, but still checked for structure.
+            for _ in 0..n {
+                r.bytes().ok_or_else(|| corrupt("truncated value"))?;
+            }
+            continue;
+        }
         let mut values = Vec::with_capacity(n.min(4096) as usize);
         for _ in 0..n {
             values.push(
@@ -406,6 +428,17 @@ mod tests {
                 ENTRY_FORMAT_ZSTD
             };
             assert_eq!(buf[0], format, "{name}");
+        }
+    }
+
+    #[test]
+    fn decode_where_keeps_only_the_chosen_attributes() {
+        for (c, name) in codecs() {
+            let mut buf = Vec::new();
+            c.encode(&sample(9), &mut buf);
+            let keep = |d: &str| d == "cn";
+            let e = c.decode_where(9, none(), &buf, Some(&keep)).unwrap();
+            assert_eq!(e.attrs, vec![sample(9)[1].clone()], "{name}");
         }
     }
 

@@ -936,6 +936,23 @@ impl<'t> View<'t> {
             .attrs)
     }
 
+    /// Only the attributes of entry `id` whose description `keep` accepts.
+    pub fn attrs_where(
+        &self,
+        id: EntryId,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Result<Option<Vec<Attribute>>, StoreError> {
+        match self.entry_bytes(id)? {
+            Some(b) => Ok(Some(
+                self.inner
+                    .codec
+                    .decode_where(id, Dn { rdns: vec![] }, b, Some(keep))?
+                    .attrs,
+            )),
+            None => Ok(None),
+        }
+    }
+
     /// The entry without its DN resolved (cheaper when the DN is not needed).
     pub fn attrs(&self, id: EntryId) -> Result<Option<Vec<Attribute>>, StoreError> {
         match self.entry_bytes(id)? {

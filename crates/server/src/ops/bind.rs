@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use pando_model::Dn;
+use pando_model::{Dn, Entry};
 use pando_proto::{BindAuth, BindRequest, ResultCode};
 use pando_store::{Candidates, Lookup, View};
 
@@ -107,7 +107,21 @@ async fn check_simple(
         let view = rtxn.view();
         match view.lookup_norm(rdns)? {
             Lookup::Found(id) => {
-                let entry = super::stored_entry(&view, id)?;
+                // Access rules look inside entries only when one has a
+                // filter; otherwise the password is all a bind needs.
+                let entry = if server.acl.reads_entries() {
+                    super::stored_entry(&view, id)?
+                } else {
+                    let is_pw = |d: &str| {
+                        d.split(';')
+                            .next()
+                            .is_some_and(|b| b.eq_ignore_ascii_case("userPassword"))
+                    };
+                    Entry {
+                        dn: Dn { rdns: Vec::new() },
+                        attrs: view.attrs_where(id, &is_pw)?.unwrap_or_default(),
+                    }
+                };
                 // Binding needs auth access to userPassword, judged for the
                 // not-yet-authenticated client over this session.
                 let anon = Identity::anonymous(session.clone());
