@@ -495,15 +495,17 @@ impl Inner {
 }
 
 impl<'s> BulkLoad<'s> {
-    fn txn(&mut self) -> &mut RwTxn<'s> {
-        self.txn.as_mut().expect("bulk load transaction")
+    /// The open transaction; gone only after a failed commit, after which
+    /// the load is over (every later call fails rather than panics).
+    fn txn(&mut self) -> Result<&mut RwTxn<'s>, StoreError> {
+        self.txn.as_mut().ok_or(StoreError::Closed)
     }
 
     /// The entry at `norm_rdns` (most specific first), read through
     /// what this load has written so far.
     pub fn lookup_norm(&mut self, norm_rdns: &[String]) -> Result<Lookup, StoreError> {
         let inner = self.inner;
-        let txn = self.txn();
+        let txn = self.txn()?;
         crate::lookup_in(inner, txn, norm_rdns)
     }
 
@@ -512,7 +514,7 @@ impl<'s> BulkLoad<'s> {
     pub fn install_dict(&mut self, bytes: Vec<u8>) -> Result<Arc<Dict>, StoreError> {
         let inner = self.inner;
         let id = inner.codec.max_dict_id() + 1;
-        let txn = self.txn();
+        let txn = self.txn()?;
         inner
             .meta
             .put(txn, entry_codec::dict_meta_key(id).as_bytes(), &bytes)?;
@@ -546,7 +548,7 @@ impl<'s> BulkLoad<'s> {
         let inner = self.inner;
         let id = self.next_id;
         let key = dn2id_key(place.parent, &place.norm_rdn);
-        let txn = self.txn.as_mut().expect("bulk load transaction");
+        let txn = self.txn.as_mut().ok_or(StoreError::Closed)?;
         match inner
             .dn2id
             .put_with_flags(txn, PutFlags::NO_OVERWRITE, &key, &id_bytes(id))
@@ -585,7 +587,7 @@ impl<'s> BulkLoad<'s> {
     fn commit_inner(&mut self) -> Result<(), StoreError> {
         let inner = self.inner;
         let next = self.next_id;
-        let mut txn = self.txn.take().expect("bulk load transaction");
+        let mut txn = self.txn.take().ok_or(StoreError::Closed)?;
         inner.meta.put(&mut txn, META_NEXT_ID, &id_bytes(next))?;
         txn.commit()?;
         self.txn = Some(inner.env.write_txn()?);
@@ -621,27 +623,27 @@ impl<'s> BulkLoad<'s> {
         let mut done = 0u64;
         let inner = self.inner;
         let targets = &self.targets;
-        let txn = self.txn.take().expect("bulk load transaction");
+        let txn = self.txn.take().ok_or(StoreError::Closed)?;
         let mut buf = Vec::new();
         let mut txn_slot = Some(txn);
         let mut each = |slot: u16, key: &[u8], ids: &[EntryId]| -> Result<(), StoreError> {
             let t = targets
                 .get(slot as usize)
                 .ok_or_else(|| StoreError::Corrupt(format!("index slot {slot} out of range")))?;
-            let txn = txn_slot.as_mut().expect("merge transaction");
+            let txn = txn_slot.as_mut().ok_or(StoreError::Closed)?;
             write_posting(txn, t, key, ids, &mut buf)?;
             done += ids.len() as u64;
             fig.posting_lists += 1;
             if fig.posting_lists.is_multiple_of(200_000) {
                 // Bound the dirty pages of one transaction on huge imports.
-                txn_slot.take().expect("merge transaction").commit()?;
+                txn_slot.take().ok_or(StoreError::Closed)?.commit()?;
                 txn_slot = Some(inner.env.write_txn()?);
                 progress(done, total);
             }
             Ok(())
         };
         runs.merge(&mut each)?;
-        txn_slot.take().expect("merge transaction").commit()?;
+        txn_slot.take().ok_or(StoreError::Closed)?.commit()?;
         progress(total, total);
         Ok(fig)
     }

@@ -28,12 +28,15 @@ const BASE_CACHE_MAX: usize = 4096;
 /// entries never go stale.
 #[derive(Default)]
 pub struct BaseCache {
-    map: std::sync::Mutex<std::collections::HashMap<String, Arc<(Dn, Vec<String>)>>>,
+    map: std::sync::Mutex<std::collections::HashMap<String, ParsedBase>>,
 }
+
+/// A search base parsed, with its normalised RDNs.
+pub type ParsedBase = Arc<(Dn, Vec<String>)>;
 
 impl BaseCache {
     /// `raw` parsed and normalised (invalidDNSyntax naming the problem).
-    pub fn get(&self, schema: &Schema, raw: &str) -> OpResult<Arc<(Dn, Vec<String>)>> {
+    pub fn get(&self, schema: &Schema, raw: &str) -> OpResult<ParsedBase> {
         if let Some(hit) = self.map.lock().ok().and_then(|m| m.get(raw).cloned()) {
             return Ok(hit);
         }

@@ -497,7 +497,7 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
     // The root DSE and the subschema subentry are not in the store.
     // Only a one-RDN base can be cn=Subschema; skip normalising others.
     let norm_base = if base.rdns.len() == 1 {
-        schema.normalize_dn(&base).unwrap_or_default()
+        schema.normalize_dn(base).unwrap_or_default()
     } else {
         String::new()
     };
@@ -552,7 +552,7 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
         .and_then(|r| schema.normalize_rdn(r).ok())
         .is_some_and(|r| r == crate::observe::monitor::MONITOR_NORM)
     {
-        return search_monitor(job, out, &emitter, &filter, &base);
+        return search_monitor(job, out, &emitter, &filter, base);
     }
 
     let rtxn = server.store.read()?;
