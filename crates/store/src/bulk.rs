@@ -19,7 +19,7 @@
 //! ties broken by ID yields each key's IDs ascending.
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -421,17 +421,11 @@ pub struct BulkLoad<'s> {
 }
 
 impl Store {
-    /// The (attribute, kind) pairs of the configured indexes in slot order:
-    /// slot numbers in packed keys refer to positions in this list.
-    pub fn index_slots(&self) -> Vec<(String, IndexKind)> {
-        slots(&self.inner)
-    }
-
     /// Every index key of `attrs`, packed as `[slot u16][len u16][key]…`
     /// into `out` (cleared first).
     pub fn index_keys_packed(&self, attrs: &[Attribute], out: &mut Vec<u8>) {
         out.clear();
-        for (slot, (attr, kind)) in slots(&self.inner).iter().enumerate() {
+        for (slot, (attr, kind)) in self.inner.slots.iter().enumerate() {
             for key in attr_keys(&self.inner.schema, attrs, attr, *kind) {
                 let key = &key[..key.len().min(MAX_KEY)];
                 out.extend_from_slice(&(slot as u16).to_be_bytes());
@@ -451,9 +445,9 @@ impl Store {
             None => return Err(StoreError::Corrupt("meta has no next_id".into())),
         };
         let mut targets = Vec::new();
-        for (attr, kind) in slots(inner) {
-            let db = inner.index_db(&attr, kind).ok_or_else(|| {
-                StoreError::Corrupt(format!("index {} vanished", index::db_name(&attr, kind)))
+        for (attr, kind) in &inner.slots {
+            let db = inner.index_db(attr, *kind).ok_or_else(|| {
+                StoreError::Corrupt(format!("index {} vanished", index::db_name(attr, *kind)))
             })?;
             targets.push(Target {
                 db,
@@ -474,9 +468,9 @@ impl Store {
     }
 }
 
-fn slots(inner: &Inner) -> Vec<(String, IndexKind)> {
-    let mut v: Vec<(String, IndexKind)> = inner
-        .indexes
+/// The (attribute, kind) pairs of `indexes` in slot order.
+pub(crate) fn slots(indexes: &HashMap<String, Vec<crate::IndexDb>>) -> Vec<(String, IndexKind)> {
+    let mut v: Vec<(String, IndexKind)> = indexes
         .iter()
         .flat_map(|(a, dbs)| dbs.iter().map(move |d| (a.clone(), d.kind)))
         .collect();
@@ -612,20 +606,23 @@ impl<'s> BulkLoad<'s> {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<BulkFigures, StoreError> {
         self.commit()?;
-        let runs = std::mem::replace(&mut self.runs, Runs::new(0, Path::new("/nonexistent")));
+        let BulkLoad {
+            inner,
+            txn: mut txn_slot,
+            runs,
+            targets,
+            entries,
+            ..
+        } = self;
         let mut fig = BulkFigures {
-            entries: self.entries,
+            entries,
             index_triples: runs.triples,
             spilled_runs: runs.spilled_runs(),
             posting_lists: 0,
         };
         let total = runs.triples;
         let mut done = 0u64;
-        let inner = self.inner;
-        let targets = &self.targets;
-        let txn = self.txn.take().ok_or(StoreError::Closed)?;
         let mut buf = Vec::new();
-        let mut txn_slot = Some(txn);
         let mut each = |slot: u16, key: &[u8], ids: &[EntryId]| -> Result<(), StoreError> {
             let t = targets
                 .get(slot as usize)

@@ -164,6 +164,9 @@ pub(crate) struct Inner {
     id2parent: Db,
     /// Keyed by lowercase canonical attribute name.
     indexes: HashMap<String, Vec<IndexDb>>,
+    /// Every (attribute, kind) of `indexes` in a fixed order: the slot
+    /// numbers of bulk loads' packed keys (see [`bulk`]).
+    slots: Vec<(String, IndexKind)>,
     /// Lowercase names of attributes that have subtypes: an assertion on them
     /// also matches subtype values, which their own index does not hold.
     has_subtypes: HashSet<String>,
@@ -200,6 +203,7 @@ impl Inner {
             id2entry: dbs.id2entry,
             dn2id: dbs.dn2id,
             id2parent: dbs.id2parent,
+            slots: bulk::slots(&indexes),
             indexes,
             has_subtypes: subtype_parents(&schema),
             schema,

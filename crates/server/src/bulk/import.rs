@@ -40,14 +40,6 @@ use super::input::{self, Chunk};
 use super::META_IMPORTING;
 use crate::clock::{generalized_time, now_micros, CsnClock};
 
-/// Computed on read; never stored.
-const COMPUTED: &[&str] = &[
-    "entryDN",
-    "subschemaSubentry",
-    "hasSubordinates",
-    "numSubordinates",
-];
-
 /// Bytes of input per chunk handed to a worker.
 const CHUNK_BYTES: usize = 512 << 10;
 /// Entries a dictionary is trained on (fewer when the input is smaller).
@@ -150,6 +142,14 @@ struct Ready {
     csn: Option<Vec<u8>>,
 }
 
+impl Ready {
+    /// The parent's normalised DN (not for suffix entries; read before the
+    /// first RDN is taken for storing).
+    fn parent_norm(&self) -> &str {
+        &self.norm_dn[self.norm_rdns[0].len() + 1..]
+    }
+}
+
 /// What a worker makes of one record.
 enum Item {
     Ready(Box<Ready>),
@@ -203,7 +203,10 @@ fn prepare(
     let mut entry = Entry::new(parsed);
     for (a, v) in attrs {
         let base = a.split(';').next().unwrap_or("");
-        if COMPUTED.iter().any(|c| c.eq_ignore_ascii_case(base)) {
+        if crate::ops::COMPUTED
+            .iter()
+            .any(|c| c.eq_ignore_ascii_case(base))
+        {
             continue;
         }
         entry.add_values(&a, vec![v]);
@@ -387,7 +390,7 @@ impl Loader<'_, '_> {
         if r.is_suffix {
             return Ok(Some(0));
         }
-        let parent_norm = &r.norm_dn[r.norm_rdns[0].len() + 1..];
+        let parent_norm = r.parent_norm();
         if let Some(&id) = self.parents.get(parent_norm) {
             return Ok(Some(id));
         }
@@ -418,7 +421,7 @@ impl Loader<'_, '_> {
                         self.origin, r.line, r.dn, self.orphan_count
                     )));
                 }
-                let parent_norm = r.norm_dn[r.norm_rdns[0].len() + 1..].to_string();
+                let parent_norm = r.parent_norm().to_string();
                 self.orphans.entry(parent_norm).or_default().push(r);
                 self.orphan_count += 1;
                 continue;
@@ -474,11 +477,14 @@ impl Loader<'_, '_> {
         let mut left: Vec<Ready> = self.orphans.drain().flat_map(|(_, v)| v).collect();
         left.sort_by_key(|r| r.line);
         for r in left {
-            let parent = r.norm_dn[r.norm_rdns[0].len() + 1..].to_string();
+            let reason = format!(
+                "parent '{}' exists neither in the input nor in the store",
+                r.parent_norm()
+            );
             self.reject(Reject {
                 line: r.line,
-                dn: r.dn.clone(),
-                reason: format!("parent '{parent}' exists neither in the input nor in the store"),
+                dn: r.dn,
+                reason,
             })?;
         }
         self.orphan_count = 0;

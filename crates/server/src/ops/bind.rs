@@ -112,14 +112,11 @@ async fn check_simple(
                 let entry = if server.acl.reads_entries() {
                     super::stored_entry(&view, id)?
                 } else {
-                    let is_pw = |d: &str| {
-                        d.split(';')
-                            .next()
-                            .is_some_and(|b| b.eq_ignore_ascii_case("userPassword"))
-                    };
                     Entry {
                         dn: Dn { rdns: Vec::new() },
-                        attrs: view.attrs_where(id, &is_pw)?.unwrap_or_default(),
+                        attrs: view
+                            .attrs_where(id, &super::is_password)?
+                            .unwrap_or_default(),
                     }
                 };
                 // Binding needs auth access to userPassword, judged for the
@@ -129,17 +126,7 @@ async fn check_simple(
                 let allowed =
                     super::require(server, &view, &anon, norm, &entry, &[(pw, acl::AUTH)]).is_ok();
                 if allowed {
-                    entry
-                        .attrs
-                        .into_iter()
-                        .filter(|a| {
-                            a.desc
-                                .split(';')
-                                .next()
-                                .is_some_and(|b| b.eq_ignore_ascii_case("userPassword"))
-                        })
-                        .flat_map(|a| a.values)
-                        .collect()
+                    super::password_values(&entry.attrs)
                 } else {
                     Vec::new()
                 }

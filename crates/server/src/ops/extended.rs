@@ -115,7 +115,7 @@ async fn passwd_modify(
         let rtxn = server2.store.read()?;
         let view = rtxn.view();
         let id = super::resolve(&view, &target2)?;
-        let stored = password_values(&view.attrs(id)?.unwrap_or_default());
+        let stored = super::password_values(&view.attrs(id)?.unwrap_or_default());
         if stored.iter().any(|v| password::verify_password(&old, v)) {
             Ok(Some(stored))
         } else {
@@ -143,7 +143,7 @@ async fn passwd_modify(
             let old_attrs = view.attrs(id)?.unwrap_or_default();
             if checked
                 .as_ref()
-                .is_some_and(|c| *c != password_values(&old_attrs))
+                .is_some_and(|c| *c != super::password_values(&old_attrs))
             {
                 return Err(LdapError::new(
                     ResultCode::BUSY,
@@ -151,7 +151,7 @@ async fn passwd_modify(
                 ));
             }
             let mut new = old_attrs.clone();
-            new.retain(|a| !is_password_desc(&a.desc));
+            new.retain(|a| !super::is_password(&a.desc));
             new.push(Attribute {
                 desc: "userPassword".into(),
                 values: vec![hashed.into_bytes()],
@@ -238,19 +238,4 @@ async fn online_backup(
         name: Some(super::special::BACKUP_EXOP.to_string()),
         value: Some(text.into_bytes()),
     })
-}
-
-fn is_password_desc(desc: &str) -> bool {
-    desc.split(';')
-        .next()
-        .is_some_and(|b| b.eq_ignore_ascii_case("userPassword"))
-}
-
-/// Every userPassword value, whatever its options, in stored order.
-fn password_values(attrs: &[Attribute]) -> Vec<Vec<u8>> {
-    attrs
-        .iter()
-        .filter(|a| is_password_desc(&a.desc))
-        .flat_map(|a| a.values.iter().cloned())
-        .collect()
 }

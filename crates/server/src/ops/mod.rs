@@ -58,6 +58,30 @@ impl BaseCache {
     }
 }
 
+/// Operational attributes computed on read, never stored.
+pub const COMPUTED: &[&str] = &[
+    "entryDN",
+    "subschemaSubentry",
+    "hasSubordinates",
+    "numSubordinates",
+];
+
+/// `desc` is userPassword, with or without options.
+pub fn is_password(desc: &str) -> bool {
+    desc.split(';')
+        .next()
+        .is_some_and(|b| b.eq_ignore_ascii_case("userPassword"))
+}
+
+/// Every userPassword value, whatever its options, in stored order.
+pub fn password_values(attrs: &[pando_model::Attribute]) -> Vec<Vec<u8>> {
+    attrs
+        .iter()
+        .filter(|a| is_password(&a.desc))
+        .flat_map(|a| a.values.iter().cloned())
+        .collect()
+}
+
 /// Parse a DN from a request.
 pub fn parse_dn(s: &str) -> OpResult<Dn> {
     Dn::parse(s).map_err(|e| LdapError::invalid_dn(format!("invalid DN '{s}': {e}")))

@@ -21,6 +21,7 @@ use roaring::RoaringTreemap;
 use tokio::sync::mpsc;
 
 use super::special::{self, SUBSCHEMA_DN, SUBSCHEMA_NORM};
+use super::COMPUTED;
 use crate::acl::{self, Access, EntryRules};
 use crate::error::{LdapError, OpResult};
 use crate::state::{Identity, Server};
@@ -44,14 +45,6 @@ pub struct SearchOutcome {
     pub controls: Vec<Control>,
     pub entries: u64,
 }
-
-/// Operational attributes computed on read rather than stored.
-const COMPUTED: &[&str] = &[
-    "entryDN",
-    "subschemaSubentry",
-    "hasSubordinates",
-    "numSubordinates",
-];
 
 /// Which attributes a search returns (RFC 4511 4.5.1.8, RFC 3673, RFC 4529).
 struct Selection {
@@ -719,24 +712,14 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
                 values: vec![v.into_bytes()],
             });
         }
-        let matched = if no_decode {
-            // The filter is one equality the index answered exactly; it
-            // holds unless its attribute is unsearchable for the requester
-            // (then the item is Undefined, as in the masked filter below).
-            let searchable = access.unrestricted() || {
-                access.entry_into(schema, &norm, &entry, &mut rules);
-                access.allows(Some(&view), &rules, &norm, None, acl::READ)
-                    && filter_types
-                        .iter()
-                        .all(|at| access.allows(Some(&view), &rules, &norm, Some(at), acl::SEARCH))
-            };
-            if searchable {
+        // With `no_decode` the filter is one equality the index answered
+        // exactly: it holds unless its attribute is masked (Undefined).
+        let matched = if access.unrestricted() {
+            if no_decode {
                 Ternary::True
             } else {
-                Ternary::Undefined
+                filter.matches(schema, &entry)
             }
-        } else if access.unrestricted() {
-            filter.matches(schema, &entry)
         } else {
             access.entry_into(schema, &norm, &entry, &mut rules);
             if !access.allows(Some(&view), &rules, &norm, None, acl::READ) {
@@ -750,7 +733,13 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
                     mask |= 1 << i.min(63);
                 }
             }
-            if mask == 0 {
+            if no_decode {
+                if mask == 0 {
+                    Ternary::True
+                } else {
+                    Ternary::Undefined
+                }
+            } else if mask == 0 {
                 filter.matches(schema, &entry)
             } else {
                 let hidden: Vec<&str> = filter_types

@@ -11,6 +11,7 @@ use pando_model::{Attribute, Dn, Entry, Schema};
 use pando_proto::{AddRequest, Change, ModOp, ModifyDnRequest, ModifyRequest, ResultCode};
 use pando_store::{Lookup, Placement, WriteTxn};
 
+use super::is_password;
 use crate::acl;
 use crate::backup::META_CONTEXT_CSN;
 use crate::error::{LdapError, OpResult};
@@ -34,10 +35,6 @@ const MAINTAINED: &[&str] = &[
 
 fn base_of(desc: &str) -> &str {
     desc.split(';').next().unwrap_or(desc)
-}
-
-fn is_password(desc: &str) -> bool {
-    base_of(desc).eq_ignore_ascii_case("userPassword")
 }
 
 /// Hash clear-text userPassword values before they are stored, as
