@@ -8,6 +8,7 @@ after each write-path test module.
 """
 
 import base64
+import contextlib
 import os
 import shutil
 import signal
@@ -36,6 +37,21 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def small_tmpfs(path, size):
+    """A tmpfs of `size` (e.g. "8m") mounted at `path` for the block, to fill
+    a filesystem for real; the test is skipped where mounting is not allowed."""
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=" + size, "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here: %s" % r.stderr.strip())
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def wait_port(port, proc=None, timeout=30.0):

@@ -8,9 +8,15 @@ import subprocess
 import time
 
 import ldap3
-import pytest
 
-from conftest import PANDO_BIN, SUFFIX, Pando
+from conftest import PANDO_BIN, SUFFIX, Pando, small_tmpfs
+
+
+def assert_served_refused_as_incomplete(data_dir):
+    """`pando serve` refuses the store, naming it incomplete."""
+    srv = subprocess.run([PANDO_BIN, "serve", "--data-dir", str(data_dir), "--listen", "ldap://127.0.0.1:1"],
+                         capture_output=True, text=True, timeout=30)
+    assert srv.returncode != 0 and "incomplete" in srv.stderr, srv.stderr
 
 
 def run(*args, input=None):
@@ -95,9 +101,7 @@ def test_rejects_and_order_problems(tmp_path):
     assert r.returncode != 0
     assert "bad.ldif:14" in r.stderr and "requires attribute 'sn'" in r.stderr, r.stderr
     # ... and the store is refused by the server, not silently partial.
-    srv = subprocess.run([PANDO_BIN, "serve", "--data-dir", str(d1), "--listen", "ldap://127.0.0.1:1"],
-                         capture_output=True, text=True, timeout=30)
-    assert srv.returncode != 0 and "incomplete" in srv.stderr, srv.stderr
+    assert_served_refused_as_incomplete(d1)
     # With it, bad records go to the rejects file with line and reason.
     d2 = tmp_path / "d2"
     rej = tmp_path / "rejects.txt"
@@ -185,9 +189,7 @@ def test_interrupted_import_leaves_a_store_that_says_so(tmp_path):
     assert p.poll() is None, "import finished before it could be interrupted"
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=30)
-    srv = subprocess.run([PANDO_BIN, "serve", "--data-dir", str(d), "--listen", "ldap://127.0.0.1:1"],
-                         capture_output=True, text=True, timeout=30)
-    assert srv.returncode != 0 and "incomplete" in srv.stderr, srv.stderr
+    assert_served_refused_as_incomplete(d)
     r = run("import", "--data-dir", str(d), "-f", str(ldif))
     assert r.returncode != 0 and "incomplete" in r.stderr, r.stderr
     r = run("index", "rebuild", "--data-dir", str(d))
@@ -275,19 +277,10 @@ def test_entries_are_stored_compressed(tmp_path):
 
 
 def test_full_disk_stops_the_import_clearly(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here: %s" % r.stderr.strip())
-    try:
+    with small_tmpfs(tmp_path / "small", "4m") as mnt:
         ldif = tmp_path / "users.ldif"
         assert run("gen", "-D", "numusers=30000", "-o", str(ldif)).returncode == 0
         r = run("import", "--data-dir", str(mnt / "d"), "-f", str(ldif))
         assert r.returncode != 0, r.stderr
         assert "no space left" in r.stderr and "incomplete" in r.stderr, r.stderr
-        srv = subprocess.run([PANDO_BIN, "serve", "--data-dir", str(mnt / "d"), "--listen", "ldap://127.0.0.1:1"],
-                             capture_output=True, text=True, timeout=30)
-        assert srv.returncode != 0 and "incomplete" in srv.stderr, srv.stderr
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        assert_served_refused_as_incomplete(mnt / "d")

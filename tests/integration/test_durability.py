@@ -12,9 +12,8 @@ import threading
 import time
 
 import ldap3
-import pytest
 
-from conftest import PANDO_BIN, SUFFIX, Pando
+from conftest import PANDO_BIN, SUFFIX, Pando, small_tmpfs
 
 BASE = "ou=Crash," + SUFFIX
 
@@ -259,12 +258,7 @@ def test_online_backup_through_the_server(tmp_path):
 def test_full_disk_fails_writes_cleanly(tmp_path):
     """A real full filesystem (an 8 MiB tmpfs): writes fail with a clear
     error, reads go on, the store stays consistent."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here: %s" % r.stderr.strip())
-    try:
+    with small_tmpfs(tmp_path / "small", "8m") as mnt:
         srv = Pando(mnt, demo=True, config="[store]\nwarm_start = false\n").start()
         c = srv.conn()
         big = incompressible(8000)
@@ -281,8 +275,6 @@ def test_full_disk_fails_writes_cleanly(tmp_path):
         c.unbind()
         # Shut down and check the store before the filesystem goes away.
         srv.stop_and_verify()
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_verify_catches_flipped_bytes(tmp_path):
