@@ -347,6 +347,14 @@ SEARCHES = [
     (S, "sub", "(uid=user03*)", ["mail", "MAIL", "Cn"]),
     (S, "sub", "(objectClass=groupOfNames)", ["*"]),
     (S, "sub", "(objectClass=posixGroup)", ["*"]),
+    # Attribute selections (only what is returned or tested is decoded):
+    # a supertype, aliases, an OID, and filters on attributes not returned.
+    (S, "sub", "(uid=user007)", ["name"]),
+    (S, "sub", "(uid=user007)", ["commonName", "SURNAME"]),
+    (S, "sub", "(uid=user007)", ["2.5.4.3"]),
+    (S, "sub", "(sn=Smith)", ["givenName"]),
+    (S, "sub", "(&(uid=user00*)(givenName=Ana))", ["mail"]),
+    (S, "sub", "(|(cn=Ana*)(mail=user011@example.com))", ["uidNumber"]),
 ]
 
 

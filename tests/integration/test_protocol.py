@@ -194,6 +194,41 @@ def test_abandon(srv):
     assert done2 is None, "SearchResultDone received for the abandoned search: %r (after %d entries)" % (done2, n2)
 
 
+def test_bind_behind_a_large_search_the_client_is_not_reading(srv):
+    """A bind waits for the operations before it; the connection's task must
+    keep writing their output meanwhile, or a large search blocked on a full
+    socket would hold the bind forever. The client reads only later."""
+    with srv.raw(timeout=30, rcvbuf=32768) as c:
+        assert ber.simple_bind(c, srv.admin_dn, srv.admin_pw) == 0
+        c.send(message(2, search_op(LOAD, SCOPE_SUB, f_present("objectClass"), ["*"])))
+        first = c.recv_msg(timeout=30)
+        assert first is not None and first["id"] == 2 and first["op"] == "entry", first
+        time.sleep(0.5)  # not reading: the socket and the server's buffers fill up
+        c.send(message(3, ber.bind_op(srv.admin_dn, srv.admin_pw))
+               + message(4, search_op(PEOPLE, SCOPE_BASE, f_present("objectClass"), ["ou"])))
+        time.sleep(1.0)
+        bound, done4, entries4, n2 = None, None, 0, 1
+        deadline = time.monotonic() + 60
+        while done4 is None and time.monotonic() < deadline:
+            m = c.recv_msg(timeout=30)
+            assert m is not None, "server closed the connection"
+            if m["id"] == 2:
+                assert m["op"] == "entry", "the abandoned search was answered: %r" % m
+                n2 += 1
+            elif m["id"] == 3:
+                bound = m
+            elif m["id"] == 4:
+                if m["op"] == "entry":
+                    entries4 += 1
+                else:
+                    done4 = m
+        assert bound is not None and bound["op"] == "bind" and bound["code"] == 0, bound
+        assert done4 is not None and done4["code"] == 0 and entries4 == 1, (done4, entries4)
+        # The search before the bind was abandoned by it (RFC 4511 4.2.1):
+        # entries up to then, and no SearchResultDone.
+        assert n2 <= N_LOAD + 1
+
+
 def test_abandon_in_same_write(srv):
     """Search and Abandon in one write: at most a few entries, no SearchResultDone."""
     with srv.raw(timeout=30, rcvbuf=32768) as c:

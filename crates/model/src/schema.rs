@@ -196,6 +196,8 @@ pub struct Schema {
     class_index: NameMap,
     syntaxes: Vec<SyntaxDef>,
     syntax_index: HashMap<String, usize>,
+    /// OIDs of the attribute types that are the SUP of another.
+    supertypes: HashSet<String>,
 }
 
 const FILES: &[(&str, &str)] = &[
@@ -691,6 +693,10 @@ impl Schema {
         for k in keys {
             self.attr_index.insert(k, i);
         }
+        if let Some(sup) = at.sup.as_deref().and_then(|s| self.attribute(s)) {
+            let oid = sup.oid.clone();
+            self.supertypes.insert(oid);
+        }
         // Names as defined too, so lookups by canonical name need no
         // lowercasing (cannot collide: they lowercase to this type's keys).
         for n in &at.names {
@@ -795,6 +801,11 @@ impl Schema {
 
     // -----------------------------------------------------------------------
     // Lookups
+
+    /// True when some attribute type has `at` as its SUP.
+    pub fn has_subtypes(&self, at: &AttributeType) -> bool {
+        self.supertypes.contains(&at.oid)
+    }
 
     /// Attribute type by name (case-insensitive) or OID.
     pub fn attribute(&self, name_or_oid: &str) -> Option<&AttributeType> {

@@ -90,6 +90,7 @@ pub struct Codec {
 thread_local! {
     static CCTX: RefCell<CCtx<'static>> = RefCell::new(frame_cctx());
     static DCTX: RefCell<DCtx<'static>> = RefCell::new(DCtx::create());
+    static BODY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A compression context whose frames carry neither the content size nor
@@ -228,33 +229,43 @@ impl Codec {
                 if len > MAX_BODY {
                     return Err(corrupt("implausible body length"));
                 }
-                let mut body = Vec::with_capacity(len as usize);
+                // The dictionaries' lock is held (shared) while decompressing:
+                // only a new dictionary takes it exclusively.
+                let dicts = self.dicts.read().unwrap_or_else(|e| e.into_inner());
                 let dict = match dict_id {
                     0 => None,
-                    n => {
-                        let d = self.dicts.read().unwrap_or_else(|e| e.into_inner());
-                        Some(d.get(&(n as u32)).cloned().ok_or_else(|| {
-                            corrupt(&format!(
-                                "compressed with dictionary {n}, which the store does not hold"
-                            ))
-                        })?)
-                    }
+                    n => Some(dicts.get(&(n as u32)).ok_or_else(|| {
+                        corrupt(&format!(
+                            "compressed with dictionary {n}, which the store does not hold"
+                        ))
+                    })?),
                 };
-                let res = DCTX.with(|c| {
-                    let mut c = c.borrow_mut();
-                    match &dict {
-                        Some(d) => c.decompress_using_ddict(&mut body, r.buf, &d.ddict),
-                        None => c.decompress(&mut body, r.buf),
+                // One body buffer per thread, reused.
+                BODY.with(|body| {
+                    let mut body = body.borrow_mut();
+                    body.clear();
+                    body.reserve(len as usize);
+                    let res = DCTX.with(|c| {
+                        let mut c = c.borrow_mut();
+                        match dict {
+                            Some(d) => c.decompress_using_ddict(&mut *body, r.buf, &d.ddict),
+                            None => c.decompress(&mut *body, r.buf),
+                        }
+                    });
+                    let out = match res {
+                        Ok(n) if n as u64 == len => decode_body(id, dn, &body, keep),
+                        Ok(_) => Err(corrupt("decompressed length differs from the stored one")),
+                        Err(code) => Err(corrupt(&format!(
+                            "zstd: {}",
+                            zstd_safe::get_error_name(code)
+                        ))),
+                    };
+                    // A huge entry's buffer is not kept.
+                    if body.capacity() > 1 << 20 {
+                        *body = Vec::new();
                     }
-                });
-                match res {
-                    Ok(n) if n as u64 == len => decode_body(id, dn, &body, keep),
-                    Ok(_) => Err(corrupt("decompressed length differs from the stored one")),
-                    Err(code) => Err(corrupt(&format!(
-                        "zstd: {}",
-                        zstd_safe::get_error_name(code)
-                    ))),
-                }
+                    out
+                })
             }
             f => Err(corrupt(&format!("unknown entry format {f}"))),
         }

@@ -21,6 +21,7 @@
 //! one fsync before answering any of them (group commit).
 
 pub mod bulk;
+mod dn_cache;
 pub mod entry_codec;
 pub mod index;
 mod plan;
@@ -177,6 +178,8 @@ pub(crate) struct Inner {
     durability: writer::DurabilityCell,
     stats: writer::WriterStats,
     readers: readers::Readers,
+    /// When DNs last changed (renames, deletes): see [`dn_cache`].
+    dn_generation: dn_cache::Generation,
 }
 
 /// The four fixed databases.
@@ -212,6 +215,7 @@ impl Inner {
             durability: writer::DurabilityCell::new(d),
             stats: writer::WriterStats::default(),
             readers: readers::Readers::new(),
+            dn_generation: dn_cache::Generation::new(),
         }
     }
 }
@@ -431,17 +435,11 @@ impl Store {
             dn2id,
             id2parent,
         };
-        let inner = Arc::new(Inner::new(
-            env,
-            dbs,
-            indexes,
-            schema,
-            path,
-            Durability::Durable,
-            codec,
-        ));
+        let mut inner = Inner::new(env, dbs, indexes, schema, path, Durability::Durable, codec);
+        // Another process may be writing: its renames would go unseen.
+        inner.dn_generation = dn_cache::Generation::disabled();
         Ok(Store {
-            inner,
+            inner: Arc::new(inner),
             writer: writer::WriterHandle::closed(),
         })
     }
@@ -527,11 +525,13 @@ impl Store {
 
     /// A consistent read-only snapshot.
     pub fn read(&self) -> Result<ReadTxn<'_>, StoreError> {
+        let before = self.inner.dn_generation.before_open();
         let txn = self.inner.env.read_txn()?;
         Ok(ReadTxn {
             txn,
             inner: &self.inner,
             slot: self.inner.readers.enter(),
+            dn_snapshot: self.inner.dn_generation.after_open(before),
         })
     }
 
@@ -735,6 +735,8 @@ pub struct ReadTxn<'s> {
     inner: &'s Inner,
     /// Its entry in the table of open readers (monitoring).
     slot: Option<usize>,
+    /// Whether (and for which generation) it may use cached DNs.
+    dn_snapshot: Option<dn_cache::Snapshot>,
 }
 
 impl Drop for ReadTxn<'_> {
@@ -748,6 +750,7 @@ impl<'s> ReadTxn<'s> {
         View {
             txn: &self.txn,
             inner: self.inner,
+            dn_snapshot: self.dn_snapshot,
         }
     }
 }
@@ -850,6 +853,7 @@ fn lookup_in(inner: &Inner, txn: &RoTxn<'_>, norm_rdns: &[String]) -> Result<Loo
 pub struct View<'t> {
     txn: &'t RoTxn<'t>,
     inner: &'t Inner,
+    dn_snapshot: Option<dn_cache::Snapshot>,
 }
 
 impl<'t> View<'t> {
@@ -859,7 +863,14 @@ impl<'t> View<'t> {
 
     /// Resolve `dn` (already split into normalised RDNs, leftmost first).
     pub fn lookup_norm(&self, norm_rdns: &[String]) -> Result<Lookup, StoreError> {
-        lookup_in(self.inner, self.txn, norm_rdns)
+        if let Some(id) = dn_cache::id_of(self.dn_snapshot, norm_rdns) {
+            return Ok(Lookup::Found(id));
+        }
+        let found = lookup_in(self.inner, self.txn, norm_rdns)?;
+        if let Lookup::Found(id) = found {
+            dn_cache::remember_id(self.dn_snapshot, norm_rdns, id);
+        }
+        Ok(found)
     }
 
     /// Normalise each RDN of `dn` with the schema.
@@ -894,6 +905,61 @@ impl<'t> View<'t> {
             ))),
             None => Ok(None),
         }
+    }
+
+    /// The DN of `id` as stored and normalised (empty for a missing entry).
+    /// Parents' DNs come from (and go to) the thread's [`dn_cache`].
+    pub fn dn_pair(&self, id: EntryId) -> Result<(String, String), StoreError> {
+        if let Some(n) = dn_cache::node(self.dn_snapshot, id) {
+            return Ok((n.dn, n.norm));
+        }
+        let Some(p) = self.placement(id)? else {
+            return Ok((String::new(), String::new()));
+        };
+        if p.parent == 0 {
+            return Ok((p.rdn, p.norm_rdn));
+        }
+        Ok(match self.parent_node(p.parent, 0)? {
+            Some(parent) => (
+                format!("{},{}", p.rdn, parent.dn),
+                format!("{},{}", p.norm_rdn, parent.norm),
+            ),
+            None => (p.rdn, p.norm_rdn),
+        })
+    }
+
+    /// What [`View::dn_pair`] needs of a parent, remembered for the next time.
+    fn parent_node(&self, id: EntryId, depth: u32) -> Result<Option<dn_cache::Node>, StoreError> {
+        if let Some(n) = dn_cache::node(self.dn_snapshot, id) {
+            return Ok(Some(n));
+        }
+        // Depth is bounded by the DN length limit; this also stops a
+        // corrupted parent cycle.
+        if depth >= 1024 {
+            return Err(StoreError::Corrupt(format!(
+                "parent chain of entry {id} does not end"
+            )));
+        }
+        let Some(p) = self.placement(id)? else {
+            return Ok(None);
+        };
+        let (dn, norm) = match p.parent {
+            0 => (p.rdn, p.norm_rdn),
+            up => match self.parent_node(up, depth + 1)? {
+                Some(n) => (
+                    format!("{},{}", p.rdn, n.dn),
+                    format!("{},{}", p.norm_rdn, n.norm),
+                ),
+                None => (p.rdn, p.norm_rdn),
+            },
+        };
+        let node = dn_cache::Node {
+            parent: p.parent,
+            dn,
+            norm,
+        };
+        dn_cache::remember(self.dn_snapshot, id, node.clone());
+        Ok(Some(node))
     }
 
     /// The entry's DN as stored (RDNs as given when added or renamed).
@@ -1029,7 +1095,11 @@ impl<'t> View<'t> {
             if cur == ancestor {
                 return Ok(true);
             }
-            match self.parent_of(cur)? {
+            let up = match dn_cache::parent(self.dn_snapshot, cur) {
+                Some(p) => Some(p).filter(|&p| p != 0),
+                None => self.parent_of(cur)?,
+            };
+            match up {
                 Some(p) => cur = p,
                 None => return Ok(false),
             }
@@ -1201,9 +1271,11 @@ impl<'t> View<'t> {
 
 impl<'e> WriteTxn<'e> {
     pub fn view(&self) -> View<'_> {
+        // A writer sees its own uncommitted changes: no cached DNs.
         View {
             txn: &self.txn,
             inner: self.inner,
+            dn_snapshot: None,
         }
     }
 
@@ -1278,6 +1350,7 @@ impl<'e> WriteTxn<'e> {
 
     /// Remove leaf entry `id` (`old` must be what is stored).
     pub fn delete(&mut self, id: EntryId, old: &[Attribute]) -> Result<(), StoreError> {
+        self.inner.dn_generation.changing();
         if self.view().has_children(id)? {
             return Err(StoreError::Corrupt(format!(
                 "delete of entry {id}, which has children"
@@ -1298,6 +1371,7 @@ impl<'e> WriteTxn<'e> {
     /// Give entry `id` a new parent and/or RDN. Descendants are untouched:
     /// their DNs derive from this record.
     pub fn rename(&mut self, id: EntryId, to: &Placement) -> Result<(), StoreError> {
+        self.inner.dn_generation.changing();
         let from = self
             .view()
             .placement(id)?

@@ -265,6 +265,91 @@ fn subtree_move_rewrites_one_record() {
     assert_consistent(&store);
 }
 
+/// DNs remembered across read transactions (dn_cache) follow renames and
+/// deletes, and a reader on an older snapshot keeps seeing its own DNs.
+#[test]
+fn cached_dns_follow_renames_and_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    let user = find(&store, "cn=user5,ou=People,dc=example,dc=com").unwrap();
+    let people = find(&store, "ou=People,dc=example,dc=com").unwrap();
+    let people_rdns: Vec<String> = ["ou=people", "dc=example", "dc=com"]
+        .map(String::from)
+        .into();
+    let pair = |r: &crate::ReadTxn<'_>| r.view().dn_pair(user).unwrap().0;
+    // Twice: the second answer comes from the cache.
+    for _ in 0..2 {
+        let r = store.read().unwrap();
+        assert_eq!(pair(&r), "cn=user5,ou=People,dc=example,dc=com");
+        assert_eq!(
+            r.view().lookup_norm(&people_rdns).unwrap(),
+            Lookup::Found(people)
+        );
+        assert!(r.view().is_within(user, people).unwrap());
+    }
+    let old = store.read().unwrap();
+    let moved = add(
+        &store,
+        "ou=Moved,dc=example,dc=com",
+        attrs(&[("objectClass", "organizationalUnit"), ("ou", "Moved")]),
+    );
+    let to = Placement {
+        parent: moved,
+        rdn: "ou=Staff".into(),
+        norm_rdn: "ou=staff".into(),
+    };
+    store
+        .write_blocking(move |w| w.rename(people, &to))
+        .unwrap();
+    let r = store.read().unwrap();
+    assert_eq!(pair(&r), "cn=user5,ou=Staff,ou=Moved,dc=example,dc=com");
+    assert!(matches!(
+        r.view().lookup_norm(&people_rdns).unwrap(),
+        Lookup::Missing { .. }
+    ));
+    assert!(r.view().is_within(user, moved).unwrap());
+    // The older snapshot still has the entry where it was, and reading it
+    // does not disturb what newer readers see.
+    assert_eq!(pair(&old), "cn=user5,ou=People,dc=example,dc=com");
+    assert_eq!(
+        old.view().lookup_norm(&people_rdns).unwrap(),
+        Lookup::Found(people)
+    );
+    assert!(!old.view().is_within(user, moved).unwrap());
+    drop((old, r));
+    let r = store.read().unwrap();
+    assert_eq!(pair(&r), "cn=user5,ou=Staff,ou=Moved,dc=example,dc=com");
+    drop(r);
+    // An emptied parent deleted and added again is a new entry.
+    let staff = find(&store, "ou=Staff,ou=Moved,dc=example,dc=com").unwrap();
+    let staff_rdns: Vec<String> = ["ou=staff", "ou=moved", "dc=example", "dc=com"]
+        .map(String::from)
+        .into();
+    let children = store.read().unwrap().view().children(staff).unwrap();
+    for c in children {
+        let old = store.read().unwrap().view().attrs(c).unwrap().unwrap();
+        store.write_blocking(move |w| w.delete(c, &old)).unwrap();
+    }
+    let old = store.read().unwrap().view().attrs(staff).unwrap().unwrap();
+    store
+        .write_blocking(move |w| w.delete(staff, &old))
+        .unwrap();
+    let again = add(
+        &store,
+        "ou=Staff,ou=Moved,dc=example,dc=com",
+        attrs(&[("objectClass", "organizationalUnit"), ("ou", "Staff")]),
+    );
+    assert_ne!(again, staff);
+    let r = store.read().unwrap();
+    assert_eq!(
+        r.view().lookup_norm(&staff_rdns).unwrap(),
+        Lookup::Found(again)
+    );
+    drop(r);
+    assert_consistent(&store);
+}
+
 #[test]
 fn delete_needs_a_leaf() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,20 +1,22 @@
 //! One client connection.
 //!
-//! A reader loop frames and decodes PDUs and dispatches each operation as its
-//! own task (so a client may pipeline many operations); a writer task owns the
-//! socket's write half and sends whatever responses are ready, coalescing
-//! them into few writes. Responses carry their request's message ID, so they
-//! may interleave in any order.
+//! One task reads, frames and decodes PDUs and drives the socket (see
+//! [`super::wire`]). Binds and small searches — what directories mostly
+//! serve — are answered on that task, their responses encoded straight into
+//! the outgoing buffer: one read, one write, no task handoff. Everything
+//! else (writes, larger searches, compares, extended operations) runs as
+//! its own task, bounded per connection, and hands its responses back over
+//! a channel; so a client may pipeline many operations. Responses carry
+//! their request's message ID, so they may interleave in any order.
 //!
-//! Bind and Unbind are handled in the reader loop itself: before a bind, the
-//! outstanding operations are abandoned and waited for (RFC 4511 4.2.1), so
-//! every operation runs with the identity that was current when it arrived.
+//! Before a bind, the outstanding operations are abandoned and waited for
+//! (RFC 4511 4.2.1), so every operation runs with the identity that was
+//! current when it arrived.
 //!
-//! So is StartTLS (RFC 4511 4.14, RFC 4513 3): it is accepted only with
-//! nothing outstanding; then the reader loop ends, the writer task sends the
-//! response and hands its half of the stream back, the halves are reunited,
-//! the TLS handshake runs on the same socket, and LDAP continues over TLS
-//! with a new session (the bound identity keeps its DN).
+//! StartTLS (RFC 4511 4.14, RFC 4513 3) is accepted only with nothing
+//! outstanding; then the loop ends, the response is written, the TLS
+//! handshake runs on the same socket, and LDAP continues over TLS with a new
+//! session (the bound identity keeps its DN).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,8 +27,10 @@ use pando_proto::{
     frame_length, notice_of_disconnection, oid, Control, ExtendedRequest, ExtendedResponse,
     LdapMessage, LdapResult, PagedResults, ProtocolOp, ResultCode,
 };
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+
+use super::wire::{Event, Wire, WRITE_STALL};
 
 use crate::error::LdapError;
 use crate::observe::{self, OpStart};
@@ -35,9 +39,6 @@ use crate::state::{Identity, Server, Session};
 
 /// Controls recognised on any operation (others, if critical, are refused).
 const KNOWN_CONTROLS: &[&str] = &[oid::MANAGE_DSA_IT];
-
-/// Longest a response may wait for the client to read it.
-const WRITE_STALL: Duration = Duration::from_secs(60);
 
 type Outstanding = Arc<Mutex<HashMap<i32, Arc<AtomicBool>>>>;
 
@@ -98,22 +99,23 @@ impl Connection {
     where
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
-        let (mut rd, wr) = tokio::io::split(stream);
+        let limits = &self.server.cfg.config.limits;
+        let idle = (limits.idle_timeout > 0).then(|| Duration::from_secs(limits.idle_timeout));
         let (tx, rx) = mpsc::channel::<Vec<u8>>(64);
-        let writer = tokio::spawn(write_loop(wr, rx, self.server.clone()));
-        let ended = self.read_loop(&mut rd, &tx, identity, op_seq).await;
+        let mut wire = Wire::new(stream, rx, idle, self.server.clone());
+        let ended = self.read_loop(&mut wire, &tx, identity, op_seq).await;
         drop(tx);
-        // The writer ends once every response queued has been written (all
-        // senders gone), handing back its half; None if writing failed.
-        let wr = writer.await.ok().flatten();
-        match (ended, wr) {
-            (Ended::StartTls, Some(wr)) => Served::StartTls(rd.unsplit(wr)),
-            (Ended::StartTls, None) => Served::Closed("write failed before StartTLS"),
-            (Ended::Close(why), Some(mut wr)) => {
-                let _ = tokio::time::timeout(WRITE_STALL, wr.shutdown()).await;
+        // Responses already made, and those of operations still finishing
+        // (abandoned reads stop at their next check), go out first.
+        let delivered = wire.finish().await;
+        match (ended, delivered) {
+            (Ended::StartTls, true) => Served::StartTls(wire.stream),
+            (Ended::StartTls, false) => Served::Closed("write failed before StartTLS"),
+            (Ended::Close(why), true) => {
+                let _ = tokio::time::timeout(WRITE_STALL, wire.stream.shutdown()).await;
                 Served::Closed(why)
             }
-            (Ended::Close(why), None) => Served::Closed(why),
+            (Ended::Close(why), false) => Served::Closed(why),
         }
     }
 
@@ -143,43 +145,48 @@ impl Connection {
         }
     }
 
-    async fn read_loop<R: AsyncRead + Unpin>(
+    async fn read_loop<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
-        rd: &mut R,
+        wire: &mut Wire<S>,
         tx: &mpsc::Sender<Vec<u8>>,
         identity: &mut Identity,
         op_seq: &mut u64,
     ) -> Ended {
         let limits = &self.server.cfg.config.limits;
         let max_ops = limits.max_ops_per_connection;
-        let idle = (limits.idle_timeout > 0).then(|| Duration::from_secs(limits.idle_timeout));
         let permits = Arc::new(Semaphore::new(max_ops));
         let outstanding: Outstanding = Arc::new(Mutex::new(HashMap::new()));
         let mut write_chain: Option<oneshot::Receiver<()>> = None;
-        let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
-        let mut start = 0usize;
         let mut shutdown = self.shutdown.clone();
+        let changed = shutdown.changed();
+        tokio::pin!(changed);
+        let mut ctx = Ctx {
+            tx,
+            write_chain: &mut write_chain,
+            permits: &permits,
+            outstanding: &outstanding,
+            op_seq,
+        };
         loop {
-            // Handle every complete PDU already buffered.
+            // Handle every complete PDU already received. The input is
+            // taken out of the wire meanwhile: frames are read in place
+            // while responses are written into the wire's output.
+            let input = std::mem::take(&mut wire.input);
+            let mut start = 0usize;
             loop {
-                match frame_length(&buf[start..], limits.max_pdu_bytes) {
+                match frame_length(&input[start..], limits.max_pdu_bytes) {
                     Ok(Some(len)) => {
-                        let frame = buf[start..start + len].to_vec();
+                        let frame = &input[start..start + len];
                         start += len;
-                        let pipelined = start < buf.len();
-                        match self
-                            .dispatch(
-                                &frame,
-                                identity,
-                                &mut write_chain,
-                                tx,
-                                &permits,
-                                &outstanding,
-                                pipelined,
-                                op_seq,
-                            )
-                            .await
-                        {
+                        let pipelined = start < input.len();
+                        let flow = self
+                            .dispatch(frame, wire, identity, &mut ctx, pipelined)
+                            .await;
+                        match flow {
+                            Flow::Continue if wire.is_broken() => {
+                                abandon_all(&outstanding);
+                                return Ended::Close("write failed");
+                            }
                             Flow::Continue => {}
                             Flow::Close(why) => {
                                 abandon_all(&outstanding);
@@ -190,49 +197,48 @@ impl Connection {
                     }
                     Ok(None) => break,
                     Err(e) => {
-                        let _ = tx
-                            .send(notice_of_disconnection(
-                                ResultCode::PROTOCOL_ERROR,
-                                &e.to_string(),
-                            ))
-                            .await;
+                        wire.output.extend_from_slice(&notice_of_disconnection(
+                            ResultCode::PROTOCOL_ERROR,
+                            &e.to_string(),
+                        ));
                         abandon_all(&outstanding);
                         return Ended::Close("bad frame");
                     }
                 }
             }
-            if start > 0 {
-                buf.drain(..start);
-                start = 0;
-            }
-            if buf.capacity() - buf.len() < 4096 {
-                buf.reserve(16 * 1024);
-            }
-            let read = async {
-                match idle {
-                    Some(d) => tokio::time::timeout(d, rd.read_buf(&mut buf)).await.ok(),
-                    None => Some(rd.read_buf(&mut buf).await),
+            wire.input = input;
+            wire.input.drain(..start);
+            match wire.turn(changed.as_mut()).await {
+                Event::Read => {}
+                Event::Closed => {
+                    abandon_all(&outstanding);
+                    return Ended::Close("peer closed");
                 }
-            };
-            tokio::select! {
-                r = read => match r {
-                    // Idle means nothing to read and nothing running.
-                    None if outstanding.lock().map(|m| m.is_empty()).unwrap_or(true) => {
-                        let _ = tx.send(notice_of_disconnection(ResultCode::UNAVAILABLE, "idle timeout")).await;
+                Event::WriteFailed => {
+                    abandon_all(&outstanding);
+                    return Ended::Close("write failed");
+                }
+                // Idle means nothing to read and nothing running.
+                Event::Idle => {
+                    if outstanding.lock().map(|m| m.is_empty()).unwrap_or(true) {
+                        wire.output.extend_from_slice(&notice_of_disconnection(
+                            ResultCode::UNAVAILABLE,
+                            "idle timeout",
+                        ));
                         return Ended::Close("idle timeout");
                     }
-                    None => {}
-                    Some(Ok(0)) | Some(Err(_)) => {
-                        abandon_all(&outstanding);
-                        return Ended::Close("peer closed");
-                    }
-                    Some(Ok(n)) => self.server.metrics.add(&self.server.metrics.bytes_in, n as u64),
-                },
-                _ = shutdown.changed() => {
+                }
+                Event::Shutdown => {
                     // Let running operations finish briefly, then tell the client.
-                    let _ = tokio::time::timeout(Duration::from_secs(5), permits.acquire_many(max_ops as u32)).await;
+                    let all = permits.acquire_many(max_ops as u32);
+                    let _ = wire
+                        .pump_while(tokio::time::timeout(Duration::from_secs(5), all))
+                        .await;
                     abandon_all(&outstanding);
-                    let _ = tx.send(notice_of_disconnection(ResultCode::UNAVAILABLE, "server shutting down")).await;
+                    wire.output.extend_from_slice(&notice_of_disconnection(
+                        ResultCode::UNAVAILABLE,
+                        "server shutting down",
+                    ));
                     return Ended::Close("server shutdown");
                 }
             }
@@ -240,17 +246,13 @@ impl Connection {
     }
 
     /// `pipelined`: more bytes followed this PDU in the same read.
-    #[allow(clippy::too_many_arguments)]
-    async fn dispatch(
+    async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         frame: &[u8],
+        wire: &mut Wire<S>,
         identity: &mut Identity,
-        write_chain: &mut Option<oneshot::Receiver<()>>,
-        tx: &mpsc::Sender<Vec<u8>>,
-        permits: &Arc<Semaphore>,
-        outstanding: &Outstanding,
+        ctx: &mut Ctx<'_>,
         pipelined: bool,
-        op_seq: &mut u64,
     ) -> Flow {
         let metrics = &self.server.metrics;
         metrics.add(&metrics.pdus_in, 1);
@@ -268,35 +270,34 @@ impl Connection {
                         *identity = Identity::anonymous(self.session.clone());
                     }
                     let res = LdapError::protocol(e.reason).into_result();
-                    send(tx, id, op(res), Vec::new()).await;
+                    put(&mut wire.output, id, op(res), Vec::new());
                     return Flow::Continue;
                 }
-                let _ = tx
-                    .send(notice_of_disconnection(
-                        ResultCode::PROTOCOL_ERROR,
-                        &e.reason,
-                    ))
-                    .await;
+                wire.output.extend_from_slice(&notice_of_disconnection(
+                    ResultCode::PROTOCOL_ERROR,
+                    &e.reason,
+                ));
                 return Flow::Close("undecodable PDU");
             }
         };
         let id = msg.id;
-        *op_seq += 1;
-        let mut rec = OpStart::new(&self.server, self.id, *op_seq, &msg);
+        *ctx.op_seq += 1;
+        let mut rec = OpStart::new(&self.server, self.id, *ctx.op_seq, &msg);
         // Operations answered here (or never) are finished here.
-        let done_here = |rec: Option<OpStart>, code: Option<u32>| {
+        let done_here = |rec: Option<OpStart>, code: Option<u32>, entries: u64| {
             if let Some(r) = rec {
-                r.finish(&self.server, code, 0);
+                r.finish(&self.server, code, entries);
             }
         };
-        match msg.op {
+        let work = match msg.op {
             ProtocolOp::UnbindRequest => {
-                done_here(rec, None);
+                done_here(rec, None, 0);
                 return Flow::Close("unbind");
             }
             ProtocolOp::AbandonRequest(target) => {
-                done_here(rec, None);
-                if let Some(flag) = outstanding
+                done_here(rec, None, 0);
+                if let Some(flag) = ctx
+                    .outstanding
                     .lock()
                     .ok()
                     .and_then(|m| m.get(&target).cloned())
@@ -306,19 +307,55 @@ impl Connection {
                 return Flow::Continue;
             }
             ProtocolOp::ExtendedRequest(req) if req.name == oid::START_TLS => {
-                let (flow, code) = self
-                    .start_tls(id, &req, &msg.controls, pipelined, outstanding, tx)
-                    .await;
-                done_here(rec, Some(code));
+                let (flow, code) =
+                    self.start_tls(id, &req, &msg.controls, pipelined, ctx.outstanding, wire);
+                done_here(rec, Some(code), 0);
                 return flow;
             }
-            ProtocolOp::SearchRequest(_)
-            | ProtocolOp::ModifyRequest(_)
+            ProtocolOp::SearchRequest(req) => {
+                let paged = match search_controls(&msg.controls) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let r = e.into_result();
+                        let code = r.code.0;
+                        put(
+                            &mut wire.output,
+                            id,
+                            ProtocolOp::SearchResultDone(r),
+                            Vec::new(),
+                        );
+                        done_here(rec, Some(code), 0);
+                        return Flow::Continue;
+                    }
+                };
+                let job = ops::search::SearchJob {
+                    server: self.server.clone(),
+                    who: identity.clone(),
+                    msg_id: id,
+                    req,
+                    paged,
+                    abandoned: Arc::new(AtomicBool::new(false)),
+                    out: ctx.tx.clone(),
+                };
+                // A small search is answered right here, on this task; a
+                // larger one runs on a blocking thread.
+                if let Some(r) = rec.as_mut() {
+                    r.started();
+                }
+                match ops::search::run_inline(job, &mut wire.output) {
+                    Ok(answered) => {
+                        done_here(rec, answered.map(|a| a.0), answered.map_or(0, |a| a.1));
+                        return Flow::Continue;
+                    }
+                    Err(job) => Work::Search(job),
+                }
+            }
+            ProtocolOp::ModifyRequest(_)
             | ProtocolOp::AddRequest(_)
             | ProtocolOp::DelRequest(_)
             | ProtocolOp::ModifyDnRequest(_)
             | ProtocolOp::CompareRequest(_)
-            | ProtocolOp::ExtendedRequest(_) => {}
+            | ProtocolOp::ExtendedRequest(_) => Work::Op(msg.op, msg.controls),
             // A response or notice sent by a client breaks the protocol.
             ProtocolOp::BindResponse(_)
             | ProtocolOp::SearchResultEntry(_)
@@ -331,18 +368,16 @@ impl Connection {
             | ProtocolOp::CompareResponse(_)
             | ProtocolOp::ExtendedResponse(_)
             | ProtocolOp::IntermediateResponse { .. } => {
-                let _ = tx
-                    .send(notice_of_disconnection(
-                        ResultCode::PROTOCOL_ERROR,
-                        "unexpected PDU type from client",
-                    ))
-                    .await;
+                wire.output.extend_from_slice(&notice_of_disconnection(
+                    ResultCode::PROTOCOL_ERROR,
+                    "unexpected PDU type from client",
+                ));
                 return Flow::Close("response PDU from client");
             }
             ProtocolOp::BindRequest(req) => {
-                abandon_all(outstanding);
+                abandon_all(ctx.outstanding);
                 let max = self.server.cfg.config.limits.max_ops_per_connection as u32;
-                if let Ok(all) = permits.acquire_many(max).await {
+                if let Ok(all) = wire.pump_while(ctx.permits.acquire_many(max)).await {
                     drop(all);
                 }
                 // Waiting for the outstanding operations was its queue time.
@@ -353,11 +388,12 @@ impl Connection {
                     *identity = Identity::anonymous(self.session.clone());
                     let r = c.into_result();
                     let code = r.code.0;
-                    send(tx, id, bind_response(r), Vec::new()).await;
-                    done_here(rec, Some(code));
+                    put(&mut wire.output, id, bind_response(r), Vec::new());
+                    done_here(rec, Some(code), 0);
                     return Flow::Continue;
                 }
-                let result = match ops::bind::bind(&self.server, req, &self.session).await {
+                let bound = ops::bind::bind(&self.server, req, &self.session);
+                let result = match wire.pump_while(bound).await {
                     Ok(who) => {
                         tracing::debug!(conn = self.id, dn = who.dn(), "bind ok");
                         *identity = who;
@@ -369,31 +405,35 @@ impl Connection {
                     }
                 };
                 let code = result.code.0;
-                send(tx, id, bind_response(result), Vec::new()).await;
-                done_here(rec, Some(code));
+                put(&mut wire.output, id, bind_response(result), Vec::new());
+                done_here(rec, Some(code), 0);
                 return Flow::Continue;
             }
-        }
+        };
         // Everything else runs as its own task, bounded per connection.
-        let Ok(permit) = permits.clone().acquire_owned().await else {
+        let Ok(permit) = wire.pump_while(ctx.permits.clone().acquire_owned()).await else {
             return Flow::Close("closing");
         };
-        let flag = Arc::new(AtomicBool::new(false));
-        if let Ok(mut m) = outstanding.lock() {
+        let flag = match &work {
+            Work::Search(job) => job.abandoned.clone(),
+            Work::Op(..) => Arc::new(AtomicBool::new(false)),
+        };
+        if let Ok(mut m) = ctx.outstanding.lock() {
             m.insert(id, flag.clone());
         }
         let server = self.server.clone();
         let who = identity.clone();
-        let tx = tx.clone();
-        let outstanding = outstanding.clone();
+        let tx = ctx.tx.clone();
+        let outstanding = ctx.outstanding.clone();
         // Writes from one connection are applied in the order they were sent
         // (a pipelined child add must not overtake its parent's); each waits
         // for the previous one. Reads run freely.
-        let order = if is_update(&msg.op) {
-            let (done_tx, done_rx) = oneshot::channel();
-            Some((write_chain.replace(done_rx), done_tx))
-        } else {
-            None
+        let order = match &work {
+            Work::Op(op, _) if is_update(op) => {
+                let (done_tx, done_rx) = oneshot::channel();
+                Some((ctx.write_chain.replace(done_rx), done_tx))
+            }
+            _ => None,
         };
         tokio::spawn(async move {
             let done = match order {
@@ -415,20 +455,17 @@ impl Connection {
                     r.started();
                 }
                 let ctx = rec.as_ref().map(|r| r.ctx()).unwrap_or_default();
-                answered = observe::OP
-                    .scope(
-                        ctx,
-                        run_op(
-                            server.clone(),
-                            who,
-                            id,
-                            msg.op,
-                            msg.controls,
-                            flag.clone(),
-                            &tx,
-                        ),
-                    )
-                    .await;
+                answered = match work {
+                    Work::Search(job) => run_search(job, &tx).await,
+                    Work::Op(op, controls) => {
+                        observe::OP
+                            .scope(
+                                ctx,
+                                run_op(server.clone(), who, id, op, controls, flag.clone(), &tx),
+                            )
+                            .await
+                    }
+                };
             }
             if let Some(r) = rec {
                 r.finish(&server, answered.map(|a| a.0), answered.map_or(0, |a| a.1));
@@ -452,14 +489,14 @@ impl Connection {
     /// ldapi), without a certificate, or with other operations outstanding;
     /// otherwise answered with success, after which the caller stops
     /// reading and the handshake begins.
-    async fn start_tls(
+    fn start_tls<S>(
         &self,
         id: i32,
         req: &ExtendedRequest,
         controls: &[Control],
         pipelined: bool,
         outstanding: &Outstanding,
-        tx: &mpsc::Sender<Vec<u8>>,
+        wire: &mut Wire<S>,
     ) -> (Flow, u32) {
         let busy = pipelined || outstanding.lock().map(|m| !m.is_empty()).unwrap_or(true);
         let refused = if let Some(e) = unknown_critical(controls, &[]) {
@@ -498,7 +535,7 @@ impl Connection {
             name: Some(oid::START_TLS.to_string()),
             value: None,
         });
-        send(tx, id, response, Vec::new()).await;
+        put(&mut wire.output, id, response, Vec::new());
         if ok {
             (Flow::StartTls, code)
         } else {
@@ -579,9 +616,75 @@ fn unknown_critical(controls: &[Control], also_known: &[&str]) -> Option<LdapErr
         })
 }
 
+/// Encode a response into `out`.
+fn put(out: &mut Vec<u8>, id: i32, op: ProtocolOp, controls: Vec<Control>) {
+    LdapMessage { id, op, controls }.encode(out);
+}
+
+/// Send a response from an operation running on its own task.
 async fn send(tx: &mpsc::Sender<Vec<u8>>, id: i32, op: ProtocolOp, controls: Vec<Control>) {
     let msg = LdapMessage { id, op, controls };
     let _ = tx.send(msg.to_bytes()).await;
+}
+
+/// What a spawned task runs.
+enum Work {
+    /// A search too large to answer on the connection's task.
+    Search(ops::search::SearchJob),
+    Op(ProtocolOp, Vec<Control>),
+}
+
+/// The connection's bookkeeping of operations running on other tasks.
+struct Ctx<'a> {
+    tx: &'a mpsc::Sender<Vec<u8>>,
+    /// Completion of the last write sent (writes apply in order).
+    write_chain: &'a mut Option<oneshot::Receiver<()>>,
+    /// At most `max_ops_per_connection` operations at once.
+    permits: &'a Arc<Semaphore>,
+    outstanding: &'a Outstanding,
+    /// Operation numbers of this connection (access and audit logs).
+    op_seq: &'a mut u64,
+}
+
+/// Paged results is the one search control understood; a bad value or an
+/// unknown critical control fails the search.
+fn search_controls(controls: &[Control]) -> Result<Option<PagedResults>, LdapError> {
+    let mut paged = None;
+    if let Some(e) = unknown_critical(controls, &[oid::PAGED_RESULTS]) {
+        return Err(e);
+    }
+    for c in controls.iter().filter(|c| c.oid == oid::PAGED_RESULTS) {
+        match c.value.as_deref().map(PagedResults::decode) {
+            Some(Ok(p)) => paged = Some(p),
+            _ => return Err(LdapError::protocol("malformed paged results control value")),
+        }
+    }
+    Ok(paged)
+}
+
+/// A search on a blocking thread, its entries streamed to the connection.
+async fn run_search(job: ops::search::SearchJob, tx: &mpsc::Sender<Vec<u8>>) -> Answered {
+    let id = job.msg_id;
+    match tokio::task::spawn_blocking(move || ops::search::run(job)).await {
+        Ok(Some(o)) => {
+            let answered = Some((o.result.code.0, o.entries));
+            send(tx, id, ProtocolOp::SearchResultDone(o.result), o.controls).await;
+            answered
+        }
+        // Abandoned: no response at all (RFC 4511 4.11).
+        Ok(None) => None,
+        Err(_) => {
+            let e = LdapError::new(ResultCode::OTHER, "search failed unexpectedly");
+            send(
+                tx,
+                id,
+                ProtocolOp::SearchResultDone(e.into_result()),
+                Vec::new(),
+            )
+            .await;
+            Some((ResultCode::OTHER.0, 0))
+        }
+    }
 }
 
 async fn run_op(
@@ -597,107 +700,33 @@ async fn run_op(
         Ok(()) => LdapResult::success(),
         Err(e) => e.into_result(),
     };
-    match op {
-        ProtocolOp::SearchRequest(req) => {
-            // Paged results is the one search control understood; a bad value
-            // or an unknown critical control fails the search.
-            let mut paged = None;
-            let mut refused = unknown_critical(&controls, &[oid::PAGED_RESULTS]);
-            for c in controls.iter().filter(|c| c.oid == oid::PAGED_RESULTS) {
-                match c.value.as_deref().map(PagedResults::decode) {
-                    Some(Ok(p)) => paged = Some(p),
-                    _ => {
-                        refused = Some(LdapError::protocol("malformed paged results control value"))
-                    }
-                }
-            }
-            if let Some(e) = refused {
-                let r = e.into_result();
-                let code = r.code.0;
-                send(tx, id, ProtocolOp::SearchResultDone(r), Vec::new()).await;
-                return Some((code, 0));
-            }
-            let job = ops::search::SearchJob {
-                server,
-                who,
-                msg_id: id,
-                req,
-                paged,
-                abandoned,
-                out: tx.clone(),
-            };
-            let outcome = match ops::search::run_inline(job) {
-                // A small search answered on this task: its entries and its
-                // SearchResultDone leave in one buffer, one write.
-                Ok((mut entries, Some(o))) => {
-                    let answered = Some((o.result.code.0, o.entries));
-                    let done = LdapMessage {
-                        id,
-                        op: ProtocolOp::SearchResultDone(o.result),
-                        controls: o.controls,
-                    };
-                    done.encode(&mut entries);
-                    let _ = tx.send(entries).await;
-                    return answered;
-                }
-                Ok((entries, None)) => {
-                    if !entries.is_empty() && tx.send(entries).await.is_err() {
-                        return None;
-                    }
-                    Ok(None)
-                }
-                Err(job) => tokio::task::spawn_blocking(move || ops::search::run(job)).await,
-            };
-            match outcome {
-                Ok(Some(o)) => {
-                    let answered = Some((o.result.code.0, o.entries));
-                    send(tx, id, ProtocolOp::SearchResultDone(o.result), o.controls).await;
-                    answered
-                }
-                // Abandoned: no response at all (RFC 4511 4.11).
-                Ok(None) => None,
-                Err(_) => {
-                    let e = LdapError::new(ResultCode::OTHER, "search failed unexpectedly");
-                    send(
-                        tx,
-                        id,
-                        ProtocolOp::SearchResultDone(e.into_result()),
-                        Vec::new(),
-                    )
-                    .await;
-                    Some((ResultCode::OTHER.0, 0))
-                }
-            }
+    if let Some(e) = unknown_critical(&controls, &[]) {
+        let r = e.into_result();
+        let code = r.code.0;
+        if let Some(mk) = request_tag(&op).and_then(response_for) {
+            send(tx, id, mk(r), Vec::new()).await;
         }
-        other => {
-            if let Some(e) = unknown_critical(&controls, &[]) {
-                let r = e.into_result();
-                let code = r.code.0;
-                if let Some(mk) = request_tag(&other).and_then(response_for) {
-                    send(tx, id, mk(r), Vec::new()).await;
-                }
-                return Some((code, 0));
-            }
-            let changed = is_update(&other);
-            let response = match other {
-                ProtocolOp::AddRequest(req) => {
-                    ProtocolOp::AddResponse(result_or(ops::write::add(&server, &who, req).await))
-                }
-                ProtocolOp::DelRequest(dn) => {
-                    ProtocolOp::DelResponse(result_or(ops::write::delete(&server, &who, dn).await))
-                }
-                ProtocolOp::ModifyRequest(req) => ProtocolOp::ModifyResponse(result_or(
-                    ops::write::modify(&server, &who, req).await,
-                )),
-                ProtocolOp::ModifyDnRequest(req) => ProtocolOp::ModifyDnResponse(result_or(
-                    ops::write::modify_dn(&server, &who, req).await,
-                )),
-                ProtocolOp::CompareRequest(req) => {
-                    let server2 = server.clone();
-                    let who2 = who.clone();
-                    let r = tokio::task::spawn_blocking(move || {
-                        ops::compare::compare(&server2, &who2, &req)
-                    })
+        return Some((code, 0));
+    }
+    let changed = is_update(&op);
+    let response = match op {
+        ProtocolOp::AddRequest(req) => {
+            ProtocolOp::AddResponse(result_or(ops::write::add(&server, &who, req).await))
+        }
+        ProtocolOp::DelRequest(dn) => {
+            ProtocolOp::DelResponse(result_or(ops::write::delete(&server, &who, dn).await))
+        }
+        ProtocolOp::ModifyRequest(req) => {
+            ProtocolOp::ModifyResponse(result_or(ops::write::modify(&server, &who, req).await))
+        }
+        ProtocolOp::ModifyDnRequest(req) => {
+            ProtocolOp::ModifyDnResponse(result_or(ops::write::modify_dn(&server, &who, req).await))
+        }
+        ProtocolOp::CompareRequest(req) => {
+            let server2 = server.clone();
+            let who2 = who.clone();
+            let r =
+                tokio::task::spawn_blocking(move || ops::compare::compare(&server2, &who2, &req))
                     .await
                     .unwrap_or_else(|_| {
                         Err(LdapError::new(
@@ -705,39 +734,37 @@ async fn run_op(
                             "compare failed unexpectedly",
                         ))
                     });
-                    ProtocolOp::CompareResponse(match r {
-                        Ok(code) => LdapResult {
-                            code,
-                            matched_dn: String::new(),
-                            message: String::new(),
-                            referral: Vec::new(),
-                        },
-                        Err(e) => e.into_result(),
-                    })
-                }
-                ProtocolOp::ExtendedRequest(req) => ProtocolOp::ExtendedResponse(
-                    match ops::extended::extended(&server, &who, req).await {
-                        Ok(r) => r,
-                        Err(e) => ExtendedResponse {
-                            result: e.into_result(),
-                            name: None,
-                            value: None,
-                        },
-                    },
-                ),
-                // Filtered out by `dispatch`.
-                _ => return None,
-            };
-            // An abandoned read has no answer; a change that was made always
-            // does (RFC 4511 4.11 lets the operation complete normally).
-            if abandoned.load(Ordering::Relaxed) && !changed {
-                return None;
-            }
-            let code = response_code(&response);
-            send(tx, id, response, Vec::new()).await;
-            code.map(|c| (c, 0))
+            ProtocolOp::CompareResponse(match r {
+                Ok(code) => LdapResult {
+                    code,
+                    matched_dn: String::new(),
+                    message: String::new(),
+                    referral: Vec::new(),
+                },
+                Err(e) => e.into_result(),
+            })
         }
+        ProtocolOp::ExtendedRequest(req) => {
+            ProtocolOp::ExtendedResponse(match ops::extended::extended(&server, &who, req).await {
+                Ok(r) => r,
+                Err(e) => ExtendedResponse {
+                    result: e.into_result(),
+                    name: None,
+                    value: None,
+                },
+            })
+        }
+        // Filtered out by `dispatch`.
+        _ => return None,
+    };
+    // An abandoned read has no answer; a change that was made always
+    // does (RFC 4511 4.11 lets the operation complete normally).
+    if abandoned.load(Ordering::Relaxed) && !changed {
+        return None;
     }
+    let code = response_code(&response);
+    send(tx, id, response, Vec::new()).await;
+    code.map(|c| (c, 0))
 }
 
 /// What `run_op` answered: the result code and the entries sent; None when
@@ -769,45 +796,4 @@ fn request_tag(op: &ProtocolOp) -> Option<u8> {
         ProtocolOp::ExtendedRequest(_) => t::EXTENDED_REQUEST,
         _ => return None,
     })
-}
-
-/// Write what arrives on `rx` until every sender is gone; then hand the
-/// writer back (flushed). None when writing failed or stalled.
-async fn write_loop<W: AsyncWrite + Unpin>(
-    mut wr: W,
-    mut rx: mpsc::Receiver<Vec<u8>>,
-    server: Arc<Server>,
-) -> Option<W> {
-    let mut batch: Vec<u8> = Vec::new();
-    while let Some(first) = rx.recv().await {
-        let out = if rx.is_empty() {
-            first
-        } else {
-            batch.clear();
-            batch.extend_from_slice(&first);
-            while batch.len() < 256 * 1024 {
-                match rx.try_recv() {
-                    Ok(more) => batch.extend_from_slice(&more),
-                    Err(_) => break,
-                }
-            }
-            std::mem::take(&mut batch)
-        };
-        // A client that stops reading must not hold operations (and their
-        // read transactions) forever: give up on it after WRITE_STALL.
-        match tokio::time::timeout(WRITE_STALL, wr.write_all(&out)).await {
-            Ok(Ok(())) => server
-                .metrics
-                .add(&server.metrics.bytes_out, out.len() as u64),
-            Ok(Err(_)) => return None,
-            Err(_) => {
-                tracing::info!("closing a connection whose client stopped reading");
-                return None;
-            }
-        }
-    }
-    match tokio::time::timeout(WRITE_STALL, wr.flush()).await {
-        Ok(Ok(())) => Some(wr),
-        _ => None,
-    }
 }

@@ -3,3 +3,4 @@
 pub mod connection;
 pub mod listener;
 pub mod tls;
+pub mod wire;

@@ -210,27 +210,7 @@ pub fn stored_entry(view: &View<'_>, id: EntryId) -> OpResult<Entry> {
     })
 }
 
-/// The DN of `id` as stored and normalised, from one walk up the tree.
-pub fn dn_pair(view: &View<'_>, mut id: EntryId) -> OpResult<(String, String)> {
-    let (mut dn, mut norm) = (String::new(), String::new());
-    // Bounded like View::dn_string: a corrupt parent cycle must not spin.
-    for _ in 0..1024 {
-        let Some(p) = view.placement(id)? else { break };
-        if !dn.is_empty() {
-            dn.push(',');
-            norm.push(',');
-        }
-        dn.push_str(&p.rdn);
-        norm.push_str(&p.norm_rdn);
-        if p.parent == 0 {
-            break;
-        }
-        id = p.parent;
-    }
-    Ok((dn, norm))
-}
-
 /// The normalised DN of a stored entry (normalised RDNs joined by commas).
 pub fn norm_dn_of(view: &View<'_>, id: EntryId) -> OpResult<String> {
-    Ok(dn_pair(view, id)?.1)
+    Ok(view.dn_pair(id)?.1)
 }

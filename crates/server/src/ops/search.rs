@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use pando_model::{AttributeType, Dn, Entry, Schema, Ternary};
 use pando_proto::{
-    oid, Control, EntryEncoder, Filter, LdapResult, PagedResults, ResultCode, Scope, SearchRequest,
+    oid, Control, EntryEncoder, Filter, LdapMessage, LdapResult, PagedResults, ProtocolOp,
+    ResultCode, Scope, SearchRequest,
 };
 use pando_store::{Candidates, EntryId, View};
 use roaring::RoaringTreemap;
@@ -123,6 +124,44 @@ impl Selection {
     fn wants_computed(&self, name: &str) -> bool {
         (self.all_oper && name != "numSubordinates")
             || self.named.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+    }
+}
+
+/// The names under which the attributes a search returns or tests can be
+/// stored, when it names them (no `*` or `+`) and none has subtypes: then an
+/// entry's other attributes are skipped, not decoded. None: decode all.
+/// (A superset is enough: what goes out is still decided by the Emitter.)
+struct Wanted<'s> {
+    names: Vec<&'s str>,
+}
+
+impl<'s> Wanted<'s> {
+    fn new(
+        schema: &'s Schema,
+        sel: &Selection,
+        tested: &[&'s AttributeType],
+    ) -> Option<Wanted<'s>> {
+        if sel.all_user || sel.all_oper {
+            return None;
+        }
+        let mut names = Vec::new();
+        let named = sel.named_oids.iter().map(|oid| schema.attribute(oid));
+        for at in named.chain(tested.iter().map(|t| Some(*t))) {
+            // An unresolvable request selects nothing.
+            let Some(at) = at else { continue };
+            if schema.has_subtypes(at) {
+                return None;
+            }
+            names.extend(at.names.iter().map(String::as_str));
+        }
+        Some(Wanted { names })
+    }
+
+    fn keep(&self, desc: &str) -> bool {
+        let base = desc.split(';').next().unwrap_or("");
+        // Stored descriptions are names; an OID is decoded to be safe.
+        base.starts_with(|c: char| c.is_ascii_digit())
+            || self.names.iter().any(|n| n.eq_ignore_ascii_case(base))
     }
 }
 
@@ -371,20 +410,31 @@ pub fn run(job: SearchJob) -> Option<SearchOutcome> {
     }
 }
 
-/// Try the search on the calling thread; `Err(job)` when it is too big for
-/// that and must go to [`run`] on a blocking thread. On success the encoded
-/// entries are in the returned buffer, to be sent before the outcome.
+/// Try the search on the calling thread, its entries and its
+/// SearchResultDone encoded into `out`; `Err(job)` (nothing written) when it
+/// is too big for that and must go to [`run`] on a blocking thread. Answers
+/// the result code and entries sent.
 // The job comes back by value only on the (rare) hand-off path; boxing it
 // would cost an allocation on every search instead.
 #[allow(clippy::result_large_err)]
-pub fn run_inline(job: SearchJob) -> Result<(Vec<u8>, Option<SearchOutcome>), SearchJob> {
-    let mut buf = Vec::new();
+pub fn run_inline(job: SearchJob, out: &mut Vec<u8>) -> Result<Option<(u32, u64)>, SearchJob> {
     let step = outcome(
         job.paged.is_some(),
-        search(&job, &mut Out::Buffer(&mut buf), Some(INLINE_CANDIDATES)),
+        search(&job, &mut Out::Buffer(out), Some(INLINE_CANDIDATES)),
     );
     match step {
-        Step::Done(o) => Ok((buf, o)),
+        Step::Done(Some(o)) => {
+            let answered = (o.result.code.0, o.entries);
+            LdapMessage {
+                id: job.msg_id,
+                op: ProtocolOp::SearchResultDone(o.result),
+                controls: o.controls,
+            }
+            .encode(out);
+            Ok(Some(answered))
+        }
+        // Abandoned: nothing more is said.
+        Step::Done(None) => Ok(None),
         Step::TooBig => Err(job),
     }
 }
@@ -649,15 +699,27 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
     // A search that returns no attributes ("1.1", as an authentication's
     // lookup does), whose candidates are exactly its matches and whose
     // access rules never look inside entries, needs no entry decoded.
-    let no_decode = req.scope != Scope::Base
+    // Candidates that are exactly the matches need no filter test.
+    let exact = req.scope != Scope::Base && view.candidates_are_exact(&req.filter);
+    let no_decode = exact
         && emitter.sel.wants_nothing()
         && !server.acl.reads_entries()
         && needed_computed.is_empty()
-        && !uses_dn
-        && view.candidates_are_exact(&req.filter);
-    let mut dn_cache: HashMap<EntryId, (String, String)> = HashMap::new();
+        && !uses_dn;
     let mut filter_types: Vec<&AttributeType> = Vec::new();
     types_in_filter(schema, &req.filter, &mut filter_types);
+    // Access rules with filters look at whole entries; otherwise only what
+    // goes out or is tested is decoded.
+    let wanted = if server.acl.reads_entries() {
+        None
+    } else {
+        Wanted::new(
+            schema,
+            &emitter.sel,
+            if exact { &[] } else { &filter_types[..] },
+        )
+    };
+    let keep = |desc: &str| wanted.as_ref().is_none_or(|w| w.keep(desc));
     let mut masked: HashMap<u64, pando_model::CompiledFilter> = HashMap::new();
     let mut rules = EntryRules::default();
     // Inline searches (a handful of entries) start small; streamed ones
@@ -692,12 +754,12 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
         let attrs = if no_decode {
             Vec::new()
         } else {
-            let Some(attrs) = view.attrs(id)? else {
+            let Some(attrs) = view.attrs_where(id, &keep)? else {
                 continue;
             };
             attrs
         };
-        let (dn, norm) = dn_of(&view, id, &mut dn_cache)?;
+        let (dn, norm) = view.dn_pair(id)?;
         // The parsed DN is only consulted by extensible matches with dnAttributes.
         let parsed = if uses_dn {
             Dn::parse(&dn).unwrap_or(Dn { rdns: Vec::new() })
@@ -715,7 +777,7 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
         // With `no_decode` the filter is one equality the index answered
         // exactly: it holds unless its attribute is masked (Undefined).
         let matched = if access.unrestricted() {
-            if no_decode {
+            if exact {
                 Ternary::True
             } else {
                 filter.matches(schema, &entry)
@@ -740,7 +802,11 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
                     Ternary::Undefined
                 }
             } else if mask == 0 {
-                filter.matches(schema, &entry)
+                if exact {
+                    Ternary::True
+                } else {
+                    filter.matches(schema, &entry)
+                }
             } else {
                 let hidden: Vec<&str> = filter_types
                     .iter()
@@ -834,35 +900,6 @@ fn flush(out: &mut Out<'_>, buf: &mut Vec<u8>) -> OpResult<()> {
                 .map_err(|_| LdapError::new(ResultCode::OTHER, "connection closed"))
         }
     }
-}
-
-/// DN of `id` and its normalised form, reusing those of parents already
-/// seen in this search.
-fn dn_of(
-    view: &View<'_>,
-    id: EntryId,
-    cache: &mut HashMap<EntryId, (String, String)>,
-) -> OpResult<(String, String)> {
-    let Some(p) = view.placement(id)? else {
-        return Ok((view.dn_string(id)?, super::norm_dn_of(view, id)?));
-    };
-    if p.parent == 0 {
-        return Ok((p.rdn, p.norm_rdn));
-    }
-    let (parent_dn, parent_norm) = match cache.get(&p.parent) {
-        Some(d) => d,
-        None => {
-            let d = super::dn_pair(view, p.parent)?;
-            if cache.len() > 10_000 {
-                cache.clear();
-            }
-            cache.entry(p.parent).or_insert(d)
-        }
-    };
-    Ok((
-        format!("{},{}", p.rdn, parent_dn),
-        format!("{},{}", p.norm_rdn, parent_norm),
-    ))
 }
 
 /// Attribute types a filter tests, each once.

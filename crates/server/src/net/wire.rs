@@ -1,0 +1,265 @@
+//! One task drives a connection's socket in both directions.
+//!
+//! Requests are read into `input`; responses made on the connection's own
+//! task (binds, small searches) are encoded straight into `output`, and those
+//! of operations running on other tasks arrive on a channel and are appended.
+//! Whatever is pending is written whenever the task runs, so a small search
+//! costs one read and one write, with no task spawned or woken.
+//!
+//! Flow control: while more than [`OUTPUT_HIGH`] bytes wait for a client that
+//! is not reading, no more requests are read and the channel is left alone
+//! (operations on other tasks then wait on it); a client that takes nothing
+//! for [`WRITE_STALL`] is dropped, so it cannot hold operations (and their
+//! read transactions) forever.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio::time::Sleep;
+
+use crate::state::Server;
+
+/// Longest a response may wait for the client to read it.
+pub const WRITE_STALL: Duration = Duration::from_secs(60);
+
+/// Output waiting beyond this stops reading requests.
+pub const OUTPUT_HIGH: usize = 256 * 1024;
+
+/// Why [`Wire::turn`] returned.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Bytes were appended to `input`.
+    Read,
+    /// The client closed its side (or reading failed).
+    Closed,
+    /// Writing failed, or the client stopped reading.
+    WriteFailed,
+    /// Nothing was read for the idle timeout.
+    Idle,
+    /// The server is shutting down.
+    Shutdown,
+}
+
+pub struct Wire<S> {
+    pub stream: S,
+    /// Bytes received and not yet consumed.
+    pub input: Vec<u8>,
+    /// Encoded responses; `output[written..]` is still to be written.
+    pub output: Vec<u8>,
+    written: usize,
+    /// Bytes written since the last successful flush (TLS buffers them).
+    unflushed: bool,
+    /// Since when the socket refuses more output, as a deadline.
+    stall: Option<Pin<Box<Sleep>>>,
+    /// Set once writing failed or stalled: output is discarded from then on.
+    broken: bool,
+    /// Responses of operations running on other tasks.
+    rx: mpsc::Receiver<Vec<u8>>,
+    idle: Option<Idle>,
+    server: Arc<Server>,
+}
+
+/// The idle timeout as one long-lived timer, moved on only when it fires
+/// (a timer per read would cost a timer-wheel insert and removal per request).
+struct Idle {
+    limit: Duration,
+    last_read: Instant,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
+    pub fn new(
+        stream: S,
+        rx: mpsc::Receiver<Vec<u8>>,
+        idle: Option<Duration>,
+        server: Arc<Server>,
+    ) -> Wire<S> {
+        Wire {
+            stream,
+            input: Vec::with_capacity(16 * 1024),
+            output: Vec::new(),
+            written: 0,
+            unflushed: false,
+            stall: None,
+            broken: false,
+            rx,
+            idle: idle.map(|limit| Idle {
+                limit,
+                last_read: Instant::now(),
+                timer: Box::pin(tokio::time::sleep(limit)),
+            }),
+            server,
+        }
+    }
+
+    /// Bytes encoded and not yet written.
+    pub fn pending(&self) -> usize {
+        self.output.len() - self.written
+    }
+
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Write what is pending and take in responses from other tasks until
+    /// a request arrives or the connection must end.
+    pub async fn turn<F: Future>(&mut self, mut shutdown: Pin<&mut F>) -> Event {
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(Err(())) = self.poll_output(cx) {
+                return Poll::Ready(Event::WriteFailed);
+            }
+            if self.pending() < OUTPUT_HIGH {
+                if self.input.capacity() - self.input.len() < 4096 {
+                    self.input.reserve(16 * 1024);
+                }
+                let read = self.stream.read_buf(&mut self.input);
+                match std::pin::pin!(read).poll(cx) {
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Event::Closed),
+                    Poll::Ready(Ok(n)) => {
+                        let m = &self.server.metrics;
+                        m.add(&m.bytes_in, n as u64);
+                        if let Some(idle) = &mut self.idle {
+                            idle.last_read = Instant::now();
+                        }
+                        return Poll::Ready(Event::Read);
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            if shutdown.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Event::Shutdown);
+            }
+            if let Some(idle) = &mut self.idle {
+                while idle.timer.as_mut().poll(cx).is_ready() {
+                    let due = idle.last_read + idle.limit;
+                    if due <= Instant::now() {
+                        // Counted afresh if the caller carries on.
+                        idle.last_read = Instant::now();
+                        idle.timer
+                            .as_mut()
+                            .reset((idle.last_read + idle.limit).into());
+                        return Poll::Ready(Event::Idle);
+                    }
+                    idle.timer.as_mut().reset(due.into());
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Await `fut` while keeping output flowing (operations on other tasks
+    /// may be waiting on the channel for `fut` to be able to finish).
+    pub async fn pump_while<F: Future>(&mut self, fut: F) -> F::Output {
+        let mut fut = std::pin::pin!(fut);
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+                return Poll::Ready(v);
+            }
+            let _ = self.poll_output(cx);
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Write everything pending and everything the channel still brings,
+    /// until every sender is gone. False when the client could not be
+    /// written to.
+    pub async fn finish(&mut self) -> bool {
+        std::future::poll_fn(|cx| loop {
+            match self.poll_write_pending(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(())) => return Poll::Ready(false),
+                Poll::Pending => return Poll::Pending,
+            }
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(b)) => self.output.extend_from_slice(&b),
+                Poll::Ready(None) => return Poll::Ready(true),
+                Poll::Pending => return Poll::Pending,
+            }
+        })
+        .await
+    }
+
+    /// Take in responses from the channel (while there is room) and write.
+    /// Ready(Ok) when all is written, Pending while the socket is full.
+    fn poll_output(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
+        loop {
+            let mut took = false;
+            while self.pending() < OUTPUT_HIGH {
+                match self.rx.poll_recv(cx) {
+                    Poll::Ready(Some(b)) => {
+                        self.output.extend_from_slice(&b);
+                        took = true;
+                    }
+                    _ => break,
+                }
+            }
+            match self.poll_write_pending(cx) {
+                Poll::Ready(Ok(())) if took => continue,
+                other => return other,
+            }
+        }
+    }
+
+    fn poll_write_pending(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
+        if self.broken {
+            self.output.clear();
+            self.written = 0;
+            return Poll::Ready(Err(()));
+        }
+        while self.written < self.output.len() {
+            match Pin::new(&mut self.stream).poll_write(cx, &self.output[self.written..]) {
+                Poll::Ready(Ok(n)) if n > 0 => {
+                    self.written += n;
+                    self.unflushed = true;
+                    self.stall = None;
+                    let m = &self.server.metrics;
+                    m.add(&m.bytes_out, n as u64);
+                }
+                Poll::Ready(_) => return self.fail(),
+                Poll::Pending => return self.poll_stall(cx),
+            }
+        }
+        self.written = 0;
+        if self.output.capacity() > 4 * OUTPUT_HIGH {
+            self.output = Vec::new();
+        } else {
+            self.output.clear();
+        }
+        if self.unflushed {
+            match Pin::new(&mut self.stream).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.unflushed = false,
+                Poll::Ready(Err(_)) => return self.fail(),
+                Poll::Pending => return self.poll_stall(cx),
+            }
+        }
+        self.stall = None;
+        Poll::Ready(Ok(()))
+    }
+
+    /// The socket takes no more for now: fail once it has refused for
+    /// WRITE_STALL.
+    fn poll_stall(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
+        let timer = self
+            .stall
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(WRITE_STALL)));
+        if timer.as_mut().poll(cx).is_ready() {
+            tracing::info!("closing a connection whose client stopped reading");
+            return self.fail();
+        }
+        Poll::Pending
+    }
+
+    fn fail(&mut self) -> Poll<Result<(), ()>> {
+        self.broken = true;
+        self.output.clear();
+        self.written = 0;
+        Poll::Ready(Err(()))
+    }
+}
