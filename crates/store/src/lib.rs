@@ -866,6 +866,19 @@ impl<'t> View<'t> {
         if let Some(id) = dn_cache::id_of(self.dn_snapshot, norm_rdns) {
             return Ok(Lookup::Found(id));
         }
+        // A known parent (a user's bind DN under ou=People): one lookup.
+        if let Some((rdn, up)) = norm_rdns.split_first() {
+            if let Some(parent) = dn_cache::id_of(self.dn_snapshot, up) {
+                return Ok(
+                    match self.inner.dn2id.get(self.txn, &dn2id_key(parent, rdn))? {
+                        Some(v) => Lookup::Found(id_from(v)?),
+                        None => Lookup::Missing {
+                            matched: Some(parent),
+                        },
+                    },
+                );
+            }
+        }
         let found = lookup_in(self.inner, self.txn, norm_rdns)?;
         if let Lookup::Found(id) = found {
             dn_cache::remember_id(self.dn_snapshot, norm_rdns, id);

@@ -278,7 +278,19 @@ fn cached_dns_follow_renames_and_deletes() {
         .map(String::from)
         .into();
     let pair = |r: &crate::ReadTxn<'_>| r.view().dn_pair(user).unwrap().0;
-    // Twice: the second answer comes from the cache.
+    let user_rdns = |ou: &[&str]| -> Vec<String> {
+        std::iter::once("cn=user5")
+            .chain(ou.iter().copied())
+            .map(String::from)
+            .collect()
+    };
+    let old_dn = user_rdns(&["ou=people", "dc=example", "dc=com"]);
+    let new_dn = user_rdns(&["ou=staff", "ou=moved", "dc=example", "dc=com"]);
+    let nobody: Vec<String> = ["cn=nobody", "ou=people", "dc=example", "dc=com"]
+        .map(String::from)
+        .into();
+    // Twice: the second answer comes from the cache (the user's DN through
+    // its parent's cached ID).
     for _ in 0..2 {
         let r = store.read().unwrap();
         assert_eq!(pair(&r), "cn=user5,ou=People,dc=example,dc=com");
@@ -287,6 +299,13 @@ fn cached_dns_follow_renames_and_deletes() {
             Lookup::Found(people)
         );
         assert!(r.view().is_within(user, people).unwrap());
+        assert_eq!(r.view().lookup_norm(&old_dn).unwrap(), Lookup::Found(user));
+        assert_eq!(
+            r.view().lookup_norm(&nobody).unwrap(),
+            Lookup::Missing {
+                matched: Some(people)
+            }
+        );
     }
     let old = store.read().unwrap();
     let moved = add(
@@ -309,6 +328,11 @@ fn cached_dns_follow_renames_and_deletes() {
         Lookup::Missing { .. }
     ));
     assert!(r.view().is_within(user, moved).unwrap());
+    assert!(matches!(
+        r.view().lookup_norm(&old_dn).unwrap(),
+        Lookup::Missing { .. }
+    ));
+    assert_eq!(r.view().lookup_norm(&new_dn).unwrap(), Lookup::Found(user));
     // The older snapshot still has the entry where it was, and reading it
     // does not disturb what newer readers see.
     assert_eq!(pair(&old), "cn=user5,ou=People,dc=example,dc=com");
@@ -317,6 +341,14 @@ fn cached_dns_follow_renames_and_deletes() {
         Lookup::Found(people)
     );
     assert!(!old.view().is_within(user, moved).unwrap());
+    assert_eq!(
+        old.view().lookup_norm(&old_dn).unwrap(),
+        Lookup::Found(user)
+    );
+    assert!(matches!(
+        old.view().lookup_norm(&new_dn).unwrap(),
+        Lookup::Missing { .. }
+    ));
     drop((old, r));
     let r = store.read().unwrap();
     assert_eq!(pair(&r), "cn=user5,ou=Staff,ou=Moved,dc=example,dc=com");
