@@ -283,6 +283,11 @@ def test_defaults_users_read_all_but_passwords(dflt):
     # not even their own
     rc, es, err = search(dflt, dn_of("bob"), "(objectClass=*)", "userPassword", "uid", who="bob")
     assert rc == 0 and len(es) == 1 and names(es[0]) == {"uid"}, (rc, es)
+    # nor through a search the uid index answers exactly (entries then go
+    # from the store to the wire undecoded: the per-attribute check holds)
+    rc, es, err = search(dflt, SUFFIX, "(uid=alice)", "*", "userPassword", scope="sub", who="bob")
+    assert rc == 0 and len(es) == 1, (rc, es, err)
+    assert "userpassword" not in names(es[0]) and attr(es[0], "uid") == ["alice"], es
 
 
 def test_defaults_admin_reads_passwords(dflt):

@@ -208,6 +208,28 @@ impl Codec {
         bytes: &[u8],
         keep: Keep<'_>,
     ) -> Result<Entry, StoreError> {
+        self.with_body(id, bytes, |body| decode_body(id, dn, body, keep))
+    }
+
+    /// Run `f` on a stored entry's attributes as borrowed slices, without
+    /// copying them (see [`RawAttrs`]).
+    pub fn with_raw<R>(
+        &self,
+        id: u64,
+        bytes: &[u8],
+        f: impl FnOnce(RawAttrs<'_>) -> R,
+    ) -> Result<R, StoreError> {
+        self.with_body(id, bytes, |body| Ok(f(RawAttrs::new(id, body)?)))
+    }
+
+    /// Check a record and run `f` on its plain body (decompressed into a
+    /// per-thread buffer when compressed).
+    fn with_body<R>(
+        &self,
+        id: u64,
+        bytes: &[u8],
+        f: impl FnOnce(&[u8]) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
         let corrupt = |why: &str| StoreError::Corrupt(format!("id2entry record {id}: {why}"));
         if bytes.len() < HEADER {
             return Err(corrupt("shorter than its header"));
@@ -217,7 +239,7 @@ impl Codec {
             return Err(corrupt("checksum mismatch"));
         }
         match bytes[0] {
-            ENTRY_FORMAT => decode_body(id, dn, &bytes[HEADER..], keep),
+            ENTRY_FORMAT => f(&bytes[HEADER..]),
             ENTRY_FORMAT_ZSTD => {
                 let mut r = Reader {
                     buf: &bytes[HEADER..],
@@ -253,7 +275,7 @@ impl Codec {
                         }
                     });
                     let out = match res {
-                        Ok(n) if n as u64 == len => decode_body(id, dn, &body, keep),
+                        Ok(n) if n as u64 == len => f(&body),
                         Ok(_) => Err(corrupt("decompressed length differs from the stored one")),
                         Err(code) => Err(corrupt(&format!(
                             "zstd: {}",
@@ -352,6 +374,78 @@ fn decode_body(id: u64, dn: Dn, body: &[u8], keep: Keep<'_>) -> Result<Entry, St
     Ok(Entry { dn, attrs })
 }
 
+/// A stored entry's attributes borrowed from its body, for callers that
+/// only pass them on (a search writing them to the wire): no attribute or
+/// value is copied. The body's structure is checked once, up front, so
+/// iterating cannot fail.
+pub struct RawAttrs<'b> {
+    r: Reader<'b>,
+    left: u64,
+}
+
+/// The values of one attribute of [`RawAttrs`].
+pub struct RawValues<'b> {
+    r: Reader<'b>,
+    left: u64,
+}
+
+impl<'b> RawAttrs<'b> {
+    fn new(id: u64, body: &'b [u8]) -> Result<RawAttrs<'b>, StoreError> {
+        let corrupt = |why: &str| StoreError::Corrupt(format!("id2entry record {id}: {why}"));
+        let mut r = Reader { buf: body };
+        let count = r
+            .varint()
+            .ok_or_else(|| corrupt("truncated attribute count"))?;
+        let start = r;
+        for _ in 0..count {
+            let desc = r.bytes().ok_or_else(|| corrupt("truncated description"))?;
+            std::str::from_utf8(desc).map_err(|_| corrupt("description is not UTF-8"))?;
+            let n = r.varint().ok_or_else(|| corrupt("truncated value count"))?;
+            for _ in 0..n {
+                r.bytes().ok_or_else(|| corrupt("truncated value"))?;
+            }
+        }
+        if !r.buf.is_empty() {
+            return Err(corrupt("trailing bytes"));
+        }
+        Ok(RawAttrs {
+            r: start,
+            left: count,
+        })
+    }
+}
+
+impl<'b> Iterator for RawAttrs<'b> {
+    type Item = (&'b str, RawValues<'b>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        // Checked in `new`.
+        let desc = std::str::from_utf8(self.r.bytes()?).ok()?;
+        let n = self.r.varint()?;
+        let values = RawValues { r: self.r, left: n };
+        for _ in 0..n {
+            self.r.bytes()?;
+        }
+        Some((desc, values))
+    }
+}
+
+impl<'b> Iterator for RawValues<'b> {
+    type Item = &'b [u8];
+
+    fn next(&mut self) -> Option<&'b [u8]> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        self.r.bytes()
+    }
+}
+
 pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
@@ -360,6 +454,7 @@ pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
+#[derive(Clone, Copy)]
 struct Reader<'a> {
     buf: &'a [u8],
 }
@@ -439,6 +534,32 @@ mod tests {
                 ENTRY_FORMAT_ZSTD
             };
             assert_eq!(buf[0], format, "{name}");
+        }
+    }
+
+    #[test]
+    fn raw_attributes_are_the_decoded_ones() {
+        for (c, name) in codecs() {
+            let mut buf = Vec::new();
+            c.encode(&sample(9), &mut buf);
+            let raw: Vec<Attribute> = c
+                .with_raw(9, &buf, |attrs| {
+                    attrs
+                        .map(|(d, vs)| Attribute {
+                            desc: d.to_string(),
+                            values: vs.map(<[u8]>::to_vec).collect(),
+                        })
+                        .collect()
+                })
+                .unwrap();
+            assert_eq!(raw, sample(9), "{name}");
+            // Damage is reported before any attribute is handed out.
+            for cut in 0..buf.len() {
+                assert!(
+                    c.with_raw(9, &buf[..cut], |a| a.count()).is_err(),
+                    "{name} cut at {cut}"
+                );
+            }
         }
     }
 

@@ -1036,6 +1036,19 @@ impl<'t> View<'t> {
         }
     }
 
+    /// Run `f` on entry `id`'s attributes borrowed from the store, without
+    /// copying them; None when there is no such entry.
+    pub fn with_raw_attrs<R>(
+        &self,
+        id: EntryId,
+        f: impl FnOnce(entry_codec::RawAttrs<'_>) -> R,
+    ) -> Result<Option<R>, StoreError> {
+        match self.entry_bytes(id)? {
+            Some(b) => Ok(Some(self.inner.codec.with_raw(id, b, f)?)),
+            None => Ok(None),
+        }
+    }
+
     /// The entry without its DN resolved (cheaper when the DN is not needed).
     pub fn attrs(&self, id: EntryId) -> Result<Option<Vec<Attribute>>, StoreError> {
         match self.entry_bytes(id)? {

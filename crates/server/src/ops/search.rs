@@ -301,19 +301,37 @@ impl Emitter<'_> {
         id: Option<EntryId>,
         dn: &str,
         entry: &Entry,
+        guard: Option<Guard<'_, '_>>,
+        buf: &mut Vec<u8>,
+    ) -> OpResult<()> {
+        let attrs = entry
+            .attrs
+            .iter()
+            .map(|a| (a.desc.as_str(), a.values.iter().map(Vec::as_slice)));
+        self.emit_attrs(view, id, dn, attrs, guard, buf)
+    }
+
+    /// [`Emitter::emit`] from (description, values) pairs: decoded
+    /// attributes, or ones borrowed from the store.
+    fn emit_attrs<'v, V: Iterator<Item = &'v [u8]>>(
+        &self,
+        view: Option<&View<'_>>,
+        id: Option<EntryId>,
+        dn: &str,
+        attrs: impl Iterator<Item = (&'v str, V)>,
         mut guard: Option<Guard<'_, '_>>,
         buf: &mut Vec<u8>,
     ) -> OpResult<()> {
         let mut enc = EntryEncoder::begin(buf, self.msg_id, dn.as_bytes());
-        for a in &entry.attrs {
-            let base = a.desc.split(';').next().unwrap_or("");
+        for (desc, values) in attrs {
+            let base = desc.split(';').next().unwrap_or("");
             let Some(at) = self.schema.attribute(base) else {
                 continue;
             };
             if COMPUTED.iter().any(|c| c.eq_ignore_ascii_case(base)) && id.is_some() {
                 continue; // recomputed below for stored entries
             }
-            if !self.sel.wants(self.schema, at, &options_of(&a.desc)) {
+            if !self.sel.wants(self.schema, at, &options_of(desc)) {
                 continue;
             }
             // Access last: only attributes that would go out are checked.
@@ -321,9 +339,9 @@ impl Emitter<'_> {
                 continue;
             }
             if self.types_only {
-                enc.attr_names_only(a.desc.as_bytes());
+                enc.attr_names_only(desc.as_bytes());
             } else {
-                enc.attr(a.desc.as_bytes(), a.values.iter().map(Vec::as_slice));
+                enc.attr(desc.as_bytes(), values);
             }
         }
         if let (Some(view), Some(id)) = (view, id) {
@@ -706,6 +724,14 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
         && !server.acl.reads_entries()
         && needed_computed.is_empty()
         && !uses_dn;
+    // Otherwise, when nothing but the emitter looks at the attributes
+    // (no filter test, no access rule reading entries), they go from the
+    // store to the wire without being decoded into an Entry.
+    let raw = !no_decode
+        && exact
+        && !server.acl.reads_entries()
+        && needed_computed.is_empty()
+        && !uses_dn;
     let mut filter_types: Vec<&AttributeType> = Vec::new();
     types_in_filter(schema, &req.filter, &mut filter_types);
     // Access rules with filters look at whole entries; otherwise only what
@@ -751,7 +777,7 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
                 })));
             }
         }
-        let attrs = if no_decode {
+        let attrs = if no_decode || raw {
             Vec::new()
         } else {
             let Some(attrs) = view.attrs_where(id, &keep)? else {
@@ -774,8 +800,9 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
                 values: vec![v.into_bytes()],
             });
         }
-        // With `no_decode` the filter is one equality the index answered
-        // exactly: it holds unless its attribute is masked (Undefined).
+        // An exact filter is one equality the index answered: it holds
+        // unless its attribute is masked (Undefined). With `no_decode` or
+        // `raw` the entry here has no attributes, so it is not tested.
         let matched = if access.unrestricted() {
             if exact {
                 Ternary::True
@@ -795,7 +822,7 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
                     mask |= 1 << i.min(63);
                 }
             }
-            if no_decode {
+            if no_decode || raw {
                 if mask == 0 {
                     Ternary::True
                 } else {
@@ -865,7 +892,17 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
             rules: &rules,
             norm: &norm,
         });
-        emitter.emit(Some(&view), Some(id), &dn, &entry, guard, &mut buf)?;
+        if raw {
+            let emitted = view.with_raw_attrs(id, |attrs| {
+                emitter.emit_attrs(Some(&view), Some(id), &dn, attrs, guard, &mut buf)
+            })?;
+            match emitted {
+                Some(r) => r?,
+                None => continue,
+            }
+        } else {
+            emitter.emit(Some(&view), Some(id), &dn, &entry, guard, &mut buf)?;
+        }
         sent_now += 1;
         last_id = Some(id);
         if buf.len() >= CHUNK {
