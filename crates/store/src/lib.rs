@@ -926,18 +926,23 @@ impl<'t> View<'t> {
         if let Some(n) = dn_cache::node(self.dn_snapshot, id) {
             return Ok((n.dn, n.norm));
         }
-        let Some(p) = self.placement(id)? else {
-            return Ok((String::new(), String::new()));
-        };
+        match self.placement(id)? {
+            Some(p) => self.dn_pair_of(&p),
+            None => Ok((String::new(), String::new())),
+        }
+    }
+
+    /// [`View::dn_pair`] of the entry placed at `p` (read by the caller).
+    pub fn dn_pair_of(&self, p: &Placement) -> Result<(String, String), StoreError> {
         if p.parent == 0 {
-            return Ok((p.rdn, p.norm_rdn));
+            return Ok((p.rdn.clone(), p.norm_rdn.clone()));
         }
         Ok(match self.parent_node(p.parent, 0)? {
             Some(parent) => (
                 format!("{},{}", p.rdn, parent.dn),
                 format!("{},{}", p.norm_rdn, parent.norm),
             ),
-            None => (p.rdn, p.norm_rdn),
+            None => (p.rdn.clone(), p.norm_rdn.clone()),
         })
     }
 

@@ -706,7 +706,10 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
             return Ok(Step::TooBig);
         }
     }
-    let scope_ids = scope_candidates(&view, limits.unindexed, base_id, req.scope, cands)?;
+    // Index candidates are checked against the scope one by one below,
+    // with the id2parent record that also gives their DN.
+    let (scope_ids, check_scope) =
+        scope_candidates(&view, limits.unindexed, base_id, req.scope, cands)?;
     if inline_max.is_some_and(|m| scope_ids.len() > m) {
         return Ok(Step::TooBig);
     }
@@ -777,6 +780,22 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
                 })));
             }
         }
+        let Some(place) = view.placement(id)? else {
+            continue;
+        };
+        let in_scope = match check_scope {
+            None => true,
+            Some(Scope::One) => place.parent == base_id,
+            Some(s) => {
+                (s != Scope::Children && id == base_id)
+                    || (id != base_id
+                        && place.parent != 0
+                        && view.is_within(place.parent, base_id)?)
+            }
+        };
+        if !in_scope {
+            continue;
+        }
         let attrs = if no_decode || raw {
             Vec::new()
         } else {
@@ -785,7 +804,7 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
             };
             attrs
         };
-        let (dn, norm) = view.dn_pair(id)?;
+        let (dn, norm) = view.dn_pair_of(&place)?;
         // The parsed DN is only consulted by extensible matches with dnAttributes.
         let parsed = if uses_dn {
             Dn::parse(&dn).unwrap_or(Dn { rdns: Vec::new() })
@@ -994,11 +1013,11 @@ fn scope_candidates(
     base: EntryId,
     scope: Scope,
     cands: Candidates,
-) -> OpResult<RoaringTreemap> {
+) -> OpResult<(RoaringTreemap, Option<Scope>)> {
     if scope == Scope::Base {
         let mut s = RoaringTreemap::new();
         s.insert(base);
-        return Ok(s);
+        return Ok((s, None));
     }
     let over_limit = || {
         LdapError::new(
@@ -1006,36 +1025,20 @@ fn scope_candidates(
             format!("unindexed search would examine more than {limit} entries; add an index or narrow the filter"),
         )
     };
-    let mut set = match (scope, cands) {
-        (Scope::One, Candidates::All) => {
+    let mut set = match cands {
+        // Index candidates: the caller checks each against the scope.
+        Candidates::Ids(ids) => return Ok((ids, Some(scope))),
+        Candidates::All if scope == Scope::One => {
             let kids: RoaringTreemap = view.children(base)?.into_iter().collect();
             if kids.len() > limit {
                 return Err(over_limit());
             }
             kids
         }
-        (Scope::One, Candidates::Ids(ids)) => {
-            let mut s = RoaringTreemap::new();
-            for id in ids.iter() {
-                if view.parent_of(id)? == Some(base) {
-                    s.insert(id);
-                }
-            }
-            s
-        }
-        (_, Candidates::All) => view.subtree(base, limit)?.ok_or_else(over_limit)?,
-        (_, Candidates::Ids(ids)) => {
-            let mut s = RoaringTreemap::new();
-            for id in ids.iter() {
-                if view.is_within(id, base)? {
-                    s.insert(id);
-                }
-            }
-            s
-        }
+        Candidates::All => view.subtree(base, limit)?.ok_or_else(over_limit)?,
     };
     if scope == Scope::Children {
         set.remove(base);
     }
-    Ok(set)
+    Ok((set, None))
 }
