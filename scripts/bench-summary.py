@@ -73,10 +73,10 @@ for s in ("slapd", "pando"):
     r = rates("search-10k-conns", s)
     if r:
         out.append("| 10,000 connections, %s | | %s searches/s | | reported | %s |" % (s, fmt(med(r)), ", ".join(p99s("search-10k-conns", s))))
-for cpus in ("1", "0-1"):
-    r = rates("search-exact-1attr", "pando-cpus-" + cpus)
+for label, what in (("cpus-1", "on cpus 1"), ("cpus-0-1", "on cpus 0-1"), ("threads-1", "with threads = 1")):
+    r = rates("search-exact-1attr", "pando-" + label)
     if r:
-        out.append("| Pando search-exact-1attr on cpus %s | | %s | | reported | |" % (cpus, fmt(med(r))))
+        out.append("| Pando search-exact-1attr %s | | %s | | reported | |" % (what, fmt(med(r))))
 for f in imports:
     out.append("| import (%s) | | %s entries/s, %s s | | | store %.0f MiB |" % (
         f.get("server"), fmt(float(f["entries_per_s"])), f.get("secs"), int(f["db_bytes"]) / 2**20))

@@ -269,7 +269,11 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
         None
     };
     init_logging(&resolved.config.log_level);
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if resolved.config.threads > 0 {
+        rt.worker_threads(resolved.config.threads);
+    }
+    let rt = rt
         .enable_all()
         .thread_name("pando-worker")
         .build()

@@ -35,6 +35,9 @@ pub struct Config {
     pub root_password_hash: Option<String>,
     /// `error`, `warn`, `info`, `debug` or `trace`.
     pub log_level: String,
+    /// Threads serving connections; 0 (default) = one per CPU. Read at
+    /// start only.
+    pub threads: usize,
     /// Started as root: the user (name or ID) to switch to once the
     /// listeners are bound. Unset: keep running as the starting user.
     pub user: Option<String>,
@@ -601,6 +604,7 @@ impl Default for Config {
             root_dn: None,
             root_password_hash: None,
             log_level: "info".to_string(),
+            threads: 0,
             user: None,
             group: None,
             indexes,
@@ -731,6 +735,9 @@ impl Config {
     pub fn validate(self, schema: &Schema) -> Result<Resolved, ConfigError> {
         if self.data_dir.as_os_str().is_empty() {
             return Err(err("data_dir", "must not be empty"));
+        }
+        if self.threads > 1024 {
+            return Err(err("threads", "at most 1024 (0 = one per CPU)"));
         }
         if self.listen.is_empty() {
             return Err(err("listen", "at least one listener is needed"));
@@ -1052,6 +1059,11 @@ mod tests {
         assert_eq!(e.key, "store.durability");
         let e = check("[store]\ndurability = \"batched\"\nbatched_max_ms = 0\n").unwrap_err();
         assert_eq!(e.key, "store.batched_max_ms");
+        let e = check("threads = 5000\n").unwrap_err();
+        assert_eq!(e.key, "threads");
+        let e = check("threads = -1\n").unwrap_err();
+        assert!(e.to_string().contains("test.toml:1"), "{e}");
+        assert_eq!(check("threads = 1\n").unwrap().config.threads, 1);
     }
 
     #[test]
