@@ -717,24 +717,17 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
     let uses_dn = uses_dn_attributes(&req.filter);
     let mut needed_computed = Vec::new();
     computed_in_filter(&req.filter, &mut needed_computed);
-    // A search that returns no attributes ("1.1", as an authentication's
-    // lookup does), whose candidates are exactly its matches and whose
-    // access rules never look inside entries, needs no entry decoded.
     // Candidates that are exactly the matches need no filter test.
     let exact = req.scope != Scope::Base && view.candidates_are_exact(&req.filter);
-    let no_decode = exact
-        && emitter.sel.wants_nothing()
-        && !server.acl.reads_entries()
-        && needed_computed.is_empty()
-        && !uses_dn;
-    // Otherwise, when nothing but the emitter looks at the attributes
-    // (no filter test, no access rule reading entries), they go from the
-    // store to the wire without being decoded into an Entry.
-    let raw = !no_decode
-        && exact
-        && !server.acl.reads_entries()
-        && needed_computed.is_empty()
-        && !uses_dn;
+    // Then, when no access rule looks inside entries and no computed
+    // attribute is tested, only the emitter reads the attributes: a search
+    // returning none ("1.1", as an authentication's lookup) decodes no entry
+    // at all, any other sends them from the store to the wire without
+    // decoding them into an Entry.
+    let emitter_only =
+        exact && !server.acl.reads_entries() && needed_computed.is_empty() && !uses_dn;
+    let no_decode = emitter_only && emitter.sel.wants_nothing();
+    let raw = emitter_only && !no_decode;
     let mut filter_types: Vec<&AttributeType> = Vec::new();
     types_in_filter(schema, &req.filter, &mut filter_types);
     // Access rules with filters look at whole entries; otherwise only what
