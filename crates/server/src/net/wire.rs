@@ -16,11 +16,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::mpsc;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
 use crate::state::Server;
 
@@ -140,12 +140,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
                     if due <= Instant::now() {
                         // Counted afresh if the caller carries on.
                         idle.last_read = Instant::now();
-                        idle.timer
-                            .as_mut()
-                            .reset((idle.last_read + idle.limit).into());
+                        idle.timer.as_mut().reset(idle.last_read + idle.limit);
                         return Poll::Ready(Event::Idle);
                     }
-                    idle.timer.as_mut().reset(due.into());
+                    idle.timer.as_mut().reset(due);
                 }
             }
             Poll::Pending
@@ -261,5 +259,103 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
         self.output.clear();
         self.written = 0;
         Poll::Ready(Err(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server over an empty store in `dir` (only its metrics are used).
+    fn server(dir: &std::path::Path) -> Arc<Server> {
+        let schema = Arc::new(pando_model::Schema::standard());
+        let toml = format!("data_dir = {:?}\n", dir.display().to_string());
+        let cfg = crate::config::Config::from_toml(&toml, std::path::Path::new("t.toml"))
+            .unwrap()
+            .validate(&schema)
+            .unwrap();
+        let store = pando_store::Store::open(
+            &crate::store_dir(dir),
+            schema.clone(),
+            &crate::store_options(&cfg),
+        )
+        .unwrap();
+        let csn = crate::clock::CsnClock::new(0);
+        Arc::new(crate::build_server(cfg, schema, store, csn, None, None).unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stops_reading_is_dropped_after_the_stall() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_client, side) = tokio::io::duplex(1024);
+        let (_tx, rx) = mpsc::channel(4);
+        let mut wire = Wire::new(side, rx, None, server(dir.path()));
+        wire.output.extend_from_slice(&[7u8; 64 * 1024]);
+        let never = std::future::pending::<()>();
+        tokio::pin!(never);
+        let started = tokio::time::Instant::now();
+        assert_eq!(wire.turn(never.as_mut()).await, Event::WriteFailed);
+        assert!(started.elapsed() >= WRITE_STALL, "{:?}", started.elapsed());
+        assert!(wire.is_broken());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn output_and_channel_flow_while_waiting_for_input_or_another_future() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut client, side) = tokio::io::duplex(1024);
+        let (tx, rx) = mpsc::channel(4);
+        let mut wire = Wire::new(side, rx, None, server(dir.path()));
+        // More than the pipe holds, from both sources: written as the
+        // client reads, in order.
+        wire.output.extend_from_slice(&[1u8; 10_000]);
+        let sender = tokio::spawn(async move {
+            for b in 2..=5u8 {
+                tx.send(vec![b; 10_000]).await.unwrap();
+            }
+        });
+        let reader = tokio::spawn(async move {
+            let mut got = vec![0u8; 50_000];
+            client.read_exact(&mut got).await.unwrap();
+            client.write_all(b"x").await.unwrap();
+            (client, got)
+        });
+        // A future that ends only once everything was read: pump_while
+        // must keep writing meanwhile.
+        let (mut client, got) = wire.pump_while(reader).await.unwrap();
+        sender.await.unwrap();
+        for (i, chunk) in got.chunks(10_000).enumerate() {
+            assert!(
+                chunk.iter().all(|&b| b == i as u8 + 1),
+                "chunk {i} out of order"
+            );
+        }
+        let never = std::future::pending::<()>();
+        tokio::pin!(never);
+        assert_eq!(wire.turn(never.as_mut()).await, Event::Read);
+        assert_eq!(wire.input, b"x");
+        assert_eq!(wire.pending(), 0);
+        drop(client.shutdown().await);
+        drop(client);
+        assert_eq!(wire.turn(never.as_mut()).await, Event::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_fires_once_nothing_was_read_for_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut client, side) = tokio::io::duplex(1024);
+        let (_tx, rx) = mpsc::channel(4);
+        let limit = Duration::from_secs(30);
+        let mut wire = Wire::new(side, rx, Some(limit), server(dir.path()));
+        let never = std::future::pending::<()>();
+        tokio::pin!(never);
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        client.write_all(b"a").await.unwrap();
+        assert_eq!(wire.turn(never.as_mut()).await, Event::Read);
+        let read_at = tokio::time::Instant::now();
+        // The timer set at the start fires at 30 s, finds a read at 20 s
+        // and moves to 50 s.
+        assert_eq!(wire.turn(never.as_mut()).await, Event::Idle);
+        assert!(read_at.elapsed() >= limit, "{:?}", read_at.elapsed());
     }
 }
