@@ -77,6 +77,31 @@ fn find(store: &Store, dn: &str) -> Option<EntryId> {
     }
 }
 
+/// Delete entry `id` (its current attributes read first).
+fn delete(store: &Store, id: EntryId) -> Result<(), StoreError> {
+    let old = store.read().unwrap().view().attrs(id).unwrap().unwrap();
+    store.write_blocking(move |w| w.delete(id, &old))
+}
+
+/// Add ou=Moved under the suffix and move `people` below it as ou=Staff;
+/// the ID of ou=Moved.
+fn move_people(store: &Store, people: EntryId) -> EntryId {
+    let moved = add(
+        store,
+        "ou=Moved,dc=example,dc=com",
+        attrs(&[("objectClass", "organizationalUnit"), ("ou", "Moved")]),
+    );
+    let to = Placement {
+        parent: moved,
+        rdn: "ou=Staff".into(),
+        norm_rdn: "ou=staff".into(),
+    };
+    store
+        .write_blocking(move |w| w.rename(people, &to))
+        .unwrap();
+    moved
+}
+
 fn assert_consistent(store: &Store) {
     let r = store.read().unwrap();
     let problems = r.view().verify().unwrap();
@@ -238,21 +263,8 @@ fn subtree_move_rewrites_one_record() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     tree(&store);
-    add(
-        &store,
-        "ou=Moved,dc=example,dc=com",
-        attrs(&[("objectClass", "organizationalUnit"), ("ou", "Moved")]),
-    );
     let people = find(&store, "ou=People,dc=example,dc=com").unwrap();
-    let moved = find(&store, "ou=Moved,dc=example,dc=com").unwrap();
-    let to = Placement {
-        parent: moved,
-        rdn: "ou=Staff".into(),
-        norm_rdn: "ou=staff".into(),
-    };
-    store
-        .write_blocking(move |w| w.rename(people, &to))
-        .unwrap();
+    move_people(&store, people);
     assert!(find(&store, "cn=user5,ou=People,dc=example,dc=com").is_none());
     let id =
         find(&store, "cn=user5,ou=Staff,ou=Moved,dc=example,dc=com").expect("descendants follow");
@@ -308,19 +320,7 @@ fn cached_dns_follow_renames_and_deletes() {
         );
     }
     let old = store.read().unwrap();
-    let moved = add(
-        &store,
-        "ou=Moved,dc=example,dc=com",
-        attrs(&[("objectClass", "organizationalUnit"), ("ou", "Moved")]),
-    );
-    let to = Placement {
-        parent: moved,
-        rdn: "ou=Staff".into(),
-        norm_rdn: "ou=staff".into(),
-    };
-    store
-        .write_blocking(move |w| w.rename(people, &to))
-        .unwrap();
+    let moved = move_people(&store, people);
     let r = store.read().unwrap();
     assert_eq!(pair(&r), "cn=user5,ou=Staff,ou=Moved,dc=example,dc=com");
     assert!(matches!(
@@ -360,13 +360,9 @@ fn cached_dns_follow_renames_and_deletes() {
         .into();
     let children = store.read().unwrap().view().children(staff).unwrap();
     for c in children {
-        let old = store.read().unwrap().view().attrs(c).unwrap().unwrap();
-        store.write_blocking(move |w| w.delete(c, &old)).unwrap();
+        delete(&store, c).unwrap();
     }
-    let old = store.read().unwrap().view().attrs(staff).unwrap().unwrap();
-    store
-        .write_blocking(move |w| w.delete(staff, &old))
-        .unwrap();
+    delete(&store, staff).unwrap();
     let again = add(
         &store,
         "ou=Staff,ou=Moved,dc=example,dc=com",
@@ -388,13 +384,9 @@ fn delete_needs_a_leaf() {
     let store = open(dir.path());
     tree(&store);
     let people = find(&store, "ou=People,dc=example,dc=com").unwrap();
-    let old = store.read().unwrap().view().attrs(people).unwrap().unwrap();
-    assert!(store
-        .write_blocking(move |w| w.delete(people, &old))
-        .is_err());
+    assert!(delete(&store, people).is_err());
     let leaf = find(&store, "cn=user0,ou=People,dc=example,dc=com").unwrap();
-    let old = store.read().unwrap().view().attrs(leaf).unwrap().unwrap();
-    store.write_blocking(move |w| w.delete(leaf, &old)).unwrap();
+    delete(&store, leaf).unwrap();
     assert!(find(&store, "cn=user0,ou=People,dc=example,dc=com").is_none());
     assert_consistent(&store);
 }
