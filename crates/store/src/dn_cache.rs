@@ -137,7 +137,16 @@ fn with<R>(snap: Option<Snapshot>, f: impl FnOnce(&mut Cache) -> R) -> Option<R>
 }
 
 pub(crate) fn node(snap: Option<Snapshot>, id: EntryId) -> Option<Node> {
-    with(snap, |c| c.nodes.get(&id).cloned()).flatten()
+    with_node(snap, id, Node::clone)
+}
+
+/// `f` of a remembered entry, without copying its DNs.
+pub(crate) fn with_node<R>(
+    snap: Option<Snapshot>,
+    id: EntryId,
+    f: impl FnOnce(&Node) -> R,
+) -> Option<R> {
+    with(snap, |c| c.nodes.get(&id).map(f)).flatten()
 }
 
 /// Parent of a remembered entry, without cloning its DNs.

@@ -934,23 +934,33 @@ impl<'t> View<'t> {
 
     /// [`View::dn_pair`] of the entry placed at `p` (read by the caller).
     pub fn dn_pair_of(&self, p: &Placement) -> Result<(String, String), StoreError> {
-        if p.parent == 0 {
-            return Ok((p.rdn.clone(), p.norm_rdn.clone()));
-        }
-        Ok(match self.parent_node(p.parent, 0)? {
-            Some(parent) => (
-                format!("{},{}", p.rdn, parent.dn),
-                format!("{},{}", p.norm_rdn, parent.norm),
-            ),
-            None => (p.rdn.clone(), p.norm_rdn.clone()),
-        })
+        self.dn_below(p, 0)
     }
 
-    /// What [`View::dn_pair`] needs of a parent, remembered for the next time.
-    fn parent_node(&self, id: EntryId, depth: u32) -> Result<Option<dn_cache::Node>, StoreError> {
-        if let Some(n) = dn_cache::node(self.dn_snapshot, id) {
-            return Ok(Some(n));
+    /// The DN of the entry placed at `p`: its RDN before its parent's DN,
+    /// formatted from the cached parent when there is one. `depth`: parents
+    /// walked so far.
+    fn dn_below(&self, p: &Placement, depth: u32) -> Result<(String, String), StoreError> {
+        let join = |n: &dn_cache::Node| {
+            (
+                format!("{},{}", p.rdn, n.dn),
+                format!("{},{}", p.norm_rdn, n.norm),
+            )
+        };
+        if p.parent != 0 {
+            if let Some(pair) = dn_cache::with_node(self.dn_snapshot, p.parent, join) {
+                return Ok(pair);
+            }
+            if let Some(parent) = self.learn_node(p.parent, depth)? {
+                return Ok(join(&parent));
+            }
         }
+        Ok((p.rdn.clone(), p.norm_rdn.clone()))
+    }
+
+    /// Read what [`View::dn_pair`] needs of a parent that is not cached, and
+    /// remember it for the next time.
+    fn learn_node(&self, id: EntryId, depth: u32) -> Result<Option<dn_cache::Node>, StoreError> {
         // Depth is bounded by the DN length limit; this also stops a
         // corrupted parent cycle.
         if depth >= 1024 {
@@ -961,16 +971,7 @@ impl<'t> View<'t> {
         let Some(p) = self.placement(id)? else {
             return Ok(None);
         };
-        let (dn, norm) = match p.parent {
-            0 => (p.rdn, p.norm_rdn),
-            up => match self.parent_node(up, depth + 1)? {
-                Some(n) => (
-                    format!("{},{}", p.rdn, n.dn),
-                    format!("{},{}", p.norm_rdn, n.norm),
-                ),
-                None => (p.rdn, p.norm_rdn),
-            },
-        };
+        let (dn, norm) = self.dn_below(&p, depth + 1)?;
         let node = dn_cache::Node {
             parent: p.parent,
             dn,
