@@ -730,9 +730,9 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
     let raw = emitter_only && !no_decode;
     let mut filter_types: Vec<&AttributeType> = Vec::new();
     types_in_filter(schema, &req.filter, &mut filter_types);
-    // Access rules with filters look at whole entries; otherwise only what
-    // goes out or is tested is decoded.
-    let wanted = if server.acl.reads_entries() {
+    // When entries are decoded: access rules with filters look at whole
+    // entries; otherwise only what goes out or is tested is decoded.
+    let wanted = if emitter_only || server.acl.reads_entries() {
         None
     } else {
         Wanted::new(
