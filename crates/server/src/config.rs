@@ -48,6 +48,9 @@ pub struct Config {
     pub limits: Limits,
     pub store: StoreConfig,
     pub auth: AuthConfig,
+    /// `[passwords]`: how clear-text passwords are stored, and how much
+    /// hashing may run at once.
+    pub passwords: PasswordsConfig,
     /// Access rules (`[[access]]`), in order; none configured = the
     /// built-in defaults (see docs/access-control.md).
     pub access: Vec<AccessRule>,
@@ -413,6 +416,97 @@ impl Default for AuthConfig {
     }
 }
 
+/// `[passwords]`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PasswordsConfig {
+    /// Scheme for clear-text passwords written by clients: `argon2`
+    /// (argon2id, default), `pbkdf2-sha512` or `ssha512`. Values already
+    /// hashed (`{SCHEME}…`) are stored as given.
+    pub scheme: String,
+    /// argon2id memory cost in KiB (default 19456, OWASP's minimum).
+    pub argon2_memory_kib: u32,
+    /// argon2id passes (default 2).
+    pub argon2_time: u32,
+    /// argon2id lanes (default 1).
+    pub argon2_parallelism: u32,
+    /// PBKDF2-HMAC-SHA512 iterations (default 210000, OWASP 2023).
+    pub pbkdf2_iterations: u32,
+    /// Slow hashes (hashing and bind verification alike) running at once;
+    /// 0 = one per CPU. Further ones wait their turn.
+    pub max_concurrent_hashes: usize,
+    /// Clear-text userPassword values one add or modify may carry (each is
+    /// one slow hash); more are refused before any is hashed.
+    pub max_clear_values: usize,
+}
+
+impl Default for PasswordsConfig {
+    fn default() -> Self {
+        PasswordsConfig {
+            scheme: "argon2".into(),
+            argon2_memory_kib: 19_456,
+            argon2_time: 2,
+            argon2_parallelism: 1,
+            pbkdf2_iterations: 210_000,
+            max_concurrent_hashes: 0,
+            max_clear_values: 4,
+        }
+    }
+}
+
+impl PasswordsConfig {
+    pub fn policy(&self) -> Result<crate::password::HashPolicy, ConfigError> {
+        use crate::password::{Argon2Params, HashPolicy};
+        match self.scheme.to_ascii_lowercase().as_str() {
+            "argon2" | "argon2id" => {
+                // Bounds keep one hash under a second and a gigabyte.
+                if !(8..=1 << 20).contains(&self.argon2_memory_kib) {
+                    return Err(err(
+                        "passwords.argon2_memory_kib",
+                        "must be between 8 and 1048576",
+                    ));
+                }
+                if !(1..=64).contains(&self.argon2_time) {
+                    return Err(err("passwords.argon2_time", "must be between 1 and 64"));
+                }
+                if !(1..=16).contains(&self.argon2_parallelism) {
+                    return Err(err(
+                        "passwords.argon2_parallelism",
+                        "must be between 1 and 16",
+                    ));
+                }
+                if self.argon2_memory_kib < 8 * self.argon2_parallelism {
+                    return Err(err(
+                        "passwords.argon2_memory_kib",
+                        "must be at least 8 KiB per lane (argon2_parallelism)",
+                    ));
+                }
+                Ok(HashPolicy::Argon2(Argon2Params {
+                    m_cost_kib: self.argon2_memory_kib,
+                    t_cost: self.argon2_time,
+                    p_cost: self.argon2_parallelism,
+                }))
+            }
+            "pbkdf2-sha512" => {
+                if !(1000..=10_000_000).contains(&self.pbkdf2_iterations) {
+                    return Err(err(
+                        "passwords.pbkdf2_iterations",
+                        "must be between 1000 and 10000000",
+                    ));
+                }
+                Ok(HashPolicy::Pbkdf2Sha512 {
+                    iterations: self.pbkdf2_iterations,
+                })
+            }
+            "ssha512" => Ok(HashPolicy::Ssha512),
+            other => Err(err(
+                "passwords.scheme",
+                format!("'{other}' is not one of argon2, pbkdf2-sha512, ssha512"),
+            )),
+        }
+    }
+}
+
 /// `ldapi-owner`: an ldapi peer running as the server's Unix user, or root.
 pub const LDAPI_OWNER: &str = "ldapi-owner";
 
@@ -448,8 +542,19 @@ pub struct Limits {
     pub max_connections: usize,
     /// Operations outstanding on one connection before reading pauses.
     pub max_ops_per_connection: usize,
+    /// Large searches (more than a handful of candidates) running at once
+    /// on their own threads, server-wide; others wait. 0 = four per CPU
+    /// (at least 8).
+    pub max_search_threads: usize,
     /// Close connections idle this many seconds (0 = never).
     pub idle_timeout: u64,
+    /// Seconds of a write window: while responses wait for a client, it
+    /// must take at least `min_write_rate` bytes a second over each window
+    /// or be disconnected (a client that reads nothing goes after one).
+    pub write_timeout: u64,
+    /// Bytes a second a client waiting on responses must take (0: any
+    /// progress at all is enough).
+    pub min_write_rate: u64,
     /// Simultaneous connections from one IP address (0 = no limit).
     pub max_connections_per_ip: usize,
     /// Failed binds (per DN or address) answered without delay.
@@ -491,7 +596,10 @@ impl Default for Limits {
             unindexed_search_limit: 100_000,
             max_connections: 4096,
             max_ops_per_connection: 64,
+            max_search_threads: 0,
             idle_timeout: 0,
+            write_timeout: 60,
+            min_write_rate: 1024,
             max_connections_per_ip: 1024,
             failed_bind_free: 5,
             failed_bind_max_delay_ms: 4000,
@@ -611,6 +719,7 @@ impl Default for Config {
             limits: Limits::default(),
             store: StoreConfig::default(),
             auth: AuthConfig::default(),
+            passwords: PasswordsConfig::default(),
             access: Vec::new(),
             tls: TlsConfig::default(),
             logs: LogsConfig::default(),
@@ -957,12 +1066,24 @@ impl Config {
         if l.max_filter_terms == 0 {
             return Err(err("limits.max_filter_terms", "must be at least 1"));
         }
-        if l.max_connections == 0 {
-            return Err(err("limits.max_connections", "must be at least 1"));
+        // Each connection costs a file descriptor and a task; a million is
+        // beyond any file descriptor limit a server runs with.
+        if l.max_connections == 0 || l.max_connections > 1_000_000 {
+            return Err(err(
+                "limits.max_connections",
+                "must be between 1 and 1000000",
+            ));
         }
         for (i, b) in l.by.iter().enumerate() {
             crate::acl::Who::parse(&b.who.items(), schema)
                 .map_err(|e| err(format!("limits.by[{i}].who"), e))?;
+        }
+        // Each is a thread and an LMDB reader (1024 readers in all).
+        if l.max_search_threads > 512 {
+            return Err(err("limits.max_search_threads", "must be at most 512"));
+        }
+        if l.write_timeout == 0 || l.write_timeout > 3600 {
+            return Err(err("limits.write_timeout", "must be between 1 and 3600"));
         }
         if l.max_ops_per_connection == 0 {
             return Err(err("limits.max_ops_per_connection", "must be at least 1"));
@@ -974,6 +1095,10 @@ impl Config {
             ));
         }
         self.store.durability()?;
+        self.passwords.policy()?;
+        if self.passwords.max_clear_values == 0 {
+            return Err(err("passwords.max_clear_values", "must be at least 1"));
+        }
         self.store.compression()?;
         if self.store.max_write_batch == 0 {
             return Err(err("store.max_write_batch", "must be at least 1"));

@@ -10,6 +10,7 @@ pub mod clock;
 pub mod config;
 pub mod datadir;
 pub mod error;
+pub mod hashing;
 pub mod net;
 pub mod observe;
 pub mod ops;
@@ -198,7 +199,6 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     let (stop_tx, stop_rx) = watch::channel(false);
     let conn_limit = Arc::new(Semaphore::new(server.cfg.config.limits.max_connections));
     let per_ip = net::listener::PerIpLimit::new(server.cfg.config.limits.max_connections_per_ip);
-    let tasks = Arc::new(tokio::sync::Mutex::new(JoinSet::new()));
     let mut listeners = JoinSet::new();
     for b in bound {
         listeners.spawn(net::listener::serve(
@@ -207,7 +207,6 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
             conn_limit.clone(),
             per_ip.clone(),
             stop_rx.clone(),
-            tasks.clone(),
         ));
     }
 
@@ -223,10 +222,9 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     tracing::info!("shutting down: no new connections; finishing operations in progress");
     let _ = stop_tx.send(true);
     while listeners.join_next().await.is_some() {}
-    let drain = async {
-        let mut t = tasks.lock().await;
-        while t.join_next().await.is_some() {}
-    };
+    // Every live connection holds one permit until its task ends.
+    let all = u32::try_from(server.cfg.config.limits.max_connections).unwrap_or(u32::MAX);
+    let drain = conn_limit.acquire_many(all);
     if tokio::time::timeout(Duration::from_secs(10), drain)
         .await
         .is_err()
@@ -273,6 +271,10 @@ pub fn build_server(
     };
     let auth = auth::AuthPolicy::new(&cfg.config.auth, &schema)?;
     let throttle = throttle::BindThrottle::new(&cfg.config.limits);
+    let passwords = hashing::PasswordWork::new(
+        cfg.config.passwords.policy()?,
+        cfg.config.passwords.max_concurrent_hashes,
+    );
     let acl = acl::Acl::from_config(&cfg.config.access, &schema)
         .map_err(|(i, k, e)| format!("access[{i}].{k}: {e}"))?;
     let limits_by = cfg
@@ -290,6 +292,11 @@ pub fn build_server(
         .map_err(|e| format!("suffixes: {e}"))?;
     let logs = observe::Logs::open(&cfg.config.logs)?;
     let limits = &cfg.config.limits;
+    let search_threads_max = match limits.max_search_threads {
+        0 => (4 * std::thread::available_parallelism().map_or(1, |n| n.get())).max(8),
+        n => n,
+    };
+    let search_threads = Arc::new(Semaphore::new(search_threads_max));
     let decode_limits = DecodeLimits {
         max_depth: limits.max_filter_depth,
         max_filter_terms: limits.max_filter_terms,
@@ -307,11 +314,15 @@ pub fn build_server(
         acl,
         limits_by,
         throttle,
+        search_threads,
+        search_threads_max,
+        passwords,
         started: SystemTime::now(),
         tls,
         metrics: observe::metrics::Metrics::new(),
         logs,
         base_cache: ops::BaseCache::default(),
+        special: ops::special::SpecialEntries::default(),
     })
 }
 

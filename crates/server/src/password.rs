@@ -134,6 +134,63 @@ pub fn hash_password(clear: &[u8]) -> String {
     }
 }
 
+/// How clear-text passwords written by clients are stored: the scheme
+/// and its work factor (`[passwords]` in the configuration). Cost per hash
+/// on this project's 2-core test machine is in docs/operations.md.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HashPolicy {
+    /// `{ARGON2}` argon2id (the default): memory-hard, tens of milliseconds.
+    Argon2(Argon2Params),
+    /// `{PBKDF2-SHA512}iterations$salt$dk` in passlib's format, for sites
+    /// whose other systems read the stored hashes (FIPS-approved).
+    Pbkdf2Sha512 { iterations: u32 },
+    /// `{SSHA512}`: one salted SHA-512, microseconds; as cheap to guess
+    /// offline as it is to check.
+    Ssha512,
+}
+
+impl Default for HashPolicy {
+    fn default() -> Self {
+        HashPolicy::Argon2(Argon2Params::default())
+    }
+}
+
+impl HashPolicy {
+    /// A stored value for `clear` under this policy. Never fails: should the
+    /// configured scheme fail (argon2 on a password over 4 GiB, which no
+    /// request carries), the value is stored as `{SSHA512}`, never in clear.
+    pub fn hash(&self, clear: &[u8]) -> String {
+        match self {
+            HashPolicy::Argon2(p) => hash_password_with(clear, p).unwrap_or_else(|_| ssha512(clear)),
+            HashPolicy::Pbkdf2Sha512 { iterations } => pbkdf2_sha512(clear, *iterations),
+            HashPolicy::Ssha512 => ssha512(clear),
+        }
+    }
+
+    /// Whether one hash costs milliseconds (and so goes through the
+    /// bounded hashing queue) rather than microseconds.
+    pub fn is_slow(&self) -> bool {
+        !matches!(self, HashPolicy::Ssha512)
+    }
+}
+
+/// Salt length of new PBKDF2 hashes (passlib uses 16 bytes).
+const PBKDF2_SALT_LEN: usize = 16;
+
+fn pbkdf2_sha512(clear: &[u8], iterations: u32) -> String {
+    let iterations = iterations.clamp(1, MAX_PBKDF2_ITERATIONS);
+    let mut salt = [0u8; PBKDF2_SALT_LEN];
+    fill_random(&mut salt);
+    let mut dk = [0u8; 64];
+    pbkdf2_into(Hash::Sha512, clear, &salt, iterations, &mut dk);
+    let ab64 = |b: &[u8]| {
+        base64::engine::general_purpose::STANDARD_NO_PAD
+            .encode(b)
+            .replace('+', ".")
+    };
+    format!("{{PBKDF2-SHA512}}{iterations}${}${}", ab64(&salt), ab64(&dk))
+}
+
 fn ssha512(clear: &[u8]) -> String {
     let mut salt = [0u8; 16];
     fill_random(&mut salt);
@@ -243,6 +300,28 @@ pub fn is_hashed(stored: &[u8]) -> bool {
         None | Some(Scheme::Clear) => false,
         Some(_) => true,
     }
+}
+
+/// Salted-digest schemes and clear text take microseconds to check;
+/// key-stretching ones (argon2, bcrypt, crypt, PBKDF2) milliseconds, by
+/// design.
+pub fn is_cheap_to_verify(stored: &[u8]) -> bool {
+    const CHEAP: &[&str] = &[
+        "{SHA}",
+        "{SSHA}",
+        "{SHA256}",
+        "{SSHA256}",
+        "{SHA384}",
+        "{SSHA384}",
+        "{SHA512}",
+        "{SSHA512}",
+    ];
+    if stored.first() != Some(&b'{') {
+        return true; // clear text
+    }
+    CHEAP
+        .iter()
+        .any(|p| stored.len() >= p.len() && stored[..p.len()].eq_ignore_ascii_case(p.as_bytes()))
 }
 
 /// Verifies a clear password against one stored userPassword value.

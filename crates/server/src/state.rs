@@ -28,6 +28,11 @@ pub struct Server {
     /// `[[limits.by]]`, compiled.
     pub limits_by: Vec<(crate::acl::Who, crate::config::LimitsFor)>,
     pub throttle: crate::throttle::BindThrottle,
+    /// Threads large searches may hold (`limits.max_search_threads`).
+    pub search_threads: Arc<tokio::sync::Semaphore>,
+    pub search_threads_max: usize,
+    /// Password hashing and bind verification, bounded (`[passwords]`).
+    pub passwords: crate::hashing::PasswordWork,
     pub started: SystemTime,
     /// The certificate and TLS settings when `[tls]` is configured: serves
     /// ldaps:// listeners and StartTLS. Reloaded on SIGHUP.
@@ -39,6 +44,15 @@ pub struct Server {
     /// Search bases as sent → parsed and normalised (a few distinct bases
     /// take most searches).
     pub base_cache: crate::ops::BaseCache,
+    /// The root DSE and the subschema entry, built once.
+    pub special: crate::ops::special::SpecialEntries,
+}
+
+impl Server {
+    /// Threads large searches hold now.
+    pub fn search_threads_busy(&self) -> u64 {
+        (self.search_threads_max - self.search_threads.available_permits()) as u64
+    }
 }
 
 /// Facts about the transport a connection runs over, used by authentication

@@ -86,7 +86,11 @@ impl BindThrottle {
         }
     }
 
-    /// Refuse the attempt when the DN or the address is locked out.
+    /// Refuse the attempt when the DN or the address is locked out;
+    /// otherwise count it as a failure in advance, before any password is
+    /// checked: concurrent guesses are counted as they start, so a burst of
+    /// them cannot all get a hash computed before the lockout sees the
+    /// first failure. [`succeeded`](Self::succeeded) takes the count back.
     pub async fn before_attempt(&self, key: &Key) -> Result<(), LdapError> {
         let now = Instant::now();
         let dn_fails = self.current(&self.by_dn, &key.dn, now);
@@ -106,6 +110,10 @@ impl BindThrottle {
             // guesser learns nothing and gains nothing by hammering.
             tokio::time::sleep(self.max_delay).await;
             return Err(LdapError::new(ResultCode::INVALID_CREDENTIALS, ""));
+        }
+        Self::bump(&self.by_dn, &key.dn, now, self.lockout_for);
+        if let Some(ip) = key.ip {
+            Self::bump(&self.by_ip, &ip, now, self.lockout_for);
         }
         Ok(())
     }
@@ -138,13 +146,14 @@ impl BindThrottle {
         r.failures
     }
 
-    /// Count a failure and wait out its delay before the answer goes back.
+    /// The attempt failed (it was counted when it began): wait out its
+    /// delay before the answer goes back.
     pub async fn failed(&self, key: &Key) {
         let now = Instant::now();
-        let dn_fails = Self::bump(&self.by_dn, &key.dn, now, self.lockout_for);
+        let dn_fails = self.current(&self.by_dn, &key.dn, now);
         let ip_fails = key
             .ip
-            .map(|ip| Self::bump(&self.by_ip, &ip, now, self.lockout_for))
+            .map(|ip| self.current(&self.by_ip, &ip, now))
             .unwrap_or(0);
         let d = self.delay_for(dn_fails.max(ip_fails));
         if !d.is_zero() {
@@ -152,9 +161,19 @@ impl BindThrottle {
         }
     }
 
+    /// The attempt succeeded: its DN's record is cleared and the address
+    /// gets back the failure counted in advance.
     pub fn succeeded(&self, key: &Key) {
         if let Ok(mut m) = self.by_dn.lock() {
             m.remove(&key.dn);
+        }
+        if let (Some(ip), Ok(mut m)) = (key.ip, self.by_ip.lock()) {
+            if let Some(r) = m.get_mut(&ip) {
+                r.failures = r.failures.saturating_sub(1);
+                if r.failures == 0 {
+                    m.remove(&ip);
+                }
+            }
         }
     }
 
@@ -214,6 +233,35 @@ mod tests {
         t.failed(&key).await;
         t.succeeded(&key);
         assert_eq!(t.current(&t.by_dn, &key.dn, Instant::now()), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn attempts_are_counted_before_the_password_is_checked() {
+        let t = throttle(0, 3);
+        let key = Key::new("uid=a", &Session::default());
+        // Three guesses in flight at once (none has failed yet): a fourth
+        // is refused without its password being looked at.
+        for _ in 0..3 {
+            assert!(t.before_attempt(&key).await.is_ok());
+        }
+        assert!(t.before_attempt(&key).await.is_err());
+        // A right password clears the DN's record.
+        t.succeeded(&key);
+        assert!(t.before_attempt(&key).await.is_ok());
+        // An address gets back only the one attempt that succeeded.
+        let ip = Session {
+            peer_ip: Some("192.0.2.1".parse().unwrap()),
+            ..Session::default()
+        };
+        let t = BindThrottle::new(&Limits {
+            failed_bind_lockout_ip: 10,
+            ..Limits::default()
+        });
+        let (a, b) = (Key::new("uid=a", &ip), Key::new("uid=b", &ip));
+        t.before_attempt(&a).await.unwrap();
+        t.before_attempt(&b).await.unwrap();
+        t.succeeded(&b);
+        assert_eq!(t.current(&t.by_ip, &ip.peer_ip.unwrap(), Instant::now()), 1);
     }
 
     #[test]

@@ -30,7 +30,7 @@ use pando_proto::{
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
-use super::wire::{Event, Wire, WRITE_STALL};
+use super::wire::{Event, Wire, OUTPUT_HIGH, WRITE_STALL};
 
 use crate::error::LdapError;
 use crate::observe::{self, OpStart};
@@ -39,6 +39,9 @@ use crate::state::{Identity, Server, Session};
 
 /// Controls recognised on any operation (others, if critical, are refused).
 const KNOWN_CONTROLS: &[&str] = &[oid::MANAGE_DSA_IT];
+
+/// Input buffer capacity kept between requests; more is given back.
+const INPUT_KEEP: usize = 64 * 1024;
 
 type Outstanding = Arc<Mutex<HashMap<i32, Arc<AtomicBool>>>>;
 
@@ -187,6 +190,13 @@ impl Connection {
                                 abandon_all(&outstanding);
                                 return Ended::Close("write failed");
                             }
+                            // Output per connection stays bounded: requests
+                            // already received wait until the client has
+                            // read what is pending.
+                            Flow::Continue if wire.pending() >= OUTPUT_HIGH => {
+                                wire.backlog = true;
+                                break;
+                            }
                             Flow::Continue => {}
                             Flow::Close(why) => {
                                 abandon_all(&outstanding);
@@ -208,6 +218,11 @@ impl Connection {
             }
             wire.input = input;
             wire.input.drain(..start);
+            // A buffer that grew for one large PDU is not kept for the
+            // life of the connection.
+            if wire.input.capacity() > INPUT_KEEP && wire.input.len() < INPUT_KEEP / 4 {
+                wire.input.shrink_to(INPUT_KEEP / 4);
+            }
             match wire.turn(changed.as_mut()).await {
                 Event::Read => {}
                 Event::Closed => {
@@ -662,10 +677,24 @@ fn search_controls(controls: &[Control]) -> Result<Option<PagedResults>, LdapErr
     Ok(paged)
 }
 
-/// A search on a blocking thread, its entries streamed to the connection.
+/// A search on a blocking thread, its entries streamed to the connection;
+/// at most `limits.max_search_threads` such searches run at once (the
+/// others wait their turn), so searches blocked on slow clients cannot take
+/// every blocking thread and LMDB reader that binds and writes need.
 async fn run_search(job: ops::search::SearchJob, tx: &mpsc::Sender<Vec<u8>>) -> Answered {
     let id = job.msg_id;
-    match tokio::task::spawn_blocking(move || ops::search::run(job)).await {
+    let Ok(slot) = job.server.search_threads.clone().acquire_owned().await else {
+        return None;
+    };
+    if job.abandoned.load(Ordering::Relaxed) {
+        return None;
+    }
+    let ran = tokio::task::spawn_blocking(move || {
+        let out = ops::search::run(job);
+        drop(slot);
+        out
+    });
+    match ran.await {
         Ok(Some(o)) => {
             let answered = Some((o.result.code.0, o.entries));
             send(tx, id, ProtocolOp::SearchResultDone(o.result), o.controls).await;

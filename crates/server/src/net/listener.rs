@@ -11,7 +11,6 @@ use pando_proto::{notice_of_disconnection, ResultCode};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, Semaphore};
-use tokio::task::JoinSet;
 
 use super::connection::Connection;
 use crate::config::Listener;
@@ -209,15 +208,17 @@ pub fn from_systemd() -> std::io::Result<Option<Vec<Bound>>> {
     Ok(Some(out))
 }
 
-/// Accept on `bound` until `shutdown` flips; every connection task is added
-/// to `tasks` so the caller can wait for them to drain.
+/// Accept on `bound` until `shutdown` flips. Each connection task holds a
+/// permit of `conn_limit` until it ends, so the caller waits for all of
+/// them to drain by taking every permit back; nothing else is kept per
+/// connection once it ended (memory returns to the baseline after any
+/// number of connections).
 pub async fn serve(
     bound: Bound,
     server: Arc<Server>,
     conn_limit: Arc<Semaphore>,
     per_ip: Arc<PerIpLimit>,
     mut shutdown: watch::Receiver<bool>,
-    tasks: Arc<tokio::sync::Mutex<JoinSet<()>>>,
 ) {
     let ldaps = matches!(bound, Bound::Ldaps(_));
     loop {
@@ -259,7 +260,7 @@ pub async fn serve(
             session: Arc::new(session),
             shutdown: shutdown.clone(),
         };
-        tasks.lock().await.spawn(async move {
+        tokio::spawn(async move {
             match stream {
                 Stream::Tcp(s) if ldaps => {
                     let _ = s.set_nodelay(true);

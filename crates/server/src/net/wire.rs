@@ -24,7 +24,8 @@ use tokio::time::{Instant, Sleep};
 
 use crate::state::Server;
 
-/// Longest a response may wait for the client to read it.
+/// Longest a response may wait for a client that reads nothing, by
+/// default (`limits.write_timeout`).
 pub const WRITE_STALL: Duration = Duration::from_secs(60);
 
 /// Output waiting beyond this stops reading requests.
@@ -51,11 +52,22 @@ pub struct Wire<S> {
     pub input: Vec<u8>,
     /// Encoded responses; `output[written..]` is still to be written.
     pub output: Vec<u8>,
+    /// `input` holds requests left unanswered because the output was above
+    /// [`OUTPUT_HIGH`]: [`turn`](Self::turn) returns [`Event::Read`] as soon
+    /// as the output drains below it, without waiting for more input.
+    pub backlog: bool,
     written: usize,
     /// Bytes written since the last successful flush (TLS buffers them).
     unflushed: bool,
-    /// Since when the socket refuses more output, as a deadline.
+    /// End of the current write window, armed when the socket first refused
+    /// output and cleared once everything pending is written.
     stall: Option<Pin<Box<Sleep>>>,
+    /// Bytes the client took since the window began.
+    window_taken: usize,
+    /// `limits.write_timeout`.
+    write_window: Duration,
+    /// `limits.min_write_rate`, bytes per second.
+    min_rate: u64,
     /// Set once writing failed or stalled: output is discarded from then on.
     broken: bool,
     /// Responses of operations running on other tasks.
@@ -83,9 +95,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
             stream,
             input: Vec::with_capacity(16 * 1024),
             output: Vec::new(),
+            backlog: false,
             written: 0,
             unflushed: false,
             stall: None,
+            window_taken: 0,
+            write_window: Duration::from_secs(server.cfg.config.limits.write_timeout.max(1)),
+            min_rate: server.cfg.config.limits.min_write_rate,
             broken: false,
             rx,
             idle: idle.map(|limit| Idle {
@@ -114,6 +130,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
                 return Poll::Ready(Event::WriteFailed);
             }
             if self.pending() < OUTPUT_HIGH {
+                if self.backlog {
+                    self.backlog = false;
+                    return Poll::Ready(Event::Read);
+                }
                 if self.input.capacity() - self.input.len() < 4096 {
                     self.input.reserve(16 * 1024);
                 }
@@ -216,7 +236,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
                 Poll::Ready(Ok(n)) if n > 0 => {
                     self.written += n;
                     self.unflushed = true;
-                    self.stall = None;
+                    self.window_taken += n;
                     let m = &self.server.metrics;
                     m.add(&m.bytes_out, n as u64);
                 }
@@ -238,20 +258,38 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
             }
         }
         self.stall = None;
+        self.window_taken = 0;
         Poll::Ready(Ok(()))
     }
 
-    /// The socket takes no more for now: fail once it has refused for
-    /// WRITE_STALL.
+    /// The socket takes no more for now. Output has been waiting since the
+    /// window's timer was armed; each time a window of
+    /// `limits.write_timeout` ends with output still waiting, the client
+    /// must have taken at least `limits.min_write_rate` bytes a second over
+    /// it, or it is dropped: a client that trickles a few bytes a minute
+    /// cannot keep its operations (their threads and read transactions)
+    /// alive for days.
     fn poll_stall(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
-        let timer = self
-            .stall
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(WRITE_STALL)));
-        if timer.as_mut().poll(cx).is_ready() {
-            tracing::info!("closing a connection whose client stopped reading");
-            return self.fail();
+        loop {
+            let window = self.write_window;
+            let timer = self
+                .stall
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(window)));
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let needed = self.min_rate.saturating_mul(window.as_secs().max(1));
+            if self.window_taken == 0 || (self.window_taken as u64) < needed {
+                tracing::info!(
+                    taken = self.window_taken,
+                    seconds = window.as_secs(),
+                    "closing a connection whose client stopped reading or reads too slowly"
+                );
+                return self.fail();
+            }
+            self.window_taken = 0;
+            timer.as_mut().reset(Instant::now() + window);
         }
-        Poll::Pending
     }
 
     fn fail(&mut self) -> Poll<Result<(), ()>> {
@@ -298,6 +336,58 @@ mod tests {
         assert_eq!(wire.turn(never.as_mut()).await, Event::WriteFailed);
         assert!(started.elapsed() >= WRITE_STALL, "{:?}", started.elapsed());
         assert!(wire.is_broken());
+    }
+
+    /// A client reading `per_tick` bytes every second until the server
+    /// side goes away (at most 600 s).
+    async fn trickle_reader(
+        mut client: tokio::io::DuplexStream,
+        per_tick: usize,
+    ) -> tokio::io::DuplexStream {
+        let mut buf = vec![0u8; per_tick];
+        for _ in 0..600 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if client.read_exact(&mut buf).await.is_err() {
+                break;
+            }
+        }
+        client
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_reading_below_the_minimum_rate_is_dropped_after_one_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let (client, side) = tokio::io::duplex(1024);
+        let (_tx, rx) = mpsc::channel(4);
+        let mut wire = Wire::new(side, rx, None, server(dir.path()));
+        wire.output.extend_from_slice(&[7u8; 512 * 1024]);
+        // 16 bytes a second: progress every second, far below 1 KiB/s.
+        let reader = tokio::spawn(trickle_reader(client, 16));
+        let never = std::future::pending::<()>();
+        tokio::pin!(never);
+        let started = tokio::time::Instant::now();
+        assert_eq!(wire.turn(never.as_mut()).await, Event::WriteFailed);
+        let took = started.elapsed();
+        assert!(took >= WRITE_STALL && took < WRITE_STALL + Duration::from_secs(2), "{took:?}");
+        drop(wire);
+        reader.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_reading_above_the_minimum_rate_is_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let (client, side) = tokio::io::duplex(1024);
+        let (tx, rx) = mpsc::channel(4);
+        let mut wire = Wire::new(side, rx, None, server(dir.path()));
+        // 300 KiB at 2 KiB/s: 150 s, two and a half windows, each above
+        // the minimum of 1 KiB/s.
+        wire.output.extend_from_slice(&[7u8; 300 * 1024]);
+        let reader = tokio::spawn(trickle_reader(client, 2048));
+        drop(tx);
+        assert!(wire.finish().await, "dropped a client reading 2 KiB/s");
+        assert!(!wire.is_broken());
+        drop(wire);
+        reader.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

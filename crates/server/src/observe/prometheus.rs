@@ -328,6 +328,31 @@ pub fn render(server: &Server) -> String {
             secs(l.max),
         );
     }
+    let h = server.passwords.stats();
+    t.one(
+        "pando_password_hashes_total",
+        "counter",
+        "Slow password hashes computed (hashing and bind verification).",
+        h.total.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    t.one(
+        "pando_password_hashes_running",
+        "gauge",
+        "Slow password hashes running now.",
+        h.running.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    t.one(
+        "pando_password_hashes_peak",
+        "gauge",
+        "Most slow password hashes ever running at once (passwords.max_concurrent_hashes bounds it).",
+        h.peak.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    t.one(
+        "pando_search_threads_busy",
+        "gauge",
+        "Threads held by large searches now (limits.max_search_threads bounds it).",
+        server.search_threads_busy(),
+    );
     let w = server.store.writer_stats();
     t.one(
         "pando_writer_batches_total",

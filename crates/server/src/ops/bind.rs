@@ -9,7 +9,6 @@ use pando_store::{Candidates, Lookup, View};
 use crate::acl;
 use crate::auth::{peercred_dn, MapTarget};
 use crate::error::{LdapError, OpResult};
-use crate::password;
 use crate::state::{Identity, Server, Session};
 
 /// Authenticate; the new identity on success. Failed binds leave the
@@ -92,12 +91,14 @@ async fn check_simple(
     pw: Vec<u8>,
 ) -> OpResult<Option<Identity>> {
     let who = || Identity::authenticated(name.to_string(), norm.to_string(), Arc::default());
+    let mut checked_root = false;
     if !server.root_dn_norm.is_empty() && norm == server.root_dn_norm {
         let hash = server.root_pw_hash.read().ok().and_then(|h| h.clone());
         if let Some(hash) = hash {
-            if verify(pw.clone(), vec![hash.into_bytes()]).await {
+            if server.passwords.verify(pw.clone(), vec![hash.into_bytes()]).await {
                 return Ok(Some(who()));
             }
+            checked_root = true;
         }
         // A root DN with no password may still exist as an entry below.
     }
@@ -134,9 +135,13 @@ async fn check_simple(
             Lookup::Missing { .. } => Vec::new(),
         }
     };
-    // The same answer whether the entry is missing, has no password or the
-    // password is wrong: a bind must not reveal which DNs exist.
-    Ok((!stored.is_empty() && verify(pw, stored).await).then(who))
+    // The same answer, after the same work, whether the entry is missing,
+    // has no password or the password is wrong: a bind must not reveal
+    // which DNs exist (with nothing stored, a decoy hash is checked).
+    if stored.is_empty() && checked_root {
+        return Ok(None);
+    }
+    Ok(server.passwords.verify(pw, stored).await.then(who))
 }
 
 /// SASL EXTERNAL: the identity the transport established — the peer's Unix
@@ -246,36 +251,4 @@ fn find_unique(
 
 fn invalid() -> LdapError {
     LdapError::new(ResultCode::INVALID_CREDENTIALS, "")
-}
-
-/// Salted-digest schemes take microseconds; key-stretching ones (argon2,
-/// bcrypt, crypt, PBKDF2) take milliseconds by design.
-fn is_cheap(stored: &[u8]) -> bool {
-    const CHEAP: &[&str] = &[
-        "{SHA}",
-        "{SSHA}",
-        "{SHA256}",
-        "{SSHA256}",
-        "{SHA384}",
-        "{SSHA384}",
-        "{SHA512}",
-        "{SSHA512}",
-    ];
-    if stored.first() != Some(&b'{') {
-        return true; // clear text
-    }
-    CHEAP
-        .iter()
-        .any(|p| stored.len() >= p.len() && stored[..p.len()].eq_ignore_ascii_case(p.as_bytes()))
-}
-
-/// Verify on the calling thread when every stored value is cheap to check,
-/// otherwise on a blocking thread so slow hashes never stall the async ones.
-async fn verify(clear: Vec<u8>, stored: Vec<Vec<u8>>) -> bool {
-    if stored.iter().all(|s| is_cheap(s)) {
-        return stored.iter().any(|s| password::verify_password(&clear, s));
-    }
-    tokio::task::spawn_blocking(move || stored.iter().any(|s| password::verify_password(&clear, s)))
-        .await
-        .unwrap_or(false)
 }

@@ -21,7 +21,7 @@ use pando_store::{Candidates, EntryId, View};
 use roaring::RoaringTreemap;
 use tokio::sync::mpsc;
 
-use super::special::{self, SUBSCHEMA_DN, SUBSCHEMA_NORM};
+use super::special::{SUBSCHEMA_DN, SUBSCHEMA_NORM};
 use super::COMPUTED;
 use crate::acl::{self, Access, EntryRules};
 use crate::error::{LdapError, OpResult};
@@ -567,9 +567,9 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
             return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"));
         }
         let entry = if base.is_root() {
-            special::root_dse(server)
+            server.special.root_dse(server)
         } else {
-            special::subschema(server)
+            server.special.subschema(server)
         };
         let mut buf = Vec::new();
         let mut n = 0;

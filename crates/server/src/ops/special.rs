@@ -1,6 +1,8 @@
 //! The two entries that live outside the naming contexts: the root DSE
 //! (RFC 4512 5.1) and the subschema subentry (RFC 4512 4.2).
 
+use std::sync::{Arc, RwLock};
+
 use pando_model::{Attribute, Dn, Entry};
 use pando_proto::oid;
 
@@ -40,7 +42,43 @@ fn attr(desc: &str, values: impl IntoIterator<Item = impl Into<Vec<u8>>>) -> Att
     }
 }
 
-pub fn root_dse(server: &Server) -> Entry {
+/// The root DSE and the subschema entry, built once and shared by every
+/// search that reads them (the subschema is tens of kilobytes of text:
+/// rebuilding it per request let a client buy much server work with a
+/// small request). `invalidate` when the schema or the server's
+/// capabilities change.
+#[derive(Default)]
+pub struct SpecialEntries {
+    root_dse: RwLock<Option<Arc<Entry>>>,
+    subschema: RwLock<Option<Arc<Entry>>>,
+}
+
+impl SpecialEntries {
+    pub fn root_dse(&self, server: &Server) -> Arc<Entry> {
+        Self::cached(&self.root_dse, || build_root_dse(server))
+    }
+
+    pub fn subschema(&self, server: &Server) -> Arc<Entry> {
+        Self::cached(&self.subschema, || build_subschema(server))
+    }
+
+    pub fn invalidate(&self) {
+        for slot in [&self.root_dse, &self.subschema] {
+            *slot.write().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
+
+    fn cached(slot: &RwLock<Option<Arc<Entry>>>, build: impl FnOnce() -> Entry) -> Arc<Entry> {
+        if let Some(e) = slot.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            return e.clone();
+        }
+        let e = Arc::new(build());
+        *slot.write().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
+        e
+    }
+}
+
+fn build_root_dse(server: &Server) -> Entry {
     Entry {
         dn: Dn { rdns: Vec::new() },
         attrs: vec![
@@ -73,7 +111,7 @@ pub fn root_dse(server: &Server) -> Entry {
     }
 }
 
-pub fn subschema(server: &Server) -> Entry {
+fn build_subschema(server: &Server) -> Entry {
     let mut attrs = vec![
         attr(
             "objectClass",

@@ -37,26 +37,19 @@ fn base_of(desc: &str) -> &str {
     desc.split(';').next().unwrap_or(desc)
 }
 
-/// Hash clear-text userPassword values before they are stored, as
-/// Password Modify does: a directory never keeps a readable password.
-async fn hash_clear_passwords(values: Vec<Vec<u8>>) -> OpResult<Vec<Vec<u8>>> {
-    if values.iter().all(|v| password::is_hashed(v)) {
-        return Ok(values);
+/// Clear-text userPassword values among `values`. Each costs a slow hash,
+/// so an operation may carry at most `passwords.max_clear_values` of them:
+/// checked before anything is hashed or looked up.
+fn count_clear(server: &Server, clear: usize, values: &[Vec<u8>]) -> OpResult<usize> {
+    let clear = clear + values.iter().filter(|v| !password::is_hashed(v)).count();
+    let max = server.cfg.config.passwords.max_clear_values;
+    if clear > max {
+        return Err(LdapError::new(
+            ResultCode::CONSTRAINT_VIOLATION,
+            format!("userPassword: at most {max} clear-text values per operation"),
+        ));
     }
-    tokio::task::spawn_blocking(move || {
-        values
-            .into_iter()
-            .map(|v| {
-                if password::is_hashed(&v) {
-                    v
-                } else {
-                    password::hash_password(&v).into_bytes()
-                }
-            })
-            .collect()
-    })
-    .await
-    .map_err(|_| LdapError::new(ResultCode::OTHER, "password hashing failed"))
+    Ok(clear)
 }
 
 pub fn random_uuid() -> String {
@@ -160,17 +153,28 @@ pub async fn add(server: &Arc<Server>, who: &Identity, req: AddRequest) -> OpRes
         .normalize_dn(&dn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{dn}': {e}")))?;
     let mut entry = Entry::new(dn.clone());
+    let mut clear = 0;
     for a in req.attrs {
         if a.values.is_empty() {
             return Err(LdapError::protocol(format!("{}: no values given", a.name)));
         }
         reject_maintained(schema, &a.name)?;
-        let values = if is_password(&a.name) {
-            hash_clear_passwords(a.values).await?
-        } else {
-            a.values
-        };
-        entry.add_values(&a.name, values);
+        if is_password(&a.name) {
+            clear = count_clear(server, clear, &a.values)?;
+        }
+        entry.add_values(&a.name, a.values);
+    }
+    if clear > 0 {
+        // Access is settled before any hashing, so a refused client costs
+        // one lookup, not a hash per value. The writer checks again.
+        {
+            let rtxn = server.store.read()?;
+            let view = rtxn.view();
+            super::require(server, &view, who, &norm, &entry, &[(None, acl::ADD)])?;
+        }
+        for a in entry.attrs.iter_mut().filter(|a| is_password(&a.desc)) {
+            a.values = server.passwords.hash_all(std::mem::take(&mut a.values)).await?;
+        }
     }
     let server2 = server.clone();
     let who2 = who.clone();
@@ -439,9 +443,10 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
     let norm = schema
         .normalize_dn(&dn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
-    for ch in &mut req.changes {
+    let mut clear = 0;
+    for ch in &req.changes {
         reject_maintained(schema, &ch.attr.name)?;
-        // Each clear-text value costs an argon2 hash: users changing their
+        // Each clear-text value costs a slow hash: users changing their
         // own password get one value, not thousands.
         if is_password(&ch.attr.name) && !who.is_admin() && ch.attr.values.len() > 1 {
             return Err(LdapError::new(
@@ -450,7 +455,20 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
             ));
         }
         if is_password(&ch.attr.name) && matches!(ch.op, ModOp::Add | ModOp::Replace) {
-            ch.attr.values = hash_clear_passwords(std::mem::take(&mut ch.attr.values)).await?;
+            clear = count_clear(server, clear, &ch.attr.values)?;
+        }
+    }
+    if clear > 0 {
+        // Access and the modification's validity are settled on a snapshot
+        // before any hashing (worked out again below, on the hashed values).
+        prepare(server, who, &dn, &norm, &req.changes)?;
+        for ch in &mut req.changes {
+            if is_password(&ch.attr.name) && matches!(ch.op, ModOp::Add | ModOp::Replace) {
+                ch.attr.values = server
+                    .passwords
+                    .hash_all(std::mem::take(&mut ch.attr.values))
+                    .await?;
+            }
         }
     }
     // The modification is worked out on a snapshot, outside the writer:
@@ -462,32 +480,12 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
     // change), a bounded number of times.
     let changes = req.changes;
     for _ in 0..64 {
-        let (id, old_bytes, old_attrs, mut new) = {
-            let rtxn = server.store.read()?;
-            let view = rtxn.view();
-            let id = super::resolve_for(server, &view, who, &dn)?;
-            let old_bytes = view
-                .entry_bytes(id)?
-                .map(<[u8]>::to_vec)
-                .unwrap_or_default();
-            let old_attrs = view.decode_attrs(id, &old_bytes)?;
-            let old = Entry {
-                dn: dn.clone(),
-                attrs: old_attrs,
-            };
-            let mut checks = Vec::with_capacity(changes.len());
-            for ch in &changes {
-                let (_, at) = schema.canonical_desc(&ch.attr.name)?;
-                checks.push((Some(at), acl::WRITE));
-            }
-            super::require(server, &view, who, &norm, &old, &checks)?;
-            let mut new = old.clone();
-            apply_changes(schema, &mut new, &changes)?;
-            // Schema checks apply to user attributes; maintained ones ride along.
-            schema.check_entry(&mut new)?;
-            check_invariants(schema, &old, &new)?;
-            (id, old_bytes, old.attrs, new)
-        };
+        let Prepared {
+            id,
+            old_bytes,
+            old_attrs,
+            mut new,
+        } = prepare(server, who, &dn, &norm, &changes)?;
         let server2 = server.clone();
         let who2 = who.clone();
         // userPassword is audited as the values stored after the change.
@@ -528,6 +526,56 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
         ResultCode::BUSY,
         "the entry kept changing under this modification; try again",
     ))
+}
+
+/// A modification worked out on a read snapshot: the entry as read (its
+/// stored bytes and attributes) and as it will be.
+struct Prepared {
+    id: pando_store::EntryId,
+    old_bytes: Vec<u8>,
+    old_attrs: Vec<Attribute>,
+    new: Entry,
+}
+
+/// Read the entry, check write access to every changed attribute, apply
+/// the changes and check the schema, on a snapshot.
+fn prepare(
+    server: &Server,
+    who: &Identity,
+    dn: &Dn,
+    norm: &str,
+    changes: &[Change],
+) -> OpResult<Prepared> {
+    let schema = &server.schema;
+    let rtxn = server.store.read()?;
+    let view = rtxn.view();
+    let id = super::resolve_for(server, &view, who, dn)?;
+    let old_bytes = view
+        .entry_bytes(id)?
+        .map(<[u8]>::to_vec)
+        .unwrap_or_default();
+    let old_attrs = view.decode_attrs(id, &old_bytes)?;
+    let old = Entry {
+        dn: dn.clone(),
+        attrs: old_attrs,
+    };
+    let mut checks = Vec::with_capacity(changes.len());
+    for ch in changes {
+        let (_, at) = schema.canonical_desc(&ch.attr.name)?;
+        checks.push((Some(at), acl::WRITE));
+    }
+    super::require(server, &view, who, norm, &old, &checks)?;
+    let mut new = old.clone();
+    apply_changes(schema, &mut new, changes)?;
+    // Schema checks apply to user attributes; maintained ones ride along.
+    schema.check_entry(&mut new)?;
+    check_invariants(schema, &old, &new)?;
+    Ok(Prepared {
+        id,
+        old_bytes,
+        old_attrs: old.attrs,
+        new,
+    })
 }
 
 pub async fn modify_dn(server: &Arc<Server>, who: &Identity, req: ModifyDnRequest) -> OpResult<()> {
