@@ -56,9 +56,13 @@ HOSTILE_CONFIG = """
 max_concurrent_hashes = 2
 
 [limits]
+size_limit = 5
 write_timeout = 2
 min_write_rate = 4096
 max_search_threads = 4
+
+[limits.anonymous]
+idle_timeout = 2
 """
 
 
@@ -71,6 +75,87 @@ def srv(tmp_path_factory):
     s.start()
     yield s
     s.stop_and_verify()
+
+
+PAGED_OID = "1.2.840.113556.1.4.319"
+
+
+def paged_search(c, msgid, base, size, cookie=b""):
+    ctl = ber.control(PAGED_OID, True, ber.seq(ber.integer(size), ber.octets(cookie)))
+    c.send(ber.message(msgid, ber.search_op(base, filt=ber.f_eq("objectClass", "person"), attrs=("1.1",)),
+                       controls=[ctl]))
+    entries = []
+    while True:
+        m = c.recv_msg()
+        if m["op"] == "entry":
+            entries.append(m["dn"])
+        else:
+            return entries, m
+
+
+def paged_cookie(done):
+    """The cookie of a SearchResultDone's paged results control."""
+    ctls = done["controls"]
+    _, s, e = ber.read_tlv(ctls, 0)  # Control
+    parts = ber.children(ctls, s, e)
+    value = parts[-1][1]
+    _, s, e = ber.read_tlv(value, 0)
+    return ber.children(value, s, e)[1][1]
+
+
+def test_paging_counts_toward_the_size_limit(srv):
+    """Before: the non-admin size limit applied to each page, so paging read
+    the whole tree past it."""
+    dn = "uid=carol," + PEOPLE
+    rc, _, err = srv.ldap("ldappasswd", "-s", "carol-pw", dn)
+    assert rc == 0, err
+    got = []
+    with srv.raw() as c:
+        assert ber.simple_bind(c, dn, "carol-pw") == 0
+        cookie, done = b"", None
+        for i in range(20):
+            page, done = paged_search(c, 2 + i, PEOPLE, 2, cookie)
+            got += page
+            if done["code"] != 0:
+                break
+            cookie = paged_cookie(done)
+            if not cookie:
+                break
+        assert done["code"] == 4, done  # sizeLimitExceeded
+        assert len(got) == 5, got  # limits.size_limit = 5, over all pages
+        # A cookie the server did not make is refused, not trusted.
+        forged = b"\x00" * 8 + b"\x00" * 8 + b"\x00" * 8 + b"\x00" * 16
+        _, done = paged_search(c, 40, PEOPLE, 2, forged)
+        assert done["code"] == 2 and "cookie" in done["diag"], done
+    # Administrators keep paging through everything.
+    rc, entries, err = srv.search(PEOPLE, "(objectClass=person)", "1.1", "-E", "pr=2/noprompt")
+    assert rc == 0 and len(entries) >= 10, (rc, len(entries), err)
+
+
+def test_anonymous_connections_have_smaller_limits(srv):
+    """Before binding: messages above limits.anonymous.max_pdu_bytes (64 KiB)
+    end the connection, and an idle anonymous connection is closed after
+    limits.anonymous.idle_timeout."""
+    big = ber.message(1, ber.search_op("", scope=0, filt=ber.f_eq("description", "x" * 100000)))
+    with srv.raw() as c:
+        try:
+            c.send(big)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        msgs, eof = c.drain(timeout=5)
+        assert eof and msgs and msgs[-1].get("name") == ber.NOTICE_OF_DISCONNECTION, msgs
+    with srv.raw() as c:
+        assert ber.simple_bind(c, srv.admin_dn, srv.admin_pw) == 0
+        c.send(big)
+        m = c.recv_msg()
+        assert m["op"] == "searchDone", m  # a bound client may send it
+        time.sleep(3)  # past the anonymous idle timeout: a bound one stays
+        assert ber.simple_bind(c, srv.admin_dn, srv.admin_pw, msgid=3) == 0
+    with srv.raw() as c:
+        t0 = time.monotonic()
+        msgs, eof = c.drain(timeout=10)
+        assert eof and time.monotonic() - t0 < 5, msgs
+        assert msgs and "idle" in msgs[-1]["diag"], msgs
 
 
 def test_connection_cycles_give_memory_back(srv):

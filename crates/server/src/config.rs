@@ -569,10 +569,45 @@ pub struct Limits {
     /// How long a lockout lasts; failure counts are forgotten this long
     /// after the last failure.
     pub failed_bind_lockout_seconds: u64,
+    /// Smaller limits for connections that have not authenticated
+    /// (`[limits.anonymous]`).
+    pub anonymous: AnonymousLimits,
     /// Search limits for particular requesters (`[[limits.by]]`); the first
     /// whose `who` matches applies, fields it leaves out keep the general
     /// values (administrators: unlimited).
     pub by: Vec<LimitsFor>,
+}
+
+/// `[limits.anonymous]`: what a connection may do before it binds. Each
+/// applies on top of the general limit of the same name (the smaller one
+/// wins). The defaults leave room for everything anonymous clients legitimately do
+/// (bind, read the root DSE and schema, small lookups where access rules
+/// allow) and nothing that costs the server much.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AnonymousLimits {
+    /// Largest message accepted before a bind, in bytes.
+    pub max_pdu_bytes: usize,
+    /// Operations outstanding at once before a bind.
+    pub max_ops: usize,
+    /// Entries one anonymous search returns (0 = unlimited).
+    pub size_limit: u32,
+    /// Seconds one anonymous search may run (0 = unlimited).
+    pub time_limit: u32,
+    /// Close an anonymous connection idle this many seconds (0 = never).
+    pub idle_timeout: u64,
+}
+
+impl Default for AnonymousLimits {
+    fn default() -> Self {
+        AnonymousLimits {
+            max_pdu_bytes: 64 * 1024,
+            max_ops: 8,
+            size_limit: 100,
+            time_limit: 60,
+            idle_timeout: 300,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -600,12 +635,13 @@ impl Default for Limits {
             idle_timeout: 0,
             write_timeout: 60,
             min_write_rate: 1024,
-            max_connections_per_ip: 1024,
+            max_connections_per_ip: 256,
             failed_bind_free: 5,
             failed_bind_max_delay_ms: 4000,
             failed_bind_lockout: 50,
             failed_bind_lockout_ip: 500,
             failed_bind_lockout_seconds: 300,
+            anonymous: AnonymousLimits::default(),
             by: Vec::new(),
         }
     }
@@ -1087,6 +1123,13 @@ impl Config {
         }
         if l.max_ops_per_connection == 0 {
             return Err(err("limits.max_ops_per_connection", "must be at least 1"));
+        }
+        let a = &l.anonymous;
+        if a.max_pdu_bytes < 1024 {
+            return Err(err("limits.anonymous.max_pdu_bytes", "must be at least 1024"));
+        }
+        if a.max_ops == 0 {
+            return Err(err("limits.anonymous.max_ops", "must be at least 1"));
         }
         if self.store.map_size_mb != 0 && self.store.map_size_mb < 16 {
             return Err(err(

@@ -343,7 +343,7 @@ pub fn verify_password(clear: &[u8], stored: &[u8]) -> bool {
 
 /// Equality whose running time depends only on the lengths. Lengths compared
 /// here are digest sizes fixed by the scheme, so they reveal nothing.
-fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -102,8 +102,7 @@ impl Connection {
     where
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
-        let limits = &self.server.cfg.config.limits;
-        let idle = (limits.idle_timeout > 0).then(|| Duration::from_secs(limits.idle_timeout));
+        let idle = idle_for(&self.server, identity);
         let (tx, rx) = mpsc::channel::<Vec<u8>>(64);
         let mut wire = Wire::new(stream, rx, idle, self.server.clone());
         let ended = self.read_loop(&mut wire, &tx, identity, op_seq).await;
@@ -158,6 +157,7 @@ impl Connection {
         let limits = &self.server.cfg.config.limits;
         let max_ops = limits.max_ops_per_connection;
         let permits = Arc::new(Semaphore::new(max_ops));
+        let anon_permits = Arc::new(Semaphore::new(limits.anonymous.max_ops.min(max_ops)));
         let outstanding: Outstanding = Arc::new(Mutex::new(HashMap::new()));
         let mut write_chain: Option<oneshot::Receiver<()>> = None;
         let mut shutdown = self.shutdown.clone();
@@ -167,6 +167,7 @@ impl Connection {
             tx,
             write_chain: &mut write_chain,
             permits: &permits,
+            anon_permits: &anon_permits,
             outstanding: &outstanding,
             op_seq,
         };
@@ -177,7 +178,12 @@ impl Connection {
             let input = std::mem::take(&mut wire.input);
             let mut start = 0usize;
             loop {
-                match frame_length(&input[start..], limits.max_pdu_bytes) {
+                let max_pdu = if identity.is_anonymous() {
+                    limits.anonymous.max_pdu_bytes.min(limits.max_pdu_bytes)
+                } else {
+                    limits.max_pdu_bytes
+                };
+                match frame_length(&input[start..], max_pdu) {
                     Ok(Some(len)) => {
                         let frame = &input[start..start + len];
                         start += len;
@@ -421,9 +427,22 @@ impl Connection {
                 };
                 let code = result.code.0;
                 put(&mut wire.output, id, bind_response(result), Vec::new());
+                wire.set_idle(idle_for(&self.server, identity));
                 done_here(rec, Some(code), 0);
                 return Flow::Continue;
             }
+        };
+        // Before a bind, fewer operations may be outstanding.
+        let anon_permit = if identity.is_anonymous() {
+            match wire
+                .pump_while(ctx.anon_permits.clone().acquire_owned())
+                .await
+            {
+                Ok(p) => Some(p),
+                Err(_) => return Flow::Close("closing"),
+            }
+        } else {
+            None
         };
         // Everything else runs as its own task, bounded per connection.
         let Ok(permit) = wire.pump_while(ctx.permits.clone().acquire_owned()).await else {
@@ -496,6 +515,7 @@ impl Connection {
                 }
             }
             drop(permit);
+            drop(anon_permit);
         });
         Flow::Continue
     }
@@ -564,6 +584,17 @@ enum Flow {
     Close(&'static str),
     /// StartTLS accepted: stop reading in clear.
     StartTls,
+}
+
+/// The idle timeout for a connection bound as `who`: anonymous ones also
+/// get `limits.anonymous.idle_timeout` (the smaller one applies).
+fn idle_for(server: &Server, who: &Identity) -> Option<Duration> {
+    let l = &server.cfg.config.limits;
+    let secs = match (l.idle_timeout, l.anonymous.idle_timeout) {
+        (g, a) if who.is_anonymous() && a > 0 && (g == 0 || a < g) => a,
+        (g, _) => g,
+    };
+    (secs > 0).then(|| Duration::from_secs(secs))
 }
 
 fn is_update(op: &ProtocolOp) -> bool {
@@ -656,6 +687,8 @@ struct Ctx<'a> {
     write_chain: &'a mut Option<oneshot::Receiver<()>>,
     /// At most `max_ops_per_connection` operations at once.
     permits: &'a Arc<Semaphore>,
+    /// At most `limits.anonymous.max_ops` of them while anonymous.
+    anon_permits: &'a Arc<Semaphore>,
     outstanding: &'a Outstanding,
     /// Operation numbers of this connection (access and audit logs).
     op_seq: &'a mut u64,

@@ -113,6 +113,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
         }
     }
 
+    /// Change the idle timeout (it depends on who is bound); time already
+    /// spent idle counts toward the new limit.
+    pub fn set_idle(&mut self, limit: Option<Duration>) {
+        if self.idle.as_ref().map(|i| i.limit) == limit {
+            return;
+        }
+        let last_read = self.idle.as_ref().map_or_else(Instant::now, |i| i.last_read);
+        self.idle = limit.map(|limit| Idle {
+            limit,
+            last_read,
+            timer: Box::pin(tokio::time::sleep_until(last_read + limit)),
+        });
+    }
+
     /// Bytes encoded and not yet written.
     pub fn pending(&self) -> usize {
         self.output.len() - self.written

@@ -228,28 +228,64 @@ fn uses_dn_attributes(f: &Filter) -> bool {
 }
 
 /// Stateless paging cookie: resume after `last` having sent `sent` entries
-/// of the search whose parameters hash to `hash`.
+/// of the search whose parameters hash to `hash`. The client holds it, so
+/// it is sealed with a MAC under a key made at start: a forged `sent` would
+/// let a client page past the size limit (which counts across pages).
+///
+/// | offset | size | field |
+/// |---|---|---|
+/// | 0 | 8 | last entry ID sent (BE) |
+/// | 8 | 8 | entries sent so far (BE) |
+/// | 16 | 8 | request hash (BE) |
+/// | 24 | 16 | HMAC-SHA256 of bytes 0..24, cut to 16 bytes |
 struct Cookie {
     last: EntryId,
     sent: u64,
     hash: u64,
 }
 
+const COOKIE_BODY: usize = 24;
+const COOKIE_MAC: usize = 16;
+
+/// This process's cookie key: cookies do not outlive a restart (the client
+/// then starts its paged search again).
+fn cookie_mac(body: &[u8]) -> [u8; COOKIE_MAC] {
+    use hmac::{Hmac, Mac};
+    static KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+    let key = KEY.get_or_init(|| {
+        let mut k = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut k);
+        k
+    });
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(key).expect("any key length");
+    mac.update(body);
+    let full = mac.finalize().into_bytes();
+    let mut out = [0u8; COOKIE_MAC];
+    out.copy_from_slice(&full[..COOKIE_MAC]);
+    out
+}
+
 impl Cookie {
     fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(24);
+        let mut v = Vec::with_capacity(COOKIE_BODY + COOKIE_MAC);
         v.extend_from_slice(&self.last.to_be_bytes());
         v.extend_from_slice(&self.sent.to_be_bytes());
         v.extend_from_slice(&self.hash.to_be_bytes());
+        let mac = cookie_mac(&v);
+        v.extend_from_slice(&mac);
         v
     }
 
     fn decode(b: &[u8]) -> Option<Cookie> {
-        if b.len() != 24 {
+        if b.len() != COOKIE_BODY + COOKIE_MAC {
+            return None;
+        }
+        let (body, mac) = b.split_at(COOKIE_BODY);
+        if !crate::password::ct_eq(&cookie_mac(body), mac) {
             return None;
         }
         let n = |i: usize| {
-            b.get(i..i + 8)
+            body.get(i..i + 8)
                 .and_then(|s| <[u8; 8]>::try_from(s).ok())
                 .map(u64::from_be_bytes)
         };
@@ -627,8 +663,8 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
         (0, s) | (s, 0) => Some(Duration::from_secs(s.into())),
         (c, s) => Some(Duration::from_secs(c.min(s).into())),
     };
-    // Size limit: the client's and the requester's; with paging the
-    // requester's limit caps each page instead (the client's still caps the total).
+    // Size limit: the smaller of the client's and the requester's, over
+    // the whole search (every page of a paged one).
     let server_size = limits.size;
     // Searching needs search access to the base entry; without it the base
     // is reported missing, so its existence is not revealed.
@@ -681,14 +717,10 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
             (after, sent, Some(size))
         }
     };
-    let total_limit: Option<u64> = match (
-        req.size_limit as u64,
-        if job.paged.is_some() {
-            0
-        } else {
-            server_size as u64
-        },
-    ) {
+    // The requester's size limit counts entries across all pages of a
+    // paged search, as slapd's default (size.prtotal = the hard limit):
+    // otherwise paging would read the whole tree past it.
+    let total_limit: Option<u64> = match (req.size_limit as u64, server_size as u64) {
         (0, 0) => None,
         (0, s) | (s, 0) => Some(s),
         (c, s) => Some(c.min(s)),
@@ -962,6 +994,14 @@ fn types_in_filter<'s>(schema: &'s Schema, filter: &Filter, out: &mut Vec<&'s At
     });
 }
 
+/// The stricter of two limits where 0 means unlimited.
+fn smaller_limit(a: u32, b: u32) -> u32 {
+    match (a, b) {
+        (0, x) | (x, 0) => x,
+        (a, b) => a.min(b),
+    }
+}
+
 /// Search limits for one requester (0 = unlimited; unindexed: most
 /// entries an unindexed search may examine).
 struct Limits {
@@ -980,6 +1020,12 @@ impl Limits {
                 size: 0,
                 time: 0,
                 unindexed: u64::MAX,
+            }
+        } else if who.is_anonymous() {
+            Limits {
+                size: smaller_limit(l.size_limit, l.anonymous.size_limit),
+                time: smaller_limit(l.time_limit, l.anonymous.time_limit),
+                unindexed: l.unindexed_search_limit,
             }
         } else {
             Limits {
