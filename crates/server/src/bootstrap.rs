@@ -131,20 +131,23 @@ fn suffix_entry(schema: &Schema, dn: &Dn) -> Result<Entry, String> {
     Ok(e)
 }
 
-/// Stamp the operational attributes of an entry the server creates itself.
-fn stamp(entry: &mut Entry, creator: &str, csn: &CsnClock) {
+/// Stamp the operational attributes of an entry the server creates itself;
+/// returns its entryCSN.
+fn stamp(entry: &mut Entry, creator: &str, csn: &CsnClock) -> String {
     let now = generalized_time(now_micros());
+    let entry_csn = csn.next();
     for (d, v) in [
         ("creatorsName", creator.to_string()),
         ("modifiersName", creator.to_string()),
         ("createTimestamp", now.clone()),
         ("modifyTimestamp", now),
-        ("entryCSN", csn.next()),
+        ("entryCSN", entry_csn.clone()),
         ("entryUUID", crate::ops::write::random_uuid()),
     ] {
         entry.remove(d);
         entry.add_values(d, vec![v.into_bytes()]);
     }
+    entry_csn
 }
 
 /// Add `entry` (schema-checked) unless it exists; true when added.
@@ -161,7 +164,7 @@ fn add_if_missing(
         .map_err(|v| BootstrapError::Entry(format!("{}: {}", entry.dn, v.message)))?;
     entry.remove("structuralObjectClass");
     entry.add_values("structuralObjectClass", vec![structural.into_bytes()]);
-    stamp(&mut entry, creator, csn);
+    let entry_csn = stamp(&mut entry, creator, csn);
     store.write_blocking(move |w| -> Result<bool, BootstrapError> {
         let view = w.view();
         let rdns = view
@@ -190,6 +193,8 @@ fn add_if_missing(
             }
         };
         w.add(&place, &entry.attrs)?;
+        // Recorded like any write's CSN, so the next start resumes after it.
+        w.meta_put(crate::backup::META_CONTEXT_CSN, entry_csn.as_bytes())?;
         Ok(true)
     })
 }

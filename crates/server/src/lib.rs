@@ -134,13 +134,15 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     if cfg.config.store.warm_start {
         datadir::warm_in_background(store_dir(&data_dir).join("data.mdb"));
     }
-    let csn = CsnClock::new(0);
+    // One clock for the whole run, bootstrap included, resumed after the
+    // newest CSN the store records so CSNs never go back across restarts.
+    let csn = clock::clock_for_store(&store, 0);
     let root_dn_text = cfg
         .root_dn
         .as_ref()
         .map(|d| d.to_string())
         .unwrap_or_default();
-    let (root_pw, created, demo_added) = {
+    let (root_pw, created, demo_added, csn) = {
         let store = store.clone();
         let data_dir = data_dir.clone();
         let configured = cfg.config.root_password_hash.clone();
@@ -149,7 +151,6 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         let demo = opts.demo;
         let root_dn_set = cfg.root_dn.is_some();
         tokio::task::spawn_blocking(move || -> Result<_, BoxError> {
-            let csn = CsnClock::new(0);
             // No root DN, no root password: administration goes through
             // ldapi (SASL EXTERNAL) or identities given the admin role.
             let pw = if root_dn_set {
@@ -174,7 +175,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
             } else {
                 Some(0)
             };
-            Ok((pw, created, demo_added))
+            Ok((pw, created, demo_added, csn))
         })
         .await??
     };

@@ -521,7 +521,8 @@ pub fn import(
     let shared = Shared {
         store,
         schema: store.schema().clone(),
-        csn: CsnClock::new(0),
+        // Entries without an entryCSN get one after the store's newest.
+        csn: crate::clock::clock_for_store(store, 0),
         opts,
         suffixes,
         dict: OnceLock::new(),
