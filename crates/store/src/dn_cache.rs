@@ -117,10 +117,14 @@ thread_local! {
 /// Run `f` on this thread's cache for `snap`: emptied first when it holds
 /// another store's or another generation's DNs. None (nothing cached) when
 /// this transaction may not use it.
+///
+/// The cache is borrowed while `f` runs; callers pass closures that only
+/// touch the cache (and format strings), never the store. Should a use
+/// nest all the same, the nested one sees no cache rather than panicking.
 fn with<R>(snap: Option<Snapshot>, f: impl FnOnce(&mut Cache) -> R) -> Option<R> {
     let snap = snap?;
     CACHE.with(|c| {
-        let mut c = c.borrow_mut();
+        let mut c = c.try_borrow_mut().ok()?;
         if c.snapshot != Some(snap) {
             // An older transaction must not evict a newer generation's DNs.
             if c.snapshot

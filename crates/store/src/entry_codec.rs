@@ -87,9 +87,14 @@ pub struct Codec {
     current: RwLock<Option<Arc<Dict>>>,
 }
 
+// Each cell is borrowed only for one zstd call, or (BODY) emptied while in
+// use, so a decode nested inside another on one thread never finds a cell
+// borrowed.
 thread_local! {
     static CCTX: RefCell<CCtx<'static>> = RefCell::new(frame_cctx());
     static DCTX: RefCell<DCtx<'static>> = RefCell::new(DCtx::create());
+    /// Decompressed bodies, reused; empty while a decode on this thread
+    /// holds it (see `Codec::with_body`).
     static BODY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -251,8 +256,9 @@ impl Codec {
                 if len > MAX_BODY {
                     return Err(corrupt("implausible body length"));
                 }
-                // The dictionaries' lock is held (shared) while decompressing:
-                // only a new dictionary takes it exclusively.
+                // The dictionaries' lock is held (shared) only while
+                // decompressing, not while `f` runs: a nested decode taking
+                // it again could wait behind an `add_dict` waiting for us.
                 let dicts = self.dicts.read().unwrap_or_else(|e| e.into_inner());
                 let dict = match dict_id {
                     0 => None,
@@ -262,32 +268,44 @@ impl Codec {
                         ))
                     })?),
                 };
-                // One body buffer per thread, reused.
-                BODY.with(|body| {
-                    let mut body = body.borrow_mut();
-                    body.clear();
-                    body.reserve(len as usize);
-                    let res = DCTX.with(|c| {
-                        let mut c = c.borrow_mut();
-                        match dict {
-                            Some(d) => c.decompress_using_ddict(&mut *body, r.buf, &d.ddict),
-                            None => c.decompress(&mut *body, r.buf),
+                // The body buffer is taken out of its cell while `f` runs,
+                // so that `f` may decode another entry on this thread (the
+                // raw search path runs access checks that read groups): the
+                // nested decode finds the cell empty and uses a fresh buffer.
+                // Taking and putting back move a pointer; the common case
+                // reuses one buffer and allocates nothing.
+                let mut body = BODY.with(RefCell::take);
+                body.clear();
+                body.reserve(len as usize);
+                // Borrowed only for the zstd call, which runs no Pando code,
+                // so this borrow cannot nest.
+                let res = DCTX.with(|c| {
+                    let mut c = c.borrow_mut();
+                    match dict {
+                        Some(d) => c.decompress_using_ddict(&mut body, r.buf, &d.ddict),
+                        None => c.decompress(&mut body, r.buf),
+                    }
+                });
+                drop(dicts);
+                let out = match res {
+                    Ok(n) if n as u64 == len => f(&body),
+                    Ok(_) => Err(corrupt("decompressed length differs from the stored one")),
+                    Err(code) => Err(corrupt(&format!(
+                        "zstd: {}",
+                        zstd_safe::get_error_name(code)
+                    ))),
+                };
+                // Put back unless huge (a huge entry's buffer is not kept);
+                // after nested decodes, the larger of the buffers stays.
+                if body.capacity() <= 1 << 20 {
+                    BODY.with(|cell| {
+                        let mut kept = cell.borrow_mut();
+                        if body.capacity() >= kept.capacity() {
+                            *kept = body;
                         }
                     });
-                    let out = match res {
-                        Ok(n) if n as u64 == len => f(&body),
-                        Ok(_) => Err(corrupt("decompressed length differs from the stored one")),
-                        Err(code) => Err(corrupt(&format!(
-                            "zstd: {}",
-                            zstd_safe::get_error_name(code)
-                        ))),
-                    };
-                    // A huge entry's buffer is not kept.
-                    if body.capacity() > 1 << 20 {
-                        *body = Vec::new();
-                    }
-                    out
-                })
+                }
+                out
             }
             f => Err(corrupt(&format!("unknown entry format {f}"))),
         }

@@ -713,3 +713,58 @@ fn bulk_load_appends_entries_and_builds_indexes_by_merge() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Regression: the raw search path held the thread's decompression buffer
+/// while its callback ran access checks, and a check that decoded another
+/// compressed entry on the same thread (a group read for a group subject)
+/// borrowed the buffer again and panicked ("already borrowed").
+#[test]
+fn an_entry_decoded_while_a_raw_entry_is_borrowed_reads_correctly() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    // Long enough to be stored compressed (short bodies stay plain).
+    let big = |cn: &str| {
+        let mut a = person(cn, "1");
+        a.push(Attribute {
+            desc: "description".into(),
+            values: vec![format!("{cn} ").repeat(100).into_bytes()],
+        });
+        a
+    };
+    let outer = add(&store, "cn=outer,ou=People,dc=example,dc=com", big("outer"));
+    let inner = add(&store, "cn=inner,ou=People,dc=example,dc=com", big("inner"));
+    let r = store.read().unwrap();
+    let view = r.view();
+    for id in [outer, inner] {
+        let b = view.entry_bytes(id).unwrap().unwrap();
+        assert_eq!(
+            b[0],
+            entry_codec::ENTRY_FORMAT_ZSTD,
+            "entry {id} compressed"
+        );
+    }
+    let collect = |raw: entry_codec::RawAttrs<'_>| -> Vec<Attribute> {
+        raw.map(|(d, vs)| Attribute {
+            desc: d.to_string(),
+            values: vs.map(<[u8]>::to_vec).collect(),
+        })
+        .collect()
+    };
+    let (outer_seen, inner_seen, inner_raw) = view
+        .with_raw_attrs(outer, |raw| {
+            // Decoded while `raw` borrows the outer body, nested twice.
+            let inner_attrs = view.attrs(inner).unwrap().unwrap();
+            let inner_entry = view.entry(inner).unwrap().unwrap();
+            assert_eq!(inner_entry.attrs, inner_attrs);
+            let inner_raw = view.with_raw_attrs(inner, collect).unwrap().unwrap();
+            (collect(raw), inner_attrs, inner_raw)
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(outer_seen, big("outer"));
+    assert_eq!(inner_seen, big("inner"));
+    assert_eq!(inner_raw, big("inner"));
+    // And the thread's buffer still works afterwards.
+    assert_eq!(view.attrs(outer).unwrap().unwrap(), big("outer"));
+}
