@@ -509,6 +509,8 @@ pub struct Access<'a> {
     member_of: HashMap<usize, bool>,
     /// IDs of every group the requester belongs to, directly or nested.
     groups_of_requester: Option<RoaringTreemap>,
+    /// [`Access::reads_every_entry`], settled on first use.
+    reads_every_entry: Option<bool>,
 }
 
 /// The rules that cover one entry (indices), found once per entry.
@@ -535,7 +537,62 @@ impl<'a> Access<'a> {
             settled,
             member_of: HashMap::new(),
             groups_of_requester: None,
+            reads_every_entry: None,
         }
+    }
+
+    /// Do the rules pass content to callers that decide per entry (a
+    /// filter)? If not, [`Access::entry`] may be given no attributes.
+    pub fn reads_entries(&self) -> bool {
+        self.acl.reads_entries()
+    }
+
+    /// Is the requester sure to have read access to every entry itself,
+    /// whatever its DN and content? Then counts of visible entries need no
+    /// per-entry check. Conservative: false whenever it depends on the entry.
+    ///
+    /// For an entry-level check the first rule covering the entry decides,
+    /// and in it the first clause that holds. So it is sure when every rule
+    /// that may cover entries, up to one that covers all of them without a
+    /// filter, grants read whichever of its clauses holds for the
+    /// requester: clauses that cannot hold are skipped, clauses that depend
+    /// on the entry (self, groups) must grant read too, and one must
+    /// surely hold.
+    pub fn reads_every_entry(&mut self) -> bool {
+        if self.bypass {
+            return true;
+        }
+        if let Some(r) = self.reads_every_entry {
+            return r;
+        }
+        let mut answer = false;
+        for r in &self.acl.rules {
+            if r.attrs.as_ref().is_some_and(|sel| !sel.entry) {
+                continue;
+            }
+            let mut grants = false;
+            for (j, b) in r.by.iter().enumerate() {
+                let reads = b.rights & READ == READ;
+                match self.settled[r.first_by + j] {
+                    Settled::No => continue,
+                    Settled::Depends if reads => continue,
+                    Settled::Depends => break,
+                    Settled::Yes => {
+                        grants = reads;
+                        break;
+                    }
+                }
+            }
+            if !grants {
+                break;
+            }
+            if matches!(r.target, Target::All) && r.filter.is_none() {
+                answer = true;
+                break;
+            }
+        }
+        self.reads_every_entry = Some(answer);
+        answer
     }
 
     /// Does this requester bypass every rule (break-glass)?
@@ -898,6 +955,47 @@ by = [{ who = ["users", "tls"], rights = "read" }, { who = "ip:10.0.0.0/8", righ
         .with_roles(false, true);
         let a = Access::new(&acl, &glass);
         assert!(a.unrestricted());
+    }
+
+    #[test]
+    fn reads_every_entry_only_when_no_rule_can_refuse() {
+        let schema = Schema::standard();
+        let acl = Acl::from_config(&[], &schema).unwrap();
+        let me = who("uid=a,dc=example,dc=com", Session::default());
+        let admin = me.clone().with_roles(true, false);
+        // Defaults: the userPassword rule does not cover entries.
+        assert!(Access::new(&acl, &me).reads_every_entry());
+        assert!(Access::new(&acl, &admin).reads_every_entry());
+        assert!(!Access::new(&acl, &Identity::anonymous(Arc::default())).reads_every_entry());
+        let acl = Acl::compile(
+            &rules(
+                r#"
+[[access]]
+dn = "ou=vault,dc=example,dc=com"
+scope = "children"
+by = [{ who = "admins", rights = "all" }, { who = "self", rights = "read" }]
+[[access]]
+by = [{ who = "admins", rights = "all" }, { who = "users", rights = "read" }]
+"#,
+            ),
+            &schema,
+        )
+        .unwrap();
+        assert!(Access::new(&acl, &admin).reads_every_entry());
+        // Self holds only on the user's own entry: the vault can refuse.
+        assert!(!Access::new(&acl, &me).reads_every_entry());
+        let filtered = Acl::compile(
+            &rules(
+                r#"
+[[access]]
+filter = "(objectClass=person)"
+by = [{ who = "users", rights = "read" }]
+"#,
+            ),
+            &schema,
+        )
+        .unwrap();
+        assert!(!Access::new(&filtered, &me).reads_every_entry());
     }
 
     #[test]

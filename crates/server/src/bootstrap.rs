@@ -151,7 +151,7 @@ fn stamp(entry: &mut Entry, creator: &str, csn: &CsnClock) -> String {
 }
 
 /// Add `entry` (schema-checked) unless it exists; true when added.
-fn add_if_missing(
+pub(crate) fn add_if_missing(
     store: &Store,
     mut entry: Entry,
     creator: &str,

@@ -1082,6 +1082,21 @@ impl<'t> View<'t> {
         Ok(out)
     }
 
+    /// The first `max` children of `id` (in dn2id order, by RDN), for
+    /// callers that must bound their work on a large parent.
+    pub fn children_up_to(&self, id: EntryId, max: usize) -> Result<Vec<EntryId>, StoreError> {
+        let mut out = Vec::new();
+        for item in self
+            .inner
+            .dn2id
+            .prefix_iter(self.txn, &id_bytes(id))?
+            .take(max)
+        {
+            out.push(id_from(item?.1)?);
+        }
+        Ok(out)
+    }
+
     pub fn has_children(&self, id: EntryId) -> Result<bool, StoreError> {
         Ok(self
             .inner

@@ -214,3 +214,52 @@ pub fn stored_entry(view: &View<'_>, id: EntryId) -> OpResult<Entry> {
 pub fn norm_dn_of(view: &View<'_>, id: EntryId) -> OpResult<String> {
     Ok(view.dn_pair(id)?.1)
 }
+
+/// A server over a fresh store for the operations' unit tests.
+#[cfg(test)]
+pub(crate) mod test_server {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use pando_model::{Dn, Entry, Schema};
+
+    use crate::state::{Identity, Server};
+
+    /// The server for `dir` with the configuration `extra` (TOML after
+    /// `data_dir`), its suffix dc=example,dc=com created.
+    pub fn server(dir: &Path, extra: &str) -> Arc<Server> {
+        let schema = Arc::new(Schema::standard());
+        let toml = format!("data_dir = {:?}\n{extra}", dir.display().to_string());
+        let cfg = crate::config::Config::from_toml(&toml, Path::new("t.toml"))
+            .unwrap()
+            .validate(&schema)
+            .unwrap();
+        let store = pando_store::Store::open(
+            &crate::store_dir(dir),
+            schema.clone(),
+            &crate::store_options(&cfg),
+        )
+        .unwrap();
+        let csn = crate::clock::clock_for_store(&store, 0);
+        crate::bootstrap::ensure_suffixes(&store, &cfg.suffixes, "cn=admin", &csn).unwrap();
+        Arc::new(crate::build_server(cfg, schema, store, csn, None, None).unwrap())
+    }
+
+    /// Add an entry (schema-checked and stamped) whose parent exists.
+    pub fn add(server: &Server, dn: &str, attrs: &[(&str, &str)]) {
+        let mut e = Entry::new(Dn::parse(dn).unwrap());
+        for (a, v) in attrs {
+            e.add_values(a, vec![v.as_bytes().to_vec()]);
+        }
+        let added =
+            crate::bootstrap::add_if_missing(&server.store, e, "cn=admin", &server.csn, false)
+                .unwrap();
+        assert!(added, "{dn} exists");
+    }
+
+    /// An authenticated requester (`admin`: with the administrator role).
+    pub fn user(server: &Server, dn: &str, admin: bool) -> Identity {
+        let norm = server.schema.normalize_dn(&Dn::parse(dn).unwrap()).unwrap();
+        Identity::authenticated(dn.into(), norm, Arc::default()).with_roles(admin, false)
+    }
+}

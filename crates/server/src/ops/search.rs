@@ -392,7 +392,10 @@ impl Emitter<'_> {
                 if !readable {
                     continue;
                 }
-                let value = computed_value(view, id, dn, name)?;
+                let access = guard.as_mut().map(|g| &mut *g.access);
+                let Some(value) = computed_value(self.schema, view, access, id, dn, name)? else {
+                    continue;
+                };
                 if self.types_only {
                     enc.attr_names_only(name.as_bytes());
                 } else {
@@ -405,8 +408,33 @@ impl Emitter<'_> {
     }
 }
 
-fn computed_value(view: &View<'_>, id: EntryId, dn: &str, name: &str) -> OpResult<String> {
-    Ok(match name {
+/// The value of computed attribute `name` of entry `id`; None when it is
+/// not given (a restricted count too costly to make). `access`: the
+/// requester's, None when unrestricted.
+fn computed_value(
+    schema: &Schema,
+    view: &View<'_>,
+    access: Option<&mut Access<'_>>,
+    id: EntryId,
+    dn: &str,
+    name: &str,
+) -> OpResult<Option<String>> {
+    let counts = matches!(name, "hasSubordinates" | "numSubordinates");
+    // Children the requester may not see are not counted (they would
+    // reveal entries a search does not return), unless it sees them all.
+    if let (true, Some(access)) = (counts, access) {
+        if !access.reads_every_entry() {
+            let first_only = name == "hasSubordinates";
+            let seen =
+                visible_children(schema, view, access, id, first_only, MAX_CHILDREN_CHECKED)?;
+            return Ok(seen.map(|n| match (first_only, n > 0) {
+                (true, true) => "TRUE".to_string(),
+                (true, false) => "FALSE".to_string(),
+                (false, _) => n.to_string(),
+            }));
+        }
+    }
+    Ok(Some(match name {
         "entryDN" => dn.to_string(),
         "subschemaSubentry" => SUBSCHEMA_DN.to_string(),
         "hasSubordinates" => if view.has_children(id)? {
@@ -416,7 +444,50 @@ fn computed_value(view: &View<'_>, id: EntryId, dn: &str, name: &str) -> OpResul
         }
         .to_string(),
         _ => view.count_children(id)?.to_string(),
-    })
+    }))
+}
+
+/// Most children of one entry checked one by one for a restricted
+/// requester's hasSubordinates or numSubordinates. Each check may decode
+/// the child (rules with filters), and a `+` search asks for every entry
+/// it returns, so the work is capped per entry.
+const MAX_CHILDREN_CHECKED: usize = 1000;
+
+/// How many children of `id` the requester may see (read access to the
+/// entry itself, as a search decides what it returns), counting up to the
+/// first when `first_only`. None when that is not known after checking
+/// `max` children: the attribute is then left out, which reveals nothing,
+/// rather than given as a guess (a bound presented as a count).
+fn visible_children(
+    schema: &Schema,
+    view: &View<'_>,
+    access: &mut Access<'_>,
+    id: EntryId,
+    first_only: bool,
+    max: usize,
+) -> OpResult<Option<u64>> {
+    let kids = view.children_up_to(id, max.saturating_add(1))?;
+    let mut rules = EntryRules::default();
+    let mut seen = 0u64;
+    for &kid in kids.iter().take(max) {
+        let (_, norm) = view.dn_pair(kid)?;
+        let entry = Entry {
+            dn: Dn { rdns: Vec::new() },
+            attrs: if access.reads_entries() {
+                view.attrs(kid)?.unwrap_or_default()
+            } else {
+                Vec::new()
+            },
+        };
+        access.entry_into(schema, &norm, &entry, &mut rules);
+        if access.allows(Some(view), &rules, &norm, None, acl::READ) {
+            seen += 1;
+            if first_only {
+                return Ok(Some(seen));
+            }
+        }
+    }
+    Ok((kids.len() <= max).then_some(seen))
 }
 
 /// Searches with at most this many candidates run on the async thread that
@@ -838,11 +909,14 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
         };
         let mut entry = Entry { dn: parsed, attrs };
         for name in &needed_computed {
-            let v = computed_value(&view, id, &dn, name)?;
-            entry.attrs.push(pando_model::Attribute {
-                desc: name.to_string(),
-                values: vec![v.into_bytes()],
-            });
+            let restricted = (!access.unrestricted()).then_some(&mut access);
+            // Left out (so tests of it are Undefined) when not given.
+            if let Some(v) = computed_value(schema, &view, restricted, id, &dn, name)? {
+                entry.attrs.push(pando_model::Attribute {
+                    desc: name.to_string(),
+                    values: vec![v.into_bytes()],
+                });
+            }
         }
         // An exact filter is one equality the index answered: it holds
         // unless its attribute is masked (Undefined). With `no_decode` or
@@ -1080,4 +1154,211 @@ fn scope_candidates(
         set.remove(base);
     }
     Ok((set, None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::test_server::{add, server, user};
+    use pando_proto::DerefAliases;
+
+    /// Entries a search returns: DN and (attribute, values as text).
+    type Found = Vec<(String, Vec<(String, Vec<String>)>)>;
+
+    fn search_as(
+        server: &Arc<Server>,
+        who: &Identity,
+        base: &str,
+        scope: Scope,
+        filter: &str,
+        attrs: &[&str],
+    ) -> Found {
+        let (tx, mut rx) = mpsc::channel(1024);
+        let job = SearchJob {
+            server: server.clone(),
+            who: who.clone(),
+            msg_id: 1,
+            req: SearchRequest {
+                base: base.into(),
+                scope,
+                deref: DerefAliases::Never,
+                size_limit: 0,
+                time_limit: 0,
+                types_only: false,
+                filter: Filter::parse(filter).unwrap(),
+                attrs: attrs.iter().map(|a| a.to_string()).collect(),
+            },
+            paged: None,
+            abandoned: Arc::new(AtomicBool::new(false)),
+            out: tx,
+        };
+        let outcome = run(job).unwrap();
+        assert_eq!(
+            outcome.result.code,
+            ResultCode::SUCCESS,
+            "{:?}",
+            outcome.result
+        );
+        let mut bytes = Vec::new();
+        while let Ok(chunk) = rx.try_recv() {
+            bytes.extend(chunk);
+        }
+        let mut found = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let len = pando_proto::frame_length(&bytes[at..], usize::MAX)
+                .unwrap()
+                .unwrap();
+            let msg = LdapMessage::decode(&bytes[at..at + len], &Default::default()).unwrap();
+            at += len;
+            let ProtocolOp::SearchResultEntry(e) = msg.op else {
+                panic!("not an entry: {:?}", msg.op);
+            };
+            let attrs = e
+                .attrs
+                .into_iter()
+                .map(|a| {
+                    let v = a.values.iter().map(|v| String::from_utf8_lossy(v).into());
+                    (a.name, v.collect())
+                })
+                .collect();
+            found.push((e.dn, attrs));
+        }
+        found
+    }
+
+    /// The values of `name` in the one entry found (None: absent).
+    fn value_of(found: &Found, name: &str) -> Option<String> {
+        assert_eq!(found.len(), 1, "{found:?}");
+        found[0]
+            .1
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.join(","))
+    }
+
+    /// ou is indexed so that an ou= filter is exact (see `raw`).
+    const HIDING_RULES: &str = r#"
+[indexes]
+ou = ["eq"]
+[[access]]
+dn = "cn=secret,ou=people,dc=example,dc=com"
+by = [{ who = "admins", rights = "all" }]
+[[access]]
+dn = "ou=vault,dc=example,dc=com"
+scope = "children"
+by = [{ who = "admins", rights = "all" }]
+[[access]]
+by = [{ who = "admins", rights = "all" }, { who = "users", rights = "read" }]
+"#;
+
+    fn hiding_tree(server: &Server) {
+        for ou in ["People", "Vault"] {
+            add(
+                server,
+                &format!("ou={ou},dc=example,dc=com"),
+                &[("objectClass", "organizationalUnit"), ("ou", ou)],
+            );
+        }
+        for (cn, parent) in [
+            ("alice", "People"),
+            ("bob", "People"),
+            ("secret", "People"),
+            ("gold", "Vault"),
+        ] {
+            add(
+                server,
+                &format!("cn={cn},ou={parent},dc=example,dc=com"),
+                &[("objectClass", "person"), ("cn", cn), ("sn", cn)],
+            );
+        }
+    }
+
+    #[test]
+    fn subordinate_counts_leave_out_children_the_requester_cannot_see() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path(), HIDING_RULES);
+        hiding_tree(&server);
+        let counts = &["numSubordinates", "hasSubordinates"];
+        let alice = user(&server, "cn=alice,ou=People,dc=example,dc=com", false);
+        let admin = user(&server, "cn=admin,dc=example,dc=com", true);
+        let people = "ou=People,dc=example,dc=com";
+        let vault = "ou=Vault,dc=example,dc=com";
+        let base = |who: &Identity, dn: &str| {
+            let f = search_as(&server, who, dn, Scope::Base, "(objectClass=*)", counts);
+            (
+                value_of(&f, "numSubordinates"),
+                value_of(&f, "hasSubordinates"),
+            )
+        };
+        let some = |n: &str, has: &str| (Some(n.to_string()), Some(has.to_string()));
+        // cn=secret is hidden from alice, and all of ou=Vault's children.
+        assert_eq!(base(&alice, people), some("2", "TRUE"));
+        assert_eq!(base(&alice, vault), some("0", "FALSE"));
+        assert_eq!(base(&admin, people), some("3", "TRUE"));
+        assert_eq!(base(&admin, vault), some("1", "TRUE"));
+        // The same in a filter: ou=Vault has no subordinates for alice.
+        let with_children = |who: &Identity| {
+            let f = search_as(
+                &server,
+                who,
+                "dc=example,dc=com",
+                Scope::One,
+                "(hasSubordinates=TRUE)",
+                &["1.1"],
+            );
+            let mut dns: Vec<String> = f.into_iter().map(|(dn, _)| dn).collect();
+            dns.sort();
+            dns
+        };
+        assert_eq!(with_children(&alice), [people]);
+        assert_eq!(with_children(&admin), [people, vault]);
+        // Through the path that sends entries undecoded (an exact filter,
+        // no rule with a filter) as well.
+        for (dn, ou, want) in [
+            (people, "People", some("2", "TRUE")),
+            (vault, "Vault", some("0", "FALSE")),
+        ] {
+            let f = search_as(
+                &server,
+                &alice,
+                "dc=example,dc=com",
+                Scope::Sub,
+                &format!("(ou={ou})"),
+                &["ou", "numSubordinates", "hasSubordinates"],
+            );
+            assert_eq!(f[0].0, dn);
+            let got = (
+                value_of(&f, "numSubordinates"),
+                value_of(&f, "hasSubordinates"),
+            );
+            assert_eq!(got, want, "{dn}");
+        }
+    }
+
+    #[test]
+    fn restricted_subordinate_counts_stop_at_the_cap_and_say_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path(), HIDING_RULES);
+        hiding_tree(&server);
+        let alice = user(&server, "cn=alice,ou=People,dc=example,dc=com", false);
+        let mut access = Access::new(&server.acl, &alice);
+        assert!(!access.reads_every_entry());
+        let rtxn = server.store.read().unwrap();
+        let view = rtxn.view();
+        let id = |dn: &str| super::super::resolve(&view, &Dn::parse(dn).unwrap()).unwrap();
+        let people = id("ou=People,dc=example,dc=com");
+        let vault = id("ou=Vault,dc=example,dc=com");
+        let schema = &*server.schema;
+        let mut seen = |id, first_only, max| {
+            visible_children(schema, &view, &mut access, id, first_only, max).unwrap()
+        };
+        // People: alice, bob (visible), secret (hidden).
+        assert_eq!(seen(people, false, 3), Some(2));
+        assert_eq!(seen(people, false, 2), None, "more children than checked");
+        assert_eq!(seen(people, true, 1), Some(1), "stops at the first");
+        assert_eq!(seen(people, true, 0), None);
+        assert_eq!(seen(vault, true, 1), Some(0));
+        assert_eq!(seen(vault, false, 0), None);
+    }
 }
