@@ -156,6 +156,20 @@ async fn passwd_modify(
                 desc: "userPassword".into(),
                 values: vec![hashed.into_bytes()],
             });
+            // The checks a modify replacing userPassword passes: the entry's
+            // object classes must allow it (else objectClassViolation).
+            let schema = &server3.schema;
+            let old_entry = pando_model::Entry {
+                dn: target.clone(),
+                attrs: old_attrs.clone(),
+            };
+            let mut new_entry = pando_model::Entry {
+                dn: target.clone(),
+                attrs: new,
+            };
+            schema.check_entry(&mut new_entry)?;
+            super::write::check_invariants(schema, &old_entry, &new_entry)?;
+            let mut new = new_entry.attrs;
             let now = crate::clock::generalized_time(crate::clock::now_micros());
             let csn = server3.csn.next();
             for (desc, v) in [
@@ -238,4 +252,75 @@ async fn online_backup(
         name: Some(super::special::BACKUP_EXOP.to_string()),
         value: Some(text.into_bytes()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::test_server::{add, server, user};
+
+    fn set_password(user_dn: &str, new: &str) -> ExtendedRequest {
+        ExtendedRequest {
+            name: oid::PASSWD_MODIFY.into(),
+            value: Some(
+                PasswdModifyRequest {
+                    user_identity: Some(user_dn.as_bytes().to_vec()),
+                    old_password: None,
+                    new_password: Some(new.as_bytes().to_vec()),
+                }
+                .encode(),
+            ),
+        }
+    }
+
+    fn stored(server: &Server, dn: &str) -> Vec<Attribute> {
+        let rtxn = server.store.read().unwrap();
+        let view = rtxn.view();
+        let id = super::super::resolve(&view, &super::super::parse_dn(dn).unwrap()).unwrap();
+        view.attrs(id).unwrap().unwrap()
+    }
+
+    /// As a modify replacing userPassword would be, Password Modify is
+    /// refused where the entry's object classes do not allow the attribute
+    /// (slapd answers the same), and nothing is written.
+    #[test]
+    fn password_modify_is_schema_checked_like_a_modify() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path(), "");
+        let device = "cn=printer,dc=example,dc=com";
+        let person = "cn=alice,dc=example,dc=com";
+        add(
+            &server,
+            device,
+            &[("objectClass", "device"), ("cn", "printer")],
+        );
+        add(
+            &server,
+            person,
+            &[("objectClass", "person"), ("cn", "alice"), ("sn", "a")],
+        );
+        let admin = user(&server, "cn=admin,dc=example,dc=com", true);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let before = stored(&server, device);
+        let err = rt
+            .block_on(extended(&server, &admin, set_password(device, "s3cret")))
+            .expect_err("device does not allow userPassword");
+        assert_eq!(
+            err.code,
+            ResultCode::OBJECT_CLASS_VIOLATION,
+            "{}",
+            err.message
+        );
+        assert_eq!(stored(&server, device), before, "nothing written");
+        // An entry that allows it takes the new password.
+        let r = rt
+            .block_on(extended(&server, &admin, set_password(person, "s3cret")))
+            .unwrap();
+        assert_eq!(r.result.code, ResultCode::SUCCESS);
+        let pw = super::super::password_values(&stored(&server, person));
+        assert!(pw.len() == 1 && password::verify_password(b"s3cret", &pw[0]));
+    }
 }

@@ -408,7 +408,7 @@ fn has_value(
 }
 
 /// The structural object class may not change, and RDN values must stay.
-fn check_invariants(schema: &Schema, old: &Entry, new: &Entry) -> OpResult<()> {
+pub(super) fn check_invariants(schema: &Schema, old: &Entry, new: &Entry) -> OpResult<()> {
     let soc = |e: &Entry| {
         e.get("structuralObjectClass")
             .and_then(|a| a.values.first().cloned())
