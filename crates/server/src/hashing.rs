@@ -90,6 +90,19 @@ impl PasswordWork {
             .ok_or_else(|| LdapError::new(ResultCode::OTHER, "password hashing failed"))
     }
 
+    /// `clear` hashed under the policy, whatever it looks like (Password
+    /// Modify's new password is always clear text).
+    pub async fn hash_one(&self, clear: Vec<u8>) -> OpResult<Vec<u8>> {
+        let policy = self.policy;
+        let hash = move || policy.hash(&clear).into_bytes();
+        if !policy.is_slow() {
+            return Ok(hash());
+        }
+        self.slow(hash)
+            .await
+            .ok_or_else(|| LdapError::new(ResultCode::OTHER, "password hashing failed"))
+    }
+
     /// Whether `clear` matches one of `stored`. With nothing stored, the
     /// decoy is checked instead (and the answer is no), at the same cost.
     pub async fn verify(&self, clear: Vec<u8>, stored: Vec<Vec<u8>>) -> bool {

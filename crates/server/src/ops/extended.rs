@@ -82,6 +82,16 @@ async fn passwd_modify(
                 let entry = super::stored_entry(&view, id)?;
                 let pw = server.schema.attribute("userPassword");
                 super::require(server, &view, who, &norm, &entry, &[(pw, acl::WRITE)])?;
+                // So is the schema: an entry whose classes do not allow a
+                // password is refused before a hash is spent on it (the
+                // writer checks again on the entry as it then is).
+                let mut with_pw = entry;
+                with_pw.attrs.retain(|a| !super::is_password(&a.desc));
+                with_pw.attrs.push(Attribute {
+                    desc: "userPassword".into(),
+                    values: vec![b"{SSHA}placeholder".to_vec()],
+                });
+                server.schema.check_entry(&mut with_pw)?;
             }
             Err(e) if e.code == ResultCode::NO_SUCH_OBJECT && norm == server.root_dn_norm => {
                 return Err(LdapError::unwilling(
@@ -97,40 +107,31 @@ async fn passwd_modify(
         Some(_) => return Err(LdapError::unwilling("the new password is empty")),
         None => password::generate_password().into_bytes(),
     };
-    let hashed = {
-        let clear = new_clear.clone();
-        tokio::task::spawn_blocking(move || password::hash_password(&clear))
-            .await
-            .map_err(|_| LdapError::new(ResultCode::OTHER, "password hashing failed"))?
-    };
-    // Check the old password (if given) against what is stored, off the async threads.
-    let old = req.old_password;
-    let server2 = server.clone();
-    let target2 = target.clone();
-    // The values checked are remembered: the write below only goes ahead if
-    // they are still the stored ones, so a concurrent change cannot slip in
-    // between the check and the write.
-    let checked = tokio::task::spawn_blocking(move || -> OpResult<Option<Vec<Vec<u8>>>> {
-        let Some(old) = old else { return Ok(None) };
-        let rtxn = server2.store.read()?;
-        let view = rtxn.view();
-        let id = super::resolve(&view, &target2)?;
-        let stored = super::password_values(&view.attrs(id)?.unwrap_or_default());
-        if stored.iter().any(|v| password::verify_password(&old, v)) {
-            Ok(Some(stored))
-        } else {
-            Ok(Some(Vec::new()))
+    // Check the old password (if given) against what is stored; like every
+    // slow hash, through the server's bounded queue. The values checked
+    // are remembered: the write below only goes ahead if they are still
+    // the stored ones, so a concurrent change cannot slip in between the
+    // check and the write.
+    let checked = match req.old_password {
+        None => None,
+        Some(old) => {
+            let stored = {
+                let rtxn = server.store.read()?;
+                let view = rtxn.view();
+                let id = super::resolve(&view, &target)?;
+                super::password_values(&view.attrs(id)?.unwrap_or_default())
+            };
+            if !server.passwords.verify(old, stored.clone()).await {
+                return Err(LdapError::new(
+                    ResultCode::INVALID_CREDENTIALS,
+                    "the old password is wrong",
+                ));
+            }
+            Some(stored)
         }
-    })
-    .await
-    .map_err(|_| LdapError::new(ResultCode::OTHER, "password check failed"))??;
-    let stored_ok = checked.as_ref().is_none_or(|v| !v.is_empty());
-    if !stored_ok {
-        return Err(LdapError::new(
-            ResultCode::INVALID_CREDENTIALS,
-            "the old password is wrong",
-        ));
-    }
+    };
+    let hashed = String::from_utf8(server.passwords.hash_one(new_clear.clone()).await?)
+        .map_err(|_| LdapError::new(ResultCode::OTHER, "password hashing failed"))?;
     let audited = crate::observe::auditing(server)
         .then(|| (target.to_string(), vec![hashed.clone().into_bytes()]));
     let server3 = server.clone();
