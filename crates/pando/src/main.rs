@@ -27,8 +27,9 @@ enum Command {
     /// Run the directory server (zero configuration: serves dc=example,dc=com
     /// on ldap://127.0.0.1:3389 with data in ./pando-data).
     Serve(ServeArgs),
-    /// Hash a password for `root_password_hash` (reads it from standard input).
-    Passwd,
+    /// Hash a password for `root_password_hash` (reads it from standard
+    /// input), with the `[passwords]` scheme of the configuration if given.
+    Passwd(PasswdArgs),
     /// Check that the store's databases agree with each other (server stopped or running).
     Verify(VerifyArgs),
     /// Copy the store to a new directory with a manifest, while the server runs or not.
@@ -172,6 +173,13 @@ struct StoreArgs {
 }
 
 #[derive(clap::Args)]
+struct PasswdArgs {
+    /// TOML configuration file whose `[passwords]` scheme to use (default: argon2id).
+    #[arg(long, short = 'c')]
+    config: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
 struct ServeArgs {
     #[command(flatten)]
     store: StoreArgs,
@@ -221,7 +229,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Passwd => passwd(),
+        Command::Passwd(a) => passwd(a),
         Command::Verify(args) => verify(args),
         Command::Backup(args) => backup(args),
         Command::Restore(args) => restore(args),
@@ -287,7 +295,15 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn passwd() -> Result<ExitCode, String> {
+fn passwd(args: PasswdArgs) -> Result<ExitCode, String> {
+    let policy = match &args.config {
+        Some(p) => Config::load(p)
+            .map_err(|e| e.to_string())?
+            .passwords
+            .policy()
+            .map_err(|e| e.to_string())?,
+        None => pando_server::password::HashPolicy::default(),
+    };
     let mut line = String::new();
     std::io::stdin()
         .read_line(&mut line)
@@ -296,10 +312,7 @@ fn passwd() -> Result<ExitCode, String> {
     if clear.is_empty() {
         return Err("no password on standard input".into());
     }
-    println!(
-        "{}",
-        pando_server::password::hash_password(clear.as_bytes())
-    );
+    println!("{}", policy.hash(clear.as_bytes()));
     Ok(ExitCode::SUCCESS)
 }
 
