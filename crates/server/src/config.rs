@@ -1126,7 +1126,10 @@ impl Config {
         }
         let a = &l.anonymous;
         if a.max_pdu_bytes < 1024 {
-            return Err(err("limits.anonymous.max_pdu_bytes", "must be at least 1024"));
+            return Err(err(
+                "limits.anonymous.max_pdu_bytes",
+                "must be at least 1024",
+            ));
         }
         if a.max_ops == 0 {
             return Err(err("limits.anonymous.max_ops", "must be at least 1"));

@@ -51,7 +51,9 @@ impl PasswordWork {
         PasswordWork {
             policy,
             slots: Arc::new(Semaphore::new(n)),
-            decoy: policy.hash(password::generate_password().as_bytes()).into_bytes(),
+            decoy: policy
+                .hash(password::generate_password().as_bytes())
+                .into_bytes(),
             stats: Arc::new(WorkStats::default()),
         }
     }

@@ -161,7 +161,9 @@ impl HashPolicy {
     /// request carries), the value is stored as `{SSHA512}`, never in clear.
     pub fn hash(&self, clear: &[u8]) -> String {
         match self {
-            HashPolicy::Argon2(p) => hash_password_with(clear, p).unwrap_or_else(|_| ssha512(clear)),
+            HashPolicy::Argon2(p) => {
+                hash_password_with(clear, p).unwrap_or_else(|_| ssha512(clear))
+            }
             HashPolicy::Pbkdf2Sha512 { iterations } => pbkdf2_sha512(clear, *iterations),
             HashPolicy::Ssha512 => ssha512(clear),
         }
@@ -188,7 +190,11 @@ fn pbkdf2_sha512(clear: &[u8], iterations: u32) -> String {
             .encode(b)
             .replace('+', ".")
     };
-    format!("{{PBKDF2-SHA512}}{iterations}${}${}", ab64(&salt), ab64(&dk))
+    format!(
+        "{{PBKDF2-SHA512}}{iterations}${}${}",
+        ab64(&salt),
+        ab64(&dk)
+    )
 }
 
 fn ssha512(clear: &[u8]) -> String {

@@ -119,7 +119,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
         if self.idle.as_ref().map(|i| i.limit) == limit {
             return;
         }
-        let last_read = self.idle.as_ref().map_or_else(Instant::now, |i| i.last_read);
+        let last_read = self
+            .idle
+            .as_ref()
+            .map_or_else(Instant::now, |i| i.last_read);
         self.idle = limit.map(|limit| Idle {
             limit,
             last_read,
@@ -319,22 +322,9 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// A server over an empty store in `dir` (only its metrics are used).
+    /// A server over a store in `dir` (only its metrics and limits are used).
     fn server(dir: &std::path::Path) -> Arc<Server> {
-        let schema = Arc::new(pando_model::Schema::standard());
-        let toml = format!("data_dir = {:?}\n", dir.display().to_string());
-        let cfg = crate::config::Config::from_toml(&toml, std::path::Path::new("t.toml"))
-            .unwrap()
-            .validate(&schema)
-            .unwrap();
-        let store = pando_store::Store::open(
-            &crate::store_dir(dir),
-            schema.clone(),
-            &crate::store_options(&cfg),
-        )
-        .unwrap();
-        let csn = crate::clock::CsnClock::new(0);
-        Arc::new(crate::build_server(cfg, schema, store, csn, None, None).unwrap())
+        crate::ops::test_server::bare(dir, "")
     }
 
     #[tokio::test(start_paused = true)]
@@ -382,7 +372,10 @@ mod tests {
         let started = tokio::time::Instant::now();
         assert_eq!(wire.turn(never.as_mut()).await, Event::WriteFailed);
         let took = started.elapsed();
-        assert!(took >= WRITE_STALL && took < WRITE_STALL + Duration::from_secs(2), "{took:?}");
+        assert!(
+            took >= WRITE_STALL && took < WRITE_STALL + Duration::from_secs(2),
+            "{took:?}"
+        );
         drop(wire);
         reader.await.unwrap();
     }

@@ -95,7 +95,11 @@ async fn check_simple(
     if !server.root_dn_norm.is_empty() && norm == server.root_dn_norm {
         let hash = server.root_pw_hash.read().ok().and_then(|h| h.clone());
         if let Some(hash) = hash {
-            if server.passwords.verify(pw.clone(), vec![hash.into_bytes()]).await {
+            if server
+                .passwords
+                .verify(pw.clone(), vec![hash.into_bytes()])
+                .await
+            {
                 return Ok(Some(who()));
             }
             checked_root = true;

@@ -226,8 +226,23 @@ pub(crate) mod test_server {
     use crate::state::{Identity, Server};
 
     /// The server for `dir` with the configuration `extra` (TOML after
-    /// `data_dir`), its suffix dc=example,dc=com created.
+    /// `data_dir`), its suffix dc=example,dc=com created. Not from inside
+    /// an async runtime (the suffix is written with a blocking call): use
+    /// [`bare`] there.
     pub fn server(dir: &Path, extra: &str) -> Arc<Server> {
+        let server = bare(dir, extra);
+        crate::bootstrap::ensure_suffixes(
+            &server.store,
+            &server.cfg.suffixes,
+            "cn=admin",
+            &server.csn,
+        )
+        .unwrap();
+        server
+    }
+
+    /// The server for `dir` over an empty store.
+    pub fn bare(dir: &Path, extra: &str) -> Arc<Server> {
         let schema = Arc::new(Schema::standard());
         let toml = format!("data_dir = {:?}\n{extra}", dir.display().to_string());
         let cfg = crate::config::Config::from_toml(&toml, Path::new("t.toml"))
@@ -241,7 +256,6 @@ pub(crate) mod test_server {
         )
         .unwrap();
         let csn = crate::clock::clock_for_store(&store, 0);
-        crate::bootstrap::ensure_suffixes(&store, &cfg.suffixes, "cn=admin", &csn).unwrap();
         Arc::new(crate::build_server(cfg, schema, store, csn, None, None).unwrap())
     }
 

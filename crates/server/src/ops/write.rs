@@ -173,7 +173,10 @@ pub async fn add(server: &Arc<Server>, who: &Identity, req: AddRequest) -> OpRes
             super::require(server, &view, who, &norm, &entry, &[(None, acl::ADD)])?;
         }
         for a in entry.attrs.iter_mut().filter(|a| is_password(&a.desc)) {
-            a.values = server.passwords.hash_all(std::mem::take(&mut a.values)).await?;
+            a.values = server
+                .passwords
+                .hash_all(std::mem::take(&mut a.values))
+                .await?;
         }
     }
     let server2 = server.clone();
