@@ -297,16 +297,50 @@ def test_pipelined_subschema_requests_do_not_grow_memory(srv):
     assert grown < 16 * 1024, "RSS grew by %d KiB for 4 connections not reading" % grown
 
 
-def test_slow_reader_is_dropped_and_its_search_thread_released(srv):
-    """Before: a client taking a few bytes a minute reset the 60 s stall
-    timer forever, keeping its search's thread and LMDB read transaction."""
-    big = "x" * 2000
+N_BIG = 1500
+
+
+@pytest.fixture(scope="module")
+def big_search(srv):
+    """1,500 entries of ~3 KB: a search returning them all is ~4.5 MB, more
+    than the connection's response queue, output buffer and socket hold."""
+    big = "x" * 3000
     entries = [("uid=slow%d,%s" % (i, PEOPLE), person_attrs("slow%d" % i, i, {"description": [big]}))
-               for i in range(1500)]
+               for i in range(N_BIG)]
     srv.bulk_add(entries)
+    return ber.search_op(PEOPLE, filt=ber.f_eq("objectClass", "person"))
+
+
+def test_a_search_waiting_on_its_client_lets_go_of_its_read_transaction(srv, big_search):
+    """Before: a search blocked on a client that was not reading held its
+    LMDB read transaction as long as the client kept the connection (a
+    long-lived reader stops LMDB from reusing pages; the file grows)."""
     with srv.raw(timeout=30, rcvbuf=4096) as c:
         assert ber.simple_bind(c, srv.admin_dn, srv.admin_pw) == 0
-        c.send(ber.message(2, ber.search_op(PEOPLE, filt=ber.f_eq("objectClass", "person"))))
+        c.send(ber.message(2, big_search))
+        time.sleep(1.4)  # not reading, within one write window (2 s)
+        m = metrics(srv)
+        assert m["pando_search_threads_busy"] == 1, m["pando_search_threads_busy"]
+        assert m["pando_store_oldest_reader_seconds"] < 0.9, m["pando_store_oldest_reader_seconds"]
+        # Then it reads, and gets every entry once, in one search.
+        dns, done = set(), None
+        while done is None:
+            msg = c.recv_msg(timeout=30)
+            if msg["op"] == "entry":
+                assert msg["dn"] not in dns, "sent twice: " + msg["dn"]
+                dns.add(msg["dn"])
+            else:
+                done = msg
+        assert done["op"] == "searchDone" and done["code"] == 0, done
+        assert len(dns) == N_BIG + 10, len(dns)  # and the ten demo people
+
+
+def test_slow_reader_is_dropped_and_its_search_thread_released(srv, big_search):
+    """Before: a client taking a few bytes a minute reset the 60 s stall
+    timer forever, keeping its search's thread and LMDB read transaction."""
+    with srv.raw(timeout=30, rcvbuf=4096) as c:
+        assert ber.simple_bind(c, srv.admin_dn, srv.admin_pw) == 0
+        c.send(ber.message(2, big_search))
         t0 = time.monotonic()
         busy_seen = 0
         dropped = False

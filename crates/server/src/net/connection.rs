@@ -40,6 +40,9 @@ use crate::state::{Identity, Server, Session};
 /// Controls recognised on any operation (others, if critical, are refused).
 const KNOWN_CONTROLS: &[&str] = &[oid::MANAGE_DSA_IT];
 
+/// Messages from operations on other tasks queued for the connection.
+const RESPONSE_QUEUE: usize = 16;
+
 /// Input buffer capacity kept between requests; more is given back.
 const INPUT_KEEP: usize = 64 * 1024;
 
@@ -103,7 +106,10 @@ impl Connection {
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let idle = idle_for(&self.server, identity);
-        let (tx, rx) = mpsc::channel::<Vec<u8>>(64);
+        // Responses from other tasks waiting for the connection: at most
+        // this many messages (a search's are chunks of ~32 KiB), so what
+        // one connection can have queued stays well under a megabyte.
+        let (tx, rx) = mpsc::channel::<Vec<u8>>(RESPONSE_QUEUE);
         let mut wire = Wire::new(stream, rx, idle, self.server.clone());
         let ended = self.read_loop(&mut wire, &tx, identity, op_seq).await;
         drop(tx);

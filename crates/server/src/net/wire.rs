@@ -226,17 +226,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
     fn poll_output(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
         loop {
             let mut took = false;
+            // The channel was polled until it had nothing (so its waker is
+            // registered): without that, output written in full while the
+            // channel was full would leave nothing to wake this task when
+            // senders wait on the channel and the client sends nothing.
+            let mut drained = false;
             while self.pending() < OUTPUT_HIGH {
                 match self.rx.poll_recv(cx) {
                     Poll::Ready(Some(b)) => {
                         self.output.extend_from_slice(&b);
                         took = true;
                     }
-                    _ => break,
+                    _ => {
+                        drained = true;
+                        break;
+                    }
                 }
             }
             match self.poll_write_pending(cx) {
-                Poll::Ready(Ok(())) if took => continue,
+                Poll::Ready(Ok(())) if took || !drained => continue,
                 other => return other,
             }
         }
@@ -395,6 +403,37 @@ mod tests {
         assert!(!wire.is_broken());
         drop(wire);
         reader.await.unwrap();
+    }
+
+    /// Regression: output above the high-water mark, written in full in
+    /// one go, with the channel full of more: the channel must still be
+    /// emptied although the client sends nothing (it stalled forever).
+    #[tokio::test(start_paused = true)]
+    async fn a_full_channel_is_drained_after_output_above_the_mark_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut client, side) = tokio::io::duplex(1 << 20);
+        let (tx, rx) = mpsc::channel(2);
+        let mut wire = Wire::new(side, rx, None, server(dir.path()));
+        wire.output.extend_from_slice(&[1u8; OUTPUT_HIGH + 1]);
+        let total = OUTPUT_HIGH + 1 + 8 * 1024;
+        let sender = tokio::spawn(async move {
+            for _ in 0..8 {
+                tx.send(vec![2u8; 1024]).await.unwrap();
+            }
+        });
+        // The wire on a task of its own, as in the server: only its own
+        // wakers can make it run again.
+        let serving = tokio::spawn(async move {
+            let never = std::future::pending::<()>();
+            tokio::pin!(never);
+            wire.turn(never.as_mut()).await
+        });
+        let mut got = vec![0u8; total];
+        let read = tokio::time::timeout(Duration::from_secs(30), client.read_exact(&mut got)).await;
+        assert!(read.is_ok(), "stalled: the channel was never emptied");
+        assert_eq!(got.iter().filter(|b| **b == 2).count(), 8 * 1024);
+        sender.await.unwrap();
+        serving.abort();
     }
 
     #[tokio::test(start_paused = true)]

@@ -505,7 +505,27 @@ enum Step {
     Done(Option<SearchOutcome>),
     /// Too many candidates to run inline; nothing was sent.
     TooBig,
+    /// The client is not taking entries: the search let go of its read
+    /// transaction and resumes (`run`) once `chunk` is delivered.
+    Paused { chunk: Vec<u8>, resume: Resume },
 }
+
+/// Where a paused search carries on: after entry `after`, with `sent`
+/// entries already sent (in this page, for a paged search), its time limit
+/// counted from `started`.
+#[derive(Clone, Copy)]
+struct Resume {
+    after: EntryId,
+    sent: u64,
+    started: Instant,
+}
+
+/// How long a search on its own thread waits for a client that is not
+/// taking its entries while still holding its read transaction. Past this
+/// it lets go (a long-lived reader stops LMDB from reusing pages, and the
+/// file grows), waits without one, and resumes on a fresh snapshot after
+/// the last entry sent, like the next page of a paged search.
+const HOLD_FOR_SLOW_CLIENT: Duration = Duration::from_millis(500);
 
 fn outcome(paged: bool, r: OpResult<Step>) -> Step {
     match r {
@@ -526,12 +546,22 @@ fn outcome(paged: bool, r: OpResult<Step>) -> Step {
 /// Run a search to completion on the current (blocking) thread.
 pub fn run(job: SearchJob) -> Option<SearchOutcome> {
     let out = job.out.clone();
-    match outcome(
-        job.paged.is_some(),
-        search(&job, &mut Out::Channel(&out), None),
-    ) {
-        Step::Done(o) => o,
-        Step::TooBig => None,
+    let mut resume = None;
+    loop {
+        let step = search(&job, &mut Out::Channel(&out), None, resume);
+        match outcome(job.paged.is_some(), step) {
+            Step::Done(o) => return o,
+            Step::TooBig => return None,
+            Step::Paused { chunk, resume: r } => {
+                // No read transaction is open here. The wait is bounded by
+                // the connection: a client below limits.min_write_rate is
+                // dropped, and then the send fails.
+                if out.blocking_send(chunk).is_err() || job.abandoned.load(Ordering::Relaxed) {
+                    return None;
+                }
+                resume = Some(r);
+            }
+        }
     }
 }
 
@@ -545,7 +575,7 @@ pub fn run(job: SearchJob) -> Option<SearchOutcome> {
 pub fn run_inline(job: SearchJob, out: &mut Vec<u8>) -> Result<Option<(u32, u64)>, SearchJob> {
     let step = outcome(
         job.paged.is_some(),
-        search(&job, &mut Out::Buffer(out), Some(INLINE_CANDIDATES)),
+        search(&job, &mut Out::Buffer(out), Some(INLINE_CANDIDATES), None),
     );
     match step {
         Step::Done(Some(o)) => {
@@ -558,8 +588,10 @@ pub fn run_inline(job: SearchJob, out: &mut Vec<u8>) -> Result<Option<(u32, u64)
             .encode(out);
             Ok(Some(answered))
         }
-        // Abandoned: nothing more is said.
-        Step::Done(None) => Ok(None),
+        // Abandoned: nothing more is said. (Only a channel pauses, so a
+        // search into a buffer is never Paused; were it, its entries so
+        // far are in `out` and the rest is lost: answered as abandoned.)
+        Step::Done(None) | Step::Paused { .. } => Ok(None),
         Step::TooBig => Err(job),
     }
 }
@@ -645,11 +677,16 @@ fn paged_control(size: i32, cookie: Vec<u8>) -> Control {
     }
 }
 
-fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResult<Step> {
+fn search(
+    job: &SearchJob,
+    out: &mut Out<'_>,
+    inline_max: Option<u64>,
+    resume: Option<Resume>,
+) -> OpResult<Step> {
     let server = &job.server;
     let schema = &*server.schema;
     let req = &job.req;
-    let started = Instant::now();
+    let started = resume.map_or_else(Instant::now, |r| r.started);
     let cached = server.base_cache.get(schema, &req.base)?;
     let (base, base_norm_rdns) = (&cached.0, &cached.1);
     let sel = Selection::new(schema, &req.attrs);
@@ -853,8 +890,11 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
         Out::Buffer(_) => 2048,
         Out::Channel(_) => CHUNK + 4096,
     });
-    let mut sent_now = 0u64;
-    let mut last_id = None;
+    // A resumed run counts what earlier runs of this request sent, and
+    // starts after the last of it.
+    let mut sent_now = resume.map_or(0, |r| r.sent);
+    let mut last_id = resume.map(|r| r.after);
+    let resume_after = last_id.or(resume_after);
     let iter = scope_ids
         .iter()
         .filter(|id| resume_after.is_none_or(|a| *id > a));
@@ -1024,7 +1064,14 @@ fn search(job: &SearchJob, out: &mut Out<'_>, inline_max: Option<u64>) -> OpResu
         sent_now += 1;
         last_id = Some(id);
         if buf.len() >= CHUNK {
-            flush(out, &mut buf)?;
+            if let Some(chunk) = send_or_hold(out, &mut buf)? {
+                let resume = Resume {
+                    after: id,
+                    sent: sent_now,
+                    started,
+                };
+                return Ok(Step::Paused { chunk, resume });
+            }
         }
     }
     flush(out, &mut buf)?;
@@ -1054,6 +1101,34 @@ fn flush(out: &mut Out<'_>, buf: &mut Vec<u8>) -> OpResult<()> {
             tx.blocking_send(chunk)
                 .map_err(|_| LdapError::new(ResultCode::OTHER, "connection closed"))
         }
+    }
+}
+
+/// Send a full buffer on; Some(chunk) when the client has not made room
+/// for it within [`HOLD_FOR_SLOW_CLIENT`] (the caller then lets go of its
+/// read transaction before waiting longer).
+fn send_or_hold(out: &mut Out<'_>, buf: &mut Vec<u8>) -> OpResult<Option<Vec<u8>>> {
+    let closed = || LdapError::new(ResultCode::OTHER, "connection closed");
+    let Out::Channel(tx) = out else {
+        return flush(out, buf).map(|()| None);
+    };
+    let chunk = std::mem::replace(buf, Vec::with_capacity(CHUNK + 4096));
+    let chunk = match tx.try_send(chunk) {
+        Ok(()) => return Ok(None),
+        Err(mpsc::error::TrySendError::Closed(_)) => return Err(closed()),
+        Err(mpsc::error::TrySendError::Full(chunk)) => chunk,
+    };
+    // On a blocking-pool thread: the runtime's handle is there to wait on.
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return tx.blocking_send(chunk).map(|()| None).map_err(|_| closed());
+    };
+    match rt.block_on(tokio::time::timeout(HOLD_FOR_SLOW_CLIENT, tx.reserve())) {
+        Ok(Ok(permit)) => {
+            permit.send(chunk);
+            Ok(None)
+        }
+        Ok(Err(_)) => Err(closed()),
+        Err(_) => Ok(Some(chunk)),
     }
 }
 
