@@ -79,6 +79,10 @@ pub struct BenchArgs {
     /// Attribute the modify workload replaces.
     #[arg(long, default_value = "description")]
     pub modify_attr: String,
+    /// The add workload's entries carry `userPassword: PW`, in clear text as
+    /// a provisioning tool sends it (the server may hash it).
+    #[arg(long)]
+    pub add_password: Option<String>,
     /// Concurrent clients (connections; auth and bind use a second one each).
     #[arg(long, short = 'c', default_value_t = 16)]
     pub connections: usize,
@@ -615,7 +619,13 @@ impl Plan {
             }))
         };
         check_no_markers("--password", &a.password)?;
+        if let Some(pw) = &a.add_password {
+            check_no_markers("--add-password", pw)?;
+        }
         check_no_markers("--modify-attr", &a.modify_attr)?;
+        if let Some(pw) = &a.add_password {
+            check_no_markers("--add-password", pw)?;
+        }
         let user_password = a.password.as_bytes().to_vec();
         let dn_default = if writes_once {
             format!("uid=bench.%d,{}", a.base.replace('%', "%%"))
@@ -684,18 +694,22 @@ impl Plan {
                     a.base
                 )
             })?;
+            let mut attrs = vec![
+                pa(
+                    "objectClass",
+                    &["top", "person", "organizationalPerson", "inetOrgPerson"],
+                ),
+                pa("uid", &[uid]),
+                pa("cn", &[&format!("Bench {KEY}")]),
+                pa("sn", &["Bench"]),
+            ];
+            if let Some(pw) = &a.add_password {
+                attrs.push(pa("userPassword", &[pw]));
+            }
             requests.add = Some(MessageTemplate::compile(ProtocolOp::AddRequest(
                 AddRequest {
                     dn: dn.marked().to_string(),
-                    attrs: vec![
-                        pa(
-                            "objectClass",
-                            &["top", "person", "organizationalPerson", "inetOrgPerson"],
-                        ),
-                        pa("uid", &[uid]),
-                        pa("cn", &[&format!("Bench {KEY}")]),
-                        pa("sn", &["Bench"]),
-                    ],
+                    attrs,
                 },
             ))?);
         }
