@@ -29,7 +29,8 @@ fn harness() -> &'static Harness {
         let toml = format!(
             "data_dir = {:?}\n[store]\ndurability = \"none\"\nwarm_start = false\nmap_size_mb = 4096\n\
              [limits]\nfailed_bind_max_delay_ms = 0\nfailed_bind_lockout = 0\nfailed_bind_lockout_ip = 0\n\
-             max_pdu_bytes = 65536\n",
+             max_pdu_bytes = 65536\n\
+             [passwords]\nscheme = \"ssha512\"\n",
             dir.display().to_string()
         );
         let schema = Arc::new(pando_model::Schema::standard());
