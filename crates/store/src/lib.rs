@@ -1417,20 +1417,38 @@ impl<'e> WriteTxn<'e> {
 
     /// Give entry `id` a new parent and/or RDN. Descendants are untouched:
     /// their DNs derive from this record.
+    ///
+    /// The caller has checked that the new DN is free and that the new
+    /// parent is not the entry or below it; as `add` does for its DN, the
+    /// store refuses all the same rather than let a caller's bug corrupt
+    /// the tree: a taken dn2id key would be overwritten (its entry lost
+    /// from dn2id), and a move below itself would cut the subtree off from
+    /// every suffix in a parent cycle.
     pub fn rename(&mut self, id: EntryId, to: &Placement) -> Result<(), StoreError> {
         self.inner.dn_generation.changing();
         let from = self
             .view()
             .placement(id)?
             .ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no id2parent record")))?;
+        let key = dn2id_key(to.parent, &to.norm_rdn);
+        // The entry's own key is free for it: a change of case only.
+        if let Some(v) = self.inner.dn2id.get(&self.txn, &key)? {
+            if id_from(v)? != id {
+                return Err(StoreError::Corrupt(format!(
+                    "dn2id already holds '{}'",
+                    to.rdn
+                )));
+            }
+        }
+        if to.parent != 0 && self.view().is_within(to.parent, id)? {
+            return Err(StoreError::Corrupt(format!(
+                "move of entry {id} below itself"
+            )));
+        }
         self.inner
             .dn2id
             .delete(&mut self.txn, &dn2id_key(from.parent, &from.norm_rdn))?;
-        self.inner.dn2id.put(
-            &mut self.txn,
-            &dn2id_key(to.parent, &to.norm_rdn),
-            &id_bytes(id),
-        )?;
+        self.inner.dn2id.put(&mut self.txn, &key, &id_bytes(id))?;
         self.inner
             .id2parent
             .put(&mut self.txn, &id_bytes(id), &encode_placement(to))?;

@@ -391,6 +391,64 @@ fn delete_needs_a_leaf() {
     assert_consistent(&store);
 }
 
+/// Regression (found by the model check): `rename` trusted its caller. A
+/// new DN held by another entry overwrote that entry's dn2id key, and a
+/// move below the entry itself made a parent cycle cut off from the
+/// suffix; both committed, and only `verify` noticed the first.
+#[test]
+fn rename_refuses_a_taken_dn_and_a_move_below_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    let people = find(&store, "ou=People,dc=example,dc=com").unwrap();
+    let user1 = find(&store, "cn=user1,ou=People,dc=example,dc=com").unwrap();
+    let user2 = find(&store, "cn=user2,ou=People,dc=example,dc=com").unwrap();
+    let rename = |id: EntryId, to: Placement| store.write_blocking(move |w| w.rename(id, &to));
+    // Onto a sibling's DN (in another case: the key is normalised).
+    let taken = Placement {
+        parent: people,
+        rdn: "CN=User2".into(),
+        norm_rdn: "cn=user2".into(),
+    };
+    assert!(matches!(rename(user1, taken), Err(StoreError::Corrupt(_))));
+    // Below itself, and below its own child.
+    let own = |parent| Placement {
+        parent,
+        rdn: "ou=Loop".into(),
+        norm_rdn: "ou=loop".into(),
+    };
+    assert!(matches!(
+        rename(people, own(people)),
+        Err(StoreError::Corrupt(_))
+    ));
+    assert!(matches!(
+        rename(people, own(user2)),
+        Err(StoreError::Corrupt(_))
+    ));
+    // Its own DN in another case is its own to take.
+    let recased = Placement {
+        parent: people,
+        rdn: "CN=USER1".into(),
+        norm_rdn: "cn=user1".into(),
+    };
+    rename(user1, recased).unwrap();
+    let r = store.read().unwrap();
+    assert_eq!(
+        r.view().dn_string(user1).unwrap(),
+        "CN=USER1,ou=People,dc=example,dc=com"
+    );
+    assert_eq!(
+        r.view().dn_string(user2).unwrap(),
+        "cn=user2,ou=People,dc=example,dc=com"
+    );
+    drop(r);
+    assert_eq!(
+        find(&store, "cn=user2,ou=People,dc=example,dc=com"),
+        Some(user2)
+    );
+    assert_consistent(&store);
+}
+
 #[derive(Debug, PartialEq)]
 enum TestErr {
     Store(StoreError),
