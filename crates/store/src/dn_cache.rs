@@ -15,6 +15,14 @@
 //! it uses (and fills) only what was learnt under the same generation.
 //! Otherwise (a rename in flight, write transactions) nothing is cached.
 //!
+//! Adds do not change the generation, so two snapshots of one generation
+//! may differ by the entries added between them: what a newer one learnt
+//! names entries an older one lacks. Every entry an older snapshot holds
+//! has the DN and parent a newer one learnt (nothing was renamed or
+//! deleted), so facts about an entry a reader holds are valid; but a DN
+//! resolved to an ID through the cache is used only once the reader's
+//! snapshot is seen to hold that ID (`View::lookup_norm`).
+//!
 //! Per thread, not shared: lookups take no lock and touch no cache line
 //! another core writes.
 

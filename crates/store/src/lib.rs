@@ -863,20 +863,28 @@ impl<'t> View<'t> {
 
     /// Resolve `dn` (already split into normalised RDNs, leftmost first).
     pub fn lookup_norm(&self, norm_rdns: &[String]) -> Result<Lookup, StoreError> {
+        // A cached ID may have been learnt by a newer snapshot of the same
+        // generation, holding entries added since this one was taken (see
+        // `dn_cache`): it counts only if this snapshot holds the entry too.
         if let Some(id) = dn_cache::id_of(self.dn_snapshot, norm_rdns) {
-            return Ok(Lookup::Found(id));
+            if self.holds(id)? {
+                return Ok(Lookup::Found(id));
+            }
         }
-        // A known parent (a user's bind DN under ou=People): one lookup.
+        // A known parent (a user's bind DN under ou=People): one lookup. A
+        // child found in this snapshot's dn2id is in it; on a miss the
+        // parent is the matched entry only if this snapshot holds it.
         if let Some((rdn, up)) = norm_rdns.split_first() {
             if let Some(parent) = dn_cache::id_of(self.dn_snapshot, up) {
-                return Ok(
-                    match self.inner.dn2id.get(self.txn, &dn2id_key(parent, rdn))? {
-                        Some(v) => Lookup::Found(id_from(v)?),
-                        None => Lookup::Missing {
+                match self.inner.dn2id.get(self.txn, &dn2id_key(parent, rdn))? {
+                    Some(v) => return Ok(Lookup::Found(id_from(v)?)),
+                    None if self.holds(parent)? => {
+                        return Ok(Lookup::Missing {
                             matched: Some(parent),
-                        },
-                    },
-                );
+                        })
+                    }
+                    None => {}
+                }
             }
         }
         let found = lookup_in(self.inner, self.txn, norm_rdns)?;
@@ -884,6 +892,12 @@ impl<'t> View<'t> {
             dn_cache::remember_id(self.dn_snapshot, norm_rdns, id);
         }
         Ok(found)
+    }
+
+    /// Whether entry `id` is in this snapshot (its id2parent record, the
+    /// smallest of its records, is).
+    fn holds(&self, id: EntryId) -> Result<bool, StoreError> {
+        Ok(self.inner.id2parent.get(self.txn, &id_bytes(id))?.is_some())
     }
 
     /// Normalise each RDN of `dn` with the schema.

@@ -378,6 +378,67 @@ fn cached_dns_follow_renames_and_deletes() {
     assert_consistent(&store);
 }
 
+/// Regression (found by the model check): a read transaction older than an
+/// add resolved the added entry's DN through the DN cache, filled by a
+/// newer transaction of the same generation (adds do not change it), to an
+/// ID its own snapshot does not hold; below that entry, a missing DN named
+/// it as the matched entry.
+#[test]
+fn an_older_reader_does_not_find_entries_added_since_through_the_dn_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let suffix = add(
+        &store,
+        "dc=example,dc=com",
+        attrs(&[("objectClass", "domain")]),
+    );
+    let old = store.read().unwrap();
+    let ou = add(
+        &store,
+        "ou=Added,dc=example,dc=com",
+        attrs(&[("objectClass", "organizationalUnit")]),
+    );
+    let user = add(&store, "cn=c,ou=Added,dc=example,dc=com", person("c", "1"));
+    let ou_rdns: Vec<String> = ["ou=added", "dc=example", "dc=com"]
+        .map(String::from)
+        .into();
+    let user_rdns: Vec<String> = ["cn=c", "ou=added", "dc=example", "dc=com"]
+        .map(String::from)
+        .into();
+    // A newer reader on this thread learns the new entry's DN (as a parent)
+    // and then resolves it, caching its ID.
+    let r = store.read().unwrap();
+    r.view().dn_pair(user).unwrap();
+    assert_eq!(r.view().lookup_norm(&ou_rdns).unwrap(), Lookup::Found(ou));
+    assert_eq!(
+        r.view().lookup_norm(&user_rdns).unwrap(),
+        Lookup::Found(user)
+    );
+    drop(r);
+    let v = old.view();
+    assert_eq!(v.attrs(ou).unwrap(), None, "not in the older snapshot");
+    assert_eq!(
+        v.lookup_norm(&ou_rdns).unwrap(),
+        Lookup::Missing {
+            matched: Some(suffix)
+        }
+    );
+    assert_eq!(
+        v.lookup_norm(&user_rdns).unwrap(),
+        Lookup::Missing {
+            matched: Some(suffix)
+        }
+    );
+    drop(old);
+    // And the newer snapshot still finds both, from the cache or not.
+    let r = store.read().unwrap();
+    assert_eq!(r.view().lookup_norm(&ou_rdns).unwrap(), Lookup::Found(ou));
+    assert_eq!(
+        r.view().lookup_norm(&user_rdns).unwrap(),
+        Lookup::Found(user)
+    );
+}
+
 #[test]
 fn delete_needs_a_leaf() {
     let dir = tempfile::tempdir().unwrap();
