@@ -24,6 +24,8 @@ pub mod bulk;
 mod dn_cache;
 pub mod entry_codec;
 pub mod index;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod model_check;
 mod plan;
 mod readers;
 mod writer;
