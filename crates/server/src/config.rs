@@ -544,7 +544,7 @@ pub struct Limits {
     pub max_ops_per_connection: usize,
     /// Large searches (more than a handful of candidates) running at once
     /// on their own threads, server-wide; others wait. 0 = four per CPU
-    /// (at least 8).
+    /// (at least 8, at most 256).
     pub max_search_threads: usize,
     /// Close connections idle this many seconds (0 = never).
     pub idle_timeout: u64,
@@ -577,6 +577,9 @@ pub struct Limits {
     /// values (administrators: unlimited).
     pub by: Vec<LimitsFor>,
 }
+
+/// Most threads large searches may hold (`limits.max_search_threads`).
+pub const MAX_SEARCH_THREADS: usize = 256;
 
 /// `[limits.anonymous]`: what a connection may do before it binds. Each
 /// applies on top of the general limit of the same name (the smaller one
@@ -1114,9 +1117,20 @@ impl Config {
             crate::acl::Who::parse(&b.who.items(), schema)
                 .map_err(|e| err(format!("limits.by[{i}].who"), e))?;
         }
-        // Each is a thread and an LMDB reader (1024 readers in all).
-        if l.max_search_threads > 512 {
-            return Err(err("limits.max_search_threads", "must be at most 512"));
+        // Each is a blocking thread (tokio keeps 512) and an LMDB reader
+        // (1024 in all): at most half the threads, leaving the rest to
+        // binds, writes and compares.
+        if l.max_search_threads > MAX_SEARCH_THREADS {
+            return Err(err(
+                "limits.max_search_threads",
+                format!("must be at most {MAX_SEARCH_THREADS}"),
+            ));
+        }
+        if l.max_ops_per_connection > 65_536 {
+            return Err(err(
+                "limits.max_ops_per_connection",
+                "must be at most 65536",
+            ));
         }
         if l.write_timeout == 0 || l.write_timeout > 3600 {
             return Err(err("limits.write_timeout", "must be between 1 and 3600"));
@@ -1142,6 +1156,12 @@ impl Config {
         }
         self.store.durability()?;
         self.passwords.policy()?;
+        if self.passwords.max_concurrent_hashes > 1024 {
+            return Err(err(
+                "passwords.max_concurrent_hashes",
+                "must be at most 1024",
+            ));
+        }
         if self.passwords.max_clear_values == 0 {
             return Err(err("passwords.max_clear_values", "must be at least 1"));
         }

@@ -294,7 +294,8 @@ pub fn build_server(
     let logs = observe::Logs::open(&cfg.config.logs)?;
     let limits = &cfg.config.limits;
     let search_threads_max = match limits.max_search_threads {
-        0 => (4 * std::thread::available_parallelism().map_or(1, |n| n.get())).max(8),
+        0 => (4 * std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .clamp(8, config::MAX_SEARCH_THREADS),
         n => n,
     };
     let search_threads = Arc::new(Semaphore::new(search_threads_max));

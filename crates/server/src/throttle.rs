@@ -27,7 +27,10 @@ const MAX_RECORDS: usize = 100_000;
 
 #[derive(Debug, Clone, Copy)]
 struct Record {
+    /// Failed binds recorded (their password was checked and wrong).
     failures: u32,
+    /// Attempts let through whose password is still being checked.
+    in_flight: u32,
     last: Instant,
 }
 
@@ -69,38 +72,43 @@ impl BindThrottle {
         }
     }
 
+    /// (failures, attempts in flight) for `k`; failures are forgotten
+    /// `lockout_for` after the last one.
     fn current<K: std::hash::Hash + Eq>(
         &self,
         map: &Mutex<HashMap<K, Record>>,
         k: &K,
         now: Instant,
-    ) -> u32 {
-        let Ok(mut m) = map.lock() else { return 0 };
+    ) -> (u32, u32) {
+        let Ok(m) = map.lock() else { return (0, 0) };
         match m.get(k) {
-            Some(r) if now.duration_since(r.last) < self.lockout_for => r.failures,
-            Some(_) => {
-                m.remove(k);
-                0
-            }
-            None => 0,
+            Some(r) if now.duration_since(r.last) < self.lockout_for => (r.failures, r.in_flight),
+            Some(r) => (0, r.in_flight),
+            None => (0, 0),
         }
     }
 
+    /// Locked out at `limit` (0 = never): by recorded failures alone, or,
+    /// once there is a failure, by failures and attempts in flight
+    /// together. So a burst of parallel guesses meets the lockout while
+    /// their hashes are still queued, while a pool of connections binding
+    /// with the right password (no failure) is never locked out.
+    fn locked(limit: u32, (failures, in_flight): (u32, u32)) -> bool {
+        limit > 0
+            && (failures >= limit || (failures > 0 && failures.saturating_add(in_flight) >= limit))
+    }
+
     /// Refuse the attempt when the DN or the address is locked out;
-    /// otherwise count it as a failure in advance, before any password is
-    /// checked: concurrent guesses are counted as they start, so a burst of
-    /// them cannot all get a hash computed before the lockout sees the
-    /// first failure. [`succeeded`](Self::succeeded) takes the count back.
+    /// otherwise count it as in flight until [`failed`](Self::failed),
+    /// [`succeeded`](Self::succeeded) or [`abandoned`](Self::abandoned).
     pub async fn before_attempt(&self, key: &Key) -> Result<(), LdapError> {
         let now = Instant::now();
-        let dn_fails = self.current(&self.by_dn, &key.dn, now);
-        let ip_fails = key
+        let dn = self.current(&self.by_dn, &key.dn, now);
+        let ip = key
             .ip
             .map(|ip| self.current(&self.by_ip, &ip, now))
-            .unwrap_or(0);
-        let locked = (self.lockout_dn > 0 && dn_fails >= self.lockout_dn)
-            || (self.lockout_ip > 0 && ip_fails >= self.lockout_ip);
-        if locked {
+            .unwrap_or((0, 0));
+        if Self::locked(self.lockout_dn, dn) || Self::locked(self.lockout_ip, ip) {
             tracing::info!(
                 dn = %key.dn,
                 ip = ?key.ip,
@@ -111,22 +119,32 @@ impl BindThrottle {
             tokio::time::sleep(self.max_delay).await;
             return Err(LdapError::new(ResultCode::INVALID_CREDENTIALS, ""));
         }
-        Self::bump(&self.by_dn, &key.dn, now, self.lockout_for);
-        if let Some(ip) = key.ip {
-            Self::bump(&self.by_ip, &ip, now, self.lockout_for);
-        }
+        self.each(key, now, |r| r.in_flight = r.in_flight.saturating_add(1));
         Ok(())
     }
 
-    fn bump<K: std::hash::Hash + Eq + Clone>(
+    /// Apply `f` to the DN's and the address's records (made if missing).
+    fn each(&self, key: &Key, now: Instant, mut f: impl FnMut(&mut Record)) -> u32 {
+        let dn = Self::update(&self.by_dn, &key.dn, now, self.lockout_for, &mut f);
+        let ip = key
+            .ip
+            .map(|ip| Self::update(&self.by_ip, &ip, now, self.lockout_for, &mut f))
+            .unwrap_or(0);
+        dn.max(ip)
+    }
+
+    /// Apply `f` to `k`'s record; its failures afterwards. Failures older
+    /// than `keep` are forgotten first. The table stays bounded.
+    fn update<K: std::hash::Hash + Eq + Clone>(
         map: &Mutex<HashMap<K, Record>>,
         k: &K,
         now: Instant,
         keep: Duration,
+        f: &mut impl FnMut(&mut Record),
     ) -> u32 {
         let Ok(mut m) = map.lock() else { return 0 };
         if m.len() >= MAX_RECORDS && !m.contains_key(k) {
-            m.retain(|_, r| now.duration_since(r.last) < keep);
+            m.retain(|_, r| now.duration_since(r.last) < keep || r.in_flight > 0);
             if m.len() >= MAX_RECORDS {
                 let mut ages: Vec<Instant> = m.values().map(|r| r.last).collect();
                 ages.sort_unstable();
@@ -136,45 +154,68 @@ impl BindThrottle {
         }
         let r = m.entry(k.clone()).or_insert(Record {
             failures: 0,
+            in_flight: 0,
             last: now,
         });
         if now.duration_since(r.last) >= keep {
             r.failures = 0;
         }
-        r.failures = r.failures.saturating_add(1);
-        r.last = now;
-        r.failures
+        f(r);
+        let failures = r.failures;
+        if r.failures == 0 && r.in_flight == 0 {
+            m.remove(k);
+        }
+        failures
     }
 
-    /// The attempt failed (it was counted when it began): wait out its
-    /// delay before the answer goes back.
+    /// The attempt's password was wrong: record the failure and wait out
+    /// its delay before the answer goes back.
     pub async fn failed(&self, key: &Key) {
         let now = Instant::now();
-        let dn_fails = self.current(&self.by_dn, &key.dn, now);
-        let ip_fails = key
-            .ip
-            .map(|ip| self.current(&self.by_ip, &ip, now))
-            .unwrap_or(0);
-        let d = self.delay_for(dn_fails.max(ip_fails));
+        let fails = self.each(key, now, |r| {
+            r.in_flight = r.in_flight.saturating_sub(1);
+            r.failures = r.failures.saturating_add(1);
+            r.last = now;
+        });
+        let d = self.delay_for(fails);
         if !d.is_zero() {
             tokio::time::sleep(d).await;
         }
     }
 
-    /// The attempt succeeded: its DN's record is cleared and the address
-    /// gets back the failure counted in advance.
+    /// The attempt succeeded: its DN's failures are cleared.
     pub fn succeeded(&self, key: &Key) {
+        self.each(key, Instant::now(), |r| {
+            r.in_flight = r.in_flight.saturating_sub(1);
+        });
         if let Ok(mut m) = self.by_dn.lock() {
-            m.remove(&key.dn);
-        }
-        if let (Some(ip), Ok(mut m)) = (key.ip, self.by_ip.lock()) {
-            if let Some(r) = m.get_mut(&ip) {
-                r.failures = r.failures.saturating_sub(1);
-                if r.failures == 0 {
-                    m.remove(&ip);
+            if let Some(r) = m.get_mut(&key.dn) {
+                r.failures = 0;
+                if r.in_flight == 0 {
+                    m.remove(&key.dn);
                 }
             }
         }
+    }
+
+    /// [`before_attempt`](Self::before_attempt) as a guard: dropped without
+    /// an outcome (an internal error, or the client went away mid-bind),
+    /// the attempt is [`abandoned`](Self::abandoned), so in-flight counts
+    /// never leak.
+    pub async fn begin(&self, key: Key) -> Result<Attempt<'_>, LdapError> {
+        self.before_attempt(&key).await?;
+        Ok(Attempt {
+            throttle: self,
+            key: Some(key),
+        })
+    }
+
+    /// The attempt ended without an answer on the password (an internal
+    /// error): it is no longer in flight, and nothing is recorded.
+    pub fn abandoned(&self, key: &Key) {
+        self.each(key, Instant::now(), |r| {
+            r.in_flight = r.in_flight.saturating_sub(1);
+        });
     }
 
     /// Delay after the `n`th consecutive failure.
@@ -184,6 +225,35 @@ impl BindThrottle {
         }
         let steps = (n - self.free - 1).min(16);
         (Duration::from_millis(250) * (1u32 << steps)).min(self.max_delay)
+    }
+}
+
+/// One bind attempt in flight (see [`BindThrottle::begin`]).
+pub struct Attempt<'t> {
+    throttle: &'t BindThrottle,
+    /// Taken when the outcome is recorded.
+    key: Option<Key>,
+}
+
+impl Attempt<'_> {
+    pub async fn failed(mut self) {
+        if let Some(k) = self.key.take() {
+            self.throttle.failed(&k).await;
+        }
+    }
+
+    pub fn succeeded(mut self) {
+        if let Some(k) = self.key.take() {
+            self.throttle.succeeded(&k);
+        }
+    }
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if let Some(k) = self.key.take() {
+            self.throttle.abandoned(&k);
+        }
     }
 }
 
@@ -232,36 +302,37 @@ mod tests {
         assert!(t.before_attempt(&key).await.is_ok());
         t.failed(&key).await;
         t.succeeded(&key);
-        assert_eq!(t.current(&t.by_dn, &key.dn, Instant::now()), 0);
+        assert_eq!(t.current(&t.by_dn, &key.dn, Instant::now()), (0, 0));
     }
 
     #[tokio::test(start_paused = true)]
-    async fn attempts_are_counted_before_the_password_is_checked() {
+    async fn attempts_in_flight_count_once_a_failure_is_recorded() {
         let t = throttle(0, 3);
         let key = Key::new("uid=a", &Session::default());
-        // Three guesses in flight at once (none has failed yet): a fourth
-        // is refused without its password being looked at.
+        // A pool binding with the right password: many in flight, no
+        // failure, nobody locked out.
+        for _ in 0..5 {
+            assert!(t.before_attempt(&key).await.is_ok());
+        }
+        for _ in 0..5 {
+            t.succeeded(&key);
+        }
+        assert!(t.by_dn.lock().unwrap().is_empty());
+        // Guesses: once one has failed, those still being checked count.
         for _ in 0..3 {
             assert!(t.before_attempt(&key).await.is_ok());
         }
-        assert!(t.before_attempt(&key).await.is_err());
-        // A right password clears the DN's record.
-        t.succeeded(&key);
+        t.failed(&key).await;
+        assert_eq!(t.current(&t.by_dn, &key.dn, Instant::now()), (1, 2));
+        assert!(t.before_attempt(&key).await.is_err(), "1 failure + 2 in flight");
+        // An internal error takes the attempt back without a failure.
+        t.abandoned(&key);
+        t.abandoned(&key);
+        assert_eq!(t.current(&t.by_dn, &key.dn, Instant::now()), (1, 0));
+        // A right password clears the DN's failures.
         assert!(t.before_attempt(&key).await.is_ok());
-        // An address gets back only the one attempt that succeeded.
-        let ip = Session {
-            peer_ip: Some("192.0.2.1".parse().unwrap()),
-            ..Session::default()
-        };
-        let t = BindThrottle::new(&Limits {
-            failed_bind_lockout_ip: 10,
-            ..Limits::default()
-        });
-        let (a, b) = (Key::new("uid=a", &ip), Key::new("uid=b", &ip));
-        t.before_attempt(&a).await.unwrap();
-        t.before_attempt(&b).await.unwrap();
-        t.succeeded(&b);
-        assert_eq!(t.current(&t.by_ip, &ip.peer_ip.unwrap(), Instant::now()), 1);
+        t.succeeded(&key);
+        assert!(t.by_dn.lock().unwrap().is_empty());
     }
 
     #[test]
@@ -269,11 +340,12 @@ mod tests {
         let t = throttle(100, 0);
         let now = Instant::now();
         for i in 0..(MAX_RECORDS + 10) {
-            BindThrottle::bump(
+            BindThrottle::update(
                 &t.by_dn,
                 &format!("uid={i}"),
                 now + Duration::from_micros(i as u64),
                 t.lockout_for,
+                &mut |r: &mut Record| r.failures += 1,
             );
         }
         assert!(t.by_dn.lock().unwrap().len() <= MAX_RECORDS);

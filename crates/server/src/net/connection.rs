@@ -245,9 +245,12 @@ impl Connection {
                     abandon_all(&outstanding);
                     return Ended::Close("write failed");
                 }
-                // Idle means nothing to read and nothing running.
+                // Idle means nothing to read, nothing running and nothing
+                // waiting to be written (reading pauses while output is
+                // above the high-water mark).
                 Event::Idle => {
-                    if outstanding.lock().map(|m| m.is_empty()).unwrap_or(true) {
+                    let running = !outstanding.lock().map(|m| m.is_empty()).unwrap_or(true);
+                    if !running && wire.pending() == 0 && !wire.backlog {
                         wire.output.extend_from_slice(&notice_of_disconnection(
                             ResultCode::UNAVAILABLE,
                             "idle timeout",
@@ -295,6 +298,7 @@ impl Connection {
                     if e.op_tag == Some(pando_proto::op_tag::BIND_REQUEST) {
                         // A failed bind leaves the connection anonymous (RFC 4511 4.2.1).
                         *identity = Identity::anonymous(self.session.clone());
+                        wire.set_idle(idle_for(&self.server, identity));
                     }
                     let res = LdapError::protocol(e.reason).into_result();
                     put(&mut wire.output, id, op(res), Vec::new());
@@ -413,6 +417,7 @@ impl Connection {
                 }
                 if let Some(c) = unknown_critical(&msg.controls, &[]) {
                     *identity = Identity::anonymous(self.session.clone());
+                    wire.set_idle(idle_for(&self.server, identity));
                     let r = c.into_result();
                     let code = r.code.0;
                     put(&mut wire.output, id, bind_response(r), Vec::new());
@@ -716,24 +721,44 @@ fn search_controls(controls: &[Control]) -> Result<Option<PagedResults>, LdapErr
     Ok(paged)
 }
 
-/// A search on a blocking thread, its entries streamed to the connection;
-/// at most `limits.max_search_threads` such searches run at once (the
-/// others wait their turn), so searches blocked on slow clients cannot take
-/// every blocking thread and LMDB reader that binds and writes need.
+/// A search on a blocking thread, its entries streamed to the connection.
+/// At most `limits.max_search_threads` such searches run at once (others
+/// wait their turn); a search whose client is not taking its entries gives
+/// back its thread, its permit and its read transaction while this task
+/// waits for the client, so slow clients cannot hold the threads and LMDB
+/// readers that other searches, binds and writes need.
 async fn run_search(job: ops::search::SearchJob, tx: &mpsc::Sender<Vec<u8>>) -> Answered {
     let id = job.msg_id;
-    let Ok(slot) = job.server.search_threads.clone().acquire_owned().await else {
-        return None;
+    let job = Arc::new(job);
+    let mut resume = None;
+    let ran = loop {
+        let Ok(slot) = job.server.search_threads.clone().acquire_owned().await else {
+            return None;
+        };
+        if job.abandoned.load(Ordering::Relaxed) {
+            return None;
+        }
+        let j = job.clone();
+        let ran = tokio::task::spawn_blocking(move || {
+            let ran = ops::search::run(&j, resume);
+            drop(slot);
+            ran
+        })
+        .await;
+        match ran {
+            Ok(ops::search::Ran::Paused { chunk, resume: r }) => {
+                // Bounded by the connection's write-rate rule: a client
+                // below it is dropped and the send fails.
+                if tx.send(chunk).await.is_err() || job.abandoned.load(Ordering::Relaxed) {
+                    return None;
+                }
+                resume = Some(r);
+            }
+            Ok(ops::search::Ran::Done(o)) => break Ok(o),
+            Err(e) => break Err(e),
+        }
     };
-    if job.abandoned.load(Ordering::Relaxed) {
-        return None;
-    }
-    let ran = tokio::task::spawn_blocking(move || {
-        let out = ops::search::run(job);
-        drop(slot);
-        out
-    });
-    match ran.await {
+    match ran {
         Ok(Some(o)) => {
             let answered = Some((o.result.code.0, o.entries));
             send(tx, id, ProtocolOp::SearchResultDone(o.result), o.controls).await;

@@ -297,6 +297,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
     fn poll_stall(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ()>> {
         loop {
             let window = self.write_window;
+            if self.stall.is_none() {
+                // What the kernel took before it first refused does not
+                // count toward the window.
+                self.window_taken = 0;
+            }
             let timer = self
                 .stall
                 .get_or_insert_with(|| Box::pin(tokio::time::sleep(window)));

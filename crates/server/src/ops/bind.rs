@@ -66,16 +66,18 @@ pub async fn bind(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
     let norm = rdns.join(",");
-    let throttle_key = crate::throttle::Key::new(&norm, session);
-    server.throttle.before_attempt(&throttle_key).await?;
+    let attempt = server
+        .throttle
+        .begin(crate::throttle::Key::new(&norm, session))
+        .await?;
     let ok = check_simple(server, session, &req.name, &rdns, &norm, pw).await?;
     match ok {
         Some(who) => {
-            server.throttle.succeeded(&throttle_key);
+            attempt.succeeded();
             Ok(who.with_session(session.clone()).with_admin_from(server))
         }
         None => {
-            server.throttle.failed(&throttle_key).await;
+            attempt.failed().await;
             Err(invalid())
         }
     }

@@ -73,6 +73,17 @@ pub fn is_password(desc: &str) -> bool {
         .is_some_and(|b| b.eq_ignore_ascii_case("userPassword"))
 }
 
+/// Whether a description a client sent names userPassword, by any of its
+/// names or its OID (`2.5.4.35;x` too). Stored descriptions are canonical,
+/// so [`is_password`] serves for them.
+pub fn names_password(schema: &pando_model::Schema, desc: &str) -> bool {
+    schema
+        .canonical_desc(desc)
+        .is_ok_and(|(_, at)| at.oid == USER_PASSWORD_OID)
+}
+
+const USER_PASSWORD_OID: &str = "2.5.4.35";
+
 /// Every userPassword value, whatever its options, in stored order.
 pub fn password_values(attrs: &[pando_model::Attribute]) -> Vec<Vec<u8>> {
     attrs

@@ -514,17 +514,19 @@ enum Step {
 /// entries already sent (in this page, for a paged search), its time limit
 /// counted from `started`.
 #[derive(Clone, Copy)]
-struct Resume {
+pub struct Resume {
     after: EntryId,
     sent: u64,
     started: Instant,
 }
 
 /// How long a search on its own thread waits for a client that is not
-/// taking its entries while still holding its read transaction. Past this
-/// it lets go (a long-lived reader stops LMDB from reusing pages, and the
-/// file grows), waits without one, and resumes on a fresh snapshot after
-/// the last entry sent, like the next page of a paged search.
+/// taking its entries while still holding its read transaction and its
+/// thread. Past this it lets go of both (a long-lived reader stops LMDB
+/// from reusing pages, and the file grows; threads are few), the
+/// connection's task waits for the client, and the search resumes on a
+/// fresh snapshot after the last entry sent, like the next page of a
+/// paged search.
 const HOLD_FOR_SLOW_CLIENT: Duration = Duration::from_millis(500);
 
 fn outcome(paged: bool, r: OpResult<Step>) -> Step {
@@ -543,25 +545,25 @@ fn outcome(paged: bool, r: OpResult<Step>) -> Step {
     }
 }
 
-/// Run a search to completion on the current (blocking) thread.
-pub fn run(job: SearchJob) -> Option<SearchOutcome> {
+/// How a search on its own thread ended for now.
+pub enum Ran {
+    /// Finished; None when abandoned (no response is sent).
+    Done(Option<SearchOutcome>),
+    /// The client is not taking entries: the search let go of its read
+    /// transaction. Deliver `chunk` (waiting as long as the connection
+    /// allows, holding no thread), then call [`run`] again with `resume`.
+    Paused { chunk: Vec<u8>, resume: Resume },
+}
+
+/// Run a search on the current (blocking) thread until it ends or its
+/// client stops taking entries.
+pub fn run(job: &SearchJob, resume: Option<Resume>) -> Ran {
     let out = job.out.clone();
-    let mut resume = None;
-    loop {
-        let step = search(&job, &mut Out::Channel(&out), None, resume);
-        match outcome(job.paged.is_some(), step) {
-            Step::Done(o) => return o,
-            Step::TooBig => return None,
-            Step::Paused { chunk, resume: r } => {
-                // No read transaction is open here. The wait is bounded by
-                // the connection: a client below limits.min_write_rate is
-                // dropped, and then the send fails.
-                if out.blocking_send(chunk).is_err() || job.abandoned.load(Ordering::Relaxed) {
-                    return None;
-                }
-                resume = Some(r);
-            }
-        }
+    let step = search(job, &mut Out::Channel(&out), None, resume);
+    match outcome(job.paged.is_some(), step) {
+        Step::Done(o) => Ran::Done(o),
+        Step::TooBig => Ran::Done(None),
+        Step::Paused { chunk, resume } => Ran::Paused { chunk, resume },
     }
 }
 
@@ -1267,7 +1269,9 @@ mod tests {
             abandoned: Arc::new(AtomicBool::new(false)),
             out: tx,
         };
-        let outcome = run(job).unwrap();
+        let Ran::Done(Some(outcome)) = run(&job, None) else {
+            panic!("the search did not finish in one run");
+        };
         assert_eq!(
             outcome.result.code,
             ResultCode::SUCCESS,

@@ -11,7 +11,7 @@ use pando_model::{Attribute, Dn, Entry, Schema};
 use pando_proto::{AddRequest, Change, ModOp, ModifyDnRequest, ModifyRequest, ResultCode};
 use pando_store::{Lookup, Placement, WriteTxn};
 
-use super::is_password;
+use super::{is_password, names_password};
 use crate::acl;
 use crate::backup::META_CONTEXT_CSN;
 use crate::error::{LdapError, OpResult};
@@ -37,16 +37,34 @@ fn base_of(desc: &str) -> &str {
     desc.split(';').next().unwrap_or(desc)
 }
 
-/// Clear-text userPassword values among `values`. Each costs a slow hash,
-/// so an operation may carry at most `passwords.max_clear_values` of them:
-/// checked before anything is hashed or looked up.
-fn count_clear(server: &Server, clear: usize, values: &[Vec<u8>]) -> OpResult<usize> {
+/// Check userPassword values a client sends and count the clear-text ones
+/// (`clear`: counted so far in the operation). Each clear-text value costs
+/// a slow hash, so an operation may carry at most
+/// `passwords.max_clear_values`; a value hashed with a key-stretching
+/// scheme is taken as given only from administrators, because each bind
+/// against it costs what its parameters say (up to a minute and a gigabyte
+/// for argon2's accepted maximum), which a user could set to tie up the
+/// hashing queue. Checked before anything is hashed or looked up.
+fn check_password_values(
+    server: &Server,
+    who: &Identity,
+    clear: usize,
+    values: &[Vec<u8>],
+) -> OpResult<usize> {
     let clear = clear + values.iter().filter(|v| !password::is_hashed(v)).count();
     let max = server.cfg.config.passwords.max_clear_values;
     if clear > max {
         return Err(LdapError::new(
             ResultCode::CONSTRAINT_VIOLATION,
             format!("userPassword: at most {max} clear-text values per operation"),
+        ));
+    }
+    let costly = |v: &Vec<u8>| password::is_hashed(v) && !password::is_cheap_to_verify(v);
+    if !who.is_admin() && values.iter().any(costly) {
+        return Err(LdapError::new(
+            ResultCode::CONSTRAINT_VIOLATION,
+            "userPassword: only administrators may store values hashed with a \
+             key-stretching scheme; send the password in clear and the server hashes it",
         ));
     }
     Ok(clear)
@@ -159,8 +177,8 @@ pub async fn add(server: &Arc<Server>, who: &Identity, req: AddRequest) -> OpRes
             return Err(LdapError::protocol(format!("{}: no values given", a.name)));
         }
         reject_maintained(schema, &a.name)?;
-        if is_password(&a.name) {
-            clear = count_clear(server, clear, &a.values)?;
+        if names_password(schema, &a.name) {
+            clear = check_password_values(server, who, clear, &a.values)?;
         }
         entry.add_values(&a.name, a.values);
     }
@@ -172,7 +190,11 @@ pub async fn add(server: &Arc<Server>, who: &Identity, req: AddRequest) -> OpRes
             let view = rtxn.view();
             super::require(server, &view, who, &norm, &entry, &[(None, acl::ADD)])?;
         }
-        for a in entry.attrs.iter_mut().filter(|a| is_password(&a.desc)) {
+        for a in entry
+            .attrs
+            .iter_mut()
+            .filter(|a| names_password(schema, &a.desc))
+        {
             a.values = server
                 .passwords
                 .hash_all(std::mem::take(&mut a.values))
@@ -451,14 +473,15 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
         reject_maintained(schema, &ch.attr.name)?;
         // Each clear-text value costs a slow hash: users changing their
         // own password get one value, not thousands.
-        if is_password(&ch.attr.name) && !who.is_admin() && ch.attr.values.len() > 1 {
+        let password = names_password(schema, &ch.attr.name);
+        if password && !who.is_admin() && ch.attr.values.len() > 1 {
             return Err(LdapError::new(
                 ResultCode::CONSTRAINT_VIOLATION,
                 "userPassword: one value at a time",
             ));
         }
-        if is_password(&ch.attr.name) && matches!(ch.op, ModOp::Add | ModOp::Replace) {
-            clear = count_clear(server, clear, &ch.attr.values)?;
+        if password && matches!(ch.op, ModOp::Add | ModOp::Replace) {
+            clear = check_password_values(server, who, clear, &ch.attr.values)?;
         }
     }
     if clear > 0 {
@@ -466,7 +489,8 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
         // before any hashing (worked out again below, on the hashed values).
         prepare(server, who, &dn, &norm, &req.changes)?;
         for ch in &mut req.changes {
-            if is_password(&ch.attr.name) && matches!(ch.op, ModOp::Add | ModOp::Replace) {
+            if names_password(schema, &ch.attr.name) && matches!(ch.op, ModOp::Add | ModOp::Replace)
+            {
                 ch.attr.values = server
                     .passwords
                     .hash_all(std::mem::take(&mut ch.attr.values))
@@ -493,7 +517,7 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
         let who2 = who.clone();
         // userPassword is audited as the values stored after the change.
         let passwords: Option<Vec<Vec<u8>>> = (crate::observe::auditing(server)
-            && changes.iter().any(|c| is_password(&c.attr.name)))
+            && changes.iter().any(|c| names_password(schema, &c.attr.name)))
         .then(|| {
             new.attrs
                 .iter()
