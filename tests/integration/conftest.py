@@ -183,7 +183,10 @@ class Pando:
             cfg.write_text(self.config)
             cmd += ["--config", str(cfg)]
         cmd += self.args
-        self.out = open(self.base / "stdout.log", "ab")
+        # Logs are appended across restarts: only this start's banner counts.
+        out = self.base / "stdout.log"
+        banner_from = out.stat().st_size if out.exists() else 0
+        self.out = open(out, "ab")
         self.err = open(self.base / "stderr.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, stdin=subprocess.DEVNULL)
         for port in [self.port] + ([self.ldaps_port] if self.ldaps else []):
@@ -193,9 +196,8 @@ class Pando:
                 pytest.fail("pando did not start listening on port %d:\n%s" % (port, self.logs()))
         # Ports are bound before the store opens; the banner on stdout says
         # the server is fully up.
-        out = self.base / "stdout.log"
         deadline = time.monotonic() + timeout
-        while b"is serving:" not in out.read_bytes():
+        while b"is serving:" not in out.read_bytes()[banner_from:]:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.proc.kill()
                 self.proc.wait()

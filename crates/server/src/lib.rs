@@ -423,17 +423,27 @@ fn print_banner(
     demo_added: Option<usize>,
     tls_generated: bool,
 ) {
+    // Written in one piece: a reader waiting for "is serving:" (a test,
+    // a supervisor) sees the whole banner at once.
+    let mut banner = String::new();
+    macro_rules! w {
+        () => { banner.push('\n') };
+        ($($arg:tt)*) => {{
+            use std::fmt::Write as _;
+            let _ = writeln!(banner, $($arg)*);
+        }};
+    }
     let cfg = &server.cfg;
     let suffix = cfg
         .suffixes
         .first()
         .map(|d| d.to_string())
         .unwrap_or_default();
-    println!("Pando {} is serving:", env!("CARGO_PKG_VERSION"));
+    w!("Pando {} is serving:", env!("CARGO_PKG_VERSION"));
     for l in &cfg.listeners {
-        println!("  {}", l.url());
+        w!("  {}", l.url());
     }
-    println!(
+    w!(
         "  suffixes: {}",
         cfg.suffixes
             .iter()
@@ -441,49 +451,49 @@ fn print_banner(
             .collect::<Vec<_>>()
             .join("; ")
     );
-    println!("  data directory: {}", cfg.config.data_dir.display());
+    w!("  data directory: {}", cfg.config.data_dir.display());
     for c in created {
-        println!("  created suffix entry {c}");
+        w!("  created suffix entry {c}");
     }
     match demo_added {
         Some(0) => {}
-        Some(n) => println!("  loaded {n} demo entries"),
-        None => println!("  --demo: the store already existed, so no demo entries were loaded"),
+        Some(n) => w!("  loaded {n} demo entries"),
+        None => w!("  --demo: the store already existed, so no demo entries were loaded"),
     }
     match &cfg.root_dn {
-        Some(d) => println!("  administrator: {d}"),
-        None => println!("  no root DN: administer over ldapi with SASL EXTERNAL (see [auth])"),
+        Some(d) => w!("  administrator: {d}"),
+        None => w!("  no root DN: administer over ldapi with SASL EXTERNAL (see [auth])"),
     }
     match pw {
         None => {}
         Some(RootPassword::Generated { file, .. }) => {
-            println!(
+            w!(
                 "  a random administrator password was generated and written to {}",
                 file.display()
             );
-            println!("  (only its hash is kept; read the file, store the password safely, then delete the file)");
+            w!("  (only its hash is kept; read the file, store the password safely, then delete the file)");
         }
         Some(RootPassword::Stored(_)) => {
             let f = cfg.config.data_dir.join(bootstrap::ADMIN_PASSWORD_FILE);
             if f.exists() {
-                println!("  administrator password: see {}", f.display());
+                w!("  administrator password: see {}", f.display());
             } else {
-                println!("  administrator password: as generated on first start (hash kept in the store)");
+                w!("  administrator password: as generated on first start (hash kept in the store)");
             }
         }
         Some(RootPassword::Configured(_)) => {
-            println!("  administrator password: root_password_hash from the configuration")
+            w!("  administrator password: root_password_hash from the configuration")
         }
     }
     if let Some(t) = &cfg.tls {
         print_tls_status(cfg, t, tls_generated);
     }
     if let Some(Listener::Tcp(a)) = cfg.listeners.iter().find(|l| matches!(l, Listener::Tcp(_))) {
-        println!();
-        println!("Try:");
-        println!("  ldapsearch -x -H ldap://{a} -b '{suffix}'");
+        w!();
+        w!("Try:");
+        w!("  ldapsearch -x -H ldap://{a} -b '{suffix}'");
         if let Some(root) = &cfg.root_dn {
-            println!(
+            w!(
                 "  ldapwhoami -x -H ldap://{a} -D '{root}' -y {}",
                 cfg.config
                     .data_dir
@@ -498,7 +508,7 @@ fn print_banner(
         .find(|l| matches!(l, Listener::Ldapi(_)))
     {
         let url = Listener::Ldapi(p.clone()).url();
-        println!("  ldapwhoami -Y EXTERNAL -H {url}");
+        w!("  ldapwhoami -Y EXTERNAL -H {url}");
     }
     if let Some(t) = &cfg.tls {
         let trust = if t.self_signed {
@@ -508,21 +518,25 @@ fn print_banner(
             "LDAPTLS_CACERT=<your CA file>".to_string()
         };
         if !cfg.listeners.iter().any(|l| matches!(l, Listener::Tcp(_))) {
-            println!();
-            println!("Try:");
+            w!();
+            w!("Try:");
         }
         for l in &cfg.listeners {
             match l {
                 Listener::Tcp(a) => {
-                    println!("  {trust} ldapsearch -x -ZZ -H ldap://{a} -b '{suffix}'")
+                    w!("  {trust} ldapsearch -x -ZZ -H ldap://{a} -b '{suffix}'")
                 }
                 Listener::Ldaps(a) => {
-                    println!("  {trust} ldapsearch -x -H ldaps://{a} -b '{suffix}'")
+                    w!("  {trust} ldapsearch -x -H ldaps://{a} -b '{suffix}'")
                 }
                 Listener::Ldapi(_) => {}
             }
         }
     }
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(banner.as_bytes());
+    let _ = out.flush();
 }
 
 /// The TLS lines of the banner: which certificate, whether it was just

@@ -324,7 +324,10 @@ mod tests {
         }
         t.failed(&key).await;
         assert_eq!(t.current(&t.by_dn, &key.dn, Instant::now()), (1, 2));
-        assert!(t.before_attempt(&key).await.is_err(), "1 failure + 2 in flight");
+        assert!(
+            t.before_attempt(&key).await.is_err(),
+            "1 failure + 2 in flight"
+        );
         // An internal error takes the attempt back without a failure.
         t.abandoned(&key);
         t.abandoned(&key);

@@ -8,25 +8,11 @@ use pando_proto::Filter;
 use super::*;
 
 fn open(dir: &Path) -> Store {
+    // The model check's indexes (one of each kind), durable.
     let opts = StoreOptions {
-        map_size: 64 << 20,
-        indexes: vec![
-            IndexSpec {
-                attr: "objectClass".into(),
-                kinds: vec![IndexKind::Eq],
-            },
-            IndexSpec {
-                attr: "cn".into(),
-                kinds: vec![IndexKind::Eq, IndexKind::Sub, IndexKind::Pres],
-            },
-            IndexSpec {
-                attr: "uidNumber".into(),
-                kinds: vec![IndexKind::Eq, IndexKind::Ord],
-            },
-        ],
         max_batch: 16,
         durability: Durability::Durable,
-        compression: Some(3),
+        ..crate::model_check::options()
     };
     Store::open(dir, Arc::new(Schema::standard()), &opts).unwrap()
 }

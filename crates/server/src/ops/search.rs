@@ -507,7 +507,10 @@ enum Step {
     TooBig,
     /// The client is not taking entries: the search let go of its read
     /// transaction and resumes (`run`) once `chunk` is delivered.
-    Paused { chunk: Vec<u8>, resume: Resume },
+    Paused {
+        chunk: Vec<u8>,
+        resume: Resume,
+    },
 }
 
 /// Where a paused search carries on: after entry `after`, with `sent`
