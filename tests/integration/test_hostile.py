@@ -260,6 +260,21 @@ def test_password_named_by_oid_is_hashed_and_bounded(srv):
         assert ber.simple_bind(c, dn, "only-one") == 0
 
 
+def test_values_per_operation_are_bounded(srv):
+    """limits.max_values_per_operation (10,000) for everyone but
+    administrators, checked before access, schema or indexing."""
+    dn = "uid=erin," + PEOPLE
+    rc, _, err = srv.ldap("ldappasswd", "-s", "erin-pw", dn)
+    assert rc == 0, err
+    with srv.raw(timeout=30) as c:
+        assert ber.simple_bind(c, dn, "erin-pw") == 0
+        t0 = time.monotonic()
+        c.send(ber.message(2, modify_op(dn, [(0, "description", ["v%d" % i for i in range(10001)])])))
+        m = c.recv_msg(timeout=30)
+        assert m["code"] == 11 and "at most 10000" in m["diag"], m  # adminLimitExceeded
+        assert time.monotonic() - t0 < 0.5
+
+
 def test_users_cannot_store_costly_prehashed_passwords(srv):
     """A user may not store a value under a key-stretching scheme with
     parameters of their choosing: each bind against it would cost what they

@@ -540,6 +540,10 @@ pub struct Limits {
     pub unindexed_search_limit: u64,
     /// Simultaneous client connections.
     pub max_connections: usize,
+    /// Attribute values one add or modify may carry, except from
+    /// administrators (0 = no limit). Each value is normalised, checked
+    /// and indexed; the message size limit alone allows ~100,000 tiny ones.
+    pub max_values_per_operation: usize,
     /// Operations outstanding on one connection before reading pauses.
     pub max_ops_per_connection: usize,
     /// Large searches (more than a handful of candidates) running at once
@@ -633,6 +637,7 @@ impl Default for Limits {
             max_filter_terms: 10_000,
             unindexed_search_limit: 100_000,
             max_connections: 4096,
+            max_values_per_operation: 10_000,
             max_ops_per_connection: 64,
             max_search_threads: 0,
             idle_timeout: 0,

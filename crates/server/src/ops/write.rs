@@ -37,6 +37,27 @@ fn base_of(desc: &str) -> &str {
     desc.split(';').next().unwrap_or(desc)
 }
 
+/// Refuse an add or modify carrying more than `limits.max_values_per_operation`
+/// values, unless from an administrator; checked before anything else.
+fn check_value_count(
+    server: &Server,
+    who: &Identity,
+    counts: impl Iterator<Item = usize>,
+) -> OpResult<()> {
+    let max = server.cfg.config.limits.max_values_per_operation;
+    if max == 0 || who.is_admin() {
+        return Ok(());
+    }
+    let n: usize = counts.sum();
+    if n > max {
+        return Err(LdapError::new(
+            ResultCode::ADMIN_LIMIT_EXCEEDED,
+            format!("{n} attribute values in one operation; at most {max} are accepted"),
+        ));
+    }
+    Ok(())
+}
+
 /// Check userPassword values a client sends and count the clear-text ones
 /// (`clear`: counted so far in the operation). Each clear-text value costs
 /// a slow hash, so an operation may carry at most
@@ -170,6 +191,7 @@ pub async fn add(server: &Arc<Server>, who: &Identity, req: AddRequest) -> OpRes
     let norm = schema
         .normalize_dn(&dn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{dn}': {e}")))?;
+    check_value_count(server, who, req.attrs.iter().map(|a| a.values.len()))?;
     let mut entry = Entry::new(dn.clone());
     let mut clear = 0;
     for a in req.attrs {
@@ -468,6 +490,7 @@ pub async fn modify(server: &Arc<Server>, who: &Identity, mut req: ModifyRequest
     let norm = schema
         .normalize_dn(&dn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
+    check_value_count(server, who, req.changes.iter().map(|c| c.attr.values.len()))?;
     let mut clear = 0;
     for ch in &req.changes {
         reject_maintained(schema, &ch.attr.name)?;
