@@ -72,7 +72,7 @@ impl PasswordWork {
             return Ok(values);
         }
         let policy = self.policy;
-        let hash = move || {
+        self.hashing(move || {
             values
                 .into_iter()
                 .map(|v| {
@@ -83,24 +83,27 @@ impl PasswordWork {
                     }
                 })
                 .collect()
-        };
-        if !policy.is_slow() {
-            return Ok(hash());
-        }
-        self.slow(hash)
-            .await
-            .ok_or_else(|| LdapError::new(ResultCode::OTHER, "password hashing failed"))
+        })
+        .await
     }
 
     /// `clear` hashed under the policy, whatever it looks like (Password
     /// Modify's new password is always clear text).
-    pub async fn hash_one(&self, clear: Vec<u8>) -> OpResult<Vec<u8>> {
+    pub async fn hash_one(&self, clear: Vec<u8>) -> OpResult<String> {
         let policy = self.policy;
-        let hash = move || policy.hash(&clear).into_bytes();
-        if !policy.is_slow() {
-            return Ok(hash());
+        self.hashing(move || policy.hash(&clear)).await
+    }
+
+    /// Run hashing work `f`: inline when the policy's scheme is cheap,
+    /// otherwise through the bounded queue.
+    async fn hashing<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> OpResult<T> {
+        if !self.policy.is_slow() {
+            return Ok(f());
         }
-        self.slow(hash)
+        self.slow(f)
             .await
             .ok_or_else(|| LdapError::new(ResultCode::OTHER, "password hashing failed"))
     }

@@ -128,10 +128,7 @@ pub fn hash_password_with(clear: &[u8], params: &Argon2Params) -> Result<String,
 /// 4 GiB, which no LDAP request can carry; should it fail anyway, the value is
 /// hashed as `{SSHA512}` rather than panicking or storing it in clear.
 pub fn hash_password(clear: &[u8]) -> String {
-    match hash_password_with(clear, &Argon2Params::default()) {
-        Ok(s) => s,
-        Err(_) => ssha512(clear),
-    }
+    HashPolicy::default().hash(clear)
 }
 
 /// How clear-text passwords written by clients are stored: the scheme

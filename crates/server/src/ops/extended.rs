@@ -130,8 +130,7 @@ async fn passwd_modify(
             Some(stored)
         }
     };
-    let hashed = String::from_utf8(server.passwords.hash_one(new_clear.clone()).await?)
-        .map_err(|_| LdapError::new(ResultCode::OTHER, "password hashing failed"))?;
+    let hashed = server.passwords.hash_one(new_clear.clone()).await?;
     let audited = crate::observe::auditing(server)
         .then(|| (target.to_string(), vec![hashed.clone().into_bytes()]));
     let server3 = server.clone();

@@ -77,9 +77,10 @@ pub fn is_password(desc: &str) -> bool {
 /// names or its OID (`2.5.4.35;x` too). Stored descriptions are canonical,
 /// so [`is_password`] serves for them.
 pub fn names_password(schema: &pando_model::Schema, desc: &str) -> bool {
+    let base = desc.split(';').next().unwrap_or(desc);
     schema
-        .canonical_desc(desc)
-        .is_ok_and(|(_, at)| at.oid == USER_PASSWORD_OID)
+        .attribute(base)
+        .is_some_and(|at| at.oid == USER_PASSWORD_OID)
 }
 
 const USER_PASSWORD_OID: &str = "2.5.4.35";

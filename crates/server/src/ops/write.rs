@@ -38,7 +38,8 @@ fn base_of(desc: &str) -> &str {
 }
 
 /// Refuse an add or modify carrying more than `limits.max_values_per_operation`
-/// values, unless from an administrator; checked before anything else.
+/// values, unless from an administrator; checked before any schema, access
+/// or store work.
 fn check_value_count(
     server: &Server,
     who: &Identity,
