@@ -42,6 +42,9 @@ enum Command {
     Import(ImportArgs),
     /// Write the store (or a subtree) as LDIF, consistently, server running or not.
     Export(ExportArgs),
+    /// Write every entry that can still be read from a damaged store to LDIF,
+    /// with a report of what was lost (server stopped).
+    Salvage(SalvageArgs),
     /// Index maintenance (server stopped).
     Index(IndexArgs),
     /// Load generator: search/auth/bind/modify/add/delete rates against any LDAP server.
@@ -115,6 +118,19 @@ struct ExportArgs {
     /// Fold lines at this width (0 = no folding).
     #[arg(long, default_value_t = 76)]
     wrap: usize,
+}
+
+#[derive(clap::Args)]
+struct SalvageArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// LDIF output: the entries that could be read, parents first, with
+    /// every attribute as stored (import it with `pando import`).
+    #[arg(long, short = 'o')]
+    output: PathBuf,
+    /// The report of what could not be read (default: OUTPUT.report).
+    #[arg(long)]
+    report: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -236,6 +252,7 @@ fn main() -> ExitCode {
         Command::Gen(args) => gen(args),
         Command::Import(args) => import(args),
         Command::Export(args) => export(args),
+        Command::Salvage(args) => salvage(args),
         Command::Index(IndexArgs {
             action: IndexAction::Rebuild { store, attrs },
         }) => index_rebuild(store, attrs),
@@ -351,6 +368,11 @@ fn verify(args: VerifyArgs) -> Result<ExitCode, String> {
         );
         store
     } else {
+        // Every page is checked before LMDB reads them all.
+        if let Err(e) = pando_store::preflight(&dir, false, true) {
+            println!("{}: {e}", dir.display());
+            return Ok(ExitCode::from(1));
+        }
         pando_store::Store::open_read_only(&dir, schema, &opts)
             .map_err(|e| format!("{}: {e}", dir.display()))?
     };
@@ -583,10 +605,135 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
     })
 }
 
+fn salvage(args: SalvageArgs) -> Result<ExitCode, String> {
+    use std::io::Write;
+    let (resolved, _) = resolve(&args.store)?;
+    let data_dir = &resolved.config.data_dir;
+    let dir = pando_server::store_dir(data_dir);
+    // A running server would be changing what is read.
+    let _lock = pando_server::datadir::lock(data_dir)?;
+    let report_path = args.report.clone().unwrap_or_else(|| {
+        let mut p = args.output.clone().into_os_string();
+        p.push(".report");
+        PathBuf::from(p)
+    });
+    let f = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&args.output)
+            .map_err(|e| format!("{}: {e}", args.output.display()))?
+    };
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+    let report = pando_store::salvage::salvage(&dir, &mut |dn, attrs| {
+        let flat = attrs.iter().flat_map(|a| {
+            a.values
+                .iter()
+                .map(move |v| (a.desc.as_str(), v.as_slice()))
+        });
+        pando_ldif::write_entry(&mut w, dn, flat, Some(76))
+    })
+    .map_err(|e| format!("{}: {e}", dir.display()))?;
+    w.flush()
+        .and_then(|()| w.get_ref().sync_all())
+        .map_err(|e| format!("{}: {e}", args.output.display()))?;
+    let mut r = Vec::new();
+    let _ = writeln!(
+        r,
+        "# pando salvage of {}: snapshot {}{}\n# {} entries written to {}",
+        dir.display(),
+        report.txnid,
+        if report.previous_snapshot {
+            " (the previous one: the newest was unreadable)"
+        } else {
+            ""
+        },
+        report.written,
+        args.output.display()
+    );
+    let _ = writeln!(
+        r,
+        "# {} part(s) of the file unreadable:",
+        report.damage.len()
+    );
+    for d in &report.damage {
+        let _ = writeln!(r, "#   {d}");
+    }
+    let _ = writeln!(
+        r,
+        "# {} entries unreadable (checksum or encoding):",
+        report.unreadable.len()
+    );
+    for (id, e) in &report.unreadable {
+        let _ = writeln!(r, "#   entry {id}: {e}");
+    }
+    let _ = writeln!(
+        r,
+        "# {} entries read whole but whose DN is lost; their content follows, commented out:",
+        report.orphans.len()
+    );
+    for (id, why, attrs) in &report.orphans {
+        let _ = writeln!(r, "#\n# entry {id}: {why}");
+        let mut block = Vec::new();
+        let flat = attrs.iter().flat_map(|a| {
+            a.values
+                .iter()
+                .map(move |v| (a.desc.as_str(), v.as_slice()))
+        });
+        let _ = pando_ldif::write_entry(&mut block, &format!("entryID={id}"), flat, Some(76));
+        for line in String::from_utf8_lossy(&block).lines() {
+            let _ = writeln!(r, "# {line}");
+        }
+    }
+    write_private(&report_path, &r)?;
+    let lost = report.damage.len() + report.unreadable.len() + report.orphans.len();
+    eprintln!(
+        "salvaged {} entries from {} to {}; {}",
+        report.written,
+        dir.display(),
+        args.output.display(),
+        if lost == 0 {
+            "nothing was lost".to_string()
+        } else {
+            format!(
+                "{} unreadable part(s), {} unreadable entries, {} entries without a DN: see {}",
+                report.damage.len(),
+                report.unreadable.len(),
+                report.orphans.len(),
+                report_path.display()
+            )
+        }
+    );
+    Ok(if lost == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// Write a file only the owner reads (salvaged data holds password hashes).
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(err)?;
+    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(err)
+}
+
 fn export(args: ExportArgs) -> Result<ExitCode, String> {
     use std::io::Write;
     let (resolved, schema) = resolve(&args.store)?;
     let dir = pando_server::store_dir(&resolved.config.data_dir);
+    pando_store::preflight(&dir, false, true).map_err(|e| format!("{}: {e}", dir.display()))?;
     let store =
         pando_store::Store::open_read_only(&dir, schema, &pando_server::store_options(&resolved))
             .map_err(|e| format!("{}: {e}", dir.display()))?;

@@ -81,6 +81,9 @@ pub fn backup(
             dest.display()
         ));
     }
+    // Every page is checked before LMDB copies them all.
+    pando_store::preflight(store_dir, false, true)
+        .map_err(|e| format!("{}: {e}", store_dir.display()))?;
     let store = Store::open_read_only(store_dir, schema, opts)
         .map_err(|e| format!("{}: {e}", store_dir.display()))?;
     let r = backup_store(&store, dest);
@@ -98,6 +101,12 @@ pub fn backup_store(store: &Store, dest: &Path) -> Result<BackupReport, String> 
             dest.display()
         ));
     }
+    // Built under a temporary name and renamed when whole and synced: a
+    // directory with the backup's name is always a complete backup.
+    let final_dest = dest;
+    let partial = partial_name(dest);
+    let _ = std::fs::remove_dir_all(&partial);
+    let dest = partial.as_path();
     crate::datadir::private_dir(dest)?;
     let data = dest.join(DATA_FILE);
     let copy_started = Instant::now();
@@ -143,18 +152,19 @@ pub fn backup_store(store: &Store, dest: &Path) -> Result<BackupReport, String> 
     };
     let text = toml::to_string(&manifest).map_err(|e| e.to_string())?;
     let mpath = dest.join(MANIFEST);
-    std::fs::write(&mpath, text).map_err(|e| format!("{}: {e}", mpath.display()))?;
+    write_synced(&mpath, text.as_bytes())?;
     // A backup holds every password hash: readable by the service account only.
     for f in [&data, &mpath] {
         std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| format!("{}: {e}", f.display()))?;
     }
-    File::open(dest)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| format!("{}: {e}", dest.display()))?;
+    sync_dir(dest)?;
+    std::fs::rename(dest, final_dest)
+        .map_err(|e| format!("cannot name the backup {}: {e}", final_dest.display()))?;
+    sync_dir(&parent_of(final_dest))?;
     Ok(BackupReport {
         manifest,
-        dest: dest.to_path_buf(),
+        dest: final_dest.to_path_buf(),
         copy_secs,
         total_secs: started.elapsed().as_secs_f64(),
     })
@@ -197,11 +207,14 @@ pub fn check(src: &Path) -> Result<Manifest, String> {
 
 /// Replace the store of the (stopped) server in `data_dir` with the backup
 /// in `src`. The caller holds the data directory lock.
+///
+/// Atomic against a cut: the backup is copied and synced beside the store,
+/// then the two directories are exchanged in one rename (`RENAME_EXCHANGE`),
+/// so `db` is always either the old store or the new one.
 pub fn restore(src: &Path, data_dir: &Path) -> Result<Manifest, String> {
     let m = check(src)?;
     let db = crate::store_dir(data_dir);
     let staging = data_dir.join("db.restoring");
-    let old = data_dir.join("db.replaced");
     let _ = std::fs::remove_dir_all(&staging);
     crate::datadir::private_dir(&staging)?;
     let staged = staging.join(DATA_FILE);
@@ -210,6 +223,7 @@ pub fn restore(src: &Path, data_dir: &Path) -> Result<Manifest, String> {
     File::open(&staged)
         .and_then(|f| f.sync_all())
         .map_err(|e| format!("{}: {e}", staged.display()))?;
+    sync_dir(&staging)?;
     // The copy is checked again where it landed before it replaces anything.
     let (sha, _) = sha256_file(&staged)?;
     if sha != m.sha256 {
@@ -219,16 +233,68 @@ pub fn restore(src: &Path, data_dir: &Path) -> Result<Manifest, String> {
             staged.display()
         ));
     }
-    let _ = std::fs::remove_dir_all(&old);
     if db.exists() {
-        std::fs::rename(&db, &old)
-            .map_err(|e| format!("cannot move {} aside: {e}", db.display()))?;
+        exchange(&staging, &db)?;
+    } else {
+        std::fs::rename(&staging, &db)
+            .map_err(|e| format!("cannot move {} into place: {e}", staging.display()))?;
     }
-    std::fs::rename(&staging, &db)
-        .map_err(|e| format!("cannot move {} into place: {e}", staging.display()))?;
-    File::open(data_dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| format!("{}: {e}", data_dir.display()))?;
-    let _ = std::fs::remove_dir_all(&old);
+    sync_dir(data_dir)?;
+    // After an exchange the replaced store is under the staging name.
+    let _ = std::fs::remove_dir_all(&staging);
     Ok(m)
+}
+
+/// Swap two directories in one step (Linux `renameat2`, RENAME_EXCHANGE).
+fn exchange(a: &Path, b: &Path) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|e| e.to_string());
+    let (ca, cb) = (c(a)?, c(b)?);
+    // SAFETY: two valid NUL-terminated paths, relative to the working
+    // directory when not absolute (AT_FDCWD).
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "cannot exchange {} and {}: {}",
+            a.display(),
+            b.display(),
+            std::io::Error::last_os_error()
+        ))
+    }
+}
+
+/// Where a backup is built before it gets its name.
+fn partial_name(dest: &Path) -> PathBuf {
+    let mut name = dest.file_name().unwrap_or_default().to_os_string();
+    name.push(".partial");
+    dest.with_file_name(name)
+}
+
+fn parent_of(p: &Path) -> PathBuf {
+    match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut f = File::create(path).map_err(err)?;
+    f.write_all(bytes).map_err(err)?;
+    f.sync_all().map_err(err)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), String> {
+    pando_store::sync_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))
 }

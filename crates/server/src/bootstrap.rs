@@ -65,6 +65,14 @@ impl RootPassword {
 /// Settle the administrator password: configured hash, else the stored one,
 /// else generate one, keep its hash, and write the clear text once to a
 /// 0600 file that the operator reads and may delete.
+///
+/// Safe against a cut at any point, and never overwrites `admin-password`:
+/// the clear text goes to `admin-password.new` (synced), the hash is
+/// committed and synced, then the file is renamed into place. A start that
+/// finds the hash and a `.new` file whose password matches it finishes the
+/// rename; a stored hash without a file is normal (the operator deleted it).
+/// An `admin-password` beside a store without a hash belongs to some other
+/// store: the start is refused.
 pub fn root_password(
     store: &Store,
     data_dir: &Path,
@@ -73,28 +81,67 @@ pub fn root_password(
     if let Some(h) = configured {
         return Ok(RootPassword::Configured(h.to_string()));
     }
+    let file = data_dir.join(ADMIN_PASSWORD_FILE);
+    let pending = data_dir.join(format!("{ADMIN_PASSWORD_FILE}.new"));
     if let Some(h) = store.read()?.view().meta_get(META_ROOT_HASH)? {
-        return Ok(RootPassword::Stored(
-            String::from_utf8_lossy(&h).into_owned(),
-        ));
+        let hash = String::from_utf8_lossy(&h).into_owned();
+        finish_pending(&pending, &file, &hash, data_dir)?;
+        return Ok(RootPassword::Stored(hash));
+    }
+    if file.exists() {
+        return Err(BootstrapError::Entry(format!(
+            "{} exists but the store holds no administrator password: the store is not the one that file was made for \
+             (replaced, restored from elsewhere, or damaged). Nothing was changed. Restore the store from a backup, \
+             or, to start a new directory on this store, move {} away",
+            file.display(),
+            file.display()
+        )));
     }
     let clear = password::generate_password();
     let hash = password::hash_password(clear.as_bytes());
-    let file = data_dir.join(ADMIN_PASSWORD_FILE);
+    write_private(&pending, clear.as_bytes())?;
+    let h = hash.clone();
+    store.write_blocking(move |w| w.meta_put(META_ROOT_HASH, h.as_bytes()))?;
+    // Whatever the durability mode: the file must never outlive its hash.
+    store.sync()?;
+    rename_synced(&pending, &file, data_dir)?;
+    Ok(RootPassword::Generated { hash, file })
+}
+
+/// After a cut between committing a generated hash and renaming its file.
+fn finish_pending(
+    pending: &Path,
+    file: &Path,
+    hash: &str,
+    data_dir: &Path,
+) -> Result<(), BootstrapError> {
+    let Ok(clear) = std::fs::read(pending) else {
+        return Ok(());
+    };
+    if !file.exists() && password::verify_password(&clear, hash.as_bytes()) {
+        rename_synced(pending, file, data_dir)
+    } else {
+        // Written for a hash that was never committed: worthless.
+        std::fs::remove_file(pending).map_err(|e| BootstrapError::Io(pending.to_path_buf(), e))
+    }
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), BootstrapError> {
+    let io = |e| BootstrapError::Io(path.to_path_buf(), e);
     let mut f = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .open(&file)
-        .map_err(|e| BootstrapError::Io(file.clone(), e))?;
-    f.write_all(clear.as_bytes())
-        .map_err(|e| BootstrapError::Io(file.clone(), e))?;
-    f.sync_all()
-        .map_err(|e| BootstrapError::Io(file.clone(), e))?;
-    let h = hash.clone();
-    store.write_blocking(move |w| w.meta_put(META_ROOT_HASH, h.as_bytes()))?;
-    Ok(RootPassword::Generated { hash, file })
+        .open(path)
+        .map_err(io)?;
+    f.write_all(bytes).map_err(io)?;
+    f.sync_all().map_err(io)
+}
+
+fn rename_synced(from: &Path, to: &Path, dir: &Path) -> Result<(), BootstrapError> {
+    std::fs::rename(from, to).map_err(|e| BootstrapError::Io(to.to_path_buf(), e))?;
+    pando_store::sync_dir(dir).map_err(|e| BootstrapError::Io(dir.to_path_buf(), e))
 }
 
 /// Object classes for a suffix entry named by its first RDN attribute.

@@ -46,6 +46,25 @@ pub struct ServeOptions {
 }
 
 /// Directory holding the LMDB files inside the data directory.
+/// Why `serve` will not start on the store, and what the operator can do.
+/// Nothing was written: a store that is not recognised is never
+/// initialised over.
+fn refused_store(data_dir: &std::path::Path, e: &pando_store::StoreError) -> String {
+    let dir = store_dir(data_dir);
+    let d = data_dir.display();
+    let advice = match e {
+        pando_store::StoreError::Format(_) => format!(
+            "Run a Pando that reads this format, or restore a backup (`pando restore --data-dir {d} BACKUP`)."
+        ),
+        _ => format!(
+            "Nothing was changed. Check it with `pando verify --data-dir {d}`; restore a backup \
+             (`pando restore --data-dir {d} BACKUP`), or write what can still be read to LDIF \
+             with `pando salvage --data-dir {d} -o saved.ldif`."
+        ),
+    };
+    format!("cannot serve the store in {}: {e}. {advice}", dir.display())
+}
+
 pub fn store_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
     data_dir.join("db")
 }
@@ -123,12 +142,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         let so = store_options(&cfg);
         tokio::task::spawn_blocking(move || Store::open(&dir, schema, &so))
             .await?
-            .map_err(|e| {
-                format!(
-                    "cannot open store in {}: {e}",
-                    store_dir(&data_dir).display()
-                )
-            })?
+            .map_err(|e| refused_store(&data_dir, &e))?
     };
     bulk::check_complete(&store)?;
     if cfg.config.store.warm_start {

@@ -23,11 +23,14 @@
 pub mod bulk;
 mod dn_cache;
 pub mod entry_codec;
+pub mod file_check;
 pub mod index;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod model_check;
 mod plan;
 mod readers;
+pub mod salvage;
+pub mod unsynced_marker;
 mod writer;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -41,6 +44,7 @@ use roaring::RoaringTreemap;
 
 pub use index::IndexKind;
 pub use plan::Candidates;
+pub use unsynced_marker::sync_dir;
 pub use writer::{Durability, WriteJobError, WriterFigures};
 
 pub type EntryId = u64;
@@ -50,6 +54,74 @@ type Db = Database<Bytes, Bytes>;
 /// is written, so a large map costs nothing and removes the "maxsize"
 /// cliff; `map_size` is a cap an operator may set on purpose.
 pub const DEFAULT_MAP_SIZE: usize = 1 << 40;
+
+/// LMDB's data file inside the store directory.
+pub const DATA_FILE: &str = "data.mdb";
+
+fn missing_database(path: &Path, name: &str) -> StoreError {
+    StoreError::Damaged(format!(
+        "{} has no '{name}' database: not a Pando store, or damaged",
+        path.join(DATA_FILE).display()
+    ))
+}
+
+/// Check the data file before LMDB is given it (see [`file_check`]); say
+/// whether it holds a store. A file written with durability `none` and
+/// never synced after is checked whole; when `writable` and sound, it is
+/// synced and its marker removed.
+///
+/// `whole`: check every page (reading commands that then read it all).
+/// A server may be committing while a reading command checks: a check is
+/// only believed when the newest snapshot did not change during it (and a
+/// whole check that never sees a still snapshot is left to the server,
+/// which checked the store when it started).
+pub fn preflight(path: &Path, writable: bool, whole: bool) -> Result<bool, StoreError> {
+    let data = path.join(DATA_FILE);
+    let file = match std::fs::File::open(&data) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(StoreError::Damaged(format!("{}: {e}", data.display()))),
+    };
+    let unsynced = unsynced_marker::present(path);
+    let newest = |f: &std::fs::File| file_check::DataFile::open(f).ok().map(|d| d.meta.txnid);
+    let mut damage = Vec::new();
+    for _ in 0..5 {
+        let before = newest(&file);
+        damage = file_check::check_paths(&file);
+        if damage.is_empty() && (unsynced || whole) {
+            damage = match file_check::DataFile::open(&file) {
+                Ok(d) => d.check_all(),
+                Err(e) => vec![e],
+            };
+        }
+        if damage.is_empty() || newest(&file) == before {
+            break;
+        }
+        if !unsynced {
+            // Being written: the paths (small, quickly read) must still hold.
+            damage = file_check::check_paths(&file);
+        }
+    }
+    if !damage.is_empty() {
+        let why = if unsynced {
+            " (it was written with durability = none and not synced before the last stop)"
+        } else {
+            ""
+        };
+        return Err(StoreError::Damaged(format!(
+            "{}{why}: {}",
+            data.display(),
+            damage.join("; ")
+        )));
+    }
+    if unsynced && writable {
+        tracing::warn!(path = %data.display(), "the store was written with durability = none and not synced before the last stop: checked whole, it is sound");
+        file.sync_all()?;
+        unsynced_marker::clear(path);
+    }
+    file_check::has_databases(&file)
+        .map_err(|e| StoreError::Damaged(format!("{}: {e}", data.display())))
+}
 
 /// On-disk format of the whole store; bumped on any incompatible change.
 /// 2: entries may be zstd-compressed (entry format 2) and single-ID
@@ -73,6 +145,9 @@ pub enum StoreError {
     Corrupt(String),
     /// The store was written by an incompatible version of Pando.
     Format(String),
+    /// The data file's structure is damaged (or it is not a Pando store):
+    /// found before LMDB was given it.
+    Damaged(String),
     /// Any other LMDB or I/O failure.
     Lmdb(String),
     /// The writer thread is gone (server shutting down).
@@ -86,6 +161,7 @@ impl std::fmt::Display for StoreError {
             Self::DiskFull => f.write_str("no space left on the device holding the database"),
             Self::Corrupt(s) => write!(f, "store corruption: {s}"),
             Self::Format(s) => write!(f, "store format: {s}"),
+            Self::Damaged(s) => write!(f, "damaged store: {s}"),
             Self::Lmdb(s) => write!(f, "storage error: {s}"),
             Self::Closed => f.write_str("store is closed"),
         }
@@ -242,6 +318,10 @@ impl Store {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))?;
         }
+        // An existing file is checked before LMDB trusts it, and is never
+        // initialised over: only a directory without a store (or with one
+        // whose creating transaction never committed) gets a new one.
+        let existing = preflight(path, true, false)?;
         let mut env_opts = EnvOpenOptions::new();
         env_opts
             .map_size(opts.map_size)
@@ -255,11 +335,32 @@ impl Store {
             env_opts.open(path)?
         };
         let mut wtxn = env.write_txn()?;
-        let meta: Db = env.create_database(&mut wtxn, Some("meta"))?;
-        let id2entry: Db = env.create_database(&mut wtxn, Some("id2entry"))?;
-        let dn2id: Db = env.create_database(&mut wtxn, Some("dn2id"))?;
-        let id2parent: Db = env.create_database(&mut wtxn, Some("id2parent"))?;
+        let (meta, id2entry, dn2id, id2parent): (Db, Db, Db, Db) = if existing {
+            let open = |name: &str| -> Result<Db, StoreError> {
+                env.open_database::<Bytes, Bytes>(&wtxn, Some(name))?
+                    .ok_or_else(|| missing_database(path, name))
+            };
+            (
+                open("meta")?,
+                open("id2entry")?,
+                open("dn2id")?,
+                open("id2parent")?,
+            )
+        } else {
+            (
+                env.create_database(&mut wtxn, Some("meta"))?,
+                env.create_database(&mut wtxn, Some("id2entry"))?,
+                env.create_database(&mut wtxn, Some("dn2id"))?,
+                env.create_database(&mut wtxn, Some("id2parent"))?,
+            )
+        };
         match meta.get(&wtxn, META_FORMAT)? {
+            None if existing => {
+                return Err(StoreError::Damaged(format!(
+                    "{}: the 'meta' database has no format record",
+                    path.join(DATA_FILE).display()
+                )))
+            }
             None => {
                 meta.put(&mut wtxn, META_FORMAT, &FORMAT_VERSION.to_be_bytes())?;
                 meta.put(&mut wtxn, META_NEXT_ID, &1u64.to_be_bytes())?;
@@ -373,7 +474,7 @@ impl Store {
         schema: Arc<Schema>,
         opts: &StoreOptions,
     ) -> Result<Store, StoreError> {
-        if !path.join("data.mdb").exists() {
+        if !preflight(path, false, false)? {
             return Err(StoreError::Format(format!(
                 "no store in {}",
                 path.display()
@@ -392,12 +493,7 @@ impl Store {
         let rtxn = env.read_txn()?;
         let open = |name: &str| -> Result<Db, StoreError> {
             env.open_database::<Bytes, Bytes>(&rtxn, Some(name))?
-                .ok_or_else(|| {
-                    StoreError::Format(format!(
-                        "{} has no '{name}' database: not a Pando store",
-                        path.display()
-                    ))
-                })
+                .ok_or_else(|| missing_database(path, name))
         };
         let (meta, id2entry, dn2id, id2parent) = (
             open("meta")?,
@@ -455,6 +551,11 @@ impl Store {
             .copy_to_file(dest, heed::CompactionOption::Enabled)?;
         f.sync_all()?;
         Ok(())
+    }
+
+    /// Make every committed write durable now, whatever the durability mode.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        Ok(self.inner.env.force_sync()?)
     }
 
     pub fn schema(&self) -> &Arc<Schema> {

@@ -124,11 +124,13 @@ impl WriterHandle {
 pub enum Durability {
     /// Acknowledge after the batch's fsync (default).
     Durable,
-    /// Acknowledge after commit, fsync later: at most `max_writes` writes or
-    /// `max_ms` milliseconds are at risk on a power loss or OS crash (a
-    /// process crash loses nothing: the data is in the page cache).
+    /// Acknowledge after the commit's data sync, before its meta page is
+    /// synced: a power loss or OS crash undoes at most the newest commit,
+    /// and only within `max_ms` (or `max_writes` writes) of it; the store
+    /// stays intact. A process crash loses nothing.
     Batched { max_writes: u64, max_ms: u64 },
-    /// Leave flushing to the OS (bulk loads, tests).
+    /// Leave flushing to the OS (bulk loads, tests). A power loss or OS
+    /// crash can damage the store; the server checks it at the next start.
     None,
 }
 
@@ -220,19 +222,142 @@ impl DurabilityCell {
     }
 }
 
+/// How LMDB is told to commit, per durability mode.
+///
+/// * `Synced` (durable): data pages fdatasync'd, then the meta page written
+///   synchronously: a commit is on disk before it is answered.
+/// * `MetaAsync` (batched): data pages fdatasync'd, the meta page written
+///   without a sync (`MDB_NOMETASYNC`). LMDB documents that this keeps the
+///   database's integrity: the unsynced meta page can only be lost whole
+///   (the next commit's data sync, or the writer's timer, makes it durable),
+///   so a power cut undoes at most the newest commit.
+/// * `NoSync` (none): nothing synced (`MDB_NOSYNC`). A power cut can leave a
+///   meta page pointing at pages that never reached the disk: the store may
+///   be damaged. A marker file says so until the next sync, and the server
+///   checks the whole store at start when it finds one.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum SyncFlags {
+    Synced,
+    MetaAsync,
+    NoSync,
+}
+
+impl SyncFlags {
+    fn of(mode: Durability) -> Self {
+        match mode {
+            Durability::Durable => SyncFlags::Synced,
+            Durability::Batched { .. } => SyncFlags::MetaAsync,
+            Durability::None => SyncFlags::NoSync,
+        }
+    }
+
+    fn lmdb(self) -> heed::EnvFlags {
+        match self {
+            SyncFlags::Synced => heed::EnvFlags::empty(),
+            SyncFlags::MetaAsync => heed::EnvFlags::NO_META_SYNC,
+            SyncFlags::NoSync => heed::EnvFlags::NO_SYNC,
+        }
+    }
+}
+
+/// The writer's view of what is committed but not yet on disk.
+struct Unsynced {
+    flags: SyncFlags,
+    /// Answered writes whose commit is not yet known to be durable.
+    writes: u64,
+    /// When the oldest of them was answered.
+    since: Instant,
+}
+
+impl Unsynced {
+    /// Switch LMDB to the flags `mode` needs. Only this thread commits, so
+    /// changing flags between transactions is safe. Leaving a mode syncs
+    /// first, and the no-sync marker exists exactly while unsynced writes
+    /// might be damaging ones.
+    fn switch(&mut self, inner: &Inner, mode: Durability) {
+        let want = SyncFlags::of(mode);
+        if want == self.flags {
+            return;
+        }
+        if self.writes > 0 {
+            self.sync(inner);
+        }
+        if want == SyncFlags::NoSync {
+            if let Err(e) = crate::unsynced_marker::set(&inner.path) {
+                tracing::error!(error = %e, "cannot record that the store is written without syncing; staying in the current durability mode");
+                return;
+            }
+        }
+        let all = heed::EnvFlags::NO_SYNC | heed::EnvFlags::NO_META_SYNC;
+        // SAFETY: no other thread calls set_flags, and no write transaction
+        // is open on this thread here.
+        let set = unsafe {
+            inner
+                .env
+                .set_flags(all, heed::FlagSetMode::Disable)
+                .and_then(|()| {
+                    if want.lmdb().is_empty() {
+                        Ok(())
+                    } else {
+                        inner.env.set_flags(want.lmdb(), heed::FlagSetMode::Enable)
+                    }
+                })
+        };
+        match set {
+            Ok(()) => {
+                if self.flags == SyncFlags::NoSync {
+                    crate::unsynced_marker::clear(&inner.path);
+                }
+                self.flags = want;
+            }
+            Err(e) => tracing::error!(error = %e, "cannot change the durability mode"),
+        }
+    }
+
+    /// A batch of `n` writes was committed and answered.
+    fn committed(&mut self, n: u64) {
+        match self.flags {
+            SyncFlags::Synced => {}
+            // This commit's data sync made the previous meta page durable:
+            // only this commit is at risk.
+            SyncFlags::MetaAsync => {
+                self.writes = n;
+                self.since = Instant::now();
+            }
+            SyncFlags::NoSync => {
+                if self.writes == 0 {
+                    self.since = Instant::now();
+                }
+                self.writes += n;
+            }
+        }
+    }
+
+    fn sync(&mut self, inner: &Inner) {
+        match inner.env.force_sync() {
+            Ok(()) => {
+                self.writes = 0;
+                inner.stats.syncs.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => tracing::error!(error = %e, "fsync of the store failed"),
+        }
+    }
+}
+
 fn run(inner: Arc<Inner>, rx: mpsc::Receiver<Job>, max_batch: usize) {
     let mut batch: Vec<Job> = Vec::with_capacity(max_batch);
-    // Whether the environment currently commits without fsync.
-    let mut no_sync = false;
-    // Writes committed but not yet synced, and since when (batched mode).
-    let mut unsynced: u64 = 0;
-    let mut unsynced_since = Instant::now();
+    let mut state = Unsynced {
+        flags: SyncFlags::Synced,
+        writes: 0,
+        since: Instant::now(),
+    };
     loop {
         let mode = inner.durability.get();
-        // With unsynced writes pending, wake up in time to sync them.
-        let first = match (mode, unsynced) {
+        // With unsynced writes pending in batched mode, wake up in time to
+        // sync them.
+        let first = match (mode, state.writes) {
             (Durability::Batched { max_ms, .. }, n) if n > 0 => {
-                let deadline = unsynced_since + Duration::from_millis(max_ms);
+                let deadline = state.since + Duration::from_millis(max_ms);
                 match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                     Ok(job) => Some(job),
                     Err(mpsc::RecvTimeoutError::Timeout) => None,
@@ -244,27 +369,7 @@ fn run(inner: Arc<Inner>, rx: mpsc::Receiver<Job>, max_batch: usize) {
                 Err(_) => break,
             },
         };
-        let mode = inner.durability.get();
-        let want_no_sync = mode != Durability::Durable;
-        if want_no_sync != no_sync {
-            // Only this thread commits, so flipping MDB_NOSYNC between
-            // transactions is safe. Leaving a no-sync mode syncs first.
-            if !want_no_sync && unsynced > 0 {
-                sync(&inner, &mut unsynced);
-            }
-            let flag = if want_no_sync {
-                heed::FlagSetMode::Enable
-            } else {
-                heed::FlagSetMode::Disable
-            };
-            // SAFETY: no other thread calls set_flags, and no write
-            // transaction is open on this thread here.
-            if let Err(e) = unsafe { inner.env.set_flags(heed::EnvFlags::NO_SYNC, flag) } {
-                tracing::error!(error = %e, "cannot change the durability mode");
-            } else {
-                no_sync = want_no_sync;
-            }
-        }
+        state.switch(&inner, inner.durability.get());
         if let Some(first) = first {
             batch.push(first);
             while batch.len() < max_batch {
@@ -275,39 +380,23 @@ fn run(inner: Arc<Inner>, rx: mpsc::Receiver<Job>, max_batch: usize) {
             }
             let n = batch.len() as u64;
             let replies = apply_batch(&inner, &mut batch);
-            if no_sync {
-                if unsynced == 0 {
-                    unsynced_since = Instant::now();
-                }
-                unsynced += n;
-            }
+            state.committed(n);
             for (reply, result) in replies {
                 reply(result);
             }
         }
         if let Durability::Batched { max_writes, max_ms } = inner.durability.get() {
-            if unsynced > 0
-                && (unsynced >= max_writes
-                    || unsynced_since.elapsed() >= Duration::from_millis(max_ms))
+            if state.writes > 0
+                && (state.writes >= max_writes
+                    || state.since.elapsed() >= Duration::from_millis(max_ms))
             {
-                sync(&inner, &mut unsynced);
+                state.sync(&inner);
             }
         }
     }
-    // Shutting down: whatever the mode, leave nothing unsynced.
-    if no_sync {
-        sync(&inner, &mut unsynced);
-    }
-}
-
-fn sync(inner: &Inner, unsynced: &mut u64) {
-    match inner.env.force_sync() {
-        Ok(()) => {
-            *unsynced = 0;
-            inner.stats.syncs.fetch_add(1, Ordering::Relaxed);
-        }
-        Err(e) => tracing::error!(error = %e, "fsync of the store failed"),
-    }
+    // Shutting down: whatever the mode, leave nothing unsynced (and no
+    // marker saying otherwise).
+    state.switch(&inner, Durability::Durable);
 }
 
 fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), StoreError>)> {

@@ -1,0 +1,207 @@
+//! Salvage: every entry that can still be read from a damaged store.
+//!
+//! Reads the data file through [`file_check`] (plain reads, every page
+//! checked), never through LMDB: a store LMDB cannot open still gives up
+//! what survived. The newest snapshot is used; if its main database cannot
+//! be read, the previous one. Entries come out parents first with their DN
+//! rebuilt from `id2parent`; an entry whose checksum fails is left out, and
+//! one whose DN cannot be rebuilt (its placement or a parent's is lost) is
+//! reported with its content rather than placed somewhere it never was.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use pando_model::{Attribute, Dn};
+
+use crate::file_check::{DataFile, DbRecord};
+use crate::{decode_placement, entry_codec, EntryId, Placement, StoreError, DATA_FILE};
+
+/// What salvage found, for its report.
+#[derive(Debug, Default)]
+pub struct SalvageReport {
+    /// The snapshot read (LMDB transaction ID), and whether it was the
+    /// older of the two because the newest could not be read.
+    pub txnid: u64,
+    pub previous_snapshot: bool,
+    /// Entries written out.
+    pub written: u64,
+    /// Parts of the file that could not be read, in words.
+    pub damage: Vec<String>,
+    /// Entries whose stored bytes fail their checksum or cannot be decoded.
+    pub unreadable: Vec<(EntryId, String)>,
+    /// Entries read whole whose DN is lost: ID, what is known of the place,
+    /// and the content.
+    pub orphans: Vec<(EntryId, String, Vec<Attribute>)>,
+}
+
+/// Read what can be read from the store in `store_dir`; give each entry to
+/// `out` (DN, attributes), parents before children.
+pub fn salvage(
+    store_dir: &Path,
+    out: &mut dyn FnMut(&str, &[Attribute]) -> std::io::Result<()>,
+) -> Result<SalvageReport, StoreError> {
+    let path = store_dir.join(DATA_FILE);
+    let file = std::fs::File::open(&path)
+        .map_err(|e| StoreError::Damaged(format!("{}: {e}", path.display())))?;
+    let newest = DataFile::open_lenient(&file)
+        .map_err(|e| StoreError::Damaged(format!("{}: {e}", path.display())))?;
+    let mut report = SalvageReport::default();
+    let mut dbs = newest.databases(&mut report.damage);
+    let mut snapshot = &newest;
+    let previous = newest.previous_snapshot();
+    if !["id2entry", "id2parent"]
+        .iter()
+        .all(|n| dbs.contains_key(*n))
+    {
+        if let Some(prev) = &previous {
+            let mut d = Vec::new();
+            let older = prev.databases(&mut d);
+            if older.contains_key("id2entry") {
+                report.damage.push(format!(
+                    "the newest snapshot's database list is unreadable; read the previous one (transaction {})",
+                    prev.meta.txnid
+                ));
+                report.damage.extend(d);
+                dbs = older;
+                snapshot = prev;
+                report.previous_snapshot = true;
+            }
+        }
+    }
+    report.txnid = snapshot.meta.txnid;
+    let codec = codec_from(snapshot, dbs.get("meta"), &mut report.damage);
+    let mut places: HashMap<EntryId, Placement> = HashMap::new();
+    records(
+        snapshot,
+        &dbs,
+        "id2parent",
+        &mut report.damage,
+        &mut |id, v| {
+            if let Ok(p) = decode_placement(id, v) {
+                places.insert(id, p);
+            }
+        },
+    );
+    let mut entries: BTreeMap<EntryId, Vec<u8>> = BTreeMap::new();
+    records(
+        snapshot,
+        &dbs,
+        "id2entry",
+        &mut report.damage,
+        &mut |id, v| {
+            entries.insert(id, v.to_vec());
+        },
+    );
+    // DNs, parents first: (depth, id) order.
+    let mut placed: Vec<(usize, EntryId, String)> = Vec::new();
+    let mut lost: Vec<(EntryId, String)> = Vec::new();
+    for &id in entries.keys() {
+        match dn_of(id, &places, &entries) {
+            Ok((depth, dn)) => placed.push((depth, id, dn)),
+            Err(why) => lost.push((id, why)),
+        }
+    }
+    placed.sort();
+    let decode = |id: EntryId, bytes: &[u8]| -> Result<Vec<Attribute>, String> {
+        codec
+            .decode(id, Dn::root(), bytes)
+            .map(|e| e.attrs)
+            .map_err(|e| e.to_string())
+    };
+    for (_, id, dn) in placed {
+        match decode(id, &entries[&id]) {
+            Ok(attrs) => {
+                out(&dn, &attrs).map_err(StoreError::from)?;
+                report.written += 1;
+            }
+            Err(e) => report.unreadable.push((id, e)),
+        }
+    }
+    for (id, why) in lost {
+        match decode(id, &entries[&id]) {
+            Ok(attrs) => report.orphans.push((id, why, attrs)),
+            Err(e) => report.unreadable.push((id, e)),
+        }
+    }
+    Ok(report)
+}
+
+/// Records of one database keyed by entry ID.
+fn records(
+    f: &DataFile<'_, std::fs::File>,
+    dbs: &BTreeMap<String, DbRecord>,
+    name: &str,
+    damage: &mut Vec<String>,
+    visit: &mut dyn FnMut(EntryId, &[u8]),
+) {
+    let Some(db) = dbs.get(name) else {
+        damage.push(format!("the '{name}' database is missing"));
+        return;
+    };
+    f.records(name, db, damage, &mut |k, v| {
+        if let Ok(id) = <[u8; 8]>::try_from(k) {
+            visit(u64::from_be_bytes(id), v);
+        }
+    });
+}
+
+/// The entry codec with the dictionaries the `meta` database still holds.
+fn codec_from(
+    f: &DataFile<'_, std::fs::File>,
+    meta: Option<&DbRecord>,
+    damage: &mut Vec<String>,
+) -> entry_codec::Codec {
+    let codec = entry_codec::Codec::new(None);
+    let Some(meta) = meta else {
+        damage.push("the 'meta' database is missing: compressed entries cannot be read".into());
+        return codec;
+    };
+    f.records("meta", meta, damage, &mut |k, v| {
+        if let Some(id) = k
+            .strip_prefix(b"zstd_dict:")
+            .and_then(|n| std::str::from_utf8(n).ok())
+            .and_then(|n| n.parse::<u32>().ok())
+        {
+            codec.add_dict(id, v.to_vec(), false);
+        }
+    });
+    codec
+}
+
+/// An entry's DN from the placements, and its depth; or why it is lost.
+fn dn_of(
+    id: EntryId,
+    places: &HashMap<EntryId, Placement>,
+    entries: &BTreeMap<EntryId, Vec<u8>>,
+) -> Result<(usize, String), String> {
+    let mut rdns: Vec<&str> = Vec::new();
+    let mut cur = id;
+    loop {
+        let Some(p) = places.get(&cur) else {
+            return Err(if cur == id {
+                "its placement (id2parent record) is lost".into()
+            } else {
+                format!(
+                    "RDN path '{}' leads to entry {cur}, whose placement is lost",
+                    rdns.join(",")
+                )
+            });
+        };
+        rdns.push(&p.rdn);
+        if p.parent == 0 {
+            break;
+        }
+        if !entries.contains_key(&p.parent) && !places.contains_key(&p.parent) {
+            return Err(format!(
+                "RDN path '{}' leads to entry {}, which is lost",
+                rdns.join(","),
+                p.parent
+            ));
+        }
+        if rdns.len() > 512 {
+            return Err("its parents form a loop".into());
+        }
+        cur = p.parent;
+    }
+    Ok((rdns.len(), rdns.join(",")))
+}
