@@ -628,13 +628,19 @@ fn salvage(args: SalvageArgs) -> Result<ExitCode, String> {
             .map_err(|e| format!("{}: {e}", args.output.display()))?
     };
     let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-    let report = pando_store::salvage::salvage(&dir, &mut |dn, attrs| {
-        let flat = attrs.iter().flat_map(|a| {
+    let report = pando_store::salvage::salvage(&dir, &mut |e| {
+        if e.placeholder {
+            writeln!(
+                w,
+                "# placeholder: this entry was lost; what was read below it follows"
+            )?;
+        }
+        let flat = e.attrs.iter().flat_map(|a| {
             a.values
                 .iter()
                 .map(move |v| (a.desc.as_str(), v.as_slice()))
         });
-        pando_ldif::write_entry(&mut w, dn, flat, Some(76))
+        pando_ldif::write_entry(&mut w, e.dn, flat, Some(76))
     })
     .map_err(|e| format!("{}: {e}", dir.display()))?;
     w.flush()
@@ -689,6 +695,14 @@ fn salvage(args: SalvageArgs) -> Result<ExitCode, String> {
         }
     }
     write_private(&report_path, &r)?;
+    let _ = writeln!(
+        r,
+        "# {} lost entries written as placeholders (objectClass extensibleObject and the RDN) so that their children import:",
+        report.placeholders.len()
+    );
+    for (id, dn) in &report.placeholders {
+        let _ = writeln!(r, "#   entry {id}: {dn}");
+    }
     let lost = report.damage.len() + report.unreadable.len() + report.orphans.len();
     eprintln!(
         "salvaged {} entries from {} to {}; {}",

@@ -32,13 +32,24 @@ pub struct SalvageReport {
     /// Entries read whole whose DN is lost: ID, what is known of the place,
     /// and the content.
     pub orphans: Vec<(EntryId, String, Vec<Attribute>)>,
+    /// Entries lost whose children were read: written as placeholders
+    /// (objectClass extensibleObject and the RDN) so the children import.
+    pub placeholders: Vec<(EntryId, String)>,
+}
+
+/// One entry for the output.
+pub struct Salvaged<'a> {
+    pub dn: &'a str,
+    pub attrs: &'a [Attribute],
+    /// A stand-in for a lost parent, not an entry that was read.
+    pub placeholder: bool,
 }
 
 /// Read what can be read from the store in `store_dir`; give each entry to
-/// `out` (DN, attributes), parents before children.
+/// `out`, parents before children.
 pub fn salvage(
     store_dir: &Path,
-    out: &mut dyn FnMut(&str, &[Attribute]) -> std::io::Result<()>,
+    out: &mut dyn FnMut(Salvaged<'_>) -> std::io::Result<()>,
 ) -> Result<SalvageReport, StoreError> {
     let path = store_dir.join(DATA_FILE);
     let file = std::fs::File::open(&path)
@@ -101,20 +112,58 @@ pub fn salvage(
             Err(why) => lost.push((id, why)),
         }
     }
-    placed.sort();
+    // Lost parents of entries that were read: placeholders, so that what
+    // survived below them can be imported.
+    let mut stand_ins: BTreeMap<EntryId, (usize, String)> = BTreeMap::new();
+    for (_, id, _) in &placed {
+        let mut cur = places[id].parent;
+        while cur != 0 && !entries.contains_key(&cur) && !stand_ins.contains_key(&cur) {
+            match dn_of(cur, &places, &entries) {
+                Ok(found) => {
+                    stand_ins.insert(cur, found);
+                }
+                Err(_) => break,
+            }
+            cur = places.get(&cur).map_or(0, |p| p.parent);
+        }
+    }
+    let mut order: Vec<(usize, EntryId, String, bool)> = placed
+        .into_iter()
+        .map(|(d, id, dn)| (d, id, dn, false))
+        .chain(stand_ins.into_iter().map(|(id, (d, dn))| (d, id, dn, true)))
+        .collect();
+    order.sort();
     let decode = |id: EntryId, bytes: &[u8]| -> Result<Vec<Attribute>, String> {
         codec
             .decode(id, Dn::root(), bytes)
             .map(|e| e.attrs)
             .map_err(|e| e.to_string())
     };
-    for (_, id, dn) in placed {
-        match decode(id, &entries[&id]) {
-            Ok(attrs) => {
-                out(&dn, &attrs).map_err(StoreError::from)?;
-                report.written += 1;
+    for (_, id, dn, placeholder) in order {
+        let attrs = if placeholder {
+            match stand_in(&dn) {
+                Some(a) => a,
+                None => continue,
             }
-            Err(e) => report.unreadable.push((id, e)),
+        } else {
+            match decode(id, &entries[&id]) {
+                Ok(a) => a,
+                Err(e) => {
+                    report.unreadable.push((id, e));
+                    continue;
+                }
+            }
+        };
+        out(Salvaged {
+            dn: &dn,
+            attrs: &attrs,
+            placeholder,
+        })
+        .map_err(StoreError::from)?;
+        if placeholder {
+            report.placeholders.push((id, dn));
+        } else {
+            report.written += 1;
         }
     }
     for (id, why) in lost {
@@ -124,6 +173,38 @@ pub fn salvage(
         }
     }
     Ok(report)
+}
+
+/// A placeholder's attributes: its RDN's values, a structural class the
+/// first RDN attribute suits, and extensibleObject (which allows the rest).
+fn stand_in(dn: &str) -> Option<Vec<Attribute>> {
+    let dn = Dn::parse(dn).ok()?;
+    let rdn = dn.rdn()?;
+    let structural: &[u8] = match rdn.avas.first()?.attr.to_ascii_lowercase().as_str() {
+        "dc" => b"domain",
+        "o" => b"organization",
+        "ou" => b"organizationalUnit",
+        "c" => b"country",
+        "l" => b"locality",
+        "cn" => b"device",
+        "uid" => b"account",
+        _ => b"extensibleObject",
+    };
+    let mut classes = vec![b"top".to_vec(), structural.to_vec()];
+    if structural != b"extensibleObject" {
+        classes.push(b"extensibleObject".to_vec());
+    }
+    let mut attrs = vec![Attribute {
+        desc: "objectClass".into(),
+        values: classes,
+    }];
+    for ava in &rdn.avas {
+        attrs.push(Attribute {
+            desc: ava.attr.clone(),
+            values: vec![ava.value.clone()],
+        });
+    }
+    Some(attrs)
 }
 
 /// Records of one database keyed by entry ID.
