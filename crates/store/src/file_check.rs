@@ -162,12 +162,18 @@ fn parse_meta(page: &[u8], slot: usize) -> Result<Meta, Damage> {
     if !(512..=65536).contains(&page_size) || !page_size.is_power_of_two() {
         return Err(format!("meta page {slot} names a page size of {page_size}"));
     }
+    let last_page = u64_at(m, 120);
+    // LMDB page numbers stay far below this; a larger one is garbage (and
+    // would overflow the arithmetic below).
+    if last_page >= 1 << 48 {
+        return Err(format!("meta page {slot} names page {last_page} as the last"));
+    }
     Ok(Meta {
         slot,
         page_size,
         free,
         main,
-        last_page: u64_at(m, 120),
+        last_page,
         txnid: u64_at(m, 128),
     })
 }

@@ -82,6 +82,10 @@ pub fn preflight(path: &Path, writable: bool, whole: bool) -> Result<bool, Store
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(StoreError::Damaged(format!("{}: {e}", data.display()))),
     };
+    if file.metadata()?.len() == 0 {
+        // Created, cut before LMDB wrote its first page: nothing in it.
+        return Ok(false);
+    }
     let unsynced = unsynced_marker::present(path);
     let newest = |f: &std::fs::File| file_check::DataFile::open(f).ok().map(|d| d.meta.txnid);
     let mut damage = Vec::new();
