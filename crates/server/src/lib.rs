@@ -45,7 +45,6 @@ pub struct ServeOptions {
     pub reload: Option<Reloader>,
 }
 
-/// Directory holding the LMDB files inside the data directory.
 /// Why `serve` will not start on the store, and what the operator can do.
 /// Nothing was written: a store that is not recognised is never
 /// initialised over.
@@ -65,6 +64,7 @@ fn refused_store(data_dir: &std::path::Path, e: &pando_store::StoreError) -> Str
     format!("cannot serve the store in {}: {e}. {advice}", dir.display())
 }
 
+/// Directory holding the LMDB files inside the data directory.
 pub fn store_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
     data_dir.join("db")
 }
@@ -167,16 +167,24 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         tokio::task::spawn_blocking(move || -> Result<_, BoxError> {
             // No root DN, no root password: administration goes through
             // ldapi (SASL EXTERNAL) or identities given the admin role.
+            // A store that fails while first-start work reads or writes it
+            // is named, with what to do, like one that fails to open.
+            let named = |e: bootstrap::BootstrapError| -> BoxError {
+                match e {
+                    bootstrap::BootstrapError::Store(se) => refused_store(&data_dir, &se).into(),
+                    other => other.into(),
+                }
+            };
             let pw = if root_dn_set {
-                Some(bootstrap::root_password(
-                    &store,
-                    &data_dir,
-                    configured.as_deref(),
-                )?)
+                Some(
+                    bootstrap::root_password(&store, &data_dir, configured.as_deref())
+                        .map_err(named)?,
+                )
             } else {
                 None
             };
-            let created = bootstrap::ensure_suffixes(&store, &suffixes, &creator, &csn)?;
+            let created =
+                bootstrap::ensure_suffixes(&store, &suffixes, &creator, &csn).map_err(named)?;
             // Demo data goes only into a store created by this start, so entries
             // an operator deleted do not come back on the next `--demo` start.
             let fresh = created

@@ -166,7 +166,9 @@ fn parse_meta(page: &[u8], slot: usize) -> Result<Meta, Damage> {
     // LMDB page numbers stay far below this; a larger one is garbage (and
     // would overflow the arithmetic below).
     if last_page >= 1 << 48 {
-        return Err(format!("meta page {slot} names page {last_page} as the last"));
+        return Err(format!(
+            "meta page {slot} names page {last_page} as the last"
+        ));
     }
     Ok(Meta {
         slot,
