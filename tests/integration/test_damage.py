@@ -34,9 +34,11 @@ def made_store(tmp_path, n=300):
         "dn: cn=d%d,ou=People,%s\nobjectClass: person\ncn: d%d\nsn: %s\ndescription: %s\n\n"
         % (i, SUFFIX, i, "x" * (1 + i % 50), "y" * (3000 if i % 10 == 0 else 100))
         for i in range(n))
-    rc, out, err = srv.ldap("ldapadd", input=ldif)
-    assert rc == 0, err
-    srv.stop_and_verify()
+    try:
+        rc, out, err = srv.ldap("ldapadd", input=ldif)
+        assert rc == 0, err
+    finally:
+        srv.stop_and_verify()
     return srv.data_dir
 
 
