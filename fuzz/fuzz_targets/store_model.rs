@@ -12,19 +12,10 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 
-/// One directory per process, on tmpfs when there is one: each input gets
-/// a fresh store there, and the files never reach a disk.
+/// One directory per process: each input gets a fresh store there.
 fn scratch() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let shm = std::path::Path::new("/dev/shm");
-        let base = if shm.is_dir() {
-            shm.to_path_buf()
-        } else {
-            std::env::temp_dir()
-        };
-        base.join(format!("pando-fuzz-store-model-{}", std::process::id()))
-    })
+    DIR.get_or_init(|| pando_store::model_check::scratch_dir("store-model"))
 }
 
 fuzz_target!(|data: &[u8]| {

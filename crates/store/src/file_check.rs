@@ -380,18 +380,7 @@ impl<'s, S: Source + ?Sized> DataFile<'s, S> {
     /// way is added to `damage`; the databases read before it are kept.
     pub fn databases(&self, damage: &mut Vec<Damage>) -> BTreeMap<String, DbRecord> {
         let mut w = self.walker();
-        let mut dbs = BTreeMap::new();
-        w.tree(
-            "main database",
-            &self.meta.main,
-            Order::Bytes,
-            true,
-            &mut |k, v| {
-                if let Value::Database(d) = v {
-                    dbs.insert(String::from_utf8_lossy(k).into_owned(), d);
-                }
-            },
-        );
+        let dbs = w.catalogue().into_iter().collect();
         damage.append(&mut w.damage);
         dbs
     }
@@ -416,18 +405,7 @@ impl<'s, S: Source + ?Sized> DataFile<'s, S> {
     /// page is accounted for exactly once. Empty when the file is sound.
     pub fn check_all(&self) -> Vec<Damage> {
         let mut w = self.walker();
-        let mut dbs = Vec::new();
-        w.tree(
-            "main database",
-            &self.meta.main,
-            Order::Bytes,
-            true,
-            &mut |k, v| {
-                if let Value::Database(d) = v {
-                    dbs.push((String::from_utf8_lossy(k).into_owned(), d));
-                }
-            },
-        );
+        let dbs = w.catalogue();
         for (name, db) in &dbs {
             w.tree(name, db, Order::Bytes, false, &mut |_, _| {});
         }
@@ -486,6 +464,18 @@ impl<'s, S: Source + ?Sized> DataFile<'s, S> {
 }
 
 impl<S: Source + ?Sized> Walker<'_, '_, S> {
+    /// The named databases listed in the main database, in name order.
+    fn catalogue(&mut self) -> Vec<(String, DbRecord)> {
+        let mut dbs = Vec::new();
+        let main = self.meta.main;
+        self.tree("main database", &main, Order::Bytes, true, &mut |k, v| {
+            if let Value::Database(d) = v {
+                dbs.push((String::from_utf8_lossy(k).into_owned(), d));
+            }
+        });
+        dbs
+    }
+
     fn read_pages(&self, pgno: u64, count: u64) -> Result<Vec<u8>, Damage> {
         let ps = self.meta.page_size as u64;
         let end = pgno

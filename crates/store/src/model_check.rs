@@ -1511,6 +1511,18 @@ fn decode_op(input: &mut Input<'_>, model: &Model) -> Op {
     }
 }
 
+/// A scratch directory for one fuzzing process (`label` names the target),
+/// on tmpfs when there is one so the files never reach a disk.
+pub fn scratch_dir(label: &str) -> std::path::PathBuf {
+    let shm = Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    base.join(format!("pando-fuzz-{label}-{}", std::process::id()))
+}
+
 /// Hand a possibly damaged data file to every reading path a command takes:
 /// the checks first, and LMDB only when they pass. Whatever the bytes, this
 /// returns (an error or the entry count); it never crashes or hangs. Used

@@ -55,6 +55,16 @@ fn add(store: &Store, dn: &str, a: Vec<Attribute>) -> EntryId {
     store.write_blocking(move |w| w.add(&p, &a)).unwrap()
 }
 
+/// Add `cn=<cn>` below entry `parent`.
+fn add_under(store: &Store, parent: EntryId, cn: &str, a: Vec<Attribute>) {
+    let p = Placement {
+        parent,
+        rdn: format!("cn={cn}"),
+        norm_rdn: format!("cn={cn}"),
+    };
+    store.write_blocking(move |w| w.add(&p, &a)).unwrap();
+}
+
 fn find(store: &Store, dn: &str) -> Option<EntryId> {
     let r = store.read().unwrap();
     match r.view().lookup(&Dn::parse(dn).unwrap()).unwrap().unwrap() {
@@ -660,13 +670,8 @@ fn durability_modes_switch_at_runtime() {
     {
         store.set_durability(mode);
         for i in 0..12 {
-            let a = person(&format!("m{round}x{i}"), "1");
-            let p = Placement {
-                parent: people,
-                rdn: format!("cn=m{round}x{i}"),
-                norm_rdn: format!("cn=m{round}x{i}"),
-            };
-            store.write_blocking(move |w| w.add(&p, &a)).unwrap();
+            let cn = format!("m{round}x{i}");
+            add_under(&store, people, &cn, person(&cn, "1"));
         }
         assert_eq!(store.durability(), mode);
         // Only unsynced `none` commits can leave damage: only they are marked.
@@ -924,12 +929,7 @@ fn busy_store(dir: &Path, rounds: usize) -> Vec<u8> {
                 desc: "description".into(),
                 values: vec![big.into_bytes()],
             });
-            let p = Placement {
-                parent: people,
-                rdn: format!("cn=b{round}x{i}"),
-                norm_rdn: format!("cn=b{round}x{i}"),
-            };
-            store.write_blocking(move |w| w.add(&p, &a)).unwrap();
+            add_under(&store, people, &format!("b{round}x{i}"), a);
         }
         if round > 0 {
             for i in (0..60).step_by(3) {
@@ -998,13 +998,12 @@ fn damaged_files_are_reported_never_crash() {
         let store = open(&d);
         let people = find(&store, "ou=People,dc=example,dc=com").unwrap();
         for i in 0..80 {
-            let a = person(&format!("n{i}"), "7");
-            let p = Placement {
-                parent: people,
-                rdn: format!("cn=n{i}"),
-                norm_rdn: format!("cn=n{i}"),
-            };
-            store.write_blocking(move |w| w.add(&p, &a)).unwrap();
+            add_under(
+                &store,
+                people,
+                &format!("n{i}"),
+                person(&format!("n{i}"), "7"),
+            );
         }
         store.close();
         std::fs::read(d.join(DATA_FILE)).unwrap()
