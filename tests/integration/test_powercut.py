@@ -159,3 +159,23 @@ def test_power_cut(tmp_path, cutfs_binary, case):
     print(report)
     assert res["acked"] > 50, "too few writes acknowledged to mean anything:\n" + report
     assert not res["violations"], "power cut (PANDO_POWERCUT_SEED=%d, seed %d):\n%s" % (BASE_SEED, seed, report)
+
+
+def test_power_cut_during_first_start(tmp_path, cutfs_binary):
+    """Cuts while the first `pando serve` creates the store, the
+    administrator password and the suffix (durability none, torn writeback):
+    the next start serves, keeps a password it had announced, and leaves an
+    admin-password that works (tests/powercut/tools.py, first-start)."""
+    import tools  # noqa: E402
+
+    class Prep:
+        binary = PANDO_BIN
+
+    took = tools.calibrate(Prep, "first-start", tmp_path / "calibrate")
+    for i, share in enumerate((0.2, 0.5, 0.8, 1.5)):
+        seed = BASE_SEED * 100 + 50 + i
+        d = tmp_path / ("cut%d" % i)
+        d.mkdir()
+        res = tools.run_case(Prep, "first-start", d, "tear", seed, share * took)
+        assert not res["violations"], "first start cut at %.3f s (PANDO_POWERCUT_SEED=%d, seed %d): %s" % (
+            share * took, BASE_SEED, seed, res["violations"])

@@ -14,6 +14,12 @@
            cutfs. After the cut the store is A or B exactly (same export),
            never a mix, never missing. A restore that had exited 0 must have
            left B.
+  first-start  the first `pando serve` on an empty data directory on cutfs
+           (durability none, the harshest): creating the store, the
+           administrator password and the suffix. After the cut a fresh
+           serve must serve; a password announced before the cut (banner
+           printed) must be kept and work; whatever admin-password is left
+           must work; no admin-password.new may remain.
 
 Each case: a calibration run without a cut measures how long the tool takes
 through cutfs; cuts then fall uniformly in [0, 2 x that], so some land
@@ -119,6 +125,72 @@ def calibrate(prep, case, workdir):
     return max(res["duration"], 0.05)
 
 
+def _admin_bind(port, password):
+    import ldap3
+    server = ldap3.Server("127.0.0.1", port=port, get_info=ldap3.NONE, connect_timeout=10)
+    c = ldap3.Connection(server, user=workload.ADMIN_DN, password=password, raise_exceptions=False)
+    ok = c.bind()
+    c.unbind()
+    return ok
+
+
+def _first_start(prep, workdir, backing, mnt, fs_mode, seed, delay, res):
+    """The first-start case (see the module's text)."""
+    binary = prep.binary
+    port = workload.free_port()
+    cfg = workdir / "first.toml"
+    cfg.write_text(workload.config_text(mnt / "data", port, "none"))
+    m = cutfs.Mount(backing, mnt, mode=fs_mode, seed=seed, log=workdir / "cutfs.log").mount()
+    try:
+        s = workload.Serve(binary, cfg, workdir, "first").start()
+        t0 = time.monotonic()
+        if delay is None:
+            if s.wait(30) != "serving":
+                raise RuntimeError("calibration: first start failed:\n" + s.stderr())
+            res["duration"] = time.monotonic() - t0
+            s.stop()
+            return res
+        while time.monotonic() < t0 + delay:
+            time.sleep(0.002)
+        announced = b"is serving:" in s.out_path.read_bytes()
+        m.cut()
+        s.kill9()
+    finally:
+        res["cutfs"] = m.unmount()
+    data = backing / "data"
+    pw_file = data / "admin-password"
+    # What the banner announced lives in the file the banner names.
+    before = pw_file.read_text() if announced and pw_file.exists() else None
+    res["tool_done"] = announced
+    if announced and before is None:
+        res["violations"].append("the banner was printed but admin-password did not survive the cut")
+    port2 = workload.free_port()
+    cfg2 = workdir / "again.toml"
+    cfg2.write_text(workload.config_text(data, port2, "durable"))
+    s2 = workload.Serve(binary, cfg2, workdir, "again").start()
+    outcome = s2.wait(30)
+    res["serve"] = outcome
+    if outcome != "serving":
+        res["result"] = "not served"
+        res["violations"].append("serve after a cut during the first start: %s (rc %r)\n%s" % (
+            outcome, s2.rc, s2.stderr()[-1000:]))
+        return res
+    try:
+        after = pw_file.read_text() if pw_file.exists() else None
+        if after is None:
+            res["violations"].append("no admin-password after the restart")
+        elif not _admin_bind(port2, after):
+            res["violations"].append("the admin-password left after the restart does not bind")
+        if before is not None and after != before:
+            res["violations"].append("the announced admin-password was replaced")
+        if (data / "admin-password.new").exists():
+            res["violations"].append("admin-password.new left behind")
+        res["result"] = "kept" if before is not None else ("recovered" if after else "none")
+    finally:
+        s2.stop()
+    return res
+
+
 def _serve_attempt(binary, data_dir, workdir):
     port = workload.free_port()
     cfg = workdir / "serve.toml"
@@ -138,6 +210,8 @@ def run_case(prep, case, workdir, fs_mode, seed, delay):
     backing, mnt = workdir / "backing", workdir / "mnt"
     backing.mkdir(parents=True, exist_ok=True)
     res = {"case": case, "fs_mode": fs_mode, "seed": seed, "violations": [], "delay": delay}
+    if case == "first-start":
+        return _first_start(prep, workdir, backing, mnt, fs_mode, seed, delay, res)
     if case == "restore":
         shutil.copytree(prep.store_a, backing / "data", symlinks=True)
         lock = backing / "data" / "pando.lock"

@@ -139,7 +139,13 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     let store = {
         let dir = store_dir(&data_dir);
         let schema = schema.clone();
-        let so = store_options(&cfg);
+        // First-start work (store, password, suffixes, demo) is written
+        // durably whatever the configured mode, so a cut during it leaves
+        // a store that is whole; the configured mode applies after it.
+        let so = StoreOptions {
+            durability: pando_store::Durability::Durable,
+            ..store_options(&cfg)
+        };
         tokio::task::spawn_blocking(move || Store::open(&dir, schema, &so))
             .await?
             .map_err(|e| refused_store(&data_dir, &e))?
@@ -201,6 +207,8 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         })
         .await??
     };
+    // First-start work is done and durable: the configured mode from now on.
+    store.set_durability(store_options(&cfg).durability);
     if tls.is_none()
         && bound
             .iter()

@@ -82,8 +82,21 @@ pub fn preflight(path: &Path, writable: bool, whole: bool) -> Result<bool, Store
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(StoreError::Damaged(format!("{}: {e}", data.display()))),
     };
-    if file.metadata()?.len() == 0 {
+    let len = file.metadata()?.len();
+    if len == 0 {
         // Created, cut before LMDB wrote its first page: nothing in it.
+        return Ok(false);
+    }
+    // SAFETY: sysconf has no preconditions. LMDB's page size is the OS's.
+    let os_page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    if len <= 2 * os_page && writable && file_check::DataFile::open(&file).is_err() {
+        // Only LMDB's two initial meta pages, torn by a cut before the
+        // first commit (which writes at least four pages): no store ever
+        // lived here. Set aside, never deleted, and a new one made.
+        let aside = path.join(format!("{DATA_FILE}.unfinished"));
+        tracing::warn!(path = %data.display(), aside = %aside.display(), "the data file holds only torn initial meta pages (a first start was cut short): set aside, a new store is made");
+        std::fs::rename(&data, &aside)?;
+        unsynced_marker::sync_dir(path)?;
         return Ok(false);
     }
     let unsynced = unsynced_marker::present(path);
