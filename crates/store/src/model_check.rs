@@ -1527,10 +1527,21 @@ pub fn scratch_dir(label: &str) -> std::path::PathBuf {
 /// the checks first, and LMDB only when they pass. Whatever the bytes, this
 /// returns (an error or the entry count); it never crashes or hangs. Used
 /// by the `store_file` fuzz target and the damaged-store tests.
-pub fn read_damaged(dir: &Path, bytes: &[u8]) -> Result<u64, StoreError> {
+pub fn read_damaged(base: &Path, bytes: &[u8]) -> Result<u64, StoreError> {
+    // A new directory per call: a file rewritten under a path an earlier
+    // call's environment still maps would be a different (and impossible
+    // outside a test) kind of damage.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = base.join(n.to_string());
+    let r = read_damaged_in(&dir, bytes);
+    let _ = std::fs::remove_dir_all(&dir);
+    r
+}
+
+fn read_damaged_in(dir: &Path, bytes: &[u8]) -> Result<u64, StoreError> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join(crate::DATA_FILE), bytes)?;
-    let _ = std::fs::remove_file(dir.join("lock.mdb"));
     if !crate::preflight(dir, false, true)? {
         return Ok(0);
     }
