@@ -179,3 +179,22 @@ def test_power_cut_during_first_start(tmp_path, cutfs_binary):
         res = tools.run_case(Prep, "first-start", d, "tear", seed, share * took)
         assert not res["violations"], "first start cut at %.3f s (PANDO_POWERCUT_SEED=%d, seed %d): %s" % (
             share * took, BASE_SEED, seed, res["violations"])
+
+
+@pytest.mark.parametrize("tool", ["import", "backup", "restore"])
+def test_power_cut_during_tools(tmp_path_factory, cutfs_binary, tool):
+    """Cuts during `pando import`, `backup` and `restore` (small stores; the
+    campaign uses larger ones): an import is complete or refused as
+    interrupted, a backup is complete or absent, a restore leaves the old
+    store or the new one (tests/powercut/tools.py)."""
+    import tools  # noqa: E402
+
+    prep = tools.Prepared(tmp_path_factory.mktemp("prep-" + tool), PANDO_BIN,
+                          import_users=400, store_users=600, other_users=300)
+    took = tools.calibrate(prep, tool, tmp_path_factory.mktemp("calibrate-" + tool))
+    for i, (share, fs_mode) in enumerate(((0.3, "tear"), (0.7, "tear"), (1.0, "drop"), (1.6, "tear"))):
+        seed = BASE_SEED * 100 + 60 + i
+        d = tmp_path_factory.mktemp("%s-cut%d" % (tool, i))
+        res = tools.run_case(prep, tool, d, fs_mode, seed, share * took)
+        assert not res["violations"], "%s cut at %.3f s (PANDO_POWERCUT_SEED=%d, seed %d): %s" % (
+            tool, share * took, BASE_SEED, seed, res["violations"])
