@@ -646,63 +646,8 @@ fn salvage(args: SalvageArgs) -> Result<ExitCode, String> {
     w.flush()
         .and_then(|()| w.get_ref().sync_all())
         .map_err(|e| format!("{}: {e}", args.output.display()))?;
-    let mut r = Vec::new();
-    let _ = writeln!(
-        r,
-        "# pando salvage of {}: snapshot {}{}\n# {} entries written to {}",
-        dir.display(),
-        report.txnid,
-        if report.previous_snapshot {
-            " (the previous one: the newest was unreadable)"
-        } else {
-            ""
-        },
-        report.written,
-        args.output.display()
-    );
-    let _ = writeln!(
-        r,
-        "# {} part(s) of the file unreadable:",
-        report.damage.len()
-    );
-    for d in &report.damage {
-        let _ = writeln!(r, "#   {d}");
-    }
-    let _ = writeln!(
-        r,
-        "# {} entries unreadable (checksum or encoding):",
-        report.unreadable.len()
-    );
-    for (id, e) in &report.unreadable {
-        let _ = writeln!(r, "#   entry {id}: {e}");
-    }
-    let _ = writeln!(
-        r,
-        "# {} entries read whole but whose DN is lost; their content follows, commented out:",
-        report.orphans.len()
-    );
-    for (id, why, attrs) in &report.orphans {
-        let _ = writeln!(r, "#\n# entry {id}: {why}");
-        let mut block = Vec::new();
-        let flat = attrs.iter().flat_map(|a| {
-            a.values
-                .iter()
-                .map(move |v| (a.desc.as_str(), v.as_slice()))
-        });
-        let _ = pando_ldif::write_entry(&mut block, &format!("entryID={id}"), flat, Some(76));
-        for line in String::from_utf8_lossy(&block).lines() {
-            let _ = writeln!(r, "# {line}");
-        }
-    }
-    write_private(&report_path, &r)?;
-    let _ = writeln!(
-        r,
-        "# {} lost entries written as placeholders (objectClass extensibleObject and the RDN) so that their children import:",
-        report.placeholders.len()
-    );
-    for (id, dn) in &report.placeholders {
-        let _ = writeln!(r, "#   entry {id}: {dn}");
-    }
+    let text = report.describe(&dir, &args.output);
+    write_private(&report_path, text.as_bytes())?;
     let lost = report.damage.len() + report.unreadable.len() + report.orphans.len();
     eprintln!(
         "salvaged {} entries from {} to {}; {}",

@@ -105,7 +105,12 @@ pub fn backup_store(store: &Store, dest: &Path) -> Result<BackupReport, String> 
     // directory with the backup's name is always a complete backup.
     let final_dest = dest;
     let partial = partial_name(dest);
-    let _ = std::fs::remove_dir_all(&partial);
+    if partial.exists() {
+        return Err(format!(
+            "{} exists: an interrupted backup? Remove it and run the backup again",
+            partial.display()
+        ));
+    }
     let dest = partial.as_path();
     crate::datadir::private_dir(dest)?;
     let data = dest.join(DATA_FILE);
@@ -265,7 +270,8 @@ fn exchange(a: &Path, b: &Path) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "cannot exchange {} and {}: {}",
+            "cannot exchange {} and {} in one rename: {} (the file system must support renameat2 \
+             RENAME_EXCHANGE, as ext4, XFS, btrfs and tmpfs do); nothing was replaced",
             a.display(),
             b.display(),
             std::io::Error::last_os_error()

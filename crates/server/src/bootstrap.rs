@@ -100,6 +100,8 @@ pub fn root_password(
     let clear = password::generate_password();
     let hash = password::hash_password(clear.as_bytes());
     write_private(&pending, clear.as_bytes())?;
+    // The file's name must be durable before the hash that needs it.
+    pando_store::sync_dir(data_dir).map_err(|e| BootstrapError::Io(data_dir.to_path_buf(), e))?;
     let h = hash.clone();
     store.write_blocking(move |w| w.meta_put(META_ROOT_HASH, h.as_bytes()))?;
     // Whatever the durability mode: the file must never outlive its hash.

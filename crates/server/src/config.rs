@@ -671,6 +671,9 @@ pub struct StoreConfig {
     pub batched_max_ms: u64,
     /// Read the database file into the page cache in the background on start.
     pub warm_start: bool,
+    /// Check every page of the store before serving it (false: only the
+    /// paths read at start; for very large stores whose start must be fast).
+    pub check_all_pages: bool,
     /// `zstd` (entries compressed, with a dictionary trained by `pando
     /// import`) or `off`. Entries already stored stay readable either way.
     pub compression: String,
@@ -687,6 +690,7 @@ impl Default for StoreConfig {
             batched_max_writes: 1000,
             batched_max_ms: 1000,
             warm_start: true,
+            check_all_pages: true,
             compression: "zstd".into(),
             compression_level: pando_store::DEFAULT_COMPRESSION_LEVEL,
         }

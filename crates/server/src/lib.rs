@@ -55,6 +55,9 @@ fn refused_store(data_dir: &std::path::Path, e: &pando_store::StoreError) -> Str
         pando_store::StoreError::Format(_) => format!(
             "Run a Pando that reads this format, or restore a backup (`pando restore --data-dir {d} BACKUP`)."
         ),
+        pando_store::StoreError::Lmdb(_) | pando_store::StoreError::DiskFull => {
+            "Nothing was changed. Check that the user running pando can read and write it, and the disk.".to_string()
+        }
         _ => format!(
             "Nothing was changed. Check it with `pando verify --data-dir {d}`; restore a backup \
              (`pando restore --data-dir {d} BACKUP`), or write what can still be read to LDIF \
@@ -84,6 +87,7 @@ pub fn store_options(cfg: &Resolved) -> StoreOptions {
         compression: st
             .compression()
             .unwrap_or(Some(pando_store::DEFAULT_COMPRESSION_LEVEL)),
+        check_all_pages: st.check_all_pages,
     }
 }
 

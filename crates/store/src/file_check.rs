@@ -17,7 +17,6 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 
 const MAGIC: u32 = 0xBEEF_C0DE;
 const DATA_VERSION: u32 = 1;
@@ -33,8 +32,9 @@ const F_DUPDATA: u16 = 0x04;
 const NO_ROOT: u64 = u64::MAX;
 /// In-memory page states (dirty, loose, keep) that may linger in a header.
 const IGNORED_FLAGS: u16 = 0x10 | 0x4000 | 0x8000;
-/// Deeper trees cannot hold a page count that fits in a u64.
-const MAX_DEPTH: u16 = 64;
+/// LMDB's cursors hold at most 32 levels (CURSOR_STACK); a deeper tree
+/// record is damage. (Bounds the walk's recursion too.)
+const MAX_DEPTH: u16 = 32;
 
 /// The databases every Pando store has.
 pub const REQUIRED: [&str; 4] = ["meta", "id2entry", "dn2id", "id2parent"];
@@ -341,13 +341,40 @@ impl<'s, S: Source + ?Sized> DataFile<'s, S> {
         })
     }
 
+    /// `count` pages from `pgno`, which must lie inside the snapshot and
+    /// the file.
+    fn read_pages(&self, pgno: u64, count: u64) -> Result<Vec<u8>, Damage> {
+        let ps = self.meta.page_size as u64;
+        let end = pgno
+            .checked_add(count)
+            .filter(|&e| e <= self.meta.last_page + 1);
+        let bytes = end
+            .and_then(|e| e.checked_mul(ps))
+            .filter(|&b| b <= self.len);
+        if pgno < 2 || bytes.is_none() {
+            return Err(format!(
+                "page {pgno}{} lies outside the file",
+                if count > 1 {
+                    format!(" (run of {count})")
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        let mut buf = vec![0u8; (count * ps) as usize];
+        self.src
+            .read_at(&mut buf, pgno * ps)
+            .map_err(|e| format!("page {pgno}: {e}"))?;
+        Ok(buf)
+    }
+
     /// A tree's root page: inside the file, numbered and typed as its
     /// record says.
     fn root_ok(&self, db: &DbRecord) -> Result<(), Damage> {
         if db.root == NO_ROOT {
             return Ok(());
         }
-        let page = self.walker().read_pages(db.root, 1)?;
+        let page = self.read_pages(db.root, 1)?;
         let want = if db.depth == 1 { P_LEAF } else { P_BRANCH };
         if u64_at(&page, 0) != db.root
             || u16_at(&page, 10) & !IGNORED_FLAGS != want
@@ -409,26 +436,7 @@ impl<'s, S: Source + ?Sized> DataFile<'s, S> {
         for (name, db) in &dbs {
             w.tree(name, db, Order::Bytes, false, &mut |_, _| {});
         }
-        let mut freed: Vec<u64> = Vec::new();
-        let mut bad_free = 0u64;
-        w.tree(
-            "free list",
-            &self.meta.free,
-            Order::Integer,
-            false,
-            &mut |_, v| {
-                let b = v.bytes();
-                if b.len() < 8 || b.len() & 7 != 0 || u64_at(b, 0) != (b.len() / 8 - 1) as u64 {
-                    bad_free += 1;
-                    return;
-                }
-                freed.extend((1..b.len() / 8).map(|i| u64_at(b, i * 8)));
-            },
-        );
-        if bad_free > 0 {
-            w.damage
-                .push(format!("the free list has {bad_free} malformed record(s)"));
-        }
+        let freed = w.free_list();
         let last = self.meta.last_page;
         let in_file = self.pages_in_file();
         let (mut twice, mut past_end) = (0u64, 0u64);
@@ -464,6 +472,30 @@ impl<'s, S: Source + ?Sized> DataFile<'s, S> {
 }
 
 impl<S: Source + ?Sized> Walker<'_, '_, S> {
+    /// The page numbers the free list holds. A record is a count and that
+    /// many page numbers; LMDB may leave a record longer than its count
+    /// (space it reserved and did not fill), and reads only the count.
+    fn free_list(&mut self) -> Vec<u64> {
+        let mut freed = Vec::new();
+        let mut bad = 0u64;
+        let free = self.meta.free;
+        self.tree("free list", &free, Order::Integer, false, &mut |_, v| {
+            let b = v.bytes();
+            let count = if b.len() >= 8 { u64_at(b, 0) } else { u64::MAX };
+            match count.checked_add(1).and_then(|n| n.checked_mul(8)) {
+                Some(need) if need <= b.len() as u64 => {
+                    freed.extend((1..=count as usize).map(|i| u64_at(b, i * 8)));
+                }
+                _ => bad += 1,
+            }
+        });
+        if bad > 0 {
+            self.damage
+                .push(format!("the free list has {bad} malformed record(s)"));
+        }
+        freed
+    }
+
     /// The named databases listed in the main database, in name order.
     fn catalogue(&mut self) -> Vec<(String, DbRecord)> {
         let mut dbs = Vec::new();
@@ -474,32 +506,6 @@ impl<S: Source + ?Sized> Walker<'_, '_, S> {
             }
         });
         dbs
-    }
-
-    fn read_pages(&self, pgno: u64, count: u64) -> Result<Vec<u8>, Damage> {
-        let ps = self.meta.page_size as u64;
-        let end = pgno
-            .checked_add(count)
-            .filter(|&e| e <= self.meta.last_page + 1);
-        let bytes = end
-            .and_then(|e| e.checked_mul(ps))
-            .filter(|&b| b <= self.file.len);
-        if pgno < 2 || bytes.is_none() {
-            return Err(format!(
-                "page {pgno}{} lies outside the file",
-                if count > 1 {
-                    format!(" (run of {count})")
-                } else {
-                    String::new()
-                }
-            ));
-        }
-        let mut buf = vec![0u8; (count * ps) as usize];
-        self.file
-            .src
-            .read_at(&mut buf, pgno * ps)
-            .map_err(|e| format!("page {pgno}: {e}"))?;
-        Ok(buf)
     }
 
     /// Walk one tree; each record goes to `visit`. Damage is recorded and
@@ -564,7 +570,7 @@ impl<S: Source + ?Sized> Walker<'_, '_, S> {
         main: bool,
         visit: &mut dyn FnMut(&[u8], Value<'_>),
     ) {
-        let page = match self.read_pages(pgno, 1) {
+        let page = match self.file.read_pages(pgno, 1) {
             Ok(p) => p,
             Err(e) => return self.damage.push(format!("{name}: {e}")),
         };
@@ -695,22 +701,30 @@ impl<S: Source + ?Sized> Walker<'_, '_, S> {
         }
     }
 
+    /// An overflow run. LMDB may leave a run longer than its value needs
+    /// (a value rewritten smaller in the transaction that wrote it keeps
+    /// its pages), so the run's own length counts, and only the value's
+    /// bytes are read.
     fn overflow(&mut self, first: u64, size: usize) -> Result<Vec<u8>, Damage> {
         let ps = self.meta.page_size;
-        let count = ((PAGE_HEADER - 1 + size) / ps + 1) as u64;
-        let run = self.read_pages(first, count)?;
-        if u64_at(&run, 0) != first
-            || u16_at(&run, 10) & !IGNORED_FLAGS != P_OVERFLOW
-            || u32_at(&run, 12) as u64 != count
+        let needed = ((PAGE_HEADER - 1 + size) / ps + 1) as u64;
+        let head = self.file.read_pages(first, 1)?;
+        let pages = u32_at(&head, 12) as u64;
+        if u64_at(&head, 0) != first
+            || u16_at(&head, 10) & !IGNORED_FLAGS != P_OVERFLOW
+            || pages < needed
         {
             return Err(format!("overflow page {first} has a wrong header"));
         }
-        for p in first..first + count {
+        // The whole run must lie in the file; only the value is read.
+        self.file.read_pages(first + pages - 1, 1)?;
+        let run = self.file.read_pages(first, needed)?;
+        for p in first..first + pages {
             if !self.seen.mark(p) {
                 return Err(format!("overflow page {p} used twice"));
             }
         }
-        self.pages[2] += count;
+        self.pages[2] += pages;
         Ok(run[PAGE_HEADER..PAGE_HEADER + size].to_vec())
     }
 }
@@ -726,7 +740,10 @@ pub fn check_paths<S: Source + ?Sized>(src: &S) -> Vec<Damage> {
     if f.is_short() {
         // Only free pages may lie past the end: LMDB would fault on any
         // other. Worth a whole check, which says which.
-        return f.check_all();
+        let damage = f.check_all();
+        if !damage.is_empty() {
+            return damage;
+        }
     }
     let mut damage = Vec::new();
     let dbs = f.databases(&mut damage);
@@ -760,6 +777,10 @@ pub fn check_paths<S: Source + ?Sized>(src: &S) -> Vec<Damage> {
             damage.push(format!("{name}: {e}"));
         }
     }
+    // LMDB reads the free list on the first write: its records must hold.
+    let mut w = f.walker();
+    w.free_list();
+    damage.append(&mut w.damage);
     damage
 }
 
@@ -768,28 +789,4 @@ pub fn check_paths<S: Source + ?Sized>(src: &S) -> Vec<Damage> {
 pub fn has_databases<S: Source + ?Sized>(src: &S) -> Result<bool, Damage> {
     let f = DataFile::open(src)?;
     Ok(f.meta.main.root != NO_ROOT)
-}
-
-/// Check a data file on disk; see [`check_paths`] and [`DataFile::check_all`].
-pub fn check_file(path: &Path, whole: bool) -> Result<(), Vec<Damage>> {
-    let file = File::open(path).map_err(|e| vec![format!("cannot read it: {e}")])?;
-    let damage = if whole {
-        match DataFile::open(&file) {
-            Ok(f) => {
-                let mut d = check_paths(&file);
-                if d.is_empty() {
-                    d = f.check_all();
-                }
-                d
-            }
-            Err(e) => vec![e],
-        }
-    } else {
-        check_paths(&file)
-    };
-    if damage.is_empty() {
-        Ok(())
-    } else {
-        Err(damage)
-    }
 }

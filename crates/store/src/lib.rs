@@ -77,31 +77,45 @@ fn missing_database(path: &Path, name: &str) -> StoreError {
 /// which checked the store when it started).
 pub fn preflight(path: &Path, writable: bool, whole: bool) -> Result<bool, StoreError> {
     let data = path.join(DATA_FILE);
+    // Not damage: the file cannot be read here (permissions, I/O).
+    let io = |e: std::io::Error| {
+        StoreError::Lmdb(format!(
+            "cannot read {}: {e} (check its permissions and the disk)",
+            data.display()
+        ))
+    };
     let file = match std::fs::File::open(&data) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(StoreError::Damaged(format!("{}: {e}", data.display()))),
+        Err(e) => return Err(io(e)),
     };
-    let len = file.metadata()?.len();
-    if len == 0 {
-        // Created, cut before LMDB wrote its first page: nothing in it.
-        return Ok(false);
-    }
+    let len = file.metadata().map_err(io)?.len();
+    let unsynced = unsynced_marker::present(path);
     // SAFETY: sysconf has no preconditions. LMDB's page size is the OS's.
     let os_page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
-    if len <= 2 * os_page && writable && file_check::DataFile::open(&file).is_err() {
-        // Only LMDB's two initial meta pages, torn by a cut before the
-        // first commit (which writes at least four pages): no store ever
-        // lived here. Set aside, never deleted, and a new one made.
-        let aside = path.join(format!("{DATA_FILE}.unfinished"));
-        tracing::warn!(path = %data.display(), aside = %aside.display(), "the data file holds only torn initial meta pages (a first start was cut short): set aside, a new store is made");
-        std::fs::rename(&data, &aside)?;
-        unsynced_marker::sync_dir(path)?;
-        return Ok(false);
+    // With the marker, a store lived here: an empty or torn file is damage.
+    if !unsynced {
+        if len == 0 {
+            // Created, cut before LMDB wrote its first page: nothing in it.
+            return Ok(false);
+        }
+        if len <= 2 * os_page && writable && file_check::DataFile::open(&file).is_err() {
+            // Only LMDB's two initial meta pages, torn by a cut before the
+            // first commit (which writes at least four pages): no store
+            // ever lived here. Set aside, never deleted, and a new one made.
+            let aside = path.join(format!("{DATA_FILE}.unfinished"));
+            tracing::warn!(path = %data.display(), aside = %aside.display(), "the data file holds only torn initial meta pages (a first start was cut short): set aside, a new store is made");
+            std::fs::rename(&data, &aside).map_err(io)?;
+            unsynced_marker::sync_dir(path).map_err(io)?;
+            return Ok(false);
+        }
     }
-    let unsynced = unsynced_marker::present(path);
+    if unsynced {
+        tracing::warn!(path = %data.display(), "the store was written with durability = none and not synced since: checking every page");
+    }
     let newest = |f: &std::fs::File| file_check::DataFile::open(f).ok().map(|d| d.meta.txnid);
     let mut damage = Vec::new();
+    let mut live = false;
     for _ in 0..5 {
         let before = newest(&file);
         damage = file_check::check_paths(&file);
@@ -111,17 +125,20 @@ pub fn preflight(path: &Path, writable: bool, whole: bool) -> Result<bool, Store
                 Err(e) => vec![e],
             };
         }
-        if damage.is_empty() || newest(&file) == before {
+        live = newest(&file) != before;
+        if damage.is_empty() || !live {
             break;
         }
-        if !unsynced {
-            // Being written: the paths (small, quickly read) must still hold.
-            damage = file_check::check_paths(&file);
-        }
+    }
+    if !damage.is_empty() && live {
+        // A server is committing: a whole check cannot see a still
+        // snapshot, and that server checked the store when it started.
+        // The paths (small, quickly read) must still hold.
+        damage = file_check::check_paths(&file);
     }
     if !damage.is_empty() {
         let why = if unsynced {
-            " (it was written with durability = none and not synced before the last stop)"
+            " (it was written with durability = none and not synced since)"
         } else {
             ""
         };
@@ -132,8 +149,8 @@ pub fn preflight(path: &Path, writable: bool, whole: bool) -> Result<bool, Store
         )));
     }
     if unsynced && writable {
-        tracing::warn!(path = %data.display(), "the store was written with durability = none and not synced before the last stop: checked whole, it is sound");
-        file.sync_all()?;
+        tracing::warn!(path = %data.display(), "checked every page of the store written with durability = none: it is sound");
+        file.sync_all().map_err(io)?;
         unsynced_marker::clear(path);
     }
     file_check::has_databases(&file)
@@ -233,6 +250,9 @@ pub struct StoreOptions {
     pub durability: Durability,
     /// zstd level for stored entries; None stores them plain.
     pub compression: Option<i32>,
+    /// Check every page of the data file when opening it for writing (not
+    /// only the paths read at open): about 0.4 s per 170 MB here.
+    pub check_all_pages: bool,
 }
 
 impl Default for StoreOptions {
@@ -243,6 +263,7 @@ impl Default for StoreOptions {
             max_batch: 256,
             durability: Durability::Durable,
             compression: Some(DEFAULT_COMPRESSION_LEVEL),
+            check_all_pages: true,
         }
     }
 }
@@ -338,7 +359,7 @@ impl Store {
         // An existing file is checked before LMDB trusts it, and is never
         // initialised over: only a directory without a store (or with one
         // whose creating transaction never committed) gets a new one.
-        let existing = preflight(path, true, false)?;
+        let existing = preflight(path, true, opts.check_all_pages)?;
         let mut env_opts = EnvOpenOptions::new();
         env_opts
             .map_size(opts.map_size)

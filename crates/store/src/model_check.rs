@@ -116,6 +116,7 @@ pub fn options() -> StoreOptions {
         max_batch: 8,
         durability: Durability::None,
         compression: Some(3),
+        check_all_pages: true,
     }
 }
 

@@ -37,6 +37,68 @@ pub struct SalvageReport {
     pub placeholders: Vec<(EntryId, String)>,
 }
 
+impl SalvageReport {
+    /// The report file's text: every finding, commented (`#`) so the file
+    /// can sit beside the LDIF; entries without a DN with their content.
+    pub fn describe(&self, store_dir: &Path, output: &Path) -> String {
+        use std::fmt::Write;
+        let mut r = String::new();
+        let _ = writeln!(
+            r,
+            "# pando salvage of {}: snapshot {}{}\n# {} entries written to {}",
+            store_dir.display(),
+            self.txnid,
+            if self.previous_snapshot {
+                " (the previous one: the newest was unreadable)"
+            } else {
+                ""
+            },
+            self.written,
+            output.display()
+        );
+        let _ = writeln!(r, "# {} part(s) of the file unreadable:", self.damage.len());
+        for d in &self.damage {
+            let _ = writeln!(r, "#   {d}");
+        }
+        let _ = writeln!(
+            r,
+            "# {} entries unreadable (checksum or encoding):",
+            self.unreadable.len()
+        );
+        for (id, e) in &self.unreadable {
+            let _ = writeln!(r, "#   entry {id}: {e}");
+        }
+        let _ = writeln!(
+            r,
+            "# {} lost entries written as placeholders (a structural class and extensibleObject with the RDN) so that their children import:",
+            self.placeholders.len()
+        );
+        for (id, dn) in &self.placeholders {
+            let _ = writeln!(r, "#   entry {id}: {dn}");
+        }
+        let _ = writeln!(
+            r,
+            "# {} entries read whole but whose DN is lost; their content follows, commented out:",
+            self.orphans.len()
+        );
+        for (id, why, attrs) in &self.orphans {
+            let _ = writeln!(r, "#\n# entry {id}: {why}");
+            // As LDIF (base64 where needed), every line commented out.
+            let mut block = Vec::new();
+            let flat = attrs.iter().flat_map(|a| {
+                a.values
+                    .iter()
+                    .map(move |v| (a.desc.as_str(), v.as_slice()))
+            });
+            let _ = pando_ldif::write_entry(&mut block, &format!("entryID={id}"), flat, Some(76));
+            for line in String::from_utf8_lossy(&block).lines() {
+                let _ = writeln!(r, "# {line}");
+            }
+        }
+        r
+    }
+}
+
 /// One entry for the output.
 pub struct Salvaged<'a> {
     pub dn: &'a str,

@@ -613,6 +613,7 @@ fn reopen_keeps_data_and_builds_new_indexes() {
         max_batch: 16,
         durability: Durability::Durable,
         compression: Some(3),
+        check_all_pages: true,
     };
     let store = Store::open(dir.path(), Arc::new(Schema::standard()), &opts).unwrap();
     let r = store.read().unwrap();
@@ -707,6 +708,7 @@ fn an_index_dropped_and_added_back_is_rebuilt_not_stale() {
         max_batch: 16,
         durability: Durability::Durable,
         compression: Some(3),
+        check_all_pages: true,
     };
     {
         let store = Store::open(dir.path(), Arc::new(Schema::standard()), &without).unwrap();
@@ -951,10 +953,7 @@ fn busy_store(dir: &Path, rounds: usize) -> Vec<u8> {
 fn file_check_accepts_sound_stores() {
     let dir = tempfile::tempdir().unwrap();
     let bytes = busy_store(dir.path(), 3);
-    assert_eq!(
-        file_check::check_file(&dir.path().join(DATA_FILE), true),
-        Ok(())
-    );
+    assert_eq!(preflight(dir.path(), false, true), Ok(true));
     assert!(file_check::check_paths(bytes.as_slice()).is_empty());
     let f = file_check::DataFile::open(bytes.as_slice()).unwrap();
     assert!(f.check_all().is_empty());
@@ -1057,4 +1056,48 @@ fn damaged_files_are_reported_never_crash() {
     // Zeroed pages and truncations are refused (most of them); what is
     // accepted was read whole by LMDB without a crash.
     assert!(refused >= 60, "refused {refused}, accepted {accepted}");
+}
+
+#[test]
+fn an_overflow_run_longer_than_its_value_is_sound() {
+    // A large value rewritten smaller in the transaction that wrote it keeps
+    // its overflow pages (LMDB does not shrink the run): not damage.
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    store
+        .write_blocking(|w| -> Result<(), StoreError> {
+            w.meta_put("big", &vec![7u8; 20_000])?;
+            w.meta_put("big", &vec![8u8; 5_000])
+        })
+        .unwrap();
+    store.close();
+    assert_eq!(preflight(dir.path(), false, true), Ok(true));
+    let store = open(dir.path());
+    let v = store
+        .read()
+        .unwrap()
+        .view()
+        .meta_get("big")
+        .unwrap()
+        .unwrap();
+    assert_eq!(v, vec![8u8; 5_000]);
+}
+
+/// Time the whole-file check on a real store: `PANDO_CHECK_DIR=<store dir>
+/// cargo test --release -p pando-store time_whole_check -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn time_whole_check() {
+    let dir = std::env::var("PANDO_CHECK_DIR").expect("PANDO_CHECK_DIR");
+    let f = std::fs::File::open(Path::new(&dir).join(DATA_FILE)).unwrap();
+    let started = std::time::Instant::now();
+    let d = file_check::DataFile::open(&f).unwrap();
+    let damage = d.check_all();
+    eprintln!(
+        "{dir}: {} pages checked in {:.2} s, {} finding(s)",
+        d.meta.last_page + 1,
+        started.elapsed().as_secs_f64(),
+        damage.len()
+    );
 }

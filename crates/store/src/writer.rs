@@ -279,8 +279,11 @@ impl Unsynced {
         if want == self.flags {
             return;
         }
-        if self.writes > 0 {
-            self.sync(inner);
+        // Leaving a mode that may hold unsynced commits (some, like bulk
+        // import's, are not counted here): sync first, and stay (marker
+        // kept) if the sync fails.
+        if self.flags != SyncFlags::Synced && !self.sync(inner) {
+            return;
         }
         if want == SyncFlags::NoSync {
             if let Err(e) = crate::unsynced_marker::set(&inner.path) {
@@ -333,13 +336,18 @@ impl Unsynced {
         }
     }
 
-    fn sync(&mut self, inner: &Inner) {
+    /// Sync everything committed; false (logged) when the sync failed.
+    fn sync(&mut self, inner: &Inner) -> bool {
         match inner.env.force_sync() {
             Ok(()) => {
                 self.writes = 0;
                 inner.stats.syncs.fetch_add(1, Ordering::Relaxed);
+                true
             }
-            Err(e) => tracing::error!(error = %e, "fsync of the store failed"),
+            Err(e) => {
+                tracing::error!(error = %e, "fsync of the store failed");
+                false
+            }
         }
     }
 }
