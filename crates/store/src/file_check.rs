@@ -170,13 +170,23 @@ fn parse_meta(page: &[u8], slot: usize) -> Result<Meta, Damage> {
             "meta page {slot} names page {last_page} as the last"
         ));
     }
+    // Transaction N writes meta page N % 2, and LMDB's readers find a
+    // snapshot's databases by that rule: a meta page in the wrong slot
+    // would have them read another snapshot's trees.
+    let txnid = u64_at(m, 128);
+    if txnid != 0 && txnid % 2 != slot as u64 {
+        return Err(format!(
+            "meta page {slot} holds transaction {txnid}, which belongs in meta page {}",
+            txnid % 2
+        ));
+    }
     Ok(Meta {
         slot,
         page_size,
         free,
         main,
         last_page,
-        txnid: u64_at(m, 128),
+        txnid,
     })
 }
 

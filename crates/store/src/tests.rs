@@ -1101,3 +1101,23 @@ fn time_whole_check() {
         damage.len()
     );
 }
+
+#[test]
+fn a_meta_page_in_the_wrong_slot_is_damage() {
+    // LMDB's readers take a snapshot's trees from meta page txnid % 2: a
+    // newest txnid in the other slot would have them read another
+    // snapshot's trees (the store_file fuzz target found LMDB crashing so).
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = busy_store(dir.path(), 1);
+    let f = file_check::DataFile::open(bytes.as_slice()).unwrap();
+    let (slot, txnid) = (f.meta.slot, f.meta.txnid);
+    assert_eq!(txnid % 2, slot as u64);
+    let other = 1 - slot;
+    let at = other * 4096 + 16 + 128;
+    bytes[at..at + 8].copy_from_slice(&(txnid + 2).to_le_bytes());
+    let damage = file_check::check_paths(bytes.as_slice());
+    assert!(
+        damage.iter().any(|d| d.contains("belongs in meta page")),
+        "{damage:?}"
+    );
+}
