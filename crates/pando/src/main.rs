@@ -647,7 +647,9 @@ fn salvage(args: SalvageArgs) -> Result<ExitCode, String> {
         .and_then(|()| w.get_ref().sync_all())
         .map_err(|e| format!("{}: {e}", args.output.display()))?;
     let text = report.describe(&dir, &args.output);
-    write_private(&report_path, text.as_bytes())?;
+    // Salvaged data holds password hashes: owner only.
+    pando_store::write_private(&report_path, text.as_bytes())
+        .map_err(|e| format!("{}: {e}", report_path.display()))?;
     let lost = report.damage.len() + report.unreadable.len() + report.orphans.len();
     eprintln!(
         "salvaged {} entries from {} to {}; {}",
@@ -671,21 +673,6 @@ fn salvage(args: SalvageArgs) -> Result<ExitCode, String> {
     } else {
         ExitCode::from(1)
     })
-}
-
-/// Write a file only the owner reads (salvaged data holds password hashes).
-fn write_private(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let err = |e: std::io::Error| format!("{}: {e}", path.display());
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(err)?;
-    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(err)
 }
 
 fn export(args: ExportArgs) -> Result<ExitCode, String> {

@@ -157,7 +157,8 @@ pub fn backup_store(store: &Store, dest: &Path) -> Result<BackupReport, String> 
     };
     let text = toml::to_string(&manifest).map_err(|e| e.to_string())?;
     let mpath = dest.join(MANIFEST);
-    write_synced(&mpath, text.as_bytes())?;
+    pando_store::write_private(&mpath, text.as_bytes())
+        .map_err(|e| format!("{}: {e}", mpath.display()))?;
     // A backup holds every password hash: readable by the service account only.
     for f in [&data, &mpath] {
         std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600))
@@ -291,14 +292,6 @@ fn parent_of(p: &Path) -> PathBuf {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     }
-}
-
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    use std::io::Write;
-    let err = |e: std::io::Error| format!("{}: {e}", path.display());
-    let mut f = File::create(path).map_err(err)?;
-    f.write_all(bytes).map_err(err)?;
-    f.sync_all().map_err(err)
 }
 
 fn sync_dir(dir: &Path) -> Result<(), String> {

@@ -1,8 +1,5 @@
 //! First-start work: suffix entries, the administrator password, demo data.
 
-use std::fs::OpenOptions;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use pando_ldif::{LdifReader, ReaderOptions, Record};
@@ -129,16 +126,7 @@ fn finish_pending(
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), BootstrapError> {
-    let io = |e| BootstrapError::Io(path.to_path_buf(), e);
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(io)?;
-    f.write_all(bytes).map_err(io)?;
-    f.sync_all().map_err(io)
+    pando_store::write_private(path, bytes).map_err(|e| BootstrapError::Io(path.to_path_buf(), e))
 }
 
 fn rename_synced(from: &Path, to: &Path, dir: &Path) -> Result<(), BootstrapError> {

@@ -44,7 +44,7 @@ use roaring::RoaringTreemap;
 
 pub use index::IndexKind;
 pub use plan::Candidates;
-pub use unsynced_marker::sync_dir;
+pub use unsynced_marker::{sync_dir, write_private};
 pub use writer::{Durability, WriteJobError, WriterFigures};
 
 pub type EntryId = u64;

@@ -26,18 +26,11 @@ pub fn present(store_dir: &Path) -> bool {
 
 /// Create the marker and make it durable before any unsynced commit.
 pub fn set(store_dir: &Path) -> std::io::Result<()> {
-    let p = path(store_dir);
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&p)?;
-    f.write_all(
+    write_private(
+        &path(store_dir),
         b"This store was written with durability = none and was not synced since.\n\
           After a power cut or OS crash it may be damaged: Pando checks it whole at the next start.\n",
     )?;
-    f.sync_all()?;
     sync_dir(store_dir)
 }
 
@@ -60,4 +53,18 @@ pub fn clear(store_dir: &Path) {
 /// Make a directory's entries (created, renamed, removed files) durable.
 pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+/// Write a file only its owner may read (mode 0600 from creation, so no
+/// moment with wider rights) and sync its contents. Its directory entry
+/// is the caller's to sync.
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
 }
