@@ -29,6 +29,23 @@ pub mod oid {
     pub const PERMISSIVE_MODIFY: &str = "1.2.840.113556.1.4.1413";
     /// RFC 6171 Don't Use Copy.
     pub const DONT_USE_COPY: &str = "1.3.6.1.1.22";
+    /// Virtual list view (draft-ietf-ldapext-ldapv3-vlv-09).
+    pub const VLV_REQUEST: &str = "2.16.840.1.113730.3.4.9";
+    pub const VLV_RESPONSE: &str = "2.16.840.1.113730.3.4.10";
+    /// RFC 3876 Matched Values.
+    pub const MATCHED_VALUES: &str = "1.2.826.0.1.3344810.2.3";
+    /// Tree Delete (Active Directory, also OpenLDAP).
+    pub const TREE_DELETE: &str = "1.2.840.113556.1.4.805";
+    /// Relax Rules (draft-zeilenga-ldap-relax).
+    pub const RELAX: &str = "1.3.6.1.4.1.4203.666.5.12";
+    /// No-Op: the OID OpenLDAP 2.5's tools and slapd use, and the one
+    /// draft-zeilenga-ldap-noop-01 assigned (older clients).
+    pub const NO_OP: &str = "1.3.6.1.4.1.4203.666.5.2";
+    pub const NO_OP_DRAFT: &str = "1.3.6.1.4.1.4203.1.10.2";
+    /// Persistent search and entry change notification
+    /// (draft-ietf-ldapext-psearch-03).
+    pub const PERSISTENT_SEARCH: &str = "2.16.840.1.113730.3.4.3";
+    pub const ENTRY_CHANGE: &str = "2.16.840.1.113730.3.4.7";
     /// RFC 4533 Content Synchronization.
     pub const SYNC_REQUEST: &str = "1.3.6.1.4.1.4203.1.9.1.1";
     pub const SYNC_STATE: &str = "1.3.6.1.4.1.4203.1.9.1.2";

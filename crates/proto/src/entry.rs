@@ -38,9 +38,10 @@ use crate::message::op_tag;
 /// ```
 pub struct EntryEncoder<'a> {
     out: &'a mut Vec<u8>,
-    /// Marks of the open LDAPMessage, SearchResultEntry and
-    /// PartialAttributeList elements, closed innermost first by `finish`.
-    msg: usize,
+    /// Marks of the open LDAPMessage (None for a bare entry),
+    /// SearchResultEntry and PartialAttributeList elements, closed
+    /// innermost first by `finish`.
+    msg: Option<usize>,
     op: usize,
     attrs: usize,
 }
@@ -55,7 +56,21 @@ impl<'a> EntryEncoder<'a> {
         let attrs = ber::begin(out, tag::SEQUENCE);
         EntryEncoder {
             out,
-            msg,
+            msg: Some(msg),
+            op,
+            attrs,
+        }
+    }
+
+    /// Starts a SearchResultEntry on its own, not inside an LDAPMessage:
+    /// the value of the pre-read and post-read response controls (RFC 4527).
+    pub fn begin_bare(out: &'a mut Vec<u8>, dn: &[u8]) -> Self {
+        let op = ber::begin(out, op_tag::SEARCH_RESULT_ENTRY);
+        ber::write_tlv(out, tag::OCTET_STRING, dn);
+        let attrs = ber::begin(out, tag::SEQUENCE);
+        EntryEncoder {
+            out,
+            msg: None,
             op,
             attrs,
         }
@@ -88,12 +103,14 @@ impl<'a> EntryEncoder<'a> {
     }
 
     /// Closes the message, attaching response controls (e.g. the RFC 4533
-    /// Sync State control).
+    /// Sync State control; none can follow a bare entry).
     pub fn finish_with_controls(self, controls: &[Control]) {
         ber::end(self.out, self.attrs);
         ber::end(self.out, self.op);
-        encode_controls(self.out, controls);
-        ber::end(self.out, self.msg);
+        if let Some(msg) = self.msg {
+            encode_controls(self.out, controls);
+            ber::end(self.out, msg);
+        }
     }
 }
 
@@ -150,6 +167,20 @@ mod tests {
         assert_eq!(out[0], 0xaa);
         assert_eq!(&out[1..], &expected[..]);
         assert!(LdapMessage::decode(&out[1..], &DecodeLimits::default()).is_ok());
+    }
+
+    #[test]
+    fn bare_entry_is_the_protocol_op() {
+        let mut whole = Vec::new();
+        let mut e = EntryEncoder::begin(&mut whole, 1, b"cn=x");
+        e.attr(b"cn", [&b"x"[..]]);
+        e.finish();
+        let mut bare = Vec::new();
+        let mut e = EntryEncoder::begin_bare(&mut bare, b"cn=x");
+        e.attr(b"cn", [&b"x"[..]]);
+        e.finish();
+        // LDAPMessage = 30 len 02 01 01 <op>
+        assert_eq!(&whole[5..], &bare[..]);
     }
 
     #[test]

@@ -25,6 +25,7 @@
 )]
 
 pub mod ber;
+pub mod control_values;
 pub mod controls;
 mod entry;
 pub mod extended;

@@ -73,6 +73,8 @@ result_codes! {
     TOO_LATE = 120, "tooLate";
     CANNOT_CANCEL = 121, "cannotCancel";
     ASSERTION_FAILED = 122, "assertionFailed";
+    // draft-zeilenga-ldap-noop; OpenLDAP's value (0x410e).
+    NO_OPERATION = 16654, "noOperation";
 }
 
 impl fmt::Debug for ResultCode {

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use pando_proto::{
     frame_length, notice_of_disconnection, oid, Control, ExtendedRequest, ExtendedResponse,
-    LdapMessage, LdapResult, PagedResults, ProtocolOp, ResultCode,
+    LdapMessage, LdapResult, ProtocolOp, ResultCode,
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
@@ -35,10 +35,8 @@ use super::wire::{Event, Wire, OUTPUT_HIGH, WRITE_STALL};
 use crate::error::LdapError;
 use crate::observe::{self, OpStart};
 use crate::ops;
+use crate::ops::operation::{is_update, Operation};
 use crate::state::{Identity, Server, Session};
-
-/// Controls recognised on any operation (others, if critical, are refused).
-const KNOWN_CONTROLS: &[&str] = &[oid::MANAGE_DSA_IT];
 
 /// Messages from operations on other tasks queued for the connection.
 const RESPONSE_QUEUE: usize = 16;
@@ -320,7 +318,7 @@ impl Connection {
                 r.finish(&self.server, code, entries);
             }
         };
-        let work = match msg.op {
+        match msg.op {
             ProtocolOp::UnbindRequest => {
                 done_here(rec, None, 0);
                 return Flow::Close("unbind");
@@ -337,56 +335,6 @@ impl Connection {
                 }
                 return Flow::Continue;
             }
-            ProtocolOp::ExtendedRequest(req) if req.name == oid::START_TLS => {
-                let (flow, code) =
-                    self.start_tls(id, &req, &msg.controls, pipelined, ctx.outstanding, wire);
-                done_here(rec, Some(code), 0);
-                return flow;
-            }
-            ProtocolOp::SearchRequest(req) => {
-                let paged = match search_controls(&msg.controls) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        let r = e.into_result();
-                        let code = r.code.0;
-                        put(
-                            &mut wire.output,
-                            id,
-                            ProtocolOp::SearchResultDone(r),
-                            Vec::new(),
-                        );
-                        done_here(rec, Some(code), 0);
-                        return Flow::Continue;
-                    }
-                };
-                let job = ops::search::SearchJob {
-                    server: self.server.clone(),
-                    who: identity.clone(),
-                    msg_id: id,
-                    req,
-                    paged,
-                    abandoned: Arc::new(AtomicBool::new(false)),
-                    out: ctx.tx.clone(),
-                };
-                // A small search is answered right here, on this task; a
-                // larger one runs on a blocking thread.
-                if let Some(r) = rec.as_mut() {
-                    r.started();
-                }
-                match ops::search::run_inline(job, &mut wire.output) {
-                    Ok(answered) => {
-                        done_here(rec, answered.map(|a| a.0), answered.map_or(0, |a| a.1));
-                        return Flow::Continue;
-                    }
-                    Err(job) => Work::Search(job),
-                }
-            }
-            ProtocolOp::ModifyRequest(_)
-            | ProtocolOp::AddRequest(_)
-            | ProtocolOp::DelRequest(_)
-            | ProtocolOp::ModifyDnRequest(_)
-            | ProtocolOp::CompareRequest(_)
-            | ProtocolOp::ExtendedRequest(_) => Work::Op(msg.op, msg.controls),
             // A response or notice sent by a client breaks the protocol.
             ProtocolOp::BindResponse(_)
             | ProtocolOp::SearchResultEntry(_)
@@ -405,6 +353,56 @@ impl Connection {
                 ));
                 return Flow::Close("response PDU from client");
             }
+            _ => {}
+        }
+        let op = match Operation::new(
+            id,
+            identity.clone(),
+            msg.op,
+            &msg.controls,
+            &self.server.decode_limits,
+        ) {
+            Ok(op) => op,
+            Err(refused) => {
+                if matches!(refused.op, ProtocolOp::BindResponse(_)) {
+                    // A failed bind leaves the connection anonymous (RFC 4511 4.2.1).
+                    *identity = Identity::anonymous(self.session.clone());
+                    wire.set_idle(idle_for(&self.server, identity));
+                }
+                done_here(rec, refused.code(), 0);
+                put(&mut wire.output, id, refused.op, refused.controls);
+                return Flow::Continue;
+            }
+        };
+        let work = match op.request {
+            ProtocolOp::ExtendedRequest(req) if req.name == oid::START_TLS => {
+                let (flow, code) = self.start_tls(id, &req, pipelined, ctx.outstanding, wire);
+                done_here(rec, Some(code), 0);
+                return flow;
+            }
+            ProtocolOp::SearchRequest(req) => {
+                let job = ops::search::SearchJob {
+                    server: self.server.clone(),
+                    who: op.who,
+                    msg_id: id,
+                    req,
+                    controls: op.controls,
+                    abandoned: Arc::new(AtomicBool::new(false)),
+                    out: ctx.tx.clone(),
+                };
+                // A small search is answered right here, on this task; a
+                // larger one runs on a blocking thread.
+                if let Some(r) = rec.as_mut() {
+                    r.started();
+                }
+                match ops::search::run_inline(job, &mut wire.output) {
+                    Ok(answered) => {
+                        done_here(rec, answered.map(|a| a.0), answered.map_or(0, |a| a.1));
+                        return Flow::Continue;
+                    }
+                    Err(job) => Work::Search(job),
+                }
+            }
             ProtocolOp::BindRequest(req) => {
                 abandon_all(ctx.outstanding);
                 let max = self.server.cfg.config.limits.max_ops_per_connection as u32;
@@ -414,15 +412,6 @@ impl Connection {
                 // Waiting for the outstanding operations was its queue time.
                 if let Some(r) = rec.as_mut() {
                     r.started();
-                }
-                if let Some(c) = unknown_critical(&msg.controls, &[]) {
-                    *identity = Identity::anonymous(self.session.clone());
-                    wire.set_idle(idle_for(&self.server, identity));
-                    let r = c.into_result();
-                    let code = r.code.0;
-                    put(&mut wire.output, id, bind_response(r), Vec::new());
-                    done_here(rec, Some(code), 0);
-                    return Flow::Continue;
                 }
                 let bound = ops::bind::bind(&self.server, req, &self.session);
                 let result = match wire.pump_while(bound).await {
@@ -442,6 +431,7 @@ impl Connection {
                 done_here(rec, Some(code), 0);
                 return Flow::Continue;
             }
+            request => Work::Op(Operation { request, ..op }),
         };
         // Before a bind, fewer operations may be outstanding.
         let anon_permit = if identity.is_anonymous() {
@@ -467,14 +457,13 @@ impl Connection {
             m.insert(id, flag.clone());
         }
         let server = self.server.clone();
-        let who = identity.clone();
         let tx = ctx.tx.clone();
         let outstanding = ctx.outstanding.clone();
         // Writes from one connection are applied in the order they were sent
         // (a pipelined child add must not overtake its parent's); each waits
         // for the previous one. Reads run freely.
         let order = match &work {
-            Work::Op(op, _) if is_update(op) => {
+            Work::Op(op) if is_update(&op.request) => {
                 let (done_tx, done_rx) = oneshot::channel();
                 Some((ctx.write_chain.replace(done_rx), done_tx))
             }
@@ -502,12 +491,9 @@ impl Connection {
                 let ctx = rec.as_ref().map(|r| r.ctx()).unwrap_or_default();
                 answered = match work {
                     Work::Search(job) => run_search(job, &tx).await,
-                    Work::Op(op, controls) => {
+                    Work::Op(op) => {
                         observe::OP
-                            .scope(
-                                ctx,
-                                run_op(server.clone(), who, id, op, controls, flag.clone(), &tx),
-                            )
+                            .scope(ctx, run_op(server.clone(), op, flag.clone(), &tx))
                             .await
                     }
                 };
@@ -539,15 +525,12 @@ impl Connection {
         &self,
         id: i32,
         req: &ExtendedRequest,
-        controls: &[Control],
         pipelined: bool,
         outstanding: &Outstanding,
         wire: &mut Wire<S>,
     ) -> (Flow, u32) {
         let busy = pipelined || outstanding.lock().map(|m| !m.is_empty()).unwrap_or(true);
-        let refused = if let Some(e) = unknown_critical(controls, &[]) {
-            Some(e)
-        } else if self.session.tls {
+        let refused = if self.session.tls {
             Some(LdapError::new(
                 ResultCode::OPERATIONS_ERROR,
                 "TLS is already established on this connection",
@@ -608,17 +591,6 @@ fn idle_for(server: &Server, who: &Identity) -> Option<Duration> {
     (secs > 0).then(|| Duration::from_secs(secs))
 }
 
-fn is_update(op: &ProtocolOp) -> bool {
-    matches!(
-        op,
-        ProtocolOp::AddRequest(_)
-            | ProtocolOp::DelRequest(_)
-            | ProtocolOp::ModifyRequest(_)
-            | ProtocolOp::ModifyDnRequest(_)
-            | ProtocolOp::ExtendedRequest(_)
-    )
-}
-
 fn abandon_all(outstanding: &Outstanding) {
     if let Ok(m) = outstanding.lock() {
         for f in m.values() {
@@ -656,23 +628,6 @@ fn response_for(tag: u8) -> Option<fn(LdapResult) -> ProtocolOp> {
     })
 }
 
-/// unavailableCriticalExtension for the first critical control not understood.
-fn unknown_critical(controls: &[Control], also_known: &[&str]) -> Option<LdapError> {
-    controls
-        .iter()
-        .find(|c| {
-            c.critical
-                && !KNOWN_CONTROLS.contains(&c.oid.as_str())
-                && !also_known.contains(&c.oid.as_str())
-        })
-        .map(|c| {
-            LdapError::new(
-                ResultCode::UNAVAILABLE_CRITICAL_EXTENSION,
-                format!("critical control {} is not supported", c.oid),
-            )
-        })
-}
-
 /// Encode a response into `out`.
 fn put(out: &mut Vec<u8>, id: i32, op: ProtocolOp, controls: Vec<Control>) {
     LdapMessage { id, op, controls }.encode(out);
@@ -688,7 +643,7 @@ async fn send(tx: &mpsc::Sender<Vec<u8>>, id: i32, op: ProtocolOp, controls: Vec
 enum Work {
     /// A search too large to answer on the connection's task.
     Search(ops::search::SearchJob),
-    Op(ProtocolOp, Vec<Control>),
+    Op(Operation),
 }
 
 /// The connection's bookkeeping of operations running on other tasks.
@@ -703,22 +658,6 @@ struct Ctx<'a> {
     outstanding: &'a Outstanding,
     /// Operation numbers of this connection (access and audit logs).
     op_seq: &'a mut u64,
-}
-
-/// Paged results is the one search control understood; a bad value or an
-/// unknown critical control fails the search.
-fn search_controls(controls: &[Control]) -> Result<Option<PagedResults>, LdapError> {
-    let mut paged = None;
-    if let Some(e) = unknown_critical(controls, &[oid::PAGED_RESULTS]) {
-        return Err(e);
-    }
-    for c in controls.iter().filter(|c| c.oid == oid::PAGED_RESULTS) {
-        match c.value.as_deref().map(PagedResults::decode) {
-            Some(Ok(p)) => paged = Some(p),
-            _ => return Err(LdapError::protocol("malformed paged results control value")),
-        }
-    }
-    Ok(paged)
 }
 
 /// A search on a blocking thread, its entries streamed to the connection.
@@ -780,113 +719,26 @@ async fn run_search(job: ops::search::SearchJob, tx: &mpsc::Sender<Vec<u8>>) -> 
     }
 }
 
+/// Run an operation on its own task and send its response. An abandoned
+/// read has no answer; a change that was made always does (RFC 4511 4.11
+/// lets the operation complete normally).
 async fn run_op(
     server: Arc<Server>,
-    who: Identity,
-    id: i32,
-    op: ProtocolOp,
-    controls: Vec<Control>,
+    op: Operation,
     abandoned: Arc<AtomicBool>,
     tx: &mpsc::Sender<Vec<u8>>,
 ) -> Answered {
-    let result_or = |r: Result<(), LdapError>| match r {
-        Ok(()) => LdapResult::success(),
-        Err(e) => e.into_result(),
-    };
-    if let Some(e) = unknown_critical(&controls, &[]) {
-        let r = e.into_result();
-        let code = r.code.0;
-        if let Some(mk) = request_tag(&op).and_then(response_for) {
-            send(tx, id, mk(r), Vec::new()).await;
-        }
-        return Some((code, 0));
-    }
-    let changed = is_update(&op);
-    let response = match op {
-        ProtocolOp::AddRequest(req) => {
-            ProtocolOp::AddResponse(result_or(ops::write::add(&server, &who, req).await))
-        }
-        ProtocolOp::DelRequest(dn) => {
-            ProtocolOp::DelResponse(result_or(ops::write::delete(&server, &who, dn).await))
-        }
-        ProtocolOp::ModifyRequest(req) => {
-            ProtocolOp::ModifyResponse(result_or(ops::write::modify(&server, &who, req).await))
-        }
-        ProtocolOp::ModifyDnRequest(req) => {
-            ProtocolOp::ModifyDnResponse(result_or(ops::write::modify_dn(&server, &who, req).await))
-        }
-        ProtocolOp::CompareRequest(req) => {
-            let server2 = server.clone();
-            let who2 = who.clone();
-            let r =
-                tokio::task::spawn_blocking(move || ops::compare::compare(&server2, &who2, &req))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(LdapError::new(
-                            ResultCode::OTHER,
-                            "compare failed unexpectedly",
-                        ))
-                    });
-            ProtocolOp::CompareResponse(match r {
-                Ok(code) => LdapResult {
-                    code,
-                    matched_dn: String::new(),
-                    message: String::new(),
-                    referral: Vec::new(),
-                },
-                Err(e) => e.into_result(),
-            })
-        }
-        ProtocolOp::ExtendedRequest(req) => {
-            ProtocolOp::ExtendedResponse(match ops::extended::extended(&server, &who, req).await {
-                Ok(r) => r,
-                Err(e) => ExtendedResponse {
-                    result: e.into_result(),
-                    name: None,
-                    value: None,
-                },
-            })
-        }
-        // Filtered out by `dispatch`.
-        _ => return None,
-    };
-    // An abandoned read has no answer; a change that was made always
-    // does (RFC 4511 4.11 lets the operation complete normally).
+    let id = op.msg_id;
+    let changed = is_update(&op.request);
+    let response = ops::operation::perform(&server, op).await?;
     if abandoned.load(Ordering::Relaxed) && !changed {
         return None;
     }
-    let code = response_code(&response);
-    send(tx, id, response, Vec::new()).await;
+    let code = response.code();
+    send(tx, id, response.op, response.controls).await;
     code.map(|c| (c, 0))
 }
 
 /// What `run_op` answered: the result code and the entries sent; None when
 /// nothing was sent (abandoned).
 type Answered = Option<(u32, u64)>;
-
-fn response_code(op: &ProtocolOp) -> Option<u32> {
-    Some(match op {
-        ProtocolOp::AddResponse(r)
-        | ProtocolOp::DelResponse(r)
-        | ProtocolOp::ModifyResponse(r)
-        | ProtocolOp::ModifyDnResponse(r)
-        | ProtocolOp::CompareResponse(r)
-        | ProtocolOp::SearchResultDone(r) => r.code.0,
-        ProtocolOp::ExtendedResponse(e) => e.result.code.0,
-        ProtocolOp::BindResponse(b) => b.result.code.0,
-        _ => return None,
-    })
-}
-
-fn request_tag(op: &ProtocolOp) -> Option<u8> {
-    use pando_proto::op_tag as t;
-    Some(match op {
-        ProtocolOp::AddRequest(_) => t::ADD_REQUEST,
-        ProtocolOp::DelRequest(_) => t::DEL_REQUEST,
-        ProtocolOp::ModifyRequest(_) => t::MODIFY_REQUEST,
-        ProtocolOp::ModifyDnRequest(_) => t::MODIFY_DN_REQUEST,
-        ProtocolOp::CompareRequest(_) => t::COMPARE_REQUEST,
-        ProtocolOp::ExtendedRequest(_) => t::EXTENDED_REQUEST,
-        _ => return None,
-    })
-}

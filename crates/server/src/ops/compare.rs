@@ -4,11 +4,19 @@ use std::sync::Arc;
 
 use pando_proto::{CompareRequest, ResultCode};
 
+use super::controls::Requested;
 use crate::error::{LdapError, OpResult};
 use crate::state::{Identity, Server};
 
 /// compareTrue / compareFalse as a successful result code.
-pub fn compare(server: &Arc<Server>, who: &Identity, req: &CompareRequest) -> OpResult<ResultCode> {
+/// With the assertion control (RFC 4528), the entry must match it first
+/// (else assertionFailed).
+pub fn compare(
+    server: &Arc<Server>,
+    who: &Identity,
+    controls: &Requested,
+    req: &CompareRequest,
+) -> OpResult<ResultCode> {
     let schema = &*server.schema;
     let dn = super::parse_dn(&req.dn)?;
     let (_, at) = schema.canonical_desc(&req.ava.attr)?;
@@ -41,6 +49,14 @@ pub fn compare(server: &Arc<Server>, who: &Identity, req: &CompareRequest) -> Op
         &entry,
         &[(Some(at), crate::acl::COMPARE)],
     )?;
+    if let Some(filter) = &controls.assertion {
+        if !super::assertion_holds(server, &view, who, &norm, &entry, filter) {
+            return Err(LdapError::new(
+                ResultCode::ASSERTION_FAILED,
+                "the assertion control's filter is not true for the entry",
+            ));
+        }
+    }
     let attrs = entry.attrs;
     let mut present = false;
     for a in &attrs {

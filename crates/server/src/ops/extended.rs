@@ -7,8 +7,10 @@ use pando_proto::{
     encode_passwd_modify_response, oid, ExtendedRequest, ExtendedResponse, LdapResult,
     PasswdModifyRequest, ResultCode,
 };
-use pando_store::WriteTxn;
+use pando_store::View;
 
+use super::controls::Requested;
+use super::write::{Before, Change, WriteCtx, WriteOp};
 use crate::acl;
 use crate::error::{LdapError, OpResult};
 use crate::password;
@@ -17,6 +19,7 @@ use crate::state::{Identity, Server};
 pub async fn extended(
     server: &Arc<Server>,
     who: &Identity,
+    controls: Requested,
     req: ExtendedRequest,
 ) -> OpResult<ExtendedResponse> {
     match req.name.as_str() {
@@ -32,7 +35,10 @@ pub async fn extended(
                 value: Some(authz.into_bytes()),
             })
         }
-        oid::PASSWD_MODIFY => passwd_modify(server, who, req.value.as_deref()).await,
+        oid::PASSWD_MODIFY => {
+            let ctx = WriteCtx::new(server, who, controls);
+            passwd_modify(ctx, req.value.as_deref()).await
+        }
         super::special::BACKUP_EXOP => online_backup(server, who, req.value).await,
         other => Err(LdapError::protocol(format!(
             "unsupported extended operation {other}"
@@ -40,11 +46,8 @@ pub async fn extended(
     }
 }
 
-async fn passwd_modify(
-    server: &Arc<Server>,
-    who: &Identity,
-    value: Option<&[u8]>,
-) -> OpResult<ExtendedResponse> {
+async fn passwd_modify(ctx: Arc<WriteCtx>, value: Option<&[u8]>) -> OpResult<ExtendedResponse> {
+    let (server, who) = (&ctx.server.clone(), &ctx.who.clone());
     let req = match value {
         None => PasswdModifyRequest {
             user_identity: None,
@@ -131,82 +134,14 @@ async fn passwd_modify(
         }
     };
     let hashed = server.passwords.hash_one(new_clear.clone()).await?;
-    let audited = crate::observe::auditing(server)
-        .then(|| (target.to_string(), vec![hashed.clone().into_bytes()]));
-    let server3 = server.clone();
-    let who2 = who.clone();
-    server
-        .store
-        .write(move |w: &mut WriteTxn<'_>| -> OpResult<()> {
-            let view = w.view();
-            let id = super::resolve(&view, &target)?;
-            let old_attrs = view.attrs(id)?.unwrap_or_default();
-            if checked
-                .as_ref()
-                .is_some_and(|c| *c != super::password_values(&old_attrs))
-            {
-                return Err(LdapError::new(
-                    ResultCode::BUSY,
-                    "the password changed while this request was being checked; try again",
-                ));
-            }
-            let mut new = old_attrs.clone();
-            new.retain(|a| !super::is_password(&a.desc));
-            new.push(Attribute {
-                desc: "userPassword".into(),
-                values: vec![hashed.into_bytes()],
-            });
-            // The checks a modify replacing userPassword passes: the entry's
-            // object classes must allow it (else objectClassViolation).
-            let schema = &server3.schema;
-            let old_entry = pando_model::Entry {
-                dn: target.clone(),
-                attrs: old_attrs.clone(),
-            };
-            let mut new_entry = pando_model::Entry {
-                dn: target.clone(),
-                attrs: new,
-            };
-            schema.check_entry(&mut new_entry)?;
-            super::write::check_invariants(schema, &old_entry, &new_entry)?;
-            let mut new = new_entry.attrs;
-            let now = crate::clock::generalized_time(crate::clock::now_micros());
-            let csn = server3.csn.next();
-            for (desc, v) in [
-                ("modifyTimestamp", now),
-                ("modifiersName", who2.dn().to_string()),
-                ("entryCSN", csn.clone()),
-            ] {
-                new.retain(|a| !a.desc.eq_ignore_ascii_case(desc));
-                new.push(Attribute {
-                    desc: desc.into(),
-                    values: vec![v.into_bytes()],
-                });
-            }
-            w.replace(id, &old_attrs, &new)?;
-            w.meta_put(crate::backup::META_CONTEXT_CSN, csn.as_bytes())?;
-            Ok(())
-        })
-        .await?;
-    if let Some((target, stored)) = audited {
-        // Logged as a replace of userPassword with the stored hash.
-        let change = pando_proto::Change {
-            op: pando_proto::ModOp::Replace,
-            attr: pando_proto::PartialAttribute {
-                name: "userPassword".into(),
-                values: Vec::new(),
-            },
-        };
-        crate::observe::audit(
-            server,
-            who,
-            crate::observe::audit::Record::Modify {
-                dn: &target.to_string(),
-                changes: std::slice::from_ref(&change),
-                passwords: Some(&stored),
-            },
-        );
-    }
+    let op = SetPassword {
+        target,
+        norm,
+        hashed: hashed.into_bytes(),
+        checked,
+    };
+    // Extended operations take no write controls (see ops::controls).
+    super::write::run(ctx, Arc::new(op)).await?;
     let value = if generated {
         Some(encode_passwd_modify_response(Some(&new_clear)))
     } else {
@@ -217,6 +152,82 @@ async fn passwd_modify(
         name: None,
         value,
     })
+}
+
+/// Password Modify's change: userPassword replaced by one hashed value.
+struct SetPassword {
+    target: pando_model::Dn,
+    norm: String,
+    hashed: Vec<u8>,
+    /// The stored values the old password was checked against: the change
+    /// goes ahead only if they are still the stored ones, so a concurrent
+    /// change cannot slip in between the check and the write.
+    checked: Option<Vec<Vec<u8>>>,
+}
+
+impl WriteOp for SetPassword {
+    fn plan(&self, ctx: &WriteCtx, view: &View<'_>) -> OpResult<Vec<Change>> {
+        let (server, who) = (&*ctx.server, &ctx.who);
+        let schema = &*server.schema;
+        let id = super::resolve_for(server, view, who, &self.target)?;
+        let old = pando_model::Entry {
+            dn: self.target.clone(),
+            attrs: view.attrs(id)?.unwrap_or_default(),
+        };
+        let pw = schema.attribute("userPassword");
+        super::require(server, view, who, &self.norm, &old, &[(pw, acl::WRITE)])?;
+        if self
+            .checked
+            .as_ref()
+            .is_some_and(|c| *c != super::password_values(&old.attrs))
+        {
+            return Err(LdapError::new(
+                ResultCode::BUSY,
+                "the password changed while this request was being checked; try again",
+            ));
+        }
+        let mut new = old.clone();
+        new.attrs.retain(|a| !super::is_password(&a.desc));
+        new.attrs.push(Attribute {
+            desc: "userPassword".into(),
+            values: vec![self.hashed.clone()],
+        });
+        // The checks a modify replacing userPassword passes: the entry's
+        // object classes must allow it (else objectClassViolation).
+        schema.check_entry(&mut new)?;
+        super::write::check_invariants(schema, &old, &new)?;
+        Ok(vec![Change {
+            before: Some(Before {
+                id,
+                entry: old,
+                norm: self.norm.clone(),
+                bytes: None,
+            }),
+            after: Some(new),
+            after_norm: None,
+            place: None,
+        }])
+    }
+
+    /// Logged as a replace of userPassword with the stored hash.
+    fn audit(&self, ctx: &WriteCtx, _changes: &[Change]) {
+        let change = pando_proto::Change {
+            op: pando_proto::ModOp::Replace,
+            attr: pando_proto::PartialAttribute {
+                name: "userPassword".into(),
+                values: Vec::new(),
+            },
+        };
+        crate::observe::audit(
+            &ctx.server,
+            &ctx.who,
+            crate::observe::audit::Record::Modify {
+                dn: &self.target.to_string(),
+                changes: std::slice::from_ref(&change),
+                passwords: Some(std::slice::from_ref(&self.hashed)),
+            },
+        );
+    }
 }
 
 /// Back up the running store into a directory on the server host.
@@ -306,7 +317,12 @@ mod tests {
             .unwrap();
         let before = stored(&server, device);
         let err = rt
-            .block_on(extended(&server, &admin, set_password(device, "s3cret")))
+            .block_on(extended(
+                &server,
+                &admin,
+                Requested::default(),
+                set_password(device, "s3cret"),
+            ))
             .expect_err("device does not allow userPassword");
         assert_eq!(
             err.code,
@@ -317,7 +333,12 @@ mod tests {
         assert_eq!(stored(&server, device), before, "nothing written");
         // An entry that allows it takes the new password.
         let r = rt
-            .block_on(extended(&server, &admin, set_password(person, "s3cret")))
+            .block_on(extended(
+                &server,
+                &admin,
+                Requested::default(),
+                set_password(person, "s3cret"),
+            ))
             .unwrap();
         assert_eq!(r.result.code, ResultCode::SUCCESS);
         let pw = super::super::password_values(&stored(&server, person));

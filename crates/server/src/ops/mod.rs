@@ -4,7 +4,9 @@
 
 pub mod bind;
 pub mod compare;
+pub mod controls;
 pub mod extended;
+pub mod operation;
 pub mod search;
 pub mod special;
 pub mod write;
@@ -211,6 +213,36 @@ pub fn resolve_rdns_for(
             Err(no_such_object(view, shown.then_some(m))?)
         }
     }
+}
+
+/// Whether an assertion (RFC 4528) is TRUE for `entry` (normalised DN
+/// `norm`) as the requester sees it: items on attributes it may not
+/// search evaluate to Undefined, so an assertion reveals no more than a
+/// search would.
+pub fn assertion_holds(
+    server: &Server,
+    view: &View<'_>,
+    who: &Identity,
+    norm: &str,
+    entry: &Entry,
+    filter: &pando_proto::Filter,
+) -> bool {
+    let schema = &*server.schema;
+    let mut access = Access::new(&server.acl, who);
+    let compiled = if access.unrestricted() {
+        schema.compile_filter(filter)
+    } else {
+        let rules = access.entry(schema, norm, entry);
+        let mut types = Vec::new();
+        search::types_in_filter(schema, filter, &mut types);
+        let hidden: Vec<&str> = types
+            .into_iter()
+            .filter(|at| !access.allows(Some(view), &rules, norm, Some(at), acl::SEARCH))
+            .map(|at| at.oid.as_str())
+            .collect();
+        schema.compile_filter_hiding(filter, &|at| hidden.contains(&at.oid.as_str()))
+    };
+    compiled.matches(schema, entry) == pando_model::Ternary::True
 }
 
 /// A stored entry's attributes as an [`Entry`] for access checks (which

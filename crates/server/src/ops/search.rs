@@ -35,7 +35,7 @@ pub struct SearchJob {
     pub who: Identity,
     pub msg_id: i32,
     pub req: SearchRequest,
-    pub paged: Option<PagedResults>,
+    pub controls: super::controls::Requested,
     pub abandoned: Arc<AtomicBool>,
     pub out: mpsc::Sender<Vec<u8>>,
 }
@@ -312,7 +312,9 @@ struct Emitter<'a> {
     schema: &'a Schema,
     sel: Selection,
     types_only: bool,
-    msg_id: i32,
+    /// The response's message ID; None: a bare SearchResultEntry (the
+    /// value of a pre-read or post-read response control).
+    msg_id: Option<i32>,
 }
 
 /// Access decisions for the entry being emitted: only attributes the
@@ -358,7 +360,10 @@ impl Emitter<'_> {
         mut guard: Option<Guard<'_, '_>>,
         buf: &mut Vec<u8>,
     ) -> OpResult<()> {
-        let mut enc = EntryEncoder::begin(buf, self.msg_id, dn.as_bytes());
+        let mut enc = match self.msg_id {
+            Some(id) => EntryEncoder::begin(buf, id, dn.as_bytes()),
+            None => EntryEncoder::begin_bare(buf, dn.as_bytes()),
+        };
         for (desc, values) in attrs {
             let base = desc.split(';').next().unwrap_or("");
             let Some(at) = self.schema.attribute(base) else {
@@ -406,6 +411,41 @@ impl Emitter<'_> {
         enc.finish();
         Ok(())
     }
+}
+
+/// A SearchResultEntry on its own (the value of the RFC 4527 read-entry
+/// response controls): `entry` named `dn`, with the attributes `attrs`
+/// selects as a search would, less those `access` (None: unrestricted)
+/// does not let the requester read. Computed attributes are not included.
+pub(crate) fn encode_read_entry(
+    schema: &Schema,
+    view: &View<'_>,
+    access: Option<&mut Access<'_>>,
+    norm: &str,
+    dn: &str,
+    entry: &Entry,
+    attrs: &[String],
+) -> OpResult<Vec<u8>> {
+    let emitter = Emitter {
+        schema,
+        sel: Selection::new(schema, attrs),
+        types_only: false,
+        msg_id: None,
+    };
+    let mut buf = Vec::new();
+    match access {
+        Some(access) => {
+            let rules = access.entry(schema, norm, entry);
+            let guard = Guard {
+                access,
+                rules: &rules,
+                norm,
+            };
+            emitter.emit(Some(view), None, dn, entry, Some(guard), &mut buf)?;
+        }
+        None => emitter.emit(Some(view), None, dn, entry, None, &mut buf)?,
+    }
+    Ok(buf)
 }
 
 /// The value of computed attribute `name` of entry `id`; None when it is
@@ -563,7 +603,7 @@ pub enum Ran {
 pub fn run(job: &SearchJob, resume: Option<Resume>) -> Ran {
     let out = job.out.clone();
     let step = search(job, &mut Out::Channel(&out), None, resume);
-    match outcome(job.paged.is_some(), step) {
+    match outcome(job.controls.paged.is_some(), step) {
         Step::Done(o) => Ran::Done(o),
         Step::TooBig => Ran::Done(None),
         Step::Paused { chunk, resume } => Ran::Paused { chunk, resume },
@@ -579,7 +619,7 @@ pub fn run(job: &SearchJob, resume: Option<Resume>) -> Ran {
 #[allow(clippy::result_large_err)]
 pub fn run_inline(job: SearchJob, out: &mut Vec<u8>) -> Result<Option<(u32, u64)>, SearchJob> {
     let step = outcome(
-        job.paged.is_some(),
+        job.controls.paged.is_some(),
         search(&job, &mut Out::Buffer(out), Some(INLINE_CANDIDATES), None),
     );
     match step {
@@ -665,13 +705,20 @@ fn search_monitor(
     }
     Ok(Step::Done(Some(SearchOutcome {
         result: LdapResult::success(),
-        controls: if job.paged.is_some() {
+        controls: if job.controls.paged.is_some() {
             vec![paged_control(0, Vec::new())]
         } else {
             Vec::new()
         },
         entries: n,
     })))
+}
+
+fn assertion_failed() -> LdapError {
+    LdapError::new(
+        ResultCode::ASSERTION_FAILED,
+        "the assertion control's filter is not true for the base entry",
+    )
 }
 
 fn paged_control(size: i32, cookie: Vec<u8>) -> Control {
@@ -699,7 +746,7 @@ fn search(
         schema,
         sel,
         types_only: req.types_only,
-        msg_id: job.msg_id,
+        msg_id: Some(job.msg_id),
     };
     let mut access = Access::new(&server.acl, &job.who);
     let filter = schema.compile_filter(&req.filter);
@@ -720,6 +767,11 @@ fn search(
         } else {
             server.special.subschema(server)
         };
+        if let Some(a) = &job.controls.assertion {
+            if schema.compile_filter(a).matches(schema, &entry) != Ternary::True {
+                return Err(assertion_failed());
+            }
+        }
         let mut buf = Vec::new();
         let mut n = 0;
         if filter.matches(schema, &entry) == Ternary::True {
@@ -736,7 +788,7 @@ fn search(
                 return Ok(Step::Done(None));
             }
         }
-        let controls = if job.paged.is_some() {
+        let controls = if job.controls.paged.is_some() {
             vec![paged_control(0, Vec::new())]
         } else {
             Vec::new()
@@ -798,13 +850,28 @@ fn search(
         }
     }
 
+    // RFC 4528: the assertion applies to the base entry.
+    if let (Some(a), None) = (&job.controls.assertion, resume) {
+        let base_entry = super::stored_entry(&view, base_id)?;
+        if !super::assertion_holds(
+            server,
+            &view,
+            &job.who,
+            &base_rdns.join(","),
+            &base_entry,
+            a,
+        ) {
+            return Err(assertion_failed());
+        }
+    }
+
     // Paging state.
-    let hash = if job.paged.is_some() {
+    let hash = if job.controls.paged.is_some() {
         request_hash(req)
     } else {
         0
     };
-    let (resume_after, mut sent_before, page_size) = match &job.paged {
+    let (resume_after, mut sent_before, page_size) = match &job.controls.paged {
         None => (None, 0, None),
         Some(p) => {
             let (after, sent) = if p.cookie.is_empty() {
@@ -912,7 +979,7 @@ fn search(
                 flush(out, &mut buf)?;
                 return Ok(Step::Done(Some(SearchOutcome {
                     result: LdapResult::new(ResultCode::TIME_LIMIT_EXCEEDED, "time limit exceeded"),
-                    controls: if job.paged.is_some() {
+                    controls: if job.controls.paged.is_some() {
                         vec![paged_control(0, Vec::new())]
                     } else {
                         Vec::new()
@@ -1025,7 +1092,7 @@ fn search(
                 flush(out, &mut buf)?;
                 return Ok(Step::Done(Some(SearchOutcome {
                     result: LdapResult::new(ResultCode::SIZE_LIMIT_EXCEEDED, "size limit exceeded"),
-                    controls: if job.paged.is_some() {
+                    controls: if job.controls.paged.is_some() {
                         vec![paged_control(0, Vec::new())]
                     } else {
                         Vec::new()
@@ -1080,7 +1147,7 @@ fn search(
         }
     }
     flush(out, &mut buf)?;
-    let controls = if job.paged.is_some() {
+    let controls = if job.controls.paged.is_some() {
         vec![paged_control(0, Vec::new())]
     } else {
         Vec::new()
@@ -1138,7 +1205,11 @@ fn send_or_hold(out: &mut Out<'_>, buf: &mut Vec<u8>) -> OpResult<Option<Vec<u8>
 }
 
 /// Attribute types a filter tests, each once.
-fn types_in_filter<'s>(schema: &'s Schema, filter: &Filter, out: &mut Vec<&'s AttributeType>) {
+pub(crate) fn types_in_filter<'s>(
+    schema: &'s Schema,
+    filter: &Filter,
+    out: &mut Vec<&'s AttributeType>,
+) {
     for_each_filter_attr(filter, &mut |desc| {
         if let Ok((_, at)) = schema.canonical_desc(desc) {
             if !out.iter().any(|x| std::ptr::eq(*x, at)) {
@@ -1268,7 +1339,7 @@ mod tests {
                 filter: Filter::parse(filter).unwrap(),
                 attrs: attrs.iter().map(|a| a.to_string()).collect(),
             },
-            paged: None,
+            controls: Default::default(),
             abandoned: Arc::new(AtomicBool::new(false)),
             out: tx,
         };

@@ -11,8 +11,6 @@ use crate::state::Server;
 pub const SUBSCHEMA_DN: &str = "cn=Subschema";
 pub const SUBSCHEMA_NORM: &str = "cn=subschema";
 
-/// Controls this server implements (advertised in supportedControl).
-pub const SUPPORTED_CONTROLS: &[&str] = &[oid::PAGED_RESULTS, oid::MANAGE_DSA_IT];
 /// Pando's own OID arc: a UUID-derived OID under 2.25 (ITU-T X.667), which
 /// needs no registration and cannot collide with anyone else's.
 pub const PANDO_ARC: &str = "2.25.15972167931155808496075090497880241257";
@@ -89,7 +87,7 @@ fn build_root_dse(server: &Server) -> Entry {
             ),
             attr("subschemaSubentry", [SUBSCHEMA_DN]),
             attr("supportedLDAPVersion", ["3"]),
-            attr("supportedControl", SUPPORTED_CONTROLS.iter().copied()),
+            attr("supportedControl", super::controls::supported_oids()),
             attr(
                 "supportedExtension",
                 SUPPORTED_EXTENSIONS

@@ -1,0 +1,328 @@
+//! Request controls: the one place that decides which controls an
+//! operation accepts, and their values, typed.
+//!
+//! [`SUPPORTED`] lists every control the server implements with the
+//! operations it applies to; the root DSE's supportedControl is that list.
+//! For each control a request carries (RFC 4511 4.1.11):
+//! - unknown, or known but not applicable to the operation: refused with
+//!   unavailableCriticalExtension when critical, ignored otherwise;
+//! - applicable, with a malformed value, sent twice, or with a criticality
+//!   its RFC forbids: protocolError;
+//! - otherwise its typed value lands in [`Requested`].
+//!
+//! A new control is a line in [`SUPPORTED`], a field in [`Requested`] and
+//! its behaviour where the operation uses it.
+
+use pando_proto::control_values as cv;
+use pando_proto::{oid, Control, DecodeLimits, Filter, PagedResults, ResultCode};
+
+use crate::error::{LdapError, OpResult};
+
+/// What an operation is, for deciding which controls apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    Bind,
+    Search,
+    Compare,
+    Add,
+    Delete,
+    Modify,
+    ModDn,
+    /// Extended operations (Password Modify, WhoAmI, ...).
+    Extended,
+}
+
+use OpKind::*;
+
+/// Updates that change an entry in place or by name.
+const UPDATES: &[OpKind] = &[Add, Delete, Modify, ModDn];
+
+/// A supported control: its OID, the operations it applies to, and how
+/// its value is taken into [`Requested`].
+pub struct Supported {
+    pub oid: &'static str,
+    pub applies_to: &'static [OpKind],
+    parse: fn(&mut Requested, &Control, &DecodeLimits) -> OpResult<()>,
+}
+
+/// Every control the server implements (the root DSE lists them in this
+/// order).
+pub const SUPPORTED: &[Supported] = &[
+    Supported {
+        oid: oid::PAGED_RESULTS,
+        applies_to: &[Search],
+        parse: |r, c, _| {
+            let v = value(c)?;
+            let p = PagedResults::decode(v)
+                .map_err(|_| LdapError::protocol("malformed paged results control value"))?;
+            r.paged = Some(p);
+            Ok(())
+        },
+    },
+    Supported {
+        oid: oid::MANAGE_DSA_IT,
+        applies_to: &[Search, Compare, Add, Delete, Modify, ModDn],
+        parse: |r, c, _| {
+            no_value(c)?;
+            r.manage_dsa_it = true;
+            Ok(())
+        },
+    },
+    Supported {
+        oid: oid::ASSERTION,
+        applies_to: &[Search, Compare, Add, Delete, Modify, ModDn],
+        parse: |r, c, limits| {
+            let f = cv::decode_assertion(value(c)?, limits).map_err(|e| malformed(c, &e))?;
+            r.assertion = Some(f);
+            Ok(())
+        },
+    },
+    Supported {
+        oid: oid::PRE_READ,
+        applies_to: &[Delete, Modify, ModDn],
+        parse: |r, c, _| {
+            let attrs = cv::decode_attribute_selection(value(c)?).map_err(|e| malformed(c, &e))?;
+            r.pre_read = Some(attrs);
+            Ok(())
+        },
+    },
+    Supported {
+        oid: oid::POST_READ,
+        applies_to: &[Add, Modify, ModDn],
+        parse: |r, c, _| {
+            let attrs = cv::decode_attribute_selection(value(c)?).map_err(|e| malformed(c, &e))?;
+            r.post_read = Some(attrs);
+            Ok(())
+        },
+    },
+    Supported {
+        oid: oid::PERMISSIVE_MODIFY,
+        applies_to: &[Modify],
+        parse: |r, c, _| {
+            no_value(c)?;
+            r.permissive_modify = true;
+            Ok(())
+        },
+    },
+    Supported {
+        oid: oid::TREE_DELETE,
+        applies_to: &[Delete],
+        parse: |r, c, _| {
+            no_value(c)?;
+            r.tree_delete = true;
+            Ok(())
+        },
+    },
+    Supported {
+        oid: oid::NO_OP,
+        applies_to: UPDATES,
+        parse: no_op,
+    },
+    Supported {
+        oid: oid::NO_OP_DRAFT,
+        applies_to: UPDATES,
+        parse: no_op,
+    },
+    Supported {
+        oid: oid::RELAX,
+        applies_to: UPDATES,
+        parse: |r, c, _| {
+            no_value(c)?;
+            r.relax = true;
+            Ok(())
+        },
+    },
+    Supported {
+        oid: oid::DONT_USE_COPY,
+        // RFC 6171: a server holding the original answers as usual.
+        applies_to: &[Search, Compare],
+        parse: |r, c, _| {
+            no_value(c)?;
+            // RFC 6171 3: the control MUST be critical.
+            if !c.critical {
+                return Err(LdapError::protocol(
+                    "the don't-use-copy control must be marked critical",
+                ));
+            }
+            r.dont_use_copy = true;
+            Ok(())
+        },
+    },
+];
+
+fn no_op(r: &mut Requested, c: &Control, _: &DecodeLimits) -> OpResult<()> {
+    no_value(c)?;
+    r.no_op = true;
+    Ok(())
+}
+
+/// The typed controls of one request, after [`parse`].
+#[derive(Debug, Default, Clone)]
+pub struct Requested {
+    pub paged: Option<PagedResults>,
+    pub manage_dsa_it: bool,
+    /// RFC 4528: the operation goes ahead only if this filter is TRUE for
+    /// its target entry (for an add: the entry being added).
+    pub assertion: Option<Filter>,
+    /// RFC 4527: attribute selections for the entry before / after the
+    /// update, returned in response controls.
+    pub pre_read: Option<Vec<String>>,
+    pub post_read: Option<Vec<String>>,
+    /// Adding a value already present or deleting one that is absent is
+    /// not an error.
+    pub permissive_modify: bool,
+    /// Delete the entry and its whole subtree.
+    pub tree_delete: bool,
+    /// Do everything but commit; answer noOperation.
+    pub no_op: bool,
+    /// Administrators may set attributes the server otherwise maintains.
+    pub relax: bool,
+    pub dont_use_copy: bool,
+}
+
+impl Requested {
+    /// Whether the request asks for either read-entry control.
+    pub fn reads_entry(&self) -> bool {
+        self.pre_read.is_some() || self.post_read.is_some()
+    }
+}
+
+/// The typed controls of a request for an operation of `kind`, or the
+/// error the operation is answered with (see the module header).
+pub fn parse(kind: OpKind, controls: &[Control], limits: &DecodeLimits) -> OpResult<Requested> {
+    let mut out = Requested::default();
+    for (i, c) in controls.iter().enumerate() {
+        let known = SUPPORTED
+            .iter()
+            .find(|s| s.oid == c.oid && s.applies_to.contains(&kind));
+        let Some(s) = known else {
+            if c.critical {
+                return Err(unavailable(c, kind));
+            }
+            continue;
+        };
+        if controls[..i].iter().any(|d| d.oid == c.oid) {
+            return Err(LdapError::protocol(format!(
+                "control {} given more than once",
+                c.oid
+            )));
+        }
+        (s.parse)(&mut out, c, limits)?;
+    }
+    Ok(out)
+}
+
+/// The OIDs the root DSE lists as supportedControl.
+pub fn supported_oids() -> impl Iterator<Item = &'static str> {
+    SUPPORTED.iter().map(|s| s.oid)
+}
+
+fn unavailable(c: &Control, kind: OpKind) -> LdapError {
+    let why = if SUPPORTED.iter().any(|s| s.oid == c.oid) {
+        format!("critical control {} does not apply to {kind:?}", c.oid)
+    } else {
+        format!("critical control {} is not supported", c.oid)
+    };
+    LdapError::new(ResultCode::UNAVAILABLE_CRITICAL_EXTENSION, why)
+}
+
+fn value(c: &Control) -> OpResult<&[u8]> {
+    c.value
+        .as_deref()
+        .ok_or_else(|| LdapError::protocol(format!("control {} needs a value", c.oid)))
+}
+
+fn no_value(c: &Control) -> OpResult<()> {
+    match c.value {
+        None => Ok(()),
+        Some(_) => Err(LdapError::protocol(format!(
+            "control {} takes no value",
+            c.oid
+        ))),
+    }
+}
+
+fn malformed(c: &Control, e: &pando_proto::DecodeError) -> LdapError {
+    LdapError::protocol(format!(
+        "malformed value of control {}: {}",
+        c.oid, e.reason
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctl(oid: &str, critical: bool, value: Option<Vec<u8>>) -> Control {
+        Control {
+            oid: oid.into(),
+            critical,
+            value,
+        }
+    }
+
+    fn code(r: OpResult<Requested>) -> ResultCode {
+        r.err().map_or(ResultCode::SUCCESS, |e| e.code)
+    }
+
+    #[test]
+    fn unknown_and_inapplicable_controls_by_criticality() {
+        let l = DecodeLimits::default();
+        let unknown = ctl("1.2.3.4", true, None);
+        assert_eq!(
+            code(parse(Search, &[unknown], &l)),
+            ResultCode::UNAVAILABLE_CRITICAL_EXTENSION
+        );
+        assert_eq!(
+            code(parse(Search, &[ctl("1.2.3.4", false, None)], &l)),
+            ResultCode::SUCCESS
+        );
+        // Tree delete applies to delete only.
+        let td = ctl(oid::TREE_DELETE, true, None);
+        assert_eq!(
+            code(parse(Modify, std::slice::from_ref(&td), &l)),
+            ResultCode::UNAVAILABLE_CRITICAL_EXTENSION
+        );
+        assert!(parse(Delete, &[td], &l).unwrap().tree_delete);
+        // Not critical and not applicable: ignored, not applied.
+        let r = parse(Modify, &[ctl(oid::TREE_DELETE, false, None)], &l).unwrap();
+        assert!(!r.tree_delete);
+    }
+
+    #[test]
+    fn malformed_and_repeated_controls_are_protocol_errors() {
+        let l = DecodeLimits::default();
+        let twice = [ctl(oid::NO_OP, false, None), ctl(oid::NO_OP, false, None)];
+        assert_eq!(code(parse(Add, &twice, &l)), ResultCode::PROTOCOL_ERROR);
+        let valued = ctl(oid::MANAGE_DSA_IT, false, Some(vec![]));
+        assert_eq!(
+            code(parse(Search, &[valued], &l)),
+            ResultCode::PROTOCOL_ERROR
+        );
+        let bad = ctl(oid::ASSERTION, true, Some(vec![0x30]));
+        assert_eq!(code(parse(Modify, &[bad], &l)), ResultCode::PROTOCOL_ERROR);
+        let lax = ctl(oid::DONT_USE_COPY, false, None);
+        assert_eq!(code(parse(Search, &[lax], &l)), ResultCode::PROTOCOL_ERROR);
+    }
+
+    #[test]
+    fn values_are_typed() {
+        let l = DecodeLimits::default();
+        let mut f = Vec::new();
+        Filter::parse("(sn=a)").unwrap().encode(&mut f);
+        let sel = vec![0x30, 0x04, 0x04, 0x02, b'c', b'n'];
+        let r = parse(
+            Modify,
+            &[
+                ctl(oid::ASSERTION, true, Some(f)),
+                ctl(oid::PRE_READ, false, Some(sel.clone())),
+                ctl(oid::POST_READ, false, Some(sel)),
+            ],
+            &l,
+        )
+        .unwrap();
+        assert_eq!(r.assertion, Some(Filter::parse("(sn=a)").unwrap()));
+        assert_eq!(r.pre_read.as_deref(), Some(&["cn".to_string()][..]));
+        assert!(r.reads_entry());
+    }
+}

@@ -1,0 +1,210 @@
+//! The typed operation every request becomes, and the response it ends
+//! with. The connection decodes a PDU, makes an [`Operation`] (its controls
+//! parsed and checked against the operation in `controls`), and either
+//! answers it on its own task (bind, small searches) or hands it to
+//! [`perform`] on another task.
+
+use std::sync::Arc;
+
+use pando_proto::{Control, DecodeLimits, ExtendedResponse, LdapResult, ProtocolOp, ResultCode};
+
+use super::controls::{self, OpKind, Requested};
+use super::write::{WriteCtx, Written};
+use crate::error::{LdapError, OpResult};
+use crate::state::{Identity, Server};
+
+/// One request, ready to run.
+pub struct Operation {
+    pub msg_id: i32,
+    /// The identity it runs as: the connection's when it arrived.
+    pub who: Identity,
+    pub request: ProtocolOp,
+    pub controls: Requested,
+}
+
+/// What an operation answers.
+pub struct Response {
+    pub op: ProtocolOp,
+    pub controls: Vec<Control>,
+}
+
+impl Response {
+    pub fn code(&self) -> Option<u32> {
+        Some(match &self.op {
+            ProtocolOp::AddResponse(r)
+            | ProtocolOp::DelResponse(r)
+            | ProtocolOp::ModifyResponse(r)
+            | ProtocolOp::ModifyDnResponse(r)
+            | ProtocolOp::CompareResponse(r)
+            | ProtocolOp::SearchResultDone(r) => r.code.0,
+            ProtocolOp::ExtendedResponse(e) => e.result.code.0,
+            ProtocolOp::BindResponse(b) => b.result.code.0,
+            _ => return None,
+        })
+    }
+}
+
+/// The operation kind of a request, for controls; None for PDUs that are
+/// not requests with a response (unbind, abandon, responses).
+pub fn kind_of(op: &ProtocolOp) -> Option<OpKind> {
+    Some(match op {
+        ProtocolOp::BindRequest(_) => OpKind::Bind,
+        ProtocolOp::SearchRequest(_) => OpKind::Search,
+        ProtocolOp::CompareRequest(_) => OpKind::Compare,
+        ProtocolOp::AddRequest(_) => OpKind::Add,
+        ProtocolOp::DelRequest(_) => OpKind::Delete,
+        ProtocolOp::ModifyRequest(_) => OpKind::Modify,
+        ProtocolOp::ModifyDnRequest(_) => OpKind::ModDn,
+        ProtocolOp::ExtendedRequest(_) => OpKind::Extended,
+        _ => return None,
+    })
+}
+
+impl Operation {
+    /// The operation for a decoded request, or the response refusing it
+    /// when its controls do not pass [`controls::parse`].
+    pub fn new(
+        msg_id: i32,
+        who: Identity,
+        request: ProtocolOp,
+        raw: &[Control],
+        limits: &DecodeLimits,
+    ) -> Result<Operation, Box<Response>> {
+        let parsed = match kind_of(&request) {
+            Some(kind) => controls::parse(kind, raw, limits),
+            None => Ok(Requested::default()),
+        };
+        match parsed {
+            Ok(controls) => Ok(Operation {
+                msg_id,
+                who,
+                request,
+                controls,
+            }),
+            Err(e) => Err(Box::new(refusal(&request, e))),
+        }
+    }
+}
+
+/// `request` answered with the error `e` (no response controls).
+pub fn refusal(request: &ProtocolOp, e: LdapError) -> Response {
+    let r = e.into_result();
+    let op = match request {
+        ProtocolOp::BindRequest(_) => ProtocolOp::BindResponse(pando_proto::BindResponse {
+            result: r,
+            server_sasl_creds: None,
+        }),
+        ProtocolOp::SearchRequest(_) => ProtocolOp::SearchResultDone(r),
+        ProtocolOp::CompareRequest(_) => ProtocolOp::CompareResponse(r),
+        ProtocolOp::AddRequest(_) => ProtocolOp::AddResponse(r),
+        ProtocolOp::DelRequest(_) => ProtocolOp::DelResponse(r),
+        ProtocolOp::ModifyRequest(_) => ProtocolOp::ModifyResponse(r),
+        ProtocolOp::ModifyDnRequest(_) => ProtocolOp::ModifyDnResponse(r),
+        _ => ProtocolOp::ExtendedResponse(ExtendedResponse {
+            result: r,
+            name: None,
+            value: None,
+        }),
+    };
+    Response {
+        op,
+        controls: Vec::new(),
+    }
+}
+
+/// Whether the request changes the directory (such operations complete
+/// and are answered even when abandoned, and run in arrival order).
+pub fn is_update(op: &ProtocolOp) -> bool {
+    matches!(
+        op,
+        ProtocolOp::AddRequest(_)
+            | ProtocolOp::DelRequest(_)
+            | ProtocolOp::ModifyRequest(_)
+            | ProtocolOp::ModifyDnRequest(_)
+            | ProtocolOp::ExtendedRequest(_)
+    )
+}
+
+/// Run an add, delete, modify, modify DN, compare or extended operation.
+/// None for requests this does not run (searches and binds have their own
+/// paths).
+pub async fn perform(server: &Arc<Server>, op: Operation) -> Option<Response> {
+    let Operation {
+        who,
+        request,
+        controls,
+        ..
+    } = op;
+    let written = |r: OpResult<Written>, mk: fn(LdapResult) -> ProtocolOp| match r {
+        Ok(w) if w.no_op => Response {
+            op: mk(LdapResult::new(ResultCode::NO_OPERATION, "")),
+            controls: w.controls,
+        },
+        Ok(w) => Response {
+            op: mk(LdapResult::success()),
+            controls: w.controls,
+        },
+        Err(e) => Response {
+            op: mk(e.into_result()),
+            controls: Vec::new(),
+        },
+    };
+    Some(match request {
+        ProtocolOp::AddRequest(req) => {
+            let ctx = WriteCtx::new(server, &who, controls);
+            written(super::write::add(ctx, req).await, ProtocolOp::AddResponse)
+        }
+        ProtocolOp::DelRequest(dn) => {
+            let ctx = WriteCtx::new(server, &who, controls);
+            written(super::write::delete(ctx, dn).await, ProtocolOp::DelResponse)
+        }
+        ProtocolOp::ModifyRequest(req) => {
+            let ctx = WriteCtx::new(server, &who, controls);
+            written(
+                super::write::modify(ctx, req).await,
+                ProtocolOp::ModifyResponse,
+            )
+        }
+        ProtocolOp::ModifyDnRequest(req) => {
+            let ctx = WriteCtx::new(server, &who, controls);
+            written(
+                super::write::modify_dn(ctx, req).await,
+                ProtocolOp::ModifyDnResponse,
+            )
+        }
+        ProtocolOp::CompareRequest(req) => {
+            let server = server.clone();
+            let r = tokio::task::spawn_blocking(move || {
+                super::compare::compare(&server, &who, &controls, &req)
+            })
+            .await
+            .unwrap_or_else(|_| {
+                Err(LdapError::new(
+                    ResultCode::OTHER,
+                    "compare failed unexpectedly",
+                ))
+            });
+            let result = match r {
+                Ok(code) => LdapResult::new(code, ""),
+                Err(e) => e.into_result(),
+            };
+            Response {
+                op: ProtocolOp::CompareResponse(result),
+                controls: Vec::new(),
+            }
+        }
+        ProtocolOp::ExtendedRequest(req) => {
+            let r = super::extended::extended(server, &who, controls, req).await;
+            let resp = r.unwrap_or_else(|e| ExtendedResponse {
+                result: e.into_result(),
+                name: None,
+                value: None,
+            });
+            Response {
+                op: ProtocolOp::ExtendedResponse(resp),
+                controls: Vec::new(),
+            }
+        }
+        _ => return None,
+    })
+}

@@ -1,0 +1,214 @@
+//! Modifications applied to an entry (RFC 4511 4.6, RFC 4525 increment,
+//! permissive modify), and the rules a changed entry must keep.
+
+use pando_model::{Entry, Schema};
+use pando_proto::{Change, ModOp, ResultCode};
+
+use super::checks::base_of;
+use crate::error::{LdapError, OpResult};
+
+/// Apply RFC 4511 modifications to `entry` in order; all-or-nothing is
+/// guaranteed by the caller's transaction.
+///
+/// `permissive` (the permissive modify control): adding a value already
+/// present, or deleting one (or an attribute) that is absent, is skipped
+/// instead of failing the operation.
+pub fn apply_changes(
+    schema: &Schema,
+    entry: &mut Entry,
+    changes: &[Change],
+    permissive: bool,
+) -> OpResult<()> {
+    for ch in changes {
+        let (desc, at) = schema.canonical_desc(&ch.attr.name)?;
+        let name = at.name().to_string();
+        let mut norm_values = Vec::with_capacity(ch.attr.values.len());
+        for v in &ch.attr.values {
+            if ch.op != ModOp::Delete || at.equality.is_none() {
+                schema.validate(at, v).map_err(|e| {
+                    LdapError::new(
+                        ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+                        format!(
+                            "{name}: value #{} invalid per syntax: {e}",
+                            norm_values.len()
+                        ),
+                    )
+                })?;
+            }
+            norm_values.push(schema.normalize(at, v).unwrap_or_else(|_| v.clone()));
+        }
+        match ch.op {
+            ModOp::Add => {
+                if ch.attr.values.is_empty() {
+                    return Err(LdapError::protocol(format!(
+                        "{name}: modify/add with no values"
+                    )));
+                }
+                let existing: Vec<Vec<u8>> = entry
+                    .get(&desc)
+                    .map(|a| {
+                        a.values
+                            .iter()
+                            .map(|v| schema.normalize(at, v).unwrap_or_else(|_| v.clone()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let mut fresh = Vec::with_capacity(ch.attr.values.len());
+                for (i, n) in norm_values.iter().enumerate() {
+                    if existing.contains(n) || norm_values[..i].contains(n) {
+                        if permissive {
+                            continue;
+                        }
+                        return Err(LdapError::new(
+                            ResultCode::ATTRIBUTE_OR_VALUE_EXISTS,
+                            format!("modify/add: {name}: value #{i} already exists"),
+                        ));
+                    }
+                    fresh.push(ch.attr.values[i].clone());
+                }
+                if !fresh.is_empty() {
+                    entry.add_values(&desc, fresh);
+                }
+            }
+            ModOp::Delete => {
+                let Some(attr) = entry.get_mut(&desc) else {
+                    if permissive {
+                        continue;
+                    }
+                    return Err(LdapError::new(
+                        ResultCode::NO_SUCH_ATTRIBUTE,
+                        format!("modify/delete: {name}: no such attribute"),
+                    ));
+                };
+                if ch.attr.values.is_empty() {
+                    entry.remove(&desc);
+                    continue;
+                }
+                for (i, n) in norm_values.iter().enumerate() {
+                    let pos = attr
+                        .values
+                        .iter()
+                        .position(|v| schema.normalize(at, v).unwrap_or_else(|_| v.clone()) == *n);
+                    match pos {
+                        Some(p) => {
+                            attr.values.remove(p);
+                        }
+                        None if permissive => {}
+                        None => {
+                            return Err(LdapError::new(
+                                ResultCode::NO_SUCH_ATTRIBUTE,
+                                format!("modify/delete: {name}: value #{i} not present"),
+                            ))
+                        }
+                    }
+                }
+                if attr.values.is_empty() {
+                    entry.remove(&desc);
+                }
+            }
+            ModOp::Replace => {
+                entry.remove(&desc);
+                if !ch.attr.values.is_empty() {
+                    for (i, n) in norm_values.iter().enumerate() {
+                        if norm_values[..i].contains(n) {
+                            return Err(LdapError::new(
+                                ResultCode::ATTRIBUTE_OR_VALUE_EXISTS,
+                                format!("modify/replace: {name}: value #{i} given twice"),
+                            ));
+                        }
+                    }
+                    entry.add_values(&desc, ch.attr.values.clone());
+                }
+            }
+            ModOp::Increment => {
+                let [delta] = ch.attr.values.as_slice() else {
+                    return Err(LdapError::protocol(format!(
+                        "modify/increment: {name}: exactly one value needed"
+                    )));
+                };
+                let delta: i128 = std::str::from_utf8(delta)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| {
+                        LdapError::new(
+                            ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+                            format!("modify/increment: {name}: value is not an integer"),
+                        )
+                    })?;
+                let Some(attr) = entry.get_mut(&desc) else {
+                    return Err(LdapError::new(
+                        ResultCode::NO_SUCH_ATTRIBUTE,
+                        format!("modify/increment: {name}: no such attribute"),
+                    ));
+                };
+                for v in attr.values.iter_mut() {
+                    let cur: i128 = std::str::from_utf8(v)
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .ok_or_else(|| {
+                            LdapError::new(
+                                ResultCode::CONSTRAINT_VIOLATION,
+                                format!("modify/increment: {name}: stored value is not an integer"),
+                            )
+                        })?;
+                    let next = cur.checked_add(delta).ok_or_else(|| {
+                        LdapError::new(
+                            ResultCode::CONSTRAINT_VIOLATION,
+                            format!("modify/increment: {name}: overflow"),
+                        )
+                    })?;
+                    *v = next.to_string().into_bytes();
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `entry` holds `value` in attribute `at` (any options), compared
+/// with the attribute's equality rule.
+pub(super) fn has_value(
+    schema: &Schema,
+    entry: &Entry,
+    at: &pando_model::AttributeType,
+    value: &[u8],
+) -> bool {
+    let norm = |v: &[u8]| schema.normalize(at, v).unwrap_or_else(|_| v.to_vec());
+    let want = norm(value);
+    entry.attrs.iter().any(|a| {
+        schema
+            .attribute(base_of(&a.desc))
+            .is_some_and(|t| std::ptr::eq(t, at))
+            && a.values.iter().any(|v| norm(v) == want)
+    })
+}
+
+/// The structural object class may not change, and RDN values must stay.
+pub fn check_invariants(schema: &Schema, old: &Entry, new: &Entry) -> OpResult<()> {
+    let soc = |e: &Entry| {
+        e.get("structuralObjectClass")
+            .and_then(|a| a.values.first().cloned())
+    };
+    if let (Some(before), Some(after)) = (soc(old), soc(new)) {
+        if before != after {
+            return Err(LdapError::new(
+                ResultCode::OBJECT_CLASS_MODS_PROHIBITED,
+                "structural object class modification not allowed",
+            ));
+        }
+    }
+    if let Some(rdn) = new.dn.rdn() {
+        for ava in &rdn.avas {
+            let Some(at) = schema.attribute(&ava.attr) else {
+                continue;
+            };
+            if !has_value(schema, new, at, &ava.value) {
+                return Err(LdapError::new(
+                    ResultCode::NOT_ALLOWED_ON_RDN,
+                    format!("{}: cannot remove the naming value", at.name()),
+                ));
+            }
+        }
+    }
+    Ok(())
+}

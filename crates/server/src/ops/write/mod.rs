@@ -1,0 +1,318 @@
+//! The write pipeline: add, delete, modify, modify DN and Password Modify
+//! (RFC 4511 4.6–4.9, RFC 4525, RFC 3062) all pass through [`run`].
+//!
+//! ```text
+//! parse + normalise + request checks    (each operation's file; no store access)
+//! slow work (password hashing)          (after access is settled on a snapshot)
+//! ── plan ── on the writer's view, or on a snapshot the writer confirms
+//!    WriteOp::plan: resolve, access, compute the new entry, check the schema
+//!    Hook::check in HOOKS order          (assertion, read-entry access)
+//! ── in the writer's transaction ──
+//!    stamp: one CSN; timestamps, names, UUID; contextCSN
+//!    Hook::in_txn in HOOKS order         (pre-read / post-read values)
+//!    write to the store
+//!    no-op control: roll back here, answer noOperation
+//! ── commit (group commit, per the durability mode) ──
+//!    WriteOp::audit                     (post-commit: the audit log)
+//! ```
+//!
+//! Everything that depends on stored state runs on the state that is
+//! committed: a failing operation changes nothing, and a concurrent change
+//! cannot slip between a check and the write. Modify plans on a snapshot
+//! outside the writer (the writer only confirms that the entries it read
+//! are byte-for-byte unchanged, else the operation is planned again), so
+//! the single writer's time per modify stays short.
+
+mod add;
+mod changes;
+mod checks;
+mod delete;
+mod hooks;
+mod modify;
+mod rename;
+
+use std::sync::Arc;
+
+use pando_model::Entry;
+use pando_proto::{Control, ResultCode};
+use pando_store::{EntryId, Placement, StoreError, View, WriteTxn};
+
+pub use add::add;
+pub use changes::{apply_changes, check_invariants};
+pub use checks::random_uuid;
+pub use delete::delete;
+pub use modify::modify;
+pub use rename::modify_dn;
+
+use super::controls::Requested;
+use crate::backup::META_CONTEXT_CSN;
+use crate::error::{LdapError, OpResult};
+use crate::state::{Identity, Server};
+
+/// Who writes, and with which controls; shared with the writer thread.
+pub struct WriteCtx {
+    pub server: Arc<Server>,
+    pub who: Identity,
+    pub controls: Requested,
+}
+
+impl WriteCtx {
+    pub fn new(server: &Arc<Server>, who: &Identity, controls: Requested) -> Arc<WriteCtx> {
+        Arc::new(WriteCtx {
+            server: server.clone(),
+            who: who.clone(),
+            controls,
+        })
+    }
+
+    /// The relax rules control is in force: an administrator may set the
+    /// attributes the server otherwise maintains.
+    pub fn relaxed(&self) -> bool {
+        self.controls.relax && self.who.is_admin()
+    }
+}
+
+/// The entry an operation changes, as stored before it.
+pub struct Before {
+    pub id: EntryId,
+    /// With its DN.
+    pub entry: Entry,
+    /// Its normalised DN.
+    pub norm: String,
+    /// The stored record, when the change was planned on a snapshot: the
+    /// writer goes ahead only if the record is still exactly this.
+    pub bytes: Option<Vec<u8>>,
+}
+
+/// One entry's change, worked out before it is written.
+pub struct Change {
+    /// None for an add.
+    pub before: Option<Before>,
+    /// The entry as it will be, with its (new) DN; None for a delete.
+    pub after: Option<Entry>,
+    /// The normalised DN afterwards (add, rename); None: unchanged.
+    pub after_norm: Option<String>,
+    /// Where the entry goes (add, rename); None: where it is.
+    pub place: Option<Placement>,
+}
+
+impl Change {
+    /// The normalised DN the change is known by afterwards.
+    pub fn norm(&self) -> &str {
+        self.after_norm
+            .as_deref()
+            .or(self.before.as_ref().map(|b| b.norm.as_str()))
+            .unwrap_or("")
+    }
+}
+
+/// One write operation, as the pipeline runs it.
+pub trait WriteOp: Send + Sync + 'static {
+    /// Plan on a read snapshot, outside the writer (see the module header).
+    const ON_SNAPSHOT: bool = false;
+
+    /// Work out the changes on `view`: resolve the target, check access,
+    /// compute the new entries, check the schema. The first change is the
+    /// operation's target; others (a tree delete's subtree) follow.
+    fn plan(&self, ctx: &WriteCtx, view: &View<'_>) -> OpResult<Vec<Change>>;
+
+    /// After the commit: the audit log.
+    fn audit(&self, ctx: &WriteCtx, changes: &[Change]);
+}
+
+/// What a successful write answers with.
+#[derive(Debug, Default)]
+pub struct Written {
+    /// Response controls (pre-read, post-read).
+    pub controls: Vec<Control>,
+    /// The no-op control was honoured: nothing was committed, and the
+    /// result is noOperation.
+    pub no_op: bool,
+}
+
+/// How a job on the writer thread ends other than by committing. Any of
+/// these rolls back the operation's nested transaction.
+enum Stop {
+    Failed(LdapError),
+    /// The no-op control: everything was done, nothing is kept.
+    NoOp(Vec<Control>),
+    /// A snapshot-planned entry changed before the writer got to it.
+    Replan,
+}
+
+impl From<LdapError> for Stop {
+    fn from(e: LdapError) -> Self {
+        Stop::Failed(e)
+    }
+}
+
+impl From<StoreError> for Stop {
+    fn from(e: StoreError) -> Self {
+        Stop::Failed(e.into())
+    }
+}
+
+/// How many times a snapshot-planned write is planned again when its
+/// entry keeps changing under it.
+const MAX_REPLANS: usize = 64;
+
+/// Checks of the request's controls that need no store access.
+fn check_controls(ctx: &WriteCtx) -> OpResult<()> {
+    if ctx.controls.relax && !ctx.who.is_admin() {
+        return Err(LdapError::access(
+            "the relax rules control is only for administrators",
+        ));
+    }
+    Ok(())
+}
+
+/// Run a write through the pipeline (see the module header).
+pub async fn run<W: WriteOp>(ctx: Arc<WriteCtx>, op: Arc<W>) -> OpResult<Written> {
+    let server = ctx.server.clone();
+    for _ in 0..MAX_REPLANS {
+        let planned = if W::ON_SNAPSHOT {
+            let rtxn = server.store.read()?;
+            Some(plan_and_check(&ctx, &*op, &rtxn.view())?)
+        } else {
+            None
+        };
+        let (ctx2, op2) = (ctx.clone(), op.clone());
+        let job = move |w: &mut WriteTxn<'_>| -> Result<(Vec<Change>, Vec<Control>), Stop> {
+            let mut changes = match planned {
+                Some(changes) => confirm(w, changes)?,
+                None => plan_and_check(&ctx2, &*op2, &w.view())?,
+            };
+            let controls = apply(&ctx2, w, &mut changes)?;
+            if ctx2.controls.no_op {
+                return Err(Stop::NoOp(controls));
+            }
+            Ok((changes, controls))
+        };
+        return match server.store.write(job).await {
+            Ok((changes, controls)) => {
+                op.audit(&ctx, &changes);
+                Ok(Written {
+                    controls,
+                    no_op: false,
+                })
+            }
+            Err(Stop::NoOp(controls)) => Ok(Written {
+                controls,
+                no_op: true,
+            }),
+            Err(Stop::Failed(e)) => Err(e),
+            Err(Stop::Replan) => continue,
+        };
+    }
+    Err(LdapError::new(
+        ResultCode::BUSY,
+        "the entry kept changing under this operation; try again",
+    ))
+}
+
+/// Plan, then run every hook's check on the same view.
+fn plan_and_check<W: WriteOp>(ctx: &WriteCtx, op: &W, view: &View<'_>) -> OpResult<Vec<Change>> {
+    let changes = op.plan(ctx, view)?;
+    for hook in hooks::HOOKS {
+        hook.check(ctx, view, &changes)?;
+    }
+    Ok(changes)
+}
+
+/// The writer's side of a snapshot-planned write: every entry read must
+/// still be stored exactly as it was read.
+fn confirm(w: &WriteTxn<'_>, changes: Vec<Change>) -> Result<Vec<Change>, Stop> {
+    let view = w.view();
+    for b in changes.iter().filter_map(|c| c.before.as_ref()) {
+        if let Some(bytes) = &b.bytes {
+            if view.entry_bytes(b.id)? != Some(bytes.as_slice()) {
+                return Err(Stop::Replan);
+            }
+        }
+    }
+    Ok(changes)
+}
+
+/// In the writer's transaction: stamp, run the hooks, write. Returns the
+/// response controls the hooks made.
+fn apply(
+    ctx: &WriteCtx,
+    w: &mut WriteTxn<'_>,
+    changes: &mut [Change],
+) -> Result<Vec<Control>, Stop> {
+    stamp(ctx, w, changes)?;
+    let mut controls = Vec::new();
+    for hook in hooks::HOOKS {
+        hook.in_txn(ctx, w, changes, &mut controls)?;
+    }
+    // In reverse: a tree delete lists its subtree in pre-order, and
+    // children go before their parents.
+    for c in changes.iter_mut().rev() {
+        match (&c.before, &c.after, &c.place) {
+            (None, Some(after), Some(place)) => {
+                w.add(place, &after.attrs)?;
+            }
+            (Some(before), None, _) => w.delete(before.id, &before.entry.attrs)?,
+            (Some(before), Some(after), place) => {
+                if let Some(place) = place {
+                    w.rename(before.id, place)?;
+                }
+                w.replace(before.id, &before.entry.attrs, &after.attrs)?;
+            }
+            // An add always has a place; nothing else is planned.
+            _ => return Err(LdapError::new(ResultCode::OTHER, "malformed write plan").into()),
+        }
+    }
+    Ok(controls)
+}
+
+/// Attributes the server maintains on every entry it writes. Under the
+/// relax rules control an administrator's values for them are kept.
+const STAMPED: [&str; 6] = [
+    "createTimestamp",
+    "creatorsName",
+    "entryUUID",
+    "modifyTimestamp",
+    "modifiersName",
+    "entryCSN",
+];
+
+/// One CSN for the whole operation: entryCSN of every entry written and
+/// the store's newest change (the replication state a backup carries);
+/// creation stamps on added entries, modification stamps on all.
+fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResult<()> {
+    let csn = ctx.server.csn.next();
+    w.meta_put(META_CONTEXT_CSN, csn.as_bytes())?;
+    let now = crate::clock::generalized_time(crate::clock::now_micros());
+    let relaxed = ctx.relaxed();
+    for c in changes.iter_mut() {
+        let before = c.before.as_ref().map(|b| &b.entry);
+        let Some(after) = c.after.as_mut() else {
+            continue;
+        };
+        for name in STAMPED {
+            let created = matches!(name, "createTimestamp" | "creatorsName" | "entryUUID");
+            if created && before.is_some() {
+                continue;
+            }
+            // Under relax, a value the client set (added, or changed from
+            // what was stored) stays.
+            let given = after.get(name).map(|a| &a.values);
+            if relaxed
+                && given.is_some()
+                && given != before.and_then(|b| b.get(name)).map(|a| &a.values)
+            {
+                continue;
+            }
+            let value = match name {
+                "createTimestamp" | "modifyTimestamp" => now.clone(),
+                "creatorsName" | "modifiersName" => ctx.who.dn().to_string(),
+                "entryUUID" => random_uuid(),
+                _ => csn.clone(),
+            };
+            after.remove(name);
+            after.add_values(name, vec![value.into_bytes()]);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,148 @@
+//! Modify (RFC 4511 4.6, RFC 4525 increment), planned on a snapshot.
+
+use std::sync::Arc;
+
+use pando_model::{Dn, Entry};
+use pando_proto::{ModOp, ModifyRequest, ResultCode};
+use pando_store::View;
+
+use super::changes::{apply_changes, check_invariants};
+use super::checks::{check_password_values, check_value_count, reject_maintained};
+use super::{Before, Change, WriteCtx, WriteOp, Written};
+use crate::acl;
+use crate::error::{LdapError, OpResult};
+use crate::ops::{self, names_password};
+
+struct Modify {
+    dn_text: String,
+    dn: Dn,
+    norm: String,
+    changes: Vec<pando_proto::Change>,
+}
+
+pub async fn modify(ctx: Arc<WriteCtx>, req: ModifyRequest) -> OpResult<Written> {
+    let (server, who) = (&ctx.server, &ctx.who);
+    let schema = &server.schema;
+    super::check_controls(&ctx)?;
+    let dn = ops::parse_dn(&req.dn)?;
+    let norm = schema
+        .normalize_dn(&dn)
+        .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
+    check_value_count(server, who, req.changes.iter().map(|c| c.attr.values.len()))?;
+    let mut clear = 0;
+    for ch in &req.changes {
+        reject_maintained(schema, &ch.attr.name, ctx.relaxed())?;
+        // Each clear-text value costs a slow hash: users changing their
+        // own password get one value, not thousands.
+        let password = names_password(schema, &ch.attr.name);
+        if password && !who.is_admin() && ch.attr.values.len() > 1 {
+            return Err(LdapError::new(
+                ResultCode::CONSTRAINT_VIOLATION,
+                "userPassword: one value at a time",
+            ));
+        }
+        if password && matches!(ch.op, ModOp::Add | ModOp::Replace) {
+            clear = check_password_values(server, who, clear, &ch.attr.values)?;
+        }
+    }
+    let mut op = Modify {
+        dn_text: req.dn,
+        dn,
+        norm,
+        changes: req.changes,
+    };
+    if clear > 0 {
+        // Access and the modification's validity are settled on a snapshot
+        // before any hashing (planned again by the pipeline, on the hashed
+        // values).
+        {
+            let rtxn = server.store.read()?;
+            op.plan(&ctx, &rtxn.view())?;
+        }
+        for ch in &mut op.changes {
+            if names_password(schema, &ch.attr.name) && matches!(ch.op, ModOp::Add | ModOp::Replace)
+            {
+                ch.attr.values = server
+                    .passwords
+                    .hash_all(std::mem::take(&mut ch.attr.values))
+                    .await?;
+            }
+        }
+    }
+    super::run(ctx, Arc::new(op)).await
+}
+
+impl WriteOp for Modify {
+    const ON_SNAPSHOT: bool = true;
+
+    /// Read the entry, check write access to every changed attribute, apply
+    /// the changes and check the schema.
+    fn plan(&self, ctx: &WriteCtx, view: &View<'_>) -> OpResult<Vec<Change>> {
+        let (server, who) = (&*ctx.server, &ctx.who);
+        let schema = &*server.schema;
+        let id = ops::resolve_for(server, view, who, &self.dn)?;
+        let bytes = view
+            .entry_bytes(id)?
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default();
+        let old = Entry {
+            dn: self.dn.clone(),
+            attrs: view.decode_attrs(id, &bytes)?,
+        };
+        let mut checks = Vec::with_capacity(self.changes.len());
+        for ch in &self.changes {
+            let (_, at) = schema.canonical_desc(&ch.attr.name)?;
+            checks.push((Some(at), acl::WRITE));
+        }
+        ops::require(server, view, who, &self.norm, &old, &checks)?;
+        let mut new = old.clone();
+        apply_changes(
+            schema,
+            &mut new,
+            &self.changes,
+            ctx.controls.permissive_modify,
+        )?;
+        // Schema checks apply to user attributes; maintained ones ride along.
+        schema.check_entry(&mut new)?;
+        check_invariants(schema, &old, &new)?;
+        Ok(vec![Change {
+            before: Some(Before {
+                id,
+                entry: old,
+                norm: self.norm.clone(),
+                bytes: Some(bytes),
+            }),
+            after: Some(new),
+            after_norm: None,
+            place: None,
+        }])
+    }
+
+    fn audit(&self, ctx: &WriteCtx, changes: &[Change]) {
+        if !crate::observe::auditing(&ctx.server) {
+            return;
+        }
+        // userPassword is logged as the values stored after the change.
+        let schema = &ctx.server.schema;
+        let touched = self
+            .changes
+            .iter()
+            .any(|c| names_password(schema, &c.attr.name));
+        let passwords: Option<Vec<Vec<u8>>> = touched.then(|| {
+            changes
+                .first()
+                .and_then(|c| c.after.as_ref())
+                .map(|e| ops::password_values(&e.attrs))
+                .unwrap_or_default()
+        });
+        crate::observe::audit(
+            &ctx.server,
+            &ctx.who,
+            crate::observe::audit::Record::Modify {
+                dn: &self.dn_text,
+                changes: &self.changes,
+                passwords: passwords.as_deref(),
+            },
+        );
+    }
+}
