@@ -29,12 +29,15 @@ TREE_DELETE = "1.2.840.113556.1.4.805"
 PERMISSIVE = "1.2.840.113556.1.4.1413"
 
 CONFIG = """
+[limits]
+max_tree_delete = 6
+
 [[access]]
 dn = "ou=Locked,dc=example,dc=com"
 by = [{ who = "admins", rights = "all" }, { who = "users", rights = ["search"] }]
 
 [[access]]
-dn = "uid=keep,ou=Tree,dc=example,dc=com"
+dn = "uid=keep,ou=b1,ou=Tree,dc=example,dc=com"
 by = [{ who = "admins", rights = "all" }, { who = "users", rights = "read" }]
 
 [[access]]
@@ -212,13 +215,14 @@ def test_pre_and_post_read(pando):
 
 
 def test_read_controls_need_read_access(pando):
-    """Without read access to the entry, a read-entry control refuses the
-    whole operation (insufficientAccessRights) and nothing changes; values
-    the requester may not read are left out."""
+    """Without read access to the entry, a critical read-entry control
+    refuses the whole operation (insufficientAccessRights) and nothing
+    changes; a non-critical one is just not answered. Values the requester
+    may not read are left out."""
     bob = ("uid=bob," + PEOPLE, "bob-secret")
     hidden = "uid=hidden,ou=Locked," + SUFFIX
-    # Bob may search but not read or write under ou=Locked: no write anyway.
-    rc, _, err = modify(pando, replace(hidden, "description", "x"), "preread=*", auth=bob)
+    # Bob may search but not read under ou=Locked (nor write: refused anyway).
+    rc, _, err = modify(pando, replace(hidden, "description", "x"), "!preread=*", auth=bob)
     assert code(rc, err) == 50, err
     # Bob may write alice; her userPassword is not readable to him.
     rc, out, err = modify(pando, replace(ALICE, "title", "Read"), "preread=*", "postread=userPassword,title", auth=bob)
@@ -226,6 +230,41 @@ def test_read_controls_need_read_access(pando):
     reads = read_controls(out)
     assert "userPassword" not in reads["preread"][0][1]
     assert reads["postread"][0][1] == {"title": ["Read"]}
+
+
+def test_read_controls_on_unreadable_entries_by_criticality(tmp_path):
+    """Write access without read access: the write goes through and the
+    non-critical read control is left unanswered; a critical one refuses
+    the write."""
+    config = """
+[[access]]
+attrs = ["userPassword"]
+by = [{ who = "admins", rights = "all" }, { who = "*", rights = "auth" }]
+
+[[access]]
+dn = "ou=Drop,dc=example,dc=com"
+scope = "children"
+by = [{ who = "admins", rights = "all" }, { who = "users", rights = ["write", "search"] }]
+
+[[access]]
+by = [{ who = "admins", rights = "all" }, { who = "users", rights = "read" }]
+"""
+    s = Pando(tmp_path, demo=False, config=config, name="pando-blind-write").start()
+    try:
+        ents = [("ou=Drop," + SUFFIX, {"objectClass": ["organizationalUnit"], "ou": ["Drop"]}),
+                ("cn=box,ou=Drop," + SUFFIX, {"objectClass": ["person"], "cn": ["box"], "sn": ["a"]}),
+                ("uid=w," + SUFFIX, person("w", "W", userPassword=["w-secret"]))]
+        rc, _, err = s.ldap("ldapadd", input="\n".join(ldif_entry(d, a) for d, a in ents))
+        assert rc == 0, err
+        w = ("uid=w," + SUFFIX, "w-secret")
+        box = "cn=box,ou=Drop," + SUFFIX
+        rc, out, err = modify(s, replace(box, "sn", "b"), "preread=sn", auth=w)
+        assert rc == 0 and read_controls(out) == {}, (rc, out, err)
+        rc, _, err = modify(s, replace(box, "sn", "c"), "!postread=sn", auth=w)
+        assert code(rc, err) == 50, err
+        assert attrs_of(s, box, "sn")["sn"] == ["b"]
+    finally:
+        s.stop_and_verify()
 
 
 def test_no_op_changes_nothing(pando):
@@ -254,21 +293,28 @@ def test_permissive_modify(pando):
 
 
 def test_tree_delete(pando):
-    b0 = "ou=b0," + TREE
+    b0, b1 = "ou=b0," + TREE, "ou=b1," + TREE
     rc, _, err = pando.ldap("ldapdelete", b0)
     assert code(rc, err) == 66, err  # notAllowedOnNonLeaf
     rc, _, err = pando.ldap("ldapdelete", "-e", "!" + TREE_DELETE, b0)
     assert rc == 0, err
     assert attrs_of(pando, b0) is None and attrs_of(pando, "uid=u01," + b0) is None
-    # Access is checked on every entry: bob may write under ou=Tree except
-    # uid=keep, so deleting its parent's subtree is refused whole.
-    b1 = "ou=b1," + TREE
-    rc, _, err = pando.ldap("ldapadd", input=ldif_entry("uid=keep," + TREE, person("keep", "K")))
+    # More than limits.max_tree_delete (6 here) entries: refused whole.
+    rc, _, err = pando.ldap("ldapdelete", "-e", "!" + TREE_DELETE, TREE)
+    assert code(rc, err) == 11, err
+    assert attrs_of(pando, "uid=u20,ou=b2," + TREE) is not None
+    # Access is checked on every entry: bob may delete under ou=Tree except
+    # uid=keep, so deleting b1 with it is refused whole, without saying which.
+    keep = "uid=keep," + b1
+    rc, _, err = pando.ldap("ldapadd", input=ldif_entry(keep, person("keep", "K")))
     assert rc == 0, err
     bob = ("uid=bob," + PEOPLE, "bob-secret")
-    rc, _, err = pando.ldap("ldapdelete", "-e", "!" + TREE_DELETE, TREE, auth=bob)
+    rc, _, err = pando.ldap("ldapdelete", "-e", "!" + TREE_DELETE, b1, auth=bob)
     assert code(rc, err) == 50, err
+    assert "keep" not in err
     assert attrs_of(pando, "uid=u10," + b1) is not None
+    rc, _, err = pando.ldap("ldapdelete", keep)
+    assert rc == 0, err
     rc, _, err = pando.ldap("ldapdelete", "-e", "!" + TREE_DELETE, b1, auth=bob)
     assert rc == 0, err
     assert attrs_of(pando, b1) is None

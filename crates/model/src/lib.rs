@@ -28,4 +28,6 @@ pub use check::SchemaViolation;
 pub use dn::{Dn, DnError, Rdn, RdnAva};
 pub use entry::{Attribute, Entry};
 pub use filter::{CompiledFilter, Ternary};
-pub use schema::{AttributeType, ObjectClass, ObjectClassKind, Schema, SchemaError, Usage};
+pub use schema::{
+    AttributeType, ObjectClass, ObjectClassKind, Schema, SchemaError, SortOrder, Usage,
+};

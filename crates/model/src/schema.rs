@@ -460,6 +460,17 @@ fn parse_extension(d: &mut Desc, key: String, ext: &mut Extensions) -> Result<()
 
 // ---------------------------------------------------------------------------
 
+/// An ordering rule chosen for a sort ([`Schema::sort_order`]).
+#[derive(Clone, Copy, Debug)]
+pub struct SortOrder(&'static crate::matching::MatchingRule);
+
+impl SortOrder {
+    /// The rule's name.
+    pub fn name(&self) -> &'static str {
+        self.0.name
+    }
+}
+
 impl Schema {
     /// Built-in syntaxes and matching rules plus the five embedded schema
     /// files (core, cosine, inetorgperson, nis, operational).
@@ -979,6 +990,45 @@ impl Schema {
         self.substring_part_with(rule, part)
     }
 
+    /// The order a server-side sort (RFC 2891) uses for values of `at`:
+    /// the ordering rule `requested` (name or OID), else the type's
+    /// ORDERING rule, else the ordering rule that compares as its EQUALITY
+    /// rule does — `cn`, `sn`, `mail` have no ORDERING in the standard
+    /// schema, yet address books sort by them. Err names the problem when
+    /// the requested rule is unknown or not an ordering rule, or when the
+    /// type has no order at all.
+    pub fn sort_order(
+        &self,
+        at: &AttributeType,
+        requested: Option<&str>,
+    ) -> Result<SortOrder, String> {
+        use crate::matching::{Kind, MATCHING_RULES};
+        if let Some(name) = requested {
+            return match find_rule(name) {
+                Some(r) if r.kind == Kind::Ordering => Ok(SortOrder(r)),
+                Some(r) => Err(format!("{} is not an ordering rule", r.name)),
+                None => Err(format!("unknown matching rule {name}")),
+            };
+        }
+        if let Some(r) = Self::rule_of(&at.ordering) {
+            return Ok(SortOrder(r));
+        }
+        let like_equality = Self::rule_of(&at.equality).and_then(|eq| {
+            MATCHING_RULES
+                .iter()
+                .find(|r| r.kind == Kind::Ordering && r.algo == eq.algo)
+        });
+        like_equality
+            .map(SortOrder)
+            .ok_or_else(|| format!("{} has no ordering", at.name()))
+    }
+
+    /// Bytes whose memcmp order is `order`'s order for `value`; None when
+    /// the value does not fit the rule (it then sorts as if absent).
+    pub fn sort_key(&self, order: SortOrder, value: &[u8]) -> Option<Vec<u8>> {
+        self.ordering_key_with(order.0, value)
+    }
+
     /// Bytes whose memcmp order is the type's ordering rule's order.
     pub fn ordering_key(&self, at: &AttributeType, value: &[u8]) -> Option<Vec<u8>> {
         let rule = Self::rule_of(&at.ordering)?;
@@ -1315,6 +1365,34 @@ mod tests {
         assert_eq!(e.code, ResultCode::UNDEFINED_ATTRIBUTE_TYPE);
         assert!(s.canonical_desc("cn;").is_err());
         assert!(s.canonical_desc("cn;a_b").is_err());
+    }
+
+    #[test]
+    fn sort_orders() {
+        let s = Schema::standard();
+        let at = |n: &str| s.attribute(n).unwrap();
+        // The type's ORDERING rule; else the one that compares as its
+        // EQUALITY rule; a requested rule must be an ordering rule.
+        assert_eq!(
+            s.sort_order(at("uidNumber"), None).unwrap().name(),
+            "integerOrderingMatch"
+        );
+        assert_eq!(
+            s.sort_order(at("cn"), None).unwrap().name(),
+            "caseIgnoreOrderingMatch"
+        );
+        let exact = s.sort_order(at("cn"), Some("2.5.13.6")).unwrap();
+        assert_eq!(exact.name(), "caseExactOrderingMatch");
+        assert!(s.sort_order(at("cn"), Some("caseIgnoreMatch")).is_err());
+        assert!(s.sort_order(at("cn"), Some("noSuchRule")).is_err());
+        assert!(s.sort_order(at("objectClass"), None).is_err());
+        // Keys order as the rule does: numbers numerically, text by case.
+        let num = s.sort_order(at("uidNumber"), None).unwrap();
+        assert!(s.sort_key(num, b"9") < s.sort_key(num, b"10"));
+        assert!(s.sort_key(num, b"-5") < s.sort_key(num, b"3"));
+        let ci = s.sort_order(at("cn"), None).unwrap();
+        assert_eq!(s.sort_key(ci, b"Smith"), s.sort_key(ci, b"smith"));
+        assert!(s.sort_key(exact, b"Smith") < s.sort_key(exact, b"smith"));
     }
 
     #[test]

@@ -65,7 +65,8 @@ pub fn decode_sort_request(value: &[u8]) -> Result<Vec<SortKey>, DecodeError> {
             Some(b) => ber::decode_bool(b)?,
             None => false,
         };
-        k.skip_extensions()?;
+        // SortKeyList is not extensible: anything else is malformed.
+        k.finish("sort key")?;
         keys.push(SortKey {
             attr,
             ordering_rule,
@@ -335,7 +336,14 @@ pub fn decode_matched_values(
                 "matched values filter items cannot be and, or or not",
             ));
         }
-        items.push(Filter::decode(t, body, limits)?);
+        let item = Filter::decode(t, body, limits)?;
+        // SimpleMatchingAssertion has no dnAttributes.
+        if matches!(&item, Filter::Extensible(m) if m.dn_attributes) {
+            return Err(DecodeError::new(
+                "matched values extensible items cannot use dnAttributes",
+            ));
+        }
+        items.push(item);
         if items.len() > limits.max_filter_terms {
             return Err(DecodeError::new("matched values filter has too many items"));
         }

@@ -66,7 +66,11 @@ result_codes! {
     NOT_ALLOWED_ON_RDN = 67, "notAllowedOnRDN";
     ENTRY_ALREADY_EXISTS = 68, "entryAlreadyExists";
     OBJECT_CLASS_MODS_PROHIBITED = 69, "objectClassModsProhibited";
+    // Virtual list view (draft-ietf-ldapext-ldapv3-vlv-09, IANA-registered).
+    SORT_CONTROL_MISSING = 60, "sortControlMissing";
+    OFFSET_RANGE_ERROR = 61, "offsetRangeError";
     AFFECTS_MULTIPLE_DSAS = 71, "affectsMultipleDSAs";
+    VIRTUAL_LIST_VIEW_ERROR = 76, "virtualListViewError";
     OTHER = 80, "other";
     CANCELED = 118, "canceled";
     NO_SUCH_OPERATION = 119, "noSuchOperation";

@@ -544,6 +544,14 @@ pub struct Limits {
     /// administrators (0 = no limit). Each value is normalised, checked
     /// and indexed; the message size limit alone allows ~100,000 tiny ones.
     pub max_values_per_operation: usize,
+    /// Entries one tree delete (control 1.2.840.113556.1.4.805) may remove,
+    /// for everyone (0 = no limit): the whole subtree goes in one
+    /// transaction on the single writer, which every other write waits for.
+    pub max_tree_delete: u64,
+    /// Matches one sorted search (server-side sort, virtual list view) may
+    /// sort, for everyone (0 = no limit): each is held in memory with its
+    /// sort keys until the sort is done.
+    pub max_sort_entries: u64,
     /// Operations outstanding on one connection before reading pauses.
     pub max_ops_per_connection: usize,
     /// Large searches (more than a handful of candidates) running at once
@@ -638,6 +646,8 @@ impl Default for Limits {
             unindexed_search_limit: 100_000,
             max_connections: 4096,
             max_values_per_operation: 10_000,
+            max_tree_delete: 10_000,
+            max_sort_entries: 250_000,
             max_ops_per_connection: 64,
             max_search_threads: 0,
             idle_timeout: 0,

@@ -365,7 +365,13 @@ impl Connection {
             Ok(op) => op,
             Err(refused) => {
                 if matches!(refused.op, ProtocolOp::BindResponse(_)) {
-                    // A failed bind leaves the connection anonymous (RFC 4511 4.2.1).
+                    // Any bind first ends what is outstanding, and a failed
+                    // one leaves the connection anonymous (RFC 4511 4.2.1).
+                    abandon_all(ctx.outstanding);
+                    let max = self.server.cfg.config.limits.max_ops_per_connection as u32;
+                    if let Ok(all) = wire.pump_while(ctx.permits.acquire_many(max)).await {
+                        drop(all);
+                    }
                     *identity = Identity::anonymous(self.session.clone());
                     wire.set_idle(idle_for(&self.server, identity));
                 }

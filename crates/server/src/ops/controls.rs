@@ -60,6 +60,30 @@ pub const SUPPORTED: &[Supported] = &[
         },
     },
     Supported {
+        oid: oid::SORT_REQUEST,
+        applies_to: &[Search],
+        parse: |r, c, _| {
+            let keys = cv::decode_sort_request(value(c)?).map_err(|e| malformed(c, &e))?;
+            r.sort = Some(Sort {
+                keys,
+                critical: c.critical,
+            });
+            Ok(())
+        },
+    },
+    Supported {
+        oid: oid::VLV_REQUEST,
+        applies_to: &[Search],
+        parse: |r, c, _| {
+            let req = cv::VlvRequest::decode(value(c)?).map_err(|e| malformed(c, &e))?;
+            r.vlv = Some(Vlv {
+                req,
+                critical: c.critical,
+            });
+            Ok(())
+        },
+    },
+    Supported {
         oid: oid::MANAGE_DSA_IT,
         applies_to: &[Search, Compare, Add, Delete, Modify, ModDn],
         parse: |r, c, _| {
@@ -82,7 +106,10 @@ pub const SUPPORTED: &[Supported] = &[
         applies_to: &[Delete, Modify, ModDn],
         parse: |r, c, _| {
             let attrs = cv::decode_attribute_selection(value(c)?).map_err(|e| malformed(c, &e))?;
-            r.pre_read = Some(attrs);
+            r.pre_read = Some(ReadEntry {
+                attrs,
+                critical: c.critical,
+            });
             Ok(())
         },
     },
@@ -91,7 +118,10 @@ pub const SUPPORTED: &[Supported] = &[
         applies_to: &[Add, Modify, ModDn],
         parse: |r, c, _| {
             let attrs = cv::decode_attribute_selection(value(c)?).map_err(|e| malformed(c, &e))?;
-            r.post_read = Some(attrs);
+            r.post_read = Some(ReadEntry {
+                attrs,
+                critical: c.critical,
+            });
             Ok(())
         },
     },
@@ -160,14 +190,18 @@ fn no_op(r: &mut Requested, c: &Control, _: &DecodeLimits) -> OpResult<()> {
 #[derive(Debug, Default, Clone)]
 pub struct Requested {
     pub paged: Option<PagedResults>,
+    /// RFC 2891 server-side sort.
+    pub sort: Option<Sort>,
+    /// Virtual list view (needs `sort`).
+    pub vlv: Option<Vlv>,
     pub manage_dsa_it: bool,
     /// RFC 4528: the operation goes ahead only if this filter is TRUE for
     /// its target entry (for an add: the entry being added).
     pub assertion: Option<Filter>,
     /// RFC 4527: attribute selections for the entry before / after the
     /// update, returned in response controls.
-    pub pre_read: Option<Vec<String>>,
-    pub post_read: Option<Vec<String>>,
+    pub pre_read: Option<ReadEntry>,
+    pub post_read: Option<ReadEntry>,
     /// Adding a value already present or deleting one that is absent is
     /// not an error.
     pub permissive_modify: bool,
@@ -180,11 +214,30 @@ pub struct Requested {
     pub dont_use_copy: bool,
 }
 
-impl Requested {
-    /// Whether the request asks for either read-entry control.
-    pub fn reads_entry(&self) -> bool {
-        self.pre_read.is_some() || self.post_read.is_some()
-    }
+/// A server-side sort request (RFC 2891).
+#[derive(Debug, Clone)]
+pub struct Sort {
+    pub keys: Vec<cv::SortKey>,
+    /// Critical: a sort that cannot be done fails the search
+    /// (unavailableCriticalExtension); otherwise the entries go unsorted.
+    pub critical: bool,
+}
+
+/// A virtual list view request.
+#[derive(Debug, Clone)]
+pub struct Vlv {
+    pub req: cv::VlvRequest,
+    pub critical: bool,
+}
+
+/// A pre-read or post-read request (RFC 4527).
+#[derive(Debug, Clone)]
+pub struct ReadEntry {
+    /// The attribute selection, as a search's.
+    pub attrs: Vec<String>,
+    /// Critical: a requester that may not read the entry has the whole
+    /// operation refused; otherwise it just gets no response control.
+    pub critical: bool,
 }
 
 /// The typed controls of a request for an operation of `kind`, or the
@@ -322,7 +375,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.assertion, Some(Filter::parse("(sn=a)").unwrap()));
-        assert_eq!(r.pre_read.as_deref(), Some(&["cn".to_string()][..]));
-        assert!(r.reads_entry());
+        assert_eq!(r.pre_read.unwrap().attrs, ["cn"]);
+        assert!(!r.post_read.unwrap().critical);
     }
 }

@@ -174,6 +174,7 @@ impl WriteOp for SetPassword {
             dn: self.target.clone(),
             attrs: view.attrs(id)?.unwrap_or_default(),
         };
+        super::write::hooks::on_target(ctx, view, &self.norm, &old)?;
         let pw = schema.attribute("userPassword");
         super::require(server, view, who, &self.norm, &old, &[(pw, acl::WRITE)])?;
         if self

@@ -100,6 +100,14 @@ pub fn refusal(request: &ProtocolOp, e: LdapError) -> Response {
         ProtocolOp::DelRequest(_) => ProtocolOp::DelResponse(r),
         ProtocolOp::ModifyRequest(_) => ProtocolOp::ModifyResponse(r),
         ProtocolOp::ModifyDnRequest(_) => ProtocolOp::ModifyDnResponse(r),
+        // RFC 4511 4.14.2: a StartTLS response names the operation.
+        ProtocolOp::ExtendedRequest(req) if req.name == pando_proto::oid::START_TLS => {
+            ProtocolOp::ExtendedResponse(ExtendedResponse {
+                result: r,
+                name: Some(req.name.clone()),
+                value: None,
+            })
+        }
         _ => ProtocolOp::ExtendedResponse(ExtendedResponse {
             result: r,
             name: None,

@@ -44,15 +44,22 @@ pub async fn add(ctx: Arc<WriteCtx>, req: AddRequest) -> OpResult<Written> {
         }
         entry.add_values(&a.name, a.values);
     }
+    let mut op = Add {
+        dn_text: req.dn,
+        dn,
+        norm,
+        entry,
+    };
     if clear > 0 {
-        // Access is settled before any hashing, so a refused client costs
-        // one lookup, not a hash per value. The writer checks again.
+        // Access, place, schema and controls are settled on a snapshot
+        // before any hashing, so a refused client costs one lookup, not a
+        // hash per value. The writer checks again.
         {
             let rtxn = server.store.read()?;
-            let view = rtxn.view();
-            crate::ops::require(server, &view, who, &norm, &entry, &[(None, acl::ADD)])?;
+            super::plan_and_check(&ctx, &op, &rtxn.view())?;
         }
-        for a in entry
+        for a in op
+            .entry
             .attrs
             .iter_mut()
             .filter(|a| names_password(schema, &a.desc))
@@ -63,12 +70,6 @@ pub async fn add(ctx: Arc<WriteCtx>, req: AddRequest) -> OpResult<Written> {
                 .await?;
         }
     }
-    let op = Add {
-        dn_text: req.dn,
-        dn,
-        norm,
-        entry,
-    };
     super::run(ctx, Arc::new(op)).await
 }
 
@@ -86,6 +87,7 @@ impl WriteOp for Add {
         let place = placement_for(server, view, &self.dn)?;
         let mut entry = self.entry.clone();
         let structural = server.schema.check_entry(&mut entry)?;
+        super::hooks::on_target(ctx, view, &self.norm, &entry)?;
         entry.remove("structuralObjectClass");
         entry.add_values("structuralObjectClass", vec![structural.into_bytes()]);
         Ok(vec![Change {

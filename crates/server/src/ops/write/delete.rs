@@ -34,12 +34,25 @@ impl WriteOp for Delete {
     fn plan(&self, ctx: &WriteCtx, view: &View<'_>) -> OpResult<Vec<Change>> {
         let (server, who) = (&*ctx.server, &ctx.who);
         let id = ops::resolve_for(server, view, who, &self.dn)?;
+        let target = ops::stored_entry(view, id)?;
+        super::hooks::on_target(ctx, view, &self.norm, &target)?;
         let mut targets = vec![(id, self.norm.clone())];
         if view.has_children(id)? {
             if !ctx.controls.tree_delete {
                 return Err(LdapError::new(
                     ResultCode::NOT_ALLOWED_ON_NON_LEAF,
                     "subordinate objects must be deleted first",
+                ));
+            }
+            let max = server.cfg.config.limits.max_tree_delete;
+            let limit = if max == 0 { u64::MAX } else { max };
+            if view.subtree(id, limit)?.is_none() {
+                return Err(LdapError::new(
+                    ResultCode::ADMIN_LIMIT_EXCEEDED,
+                    format!(
+                        "the subtree has more than {max} entries (limits.max_tree_delete); \
+                         delete it in parts"
+                    ),
                 ));
             }
             let mut stack = view.children(id)?;
@@ -52,14 +65,34 @@ impl WriteOp for Delete {
             }
         }
         let mut changes = Vec::with_capacity(targets.len());
-        for (i, (id, norm)) in targets.into_iter().enumerate() {
-            let mut entry = ops::stored_entry(view, id)?;
-            ops::require(server, view, who, &norm, &entry, &[(None, acl::DELETE)])?;
-            entry.dn = if i == 0 {
-                self.dn.clone()
-            } else {
-                view.dn(id)?
+        let mut first = Some(target);
+        for (id, norm) in targets {
+            let (entry, below) = match first.take() {
+                Some(mut target) => {
+                    target.dn = self.dn.clone();
+                    (target, false)
+                }
+                None => {
+                    let mut e = ops::stored_entry(view, id)?;
+                    e.dn = view.dn(id)?;
+                    (e, true)
+                }
             };
+            let allowed = ops::require(server, view, who, &norm, &entry, &[(None, acl::DELETE)]);
+            if let (Err(e), true) = (&allowed, below) {
+                // The target exists: an entry below it that the requester
+                // may not delete (or see) refuses the whole tree delete
+                // without revealing which.
+                if matches!(
+                    e.code,
+                    ResultCode::NO_SUCH_OBJECT | ResultCode::INSUFFICIENT_ACCESS_RIGHTS
+                ) {
+                    return Err(LdapError::access(
+                        "the subtree holds entries this identity may not delete",
+                    ));
+                }
+            }
+            allowed?;
             changes.push(Change {
                 before: Some(Before {
                     id,

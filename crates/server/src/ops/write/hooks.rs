@@ -1,21 +1,39 @@
 //! Hooks every write passes through, in the order of [`HOOKS`]: the seam
 //! where controls act on writes today and overlays will plug in.
 //!
-//! A hook's `check` runs on the view the change was planned on (refusing
-//! the operation before anything is stamped or written); `in_txn` runs in
-//! the writer's transaction after stamping, before the change is written,
-//! and may read or write other entries through the transaction or add
-//! response controls. An error from either undoes the whole operation.
-//! Post-commit work (the audit log) is the operation's `audit`.
+//! - `on_target` runs when the operation has resolved the entry it names
+//!   (for an add: the entry to add, once schema-checked), before it works
+//!   out the change: checks that decide whether the operation may go
+//!   ahead at all (the assertion control).
+//! - `check` runs on the view the whole change was planned on, before
+//!   anything is stamped or written.
+//! - `in_txn` runs in the writer's transaction after stamping, before the
+//!   change is written: it may read or write other entries through the
+//!   transaction, or add response controls.
+//!
+//! An error from any of them undoes the whole operation. Post-commit work
+//! (the audit log) is the operation's `WriteOp::audit`.
 
+use pando_model::Entry;
 use pando_proto::{oid, Control, ResultCode};
 use pando_store::{View, WriteTxn};
 
 use super::{Change, WriteCtx};
 use crate::acl::{self, Access};
 use crate::error::{LdapError, OpResult};
+use crate::ops::controls::ReadEntry as ReadRequest;
 
 pub trait Hook: Sync {
+    fn on_target(
+        &self,
+        _ctx: &WriteCtx,
+        _view: &View<'_>,
+        _norm: &str,
+        _entry: &Entry,
+    ) -> OpResult<()> {
+        Ok(())
+    }
+
     fn check(&self, _ctx: &WriteCtx, _view: &View<'_>, _changes: &[Change]) -> OpResult<()> {
         Ok(())
     }
@@ -34,28 +52,32 @@ pub trait Hook: Sync {
 /// The order hooks run in.
 pub const HOOKS: &[&dyn Hook] = &[&Assertion, &ReadEntry];
 
+/// Every hook's `on_target`, in order: each operation's plan calls this
+/// once it has resolved its target.
+pub fn on_target(ctx: &WriteCtx, view: &View<'_>, norm: &str, entry: &Entry) -> OpResult<()> {
+    for hook in HOOKS {
+        hook.on_target(ctx, view, norm, entry)?;
+    }
+    Ok(())
+}
+
 /// RFC 4528: the operation goes ahead only if the assertion is TRUE for
-/// its target (for an add, the entry being added).
+/// its target (for an add, the entry being added). Tested, as slapd does,
+/// before the modification itself is checked.
 struct Assertion;
 
 impl Hook for Assertion {
-    fn check(&self, ctx: &WriteCtx, view: &View<'_>, changes: &[Change]) -> OpResult<()> {
-        let (Some(filter), Some(target)) = (&ctx.controls.assertion, changes.first()) else {
+    fn on_target(
+        &self,
+        ctx: &WriteCtx,
+        view: &View<'_>,
+        norm: &str,
+        entry: &Entry,
+    ) -> OpResult<()> {
+        let Some(filter) = &ctx.controls.assertion else {
             return Ok(());
         };
-        let entry = match (&target.before, &target.after) {
-            (Some(b), _) => &b.entry,
-            (None, Some(a)) => a,
-            (None, None) => return Ok(()),
-        };
-        if super::super::assertion_holds(
-            &ctx.server,
-            view,
-            &ctx.who,
-            target_norm(target),
-            entry,
-            filter,
-        ) {
+        if crate::ops::assertion_holds(&ctx.server, view, &ctx.who, norm, entry, filter) {
             Ok(())
         } else {
             Err(LdapError::new(
@@ -66,20 +88,51 @@ impl Hook for Assertion {
     }
 }
 
-/// The normalised DN the target has before the change (after, for an add).
-fn target_norm(c: &Change) -> &str {
-    match &c.before {
-        Some(b) => &b.norm,
-        None => c.norm(),
-    }
+/// RFC 4527 pre-read and post-read: the target entry before and after the
+/// change, as a search by the requester would return it, less the
+/// attributes it may not read. A requester that may not read the entry
+/// gets no response control, or, when the control is critical, has the
+/// whole operation refused (insufficientAccessRights) as slapd does.
+struct ReadEntry;
+
+/// One side of a read-entry request: the response control's OID, the
+/// request (if made), and the entry with its normalised DN (if there is
+/// one on that side: no pre-read of an add, no post-read of a delete).
+type Side<'c> = (
+    &'static str,
+    Option<&'c ReadRequest>,
+    Option<(&'c Entry, &'c str)>,
+);
+
+/// The pre-read and post-read sides of a change.
+fn sides<'c>(ctx: &'c WriteCtx, target: &'c Change) -> [Side<'c>; 2] {
+    [
+        (
+            oid::PRE_READ,
+            ctx.controls.pre_read.as_ref(),
+            target.before.as_ref().map(|b| (&b.entry, b.norm.as_str())),
+        ),
+        (
+            oid::POST_READ,
+            ctx.controls.post_read.as_ref(),
+            target.after.as_ref().map(|a| (a, target.norm())),
+        ),
+    ]
 }
 
-/// RFC 4527 pre-read and post-read: the target entry before and after the
-/// change, as a search by the requester would return it. A requester
-/// without read access to the entry gets insufficientAccessRights and
-/// nothing is changed (as slapd does); attributes it may not read are left
-/// out.
-struct ReadEntry;
+fn may_read_entry(
+    ctx: &WriteCtx,
+    view: &View<'_>,
+    access: &mut Access<'_>,
+    entry: &Entry,
+    norm: &str,
+) -> bool {
+    if access.unrestricted() {
+        return true;
+    }
+    let rules = access.entry(&ctx.server.schema, norm, entry);
+    access.allows(Some(view), &rules, norm, None, acl::READ)
+}
 
 impl Hook for ReadEntry {
     fn check(&self, ctx: &WriteCtx, view: &View<'_>, changes: &[Change]) -> OpResult<()> {
@@ -87,28 +140,13 @@ impl Hook for ReadEntry {
             return Ok(());
         };
         let mut access = Access::new(&ctx.server.acl, &ctx.who);
-        if access.unrestricted() {
-            return Ok(());
-        }
-        let schema = &ctx.server.schema;
-        let sides = [
-            (
-                ctx.controls.pre_read.is_some(),
-                target.before.as_ref().map(|b| (&b.entry, b.norm.as_str())),
-            ),
-            (
-                ctx.controls.post_read.is_some(),
-                target.after.as_ref().map(|a| (a, target.norm())),
-            ),
-        ];
-        for (wanted, side) in sides {
-            let (true, Some((entry, norm))) = (wanted, side) else {
+        for (_, wanted, side) in sides(ctx, target) {
+            let (Some(req), Some((entry, norm))) = (wanted, side) else {
                 continue;
             };
-            let rules = access.entry(schema, norm, entry);
-            if !access.allows(Some(view), &rules, norm, None, acl::READ) {
+            if req.critical && !may_read_entry(ctx, view, &mut access, entry, norm) {
                 return Err(LdapError::access(
-                    "no read access to the entry the read-entry control asks for",
+                    "no read access to the entry the critical read-entry control asks for",
                 ));
             }
         }
@@ -126,34 +164,23 @@ impl Hook for ReadEntry {
             return Ok(());
         };
         let view = w.view();
-        let schema = &ctx.server.schema;
         let mut access = Access::new(&ctx.server.acl, &ctx.who);
-        let unrestricted = access.unrestricted();
-        let sides = [
-            (
-                oid::PRE_READ,
-                &ctx.controls.pre_read,
-                target.before.as_ref().map(|b| (&b.entry, b.norm.as_str())),
-            ),
-            (
-                oid::POST_READ,
-                &ctx.controls.post_read,
-                target.after.as_ref().map(|a| (a, target.norm())),
-            ),
-        ];
-        for (oid, wanted, side) in sides {
-            let (Some(attrs), Some((entry, norm))) = (wanted, side) else {
+        for (oid, wanted, side) in sides(ctx, target) {
+            let (Some(req), Some((entry, norm))) = (wanted, side) else {
                 continue;
             };
-            let dn = entry.dn.to_string();
+            if !may_read_entry(ctx, &view, &mut access, entry, norm) {
+                continue;
+            }
+            let unrestricted = access.unrestricted();
             let value = crate::ops::search::encode_read_entry(
-                schema,
+                &ctx.server.schema,
                 &view,
                 (!unrestricted).then_some(&mut access),
                 norm,
-                &dn,
+                &entry.dn.to_string(),
                 entry,
-                attrs,
+                &req.attrs,
             )?;
             controls.push(Control {
                 oid: oid.to_string(),

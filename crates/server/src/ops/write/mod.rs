@@ -27,7 +27,7 @@ mod add;
 mod changes;
 mod checks;
 mod delete;
-mod hooks;
+pub mod hooks;
 mod modify;
 mod rename;
 
@@ -211,7 +211,11 @@ pub async fn run<W: WriteOp>(ctx: Arc<WriteCtx>, op: Arc<W>) -> OpResult<Written
 }
 
 /// Plan, then run every hook's check on the same view.
-fn plan_and_check<W: WriteOp>(ctx: &WriteCtx, op: &W, view: &View<'_>) -> OpResult<Vec<Change>> {
+pub(super) fn plan_and_check<W: WriteOp>(
+    ctx: &WriteCtx,
+    op: &W,
+    view: &View<'_>,
+) -> OpResult<Vec<Change>> {
     let changes = op.plan(ctx, view)?;
     for hook in hooks::HOOKS {
         hook.check(ctx, view, &changes)?;

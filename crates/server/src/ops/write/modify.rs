@@ -57,7 +57,7 @@ pub async fn modify(ctx: Arc<WriteCtx>, req: ModifyRequest) -> OpResult<Written>
         // values).
         {
             let rtxn = server.store.read()?;
-            op.plan(&ctx, &rtxn.view())?;
+            super::plan_and_check(&ctx, &op, &rtxn.view())?;
         }
         for ch in &mut op.changes {
             if names_password(schema, &ch.attr.name) && matches!(ch.op, ModOp::Add | ModOp::Replace)
@@ -89,6 +89,7 @@ impl WriteOp for Modify {
             dn: self.dn.clone(),
             attrs: view.decode_attrs(id, &bytes)?,
         };
+        super::hooks::on_target(ctx, view, &self.norm, &old)?;
         let mut checks = Vec::with_capacity(self.changes.len());
         for ch in &self.changes {
             let (_, at) = schema.canonical_desc(&ch.attr.name)?;

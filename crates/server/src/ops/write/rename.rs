@@ -34,6 +34,10 @@ pub async fn modify_dn(ctx: Arc<WriteCtx>, req: ModifyDnRequest) -> OpResult<Wri
         Some(s) => Some(ops::parse_dn(s)?),
         None => None,
     };
+    // The server's own stamps cannot name an entry (it rewrites them).
+    for ava in &new_rdn.avas {
+        super::checks::reject_maintained(schema, &ava.attr, false)?;
+    }
     if ctx.server.is_suffix(&norm) {
         return Err(LdapError::unwilling("cannot rename a suffix entry"));
     }
@@ -76,6 +80,7 @@ impl WriteOp for Rename {
         let new_rdns = ops::norm_rdns(view, &new_dn)?;
         let new_norm = new_rdns.join(",");
         let current = ops::stored_entry(view, id)?;
+        super::hooks::on_target(ctx, view, &self.norm, &current)?;
         // Moving is deleting here and adding there.
         ops::require(
             server,

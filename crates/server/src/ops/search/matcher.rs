@@ -1,0 +1,188 @@
+//! One candidate of a stored search: in scope? visible to the requester?
+//! matching the filter as the requester may see it? Then emitted.
+
+use std::collections::HashMap;
+
+use pando_model::{AttributeType, CompiledFilter, Dn, Entry, Schema, Ternary};
+use pando_proto::{Filter, Scope};
+use pando_store::{EntryId, View};
+
+use super::emit::{computed_value, Emitter, Guard};
+use super::plan::Plan;
+use crate::acl::{self, Access, EntryRules};
+use crate::error::OpResult;
+
+/// A candidate that matched: its DN (as stored and normalised) and what
+/// was decoded of it (nothing on the `no_decode` and `raw` paths).
+pub(super) struct Hit {
+    pub(super) id: EntryId,
+    pub(super) dn: String,
+    pub(super) norm: String,
+    pub(super) entry: Entry,
+}
+
+pub(super) struct Matcher<'a, 's> {
+    pub(super) schema: &'s Schema,
+    pub(super) view: &'a View<'a>,
+    pub(super) plan: &'a Plan<'s>,
+    pub(super) base: EntryId,
+    /// The request's filter, compiled as is and, per mask of attributes
+    /// the requester may not search, with those hidden.
+    pub(super) filter: &'a Filter,
+    pub(super) compiled: CompiledFilter,
+    pub(super) masked: HashMap<u64, CompiledFilter>,
+    pub(super) access: Access<'a>,
+    /// The access rules covering the last hit (used when it is emitted).
+    pub(super) rules: EntryRules,
+}
+
+impl<'a, 's> Matcher<'a, 's> {
+    /// The candidate `id` as a hit, or None when it is out of scope,
+    /// invisible to the requester or not matching.
+    pub(super) fn test(&mut self, id: EntryId) -> OpResult<Option<Hit>> {
+        let (view, plan, schema) = (self.view, self.plan, self.schema);
+        let Some(place) = view.placement(id)? else {
+            return Ok(None);
+        };
+        let in_scope = match plan.check_scope {
+            None => true,
+            Some(Scope::One) => place.parent == self.base,
+            Some(s) => {
+                (s != Scope::Children && id == self.base)
+                    || (id != self.base
+                        && place.parent != 0
+                        && view.is_within(place.parent, self.base)?)
+            }
+        };
+        if !in_scope {
+            return Ok(None);
+        }
+        let attrs = if plan.no_decode || plan.raw {
+            Vec::new()
+        } else {
+            let keep = |desc: &str| plan.wanted.as_ref().is_none_or(|w| w.keep(desc));
+            let Some(attrs) = view.attrs_where(id, &keep)? else {
+                return Ok(None);
+            };
+            attrs
+        };
+        let (dn, norm) = view.dn_pair_of(&place)?;
+        // The parsed DN is only consulted by extensible matches with dnAttributes.
+        let parsed = if plan.uses_dn {
+            Dn::parse(&dn).unwrap_or(Dn { rdns: Vec::new() })
+        } else {
+            Dn { rdns: Vec::new() }
+        };
+        let mut entry = Entry { dn: parsed, attrs };
+        for name in &plan.needed_computed {
+            let restricted = (!self.access.unrestricted()).then_some(&mut self.access);
+            // Left out (so tests of it are Undefined) when not given.
+            if let Some(v) = computed_value(schema, view, restricted, id, &dn, name)? {
+                entry.attrs.push(pando_model::Attribute {
+                    desc: name.to_string(),
+                    values: vec![v.into_bytes()],
+                });
+            }
+        }
+        if self.matches(&norm, &entry) != Ternary::True {
+            return Ok(None);
+        }
+        Ok(Some(Hit {
+            id,
+            dn,
+            norm,
+            entry,
+        }))
+    }
+
+    /// The filter's value for the entry as the requester sees it: false
+    /// unless it may read the entry; items on attributes it may not search
+    /// are Undefined. An exact filter is one equality the index answered:
+    /// it holds unless its attribute is masked. On the `no_decode` and
+    /// `raw` paths the entry has no attributes and is not tested.
+    fn matches(&mut self, norm: &str, entry: &Entry) -> Ternary {
+        let (plan, schema) = (self.plan, self.schema);
+        if self.access.unrestricted() {
+            return if plan.exact {
+                Ternary::True
+            } else {
+                self.compiled.matches(schema, entry)
+            };
+        }
+        self.access.entry_into(schema, norm, entry, &mut self.rules);
+        if !self
+            .access
+            .allows(Some(self.view), &self.rules, norm, None, acl::READ)
+        {
+            return Ternary::False;
+        }
+        let mut mask = 0u64;
+        for (i, at) in plan.filter_types.iter().enumerate() {
+            if !self
+                .access
+                .allows(Some(self.view), &self.rules, norm, Some(at), acl::SEARCH)
+            {
+                mask |= 1 << i.min(63);
+            }
+        }
+        if plan.no_decode || plan.raw {
+            return if mask == 0 {
+                Ternary::True
+            } else {
+                Ternary::Undefined
+            };
+        }
+        if mask == 0 {
+            return if plan.exact {
+                Ternary::True
+            } else {
+                self.compiled.matches(schema, entry)
+            };
+        }
+        let hidden: Vec<&str> = plan
+            .filter_types
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| mask & (1 << (*i).min(63)) != 0)
+            .map(|(_, at)| at.oid.as_str())
+            .collect();
+        let hide = |at: &AttributeType| hidden.contains(&at.oid.as_str());
+        let filter = self.filter;
+        if plan.filter_types.len() > 64 {
+            return schema
+                .compile_filter_hiding(filter, &hide)
+                .matches(schema, entry);
+        }
+        self.masked
+            .entry(mask)
+            .or_insert_with(|| schema.compile_filter_hiding(filter, &hide))
+            .matches(schema, entry)
+    }
+
+    /// Encode the hit just tested into `buf`; false when its record went
+    /// away meanwhile (raw path only; not reached within one snapshot).
+    pub(super) fn emit(
+        &mut self,
+        emitter: &Emitter<'_>,
+        hit: &Hit,
+        buf: &mut Vec<u8>,
+    ) -> OpResult<bool> {
+        let view = self.view;
+        let guard = (!self.access.unrestricted()).then_some(Guard {
+            access: &mut self.access,
+            rules: &self.rules,
+            norm: &hit.norm,
+        });
+        if self.plan.raw {
+            let emitted = view.with_raw_attrs(hit.id, |attrs| {
+                emitter.emit_attrs(Some(view), Some(hit.id), &hit.dn, attrs, guard, buf)
+            })?;
+            return match emitted {
+                Some(r) => r.map(|()| true),
+                None => Ok(false),
+            };
+        }
+        emitter.emit(Some(view), Some(hit.id), &hit.dn, &hit.entry, guard, buf)?;
+        Ok(true)
+    }
+}

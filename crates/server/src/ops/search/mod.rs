@@ -1,0 +1,811 @@
+//! Search (RFC 4511 4.5) with the paged results control (RFC 2696).
+//!
+//! Runs on a blocking thread inside one LMDB read transaction: resolve the
+//! base, ask the store for candidates, restrict them to the scope, then test
+//! each candidate in ID order — checking abandon, time and size limits on
+//! every one — and stream matching entries to the connection. Nothing holds
+//! the whole result set.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pando_model::{Dn, Entry};
+use pando_proto::{Control, LdapMessage, LdapResult, ProtocolOp, ResultCode, SearchRequest};
+use pando_store::{EntryId, View};
+use tokio::sync::mpsc;
+
+mod emit;
+mod limits;
+mod matcher;
+mod paging;
+mod plan;
+mod sort;
+mod virtual_tree;
+
+use crate::acl::{self, Access, EntryRules};
+use crate::error::{LdapError, OpResult};
+use crate::state::{Identity, Server};
+pub(crate) use emit::encode_read_entry;
+use emit::{Emitter, Selection};
+use limits::Limits;
+use matcher::Matcher;
+use paging::{paged_control, request_hash, Cookie};
+pub(crate) use plan::types_in_filter;
+use plan::{Plan, PlanInput};
+
+/// Flush streamed entries to the connection in chunks of about this size.
+const CHUNK: usize = 32 * 1024;
+
+pub struct SearchJob {
+    pub server: Arc<Server>,
+    pub who: Identity,
+    pub msg_id: i32,
+    pub req: SearchRequest,
+    pub controls: super::controls::Requested,
+    pub abandoned: Arc<AtomicBool>,
+    pub out: mpsc::Sender<Vec<u8>>,
+}
+
+/// What a search ends with; None when it was abandoned (no response is sent).
+pub struct SearchOutcome {
+    pub result: LdapResult,
+    pub controls: Vec<Control>,
+    pub entries: u64,
+}
+
+/// Searches with at most this many candidates run on the async thread that
+/// received them: a thread handoff costs more than such a search.
+pub const INLINE_CANDIDATES: u64 = 8;
+
+/// Where entries go: straight to the connection (blocking thread), or into
+/// a buffer the async caller sends afterwards (inline).
+enum Out<'a> {
+    Channel(&'a mpsc::Sender<Vec<u8>>),
+    Buffer(&'a mut Vec<u8>),
+}
+
+enum Step {
+    Done(Option<SearchOutcome>),
+    /// Too many candidates to run inline; nothing was sent.
+    TooBig,
+    /// The client is not taking entries: the search let go of its read
+    /// transaction and resumes (`run`) once `chunk` is delivered.
+    Paused {
+        chunk: Vec<u8>,
+        resume: Resume,
+    },
+}
+
+/// Where a paused search carries on: after entry `after`, with `sent`
+/// entries already sent (in this page, for a paged search), its time limit
+/// counted from `started`.
+#[derive(Clone, Copy)]
+pub struct Resume {
+    after: EntryId,
+    sent: u64,
+    started: Instant,
+}
+
+/// How long a search on its own thread waits for a client that is not
+/// taking its entries while still holding its read transaction and its
+/// thread. Past this it lets go of both (a long-lived reader stops LMDB
+/// from reusing pages, and the file grows; threads are few), the
+/// connection's task waits for the client, and the search resumes on a
+/// fresh snapshot after the last entry sent, like the next page of a
+/// paged search.
+const HOLD_FOR_SLOW_CLIENT: Duration = Duration::from_millis(500);
+
+fn outcome(paged: bool, r: OpResult<Step>) -> Step {
+    match r {
+        Ok(s) => s,
+        Err(e) => Step::Done(Some(SearchOutcome {
+            result: e.into_result(),
+            // A failed paged search still answers with an (empty-cookie) control.
+            controls: if paged {
+                vec![paged_control(0, Vec::new())]
+            } else {
+                Vec::new()
+            },
+            entries: 0,
+        })),
+    }
+}
+
+/// How a search on its own thread ended for now.
+pub enum Ran {
+    /// Finished; None when abandoned (no response is sent).
+    Done(Option<SearchOutcome>),
+    /// The client is not taking entries: the search let go of its read
+    /// transaction. Deliver `chunk` (waiting as long as the connection
+    /// allows, holding no thread), then call [`run`] again with `resume`.
+    Paused { chunk: Vec<u8>, resume: Resume },
+}
+
+/// Run a search on the current (blocking) thread until it ends or its
+/// client stops taking entries.
+pub fn run(job: &SearchJob, resume: Option<Resume>) -> Ran {
+    let out = job.out.clone();
+    let step = search(job, &mut Out::Channel(&out), None, resume);
+    match outcome(job.controls.paged.is_some(), step) {
+        Step::Done(o) => Ran::Done(o),
+        Step::TooBig => Ran::Done(None),
+        Step::Paused { chunk, resume } => Ran::Paused { chunk, resume },
+    }
+}
+
+/// Try the search on the calling thread, its entries and its
+/// SearchResultDone encoded into `out`; `Err(job)` (nothing written) when it
+/// is too big for that and must go to [`run`] on a blocking thread. Answers
+/// the result code and entries sent.
+// The job comes back by value only on the (rare) hand-off path; boxing it
+// would cost an allocation on every search instead.
+#[allow(clippy::result_large_err)]
+pub fn run_inline(job: SearchJob, out: &mut Vec<u8>) -> Result<Option<(u32, u64)>, SearchJob> {
+    let step = outcome(
+        job.controls.paged.is_some(),
+        search(&job, &mut Out::Buffer(out), Some(INLINE_CANDIDATES), None),
+    );
+    match step {
+        Step::Done(Some(o)) => {
+            let answered = (o.result.code.0, o.entries);
+            LdapMessage {
+                id: job.msg_id,
+                op: ProtocolOp::SearchResultDone(o.result),
+                controls: o.controls,
+            }
+            .encode(out);
+            Ok(Some(answered))
+        }
+        // Abandoned: nothing more is said. (Only a channel pauses, so a
+        // search into a buffer is never Paused; were it, its entries so
+        // far are in `out` and the rest is lost: answered as abandoned.)
+        Step::Done(None) | Step::Paused { .. } => Ok(None),
+        Step::TooBig => Err(job),
+    }
+}
+
+fn assertion_failed() -> LdapError {
+    LdapError::new(
+        ResultCode::ASSERTION_FAILED,
+        "the assertion control's filter is not true for the base entry",
+    )
+}
+
+/// The controls a finished search answers with: an empty paged results
+/// cookie when paging was asked for.
+fn paged_done(job: &SearchJob) -> Vec<Control> {
+    if job.controls.paged.is_some() {
+        vec![paged_control(0, Vec::new())]
+    } else {
+        Vec::new()
+    }
+}
+
+/// A search: the virtual trees answer for their own bases; otherwise
+/// resolve and check the base, work out the limits, the page and the plan,
+/// then stream the matches.
+fn search(
+    job: &SearchJob,
+    out: &mut Out<'_>,
+    inline_max: Option<u64>,
+    resume: Option<Resume>,
+) -> OpResult<Step> {
+    let server = &job.server;
+    let schema = &*server.schema;
+    let req = &job.req;
+    let cached = server.base_cache.get(schema, &req.base)?;
+    let (base, base_norm_rdns) = (&cached.0, &cached.1);
+    let emitter = Emitter {
+        schema,
+        sel: Selection::new(schema, &req.attrs),
+        types_only: req.types_only,
+        msg_id: Some(job.msg_id),
+    };
+    if let Some(tree) = virtual_tree::owner(schema, base) {
+        return virtual_tree::search(job, out, tree, &emitter, base);
+    }
+    let rtxn = server.store.read()?;
+    let view = rtxn.view();
+    let (base_id, base_rdns) =
+        super::resolve_rdns_for(server, &view, &job.who, base_norm_rdns.clone())?;
+    let mut access = Access::new(&server.acl, &job.who);
+    check_base(
+        job,
+        &view,
+        &mut access,
+        base_id,
+        &base_rdns.join(","),
+        resume,
+    )?;
+    let limits = Limits::for_requester(server, &job.who, &view);
+    // Sorting (and a virtual list view, which needs it) is settled first:
+    // a sort that cannot be done fails a critical request, and otherwise
+    // the entries go out unsorted with the reason in the sort response.
+    let (keys, unsorted) = match sorting(job, schema)? {
+        Sorting::None => (None, None),
+        Sorting::Keys(keys) => (Some(keys), None),
+        Sorting::Unsortable(u) => (None, Some(u)),
+        Sorting::Refused(done) => return Ok(Step::Done(Some(done))),
+    };
+    let page = match Page::start(job, limits.size, keys.is_some())? {
+        Ok(page) => page,
+        Err(done) => return Ok(Step::Done(Some(done))),
+    };
+    let key_types = keys.as_deref().map(sort::key_types).unwrap_or_default();
+    let input = PlanInput {
+        schema,
+        filter: &req.filter,
+        scope: req.scope,
+        base: base_id,
+        unindexed_limit: limits.unindexed,
+        rules_read_entries: server.acl.reads_entries(),
+        also_decode: &key_types,
+        // A sorted search reads every match first: never inline.
+        inline_max: if keys.is_some() {
+            inline_max.map(|_| 0)
+        } else {
+            inline_max
+        },
+    };
+    let Some(plan) = Plan::make(&view, input, &emitter.sel)? else {
+        return Ok(Step::TooBig);
+    };
+    let matcher = Matcher {
+        schema,
+        view: &view,
+        plan: &plan,
+        base: base_id,
+        filter: &req.filter,
+        compiled: schema.compile_filter(&req.filter),
+        masked: HashMap::new(),
+        access,
+        rules: EntryRules::default(),
+    };
+    let max_sort = server.cfg.config.limits.max_sort_entries;
+    let run_limits = RunLimits::new(job, &limits, resume);
+    let step = match &keys {
+        Some(keys) => sort::run(
+            job, out, matcher, &emitter, keys, page, run_limits, max_sort, resume,
+        )?,
+        None => stream(job, out, matcher, &emitter, page, run_limits, resume)?,
+    };
+    Ok(match (step, unsorted) {
+        (Step::Done(Some(mut o)), Some(u)) => {
+            o.controls.push(sort::response(u.code, u.attr.as_deref()));
+            Step::Done(Some(o))
+        }
+        (step, _) => step,
+    })
+}
+
+/// What the sort and VLV controls ask of a search.
+enum Sorting<'s> {
+    None,
+    Keys(Vec<sort::Key<'s>>),
+    /// A non-critical sort that cannot be done: unsorted, with this reason.
+    Unsortable(sort::Unsortable),
+    /// The search ends at once with this outcome.
+    Refused(SearchOutcome),
+}
+
+fn sorting<'s>(job: &SearchJob, schema: &'s pando_model::Schema) -> OpResult<Sorting<'s>> {
+    let refused = |code: ResultCode, message: String, controls: Vec<Control>| {
+        Ok(Sorting::Refused(SearchOutcome {
+            result: LdapResult::new(code, message),
+            controls,
+            entries: 0,
+        }))
+    };
+    let c = &job.controls;
+    match (&c.sort, &c.vlv) {
+        (None, None) => Ok(Sorting::None),
+        (None, Some(_)) => refused(
+            ResultCode::SORT_CONTROL_MISSING,
+            "a virtual list view needs the server-side sort control".into(),
+            Vec::new(),
+        ),
+        (Some(_), Some(_)) if c.paged.is_some() => refused(
+            ResultCode::UNWILLING_TO_PERFORM,
+            "a virtual list view cannot be combined with paged results".into(),
+            Vec::new(),
+        ),
+        (Some(s), _) => match sort::resolve(schema, s) {
+            Ok(keys) => Ok(Sorting::Keys(keys)),
+            Err(u) if s.critical || c.vlv.is_some() => {
+                let resp = sort::response(u.code, u.attr.as_deref());
+                let code = if s.critical {
+                    ResultCode::UNAVAILABLE_CRITICAL_EXTENSION
+                } else {
+                    u.code
+                };
+                refused(code, u.message, vec![resp])
+            }
+            Err(u) => Ok(Sorting::Unsortable(u)),
+        },
+    }
+}
+
+/// Searching needs search access to the base entry (without it the base
+/// is reported missing, so its existence is not revealed); and with the
+/// assertion control (RFC 4528), the base entry must match it.
+fn check_base(
+    job: &SearchJob,
+    view: &View<'_>,
+    access: &mut Access<'_>,
+    base_id: EntryId,
+    base_norm: &str,
+    resume: Option<Resume>,
+) -> OpResult<()> {
+    let server = &*job.server;
+    if !access.unrestricted() {
+        // The entry's content matters only to rules with a filter.
+        let base_entry = Entry {
+            dn: Dn { rdns: Vec::new() },
+            attrs: if server.acl.reads_entries() {
+                view.attrs(base_id)?.unwrap_or_default()
+            } else {
+                Vec::new()
+            },
+        };
+        let rules = access.entry(&server.schema, base_norm, &base_entry);
+        if !access.allows(Some(view), &rules, base_norm, None, acl::SEARCH) {
+            return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"));
+        }
+    }
+    // A resumed run already passed it.
+    if let (Some(a), None) = (&job.controls.assertion, resume) {
+        let base_entry = super::stored_entry(view, base_id)?;
+        if !super::assertion_holds(server, view, &job.who, base_norm, &base_entry, a) {
+            return Err(assertion_failed());
+        }
+    }
+    Ok(())
+}
+
+/// Where a page of a paged search (RFC 2696) starts and how big it is.
+struct Page {
+    /// Hash of the search's parameters (0 when not paged).
+    hash: u64,
+    /// Resume after this entry (a later page).
+    after: Option<EntryId>,
+    /// Entries sent by earlier pages.
+    sent_before: u64,
+    /// Entries this page may hold (None: not paged).
+    size: Option<u64>,
+}
+
+impl Page {
+    /// The page the request asks for, or the outcome that ends the search
+    /// at once (page size 0 abandons a paged search).
+    /// `sorted`: cookies then hold a position in the sorted list, and
+    /// belong to the sort keys too.
+    fn start(
+        job: &SearchJob,
+        server_size: u32,
+        sorted: bool,
+    ) -> OpResult<Result<Page, SearchOutcome>> {
+        let Some(p) = &job.controls.paged else {
+            return Ok(Ok(Page {
+                hash: 0,
+                after: None,
+                sent_before: 0,
+                size: None,
+            }));
+        };
+        let mut hash = request_hash(&job.req);
+        if let (true, Some(s)) = (sorted, &job.controls.sort) {
+            hash ^= paging::keys_hash(&s.keys);
+        }
+        let (after, sent_before) = if p.cookie.is_empty() {
+            (None, 0)
+        } else {
+            match Cookie::decode(&p.cookie) {
+                Some(c) if c.hash == hash => (Some(c.last), c.sent),
+                _ => return Err(LdapError::protocol("paged results cookie is invalid")),
+            }
+        };
+        if p.size <= 0 {
+            // Size 0 abandons the paged search (RFC 2696 3).
+            return Ok(Err(SearchOutcome {
+                result: LdapResult::success(),
+                controls: vec![paged_control(0, Vec::new())],
+                entries: 0,
+            }));
+        }
+        let mut size = p.size as u64;
+        if server_size > 0 {
+            size = size.min(server_size.into());
+        }
+        Ok(Ok(Page {
+            hash,
+            after,
+            sent_before,
+            size: Some(size),
+        }))
+    }
+}
+
+/// The time and size limits of one run of a search.
+struct RunLimits {
+    started: Instant,
+    /// The smaller of the client's and the requester's.
+    time: Option<Duration>,
+    /// Entries the whole search may return: the smaller of the client's
+    /// and the requester's size limits, counted across all pages of a
+    /// paged search as slapd's default (size.prtotal = the hard limit)
+    /// does; otherwise paging would read the whole tree past it.
+    total: Option<u64>,
+}
+
+impl RunLimits {
+    fn new(job: &SearchJob, limits: &Limits, resume: Option<Resume>) -> RunLimits {
+        let req = &job.req;
+        let time = match (req.time_limit as u32, limits.time) {
+            (0, 0) => None,
+            (0, s) | (s, 0) => Some(Duration::from_secs(s.into())),
+            (c, s) => Some(Duration::from_secs(c.min(s).into())),
+        };
+        let total = match (req.size_limit as u64, limits.size as u64) {
+            (0, 0) => None,
+            (0, s) | (s, 0) => Some(s),
+            (c, s) => Some(c.min(s)),
+        };
+        RunLimits {
+            started: resume.map_or_else(Instant::now, |r| r.started),
+            time,
+            total,
+        }
+    }
+}
+
+/// Test the plan's candidates in ID order and stream the matches,
+/// checking abandon and the time limit on every candidate and the size
+/// limit and page on every match.
+fn stream(
+    job: &SearchJob,
+    out: &mut Out<'_>,
+    mut matcher: Matcher<'_, '_>,
+    emitter: &Emitter<'_>,
+    page: Page,
+    limits: RunLimits,
+    resume: Option<Resume>,
+) -> OpResult<Step> {
+    let ended = |code: ResultCode, message: &str, entries: u64| {
+        Step::Done(Some(SearchOutcome {
+            result: LdapResult::new(code, message),
+            controls: paged_done(job),
+            entries,
+        }))
+    };
+    // Inline searches (a handful of entries) start small; streamed ones
+    // fill CHUNK-sized buffers.
+    let mut buf = Vec::with_capacity(match out {
+        Out::Buffer(_) => 2048,
+        Out::Channel(_) => CHUNK + 4096,
+    });
+    // A resumed run counts what earlier runs of this request sent, and
+    // starts after the last of it.
+    let mut sent_now = resume.map_or(0, |r| r.sent);
+    let mut last_id = resume.map(|r| r.after);
+    let start_after = last_id.or(page.after);
+    let plan = matcher.plan;
+    let ids = plan
+        .ids
+        .iter()
+        .filter(|id| start_after.is_none_or(|a| *id > a));
+    for id in ids {
+        if job.abandoned.load(Ordering::Relaxed) {
+            return Ok(Step::Done(None));
+        }
+        if limits.time.is_some_and(|t| limits.started.elapsed() > t) {
+            flush(out, &mut buf)?;
+            return Ok(ended(
+                ResultCode::TIME_LIMIT_EXCEEDED,
+                "time limit exceeded",
+                sent_now,
+            ));
+        }
+        let Some(hit) = matcher.test(id)? else {
+            continue;
+        };
+        if limits
+            .total
+            .is_some_and(|l| page.sent_before + sent_now >= l)
+        {
+            flush(out, &mut buf)?;
+            return Ok(ended(
+                ResultCode::SIZE_LIMIT_EXCEEDED,
+                "size limit exceeded",
+                sent_now,
+            ));
+        }
+        if page.size.is_some_and(|p| sent_now >= p) {
+            // A full page went out and there is more: hand back a cookie.
+            flush(out, &mut buf)?;
+            let cookie = Cookie {
+                last: last_id.unwrap_or(0),
+                sent: page.sent_before + sent_now,
+                hash: page.hash,
+            }
+            .encode();
+            return Ok(Step::Done(Some(SearchOutcome {
+                result: LdapResult::success(),
+                controls: vec![paged_control(0, cookie)],
+                entries: sent_now,
+            })));
+        }
+        if !matcher.emit(emitter, &hit, &mut buf)? {
+            continue;
+        }
+        sent_now += 1;
+        last_id = Some(id);
+        if buf.len() >= CHUNK {
+            if let Some(chunk) = send_or_hold(out, &mut buf)? {
+                let resume = Resume {
+                    after: id,
+                    sent: sent_now,
+                    started: limits.started,
+                };
+                return Ok(Step::Paused { chunk, resume });
+            }
+        }
+    }
+    flush(out, &mut buf)?;
+    Ok(ended(ResultCode::SUCCESS, "", sent_now))
+}
+
+fn flush(out: &mut Out<'_>, buf: &mut Vec<u8>) -> OpResult<()> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    match out {
+        Out::Buffer(b) => {
+            b.append(buf);
+            Ok(())
+        }
+        Out::Channel(tx) => {
+            let chunk = std::mem::replace(buf, Vec::with_capacity(CHUNK + 4096));
+            tx.blocking_send(chunk)
+                .map_err(|_| LdapError::new(ResultCode::OTHER, "connection closed"))
+        }
+    }
+}
+
+/// Send a full buffer on; Some(chunk) when the client has not made room
+/// for it within [`HOLD_FOR_SLOW_CLIENT`] (the caller then lets go of its
+/// read transaction before waiting longer).
+fn send_or_hold(out: &mut Out<'_>, buf: &mut Vec<u8>) -> OpResult<Option<Vec<u8>>> {
+    let closed = || LdapError::new(ResultCode::OTHER, "connection closed");
+    let Out::Channel(tx) = out else {
+        return flush(out, buf).map(|()| None);
+    };
+    let chunk = std::mem::replace(buf, Vec::with_capacity(CHUNK + 4096));
+    let chunk = match tx.try_send(chunk) {
+        Ok(()) => return Ok(None),
+        Err(mpsc::error::TrySendError::Closed(_)) => return Err(closed()),
+        Err(mpsc::error::TrySendError::Full(chunk)) => chunk,
+    };
+    // On a blocking-pool thread: the runtime's handle is there to wait on.
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return tx.blocking_send(chunk).map(|()| None).map_err(|_| closed());
+    };
+    match rt.block_on(tokio::time::timeout(HOLD_FOR_SLOW_CLIENT, tx.reserve())) {
+        Ok(Ok(permit)) => {
+            permit.send(chunk);
+            Ok(None)
+        }
+        Ok(Err(_)) => Err(closed()),
+        Err(_) => Ok(Some(chunk)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::test_server::{add, server, user};
+    use pando_proto::{DerefAliases, Filter, Scope};
+
+    /// Entries a search returns: DN and (attribute, values as text).
+    type Found = Vec<(String, Vec<(String, Vec<String>)>)>;
+
+    fn search_as(
+        server: &Arc<Server>,
+        who: &Identity,
+        base: &str,
+        scope: Scope,
+        filter: &str,
+        attrs: &[&str],
+    ) -> Found {
+        let (tx, mut rx) = mpsc::channel(1024);
+        let job = SearchJob {
+            server: server.clone(),
+            who: who.clone(),
+            msg_id: 1,
+            req: SearchRequest {
+                base: base.into(),
+                scope,
+                deref: DerefAliases::Never,
+                size_limit: 0,
+                time_limit: 0,
+                types_only: false,
+                filter: Filter::parse(filter).unwrap(),
+                attrs: attrs.iter().map(|a| a.to_string()).collect(),
+            },
+            controls: Default::default(),
+            abandoned: Arc::new(AtomicBool::new(false)),
+            out: tx,
+        };
+        let Ran::Done(Some(outcome)) = run(&job, None) else {
+            panic!("the search did not finish in one run");
+        };
+        assert_eq!(
+            outcome.result.code,
+            ResultCode::SUCCESS,
+            "{:?}",
+            outcome.result
+        );
+        let mut bytes = Vec::new();
+        while let Ok(chunk) = rx.try_recv() {
+            bytes.extend(chunk);
+        }
+        let mut found = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let len = pando_proto::frame_length(&bytes[at..], usize::MAX)
+                .unwrap()
+                .unwrap();
+            let msg = LdapMessage::decode(&bytes[at..at + len], &Default::default()).unwrap();
+            at += len;
+            let ProtocolOp::SearchResultEntry(e) = msg.op else {
+                panic!("not an entry: {:?}", msg.op);
+            };
+            let attrs = e
+                .attrs
+                .into_iter()
+                .map(|a| {
+                    let v = a.values.iter().map(|v| String::from_utf8_lossy(v).into());
+                    (a.name, v.collect())
+                })
+                .collect();
+            found.push((e.dn, attrs));
+        }
+        found
+    }
+
+    /// The values of `name` in the one entry found (None: absent).
+    fn value_of(found: &Found, name: &str) -> Option<String> {
+        assert_eq!(found.len(), 1, "{found:?}");
+        found[0]
+            .1
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.join(","))
+    }
+
+    /// ou is indexed so that an ou= filter is exact (see `raw`).
+    const HIDING_RULES: &str = r#"
+[indexes]
+ou = ["eq"]
+[[access]]
+dn = "cn=secret,ou=people,dc=example,dc=com"
+by = [{ who = "admins", rights = "all" }]
+[[access]]
+dn = "ou=vault,dc=example,dc=com"
+scope = "children"
+by = [{ who = "admins", rights = "all" }]
+[[access]]
+by = [{ who = "admins", rights = "all" }, { who = "users", rights = "read" }]
+"#;
+
+    fn hiding_tree(server: &Server) {
+        for ou in ["People", "Vault"] {
+            add(
+                server,
+                &format!("ou={ou},dc=example,dc=com"),
+                &[("objectClass", "organizationalUnit"), ("ou", ou)],
+            );
+        }
+        for (cn, parent) in [
+            ("alice", "People"),
+            ("bob", "People"),
+            ("secret", "People"),
+            ("gold", "Vault"),
+        ] {
+            add(
+                server,
+                &format!("cn={cn},ou={parent},dc=example,dc=com"),
+                &[("objectClass", "person"), ("cn", cn), ("sn", cn)],
+            );
+        }
+    }
+
+    #[test]
+    fn subordinate_counts_leave_out_children_the_requester_cannot_see() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path(), HIDING_RULES);
+        hiding_tree(&server);
+        let counts = &["numSubordinates", "hasSubordinates"];
+        let alice = user(&server, "cn=alice,ou=People,dc=example,dc=com", false);
+        let admin = user(&server, "cn=admin,dc=example,dc=com", true);
+        let people = "ou=People,dc=example,dc=com";
+        let vault = "ou=Vault,dc=example,dc=com";
+        let base = |who: &Identity, dn: &str| {
+            let f = search_as(&server, who, dn, Scope::Base, "(objectClass=*)", counts);
+            (
+                value_of(&f, "numSubordinates"),
+                value_of(&f, "hasSubordinates"),
+            )
+        };
+        let some = |n: &str, has: &str| (Some(n.to_string()), Some(has.to_string()));
+        // cn=secret is hidden from alice, and all of ou=Vault's children.
+        assert_eq!(base(&alice, people), some("2", "TRUE"));
+        assert_eq!(base(&alice, vault), some("0", "FALSE"));
+        assert_eq!(base(&admin, people), some("3", "TRUE"));
+        assert_eq!(base(&admin, vault), some("1", "TRUE"));
+        // The same in a filter: ou=Vault has no subordinates for alice.
+        let with_children = |who: &Identity| {
+            let f = search_as(
+                &server,
+                who,
+                "dc=example,dc=com",
+                Scope::One,
+                "(hasSubordinates=TRUE)",
+                &["1.1"],
+            );
+            let mut dns: Vec<String> = f.into_iter().map(|(dn, _)| dn).collect();
+            dns.sort();
+            dns
+        };
+        assert_eq!(with_children(&alice), [people]);
+        assert_eq!(with_children(&admin), [people, vault]);
+        // Through the path that sends entries undecoded (an exact filter,
+        // no rule with a filter) as well.
+        for (dn, ou, want) in [
+            (people, "People", some("2", "TRUE")),
+            (vault, "Vault", some("0", "FALSE")),
+        ] {
+            let f = search_as(
+                &server,
+                &alice,
+                "dc=example,dc=com",
+                Scope::Sub,
+                &format!("(ou={ou})"),
+                &["ou", "numSubordinates", "hasSubordinates"],
+            );
+            assert_eq!(f[0].0, dn);
+            let got = (
+                value_of(&f, "numSubordinates"),
+                value_of(&f, "hasSubordinates"),
+            );
+            assert_eq!(got, want, "{dn}");
+        }
+    }
+
+    #[test]
+    fn restricted_subordinate_counts_stop_at_the_cap_and_say_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path(), HIDING_RULES);
+        hiding_tree(&server);
+        let alice = user(&server, "cn=alice,ou=People,dc=example,dc=com", false);
+        let mut access = Access::new(&server.acl, &alice);
+        assert!(!access.reads_every_entry());
+        let rtxn = server.store.read().unwrap();
+        let view = rtxn.view();
+        let id = |dn: &str| super::super::resolve(&view, &Dn::parse(dn).unwrap()).unwrap();
+        let people = id("ou=People,dc=example,dc=com");
+        let vault = id("ou=Vault,dc=example,dc=com");
+        let schema = &*server.schema;
+        let mut seen = |id, first_only, max| {
+            emit::visible_children(schema, &view, &mut access, id, first_only, max).unwrap()
+        };
+        // People: alice, bob (visible), secret (hidden).
+        assert_eq!(seen(people, false, 3), Some(2));
+        assert_eq!(seen(people, false, 2), None, "more children than checked");
+        assert_eq!(seen(people, true, 1), Some(1), "stops at the first");
+        assert_eq!(seen(people, true, 0), None);
+        assert_eq!(seen(vault, true, 1), Some(0));
+        assert_eq!(seen(vault, false, 0), None);
+    }
+}

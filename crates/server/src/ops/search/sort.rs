@@ -1,0 +1,374 @@
+//! Server-side sorting (RFC 2891) and virtual list views
+//! (draft-ietf-ldapext-ldapv3-vlv-09).
+//!
+//! A sorted search collects every match with its sort keys — at most
+//! `limits.max_sort_entries` of them, else adminLimitExceeded — sorts them,
+//! then emits them in order: all of them, one page of a paged search, or a
+//! VLV window. Nothing is kept between requests: each page or window is
+//! sorted again on a fresh snapshot, so a cookie or VLV offset means the
+//! same position as long as the data does not change, and no state is held
+//! for clients that go away.
+//!
+//! Order: per key, a value's ordering key under the key's ordering rule
+//! (`Schema::sort_order`); of several values the lowest counts (the highest
+//! in reverse order); an entry without a value, or whose values the
+//! requester may not read, sorts after all others (before them in reverse,
+//! as slapd's sssvlv does); ties go by the next key, then by entry ID.
+
+use std::cmp::Ordering as CmpOrdering;
+use std::sync::atomic::Ordering;
+
+use pando_model::{AttributeType, Entry, Schema, SortOrder};
+use pando_proto::control_values::{self as cv, VlvResponse, VlvTarget};
+use pando_proto::{oid, Control, LdapResult, ResultCode};
+use pando_store::EntryId;
+
+use super::emit::Emitter;
+use super::matcher::Matcher;
+use super::paging::{paged_control, Cookie};
+use super::{flush, send_or_hold, Out, Page, Resume, RunLimits, SearchJob, SearchOutcome, Step};
+use crate::acl;
+use crate::error::OpResult;
+use crate::ops::controls::{Sort, Vlv};
+
+/// One sort key, resolved against the schema.
+pub(super) struct Key<'s> {
+    at: &'s AttributeType,
+    order: SortOrder,
+    reverse: bool,
+}
+
+/// Why a sort cannot be done: the sortResult code and the attribute.
+pub(super) struct Unsortable {
+    pub(super) code: ResultCode,
+    pub(super) attr: Option<String>,
+    pub(super) message: String,
+}
+
+/// The request's keys resolved: an unknown attribute is noSuchAttribute,
+/// an unknown or unusable ordering rule inappropriateMatching.
+pub(super) fn resolve<'s>(schema: &'s Schema, sort: &Sort) -> Result<Vec<Key<'s>>, Unsortable> {
+    let mut keys = Vec::with_capacity(sort.keys.len());
+    for k in &sort.keys {
+        let Ok((_, at)) = schema.canonical_desc(&k.attr) else {
+            return Err(Unsortable {
+                code: ResultCode::NO_SUCH_ATTRIBUTE,
+                attr: Some(k.attr.clone()),
+                message: format!("sort key {}: unknown attribute type", k.attr),
+            });
+        };
+        let order = schema
+            .sort_order(at, k.ordering_rule.as_deref())
+            .map_err(|why| Unsortable {
+                code: ResultCode::INAPPROPRIATE_MATCHING,
+                attr: Some(k.attr.clone()),
+                message: format!("sort key {}: {why}", k.attr),
+            })?;
+        keys.push(Key {
+            at,
+            order,
+            reverse: k.reverse,
+        });
+    }
+    Ok(keys)
+}
+
+/// The attribute types the keys read (decoded for every match).
+pub(super) fn key_types<'s>(keys: &[Key<'s>]) -> Vec<&'s AttributeType> {
+    keys.iter().map(|k| k.at).collect()
+}
+
+/// The sort response control.
+pub(super) fn response(code: ResultCode, attr: Option<&str>) -> Control {
+    Control {
+        oid: oid::SORT_RESPONSE.to_string(),
+        critical: false,
+        value: Some(cv::encode_sort_response(code.0, attr)),
+    }
+}
+
+/// A match's keys, one per sort key (None: no readable value).
+type Row = (Vec<Option<Vec<u8>>>, EntryId);
+
+fn row_keys(
+    schema: &Schema,
+    keys: &[Key<'_>],
+    entry: &Entry,
+    may_read: &mut dyn FnMut(&AttributeType) -> bool,
+) -> Vec<Option<Vec<u8>>> {
+    keys.iter()
+        .map(|k| {
+            if !may_read(k.at) {
+                return None;
+            }
+            let values = entry
+                .attrs
+                .iter()
+                .filter(|a| {
+                    let base = a.desc.split(';').next().unwrap_or("");
+                    schema
+                        .attribute(base)
+                        .is_some_and(|t| schema.is_subtype(t, k.at))
+                })
+                .flat_map(|a| a.values.iter())
+                .filter_map(|v| schema.sort_key(k.order, v));
+            if k.reverse {
+                values.max()
+            } else {
+                values.min()
+            }
+        })
+        .collect()
+}
+
+fn compare(keys: &[Key<'_>], a: &Row, b: &Row) -> CmpOrdering {
+    for (i, k) in keys.iter().enumerate() {
+        // Absent sorts after every value: None is the largest.
+        let o = match (&a.0[i], &b.0[i]) {
+            (None, None) => CmpOrdering::Equal,
+            (None, Some(_)) => CmpOrdering::Greater,
+            (Some(_), None) => CmpOrdering::Less,
+            (Some(x), Some(y)) => x.cmp(y),
+        };
+        let o = if k.reverse { o.reverse() } else { o };
+        if o != CmpOrdering::Equal {
+            return o;
+        }
+    }
+    a.1.cmp(&b.1)
+}
+
+/// What part of the sorted list goes out.
+struct Window {
+    /// Index of the first entry sent, and how many at most.
+    start: usize,
+    len: usize,
+    /// The VLV response control, for a VLV request.
+    vlv: Option<Control>,
+}
+
+/// The VLV window for `req` over `rows` sorted entries (positions are
+/// 1-based). By offset: the client's offset scaled by the server's count
+/// over the client's estimate when it gives one; 0 means the last entry
+/// and beyond the count is offsetRangeError (as slapd). By value: the
+/// first entry whose first key is at or after the value (count + 1 when
+/// none is).
+fn vlv_window(
+    schema: &Schema,
+    keys: &[Key<'_>],
+    rows: &[Row],
+    vlv: &Vlv,
+) -> Result<Window, (ResultCode, Control)> {
+    let count = rows.len() as u64;
+    let req = &vlv.req;
+    let target: u64 = match &req.target {
+        VlvTarget::ByOffset {
+            offset,
+            content_count,
+        } => {
+            let (offset, client) = (*offset as u64, *content_count as u64);
+            let t = match (offset, client) {
+                (0, _) => count,
+                (o, 0) => o,
+                (o, c) => (o * count) / c,
+            };
+            if t > count && !(count == 0 && offset <= 1) {
+                let resp = vlv_response(0, count, ResultCode::OFFSET_RANGE_ERROR, req);
+                return Err((ResultCode::VIRTUAL_LIST_VIEW_ERROR, resp));
+            }
+            t.max(1).min(count.max(1))
+        }
+        VlvTarget::GreaterOrEqual(value) => {
+            let first = &keys[0];
+            let want = schema.sort_key(first.order, value);
+            let pos = rows.partition_point(|r| {
+                let o = match (&r.0[0], &want) {
+                    (None, _) => CmpOrdering::Greater,
+                    (Some(_), None) => CmpOrdering::Less,
+                    (Some(x), Some(y)) => x.cmp(y),
+                };
+                let o = if first.reverse { o.reverse() } else { o };
+                o == CmpOrdering::Less
+            });
+            pos as u64 + 1
+        }
+    };
+    let before = req.before as u64;
+    let after = req.after as u64;
+    let first = target.saturating_sub(before).max(1);
+    let last = target.saturating_add(after).min(count);
+    let len = if last >= first { last - first + 1 } else { 0 };
+    Ok(Window {
+        start: (first - 1) as usize,
+        len: len as usize,
+        vlv: Some(vlv_response(target, count, ResultCode::SUCCESS, req)),
+    })
+}
+
+fn vlv_response(target: u64, count: u64, code: ResultCode, req: &cv::VlvRequest) -> Control {
+    let clamp = |v: u64| v.min(i32::MAX as u64) as i32;
+    Control {
+        oid: oid::VLV_RESPONSE.to_string(),
+        critical: false,
+        value: Some(
+            VlvResponse {
+                target_position: clamp(target),
+                content_count: clamp(count),
+                result: code.0,
+                context_id: req.context_id.clone(),
+            }
+            .encode(),
+        ),
+    }
+}
+
+/// The sorted search itself (see the module header). `max`: most matches
+/// it may sort (0 = no limit).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run(
+    job: &SearchJob,
+    out: &mut Out<'_>,
+    mut matcher: Matcher<'_, '_>,
+    emitter: &Emitter<'_>,
+    keys: &[Key<'_>],
+    page: Page,
+    limits: RunLimits,
+    max: u64,
+    resume: Option<Resume>,
+) -> OpResult<Step> {
+    let schema = matcher.schema;
+    let sorted_ok = response(ResultCode::SUCCESS, None);
+    let done = |code: ResultCode, message: &str, entries: u64, mut controls: Vec<Control>| {
+        if job.controls.paged.is_some() && !controls.iter().any(|c| c.oid == oid::PAGED_RESULTS) {
+            controls.push(paged_control(0, Vec::new()));
+        }
+        Step::Done(Some(SearchOutcome {
+            result: LdapResult::new(code, message),
+            controls,
+            entries,
+        }))
+    };
+    // Collect.
+    let mut rows: Vec<Row> = Vec::new();
+    for id in matcher.plan.ids.iter() {
+        if job.abandoned.load(Ordering::Relaxed) {
+            return Ok(Step::Done(None));
+        }
+        if limits.time.is_some_and(|t| limits.started.elapsed() > t) {
+            let resp = response(ResultCode::TIME_LIMIT_EXCEEDED, None);
+            return Ok(done(
+                ResultCode::TIME_LIMIT_EXCEEDED,
+                "time limit exceeded",
+                0,
+                vec![resp],
+            ));
+        }
+        let Some(hit) = matcher.test(id)? else {
+            continue;
+        };
+        if max > 0 && rows.len() as u64 >= max {
+            let resp = response(ResultCode::ADMIN_LIMIT_EXCEEDED, None);
+            let message = format!(
+                "more than {max} entries to sort (limits.max_sort_entries); narrow the search"
+            );
+            return Ok(done(
+                ResultCode::ADMIN_LIMIT_EXCEEDED,
+                &message,
+                0,
+                vec![resp],
+            ));
+        }
+        let mut may_read = |at: &AttributeType| matcher.may_read(&hit.norm, at);
+        rows.push((row_keys(schema, keys, &hit.entry, &mut may_read), hit.id));
+    }
+    rows.sort_unstable_by(|a, b| compare(keys, a, b));
+
+    // Choose what goes out.
+    let window = match &job.controls.vlv {
+        Some(vlv) => match vlv_window(schema, keys, &rows, vlv) {
+            Ok(w) => w,
+            Err((code, resp)) => {
+                return Ok(done(
+                    code,
+                    "the target offset is beyond the list",
+                    0,
+                    vec![sorted_ok, resp],
+                ))
+            }
+        },
+        None => {
+            let start = page.after.unwrap_or(0) as usize;
+            Window {
+                start,
+                len: page.size.map_or(usize::MAX, |s| s as usize),
+                vlv: None,
+            }
+        }
+    };
+    let mut controls = vec![sorted_ok];
+    controls.extend(window.vlv);
+
+    // Emit. A resumed run skips what earlier runs sent.
+    let mut sent_now = resume.map_or(0, |r| r.sent);
+    let end = window.start.saturating_add(window.len).min(rows.len());
+    let mut buf = Vec::new();
+    let mut pos = window.start.saturating_add(sent_now as usize);
+    while pos < end {
+        let id = rows[pos].1;
+        pos += 1;
+        if job.abandoned.load(Ordering::Relaxed) {
+            return Ok(Step::Done(None));
+        }
+        if limits
+            .total
+            .is_some_and(|l| page.sent_before + sent_now >= l)
+        {
+            flush(out, &mut buf)?;
+            return Ok(done(
+                ResultCode::SIZE_LIMIT_EXCEEDED,
+                "size limit exceeded",
+                sent_now,
+                controls,
+            ));
+        }
+        let Some(hit) = matcher.test(id)? else {
+            continue;
+        };
+        if !matcher.emit(emitter, &hit, &mut buf)? {
+            continue;
+        }
+        sent_now += 1;
+        if buf.len() >= super::CHUNK {
+            if let Some(chunk) = send_or_hold(out, &mut buf)? {
+                let resume = Resume {
+                    after: 0,
+                    sent: sent_now,
+                    started: limits.started,
+                };
+                return Ok(Step::Paused { chunk, resume });
+            }
+        }
+    }
+    flush(out, &mut buf)?;
+    if job.controls.vlv.is_none() && page.size.is_some() && end < rows.len() {
+        // More pages: the cookie holds the next position.
+        let cookie = Cookie {
+            last: end as u64,
+            sent: page.sent_before + sent_now,
+            hash: page.hash,
+        }
+        .encode();
+        controls.push(paged_control(0, cookie));
+    }
+    Ok(done(ResultCode::SUCCESS, "", sent_now, controls))
+}
+
+impl Matcher<'_, '_> {
+    /// May the requester read `at` on the entry just tested (`norm`)?
+    pub(super) fn may_read(&mut self, norm: &str, at: &AttributeType) -> bool {
+        self.access.unrestricted()
+            || self
+                .access
+                .allows(Some(self.view), &self.rules, norm, Some(at), acl::READ)
+    }
+}

@@ -1,0 +1,217 @@
+//! Entries that are not in the store but are searched like stored ones:
+//! the root DSE, the subschema subentry and cn=Monitor (cn=config and the
+//! access log will join them). Each is a [`VirtualTree`] in [`TREES`]; a
+//! search whose base one of them owns is answered from its entries by
+//! [`search`], with the same scope, filter, assertion, size limit and
+//! attribute selection as a stored search.
+
+use std::sync::Arc;
+
+use pando_model::{Dn, Entry, Schema, Ternary};
+use pando_proto::{LdapResult, ResultCode, Scope};
+
+use super::emit::Emitter;
+use super::{assertion_failed, flush, paged_done, Out, SearchJob, SearchOutcome, Step};
+use crate::error::{LdapError, OpResult};
+use crate::observe::monitor;
+use crate::ops::special::{SUBSCHEMA_DN, SUBSCHEMA_NORM};
+use crate::state::{Identity, Server};
+
+/// An entry of a virtual tree: DN as returned, normalised DN, content.
+pub struct VirtualEntry {
+    pub dn: String,
+    pub norm: String,
+    pub entry: Arc<Entry>,
+}
+
+pub trait VirtualTree: Sync {
+    /// Whether this tree holds the entry named `base` (or would, were it
+    /// to exist: a missing entry below cn=Monitor is noSuchObject here).
+    fn owns(&self, schema: &Schema, base: &Dn) -> bool;
+
+    /// Searches may only read the base entry itself (other scopes find
+    /// nothing: noSuchObject).
+    fn base_only(&self) -> bool {
+        false
+    }
+
+    /// Whether `who` may read the entry; checked for each entry before
+    /// anything else about it is looked at.
+    fn may_read(&self, _server: &Server, _who: &Identity, _e: &VirtualEntry) -> bool {
+        true
+    }
+
+    /// Whether `who` may see anything at all below `base_norm`, checked
+    /// before the entries are made (making cn=Monitor's costs work).
+    fn may_enter(&self, _server: &Server, _who: &Identity, _base_norm: &str) -> bool {
+        true
+    }
+
+    /// The entries, now.
+    fn entries(&self, server: &Server) -> Vec<VirtualEntry>;
+}
+
+/// Every virtual tree, asked in this order.
+pub const TREES: &[&dyn VirtualTree] = &[&RootDse, &Subschema, &Monitor];
+
+/// The tree owning `base`, if any.
+pub fn owner(schema: &Schema, base: &Dn) -> Option<&'static dyn VirtualTree> {
+    TREES.iter().copied().find(|t| t.owns(schema, base))
+}
+
+/// The root DSE (RFC 4512 5.1): public, base scope only.
+struct RootDse;
+
+impl VirtualTree for RootDse {
+    fn owns(&self, _: &Schema, base: &Dn) -> bool {
+        base.is_root()
+    }
+
+    fn base_only(&self) -> bool {
+        true
+    }
+
+    fn entries(&self, server: &Server) -> Vec<VirtualEntry> {
+        vec![VirtualEntry {
+            dn: String::new(),
+            norm: String::new(),
+            entry: server.special.root_dse(server),
+        }]
+    }
+}
+
+/// The subschema subentry (RFC 4512 4.2): public, base scope only.
+struct Subschema;
+
+impl VirtualTree for Subschema {
+    // Only a one-RDN base can be cn=Subschema: others are not normalised.
+    fn owns(&self, schema: &Schema, base: &Dn) -> bool {
+        base.rdns.len() == 1 && schema.normalize_dn(base).is_ok_and(|n| n == SUBSCHEMA_NORM)
+    }
+
+    fn base_only(&self) -> bool {
+        true
+    }
+
+    fn entries(&self, server: &Server) -> Vec<VirtualEntry> {
+        vec![VirtualEntry {
+            dn: SUBSCHEMA_DN.to_string(),
+            norm: SUBSCHEMA_NORM.to_string(),
+            entry: server.special.subschema(server),
+        }]
+    }
+}
+
+/// cn=Monitor (`observe::monitor`): made per search, each entry returned
+/// only to those who may read it.
+struct Monitor;
+
+impl VirtualTree for Monitor {
+    // Only a last RDN of one `cn` value can name it: others skip the
+    // normalising.
+    fn owns(&self, schema: &Schema, base: &Dn) -> bool {
+        base.rdns
+            .last()
+            .filter(|r| {
+                r.avas.len() == 1
+                    && schema
+                        .attribute(&r.avas[0].attr)
+                        .is_some_and(|t| t.has_name("cn"))
+            })
+            .and_then(|r| schema.normalize_rdn(r).ok())
+            .is_some_and(|r| r == monitor::MONITOR_NORM)
+    }
+
+    fn may_enter(&self, server: &Server, who: &Identity, base_norm: &str) -> bool {
+        let probe = Entry {
+            dn: Dn { rdns: Vec::new() },
+            attrs: Vec::new(),
+        };
+        monitor::may_read(server, who, base_norm, &probe)
+    }
+
+    fn may_read(&self, server: &Server, who: &Identity, e: &VirtualEntry) -> bool {
+        monitor::may_read(server, who, &e.norm, &e.entry)
+    }
+
+    fn entries(&self, server: &Server) -> Vec<VirtualEntry> {
+        monitor::entries(server)
+            .into_iter()
+            .filter_map(|(dn, entry)| {
+                let norm = server.schema.normalize_dn(&entry.dn).ok()?;
+                Some(VirtualEntry {
+                    dn,
+                    norm,
+                    entry: Arc::new(entry),
+                })
+            })
+            .collect()
+    }
+}
+
+/// A search whose base `tree` owns.
+pub(super) fn search(
+    job: &SearchJob,
+    out: &mut Out<'_>,
+    tree: &dyn VirtualTree,
+    emitter: &Emitter<'_>,
+    base: &Dn,
+) -> OpResult<Step> {
+    let server = &*job.server;
+    let schema = &*server.schema;
+    let req = &job.req;
+    let no_such = || LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object");
+    let norm_base = schema.normalize_dn(base).map_err(|_| no_such())?;
+    if (tree.base_only() && req.scope != Scope::Base)
+        || !tree.may_enter(server, &job.who, &norm_base)
+    {
+        return Err(no_such());
+    }
+    let entries: Vec<VirtualEntry> = tree
+        .entries(server)
+        .into_iter()
+        .filter(|e| tree.may_read(server, &job.who, e))
+        .collect();
+    let Some(base_entry) = entries.iter().find(|e| e.norm == norm_base) else {
+        return Err(no_such());
+    };
+    if let Some(a) = &job.controls.assertion {
+        if schema.compile_filter(a).matches(schema, &base_entry.entry) != Ternary::True {
+            return Err(assertion_failed());
+        }
+    }
+    let filter = schema.compile_filter(&req.filter);
+    let below = format!(",{norm_base}");
+    let mut n = 0u64;
+    let mut buf = Vec::new();
+    for e in &entries {
+        let rel = e.norm.strip_suffix(below.as_str());
+        let in_scope = match req.scope {
+            Scope::Base => e.norm == norm_base,
+            Scope::One => rel.is_some_and(|r| !r.contains(',')),
+            Scope::Sub => e.norm == norm_base || rel.is_some(),
+            Scope::Children => rel.is_some(),
+        };
+        if !in_scope || filter.matches(schema, &e.entry) != Ternary::True {
+            continue;
+        }
+        if req.size_limit > 0 && n >= req.size_limit as u64 {
+            flush(out, &mut buf)?;
+            return Ok(Step::Done(Some(SearchOutcome {
+                result: LdapResult::new(ResultCode::SIZE_LIMIT_EXCEEDED, "size limit exceeded"),
+                controls: paged_done(job),
+                entries: n,
+            })));
+        }
+        emitter.emit(None, None, &e.dn, &e.entry, None, &mut buf)?;
+        n += 1;
+    }
+    if flush(out, &mut buf).is_err() {
+        return Ok(Step::Done(None));
+    }
+    Ok(Step::Done(Some(SearchOutcome {
+        result: LdapResult::success(),
+        controls: paged_done(job),
+        entries: n,
+    })))
+}
