@@ -404,3 +404,153 @@ def test_same_answers_as_slapd(pando, slapd, name, ldif, controls):
     s_rc, s_out, s_err = modify(slapd, ldif, *controls)
     assert code(p_rc, p_err) == code(s_rc, s_err), (name, p_err, s_err)
     assert read_controls(p_out) == read_controls(s_out), (name, p_out, s_out)
+
+
+# ------------------------------------------------------------ proxied authorization
+
+PROXY_CONFIG = """
+[[access]]
+attrs = ["userPassword"]
+by = [{ who = "admins", rights = "all" }, { who = "self", rights = ["auth", "write"] }, { who = "*", rights = "auth" }]
+
+[[access]]
+dn = "ou=People,dc=example,dc=com"
+scope = "children"
+attrs = ["entry"]
+by = [{ who = "admins", rights = "all" }, { who = "dn:cn=portal,dc=example,dc=com", rights = ["proxy", "read"] }, { who = "users", rights = "read" }]
+
+[[access]]
+dn = "ou=People,dc=example,dc=com"
+scope = "children"
+by = [{ who = "admins", rights = "all" }, { who = "self", rights = "write" }, { who = "users", rights = "read" }]
+
+[[access]]
+by = [{ who = "admins", rights = "all" }, { who = "users", rights = "read" }]
+"""
+
+
+@pytest.fixture(scope="module")
+def proxied(tmp_path_factory):
+    s = Pando(tmp_path_factory.mktemp("proxy"), demo=False, config=PROXY_CONFIG, name="pando-proxy").start()
+    ents = [
+        ("cn=portal," + SUFFIX, {"objectClass": ["person"], "cn": ["portal"], "sn": ["P"], "userPassword": ["portal-secret"]}),
+        (PEOPLE, {"objectClass": ["organizationalUnit"], "ou": ["People"]}),
+        (ALICE, person("alice", "Liddell", userPassword=["alice-secret"])),
+        ("uid=bob," + PEOPLE, person("bob", "Builder", userPassword=["bob-secret"],
+                                     mail=["bob@example.com", "robert@example.com", "bob@example.org"])),
+        ("cn=policy," + SUFFIX, {"objectClass": ["subentry"], "cn": ["policy"], "subtreeSpecification": ["{}"]}),
+    ]
+    rc, _, err = s.ldap("ldapadd", input="\n".join(ldif_entry(d, a) for d, a in ents))
+    assert rc == 0, err
+    yield s
+    s.stop_and_verify()
+
+
+PORTAL = ("cn=portal," + SUFFIX, "portal-secret")
+
+
+def test_proxied_identity_is_the_one_checked_and_recorded(proxied):
+    for authz in ("dn:" + ALICE, "u:alice"):
+        rc, out, err = proxied.ldap("ldapwhoami", "-e", "!authzid=" + authz, auth=PORTAL)
+        assert rc == 0 and out.strip() == "dn:" + ALICE, (authz, out, err)
+    # As alice: her own entry is writable, and modifiersName says alice.
+    rc, _, err = modify(proxied, replace(ALICE, "telephoneNumber", "+1 555 0100"), "!authzid=dn:" + ALICE, auth=PORTAL)
+    assert rc == 0, err
+    assert attrs_of(proxied, ALICE, "modifiersName")["modifiersName"] == [ALICE]
+    # ... bob's is not (alice's rights, not the portal's).
+    rc, _, err = modify(proxied, replace("uid=bob," + PEOPLE, "title", "x"), "!authzid=u:alice", auth=PORTAL)
+    assert code(rc, err) == 50, err
+    # Anonymous: anyone may give their rights up.
+    rc, out, err = proxied.ldap("ldapwhoami", "-e", "!authzid=", auth=PORTAL)
+    assert rc == 0 and out.strip() in ("anonymous", ""), out + err
+
+
+def test_proxying_needs_the_proxy_right(proxied):
+    bob = ("uid=bob," + PEOPLE, "bob-secret")
+    cases = [
+        (PORTAL, "dn:cn=portal," + SUFFIX),   # no proxy right on its own entry
+        (PORTAL, "dn:cn=nobody," + PEOPLE),   # no such entry
+        (PORTAL, "dn:" + proxied.admin_dn),    # the root DN is not an entry
+        (PORTAL, "u:nobody"),
+        (PORTAL, "x:alice"),
+        (bob, "dn:" + ALICE),                  # bob holds no proxy right
+    ]
+    for who, authz in cases:
+        rc, out, err = proxied.ldap("ldapwhoami", "-e", "!authzid=" + authz, auth=who)
+        assert code(rc, err) == 123 and "authorization" in err.lower(), (who, authz, out, err)
+    # The control must be critical (RFC 4370): protocolError (ldap-utils
+    # will not send it otherwise).
+    with proxied.raw() as c:
+        assert ber.simple_bind(c, *PORTAL) == 0
+        lax = ber.control("2.16.840.1.113730.3.4.18", False, ("dn:" + ALICE).encode())
+        c.send(ber.message(2, ber.extended_op("1.3.6.1.4.1.4203.1.11.3"), [lax]))
+        m = c.recv_msg()
+        assert (m["id"], m["code"]) == (2, 2), m
+
+
+def test_matched_values(proxied):
+    """RFC 3876: only matching values go out, and attributes with none are
+    left out (as slapd does)."""
+    rc, out, err = proxied.ldap("ldapsearch", "-LLL", "-b", "uid=bob," + PEOPLE, "-s", "base",
+                                "-E", "mv=(mail=*@example.com)", "mail", "cn")
+    assert rc == 0, err
+    (dn, attrs), = parse_ldif(out)
+    assert attrs == {"mail": ["bob@example.com", "robert@example.com"]}
+    rc, out, err = proxied.ldap("ldapsearch", "-LLL", "-b", PEOPLE, "-E", "mv=(mail=nobody*)", "(uid=bob)")
+    assert rc == 0 and parse_ldif(out) == [("uid=bob," + PEOPLE, {})], out
+
+
+def test_subentries(proxied):
+    """RFC 3672: subentries show only to base searches of them, unless the
+    control asks for them (TRUE: only them) or against them (FALSE)."""
+    def dns(*args):
+        rc, out, err = proxied.ldap("ldapsearch", "-LLL", "-b", SUFFIX, *args, "1.1")
+        assert rc == 0, err
+        return sorted(d for d, _ in parse_ldif(out))
+    policy = "cn=policy," + SUFFIX
+    assert policy not in dns("(objectClass=*)")
+    assert dns("-E", "subentries=true", "(objectClass=*)") == [policy]
+    rc, out, _ = proxied.ldap("ldapsearch", "-LLL", "-b", policy, "-s", "base", "1.1")
+    assert parse_ldif(out) == [(policy, {})]
+    rc, out, _ = proxied.ldap("ldapsearch", "-LLL", "-b", policy, "-s", "base", "-E", "subentries=false", "1.1")
+    assert parse_ldif(out) == []
+
+
+def test_cancel_edges(pando):
+    """Cancel of an unknown message ID is noSuchOperation; a malformed
+    request is protocolError (a running search: test_hostile.py)."""
+    with pando.raw() as c:
+        assert ber.simple_bind(c, pando.admin_dn, pando.admin_pw) == 0
+        c.send(ber.message(2, ber.extended_op("1.3.6.1.1.8", ber.seq(ber.integer(77)))))
+        m = c.recv_msg()
+        assert (m["id"], m["code"]) == (2, 119), m
+        c.send(ber.message(3, ber.extended_op("1.3.6.1.1.8", b"\x30\x00")))
+        m = c.recv_msg()
+        assert (m["id"], m["code"]) == (3, 2), m
+        c.send(ber.message(4, ber.extended_op("1.3.6.1.1.8")))
+        m = c.recv_msg()
+        assert (m["id"], m["code"]) == (4, 2), m
+
+
+def test_result_codes_like_slapd(pando, slapd):
+    """Edges RFC 4511 and the extension RFCs name, against slapd."""
+    def both(fn):
+        return fn(pando), fn(slapd)
+    # Who am I? with a request value: protocolError (RFC 4532).
+    def whoami_with_value(server):
+        with ber.Conn("127.0.0.1", server.port) as c:
+            assert ber.simple_bind(c, server.admin_dn, server.admin_pw) == 0
+            c.send(ber.message(2, ber.extended_op("1.3.6.1.4.1.4203.1.11.3", b"x")))
+            return c.recv_msg()["code"]
+    assert both(whoami_with_value) == (2, 2)
+    # A modify removing the RDN value: notAllowedOnRDN, as RFC 4511 4.6
+    # says (slapd answers namingViolation).
+    for ldif in ["dn: %s\nchangetype: modify\ndelete: uid\nuid: dave\n" % DAVE,
+                 "dn: %s\nchangetype: modify\nadd: uid\nuid: d2\n-\ndelete: uid\nuid: dave\n" % DAVE]:
+        p, s = both(lambda srv: modify(srv, ldif))
+        assert code(p[0], p[2]) == 67 and code(s[0], s[2]) in (64, 67), (p, s)
+    # A move under a missing superior: noSuchObject; Pando also names the
+    # deepest existing entry as matchedDN (RFC 4511 4.1.9), slapd none.
+    p, s = both(lambda srv: srv.ldap("ldapmodrdn", "-s", "ou=Nowhere," + SUFFIX, DAVE, "uid=dave"))
+    assert p[0] == s[0] == 32, (p, s)
+    assert "Matched DN: " + SUFFIX in p[1] + p[2], p

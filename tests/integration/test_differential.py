@@ -487,6 +487,14 @@ def read_entries(conn, dns):
     return out
 
 
+# Where slapd departs from the RFC and Pando follows it: (slapd, pando) codes.
+RFC_OVER_SLAPD = {
+    # RFC 4511 4.6: removing an RDN value is notAllowedOnRDN; slapd says
+    # namingViolation.
+    "modify delete RDN value": (64, 67),
+}
+
+
 def test_modifications(pair):
     slapd, pando = pair
     co, cp = slapd.conn(), pando.conn()
@@ -496,7 +504,9 @@ def test_modifications(pair):
         ro = (co.result["result"], co.result.get("dn", ""))
         op(cp)
         rp = (cp.result["result"], cp.result.get("dn", ""))
-        if ro[0] != rp[0]:
+        if RFC_OVER_SLAPD.get(name) == (ro[0], rp[0]):
+            pass
+        elif ro[0] != rp[0]:
             problems.append("%s: result slapd=%d pando=%d (%s)" % (name, ro[0], rp[0], cp.result.get("message")))
         elif ro[0] == 32 and norm_dn(ro[1]) != norm_dn(rp[1]):
             problems.append("%s: matchedDN slapd=%r pando=%r" % (name, ro[1], rp[1]))

@@ -396,6 +396,30 @@ def test_a_search_waiting_on_its_client_lets_go_of_its_read_transaction(srv, big
         assert "uid=alice," + PEOPLE in dns  # and the people from before
 
 
+def test_cancel_ends_a_running_search(srv, big_search):
+    """RFC 3909: Cancel stops a search under way; the search answers
+    `canceled` (118), then the Cancel answers success, in that order."""
+    with srv.raw(timeout=30, rcvbuf=4096) as c:
+        assert ber.simple_bind(c, srv.admin_dn, srv.admin_pw) == 0
+        c.send(ber.message(2, big_search))
+        time.sleep(0.3)  # the search is blocked on this client
+        cancel = ber.extended_op("1.3.6.1.1.8", ber.seq(ber.integer(2)))
+        c.send(ber.message(3, cancel))
+        entries, order = 0, []
+        while len(order) < 2:
+            msg = c.recv_msg(timeout=30)
+            if msg["op"] == "entry":
+                entries += 1
+            else:
+                order.append((msg["id"], msg["op"], msg["code"]))
+        assert order == [(2, "searchDone", 118), (3, "extended", 0)], order
+        assert entries < N_BIG, entries
+        # Cancelling what is no longer running: noSuchOperation.
+        c.send(ber.message(4, cancel))
+        msg = c.recv_msg(timeout=10)
+        assert (msg["id"], msg["code"]) == (4, 119), msg
+
+
 def test_slow_reader_is_dropped_and_its_search_thread_released(srv, big_search):
     """Before: a client taking a few bytes a minute reset the 60 s stall
     timer forever, keeping its search's thread and LMDB read transaction."""

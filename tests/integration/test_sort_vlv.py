@@ -337,3 +337,19 @@ def test_ldapsearch_sss_and_vlv(pando):
     rc, out, err = pando.ldap("ldapsearch", "-b", PEOPLE, "-s", "one", "-E", "sss=uid", "-E", "vlv=1/2/5/0",
                               "(objectClass=inetOrgPerson)", "1.1", input="")
     assert "vlvResult: pos=5 count=%d" % N in out, out + err
+
+
+@pytest.mark.skipif(not shutil.which("java"), reason="no Java runtime")
+def test_jndi_sorted_pages(pando):
+    """javax.naming.ldap's SortControl with PagedResultsControl, both
+    critical, as Java address books send them: pages in sn order."""
+    import subprocess
+    src = Path(__file__).parent / "java" / "SortedPages.java"
+    r = subprocess.run(["java", str(src), pando.url, pando.admin_dn, pando.admin_pw, PEOPLE,
+                        "(objectClass=inetOrgPerson)", "uid", "100"],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    dns = [l[4:] for l in r.stdout.splitlines() if l.startswith("dn: ")]
+    assert [d.lower() for d in dns] == [d.lower() for d in sorted_search(pando, [("uid", None, False)])[1]]
+    assert r.stdout.count("page: ") == 3  # 240 entries, 100 a page
+    assert set(l for l in r.stdout.splitlines() if l.startswith("sort: ")) == {"sort: 0"}

@@ -77,6 +77,7 @@ result_codes! {
     TOO_LATE = 120, "tooLate";
     CANNOT_CANCEL = 121, "cannotCancel";
     ASSERTION_FAILED = 122, "assertionFailed";
+    AUTHORIZATION_DENIED = 123, "authorizationDenied";
     // draft-zeilenga-ldap-noop; OpenLDAP's value (0x410e).
     NO_OPERATION = 16654, "noOperation";
 }

@@ -35,6 +35,9 @@ pub const READ: Rights = 8;
 pub const WRITE: Rights = 16;
 pub const ADD: Rights = 32;
 pub const DELETE: Rights = 64;
+/// Act as the entry's identity with the proxied authorization control
+/// (RFC 4370). Only ever granted by name: no level includes it.
+pub const PROXY: Rights = 128;
 
 /// Most rules (rule indices are kept as u16).
 const MAX_RULES: usize = 4096;
@@ -53,6 +56,7 @@ pub fn right_name(r: Rights) -> &'static str {
         WRITE => "write",
         ADD => "add",
         DELETE => "delete",
+        PROXY => "proxy",
         _ => "sufficient",
     }
 }
@@ -78,6 +82,7 @@ fn single(name: &str) -> Option<Rights> {
         "write" => WRITE,
         "add" => ADD,
         "delete" => DELETE,
+        "proxy" => PROXY,
         _ => return None,
     })
 }
@@ -299,7 +304,7 @@ impl Acl {
                         let mut r = 0;
                         for x in list {
                             r |= single(x).or_else(|| (*x == "all" || *x == "none").then(|| level(x).unwrap_or(0))).ok_or_else(|| {
-                                e("by.rights", format!("'{x}' is not one of auth, compare, search, read, write, add, delete, all, none"))
+                                e("by.rights", format!("'{x}' is not one of auth, compare, search, read, write, add, delete, proxy, all, none"))
                             })?;
                         }
                         r

@@ -30,6 +30,7 @@ use pando_proto::{
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
+use super::running::{Outstanding, Running};
 use super::wire::{Event, Wire, OUTPUT_HIGH, WRITE_STALL};
 
 use crate::error::LdapError;
@@ -43,8 +44,6 @@ const RESPONSE_QUEUE: usize = 16;
 
 /// Input buffer capacity kept between requests; more is given back.
 const INPUT_KEEP: usize = 64 * 1024;
-
-type Outstanding = Arc<Mutex<HashMap<i32, Arc<AtomicBool>>>>;
 
 pub struct Connection {
     pub server: Arc<Server>,
@@ -325,13 +324,13 @@ impl Connection {
             }
             ProtocolOp::AbandonRequest(target) => {
                 done_here(rec, None, 0);
-                if let Some(flag) = ctx
+                if let Some(r) = ctx
                     .outstanding
                     .lock()
                     .ok()
                     .and_then(|m| m.get(&target).cloned())
                 {
-                    flag.store(true, Ordering::Relaxed);
+                    r.abandon();
                 }
                 return Flow::Continue;
             }
@@ -355,13 +354,7 @@ impl Connection {
             }
             _ => {}
         }
-        let op = match Operation::new(
-            id,
-            identity.clone(),
-            msg.op,
-            &msg.controls,
-            &self.server.decode_limits,
-        ) {
+        let op = match Operation::new(&self.server, id, identity.clone(), msg.op, &msg.controls) {
             Ok(op) => op,
             Err(refused) => {
                 if matches!(refused.op, ProtocolOp::BindResponse(_)) {
@@ -385,6 +378,10 @@ impl Connection {
                 let (flow, code) = self.start_tls(id, &req, pipelined, ctx.outstanding, wire);
                 done_here(rec, Some(code), 0);
                 return flow;
+            }
+            ProtocolOp::ExtendedRequest(req) if req.name == oid::CANCEL => {
+                cancel(id, &req, ctx, wire, rec, self.server.clone());
+                return Flow::Continue;
             }
             ProtocolOp::SearchRequest(req) => {
                 let job = ops::search::SearchJob {
@@ -455,12 +452,12 @@ impl Connection {
         let Ok(permit) = wire.pump_while(ctx.permits.clone().acquire_owned()).await else {
             return Flow::Close("closing");
         };
-        let flag = match &work {
+        let running = Running::new(match &work {
             Work::Search(job) => job.abandoned.clone(),
             Work::Op(..) => Arc::new(AtomicBool::new(false)),
-        };
+        });
         if let Ok(mut m) = ctx.outstanding.lock() {
-            m.insert(id, flag.clone());
+            m.insert(id, running.clone());
         }
         let server = self.server.clone();
         let tx = ctx.tx.clone();
@@ -485,25 +482,44 @@ impl Connection {
                 }
                 None => None,
             };
-            // A write abandoned before it started is skipped; once started it
-            // completes and is answered (see run_op), so a client never loses
-            // the outcome of a change that was made.
-            let skip = done.is_some() && flag.load(Ordering::Relaxed);
+            // An operation abandoned or cancelled before it started is
+            // skipped (a cancelled one answers `canceled`); once started, a
+            // write completes and is answered (see run_op), so a client never
+            // loses the outcome of a change that was made.
+            let interruptible = matches!(work, Work::Search(_));
             let mut answered = None;
-            if !skip {
+            let mut canceled = false;
+            if !running.start(interruptible) {
+                if running.cancelled() {
+                    answered = Some(send_canceled(&tx, id, &work).await);
+                    canceled = true;
+                }
+            } else {
                 if let Some(r) = rec.as_mut() {
                     r.started();
                 }
                 let ctx = rec.as_ref().map(|r| r.ctx()).unwrap_or_default();
                 answered = match work {
-                    Work::Search(job) => run_search(job, &tx).await,
+                    Work::Search(job) => {
+                        let a = run_search(job, &tx).await;
+                        if a.is_none() && running.cancelled() {
+                            canceled = true;
+                            let done =
+                                LdapError::new(ResultCode::CANCELED, "cancelled").into_result();
+                            send(&tx, id, ProtocolOp::SearchResultDone(done), Vec::new()).await;
+                            Some((ResultCode::CANCELED.0, 0))
+                        } else {
+                            a
+                        }
+                    }
                     Work::Op(op) => {
                         observe::OP
-                            .scope(ctx, run_op(server.clone(), op, flag.clone(), &tx))
+                            .scope(ctx, run_op(server.clone(), op, running.stop.clone(), &tx))
                             .await
                     }
                 };
             }
+            running.finish(canceled);
             if let Some(r) = rec {
                 r.finish(&server, answered.map(|a| a.0), answered.map_or(0, |a| a.1));
             }
@@ -513,7 +529,7 @@ impl Connection {
             // Only this operation's own entry: a client may reuse a message
             // ID before the earlier operation finished.
             if let Ok(mut m) = outstanding.lock() {
-                if m.get(&id).is_some_and(|f| Arc::ptr_eq(f, &flag)) {
+                if m.get(&id).is_some_and(|r| Arc::ptr_eq(r, &running)) {
                     m.remove(&id);
                 }
             }
@@ -599,10 +615,92 @@ fn idle_for(server: &Server, who: &Identity) -> Option<Duration> {
 
 fn abandon_all(outstanding: &Outstanding) {
     if let Ok(m) = outstanding.lock() {
-        for f in m.values() {
-            f.store(true, Ordering::Relaxed);
+        for r in m.values() {
+            r.abandon();
         }
     }
+}
+
+/// The Cancel extended operation (RFC 3909; see `running`): answered at
+/// once when the target is unknown or past stopping, otherwise after the
+/// target has answered `canceled`.
+fn cancel<S>(
+    id: i32,
+    req: &ExtendedRequest,
+    ctx: &mut Ctx<'_>,
+    wire: &mut Wire<S>,
+    rec: Option<OpStart>,
+    server: Arc<Server>,
+) {
+    let response = |code: ResultCode, message: &str| {
+        ProtocolOp::ExtendedResponse(ExtendedResponse {
+            result: LdapResult::new(code, message),
+            name: None,
+            value: None,
+        })
+    };
+    fn finish(server: &Server, rec: Option<OpStart>, code: ResultCode) {
+        if let Some(r) = rec {
+            r.finish(server, Some(code.0), 0);
+        }
+    }
+    let target = match req.value.as_deref().map(pando_proto::CancelRequest::decode) {
+        Some(Ok(c)) => c.id,
+        _ => {
+            put(
+                &mut wire.output,
+                id,
+                response(ResultCode::PROTOCOL_ERROR, "malformed Cancel request"),
+                Vec::new(),
+            );
+            return finish(&server, rec, ResultCode::PROTOCOL_ERROR);
+        }
+    };
+    let running = ctx
+        .outstanding
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&target).cloned());
+    let Some(running) = running else {
+        let code = ResultCode::NO_SUCH_OPERATION;
+        put(
+            &mut wire.output,
+            id,
+            response(code, "no such operation outstanding"),
+            Vec::new(),
+        );
+        return finish(&server, rec, code);
+    };
+    if let Err(code) = running.cancel() {
+        put(
+            &mut wire.output,
+            id,
+            response(code, "the operation can no longer be cancelled"),
+            Vec::new(),
+        );
+        return finish(&server, rec, code);
+    }
+    let tx = ctx.tx.clone();
+    tokio::spawn(async move {
+        let code = if running.answered().await {
+            ResultCode::SUCCESS
+        } else {
+            ResultCode::TOO_LATE
+        };
+        send(&tx, id, response(code, ""), Vec::new()).await;
+        finish(&server, rec, code);
+    });
+}
+
+/// The `canceled` answer of an operation cancelled before it started.
+async fn send_canceled(tx: &mpsc::Sender<Vec<u8>>, id: i32, work: &Work) -> (u32, u64) {
+    let e = LdapError::new(ResultCode::CANCELED, "cancelled");
+    let op = match work {
+        Work::Search(_) => ProtocolOp::SearchResultDone(e.into_result()),
+        Work::Op(op) => ops::operation::refusal(&op.request, e).op,
+    };
+    send(tx, id, op, Vec::new()).await;
+    (ResultCode::CANCELED.0, 0)
 }
 
 fn bind_response(result: LdapResult) -> ProtocolOp {

@@ -2,5 +2,6 @@
 
 pub mod connection;
 pub mod listener;
+pub mod running;
 pub mod tls;
 pub mod wire;

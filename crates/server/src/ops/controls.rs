@@ -84,6 +84,42 @@ pub const SUPPORTED: &[Supported] = &[
         },
     },
     Supported {
+        oid: oid::PROXIED_AUTHZ,
+        applies_to: &[Search, Compare, Add, Delete, Modify, ModDn, Extended],
+        parse: |r, c, _| {
+            // RFC 4370 3: the control MUST be critical, else protocolError.
+            if !c.critical {
+                return Err(LdapError::protocol(
+                    "the proxied authorization control must be marked critical",
+                ));
+            }
+            let authz = std::str::from_utf8(value(c)?).map_err(|_| {
+                LdapError::protocol("the proxied authorization identity is not UTF-8")
+            })?;
+            r.proxied_authz = Some(authz.to_string());
+            Ok(())
+        },
+    },
+    Supported {
+        oid: oid::MATCHED_VALUES,
+        applies_to: &[Search],
+        parse: |r, c, limits| {
+            let items =
+                cv::decode_matched_values(value(c)?, limits).map_err(|e| malformed(c, &e))?;
+            r.matched_values = Some(items);
+            Ok(())
+        },
+    },
+    Supported {
+        oid: oid::SUBENTRIES,
+        applies_to: &[Search],
+        parse: |r, c, _| {
+            let visible = cv::decode_subentries(value(c)?).map_err(|e| malformed(c, &e))?;
+            r.subentries = Some(visible);
+            Ok(())
+        },
+    },
+    Supported {
         oid: oid::MANAGE_DSA_IT,
         applies_to: &[Search, Compare, Add, Delete, Modify, ModDn],
         parse: |r, c, _| {
@@ -194,7 +230,16 @@ pub struct Requested {
     pub sort: Option<Sort>,
     /// Virtual list view (needs `sort`).
     pub vlv: Option<Vlv>,
+    /// RFC 3876: the simple filter items values must match to be returned.
+    pub matched_values: Option<Vec<Filter>>,
+    /// RFC 3672: Some(true) returns only subentries, Some(false) only
+    /// ordinary entries; absent, ordinary entries (and subentries named as
+    /// a base-scope search's base).
+    pub subentries: Option<bool>,
     pub manage_dsa_it: bool,
+    /// RFC 4370: the authzId (`dn:…`, `u:…`, or empty for anonymous) the
+    /// operation runs as, once `ops::proxy` allowed it.
+    pub proxied_authz: Option<String>,
     /// RFC 4528: the operation goes ahead only if this filter is TRUE for
     /// its target entry (for an add: the entry being added).
     pub assertion: Option<Filter>,

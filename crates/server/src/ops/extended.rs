@@ -23,6 +23,10 @@ pub async fn extended(
     req: ExtendedRequest,
 ) -> OpResult<ExtendedResponse> {
     match req.name.as_str() {
+        // RFC 4532 2.1: the request has no value.
+        oid::WHOAMI if req.value.is_some() => Err(LdapError::protocol(
+            "a Who am I? request has no request value",
+        )),
         oid::WHOAMI => {
             let authz = if who.is_anonymous() {
                 String::new()

@@ -7,6 +7,7 @@ pub mod compare;
 pub mod controls;
 pub mod extended;
 pub mod operation;
+pub mod proxy;
 pub mod search;
 pub mod special;
 pub mod write;

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use pando_proto::{Control, DecodeLimits, ExtendedResponse, LdapResult, ProtocolOp, ResultCode};
+use pando_proto::{Control, ExtendedResponse, LdapResult, ProtocolOp, ResultCode};
 
 use super::controls::{self, OpKind, Requested};
 use super::write::{WriteCtx, Written};
@@ -62,26 +62,35 @@ pub fn kind_of(op: &ProtocolOp) -> Option<OpKind> {
 
 impl Operation {
     /// The operation for a decoded request, or the response refusing it
-    /// when its controls do not pass [`controls::parse`].
+    /// when its controls do not pass [`controls::parse`] or the proxied
+    /// identity it asks for is not allowed ([`super::proxy`]).
     pub fn new(
+        server: &Server,
         msg_id: i32,
         who: Identity,
         request: ProtocolOp,
         raw: &[Control],
-        limits: &DecodeLimits,
     ) -> Result<Operation, Box<Response>> {
         let parsed = match kind_of(&request) {
-            Some(kind) => controls::parse(kind, raw, limits),
+            Some(kind) => controls::parse(kind, raw, &server.decode_limits),
             None => Ok(Requested::default()),
         };
-        match parsed {
-            Ok(controls) => Ok(Operation {
+        let who = match parsed
+            .as_ref()
+            .ok()
+            .and_then(|c| c.proxied_authz.as_deref())
+        {
+            Some(authz) => super::proxy::assume(server, &who, authz),
+            None => Ok(who),
+        };
+        match (parsed, who) {
+            (Ok(controls), Ok(who)) => Ok(Operation {
                 msg_id,
                 who,
                 request,
                 controls,
             }),
-            Err(e) => Err(Box::new(refusal(&request, e))),
+            (Err(e), _) | (_, Err(e)) => Err(Box::new(refusal(&request, e))),
         }
     }
 }

@@ -20,7 +20,8 @@ pub const BACKUP_EXOP: &str = "2.25.15972167931155808496075090497880241257.1.1";
 
 /// Extended operations this server implements (and StartTLS when a
 /// certificate is configured).
-pub const SUPPORTED_EXTENSIONS: &[&str] = &[oid::WHOAMI, oid::PASSWD_MODIFY, BACKUP_EXOP];
+pub const SUPPORTED_EXTENSIONS: &[&str] =
+    &[oid::WHOAMI, oid::PASSWD_MODIFY, oid::CANCEL, BACKUP_EXOP];
 /// SASL mechanisms: EXTERNAL (ldapi peer credentials, TLS client certificates).
 pub const SUPPORTED_SASL_MECHANISMS: &[&str] = &["EXTERNAL"];
 /// supportedFeatures: all operational attributes ("+", RFC 3673),

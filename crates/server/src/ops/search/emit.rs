@@ -3,7 +3,7 @@
 //! requester may not read, with computed attributes, encoded straight
 //! into the output buffer.
 
-use pando_model::{AttributeType, Dn, Entry, Schema};
+use pando_model::{AttributeType, CompiledFilter, Dn, Entry, Schema};
 use pando_proto::EntryEncoder;
 use pando_store::{EntryId, View};
 
@@ -161,6 +161,10 @@ pub(super) struct Emitter<'a> {
     /// The response's message ID; None: a bare SearchResultEntry (the
     /// value of a pre-read or post-read response control).
     pub(super) msg_id: Option<i32>,
+    /// The matched values control (RFC 3876): only values that match one
+    /// of these items go out, and attributes left with none are omitted
+    /// (as slapd does).
+    pub(super) matched_values: Option<Vec<CompiledFilter>>,
 }
 
 /// Access decisions for the entry being emitted: only attributes the
@@ -179,6 +183,22 @@ impl Guard<'_, '_> {
 }
 
 impl Emitter<'_> {
+    /// Does one value of attribute `desc` match one of the matched values
+    /// items? Each item is evaluated against an entry holding only that
+    /// value, so items on other attribute types never match it.
+    fn value_matches(&self, items: &[CompiledFilter], desc: &str, value: &[u8]) -> bool {
+        let one = Entry {
+            dn: Dn { rdns: Vec::new() },
+            attrs: vec![pando_model::Attribute {
+                desc: desc.to_string(),
+                values: vec![value.to_vec()],
+            }],
+        };
+        items
+            .iter()
+            .any(|f| f.matches(self.schema, &one) == pando_model::Ternary::True)
+    }
+
     pub(super) fn emit(
         &self,
         view: Option<&View<'_>>,
@@ -223,6 +243,20 @@ impl Emitter<'_> {
             }
             // Access last: only attributes that would go out are checked.
             if guard.as_mut().is_some_and(|g| !g.may_read(view, at)) {
+                continue;
+            }
+            if let Some(items) = &self.matched_values {
+                let kept: Vec<&[u8]> = values
+                    .filter(|v| self.value_matches(items, desc, v))
+                    .collect();
+                if kept.is_empty() {
+                    continue;
+                }
+                if self.types_only {
+                    enc.attr_names_only(desc.as_bytes());
+                } else {
+                    enc.attr(desc.as_bytes(), kept);
+                }
                 continue;
             }
             if self.types_only {
@@ -277,6 +311,7 @@ pub(crate) fn encode_read_entry(
         sel: Selection::new(schema, attrs),
         types_only: false,
         msg_id: None,
+        matched_values: None,
     };
     let mut buf = Vec::new();
     match access {

@@ -202,6 +202,11 @@ fn search(
         sel: Selection::new(schema, &req.attrs),
         types_only: req.types_only,
         msg_id: Some(job.msg_id),
+        matched_values: job
+            .controls
+            .matched_values
+            .as_ref()
+            .map(|items| items.iter().map(|f| schema.compile_filter(f)).collect()),
     };
     if let Some(tree) = virtual_tree::owner(schema, base) {
         return virtual_tree::search(job, out, tree, &emitter, base);
@@ -249,9 +254,10 @@ fn search(
             inline_max
         },
     };
-    let Some(plan) = Plan::make(&view, input, &emitter.sel)? else {
+    let Some(mut plan) = Plan::make(&view, input, &emitter.sel)? else {
         return Ok(Step::TooBig);
     };
+    plan.show_subentries(&view, job.controls.subentries, req.scope)?;
     let matcher = Matcher {
         schema,
         view: &view,

@@ -212,3 +212,34 @@ impl<'s> Plan<'s> {
         }))
     }
 }
+
+impl Plan<'_> {
+    /// RFC 3672: with the subentries control TRUE only subentries are
+    /// candidates, with FALSE only ordinary entries; without it, subentries
+    /// are seen only by a base-scope search naming one. Subentries are
+    /// found through the objectClass equality index (one lookup, usually
+    /// of a missing key); without that index they are not told apart.
+    pub(super) fn show_subentries(
+        &mut self,
+        view: &View<'_>,
+        control: Option<bool>,
+        scope: Scope,
+    ) -> OpResult<()> {
+        if control.is_none() && scope == Scope::Base {
+            return Ok(());
+        }
+        let is_subentry = Filter::Equality(pando_proto::Ava {
+            attr: "objectClass".into(),
+            value: b"subentry".to_vec(),
+        });
+        let Candidates::Ids(subentries) = view.candidates(&is_subentry)? else {
+            return Ok(());
+        };
+        if control == Some(true) {
+            self.ids &= subentries;
+        } else {
+            self.ids -= subentries;
+        }
+        Ok(())
+    }
+}

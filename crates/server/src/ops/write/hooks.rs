@@ -136,7 +136,11 @@ fn may_read_entry(
 
 impl Hook for ReadEntry {
     fn check(&self, ctx: &WriteCtx, view: &View<'_>, changes: &[Change]) -> OpResult<()> {
-        let Some(target) = changes.first() else {
+        let c = &ctx.controls;
+        let (true, Some(target)) = (
+            c.pre_read.is_some() || c.post_read.is_some(),
+            changes.first(),
+        ) else {
             return Ok(());
         };
         let mut access = Access::new(&ctx.server.acl, &ctx.who);
@@ -160,7 +164,11 @@ impl Hook for ReadEntry {
         changes: &mut [Change],
         controls: &mut Vec<Control>,
     ) -> OpResult<()> {
-        let Some(target) = changes.first() else {
+        let c = &ctx.controls;
+        let (true, Some(target)) = (
+            c.pre_read.is_some() || c.post_read.is_some(),
+            changes.first(),
+        ) else {
             return Ok(());
         };
         let view = w.view();

@@ -301,12 +301,11 @@ fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResu
             }
             // Under relax, a value the client set (added, or changed from
             // what was stored) stays.
-            let given = after.get(name).map(|a| &a.values);
-            if relaxed
-                && given.is_some()
-                && given != before.and_then(|b| b.get(name)).map(|a| &a.values)
-            {
-                continue;
+            if relaxed {
+                let given = after.get(name).map(|a| &a.values);
+                if given.is_some() && given != before.and_then(|b| b.get(name)).map(|a| &a.values) {
+                    continue;
+                }
             }
             let value = match name {
                 "createTimestamp" | "modifyTimestamp" => now.clone(),

@@ -103,9 +103,12 @@ impl WriteOp for Modify {
             &self.changes,
             ctx.controls.permissive_modify,
         )?;
-        // Schema checks apply to user attributes; maintained ones ride along.
-        schema.check_entry(&mut new)?;
+        // RDN values first: removing one is notAllowedOnRDN (RFC 4511 4.6),
+        // even when it empties the attribute (slapd then says
+        // namingViolation). Schema checks apply to user attributes;
+        // maintained ones ride along.
         check_invariants(schema, &old, &new)?;
+        schema.check_entry(&mut new)?;
         Ok(vec![Change {
             before: Some(Before {
                 id,

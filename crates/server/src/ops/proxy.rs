@@ -1,0 +1,90 @@
+//! Proxied authorization v2 (RFC 4370): an operation runs as another
+//! identity when its requester holds the `proxy` right on that identity's
+//! entry (docs/access-control.md). Settled when the operation is made, so
+//! everything after it — access checks, modifiersName, the logs, WhoAmI —
+//! sees only the identity it runs as.
+//!
+//! The authzId (RFC 4513 5.2.1.8) is `dn:<DN>` (an existing entry),
+//! `u:<name>` (the one entry under a suffix whose `uid` is the name) or
+//! empty (anonymous, which anyone may become: it only gives rights up).
+//! Anything else, an identity that is not found, or a requester without the
+//! right, is authorizationDenied (123), with a message that does not say
+//! which.
+
+use pando_model::Dn;
+use pando_proto::{Ava, Filter, ResultCode};
+use pando_store::{Candidates, Lookup, View};
+
+use crate::acl::{self, Access};
+use crate::error::{LdapError, OpResult};
+use crate::state::{Identity, Server};
+
+/// The identity `who` asks to act as, if it may.
+pub fn assume(server: &Server, who: &Identity, authz: &str) -> OpResult<Identity> {
+    let denied = || {
+        LdapError::new(
+            ResultCode::AUTHORIZATION_DENIED,
+            "not authorized to act as the proxied identity",
+        )
+    };
+    if authz.is_empty() || authz == "dn:" {
+        return Ok(Identity::anonymous(who.session.clone()));
+    }
+    let rtxn = server.store.read()?;
+    let view = rtxn.view();
+    let id = if let Some(dn) = authz.strip_prefix("dn:") {
+        let dn = Dn::parse(dn).map_err(|_| denied())?;
+        match view.lookup(&dn)? {
+            Ok(Lookup::Found(id)) => id,
+            _ => return Err(denied()),
+        }
+    } else if let Some(name) = authz.strip_prefix("u:") {
+        by_uid(server, &view, name)?.ok_or_else(denied)?
+    } else {
+        return Err(denied());
+    };
+    let (dn, norm) = view.dn_pair(id)?;
+    let mut access = Access::new(&server.acl, who);
+    if !access.unrestricted() {
+        let entry = super::stored_entry(&view, id)?;
+        let rules = access.entry(&server.schema, &norm, &entry);
+        if !access.allows(Some(&view), &rules, &norm, None, acl::PROXY) {
+            return Err(denied());
+        }
+    }
+    Ok(Identity::authenticated(dn, norm, who.session.clone()).with_admin_from(server))
+}
+
+/// The one entry under a suffix whose uid is `name` (equality index, else
+/// nothing: an unindexed scan per proxied operation is not worth it).
+fn by_uid(server: &Server, view: &View<'_>, name: &str) -> OpResult<Option<pando_store::EntryId>> {
+    let filter = Filter::Equality(Ava {
+        attr: "uid".into(),
+        value: name.as_bytes().to_vec(),
+    });
+    let Candidates::Ids(ids) = view.candidates(&filter)? else {
+        return Ok(None);
+    };
+    let uid = server.schema.attribute("uid");
+    let want = uid.and_then(|at| server.schema.normalize(at, name.as_bytes()).ok());
+    let mut found = None;
+    for id in ids.iter() {
+        let holds = view.attrs(id)?.unwrap_or_default().iter().any(|a| {
+            a.desc.eq_ignore_ascii_case("uid")
+                && a.values
+                    .iter()
+                    .any(|v| uid.and_then(|at| server.schema.normalize(at, v).ok()) == want)
+        });
+        if !holds {
+            continue;
+        }
+        let norm = super::norm_dn_of(view, id)?;
+        if server.suffix_of(&norm).is_none() {
+            continue;
+        }
+        if found.replace(id).is_some() {
+            return Ok(None); // ambiguous
+        }
+    }
+    Ok(found)
+}
