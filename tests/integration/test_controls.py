@@ -7,6 +7,7 @@ controls are refused (RFC 4511 4.1.11)."""
 
 import base64
 import re
+import time
 import shutil
 from pathlib import Path
 
@@ -409,6 +410,12 @@ def test_same_answers_as_slapd(pando, slapd, name, ldif, controls):
 # ------------------------------------------------------------ proxied authorization
 
 PROXY_CONFIG = """
+[auth]
+admins = ["ldapi-owner", "uid=boss,ou=People,dc=example,dc=com"]
+
+[logs]
+audit = "audit.ldif"
+
 [[access]]
 attrs = ["userPassword"]
 by = [{ who = "admins", rights = "all" }, { who = "self", rights = ["auth", "write"] }, { who = "*", rights = "auth" }]
@@ -431,13 +438,17 @@ by = [{ who = "admins", rights = "all" }, { who = "users", rights = "read" }]
 
 @pytest.fixture(scope="module")
 def proxied(tmp_path_factory):
-    s = Pando(tmp_path_factory.mktemp("proxy"), demo=False, config=PROXY_CONFIG, name="pando-proxy").start()
+    base = tmp_path_factory.mktemp("proxy")
+    config = PROXY_CONFIG.replace("audit.ldif", str(base / "audit.ldif"))
+    s = Pando(base, demo=False, config=config, name="pando-proxy").start()
+    s.audit_path = base / "audit.ldif"
     ents = [
         ("cn=portal," + SUFFIX, {"objectClass": ["person"], "cn": ["portal"], "sn": ["P"], "userPassword": ["portal-secret"]}),
         (PEOPLE, {"objectClass": ["organizationalUnit"], "ou": ["People"]}),
         (ALICE, person("alice", "Liddell", userPassword=["alice-secret"])),
         ("uid=bob," + PEOPLE, person("bob", "Builder", userPassword=["bob-secret"],
                                      mail=["bob@example.com", "robert@example.com", "bob@example.org"])),
+        ("uid=boss," + PEOPLE, person("boss", "Boss")),
         ("cn=policy," + SUFFIX, {"objectClass": ["subentry"], "cn": ["policy"], "subtreeSpecification": ["{}"]}),
     ]
     rc, _, err = s.ldap("ldapadd", input="\n".join(ldif_entry(d, a) for d, a in ents))
@@ -460,8 +471,19 @@ def test_proxied_identity_is_the_one_checked_and_recorded(proxied):
     # ... bob's is not (alice's rights, not the portal's).
     rc, _, err = modify(proxied, replace("uid=bob," + PEOPLE, "title", "x"), "!authzid=u:alice", auth=PORTAL)
     assert code(rc, err) == 50, err
-    # Anonymous: anyone may give their rights up.
+    # The audit log names both.
+    want = "%s (proxied by cn=portal,%s)" % (ALICE, SUFFIX)
+    for _ in range(100):  # the audit writer is asynchronous
+        audit = proxied.audit_path.read_text() if proxied.audit_path.exists() else ""
+        if want in audit:
+            break
+        time.sleep(0.05)
+    assert want in audit, audit[-600:]
+    # Becoming anonymous escapes rules that deny a DN before granting
+    # everyone: only administrators may.
     rc, out, err = proxied.ldap("ldapwhoami", "-e", "!authzid=", auth=PORTAL)
+    assert code(rc, err) == 123, out + err
+    rc, out, err = proxied.ldap("ldapwhoami", "-e", "!authzid=")
     assert rc == 0 and out.strip() in ("anonymous", ""), out + err
 
 
@@ -474,6 +496,7 @@ def test_proxying_needs_the_proxy_right(proxied):
         (PORTAL, "u:nobody"),
         (PORTAL, "x:alice"),
         (bob, "dn:" + ALICE),                  # bob holds no proxy right
+        (PORTAL, "dn:uid=boss," + PEOPLE),     # boss holds the administrator role
     ]
     for who, authz in cases:
         rc, out, err = proxied.ldap("ldapwhoami", "-e", "!authzid=" + authz, auth=who)

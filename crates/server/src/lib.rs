@@ -359,6 +359,7 @@ pub fn build_server(
         logs,
         base_cache: ops::BaseCache::default(),
         special: ops::special::SpecialEntries::default(),
+        subentries: ops::Subentries::default(),
     })
 }
 

@@ -46,6 +46,8 @@ pub struct Server {
     pub base_cache: crate::ops::BaseCache,
     /// The root DSE and the subschema entry, built once.
     pub special: crate::ops::special::SpecialEntries,
+    /// Whether the store may hold subentries (RFC 3672).
+    pub subentries: crate::ops::Subentries,
 }
 
 impl Server {
@@ -90,6 +92,9 @@ pub struct Identity {
     admin: bool,
     /// The configured break-glass identity: access rules do not apply.
     break_glass: bool,
+    /// The DN that authenticated, when this identity was taken on with the
+    /// proxied authorization control (kept for the audit log).
+    proxied_by: Option<String>,
     pub session: std::sync::Arc<Session>,
 }
 
@@ -100,6 +105,7 @@ impl Identity {
             norm: String::new(),
             admin: false,
             break_glass: false,
+            proxied_by: None,
             session,
         }
     }
@@ -111,6 +117,7 @@ impl Identity {
             norm,
             admin: false,
             break_glass: false,
+            proxied_by: None,
             session,
         }
     }
@@ -134,6 +141,17 @@ impl Identity {
         self.admin = root || server.auth.is_admin(&self.norm, &self.session);
         self.break_glass = server.auth.is_break_glass(&self.norm, &self.session);
         self
+    }
+
+    /// This identity, taken on by `requester` (proxied authorization).
+    pub fn proxied_by(mut self, requester: &Identity) -> Identity {
+        self.proxied_by = Some(requester.dn().to_string());
+        self
+    }
+
+    /// Who took this identity on, if it was proxied.
+    pub fn proxy_requester(&self) -> Option<&str> {
+        self.proxied_by.as_deref()
     }
 
     pub fn is_admin(&self) -> bool {

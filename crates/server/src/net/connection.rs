@@ -30,7 +30,7 @@ use pando_proto::{
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
-use super::running::{Outstanding, Running};
+use super::running::{FinishOnDrop, Outstanding, Running};
 use super::wire::{Event, Wire, OUTPUT_HIGH, WRITE_STALL};
 
 use crate::error::LdapError;
@@ -380,7 +380,12 @@ impl Connection {
                 return flow;
             }
             ProtocolOp::ExtendedRequest(req) if req.name == oid::CANCEL => {
-                cancel(id, &req, ctx, wire, rec, self.server.clone());
+                // Counted like any operation: a Bind or StartTLS after it
+                // waits for its answer.
+                let Ok(permit) = wire.pump_while(ctx.permits.clone().acquire_owned()).await else {
+                    return Flow::Close("closing");
+                };
+                cancel(id, &req, ctx, wire, rec, self.server.clone(), permit);
                 return Flow::Continue;
             }
             ProtocolOp::SearchRequest(req) => {
@@ -473,6 +478,7 @@ impl Connection {
             _ => None,
         };
         tokio::spawn(async move {
+            let _finish = FinishOnDrop(running.clone());
             let done = match order {
                 Some((prev, done)) => {
                     if let Some(prev) = prev {
@@ -631,6 +637,7 @@ fn cancel<S>(
     wire: &mut Wire<S>,
     rec: Option<OpStart>,
     server: Arc<Server>,
+    permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     let response = |code: ResultCode, message: &str| {
         ProtocolOp::ExtendedResponse(ExtendedResponse {
@@ -656,6 +663,12 @@ fn cancel<S>(
             return finish(&server, rec, ResultCode::PROTOCOL_ERROR);
         }
     };
+    if target == id {
+        let code = ResultCode::CANNOT_CANCEL;
+        let text = "a Cancel cannot cancel itself";
+        put(&mut wire.output, id, response(code, text), Vec::new());
+        return finish(&server, rec, code);
+    }
     let running = ctx
         .outstanding
         .lock()
@@ -680,6 +693,12 @@ fn cancel<S>(
         );
         return finish(&server, rec, code);
     }
+    // The Cancel is outstanding until it has answered.
+    let me = Running::uncancellable();
+    let outstanding = ctx.outstanding.clone();
+    if let Ok(mut m) = outstanding.lock() {
+        m.insert(id, me.clone());
+    }
     let tx = ctx.tx.clone();
     tokio::spawn(async move {
         let code = if running.answered().await {
@@ -689,6 +708,13 @@ fn cancel<S>(
         };
         send(&tx, id, response(code, ""), Vec::new()).await;
         finish(&server, rec, code);
+        me.finish(false);
+        if let Ok(mut m) = outstanding.lock() {
+            if m.get(&id).is_some_and(|r| Arc::ptr_eq(r, &me)) {
+                m.remove(&id);
+            }
+        }
+        drop(permit);
     });
 }
 
@@ -775,8 +801,15 @@ async fn run_search(job: ops::search::SearchJob, tx: &mpsc::Sender<Vec<u8>>) -> 
     let job = Arc::new(job);
     let mut resume = None;
     let ran = loop {
-        let Ok(slot) = job.server.search_threads.clone().acquire_owned().await else {
-            return None;
+        // Waiting for a thread, it still notices Abandon and Cancel.
+        let slot = loop {
+            let wait = job.server.search_threads.clone().acquire_owned();
+            match tokio::time::timeout(Duration::from_millis(100), wait).await {
+                Ok(Ok(slot)) => break slot,
+                Ok(Err(_)) => return None,
+                Err(_) if job.abandoned.load(Ordering::Relaxed) => return None,
+                Err(_) => {}
+            }
         };
         if job.abandoned.load(Ordering::Relaxed) {
             return None;

@@ -26,6 +26,8 @@ pub struct Running {
     pub stop: Arc<AtomicBool>,
     /// Set by Cancel: stopping, the operation answers `canceled`.
     cancel: AtomicBool,
+    /// False for what Cancel must not touch (a Cancel): cannotCancel.
+    cancellable: bool,
     state: Mutex<State>,
     /// Becomes true once the operation has answered (or given up).
     finished: watch::Sender<bool>,
@@ -46,6 +48,7 @@ impl Running {
         Arc::new(Running {
             stop,
             cancel: AtomicBool::new(false),
+            cancellable: true,
             state: Mutex::new(State::Waiting),
             finished: watch::channel(false).0,
         })
@@ -53,6 +56,20 @@ impl Running {
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An operation the connection handles itself (Cancel): listed so that
+    /// the connection waits for it, never stopped by Abandon or Cancel.
+    pub fn uncancellable() -> Arc<Running> {
+        Arc::new(Running {
+            stop: Arc::default(),
+            cancel: AtomicBool::new(false),
+            cancellable: false,
+            state: Mutex::new(State::Started {
+                interruptible: false,
+            }),
+            finished: watch::channel(false).0,
+        })
     }
 
     /// Abandon: stop, answer nothing.
@@ -77,11 +94,17 @@ impl Running {
     }
 
     /// The operation has answered: `canceled` when it did so because of a
-    /// Cancel.
+    /// Cancel. Only the first call counts.
     pub fn finish(&self, canceled: bool) {
-        *self.state() = State::Finished {
-            cancelled: canceled,
-        };
+        {
+            let mut st = self.state();
+            if matches!(*st, State::Finished { .. }) {
+                return;
+            }
+            *st = State::Finished {
+                cancelled: canceled,
+            };
+        }
         self.finished.send_replace(true);
     }
 
@@ -90,6 +113,7 @@ impl Running {
     pub fn cancel(&self) -> Result<(), ResultCode> {
         let st = self.state();
         match *st {
+            _ if !self.cancellable => Err(ResultCode::CANNOT_CANCEL),
             // One Cancel per operation (each waits for its answer).
             _ if self.cancelled() => Err(ResultCode::TOO_LATE),
             State::Waiting
@@ -113,6 +137,16 @@ impl Running {
         let mut rx = self.finished.subscribe();
         let _ = rx.wait_for(|done| *done).await;
         matches!(*self.state(), State::Finished { cancelled: true })
+    }
+}
+
+/// Finishes the operation when dropped, whatever happened to its task:
+/// a Cancel waiting on it is never left waiting.
+pub struct FinishOnDrop(pub Arc<Running>);
+
+impl Drop for FinishOnDrop {
+    fn drop(&mut self) {
+        self.0.finish(false);
     }
 }
 

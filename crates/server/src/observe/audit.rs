@@ -33,6 +33,8 @@ pub struct AuditLog {
 pub struct Origin<'a> {
     pub time_micros: u64,
     pub who: &'a str,
+    /// The DN that acted as `who` with proxied authorization.
+    pub proxied_by: Option<&'a str>,
     pub conn: u64,
     pub op: u64,
 }
@@ -103,9 +105,18 @@ pub fn format(schema: &Schema, origin: &Origin<'_>, record: &Record<'_>) -> Stri
             .map(|c| if c.is_control() { '?' } else { c })
             .collect()
     };
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect()
+    };
+    let by = origin
+        .proxied_by
+        .map(|d| format!(" (proxied by {})", clean(d)))
+        .unwrap_or_default();
     o.buf.extend_from_slice(
         format!(
-            "# {} {who} conn={} op={}\n",
+            "# {} {who}{by} conn={} op={}\n",
             crate::clock::rfc3339_micros(origin.time_micros),
             origin.conn,
             origin.op
@@ -207,6 +218,7 @@ mod tests {
         Origin {
             time_micros: 0,
             who: "cn=admin,dc=example,dc=com",
+            proxied_by: None,
             conn: 3,
             op: 4,
         }

@@ -226,6 +226,7 @@ pub fn audit(server: &Server, who: &Identity, record: audit::Record<'_>) {
         &audit::Origin {
             time_micros: crate::clock::now_micros(),
             who: who.dn(),
+            proxied_by: who.proxy_requester(),
             conn: ctx.conn,
             op: ctx.op,
         },

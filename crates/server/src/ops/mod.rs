@@ -61,6 +61,48 @@ impl BaseCache {
     }
 }
 
+/// Whether the store may hold subentries (objectClass `subentry`, RFC 3672):
+/// searches hide them only then, so the common search pays for nothing. It
+/// starts unknown (the first search asks the objectClass index once), is
+/// set by every write of a subentry, and is never cleared while the server
+/// runs (a stale "maybe" costs one index lookup per search, nothing else).
+#[derive(Default)]
+pub struct Subentries {
+    /// 0 = unknown, 1 = none, 2 = maybe.
+    state: std::sync::atomic::AtomicU8,
+}
+
+impl Subentries {
+    /// Could the store hold one? `probe` asks the index when unknown.
+    pub fn maybe(&self, probe: impl FnOnce() -> bool) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        match self.state.load(Relaxed) {
+            1 => false,
+            2 => true,
+            _ => {
+                let found = probe();
+                // A write that set "maybe" meanwhile wins.
+                let _ = self
+                    .state
+                    .compare_exchange(0, if found { 2 } else { 1 }, Relaxed, Relaxed);
+                self.state.load(Relaxed) == 2
+            }
+        }
+    }
+
+    /// A subentry is being written.
+    pub fn written(&self) {
+        self.state.store(2, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Whether an entry's objectClass values name `subentry`.
+pub fn is_subentry(entry: &Entry) -> bool {
+    entry
+        .get("objectClass")
+        .is_some_and(|a| a.values.iter().any(|v| v.eq_ignore_ascii_case(b"subentry")))
+}
+
 /// Operational attributes computed on read, never stored.
 pub const COMPUTED: &[&str] = &[
     "entryDN",

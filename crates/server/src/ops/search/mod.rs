@@ -195,6 +195,8 @@ fn search(
     let server = &job.server;
     let schema = &*server.schema;
     let req = &job.req;
+    // The time limit counts from here (or from the first run, resumed).
+    let started = resume.map_or_else(Instant::now, |r| r.started);
     let cached = server.base_cache.get(schema, &req.base)?;
     let (base, base_norm_rdns) = (&cached.0, &cached.1);
     let emitter = Emitter {
@@ -209,7 +211,28 @@ fn search(
             .map(|items| items.iter().map(|f| schema.compile_filter(f)).collect()),
     };
     if let Some(tree) = virtual_tree::owner(schema, base) {
-        return virtual_tree::search(job, out, tree, &emitter, base);
+        // Their few entries are not sorted: a critical sort or any VLV is
+        // refused, a non-critical sort answered unwillingToPerform.
+        let c = &job.controls;
+        if c.vlv.is_some() || c.sort.as_ref().is_some_and(|s| s.critical) {
+            return Ok(Step::Done(Some(SearchOutcome {
+                result: LdapResult::new(
+                    ResultCode::UNAVAILABLE_CRITICAL_EXTENSION,
+                    "the root DSE, cn=Subschema and cn=Monitor are not sorted",
+                ),
+                controls: vec![sort::response(ResultCode::UNWILLING_TO_PERFORM, None)],
+                entries: 0,
+            })));
+        }
+        let step = virtual_tree::search(job, out, tree, &emitter, base)?;
+        return Ok(match step {
+            Step::Done(Some(mut o)) if c.sort.is_some() => {
+                o.controls
+                    .push(sort::response(ResultCode::UNWILLING_TO_PERFORM, None));
+                Step::Done(Some(o))
+            }
+            step => step,
+        });
     }
     let rtxn = server.store.read()?;
     let view = rtxn.view();
@@ -257,7 +280,12 @@ fn search(
     let Some(mut plan) = Plan::make(&view, input, &emitter.sel)? else {
         return Ok(Step::TooBig);
     };
-    plan.show_subentries(&view, job.controls.subentries, req.scope)?;
+    plan.show_subentries(
+        &view,
+        &server.subentries,
+        job.controls.subentries,
+        req.scope,
+    )?;
     let matcher = Matcher {
         schema,
         view: &view,
@@ -270,7 +298,7 @@ fn search(
         rules: EntryRules::default(),
     };
     let max_sort = server.cfg.config.limits.max_sort_entries;
-    let run_limits = RunLimits::new(job, &limits, resume);
+    let run_limits = RunLimits::new(job, &limits, started);
     let step = match &keys {
         Some(keys) => sort::run(
             job, out, matcher, &emitter, keys, page, run_limits, max_sort, resume,
@@ -446,7 +474,7 @@ struct RunLimits {
 }
 
 impl RunLimits {
-    fn new(job: &SearchJob, limits: &Limits, resume: Option<Resume>) -> RunLimits {
+    fn new(job: &SearchJob, limits: &Limits, started: Instant) -> RunLimits {
         let req = &job.req;
         let time = match (req.time_limit as u32, limits.time) {
             (0, 0) => None,
@@ -459,7 +487,7 @@ impl RunLimits {
             (c, s) => Some(c.min(s)),
         };
         RunLimits {
-            started: resume.map_or_else(Instant::now, |r| r.started),
+            started,
             time,
             total,
         }

@@ -222,6 +222,7 @@ impl Plan<'_> {
     pub(super) fn show_subentries(
         &mut self,
         view: &View<'_>,
+        known: &crate::ops::Subentries,
         control: Option<bool>,
         scope: Scope,
     ) -> OpResult<()> {
@@ -232,6 +233,13 @@ impl Plan<'_> {
             attr: "objectClass".into(),
             value: b"subentry".to_vec(),
         });
+        let lookup = || match view.candidates(&is_subentry) {
+            Ok(Candidates::Ids(ids)) => !ids.is_empty(),
+            _ => true,
+        };
+        if control != Some(true) && !known.maybe(lookup) {
+            return Ok(());
+        }
         let Candidates::Ids(subentries) = view.candidates(&is_subentry)? else {
             return Ok(());
         };

@@ -98,9 +98,8 @@ fn row_keys(
 ) -> Vec<Option<Vec<u8>>> {
     keys.iter()
         .map(|k| {
-            if !may_read(k.at) {
-                return None;
-            }
+            // Read access is per stored type: a key on a supertype (name)
+            // must not order by a subtype the requester may not read (sn).
             let values = entry
                 .attrs
                 .iter()
@@ -108,7 +107,7 @@ fn row_keys(
                     let base = a.desc.split(';').next().unwrap_or("");
                     schema
                         .attribute(base)
-                        .is_some_and(|t| schema.is_subtype(t, k.at))
+                        .is_some_and(|t| schema.is_subtype(t, k.at) && may_read(t))
                 })
                 .flat_map(|a| a.values.iter())
                 .filter_map(|v| schema.sort_key(k.order, v));
@@ -318,6 +317,16 @@ pub(super) fn run(
         pos += 1;
         if job.abandoned.load(Ordering::Relaxed) {
             return Ok(Step::Done(None));
+        }
+        if limits.time.is_some_and(|t| limits.started.elapsed() > t) {
+            flush(out, &mut buf)?;
+            let message = "time limit exceeded";
+            return Ok(done(
+                ResultCode::TIME_LIMIT_EXCEEDED,
+                message,
+                sent_now,
+                controls,
+            ));
         }
         if limits
             .total

@@ -252,6 +252,9 @@ fn apply(
     // In reverse: a tree delete lists its subtree in pre-order, and
     // children go before their parents.
     for c in changes.iter_mut().rev() {
+        if c.after.as_ref().is_some_and(crate::ops::is_subentry) {
+            ctx.server.subentries.written();
+        }
         match (&c.before, &c.after, &c.place) {
             (None, Some(after), Some(place)) => {
                 w.add(place, &after.attrs)?;
