@@ -353,3 +353,24 @@ def test_jndi_sorted_pages(pando):
     assert [d.lower() for d in dns] == [d.lower() for d in sorted_search(pando, [("uid", None, False)])[1]]
     assert r.stdout.count("page: ") == 3  # 240 entries, 100 a page
     assert set(l for l in r.stdout.splitlines() if l.startswith("sort: ")) == {"sort: 0"}
+
+
+def test_scrolling_sees_changes(pando):
+    """Sorted lists are reused while the store does not change (a client
+    scrolling a VLV): a change in between is seen by the next window."""
+    keys = [("uid", None, False)]
+    first = vlv_search(pando, keys, 0, 2, offset=1, count=0)
+    again = vlv_search(pando, keys, 0, 2, offset=1, count=0)
+    assert first[1] == again[1] and first[0] == 0
+    new = "uid=a0000," + PEOPLE
+    rc, _, err = pando.ldap("ldapadd", input=ldif_entry(new, {
+        "objectClass": ["inetOrgPerson"], "uid": ["a0000"], "cn": ["a"], "sn": ["A"]}))
+    assert rc == 0, err
+    try:
+        code, dns, ctrls = vlv_search(pando, keys, 0, 2, offset=1, count=0)
+        assert code == 0 and dns[0].lower() == new.lower(), dns
+        assert decode_vlv_response(ctrls[VLV_RESP])[1] == N + 1
+    finally:
+        pando.ldap("ldapdelete", new)
+    code, dns, ctrls = vlv_search(pando, keys, 0, 2, offset=1, count=0)
+    assert dns == first[1] and decode_vlv_response(ctrls[VLV_RESP])[1] == N

@@ -360,6 +360,7 @@ pub fn build_server(
         base_cache: ops::BaseCache::default(),
         special: ops::special::SpecialEntries::default(),
         subentries: ops::Subentries::default(),
+        sorted: ops::search::SortCache::default(),
     })
 }
 

@@ -48,6 +48,8 @@ pub struct Server {
     pub special: crate::ops::special::SpecialEntries,
     /// Whether the store may hold subentries (RFC 3672).
     pub subentries: crate::ops::Subentries,
+    /// Sorted search results kept while the store does not change.
+    pub sorted: crate::ops::search::SortCache,
 }
 
 impl Server {

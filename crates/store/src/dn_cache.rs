@@ -42,6 +42,13 @@ pub(crate) struct Snapshot {
     generation: u64,
 }
 
+impl Snapshot {
+    /// The generation's value (even).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
 /// A store's generation of DNs (see the module documentation).
 pub(crate) struct Generation {
     /// Tells stores in one process apart (tests open many).

@@ -296,6 +296,11 @@ pub(crate) struct Inner {
     readers: readers::Readers,
     /// When DNs last changed (renames, deletes): see [`dn_cache`].
     dn_generation: dn_cache::Generation,
+    /// Moved around every commit, whatever it changes: a snapshot taken at
+    /// an even value holds exactly the data of that value, so results
+    /// computed from it may be reused while the value stays
+    /// ([`ReadTxn::generation`]).
+    content_generation: dn_cache::Generation,
 }
 
 /// The four fixed databases.
@@ -332,6 +337,7 @@ impl Inner {
             stats: writer::WriterStats::default(),
             readers: readers::Readers::new(),
             dn_generation: dn_cache::Generation::new(),
+            content_generation: dn_cache::Generation::new(),
         }
     }
 }
@@ -574,6 +580,7 @@ impl Store {
         let mut inner = Inner::new(env, dbs, indexes, schema, path, Durability::Durable, codec);
         // Another process may be writing: its renames would go unseen.
         inner.dn_generation = dn_cache::Generation::disabled();
+        inner.content_generation = dn_cache::Generation::disabled();
         Ok(Store {
             inner: Arc::new(inner),
             writer: writer::WriterHandle::closed(),
@@ -667,12 +674,14 @@ impl Store {
     /// A consistent read-only snapshot.
     pub fn read(&self) -> Result<ReadTxn<'_>, StoreError> {
         let before = self.inner.dn_generation.before_open();
+        let content = self.inner.content_generation.before_open();
         let txn = self.inner.env.read_txn()?;
         Ok(ReadTxn {
             txn,
             inner: &self.inner,
             slot: self.inner.readers.enter(),
             dn_snapshot: self.inner.dn_generation.after_open(before),
+            content: self.inner.content_generation.after_open(content),
         })
     }
 
@@ -878,6 +887,18 @@ pub struct ReadTxn<'s> {
     slot: Option<usize>,
     /// Whether (and for which generation) it may use cached DNs.
     dn_snapshot: Option<dn_cache::Snapshot>,
+    /// The store's content generation this snapshot holds, when known.
+    content: Option<dn_cache::Snapshot>,
+}
+
+impl ReadTxn<'_> {
+    /// The content generation this snapshot holds, when it is known: two
+    /// snapshots with the same value hold the same data, so whatever was
+    /// computed from one is valid for the other. None when a commit was
+    /// under way as the snapshot was taken, or another process may write.
+    pub fn generation(&self) -> Option<u64> {
+        self.content.map(|s| s.generation())
+    }
 }
 
 impl Drop for ReadTxn<'_> {

@@ -34,6 +34,7 @@ use matcher::Matcher;
 use paging::{paged_control, request_hash, Cookie};
 pub(crate) use plan::types_in_filter;
 use plan::{Plan, PlanInput};
+pub use sort::SortCache;
 
 /// Flush streamed entries to the connection in chunks of about this size.
 const CHUNK: usize = 32 * 1024;
@@ -301,7 +302,16 @@ fn search(
     let run_limits = RunLimits::new(job, &limits, started);
     let step = match &keys {
         Some(keys) => sort::run(
-            job, out, matcher, &emitter, keys, page, run_limits, max_sort, resume,
+            job,
+            out,
+            matcher,
+            &emitter,
+            keys,
+            page,
+            run_limits,
+            max_sort,
+            resume,
+            rtxn.generation(),
         )?,
         None => stream(job, out, matcher, &emitter, page, run_limits, resume)?,
     };

@@ -153,12 +153,13 @@ struct Window {
 /// first entry whose first key is at or after the value (count + 1 when
 /// none is).
 fn vlv_window(
-    schema: &Schema,
-    keys: &[Key<'_>],
-    rows: &[Row],
+    ids: &[EntryId],
     vlv: &Vlv,
-) -> Result<Window, (ResultCode, Control)> {
-    let count = rows.len() as u64;
+    reverse: bool,
+    want: Option<Vec<u8>>,
+    first_key: &mut dyn FnMut(EntryId) -> OpResult<Option<Vec<u8>>>,
+) -> OpResult<Result<Window, (ResultCode, Control)>> {
+    let count = ids.len() as u64;
     let req = &vlv.req;
     let target: u64 = match &req.target {
         VlvTarget::ByOffset {
@@ -173,23 +174,31 @@ fn vlv_window(
             };
             if t > count && !(count == 0 && offset <= 1) {
                 let resp = vlv_response(0, count, ResultCode::OFFSET_RANGE_ERROR, req);
-                return Err((ResultCode::VIRTUAL_LIST_VIEW_ERROR, resp));
+                return Ok(Err((ResultCode::VIRTUAL_LIST_VIEW_ERROR, resp)));
             }
             t.max(1).min(count.max(1))
         }
-        VlvTarget::GreaterOrEqual(value) => {
-            let first = &keys[0];
-            let want = schema.sort_key(first.order, value);
-            let pos = rows.partition_point(|r| {
-                let o = match (&r.0[0], &want) {
+        VlvTarget::GreaterOrEqual(_) => {
+            // Binary search, each probe reading the first key of one entry:
+            // a few dozen reads, whether the list is fresh or cached.
+            let (mut lo, mut hi) = (0usize, ids.len());
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                let key = first_key(ids[mid])?;
+                // Absent sorts last (first in reverse), as in `compare`.
+                let o = match (&key, &want) {
                     (None, _) => CmpOrdering::Greater,
                     (Some(_), None) => CmpOrdering::Less,
                     (Some(x), Some(y)) => x.cmp(y),
                 };
-                let o = if first.reverse { o.reverse() } else { o };
-                o == CmpOrdering::Less
-            });
-            pos as u64 + 1
+                let o = if reverse { o.reverse() } else { o };
+                if o == CmpOrdering::Less {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            lo as u64 + 1
         }
     };
     let before = req.before as u64;
@@ -197,11 +206,11 @@ fn vlv_window(
     let first = target.saturating_sub(before).max(1);
     let last = target.saturating_add(after).min(count);
     let len = if last >= first { last - first + 1 } else { 0 };
-    Ok(Window {
+    Ok(Ok(Window {
         start: (first - 1) as usize,
         len: len as usize,
         vlv: Some(vlv_response(target, count, ResultCode::SUCCESS, req)),
-    })
+    }))
 }
 
 fn vlv_response(target: u64, count: u64, code: ResultCode, req: &cv::VlvRequest) -> Control {
@@ -222,7 +231,8 @@ fn vlv_response(target: u64, count: u64, code: ResultCode, req: &cv::VlvRequest)
 }
 
 /// The sorted search itself (see the module header). `max`: most matches
-/// it may sort (0 = no limit).
+/// it may sort (0 = no limit); `generation`: the store content generation
+/// the snapshot holds, when known (the sorted list is then cached).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     job: &SearchJob,
@@ -234,6 +244,7 @@ pub(super) fn run(
     limits: RunLimits,
     max: u64,
     resume: Option<Resume>,
+    generation: Option<u64>,
 ) -> OpResult<Step> {
     let schema = matcher.schema;
     let sorted_ok = response(ResultCode::SUCCESS, None);
@@ -247,54 +258,63 @@ pub(super) fn run(
             entries,
         }))
     };
-    // Collect.
-    let mut rows: Vec<Row> = Vec::new();
-    for id in matcher.plan.ids.iter() {
-        if job.abandoned.load(Ordering::Relaxed) {
-            return Ok(Step::Done(None));
+    // The sorted list: reused while the store and the request are the
+    // same (a client scrolling a VLV), else collected and sorted now.
+    let cache_key = generation.map(|g| CacheKey {
+        generation: g,
+        request: super::paging::request_hash(&job.req)
+            ^ job
+                .controls
+                .sort
+                .as_ref()
+                .map_or(0, |s| super::paging::keys_hash(&s.keys)),
+        who: format!("{:?}", job.who),
+    });
+    let cache = &job.server.sorted;
+    let ids = match cache_key.as_ref().and_then(|k| cache.get(k)) {
+        Some(ids) => ids,
+        None => {
+            let rows = match collect(job, &mut matcher, keys, &limits, max)? {
+                Ok(rows) => rows,
+                // Abandoned: nothing more is said.
+                Err((ResultCode::CANCELED, _)) => return Ok(Step::Done(None)),
+                Err((code, message)) => {
+                    let resp = response(code, None);
+                    return Ok(done(code, &message, 0, vec![resp]));
+                }
+            };
+            let ids: std::sync::Arc<Vec<EntryId>> =
+                std::sync::Arc::new(rows.into_iter().map(|r| r.1).collect());
+            if let Some(k) = cache_key {
+                cache.put(k, ids.clone());
+            }
+            ids
         }
-        if limits.time.is_some_and(|t| limits.started.elapsed() > t) {
-            let resp = response(ResultCode::TIME_LIMIT_EXCEEDED, None);
-            return Ok(done(
-                ResultCode::TIME_LIMIT_EXCEEDED,
-                "time limit exceeded",
-                0,
-                vec![resp],
-            ));
-        }
-        let Some(hit) = matcher.test(id)? else {
-            continue;
-        };
-        if max > 0 && rows.len() as u64 >= max {
-            let resp = response(ResultCode::ADMIN_LIMIT_EXCEEDED, None);
-            let message = format!(
-                "more than {max} entries to sort (limits.max_sort_entries); narrow the search"
-            );
-            return Ok(done(
-                ResultCode::ADMIN_LIMIT_EXCEEDED,
-                &message,
-                0,
-                vec![resp],
-            ));
-        }
-        let mut may_read = |at: &AttributeType| matcher.may_read(&hit.norm, at);
-        rows.push((row_keys(schema, keys, &hit.entry, &mut may_read), hit.id));
-    }
-    rows.sort_unstable_by(|a, b| compare(keys, a, b));
+    };
 
     // Choose what goes out.
     let window = match &job.controls.vlv {
-        Some(vlv) => match vlv_window(schema, keys, &rows, vlv) {
-            Ok(w) => w,
-            Err((code, resp)) => {
-                return Ok(done(
-                    code,
-                    "the target offset is beyond the list",
-                    0,
-                    vec![sorted_ok, resp],
-                ))
+        Some(vlv) => {
+            let first = &keys[0];
+            let want = match &vlv.req.target {
+                VlvTarget::GreaterOrEqual(v) => schema.sort_key(first.order, v),
+                VlvTarget::ByOffset { .. } => None,
+            };
+            let mut first_key = |id: EntryId| -> OpResult<Option<Vec<u8>>> {
+                let Some(hit) = matcher.test(id)? else {
+                    return Ok(None);
+                };
+                let mut may_read = |at: &AttributeType| matcher.may_read(&hit.norm, at);
+                Ok(row_keys(schema, &keys[..1], &hit.entry, &mut may_read).remove(0))
+            };
+            match vlv_window(&ids, vlv, first.reverse, want, &mut first_key)? {
+                Ok(w) => w,
+                Err((code, resp)) => {
+                    let message = "the target offset is beyond the list";
+                    return Ok(done(code, message, 0, vec![sorted_ok, resp]));
+                }
             }
-        },
+        }
         None => {
             let start = page.after.unwrap_or(0) as usize;
             Window {
@@ -309,11 +329,11 @@ pub(super) fn run(
 
     // Emit. A resumed run skips what earlier runs sent.
     let mut sent_now = resume.map_or(0, |r| r.sent);
-    let end = window.start.saturating_add(window.len).min(rows.len());
+    let end = window.start.saturating_add(window.len).min(ids.len());
     let mut buf = Vec::new();
     let mut pos = window.start.saturating_add(sent_now as usize);
     while pos < end {
-        let id = rows[pos].1;
+        let id = ids[pos];
         pos += 1;
         if job.abandoned.load(Ordering::Relaxed) {
             return Ok(Step::Done(None));
@@ -359,7 +379,7 @@ pub(super) fn run(
         }
     }
     flush(out, &mut buf)?;
-    if job.controls.vlv.is_none() && page.size.is_some() && end < rows.len() {
+    if job.controls.vlv.is_none() && page.size.is_some() && end < ids.len() {
         // More pages: the cookie holds the next position.
         let cookie = Cookie {
             last: end as u64,
@@ -370,6 +390,85 @@ pub(super) fn run(
         controls.push(paged_control(0, cookie));
     }
     Ok(done(ResultCode::SUCCESS, "", sent_now, controls))
+}
+
+/// Every match with its sort keys, sorted; or why the sort stopped
+/// (time limit, `limits.max_sort_entries`).
+fn collect(
+    job: &SearchJob,
+    matcher: &mut Matcher<'_, '_>,
+    keys: &[Key<'_>],
+    limits: &RunLimits,
+    max: u64,
+) -> OpResult<Result<Vec<Row>, (ResultCode, String)>> {
+    let schema = matcher.schema;
+    let mut rows: Vec<Row> = Vec::new();
+    for id in matcher.plan.ids.iter() {
+        if job.abandoned.load(Ordering::Relaxed) {
+            return Ok(Err((ResultCode::CANCELED, "abandoned".into())));
+        }
+        if limits.time.is_some_and(|t| limits.started.elapsed() > t) {
+            return Ok(Err((
+                ResultCode::TIME_LIMIT_EXCEEDED,
+                "time limit exceeded".into(),
+            )));
+        }
+        let Some(hit) = matcher.test(id)? else {
+            continue;
+        };
+        if max > 0 && rows.len() as u64 >= max {
+            let message = format!(
+                "more than {max} entries to sort (limits.max_sort_entries); narrow the search"
+            );
+            return Ok(Err((ResultCode::ADMIN_LIMIT_EXCEEDED, message)));
+        }
+        let mut may_read = |at: &AttributeType| matcher.may_read(&hit.norm, at);
+        rows.push((row_keys(schema, keys, &hit.entry, &mut may_read), hit.id));
+    }
+    rows.sort_unstable_by(|a, b| compare(keys, a, b));
+    Ok(Ok(rows))
+}
+
+/// Sorted lists kept for reuse (a client scrolling a virtual list view asks
+/// for the same list again and again), at most [`CACHED_LISTS`] of them,
+/// the oldest dropped first. An entry is valid only for the store's
+/// content generation it was computed at (any commit changes it), the same
+/// request (base, scope, filter, attributes, sort keys) and the same
+/// requester (DN, roles and transport facts, which access rules may use).
+#[derive(Default)]
+pub struct SortCache {
+    lists: std::sync::Mutex<std::collections::VecDeque<(CacheKey, std::sync::Arc<Vec<EntryId>>)>>,
+}
+
+/// Most sorted lists kept: 4 × 250,000 IDs = 8 MB at most.
+const CACHED_LISTS: usize = 4;
+
+#[derive(PartialEq, Eq)]
+struct CacheKey {
+    generation: u64,
+    request: u64,
+    who: String,
+}
+
+impl SortCache {
+    fn get(&self, key: &CacheKey) -> Option<std::sync::Arc<Vec<EntryId>>> {
+        let lists = self.lists.lock().ok()?;
+        lists
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, ids)| ids.clone())
+    }
+
+    fn put(&self, key: CacheKey, ids: std::sync::Arc<Vec<EntryId>>) {
+        if let Ok(mut lists) = self.lists.lock() {
+            // Lists of older generations can never be used again.
+            lists.retain(|(k, _)| k.generation == key.generation);
+            if lists.len() >= CACHED_LISTS {
+                lists.pop_front();
+            }
+            lists.push_back((key, ids));
+        }
+    }
 }
 
 impl Matcher<'_, '_> {
