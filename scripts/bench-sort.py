@@ -9,8 +9,10 @@ decoded.
 Prints RESULT lines:
   workload=sort-all      a search of every user sorted by sn (attributes: 1.1),
                          each on a new connection: median seconds to the last byte
+                         (first_s: the first run; later ones may reuse a sorted list
+                         the server kept)
   workload=vlv-offset    a 20-entry window at offset 50% of the list (by offset),
-                         each on a new connection: median seconds
+                         each on a new connection: median seconds (first_s as above)
   workload=vlv-scroll    10 windows one after the other on one connection
                          (contextID passed back, as address books scroll): median
 """
@@ -97,8 +99,8 @@ def main():
         assert done["code"] == 0, done
         counts.add(n)
     total = max(counts)
-    print("RESULT workload=sort-all server=%s entries=%d median_s=%.3f min_s=%.3f" %
-          (a.label, total, statistics.median(times), min(times)))
+    print("RESULT workload=sort-all server=%s entries=%d median_s=%.3f min_s=%.3f first_s=%.3f" %
+          (a.label, total, statistics.median(times), min(times), times[0]))
 
     times = []
     for _ in range(a.runs):
@@ -110,8 +112,8 @@ def main():
         assert done["code"] == 0 and n == 20, (n, done)
         pos, count, _ = vlv_response(done)
         assert pos == total // 2 and count == total, (pos, count)
-    print("RESULT workload=vlv-offset server=%s entries=%d offset=%d median_s=%.3f min_s=%.3f" %
-          (a.label, total, total // 2, statistics.median(times), min(times)))
+    print("RESULT workload=vlv-offset server=%s entries=%d offset=%d median_s=%.3f min_s=%.3f first_s=%.3f" %
+          (a.label, total, total // 2, statistics.median(times), min(times), times[0]))
 
     c = connect(a)
     context, times = None, []
