@@ -343,6 +343,17 @@ by = [{ who = "admins", rights = "all" }, { who = "*", rights = "read" }]
 """
 
 
+def server_with(base, name, config, entries):
+    """A server without demo data holding `entries` ((dn, attrs) pairs,
+    parents first), added with ldapadd."""
+    s = Pando(base, demo=False, config=config, name=name).start()
+    ldif = base / "entries.ldif"
+    ldif.write_text("\n".join(ldif_entry(dn, a) for dn, a in entries))
+    rc, _, err = s.ldap("ldapadd", "-f", str(ldif))
+    assert rc == 0, err
+    return s
+
+
 def make_server(tmp_path_factory, name, demo=True, config=PUBLIC_READ, **kw):
     base = tmp_path_factory.mktemp(name)
     return Pando(base, demo=demo, config=config, name=name, **kw).start()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import ber
-from conftest import SUFFIX, Pando, ldif_entry, parse_ldif
+from conftest import SUFFIX, Pando, ldif_entry, parse_ldif, server_with
 from test_differential import SLAPD, SLAPADD, Slapd
 
 HAVE_SLAPD = Path(SLAPD).exists() and Path(SLAPADD).exists()
@@ -77,12 +77,7 @@ def tree_entries():
 
 @pytest.fixture(scope="module")
 def pando(tmp_path_factory):
-    base = tmp_path_factory.mktemp("controls")
-    s = Pando(base, demo=False, config=CONFIG, name="pando-controls").start()
-    ldif = base / "tree.ldif"
-    ldif.write_text("\n".join(ldif_entry(dn, a) for dn, a in tree_entries()))
-    rc, _, err = s.ldap("ldapadd", "-f", str(ldif))
-    assert rc == 0, err
+    s = server_with(tmp_path_factory.mktemp("controls"), "pando-controls", CONFIG, tree_entries())
     yield s
     s.stop_and_verify()
 

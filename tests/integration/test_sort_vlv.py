@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import ber
-from conftest import SUFFIX, Pando, ldif_entry
+from conftest import SUFFIX, Pando, ldif_entry, server_with
 from test_differential import SLAPD, SLAPADD, Slapd
 
 HAVE_SLAPD = Path(SLAPD).exists() and Path(SLAPADD).exists()
@@ -72,12 +72,7 @@ class SlapdSss(Slapd):
 
 @pytest.fixture(scope="module")
 def pando(tmp_path_factory):
-    base = tmp_path_factory.mktemp("sort")
-    s = Pando(base, demo=False, config=CONFIG, name="pando-sort").start()
-    ldif = base / "people.ldif"
-    ldif.write_text("\n".join(ldif_entry(dn, a) for dn, a in people()))
-    rc, _, err = s.ldap("ldapadd", "-f", str(ldif))
-    assert rc == 0, err
+    s = server_with(tmp_path_factory.mktemp("sort"), "pando-sort", CONFIG, people())
     yield s
     s.stop_and_verify()
 

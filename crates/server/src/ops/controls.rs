@@ -18,20 +18,9 @@ use pando_proto::{oid, Control, DecodeLimits, Filter, PagedResults, ResultCode};
 
 use crate::error::{LdapError, OpResult};
 
-/// What an operation is, for deciding which controls apply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OpKind {
-    Bind,
-    Search,
-    Compare,
-    Add,
-    Delete,
-    Modify,
-    ModDn,
-    /// Extended operations (Password Modify, WhoAmI, ...).
-    Extended,
-}
-
+/// What an operation is, for deciding which controls apply (the kinds the
+/// metrics count; Abandon and Unbind take no controls).
+pub use crate::observe::metrics::OpKind;
 use OpKind::*;
 
 /// Updates that change an entry in place or by name.

@@ -44,22 +44,6 @@ impl Response {
     }
 }
 
-/// The operation kind of a request, for controls; None for PDUs that are
-/// not requests with a response (unbind, abandon, responses).
-pub fn kind_of(op: &ProtocolOp) -> Option<OpKind> {
-    Some(match op {
-        ProtocolOp::BindRequest(_) => OpKind::Bind,
-        ProtocolOp::SearchRequest(_) => OpKind::Search,
-        ProtocolOp::CompareRequest(_) => OpKind::Compare,
-        ProtocolOp::AddRequest(_) => OpKind::Add,
-        ProtocolOp::DelRequest(_) => OpKind::Delete,
-        ProtocolOp::ModifyRequest(_) => OpKind::Modify,
-        ProtocolOp::ModifyDnRequest(_) => OpKind::ModDn,
-        ProtocolOp::ExtendedRequest(_) => OpKind::Extended,
-        _ => return None,
-    })
-}
-
 impl Operation {
     /// The operation for a decoded request, or the response refusing it
     /// when its controls do not pass [`controls::parse`] or the proxied
@@ -71,9 +55,9 @@ impl Operation {
         request: ProtocolOp,
         raw: &[Control],
     ) -> Result<Operation, Box<Response>> {
-        let parsed = match kind_of(&request) {
+        let parsed = match crate::observe::kind_of(&request) {
+            Some(OpKind::Abandon | OpKind::Unbind) | None => Ok(Requested::default()),
             Some(kind) => controls::parse(kind, raw, &server.decode_limits),
-            None => Ok(Requested::default()),
         };
         let who = match parsed
             .as_ref()
