@@ -572,3 +572,16 @@ def test_result_codes_like_slapd(pando, slapd):
     p, s = both(lambda srv: srv.ldap("ldapmodrdn", "-s", "ou=Nowhere," + SUFFIX, DAVE, "uid=dave"))
     assert p[0] == s[0] == 32, (p, s)
     assert "Matched DN: " + SUFFIX in p[1] + p[2], p
+
+
+def test_sorted_lists_are_not_shared_across_subentry_visibility(proxied):
+    """A sorted list kept for reuse belongs to its subentries setting too."""
+    def sorted_dns(*extra):
+        rc, out, err = proxied.ldap("ldapsearch", "-LLL", "-b", SUFFIX, *extra, "-E", "sss=cn",
+                                    "(objectClass=*)", "1.1")
+        assert rc == 0, err
+        return [d for d, _ in parse_ldif(out)]
+    policy = "cn=policy," + SUFFIX
+    assert sorted_dns("-E", "subentries=true") == [policy]
+    assert policy not in sorted_dns()
+    assert sorted_dns("-E", "subentries=true") == [policy]

@@ -583,7 +583,7 @@ impl<'s> BulkLoad<'s> {
         let next = self.next_id;
         let mut txn = self.txn.take().ok_or(StoreError::Closed)?;
         inner.meta.put(&mut txn, META_NEXT_ID, &id_bytes(next))?;
-        txn.commit()?;
+        inner.commit(txn)?;
         self.txn = Some(inner.env.write_txn()?);
         self.uncommitted = 0;
         Ok(())
@@ -633,14 +633,14 @@ impl<'s> BulkLoad<'s> {
             fig.posting_lists += 1;
             if fig.posting_lists.is_multiple_of(200_000) {
                 // Bound the dirty pages of one transaction on huge imports.
-                txn_slot.take().ok_or(StoreError::Closed)?.commit()?;
+                inner.commit(txn_slot.take().ok_or(StoreError::Closed)?)?;
                 txn_slot = Some(inner.env.write_txn()?);
                 progress(done, total);
             }
             Ok(())
         };
         runs.merge(&mut each)?;
-        txn_slot.take().ok_or(StoreError::Closed)?.commit()?;
+        inner.commit(txn_slot.take().ok_or(StoreError::Closed)?)?;
         progress(total, total);
         Ok(fig)
     }

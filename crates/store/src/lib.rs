@@ -312,6 +312,16 @@ struct Dbs {
 }
 
 impl Inner {
+    /// Commit a write transaction so that read snapshots can tell the
+    /// content before it from the content after it
+    /// ([`ReadTxn::generation`]): every commit goes through here.
+    pub(crate) fn commit(&self, txn: RwTxn<'_>) -> Result<(), heed::Error> {
+        self.content_generation.changing();
+        let committed = txn.commit();
+        self.content_generation.settled();
+        committed
+    }
+
     fn new(
         env: Env,
         dbs: Dbs,
@@ -658,7 +668,7 @@ impl Store {
             bulk::Runs::new(REBUILD_MEMORY, &inner.path.join("index-runs")),
             progress,
         )?;
-        txn.commit()?;
+        inner.commit(txn)?;
         Ok(n)
     }
 

@@ -462,11 +462,9 @@ fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), St
     }
     let n = done.len() as u64;
     let started = Instant::now();
-    inner.content_generation.changing();
-    let committed = parent.commit();
+    let committed = inner.commit(parent);
     // Renamed or deleted DNs are now visible (or were never written).
     inner.dn_generation.settled();
-    inner.content_generation.settled();
     let micros = started.elapsed().as_micros() as u64;
     let st = &inner.stats;
     st.batches.fetch_add(1, Ordering::Relaxed);

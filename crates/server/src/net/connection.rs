@@ -380,11 +380,10 @@ impl Connection {
                 return flow;
             }
             ProtocolOp::ExtendedRequest(req) if req.name == oid::CANCEL => {
-                // Counted like any operation: a Bind or StartTLS after it
-                // waits for its answer.
-                let Ok(permit) = wire.pump_while(ctx.permits.clone().acquire_owned()).await else {
-                    return Flow::Close("closing");
-                };
+                // Counted like any operation when a slot is free, so a Bind
+                // after it waits for its answer; never waiting for one, or
+                // a connection at its operation limit could not cancel.
+                let permit = ctx.permits.clone().try_acquire_owned().ok();
                 cancel(id, &req, ctx, wire, rec, self.server.clone(), permit);
                 return Flow::Continue;
             }
@@ -637,7 +636,7 @@ fn cancel<S>(
     wire: &mut Wire<S>,
     rec: Option<OpStart>,
     server: Arc<Server>,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
 ) {
     let response = |code: ResultCode, message: &str| {
         ProtocolOp::ExtendedResponse(ExtendedResponse {
@@ -801,10 +800,12 @@ async fn run_search(job: ops::search::SearchJob, tx: &mpsc::Sender<Vec<u8>>) -> 
     let job = Arc::new(job);
     let mut resume = None;
     let ran = loop {
-        // Waiting for a thread, it still notices Abandon and Cancel.
+        // Waiting for a thread (keeping its place in the queue), it still
+        // notices Abandon and Cancel.
+        let wait = job.server.search_threads.clone().acquire_owned();
+        tokio::pin!(wait);
         let slot = loop {
-            let wait = job.server.search_threads.clone().acquire_owned();
-            match tokio::time::timeout(Duration::from_millis(100), wait).await {
+            match tokio::time::timeout(Duration::from_millis(100), &mut wait).await {
                 Ok(Ok(slot)) => break slot,
                 Ok(Err(_)) => return None,
                 Err(_) if job.abandoned.load(Ordering::Relaxed) => return None,

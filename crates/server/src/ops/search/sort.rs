@@ -262,6 +262,7 @@ pub(super) fn run(
     // same (a client scrolling a VLV), else collected and sorted now.
     let cache_key = generation.map(|g| CacheKey {
         generation: g,
+        subentries: job.controls.subentries,
         request: super::paging::request_hash(&job.req)
             ^ job
                 .controls
@@ -440,12 +441,16 @@ pub struct SortCache {
     lists: std::sync::Mutex<std::collections::VecDeque<(CacheKey, std::sync::Arc<Vec<EntryId>>)>>,
 }
 
-/// Most sorted lists kept: 4 × 250,000 IDs = 8 MB at most.
+/// Most sorted lists kept, and the longest kept: 4 × 250,000 IDs = 8 MB
+/// at most, whatever `limits.max_sort_entries` allows.
 const CACHED_LISTS: usize = 4;
+const CACHED_LIST_MAX: usize = 250_000;
 
 #[derive(PartialEq, Eq)]
 struct CacheKey {
     generation: u64,
+    /// The subentries control changes which entries are candidates.
+    subentries: Option<bool>,
     request: u64,
     who: String,
 }
@@ -460,7 +465,15 @@ impl SortCache {
     }
 
     fn put(&self, key: CacheKey, ids: std::sync::Arc<Vec<EntryId>>) {
+        if ids.len() > CACHED_LIST_MAX {
+            return;
+        }
         if let Ok(mut lists) = self.lists.lock() {
+            // A search that ran on an older snapshot does not displace
+            // lists of a newer one.
+            if lists.iter().any(|(k, _)| k.generation > key.generation) {
+                return;
+            }
             // Lists of older generations can never be used again.
             lists.retain(|(k, _)| k.generation == key.generation);
             if lists.len() >= CACHED_LISTS {
