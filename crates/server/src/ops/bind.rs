@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use pando_model::{Dn, Entry};
 use pando_proto::{BindAuth, BindRequest, ResultCode};
-use pando_store::{Candidates, Lookup, View};
+use pando_store::{Lookup, View};
 
 use crate::acl;
 use crate::auth::{peercred_dn, MapTarget};
@@ -231,28 +231,13 @@ fn find_unique(
     let base_id = super::resolve(view, &base)?;
     let f = pando_proto::Filter::parse(filter)
         .map_err(|e| LdapError::protocol(format!("mapping filter '{filter}': {e}")))?;
-    let compiled = server.schema.compile_filter(&f);
-    let Candidates::Ids(ids) = view.candidates(&f)? else {
-        return Err(LdapError::unwilling(format!(
+    match super::unique_indexed(server, view, Some(base_id), &f)? {
+        super::Unique::One(id) => Ok(Some(view.dn_string(id)?)),
+        super::Unique::NoneOrMany => Ok(None),
+        super::Unique::Unindexed => Err(LdapError::unwilling(format!(
             "mapping filter '{filter}' is not indexed"
-        )));
-    };
-    let mut found = None;
-    for id in ids.iter() {
-        if !view.is_within(id, base_id)? {
-            continue;
-        }
-        let Some(entry) = view.entry(id)? else {
-            continue;
-        };
-        if compiled.matches(&server.schema, &entry) == pando_model::Ternary::True {
-            if found.is_some() {
-                return Ok(None);
-            }
-            found = Some(entry.dn.to_string());
-        }
+        ))),
     }
-    Ok(found)
 }
 
 fn invalid() -> LdapError {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use pando_model::{AttributeType, Dn, Entry, Schema};
 use pando_proto::ResultCode;
-use pando_store::{EntryId, Lookup, View};
+use pando_store::{Candidates, EntryId, Lookup, View};
 
 use crate::acl::{self, Access, EntryRules, Rights};
 
@@ -286,6 +286,47 @@ pub fn assertion_holds(
         schema.compile_filter_hiding(filter, &|at| hidden.contains(&at.oid.as_str()))
     };
     compiled.matches(schema, entry) == pando_model::Ternary::True
+}
+
+/// What [`unique_indexed`] found.
+pub enum Unique {
+    One(EntryId),
+    /// None, or more than one.
+    NoneOrMany,
+    /// The filter is not answered by an index: not looked at.
+    Unindexed,
+}
+
+/// The single entry within `base` (None: anywhere) matching `filter`,
+/// found through the indexes only: identity mappings (SASL EXTERNAL, the
+/// `u:` form of proxied authorization) never scan the tree.
+pub fn unique_indexed(
+    server: &Server,
+    view: &View<'_>,
+    base: Option<EntryId>,
+    filter: &pando_proto::Filter,
+) -> OpResult<Unique> {
+    let Candidates::Ids(ids) = view.candidates(filter)? else {
+        return Ok(Unique::Unindexed);
+    };
+    let compiled = server.schema.compile_filter(filter);
+    let mut found = None;
+    for id in ids.iter() {
+        if let Some(b) = base {
+            if !view.is_within(id, b)? {
+                continue;
+            }
+        }
+        let Some(entry) = view.entry(id)? else {
+            continue;
+        };
+        if compiled.matches(&server.schema, &entry) == pando_model::Ternary::True
+            && found.replace(id).is_some()
+        {
+            return Ok(Unique::NoneOrMany);
+        }
+    }
+    Ok(found.map_or(Unique::NoneOrMany, Unique::One))
 }
 
 /// A stored entry's attributes as an [`Entry`] for access checks (which

@@ -22,7 +22,7 @@
 
 use pando_model::Dn;
 use pando_proto::{Ava, Filter, ResultCode};
-use pando_store::{Candidates, Lookup, View};
+use pando_store::{Lookup, View};
 
 use crate::acl::{self, Access};
 use crate::error::{LdapError, OpResult};
@@ -93,29 +93,10 @@ fn by_uid(server: &Server, view: &View<'_>, name: &str) -> OpResult<Option<pando
         attr: "uid".into(),
         value: name.as_bytes().to_vec(),
     });
-    let Candidates::Ids(ids) = view.candidates(&filter)? else {
-        return Ok(None);
-    };
-    let uid = server.schema.attribute("uid");
-    let want = uid.and_then(|at| server.schema.normalize(at, name.as_bytes()).ok());
-    let mut found = None;
-    for id in ids.iter() {
-        let holds = view.attrs(id)?.unwrap_or_default().iter().any(|a| {
-            a.desc.eq_ignore_ascii_case("uid")
-                && a.values
-                    .iter()
-                    .any(|v| uid.and_then(|at| server.schema.normalize(at, v).ok()) == want)
-        });
-        if !holds {
-            continue;
+    match super::unique_indexed(server, view, None, &filter)? {
+        super::Unique::One(id) if server.suffix_of(&super::norm_dn_of(view, id)?).is_some() => {
+            Ok(Some(id))
         }
-        let norm = super::norm_dn_of(view, id)?;
-        if server.suffix_of(&norm).is_none() {
-            continue;
-        }
-        if found.replace(id).is_some() {
-            return Ok(None); // ambiguous
-        }
+        _ => Ok(None),
     }
-    Ok(found)
 }

@@ -484,6 +484,16 @@ struct RunLimits {
 }
 
 impl RunLimits {
+    /// The time limit has passed.
+    fn timed_out(&self) -> bool {
+        self.time.is_some_and(|t| self.started.elapsed() > t)
+    }
+
+    /// `sent` entries (over all pages) are as many as the search may return.
+    fn full(&self, sent: u64) -> bool {
+        self.total.is_some_and(|l| sent >= l)
+    }
+
     fn new(job: &SearchJob, limits: &Limits, started: Instant) -> RunLimits {
         let req = &job.req;
         let time = match (req.time_limit as u32, limits.time) {
@@ -543,7 +553,7 @@ fn stream(
         if job.abandoned.load(Ordering::Relaxed) {
             return Ok(Step::Done(None));
         }
-        if limits.time.is_some_and(|t| limits.started.elapsed() > t) {
+        if limits.timed_out() {
             flush(out, &mut buf)?;
             return Ok(ended(
                 ResultCode::TIME_LIMIT_EXCEEDED,
@@ -554,10 +564,7 @@ fn stream(
         let Some(hit) = matcher.test(id)? else {
             continue;
         };
-        if limits
-            .total
-            .is_some_and(|l| page.sent_before + sent_now >= l)
-        {
+        if limits.full(page.sent_before + sent_now) {
             flush(out, &mut buf)?;
             return Ok(ended(
                 ResultCode::SIZE_LIMIT_EXCEEDED,

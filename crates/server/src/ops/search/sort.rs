@@ -339,7 +339,7 @@ pub(super) fn run(
         if job.abandoned.load(Ordering::Relaxed) {
             return Ok(Step::Done(None));
         }
-        if limits.time.is_some_and(|t| limits.started.elapsed() > t) {
+        if limits.timed_out() {
             flush(out, &mut buf)?;
             let message = "time limit exceeded";
             return Ok(done(
@@ -349,10 +349,7 @@ pub(super) fn run(
                 controls,
             ));
         }
-        if limits
-            .total
-            .is_some_and(|l| page.sent_before + sent_now >= l)
-        {
+        if limits.full(page.sent_before + sent_now) {
             flush(out, &mut buf)?;
             return Ok(done(
                 ResultCode::SIZE_LIMIT_EXCEEDED,
@@ -408,7 +405,7 @@ fn collect(
         if job.abandoned.load(Ordering::Relaxed) {
             return Ok(Err((ResultCode::CANCELED, "abandoned".into())));
         }
-        if limits.time.is_some_and(|t| limits.started.elapsed() > t) {
+        if limits.timed_out() {
             return Ok(Err((
                 ResultCode::TIME_LIMIT_EXCEEDED,
                 "time limit exceeded".into(),
