@@ -46,6 +46,13 @@ pub fn now_micros() -> u64 {
         .unwrap_or(0)
 }
 
+/// The time of `micros` to the second as CSNs begin (`YYYYmmddHHMMSS`):
+/// every CSN of that second or later sorts after it, every earlier one
+/// before it.
+pub fn csn_floor(micros: u64) -> String {
+    parts(micros)
+}
+
 /// GeneralizedTime with second precision, e.g. `20261122093000Z`.
 pub fn generalized_time(micros: u64) -> String {
     format!("{}Z", parts(micros))

@@ -552,6 +552,13 @@ pub struct Limits {
     /// sort, for everyone (0 = no limit): each is held in memory with its
     /// sort keys until the sort is done.
     pub max_sort_entries: u64,
+    /// Persistent searches open at once, server-wide (0 = none allowed):
+    /// every committed change is matched against each of them.
+    pub max_persistent_searches: usize,
+    /// Committed write operations a persistent search may fall behind
+    /// (its client not taking the entries) before it is ended with
+    /// adminLimitExceeded; the change feed keeps at most this many.
+    pub persistent_search_backlog: usize,
     /// Operations outstanding on one connection before reading pauses.
     pub max_ops_per_connection: usize,
     /// Large searches (more than a handful of candidates) running at once
@@ -648,6 +655,8 @@ impl Default for Limits {
             max_values_per_operation: 10_000,
             max_tree_delete: 10_000,
             max_sort_entries: 250_000,
+            max_persistent_searches: 100,
+            persistent_search_backlog: 1024,
             max_ops_per_connection: 64,
             max_search_threads: 0,
             idle_timeout: 0,
@@ -689,6 +698,9 @@ pub struct StoreConfig {
     pub compression: String,
     /// zstd level, 1 (fastest) to 19.
     pub compression_level: i32,
+    /// Days a deleted entry's tombstone (UUID, DN, CSN) is kept, for
+    /// whoever needs to learn of deletes later (0 = keep none).
+    pub keep_tombstones_days: u64,
 }
 
 impl Default for StoreConfig {
@@ -703,6 +715,7 @@ impl Default for StoreConfig {
             check_all_pages: true,
             compression: "zstd".into(),
             compression_level: pando_store::DEFAULT_COMPRESSION_LEVEL,
+            keep_tombstones_days: 7,
         }
     }
 }
@@ -1156,6 +1169,19 @@ impl Config {
         }
         if l.max_ops_per_connection == 0 {
             return Err(err("limits.max_ops_per_connection", "must be at least 1"));
+        }
+        // The change feed's ring is allocated whole.
+        if !(1..=1 << 20).contains(&l.persistent_search_backlog) {
+            return Err(err(
+                "limits.persistent_search_backlog",
+                "must be between 1 and 1048576",
+            ));
+        }
+        if self.store.keep_tombstones_days > 36_500 {
+            return Err(err(
+                "store.keep_tombstones_days",
+                "must be at most 36500 (100 years)",
+            ));
         }
         let a = &l.anonymous;
         if a.max_pdu_bytes < 1024 {

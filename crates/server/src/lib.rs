@@ -337,6 +337,8 @@ pub fn build_server(
         max_depth: limits.max_filter_depth,
         max_filter_terms: limits.max_filter_terms,
     };
+    let cfg_backlog = cfg.config.limits.persistent_search_backlog;
+    let cfg_max_persistent = cfg.config.limits.max_persistent_searches;
     Ok(Server {
         root_pw_hash: RwLock::new(root_pw_hash),
         cfg,
@@ -361,6 +363,8 @@ pub fn build_server(
         special: ops::special::SpecialEntries::default(),
         subentries: ops::Subentries::default(),
         sorted: ops::search::SortCache::default(),
+        feed: ops::feed::Feed::new(cfg_backlog),
+        persistent_searches: Arc::new(tokio::sync::Semaphore::new(cfg_max_persistent)),
     })
 }
 

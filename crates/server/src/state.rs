@@ -50,6 +50,10 @@ pub struct Server {
     pub subentries: crate::ops::Subentries,
     /// Sorted search results kept while the store does not change.
     pub sorted: crate::ops::search::SortCache,
+    /// Every committed change, in commit order (persistent searches).
+    pub feed: crate::ops::feed::Feed,
+    /// Places for persistent searches (`limits.max_persistent_searches`).
+    pub persistent_searches: Arc<tokio::sync::Semaphore>,
 }
 
 impl Server {

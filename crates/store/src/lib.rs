@@ -30,6 +30,7 @@ pub mod model_check;
 mod plan;
 mod readers;
 pub mod salvage;
+mod tombstones;
 pub mod unsynced_marker;
 mod writer;
 
@@ -44,6 +45,7 @@ use roaring::RoaringTreemap;
 
 pub use index::IndexKind;
 pub use plan::Candidates;
+pub use tombstones::{Tombstone, TombstoneSummary};
 pub use unsynced_marker::{sync_dir, write_private};
 pub use writer::{Durability, WriteJobError, WriterFigures};
 
@@ -279,6 +281,9 @@ pub(crate) struct Inner {
     id2entry: Db,
     dn2id: Db,
     id2parent: Db,
+    /// Deleted entries ([`tombstones`]); None only in a read-only view of
+    /// a store written before tombstones existed.
+    tombstones: Option<Db>,
     /// Keyed by lowercase canonical attribute name.
     indexes: HashMap<String, Vec<IndexDb>>,
     /// Every (attribute, kind) of `indexes` in a fixed order: the slot
@@ -303,12 +308,13 @@ pub(crate) struct Inner {
     content_generation: dn_cache::Generation,
 }
 
-/// The four fixed databases.
+/// The fixed databases.
 struct Dbs {
     meta: Db,
     id2entry: Db,
     dn2id: Db,
     id2parent: Db,
+    tombstones: Option<Db>,
 }
 
 impl Inner {
@@ -337,6 +343,7 @@ impl Inner {
             id2entry: dbs.id2entry,
             dn2id: dbs.dn2id,
             id2parent: dbs.id2parent,
+            tombstones: dbs.tombstones,
             slots: bulk::slots(&indexes),
             indexes,
             has_subtypes: subtype_parents(&schema),
@@ -500,12 +507,14 @@ impl Store {
             )?;
         }
         meta.put(&mut wtxn, META_INDEXES, maintained.join("\n").as_bytes())?;
+        let tombstones = Some(tombstones::open(&env, &mut wtxn)?);
         wtxn.commit()?;
         let dbs = Dbs {
             meta,
             id2entry,
             dn2id,
             id2parent,
+            tombstones,
         };
         let inner = Arc::new(Inner::new(
             env,
@@ -580,12 +589,14 @@ impl Store {
             }
         }
         let codec = load_codec(&rtxn, meta, opts.compression)?;
+        let tombstones = env.open_database::<Bytes, Bytes>(&rtxn, Some(tombstones::NAME))?;
         rtxn.commit()?;
         let dbs = Dbs {
             meta,
             id2entry,
             dn2id,
             id2parent,
+            tombstones,
         };
         let mut inner = Inner::new(env, dbs, indexes, schema, path, Durability::Durable, codec);
         // Another process may be writing: its renames would go unseen.
@@ -762,6 +773,9 @@ impl Store {
         add("dn2id".into(), &inner.dn2id)?;
         add("id2parent".into(), &inner.id2parent)?;
         add("meta".into(), &inner.meta)?;
+        if let Some(db) = &inner.tombstones {
+            add(tombstones::NAME.into(), db)?;
+        }
         let mut names: Vec<&String> = inner.indexes.keys().collect();
         names.sort();
         for attr in names {
@@ -931,6 +945,8 @@ impl<'s> ReadTxn<'s> {
 pub struct WriteTxn<'e> {
     txn: RwTxn<'e>,
     inner: &'e Inner,
+    /// Run once the job's batch has committed (see [`WriteTxn::after_commit`]).
+    after_commit: Vec<writer::AfterCommit>,
 }
 
 /// Outcome of resolving a DN.
@@ -1503,6 +1519,15 @@ impl<'t> View<'t> {
 }
 
 impl<'e> WriteTxn<'e> {
+    /// Run `f` on the writer thread once this job's changes are committed
+    /// (durably, as the durability mode says), before any job of the batch
+    /// is answered. Jobs' callbacks run in the order the jobs committed, so
+    /// whatever `f` publishes is in commit order. Dropped unrun when the
+    /// job or its batch is rolled back.
+    pub fn after_commit(&mut self, f: impl FnOnce() + Send + 'static) {
+        self.after_commit.push(Box::new(f));
+    }
+
     pub fn view(&self) -> View<'_> {
         // A writer sees its own uncommitted changes: no cached DNs.
         View {

@@ -1147,3 +1147,105 @@ fn content_generation_moves_with_every_commit() {
     assert!(g(&store) >= second);
     assert_eq!(g(&store) % 2, 0);
 }
+
+#[test]
+fn tombstones_are_kept_in_csn_order_and_purged_oldest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let t = |csn: &str, uuid: &str| Tombstone {
+        csn: csn.into(),
+        uuid: uuid.into(),
+        dn: format!("cn={uuid},dc=example,dc=com"),
+    };
+    let written = vec![
+        t("20261125010203.000002Z#000000#000#000000", "b"),
+        t("20261125010203.000001Z#000000#000#000000", "a"),
+        t("20261126000000.000000Z#000000#000#000000", "c"),
+    ];
+    let w2 = written.clone();
+    store
+        .write_blocking(move |w| -> Result<(), StoreError> {
+            for t in &w2 {
+                w.put_tombstone(t)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    // A rolled-back job leaves no tombstone.
+    let res: Result<(), StoreError> = store.write_blocking(|w| {
+        w.put_tombstone(&Tombstone {
+            csn: "20261125000000.000000Z#000000#000#000000".into(),
+            uuid: "gone".into(),
+            dn: "cn=x".into(),
+        })?;
+        Err(StoreError::Closed)
+    });
+    assert!(res.is_err());
+    let r = store.read().unwrap();
+    let all = r.view().tombstones("", "", 10).unwrap();
+    assert_eq!(
+        all,
+        vec![written[1].clone(), written[0].clone(), written[2].clone()]
+    );
+    // After a CSN, and not older than a time.
+    let later = r.view().tombstones(&written[1].csn, "", 10).unwrap();
+    assert_eq!(later, vec![written[0].clone(), written[2].clone()]);
+    let fresh = r.view().tombstones("", "20261125020000", 10).unwrap();
+    assert_eq!(fresh, vec![written[2].clone()]);
+    assert_eq!(r.view().tombstones("", "", 1).unwrap().len(), 1);
+    let summary = r.view().tombstone_summary().unwrap();
+    assert_eq!(summary.count, 3);
+    assert_eq!(summary.oldest_csn.as_deref(), Some(written[1].csn.as_str()));
+    drop(r);
+    let purged = store
+        .write_blocking(|w| w.purge_tombstones("20261125020000", 1))
+        .unwrap();
+    assert_eq!(purged, 1);
+    let purged = store
+        .write_blocking(|w| w.purge_tombstones("20261125020000", 10))
+        .unwrap();
+    assert_eq!(purged, 1);
+    let r = store.read().unwrap();
+    assert_eq!(
+        r.view().tombstones("", "", 10).unwrap(),
+        vec![written[2].clone()]
+    );
+    drop(r);
+    assert_consistent(&store);
+    // They survive a restart.
+    store.close();
+    let store = open(dir.path());
+    let r = store.read().unwrap();
+    assert_eq!(r.view().tombstone_summary().unwrap().count, 1);
+}
+
+#[test]
+fn after_commit_steps_run_in_commit_order_and_only_for_kept_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut pending = Vec::new();
+        for i in 0..40u32 {
+            let seen = seen.clone();
+            // Every third job fails: its step must not run.
+            pending.push(store.write(move |w| -> Result<(), StoreError> {
+                let s = seen.clone();
+                w.after_commit(move || s.lock().unwrap().push(i));
+                if i % 3 == 0 {
+                    return Err(StoreError::Closed);
+                }
+                Ok(())
+            }));
+        }
+        for p in pending {
+            let _ = p.await;
+        }
+    });
+    let got = seen.lock().unwrap().clone();
+    let want: Vec<u32> = (0..40).filter(|i| i % 3 != 0).collect();
+    assert_eq!(got, want);
+}

@@ -19,6 +19,8 @@ use crate::{Inner, StoreError, WriteTxn};
 
 /// Sent back to a job after its batch committed (or failed to).
 type Reply = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+/// See [`WriteTxn::after_commit`].
+pub(crate) type AfterCommit = Box<dyn FnOnce() + Send>;
 /// A queued write.
 trait WriteJob: Send {
     /// Run inside the job's nested transaction; say whether to keep it, and
@@ -419,6 +421,7 @@ fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), St
         }
     };
     let mut done: Vec<(Reply, Result<(), StoreError>)> = Vec::with_capacity(batch.len());
+    let mut after_commit: Vec<AfterCommit> = Vec::new();
     for job in batch.drain(..) {
         let child = match inner.env.nested_write_txn(&mut parent) {
             Ok(c) => c,
@@ -428,7 +431,11 @@ fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), St
                 continue;
             }
         };
-        let mut w = WriteTxn { txn: child, inner };
+        let mut w = WriteTxn {
+            txn: child,
+            inner,
+            after_commit: Vec::new(),
+        };
         // A bug in one job must not take the writer (and every later write)
         // down: its nested transaction is aborted and the batch goes on.
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&mut w)));
@@ -451,9 +458,14 @@ fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), St
                 .fetch_add(1, Ordering::Relaxed);
         }
         let outcome = if keep {
-            w.txn
+            let committed = w
+                .txn
                 .commit()
-                .map_err(|e| disk_full_or(inner, StoreError::from(e)))
+                .map_err(|e| disk_full_or(inner, StoreError::from(e)));
+            if committed.is_ok() {
+                after_commit.append(&mut w.after_commit);
+            }
+            committed
         } else {
             w.txn.abort();
             Ok(())
@@ -473,7 +485,15 @@ fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), St
     st.commit_micros.fetch_add(micros, Ordering::Relaxed);
     st.last_commit_micros.store(micros, Ordering::Relaxed);
     match committed {
-        Ok(()) => done,
+        Ok(()) => {
+            for f in after_commit {
+                // As for a job: a panicking callback must not stop the writer.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+                    tracing::error!("a post-commit step panicked");
+                }
+            }
+            done
+        }
         Err(e) => {
             let e = disk_full_or(inner, StoreError::from(e));
             tracing::error!(error = %e, "write batch commit failed");

@@ -398,16 +398,20 @@ impl Connection {
                     out: ctx.tx.clone(),
                 };
                 // A small search is answered right here, on this task; a
-                // larger one runs on a blocking thread.
+                // larger (or persistent) one runs on its own.
                 if let Some(r) = rec.as_mut() {
                     r.started();
                 }
-                match ops::search::run_inline(job, &mut wire.output) {
-                    Ok(answered) => {
-                        done_here(rec, answered.map(|a| a.0), answered.map_or(0, |a| a.1));
-                        return Flow::Continue;
+                if job.controls.persistent.is_some() {
+                    Work::Search(job)
+                } else {
+                    match ops::search::run_inline(job, &mut wire.output) {
+                        Ok(answered) => {
+                            done_here(rec, answered.map(|a| a.0), answered.map_or(0, |a| a.1));
+                            return Flow::Continue;
+                        }
+                        Err(job) => Work::Search(job),
                     }
-                    Err(job) => Work::Search(job),
                 }
             }
             ProtocolOp::BindRequest(req) => {
@@ -789,61 +793,25 @@ struct Ctx<'a> {
     op_seq: &'a mut u64,
 }
 
-/// A search on a blocking thread, its entries streamed to the connection.
-/// At most `limits.max_search_threads` such searches run at once (others
-/// wait their turn); a search whose client is not taking its entries gives
-/// back its thread, its permit and its read transaction while this task
-/// waits for the client, so slow clients cannot hold the threads and LMDB
-/// readers that other searches, binds and writes need.
+/// A search on its own task (see `ops::search::run_to_end`), or a
+/// persistent one (`ops::search::persistent`), then its SearchResultDone.
 async fn run_search(job: ops::search::SearchJob, tx: &mpsc::Sender<Vec<u8>>) -> Answered {
     let id = job.msg_id;
     let job = Arc::new(job);
-    let mut resume = None;
-    let ran = loop {
-        // Waiting for a thread (keeping its place in the queue), it still
-        // notices Abandon and Cancel.
-        let wait = job.server.search_threads.clone().acquire_owned();
-        tokio::pin!(wait);
-        let slot = loop {
-            match tokio::time::timeout(Duration::from_millis(100), &mut wait).await {
-                Ok(Ok(slot)) => break slot,
-                Ok(Err(_)) => return None,
-                Err(_) if job.abandoned.load(Ordering::Relaxed) => return None,
-                Err(_) => {}
-            }
-        };
-        if job.abandoned.load(Ordering::Relaxed) {
-            return None;
-        }
-        let j = job.clone();
-        let ran = tokio::task::spawn_blocking(move || {
-            let ran = ops::search::run(&j, resume);
-            drop(slot);
-            ran
-        })
-        .await;
-        match ran {
-            Ok(ops::search::Ran::Paused { chunk, resume: r }) => {
-                // Bounded by the connection's write-rate rule: a client
-                // below it is dropped and the send fails.
-                if tx.send(chunk).await.is_err() || job.abandoned.load(Ordering::Relaxed) {
-                    return None;
-                }
-                resume = Some(r);
-            }
-            Ok(ops::search::Ran::Done(o)) => break Ok(o),
-            Err(e) => break Err(e),
-        }
+    let finished = if job.controls.persistent.is_some() {
+        ops::search::persistent::run(&job).await
+    } else {
+        ops::search::run_to_end(&job).await
     };
-    match ran {
-        Ok(Some(o)) => {
+    match finished {
+        ops::search::Finished::Done(o) => {
             let answered = Some((o.result.code.0, o.entries));
             send(tx, id, ProtocolOp::SearchResultDone(o.result), o.controls).await;
             answered
         }
         // Abandoned: no response at all (RFC 4511 4.11).
-        Ok(None) => None,
-        Err(_) => {
+        ops::search::Finished::Abandoned => None,
+        ops::search::Finished::Failed => {
             let e = LdapError::new(ResultCode::OTHER, "search failed unexpectedly");
             send(
                 tx,

@@ -73,6 +73,15 @@ pub const SUPPORTED: &[Supported] = &[
         },
     },
     Supported {
+        oid: oid::PERSISTENT_SEARCH,
+        applies_to: &[Search],
+        parse: |r, c, _| {
+            let p = cv::PersistentSearch::decode(value(c)?).map_err(|e| malformed(c, &e))?;
+            r.persistent = Some(p);
+            Ok(())
+        },
+    },
+    Supported {
         oid: oid::PROXIED_AUTHZ,
         applies_to: &[Search, Compare, Add, Delete, Modify, ModDn, Extended],
         parse: |r, c, _| {
@@ -219,6 +228,8 @@ pub struct Requested {
     pub sort: Option<Sort>,
     /// Virtual list view (needs `sort`).
     pub vlv: Option<Vlv>,
+    /// draft-ietf-ldapext-psearch-03: stay open and send changes.
+    pub persistent: Option<cv::PersistentSearch>,
     /// RFC 3876: the simple filter items values must match to be returned.
     pub matched_values: Option<Vec<Filter>>,
     /// RFC 3672: Some(true) returns only subentries, Some(false) only

@@ -6,6 +6,7 @@ pub mod bind;
 pub mod compare;
 pub mod controls;
 pub mod extended;
+pub mod feed;
 pub mod operation;
 pub mod proxy;
 pub mod search;

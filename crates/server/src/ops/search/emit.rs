@@ -212,11 +212,13 @@ impl Emitter<'_> {
             .attrs
             .iter()
             .map(|a| (a.desc.as_str(), a.values.iter().map(Vec::as_slice)));
-        self.emit_attrs(view, id, dn, attrs, guard, buf)
+        self.emit_attrs(view, id, dn, attrs, guard, &[], buf)
     }
 
     /// [`Emitter::emit`] from (description, values) pairs: decoded
-    /// attributes, or ones borrowed from the store.
+    /// attributes, or ones borrowed from the store; the message carries
+    /// `controls` (none for a bare entry).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn emit_attrs<'v, V: Iterator<Item = &'v [u8]>>(
         &self,
         view: Option<&View<'_>>,
@@ -224,6 +226,7 @@ impl Emitter<'_> {
         dn: &str,
         attrs: impl Iterator<Item = (&'v str, V)>,
         mut guard: Option<Guard<'_, '_>>,
+        controls: &[pando_proto::Control],
         buf: &mut Vec<u8>,
     ) -> OpResult<()> {
         let mut enc = match self.msg_id {
@@ -288,7 +291,7 @@ impl Emitter<'_> {
                 }
             }
         }
-        enc.finish();
+        enc.finish_with_controls(controls);
         Ok(())
     }
 }

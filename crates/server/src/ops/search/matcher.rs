@@ -40,7 +40,7 @@ impl<'a, 's> Matcher<'a, 's> {
     /// The candidate `id` as a hit, or None when it is out of scope,
     /// invisible to the requester or not matching.
     pub(super) fn test(&mut self, id: EntryId) -> OpResult<Option<Hit>> {
-        let (view, plan, schema) = (self.view, self.plan, self.schema);
+        let (view, plan) = (self.view, self.plan);
         let Some(place) = view.placement(id)? else {
             return Ok(None);
         };
@@ -74,16 +74,7 @@ impl<'a, 's> Matcher<'a, 's> {
             Dn { rdns: Vec::new() }
         };
         let mut entry = Entry { dn: parsed, attrs };
-        for name in &plan.needed_computed {
-            let restricted = (!self.access.unrestricted()).then_some(&mut self.access);
-            // Left out (so tests of it are Undefined) when not given.
-            if let Some(v) = computed_value(schema, view, restricted, id, &dn, name)? {
-                entry.attrs.push(pando_model::Attribute {
-                    desc: name.to_string(),
-                    values: vec![v.into_bytes()],
-                });
-            }
-        }
+        self.add_computed(id, &dn, &mut entry)?;
         if self.matches(&norm, &entry) != Ternary::True {
             return Ok(None);
         }
@@ -93,6 +84,63 @@ impl<'a, 's> Matcher<'a, 's> {
             norm,
             entry,
         }))
+    }
+
+    /// The computed attributes the filter tests, added to `entry` (stored
+    /// as `id`) before it is tested; left out (so tests of them are
+    /// Undefined) when not given.
+    fn add_computed(&mut self, id: EntryId, dn: &str, entry: &mut Entry) -> OpResult<()> {
+        for name in &self.plan.needed_computed {
+            let restricted = (!self.access.unrestricted()).then_some(&mut self.access);
+            if let Some(v) = computed_value(self.schema, self.view, restricted, id, dn, name)? {
+                entry.attrs.push(pando_model::Attribute {
+                    desc: name.to_string(),
+                    values: vec![v.into_bytes()],
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// An entry held in memory as a change left it (a persistent search's):
+    /// visible to the requester and matching the filter as it may see it?
+    /// `id`: where it is stored now, if it still is (computed attributes
+    /// are taken from there). The caller has checked the scope.
+    pub(super) fn test_held(
+        &mut self,
+        id: Option<EntryId>,
+        norm: &str,
+        mut entry: Entry,
+    ) -> OpResult<Option<Entry>> {
+        if let Some(id) = id {
+            let dn = entry.dn.to_string();
+            self.add_computed(id, &dn, &mut entry)?;
+        }
+        Ok((self.matches(norm, &entry) == Ternary::True).then_some(entry))
+    }
+
+    /// Encode an entry [`Matcher::test_held`] passed, its message carrying
+    /// `controls`.
+    pub(super) fn emit_held(
+        &mut self,
+        emitter: &Emitter<'_>,
+        id: Option<EntryId>,
+        norm: &str,
+        entry: &Entry,
+        controls: &[pando_proto::Control],
+        buf: &mut Vec<u8>,
+    ) -> OpResult<()> {
+        let guard = (!self.access.unrestricted()).then_some(Guard {
+            access: &mut self.access,
+            rules: &self.rules,
+            norm,
+        });
+        let attrs = entry
+            .attrs
+            .iter()
+            .map(|a| (a.desc.as_str(), a.values.iter().map(Vec::as_slice)));
+        let dn = entry.dn.to_string();
+        emitter.emit_attrs(Some(self.view), id, &dn, attrs, guard, controls, buf)
     }
 
     /// The filter's value for the entry as the requester sees it: false
@@ -175,7 +223,7 @@ impl<'a, 's> Matcher<'a, 's> {
         });
         if self.plan.raw {
             let emitted = view.with_raw_attrs(hit.id, |attrs| {
-                emitter.emit_attrs(Some(view), Some(hit.id), &hit.dn, attrs, guard, buf)
+                emitter.emit_attrs(Some(view), Some(hit.id), &hit.dn, attrs, guard, &[], buf)
             })?;
             return match emitted {
                 Some(r) => r.map(|()| true),

@@ -20,6 +20,7 @@ mod emit;
 mod limits;
 mod matcher;
 mod paging;
+pub mod persistent;
 mod plan;
 mod sort;
 mod virtual_tree;
@@ -136,6 +137,64 @@ pub fn run(job: &SearchJob, resume: Option<Resume>) -> Ran {
     }
 }
 
+/// How a search run by [`run_to_end`] finished.
+pub enum Finished {
+    /// Answer with this.
+    Done(SearchOutcome),
+    /// Abandoned or cancelled: no response is sent.
+    Abandoned,
+    /// Its thread panicked.
+    Failed,
+}
+
+/// Run a search on blocking threads until it ends, its entries streamed to
+/// `job.out`. At most `limits.max_search_threads` such searches run at
+/// once (others wait their turn); a search whose client is not taking its
+/// entries gives back its thread, its permit and its read transaction
+/// while this task waits for the client, so slow clients cannot hold the
+/// threads and LMDB readers that other searches, binds and writes need.
+pub async fn run_to_end(job: &Arc<SearchJob>) -> Finished {
+    let abandoned = || job.abandoned.load(Ordering::Relaxed);
+    let mut resume = None;
+    loop {
+        // Waiting for a thread (keeping its place in the queue), it still
+        // notices Abandon and Cancel.
+        let wait = job.server.search_threads.clone().acquire_owned();
+        tokio::pin!(wait);
+        let slot = loop {
+            match tokio::time::timeout(Duration::from_millis(100), &mut wait).await {
+                Ok(Ok(slot)) => break slot,
+                Ok(Err(_)) => return Finished::Abandoned,
+                Err(_) if abandoned() => return Finished::Abandoned,
+                Err(_) => {}
+            }
+        };
+        if abandoned() {
+            return Finished::Abandoned;
+        }
+        let j = job.clone();
+        let ran = tokio::task::spawn_blocking(move || {
+            let ran = run(&j, resume);
+            drop(slot);
+            ran
+        })
+        .await;
+        match ran {
+            Ok(Ran::Paused { chunk, resume: r }) => {
+                // Bounded by the connection's write-rate rule: a client
+                // below it is dropped and the send fails.
+                if job.out.send(chunk).await.is_err() || abandoned() {
+                    return Finished::Abandoned;
+                }
+                resume = Some(r);
+            }
+            Ok(Ran::Done(Some(o))) => return Finished::Done(o),
+            Ok(Ran::Done(None)) => return Finished::Abandoned,
+            Err(_) => return Finished::Failed,
+        }
+    }
+}
+
 /// Try the search on the calling thread, its entries and its
 /// SearchResultDone encoded into `out`; `Err(job)` (nothing written) when it
 /// is too big for that and must go to [`run`] on a blocking thread. Answers
@@ -200,17 +259,7 @@ fn search(
     let started = resume.map_or_else(Instant::now, |r| r.started);
     let cached = server.base_cache.get(schema, &req.base)?;
     let (base, base_norm_rdns) = (&cached.0, &cached.1);
-    let emitter = Emitter {
-        schema,
-        sel: Selection::new(schema, &req.attrs),
-        types_only: req.types_only,
-        msg_id: Some(job.msg_id),
-        matched_values: job
-            .controls
-            .matched_values
-            .as_ref()
-            .map(|items| items.iter().map(|f| schema.compile_filter(f)).collect()),
-    };
+    let emitter = emitter_for(job);
     if let Some(tree) = virtual_tree::owner(schema, base) {
         // Their few entries are not sorted: a critical sort or any VLV is
         // refused, a non-critical sort answered unwillingToPerform.
@@ -322,6 +371,23 @@ fn search(
         }
         (step, _) => step,
     })
+}
+
+/// How the search's entries are encoded: its attribute selection,
+/// typesOnly, message ID and matched values.
+fn emitter_for(job: &SearchJob) -> Emitter<'_> {
+    let schema = &*job.server.schema;
+    Emitter {
+        schema,
+        sel: Selection::new(schema, &job.req.attrs),
+        types_only: job.req.types_only,
+        msg_id: Some(job.msg_id),
+        matched_values: job
+            .controls
+            .matched_values
+            .as_ref()
+            .map(|items| items.iter().map(|f| schema.compile_filter(f)).collect()),
+    }
 }
 
 /// What the sort and VLV controls ask of a search.

@@ -213,6 +213,28 @@ impl<'s> Plan<'s> {
     }
 }
 
+impl<'s> Plan<'s> {
+    /// The plan for testing entries held in memory (a persistent search's
+    /// changes): no candidates, every entry decoded and tested.
+    pub(super) fn for_held_entries(schema: &'s Schema, filter: &Filter) -> Plan<'s> {
+        let mut needed_computed = Vec::new();
+        computed_in_filter(filter, &mut needed_computed);
+        let mut filter_types = Vec::new();
+        types_in_filter(schema, filter, &mut filter_types);
+        Plan {
+            ids: RoaringTreemap::new(),
+            check_scope: None,
+            uses_dn: uses_dn_attributes(filter),
+            needed_computed,
+            exact: false,
+            no_decode: false,
+            raw: false,
+            filter_types,
+            wanted: None,
+        }
+    }
+}
+
 impl Plan<'_> {
     /// RFC 3672: with the subentries control TRUE only subentries are
     /// candidates, with FALSE only ordinary entries; without it, subentries

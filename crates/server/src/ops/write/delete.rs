@@ -109,7 +109,8 @@ impl WriteOp for Delete {
     }
 
     fn audit(&self, ctx: &WriteCtx, changes: &[Change]) {
-        for b in changes.iter().rev().filter_map(|c| c.before.as_ref()) {
+        // In the order deleted: children first.
+        for b in changes.iter().filter_map(|c| c.before.as_ref()) {
             crate::observe::audit(
                 &ctx.server,
                 &ctx.who,

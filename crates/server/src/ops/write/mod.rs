@@ -10,9 +10,10 @@
 //! ── in the writer's transaction ──
 //!    stamp: one CSN; timestamps, names, UUID; contextCSN
 //!    Hook::in_txn in HOOKS order         (pre-read / post-read values)
-//!    write to the store
+//!    write to the store; a tombstone for each deleted entry
 //!    no-op control: roll back here, answer noOperation
 //! ── commit (group commit, per the durability mode) ──
+//!    on the writer thread: publish to the change feed (commit order)
 //!    WriteOp::audit                     (post-commit: the audit log)
 //! ```
 //!
@@ -35,7 +36,7 @@ use std::sync::Arc;
 
 use pando_model::Entry;
 use pando_proto::{Control, ResultCode};
-use pando_store::{EntryId, Placement, StoreError, View, WriteTxn};
+use pando_store::{EntryId, Placement, StoreError, Tombstone, View, WriteTxn};
 
 pub use add::add;
 pub use changes::{apply_changes, check_invariants};
@@ -45,6 +46,7 @@ pub use modify::modify;
 pub use rename::modify_dn;
 
 use super::controls::Requested;
+use super::feed::Committed;
 use crate::backup::META_CONTEXT_CSN;
 use crate::error::{LdapError, OpResult};
 use crate::state::{Identity, Server};
@@ -177,20 +179,20 @@ pub async fn run<W: WriteOp>(ctx: Arc<WriteCtx>, op: Arc<W>) -> OpResult<Written
             None
         };
         let (ctx2, op2) = (ctx.clone(), op.clone());
-        let job = move |w: &mut WriteTxn<'_>| -> Result<(Vec<Change>, Vec<Control>), Stop> {
+        let job = move |w: &mut WriteTxn<'_>| -> Result<(Arc<Committed>, Vec<Control>), Stop> {
             let mut changes = match planned {
                 Some(changes) => confirm(w, changes)?,
                 None => plan_and_check(&ctx2, &*op2, &w.view())?,
             };
-            let controls = apply(&ctx2, w, &mut changes)?;
+            let (csn, controls) = apply(&ctx2, w, &mut changes)?;
             if ctx2.controls.no_op {
                 return Err(Stop::NoOp(controls));
             }
-            Ok((changes, controls))
+            Ok((publish(&ctx2.server, w, csn, changes), controls))
         };
         return match server.store.write(job).await {
-            Ok((changes, controls)) => {
-                op.audit(&ctx, &changes);
+            Ok((committed, controls)) => {
+                op.audit(&ctx, &committed.changes);
                 Ok(Written {
                     controls,
                     no_op: false,
@@ -237,14 +239,56 @@ fn confirm(w: &WriteTxn<'_>, changes: Vec<Change>) -> Result<Vec<Change>, Stop> 
     Ok(changes)
 }
 
+/// The changes as the change feed will carry them, in the order written,
+/// published once they are committed.
+fn publish(
+    server: &Arc<Server>,
+    w: &mut WriteTxn<'_>,
+    csn: String,
+    changes: Vec<Change>,
+) -> Arc<Committed> {
+    let mut changes = changes;
+    changes.reverse();
+    for c in &mut changes {
+        if let Some(b) = c.before.as_mut() {
+            b.bytes = None;
+        }
+    }
+    let committed = Arc::new(Committed { csn, changes });
+    let (server, published) = (server.clone(), committed.clone());
+    w.after_commit(move || server.feed.publish(published));
+    committed
+}
+
+/// On each delete, up to this many expired tombstones are removed (so
+/// they go at least as fast as they come).
+const PURGE_PER_DELETE: usize = 16;
+
+/// Record a deleted entry (see [`super::feed`]), and purge expired records.
+fn tombstone(ctx: &WriteCtx, w: &mut WriteTxn<'_>, csn: &str, c: &Change) -> Result<(), Stop> {
+    let days = ctx.server.cfg.config.store.keep_tombstones_days;
+    let Some(before) = c.before.as_ref().filter(|_| days > 0) else {
+        return Ok(());
+    };
+    w.put_tombstone(&Tombstone {
+        csn: csn.to_string(),
+        uuid: c.uuid(),
+        dn: before.entry.dn.to_string(),
+    })?;
+    let now = crate::clock::now_micros();
+    let cutoff = crate::clock::csn_floor(now.saturating_sub(days * 86_400_000_000));
+    w.purge_tombstones(&cutoff, PURGE_PER_DELETE)?;
+    Ok(())
+}
+
 /// In the writer's transaction: stamp, run the hooks, write. Returns the
-/// response controls the hooks made.
+/// operation's CSN and the response controls the hooks made.
 fn apply(
     ctx: &WriteCtx,
     w: &mut WriteTxn<'_>,
     changes: &mut [Change],
-) -> Result<Vec<Control>, Stop> {
-    stamp(ctx, w, changes)?;
+) -> Result<(String, Vec<Control>), Stop> {
+    let csn = stamp(ctx, w, changes)?;
     let mut controls = Vec::new();
     for hook in hooks::HOOKS {
         hook.in_txn(ctx, w, changes, &mut controls)?;
@@ -259,7 +303,10 @@ fn apply(
             (None, Some(after), Some(place)) => {
                 w.add(place, &after.attrs)?;
             }
-            (Some(before), None, _) => w.delete(before.id, &before.entry.attrs)?,
+            (Some(before), None, _) => {
+                w.delete(before.id, &before.entry.attrs)?;
+                tombstone(ctx, w, &csn, c)?;
+            }
             (Some(before), Some(after), place) => {
                 if let Some(place) = place {
                     w.rename(before.id, place)?;
@@ -270,7 +317,7 @@ fn apply(
             _ => return Err(LdapError::new(ResultCode::OTHER, "malformed write plan").into()),
         }
     }
-    Ok(controls)
+    Ok((csn, controls))
 }
 
 /// Attributes the server maintains on every entry it writes. Under the
@@ -287,7 +334,7 @@ const STAMPED: [&str; 6] = [
 /// One CSN for the whole operation: entryCSN of every entry written and
 /// the store's newest change (the replication state a backup carries);
 /// creation stamps on added entries, modification stamps on all.
-fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResult<()> {
+fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResult<String> {
     let csn = ctx.server.csn.next();
     w.meta_put(META_CONTEXT_CSN, csn.as_bytes())?;
     let now = crate::clock::generalized_time(crate::clock::now_micros());
@@ -320,5 +367,5 @@ fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResu
             after.add_values(name, vec![value.into_bytes()]);
         }
     }
-    Ok(())
+    Ok(csn)
 }
