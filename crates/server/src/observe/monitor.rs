@@ -203,6 +203,22 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
         store.push(attr("pandoResidentPercent", [format!("{:.1}", r * 100.0)]));
     }
     out.push(node("Store", "cn=Store,cn=Monitor", store));
+    let mut changes = vec![num(
+        "pandoPersistentSearches",
+        (server.cfg.config.limits.max_persistent_searches
+            - server.persistent_searches.available_permits()) as u64,
+    )];
+    let tombstones = server
+        .store
+        .read()
+        .and_then(|r| r.view().tombstone_summary());
+    if let Ok(t) = tombstones {
+        changes.push(num("pandoTombstones", t.count));
+        if let Some(csn) = t.oldest_csn {
+            changes.push(attr("pandoOldestTombstoneCSN", [csn]));
+        }
+    }
+    out.push(node("Changes", "cn=Changes,cn=Monitor", changes));
     let w = server.store.writer_stats();
     out.push(node(
         "Writer",

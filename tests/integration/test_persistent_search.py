@@ -1,0 +1,387 @@
+"""Persistent search (draft-ietf-ldapext-psearch-03) with entry change
+notification, on the change feed: changes arrive in commit order while
+writes run; base, scope, filter, change types and access decide what a
+client sees; a client that stops reading cannot stall writes and is ended
+with adminLimitExceeded; Abandon and Cancel end it; tombstones of deleted
+entries are kept and survive a restart. OpenLDAP has no persistent search
+(its replacement is RFC 4533), so there is no differential case: clients
+are ldapsearch (`-E ps=`), raw BER and Java JNDI's event listeners."""
+
+import base64
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import ber
+from conftest import SUFFIX, server_with
+
+pytestmark = pytest.mark.skipif(not shutil.which("ldapsearch"), reason="ldap-utils not installed")
+
+PEOPLE = "ou=People," + SUFFIX
+SECRET = "ou=Secret," + SUFFIX
+ALICE = "uid=alice," + PEOPLE
+PS_OID = "2.16.840.1.113730.3.4.3"
+ECN_OID = "2.16.840.1.113730.3.4.7"
+CANCEL_OID = "1.3.6.1.1.8"
+ADD, DELETE, MODIFY, MODDN = 1, 2, 4, 8
+
+CONFIG = """
+[limits]
+max_persistent_searches = 4
+persistent_search_backlog = 16
+
+[[access]]
+dn = "ou=Secret,dc=example,dc=com"
+by = [{ who = "admins", rights = "all" }]
+
+[[access]]
+attrs = ["userPassword"]
+by = [{ who = "admins", rights = "all" }, { who = "self", rights = ["auth", "write"] }, { who = "*", rights = "auth" }]
+
+[[access]]
+by = [{ who = "admins", rights = "all" }, { who = "users", rights = "read" }]
+"""
+
+
+def person(uid, sn="Person", **extra):
+    a = {"objectClass": ["inetOrgPerson"], "uid": [uid], "cn": [uid.title()], "sn": [sn]}
+    a.update(extra)
+    return a
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    entries = [
+        (PEOPLE, {"objectClass": ["organizationalUnit"], "ou": ["People"]}),
+        (SECRET, {"objectClass": ["organizationalUnit"], "ou": ["Secret"]}),
+        (ALICE, person("alice", userPassword=["alice-pw"])),
+    ] + [("uid=p%d,%s" % (i, PEOPLE), person("p%d" % i)) for i in range(8)]
+    s = server_with(tmp_path_factory.mktemp("psearch"), "psearch", CONFIG, entries)
+    yield s
+    s.stop_and_verify()
+
+
+def ps_control(types=ADD | DELETE | MODIFY | MODDN, changes_only=True, ecs=True, critical=True):
+    value = ber.seq(ber.integer(types), ber.boolean(changes_only), ber.boolean(ecs))
+    return ber.control(PS_OID, critical=critical, value=value)
+
+
+def controls_of(msg):
+    """{oid: value bytes or None} of a message's controls."""
+    raw = msg.get("controls")
+    out = {}
+    if not raw:
+        return out
+    for _, c in ber.children(raw, 0, len(raw)):
+        parts = ber.children(c, 0, len(c))
+        oid = parts[0][1].decode()
+        value = next((v for t, v in parts[1:] if t == 0x04), None)
+        out[oid] = value
+    return out
+
+
+def entry_change(value):
+    """(changeType, previousDN or None) of an entry change notification."""
+    _, s, e = ber.read_tlv(value, 0)
+    parts = ber.children(value, s, e)
+    kind = int.from_bytes(parts[0][1], "big")
+    previous = next((v.decode() for t, v in parts[1:] if t == 0x04), None)
+    return kind, previous
+
+
+def open_psearch(s, base=SUFFIX, scope=ber.SCOPE_SUB, filt=None, attrs=(), who=None, msgid=2,
+                 rcvbuf=None, **ps):
+    """A raw connection bound as `who` ((dn, password); admin by default)
+    with a persistent search outstanding as `msgid`."""
+    c = s.raw(timeout=30, rcvbuf=rcvbuf)
+    dn, pw = who or (s.admin_dn, s.admin_pw)
+    assert ber.simple_bind(c, dn, pw) == 0
+    c.send(ber.message(msgid, ber.search_op(base, scope=scope, filt=filt, attrs=attrs),
+                       controls=[ps_control(**ps)]))
+    return c
+
+
+def open_searches(s):
+    rc, entries, err = s.search("cn=Changes,cn=Monitor", "(objectClass=*)",
+                                "pandoPersistentSearches", scope="base")
+    assert rc == 0, err
+    return int(entries[0][1]["pandoPersistentSearches"][0])
+
+
+def wait_open(s, n, timeout=10.0):
+    """Wait until exactly `n` persistent searches are open (the server
+    subscribes them on their own task)."""
+    deadline = time.monotonic() + timeout
+    while open_searches(s) != n:
+        assert time.monotonic() < deadline, "persistent searches open: %d, wanted %d" % (open_searches(s), n)
+        time.sleep(0.05)
+
+
+def modify(s, dn, attr, value, auth="admin"):
+    rc, _, err = s.ldap("ldapmodify", input="dn: %s\nchangetype: modify\nreplace: %s\n%s: %s\n"
+                        % (dn, attr, attr, value), auth=auth)
+    assert rc == 0, err
+
+
+def ldif(s, text):
+    rc, out, err = s.ldap("ldapmodify", "-a", input=text)
+    assert rc == 0, err
+    return out
+
+
+def entries_until(c, n, timeout=20.0):
+    """The next `n` search entries (fails on anything else)."""
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n:
+        m = c.recv_msg(timeout=max(0.1, deadline - time.monotonic()))
+        assert m is not None, "connection closed after %d entries" % len(got)
+        assert m["op"] == "entry", "expected an entry, got %r" % m
+        got.append(m)
+    return got
+
+
+def nothing_more(c, wait=1.0):
+    try:
+        m = c.recv_msg(timeout=wait)
+    except socket.timeout:
+        return True
+    raise AssertionError("unexpected message %r" % m)
+
+
+def test_ldapsearch_sees_each_kind_of_change_with_its_notification(srv):
+    ldif(srv, "dn: uid=z0,%s\nobjectClass: inetOrgPerson\nuid: z0\ncn: Z0\nsn: Zero\n" % PEOPLE)
+    out = Path(srv.base) / "ps.out"
+    with open(out, "w") as f:
+        p = subprocess.Popen(["ldapsearch", "-x", "-H", srv.url, "-D", srv.admin_dn, "-w", srv.admin_pw,
+                              "-o", "ldif-wrap=no", "-b", PEOPLE, "-E", "!ps=15/0/1",
+                              "(uid=z*)", "cn", "sn"], stdout=f, stderr=subprocess.STDOUT)
+    try:
+        # The initial results first (changesOnly false).
+        deadline = time.monotonic() + 10
+        while "uid=z0" not in out.read_text():
+            assert time.monotonic() < deadline, out.read_text()
+            time.sleep(0.05)
+        wait_open(srv, 1)
+        ldif(srv, "dn: uid=p0,%s\nchangetype: modify\nreplace: sn\nsn: NotShown\n\n"
+                  "dn: uid=z1,%s\nobjectClass: inetOrgPerson\nuid: z1\ncn: Z1\nsn: One\n\n"
+                  "dn: uid=z1,%s\nchangetype: modify\nreplace: sn\nsn: Uno\n\n"
+                  "dn: uid=z1,%s\nchangetype: modrdn\nnewrdn: uid=z2\ndeleteoldrdn: 1\n\n"
+                  "dn: uid=z2,%s\nchangetype: delete\n"
+                  % (PEOPLE, PEOPLE, PEOPLE, PEOPLE, PEOPLE))
+        deadline = time.monotonic() + 10
+        while out.read_text().count("persistentSearch:") < 4:
+            assert time.monotonic() < deadline, out.read_text()
+            time.sleep(0.05)
+    finally:
+        p.kill()
+        p.wait()
+    text = out.read_text()
+    # Without -L, ldapsearch prints each entry's controls and change type.
+    blocks = [b for b in text.split("\n\n") if re.search("^dn: ", b, re.M)]
+    dns = [re.search("^dn: .*", b, re.M).group(0) for b in blocks]
+    assert dns == ["dn: uid=z0," + PEOPLE] + ["dn: uid=z1," + PEOPLE] * 2 + ["dn: uid=z2," + PEOPLE] * 2, text
+    assert "persistentSearch:" not in blocks[0]
+    changes = blocks[1:]
+    kinds = [re.search(r"^persistentSearch: (\w+)", b, re.M).group(1) for b in changes]
+    assert kinds == ["add", "modify", "moddn", "delete"], text
+    assert "sn: Uno" in changes[1] and "sn: Uno" in changes[3], text
+    ecn = re.search(r"^control: %s false (\S+)" % re.escape(ECN_OID), changes[2], re.M).group(1)
+    assert entry_change(base64.b64decode(ecn)) == (MODDN, "uid=z1," + PEOPLE)
+    assert "NotShown" not in text
+    wait_open(srv, 0)
+
+
+def test_concurrent_writes_arrive_once_each_in_commit_order(srv):
+    writers, per_writer = 4, 40
+    with open_psearch(srv, base=PEOPLE, attrs=["entryCSN", "description"]) as c:
+        wait_open(srv, 1)
+        errors = []
+
+        def write(w):
+            conn = srv.conn()
+            try:
+                for i in range(per_writer):
+                    ok = conn.modify("uid=p%d,%s" % (w, PEOPLE),
+                                     {"description": [("MODIFY_REPLACE", ["w%d-%d" % (w, i)])]})
+                    if not ok:
+                        errors.append(conn.result)
+            finally:
+                conn.unbind()
+
+        threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+        for t in threads:
+            t.start()
+        got = entries_until(c, writers * per_writer, timeout=120)
+        for t in threads:
+            t.join(60)
+        assert not errors, errors[:3]
+        csns = [m["attrs"]["entryCSN"][0] for m in got]
+        assert csns == sorted(csns) and len(set(csns)) == len(csns), "not in commit order"
+        # Each writer's own changes in the order it made them.
+        for w in range(writers):
+            mine = [m["attrs"]["description"][0].decode() for m in got if m["dn"] == "uid=p%d,%s" % (w, PEOPLE)]
+            assert mine == ["w%d-%d" % (w, i) for i in range(per_writer)]
+        assert all(entry_change(controls_of(m)[ECN_OID])[0] == MODIFY for m in got)
+        assert nothing_more(c, 0.5)
+
+
+def test_base_scope_filter_types_and_access_decide_what_is_sent(srv):
+    alice = (ALICE, "alice-pw")
+    one = ber.SCOPE_ONE
+    filt = ber.f_substr("sn", initial="Keep")
+    with open_psearch(srv, who=alice, filt=filt, types=ADD | DELETE, msgid=3) as c, \
+            open_psearch(srv, base=SUFFIX, scope=one, msgid=4) as top:
+        wait_open(srv, 2)
+        ldif(srv, "dn: uid=k1,%s\nobjectClass: inetOrgPerson\nuid: k1\ncn: K1\nsn: Keep\n\n"
+                  "dn: uid=k2,%s\nobjectClass: inetOrgPerson\nuid: k2\ncn: K2\nsn: Keep\n\n"
+                  "dn: uid=o1,%s\nobjectClass: inetOrgPerson\nuid: o1\ncn: O1\nsn: Other\n\n"
+                  "dn: uid=k1,%s\nchangetype: modify\nreplace: description\ndescription: m\n\n"
+                  "dn: uid=k1,%s\nchangetype: delete\n\n"
+                  "dn: ou=Later,%s\nobjectClass: organizationalUnit\nou: Later\n"
+                  % (PEOPLE, SECRET, PEOPLE, PEOPLE, PEOPLE, SUFFIX))
+        got = entries_until(c, 2)
+        # alice: only adds and deletes, only sn=Keep*, never under ou=Secret.
+        assert [(m["dn"], entry_change(controls_of(m)[ECN_OID])[0]) for m in got] == \
+            [("uid=k1," + PEOPLE, ADD), ("uid=k1," + PEOPLE, DELETE)]
+        assert nothing_more(c)
+        # One level below the suffix: only ou=Later.
+        [later] = entries_until(top, 1)
+        assert later["dn"] == "ou=Later," + SUFFIX
+        assert nothing_more(top, 0.3)
+
+
+def test_a_client_that_stops_reading_cannot_stall_writes(srv):
+    # A small receive buffer, and nothing read while 1,500 changes of 16 KB
+    # are made (far more than the socket buffers and the connection's queue
+    # hold): the writes go on; once the client reads again it gets what was
+    # queued, then adminLimitExceeded (it fell more than the backlog of 16
+    # operations behind).
+    c = open_psearch(srv, base=PEOPLE, rcvbuf=4096, msgid=5)
+    try:
+        wait_open(srv, 1)
+        big = "x" * 16000
+        conn = srv.conn()
+        started = time.monotonic()
+        for i in range(1500):
+            assert conn.modify("uid=p1," + PEOPLE, {"description": [("MODIFY_REPLACE", ["%d %s" % (i, big)])]}), conn.result
+        took = time.monotonic() - started
+        conn.unbind()
+        msgs, _ = c.drain(timeout=30, limit=2000)
+        done = [m for m in msgs if m["op"] == "searchDone"]
+        assert done, "no SearchResultDone after %d messages" % len(msgs)
+        assert done[0]["code"] == 11 and "persistent_search_backlog" in done[0]["diag"], done[0]
+        entries = [m for m in msgs if m["op"] == "entry"]
+        assert 0 < len(entries) < 1500
+        wait_open(srv, 0)
+        print("1,500 modifies with a stalled persistent search: %.2f s" % took)
+    finally:
+        c.close()
+
+
+def test_abandon_and_cancel_end_it(srv):
+    with open_psearch(srv, base=PEOPLE, msgid=2) as c:
+        wait_open(srv, 1)
+        c.send(ber.message(3, ber.abandon_op(2)))
+        wait_open(srv, 0)
+        modify(srv, "uid=p2," + PEOPLE, "description", "after abandon")
+        assert nothing_more(c, 0.5)
+        c.send(ber.message(4, ber.search_op(PEOPLE), controls=[ps_control()]))
+        wait_open(srv, 1)
+        c.send(ber.message(5, ber.extended_op(CANCEL_OID, ber.seq(ber.integer(4)))))
+        first, second = c.recv_msg(), c.recv_msg()
+        by_id = {first["id"]: first, second["id"]: second}
+        assert by_id[4]["op"] == "searchDone" and by_id[4]["code"] == 118, by_id
+        assert by_id[5]["code"] == 0, by_id
+        wait_open(srv, 0)
+
+
+def test_refusals(srv):
+    with srv.raw() as c:
+        assert ber.simple_bind(c, srv.admin_dn, srv.admin_pw) == 0
+        cases = [
+            (2, "cn=Monitor", [ps_control()], 53),
+            (3, "ou=Nowhere," + SUFFIX, [ps_control()], 32),
+            (4, PEOPLE, [ps_control(), ber.control("1.2.840.113556.1.4.319", value=ber.seq(ber.integer(5), ber.octets("")))], 53),
+        ]
+        for msgid, base, controls, code in cases:
+            c.send(ber.message(msgid, ber.search_op(base), controls=controls))
+            m = c.recv_msg()
+            assert (m["id"], m["op"], m["code"]) == (msgid, "searchDone", code), m
+        # A malformed value is a protocolError.
+        c.send(ber.message(5, ber.search_op(PEOPLE), controls=[ber.control(PS_OID, True, b"\x30\x00")]))
+        m = c.recv_msg()
+        assert m["code"] == 2, m
+    # At most limits.max_persistent_searches (4) at once.
+    conns = [open_psearch(srv, base=PEOPLE, msgid=2) for _ in range(4)]
+    try:
+        wait_open(srv, 4)
+        with open_psearch(srv, base=PEOPLE, msgid=7) as extra:
+            m = extra.recv_msg()
+            assert (m["id"], m["code"]) == (7, 11) and "max_persistent_searches" in m["diag"], m
+    finally:
+        for c in conns:
+            c.close()
+    wait_open(srv, 0)
+
+
+def test_tombstones_are_kept_and_survive_a_restart(srv):
+    def tombstones():
+        rc, entries, err = srv.search("cn=Changes,cn=Monitor", "(objectClass=*)", scope="base")
+        assert rc == 0, err
+        a = entries[0][1]
+        return int(a["pandoTombstones"][0]), a.get("pandoOldestTombstoneCSN", [None])[0]
+
+    before, _ = tombstones()
+    ldif(srv, "".join("dn: uid=t%d,%s\nobjectClass: inetOrgPerson\nuid: t%d\ncn: T\nsn: T\n\n"
+                      % (i, PEOPLE, i) for i in range(3)))
+    ldif(srv, "".join("dn: uid=t%d,%s\nchangetype: delete\n\n" % (i, PEOPLE) for i in range(3)))
+    count, oldest = tombstones()
+    assert count == before + 3 and oldest and "#" in oldest
+    srv.stop()
+    srv.start()
+    assert tombstones() == (count, oldest)
+
+
+JAVA_DIR = Path(__file__).resolve().parent / "java"
+
+
+@pytest.mark.skipif(not shutil.which("javac"), reason="no JDK")
+def test_jndi_event_listener(srv, tmp_path):
+    # JNDI's EventDirContext listens with a persistent search (changesOnly,
+    # with entry change notifications) and reports typed events.
+    subprocess.run(["javac", "-d", str(tmp_path), str(JAVA_DIR / "Listen.java")], check=True, timeout=120)
+    out = tmp_path / "events.txt"
+    with open(out, "w") as f:
+        p = subprocess.Popen(["java", "-cp", str(tmp_path), "Listen", srv.url, srv.admin_dn, srv.admin_pw, PEOPLE],
+                             stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while open_searches(srv) < 1:
+            assert p.poll() is None, out.read_text()
+            assert time.monotonic() < deadline, out.read_text()
+            time.sleep(0.1)
+        ldif(srv, "dn: uid=j1,%s\nobjectClass: inetOrgPerson\nuid: j1\ncn: J1\nsn: J\n\n"
+                  "dn: uid=j1,%s\nchangetype: modify\nreplace: sn\nsn: JJ\n\n"
+                  "dn: uid=j1,%s\nchangetype: modrdn\nnewrdn: uid=j2\ndeleteoldrdn: 1\n\n"
+                  "dn: uid=j2,%s\nchangetype: delete\n" % (PEOPLE, PEOPLE, PEOPLE, PEOPLE))
+        deadline = time.monotonic() + 20
+        while out.read_text().count("\n") < 4:
+            assert time.monotonic() < deadline, out.read_text()
+            time.sleep(0.1)
+    finally:
+        p.kill()
+        p.wait()
+    lines = out.read_text().splitlines()
+    assert lines[:4] == [
+        "added uid=j1,ou=People,dc=example,dc=com",
+        "changed uid=j1,ou=People,dc=example,dc=com",
+        "renamed uid=j1,ou=People,dc=example,dc=com -> uid=j2,ou=People,dc=example,dc=com",
+        "removed uid=j2,ou=People,dc=example,dc=com",
+    ], lines
