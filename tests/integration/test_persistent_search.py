@@ -385,3 +385,19 @@ def test_jndi_event_listener(srv, tmp_path):
         "renamed uid=j1,ou=People,dc=example,dc=com -> uid=j2,ou=People,dc=example,dc=com",
         "removed uid=j2,ou=People,dc=example,dc=com",
     ], lines
+
+
+def test_matched_values_apply_to_changes(srv):
+    # The search hooks' per-entry steps apply to changes as to stored
+    # entries: only description values equal to "keep" go out.
+    mv = ber.control("1.2.826.0.1.3344810.2.3", value=ber.seq(ber.f_eq("description", "keep")))
+    with srv.raw(timeout=30) as c:
+        assert ber.simple_bind(c, srv.admin_dn, srv.admin_pw) == 0
+        c.send(ber.message(2, ber.search_op(PEOPLE, attrs=["description"]), controls=[ps_control(), mv]))
+        wait_open(srv, 1)
+        ldif(srv, "dn: uid=p3,%s\nchangetype: modify\nreplace: description\ndescription: keep\n"
+                  "description: drop\n" % PEOPLE)
+        [m] = entries_until(c, 1)
+        assert m["attrs"] == {"description": [b"keep"]}, m
+        c.send(ber.message(3, ber.abandon_op(2)))
+    wait_open(srv, 0)

@@ -3,10 +3,11 @@
 //! requester may not read, with computed attributes, encoded straight
 //! into the output buffer.
 
-use pando_model::{AttributeType, CompiledFilter, Dn, Entry, Schema};
+use pando_model::{AttributeType, Dn, Entry, Schema};
 use pando_proto::EntryEncoder;
 use pando_store::{EntryId, View};
 
+use super::hooks::EntryStep;
 use crate::acl::{self, Access, EntryRules};
 use crate::error::OpResult;
 use crate::ops::special::SUBSCHEMA_DN;
@@ -161,10 +162,9 @@ pub(super) struct Emitter<'a> {
     /// The response's message ID; None: a bare SearchResultEntry (the
     /// value of a pre-read or post-read response control).
     pub(super) msg_id: Option<i32>,
-    /// The matched values control (RFC 3876): only values that match one
-    /// of these items go out, and attributes left with none are omitted
-    /// (as slapd does).
-    pub(super) matched_values: Option<Vec<CompiledFilter>>,
+    /// The search hooks' per-entry steps ([`super::hooks`]), applied to a
+    /// copy of each decoded entry before it is encoded.
+    pub(super) steps: Vec<EntryStep>,
 }
 
 /// Access decisions for the entry being emitted: only attributes the
@@ -183,22 +183,9 @@ impl Guard<'_, '_> {
 }
 
 impl Emitter<'_> {
-    /// Does one value of attribute `desc` match one of the matched values
-    /// items? Each item is evaluated against an entry holding only that
-    /// value, so items on other attribute types never match it.
-    fn value_matches(&self, items: &[CompiledFilter], desc: &str, value: &[u8]) -> bool {
-        let one = Entry {
-            dn: Dn { rdns: Vec::new() },
-            attrs: vec![pando_model::Attribute {
-                desc: desc.to_string(),
-                values: vec![value.to_vec()],
-            }],
-        };
-        items
-            .iter()
-            .any(|f| f.matches(self.schema, &one) == pando_model::Ternary::True)
-    }
-
+    /// Encode a decoded entry, after the hooks' steps; false when a step
+    /// held it back.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn emit(
         &self,
         view: Option<&View<'_>>,
@@ -206,13 +193,26 @@ impl Emitter<'_> {
         dn: &str,
         entry: &Entry,
         guard: Option<Guard<'_, '_>>,
+        controls: &[pando_proto::Control],
         buf: &mut Vec<u8>,
-    ) -> OpResult<()> {
+    ) -> OpResult<bool> {
+        let stepped;
+        let entry = if self.steps.is_empty() {
+            entry
+        } else {
+            let mut copy = entry.clone();
+            if !self.steps.iter().all(|step| step(&mut copy)) {
+                return Ok(false);
+            }
+            stepped = copy;
+            &stepped
+        };
         let attrs = entry
             .attrs
             .iter()
             .map(|a| (a.desc.as_str(), a.values.iter().map(Vec::as_slice)));
-        self.emit_attrs(view, id, dn, attrs, guard, &[], buf)
+        self.emit_attrs(view, id, dn, attrs, guard, controls, buf)?;
+        Ok(true)
     }
 
     /// [`Emitter::emit`] from (description, values) pairs: decoded
@@ -246,20 +246,6 @@ impl Emitter<'_> {
             }
             // Access last: only attributes that would go out are checked.
             if guard.as_mut().is_some_and(|g| !g.may_read(view, at)) {
-                continue;
-            }
-            if let Some(items) = &self.matched_values {
-                let kept: Vec<&[u8]> = values
-                    .filter(|v| self.value_matches(items, desc, v))
-                    .collect();
-                if kept.is_empty() {
-                    continue;
-                }
-                if self.types_only {
-                    enc.attr_names_only(desc.as_bytes());
-                } else {
-                    enc.attr(desc.as_bytes(), kept);
-                }
                 continue;
             }
             if self.types_only {
@@ -314,7 +300,7 @@ pub(crate) fn encode_read_entry(
         sel: Selection::new(schema, attrs),
         types_only: false,
         msg_id: None,
-        matched_values: None,
+        steps: Vec::new(),
     };
     let mut buf = Vec::new();
     match access {
@@ -325,9 +311,11 @@ pub(crate) fn encode_read_entry(
                 rules: &rules,
                 norm,
             };
-            emitter.emit(Some(view), None, dn, entry, Some(guard), &mut buf)?;
+            emitter.emit(Some(view), None, dn, entry, Some(guard), &[], &mut buf)?;
         }
-        None => emitter.emit(Some(view), None, dn, entry, None, &mut buf)?,
+        None => {
+            emitter.emit(Some(view), None, dn, entry, None, &[], &mut buf)?;
+        }
     }
     Ok(buf)
 }

@@ -120,7 +120,7 @@ impl<'a, 's> Matcher<'a, 's> {
     }
 
     /// Encode an entry [`Matcher::test_held`] passed, its message carrying
-    /// `controls`.
+    /// `controls`; false when a search hook held it back.
     pub(super) fn emit_held(
         &mut self,
         emitter: &Emitter<'_>,
@@ -129,18 +129,14 @@ impl<'a, 's> Matcher<'a, 's> {
         entry: &Entry,
         controls: &[pando_proto::Control],
         buf: &mut Vec<u8>,
-    ) -> OpResult<()> {
+    ) -> OpResult<bool> {
         let guard = (!self.access.unrestricted()).then_some(Guard {
             access: &mut self.access,
             rules: &self.rules,
             norm,
         });
-        let attrs = entry
-            .attrs
-            .iter()
-            .map(|a| (a.desc.as_str(), a.values.iter().map(Vec::as_slice)));
         let dn = entry.dn.to_string();
-        emitter.emit_attrs(Some(self.view), id, &dn, attrs, guard, controls, buf)
+        emitter.emit(Some(self.view), id, &dn, entry, guard, controls, buf)
     }
 
     /// The filter's value for the entry as the requester sees it: false
@@ -207,8 +203,9 @@ impl<'a, 's> Matcher<'a, 's> {
             .matches(schema, entry)
     }
 
-    /// Encode the hit just tested into `buf`; false when its record went
-    /// away meanwhile (raw path only; not reached within one snapshot).
+    /// Encode the hit just tested into `buf`; false when a search hook held
+    /// it back, or its record went away meanwhile (raw path only; not
+    /// reached within one snapshot).
     pub(super) fn emit(
         &mut self,
         emitter: &Emitter<'_>,
@@ -230,7 +227,14 @@ impl<'a, 's> Matcher<'a, 's> {
                 None => Ok(false),
             };
         }
-        emitter.emit(Some(view), Some(hit.id), &hit.dn, &hit.entry, guard, buf)?;
-        Ok(true)
+        emitter.emit(
+            Some(view),
+            Some(hit.id),
+            &hit.dn,
+            &hit.entry,
+            guard,
+            &[],
+            buf,
+        )
     }
 }

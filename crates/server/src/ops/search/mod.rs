@@ -17,6 +17,7 @@ use pando_store::{EntryId, View};
 use tokio::sync::mpsc;
 
 mod emit;
+mod hooks;
 mod limits;
 mod matcher;
 mod paging;
@@ -226,13 +227,6 @@ pub fn run_inline(job: SearchJob, out: &mut Vec<u8>) -> Result<Option<(u32, u64)
     }
 }
 
-fn assertion_failed() -> LdapError {
-    LdapError::new(
-        ResultCode::ASSERTION_FAILED,
-        "the assertion control's filter is not true for the base entry",
-    )
-}
-
 /// The controls a finished search answers with: an empty paged results
 /// cookie when paging was asked for.
 fn paged_done(job: &SearchJob) -> Vec<Control> {
@@ -243,10 +237,26 @@ fn paged_done(job: &SearchJob) -> Vec<Control> {
     }
 }
 
+/// A search, then the hooks' `after` on its outcome.
+fn search(
+    job: &SearchJob,
+    out: &mut Out<'_>,
+    inline_max: Option<u64>,
+    resume: Option<Resume>,
+) -> OpResult<Step> {
+    Ok(match search_unhooked(job, out, inline_max, resume)? {
+        Step::Done(Some(mut o)) => {
+            hooks::after(job, &mut o);
+            Step::Done(Some(o))
+        }
+        step => step,
+    })
+}
+
 /// A search: the virtual trees answer for their own bases; otherwise
 /// resolve and check the base, work out the limits, the page and the plan,
 /// then stream the matches.
-fn search(
+fn search_unhooked(
     job: &SearchJob,
     out: &mut Out<'_>,
     inline_max: Option<u64>,
@@ -262,7 +272,8 @@ fn search(
     let emitter = emitter_for(job);
     if let Some(tree) = virtual_tree::owner(schema, base) {
         // Their few entries are not sorted: a critical sort or any VLV is
-        // refused, a non-critical sort answered unwillingToPerform.
+        // refused, a non-critical sort answered unwillingToPerform (by
+        // the sort response hook).
         let c = &job.controls;
         if c.vlv.is_some() || c.sort.as_ref().is_some_and(|s| s.critical) {
             return Ok(Step::Done(Some(SearchOutcome {
@@ -274,15 +285,7 @@ fn search(
                 entries: 0,
             })));
         }
-        let step = virtual_tree::search(job, out, tree, &emitter, base)?;
-        return Ok(match step {
-            Step::Done(Some(mut o)) if c.sort.is_some() => {
-                o.controls
-                    .push(sort::response(ResultCode::UNWILLING_TO_PERFORM, None));
-                Step::Done(Some(o))
-            }
-            step => step,
-        });
+        return virtual_tree::search(job, out, tree, &emitter, base);
     }
     let rtxn = server.store.read()?;
     let view = rtxn.view();
@@ -300,11 +303,11 @@ fn search(
     let limits = Limits::for_requester(server, &job.who, &view);
     // Sorting (and a virtual list view, which needs it) is settled first:
     // a sort that cannot be done fails a critical request, and otherwise
-    // the entries go out unsorted with the reason in the sort response.
-    let (keys, unsorted) = match sorting(job, schema)? {
-        Sorting::None => (None, None),
-        Sorting::Keys(keys) => (Some(keys), None),
-        Sorting::Unsortable(u) => (None, Some(u)),
+    // the entries go out unsorted with the reason in the sort response
+    // (added by the sort response hook).
+    let keys = match sorting(job, schema)? {
+        Sorting::None | Sorting::Unsortable => None,
+        Sorting::Keys(keys) => Some(keys),
         Sorting::Refused(done) => return Ok(Step::Done(Some(done))),
     };
     let page = match Page::start(job, limits.size, keys.is_some())? {
@@ -326,6 +329,7 @@ fn search(
         } else {
             inline_max
         },
+        entry_steps: !emitter.steps.is_empty(),
     };
     let Some(mut plan) = Plan::make(&view, input, &emitter.sel)? else {
         return Ok(Step::TooBig);
@@ -364,17 +368,11 @@ fn search(
         )?,
         None => stream(job, out, matcher, &emitter, page, run_limits, resume)?,
     };
-    Ok(match (step, unsorted) {
-        (Step::Done(Some(mut o)), Some(u)) => {
-            o.controls.push(sort::response(u.code, u.attr.as_deref()));
-            Step::Done(Some(o))
-        }
-        (step, _) => step,
-    })
+    Ok(step)
 }
 
 /// How the search's entries are encoded: its attribute selection,
-/// typesOnly, message ID and matched values.
+/// typesOnly, message ID and the search hooks' per-entry steps.
 fn emitter_for(job: &SearchJob) -> Emitter<'_> {
     let schema = &*job.server.schema;
     Emitter {
@@ -382,11 +380,7 @@ fn emitter_for(job: &SearchJob) -> Emitter<'_> {
         sel: Selection::new(schema, &job.req.attrs),
         types_only: job.req.types_only,
         msg_id: Some(job.msg_id),
-        matched_values: job
-            .controls
-            .matched_values
-            .as_ref()
-            .map(|items| items.iter().map(|f| schema.compile_filter(f)).collect()),
+        steps: hooks::entry_steps(job),
     }
 }
 
@@ -394,8 +388,8 @@ fn emitter_for(job: &SearchJob) -> Emitter<'_> {
 enum Sorting<'s> {
     None,
     Keys(Vec<sort::Key<'s>>),
-    /// A non-critical sort that cannot be done: unsorted, with this reason.
-    Unsortable(sort::Unsortable),
+    /// A non-critical sort that cannot be done: unsorted.
+    Unsortable,
     /// The search ends at once with this outcome.
     Refused(SearchOutcome),
 }
@@ -432,14 +426,14 @@ fn sorting<'s>(job: &SearchJob, schema: &'s pando_model::Schema) -> OpResult<Sor
                 };
                 refused(code, u.message, vec![resp])
             }
-            Err(u) => Ok(Sorting::Unsortable(u)),
+            Err(_) => Ok(Sorting::Unsortable),
         },
     }
 }
 
 /// Searching needs search access to the base entry (without it the base
-/// is reported missing, so its existence is not revealed); and with the
-/// assertion control (RFC 4528), the base entry must match it.
+/// is reported missing, so its existence is not revealed); then the
+/// search hooks' `before` (the assertion control) may refuse it.
 fn check_base(
     job: &SearchJob,
     view: &View<'_>,
@@ -464,12 +458,11 @@ fn check_base(
             return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"));
         }
     }
-    // A resumed run already passed it.
-    if let (Some(a), None) = (&job.controls.assertion, resume) {
-        let base_entry = super::stored_entry(view, base_id)?;
-        if !super::assertion_holds(server, view, &job.who, base_norm, &base_entry, a) {
-            return Err(assertion_failed());
-        }
+    // A resumed run already passed them.
+    if resume.is_none() {
+        hooks::before(job, Some(view), base_norm, &mut || {
+            super::stored_entry(view, base_id)
+        })?;
     }
     Ok(())
 }

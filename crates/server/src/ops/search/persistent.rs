@@ -208,8 +208,9 @@ fn encode_changes(
         } else {
             Vec::new()
         };
-        matcher.emit_held(&emitter, id, c.norm(), &entry, &controls, &mut buf)?;
-        n += 1;
+        if matcher.emit_held(&emitter, id, c.norm(), &entry, &controls, &mut buf)? {
+            n += 1;
+        }
     }
     Ok((buf, n))
 }

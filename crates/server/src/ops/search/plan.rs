@@ -138,6 +138,8 @@ pub(super) struct PlanInput<'a, 's> {
     pub(super) also_decode: &'a [&'s AttributeType],
     /// Give up (None) when there could be more candidates than this.
     pub(super) inline_max: Option<u64>,
+    /// Search hooks take each entry decoded before it is sent.
+    pub(super) entry_steps: bool,
 }
 
 impl<'s> Plan<'s> {
@@ -183,7 +185,8 @@ impl<'s> Plan<'s> {
             && !input.rules_read_entries
             && needed_computed.is_empty()
             && !uses_dn
-            && input.also_decode.is_empty();
+            && input.also_decode.is_empty()
+            && !input.entry_steps;
         let no_decode = emitter_only && sel.wants_nothing();
         let raw = emitter_only && !no_decode;
         let mut filter_types: Vec<&AttributeType> = Vec::new();

@@ -11,7 +11,7 @@ use pando_model::{Dn, Entry, Schema, Ternary};
 use pando_proto::{LdapResult, ResultCode, Scope};
 
 use super::emit::Emitter;
-use super::{assertion_failed, flush, paged_done, Out, SearchJob, SearchOutcome, Step};
+use super::{flush, paged_done, Out, SearchJob, SearchOutcome, Step};
 use crate::error::{LdapError, OpResult};
 use crate::observe::monitor;
 use crate::ops::special::{SUBSCHEMA_DN, SUBSCHEMA_NORM};
@@ -175,11 +175,9 @@ pub(super) fn search(
     let Some(base_entry) = entries.iter().find(|e| e.norm == norm_base) else {
         return Err(no_such());
     };
-    if let Some(a) = &job.controls.assertion {
-        if schema.compile_filter(a).matches(schema, &base_entry.entry) != Ternary::True {
-            return Err(assertion_failed());
-        }
-    }
+    super::hooks::before(job, None, &norm_base, &mut || {
+        Ok((*base_entry.entry).clone())
+    })?;
     let filter = schema.compile_filter(&req.filter);
     let below = format!(",{norm_base}");
     let mut n = 0u64;
@@ -203,8 +201,9 @@ pub(super) fn search(
                 entries: n,
             })));
         }
-        emitter.emit(None, None, &e.dn, &e.entry, None, &mut buf)?;
-        n += 1;
+        if emitter.emit(None, None, &e.dn, &e.entry, None, &[], &mut buf)? {
+            n += 1;
+        }
     }
     if flush(out, &mut buf).is_err() {
         return Ok(Step::Done(None));
