@@ -183,8 +183,7 @@ impl Guard<'_, '_> {
 }
 
 impl Emitter<'_> {
-    /// Encode a decoded entry, after the hooks' steps; false when a step
-    /// held it back.
+    /// Encode a decoded entry, after the hooks' steps.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn emit(
         &self,
@@ -195,14 +194,14 @@ impl Emitter<'_> {
         guard: Option<Guard<'_, '_>>,
         controls: &[pando_proto::Control],
         buf: &mut Vec<u8>,
-    ) -> OpResult<bool> {
+    ) -> OpResult<()> {
         let stepped;
         let entry = if self.steps.is_empty() {
             entry
         } else {
             let mut copy = entry.clone();
-            if !self.steps.iter().all(|step| step(&mut copy)) {
-                return Ok(false);
+            for step in &self.steps {
+                step(&mut copy);
             }
             stepped = copy;
             &stepped
@@ -211,8 +210,7 @@ impl Emitter<'_> {
             .attrs
             .iter()
             .map(|a| (a.desc.as_str(), a.values.iter().map(Vec::as_slice)));
-        self.emit_attrs(view, id, dn, attrs, guard, controls, buf)?;
-        Ok(true)
+        self.emit_attrs(view, id, dn, attrs, guard, controls, buf)
     }
 
     /// [`Emitter::emit`] from (description, values) pairs: decoded

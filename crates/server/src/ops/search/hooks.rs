@@ -8,21 +8,23 @@
 //!   hook `wants_base`.
 //! - `per_entry` gives, per search, a step each entry takes after scope,
 //!   filter and access let it go out and before it is encoded: the step
-//!   may change the entry's values or hold it back (the matched values
-//!   control). A search with a step decodes every entry it sends (no raw
-//!   path).
-//! - `after` sees the outcome before SearchResultDone is sent and may add
-//!   response controls (the sort control's reason for not sorting).
+//!   may change the entry's values (the matched values control); it does
+//!   not decide whether the entry goes out (positions of sorted and paged
+//!   results count entries sent). A search with a step decodes every
+//!   entry it sends (no raw path).
+//! - `after` sees the outcome, and the way the search went, before
+//!   SearchResultDone is sent, and may add response controls (the sort
+//!   control's reason for not sorting).
 
 use pando_model::{CompiledFilter, Dn, Entry, Ternary};
-use pando_proto::{oid, ResultCode};
+use pando_proto::ResultCode;
 use pando_store::View;
 
-use super::{sort, virtual_tree, SearchJob, SearchOutcome};
+use super::{sort, Path, SearchJob, SearchOutcome};
 use crate::error::{LdapError, OpResult};
 
-/// What a hook does to each entry of one search; false holds it back.
-pub(super) type EntryStep = Box<dyn Fn(&mut Entry) -> bool + Send + Sync>;
+/// What a hook does to each entry of one search.
+pub(super) type EntryStep = Box<dyn Fn(&mut Entry) + Send + Sync>;
 
 pub(super) trait SearchHook: Sync {
     /// Whether `before` needs the base entry for this search.
@@ -45,7 +47,7 @@ pub(super) trait SearchHook: Sync {
         None
     }
 
-    fn after(&self, _job: &SearchJob, _outcome: &mut SearchOutcome) {}
+    fn after(&self, _job: &SearchJob, _path: Path, _outcome: &mut SearchOutcome) {}
 }
 
 /// The order hooks run in.
@@ -77,9 +79,9 @@ pub(super) fn entry_steps(job: &SearchJob) -> Vec<EntryStep> {
 }
 
 /// Every hook's `after`, in order.
-pub(super) fn after(job: &SearchJob, outcome: &mut SearchOutcome) {
+pub(super) fn after(job: &SearchJob, path: Path, outcome: &mut SearchOutcome) {
     for hook in HOOKS {
-        hook.after(job, outcome);
+        hook.after(job, path, outcome);
     }
 }
 
@@ -138,7 +140,6 @@ impl SearchHook for MatchedValues {
                     .retain(|v| value_matches(&schema, &compiled, &desc, v));
             }
             entry.attrs.retain(|a| !a.values.is_empty());
-            true
         }))
     }
 }
@@ -164,33 +165,25 @@ fn value_matches(
         .any(|f| f.matches(schema, &one) == Ternary::True)
 }
 
-/// RFC 2891: a search that asked for sorting and was not sorted (a
+/// RFC 2891: a search that asked for sorting and went through unsorted (a
 /// non-critical sort the server cannot do, or a virtual tree's entries)
-/// says why in the sort response control. Sorted searches and refused
-/// ones carry their own.
+/// says why in the sort response control. Sorted searches and refusals
+/// carry their own, or none.
 struct SortResponse;
 
 impl SearchHook for SortResponse {
-    fn after(&self, job: &SearchJob, outcome: &mut SearchOutcome) {
+    fn after(&self, job: &SearchJob, path: Path, outcome: &mut SearchOutcome) {
         let Some(s) = &job.controls.sort else {
             return;
         };
-        if outcome.controls.iter().any(|c| c.oid == oid::SORT_RESPONSE) {
-            return;
-        }
-        let server = &job.server;
-        let schema = &*server.schema;
-        let in_virtual_tree = server
-            .base_cache
-            .get(schema, &job.req.base)
-            .is_ok_and(|b| virtual_tree::owner(schema, &b.0).is_some());
-        let (code, attr) = if in_virtual_tree {
-            (ResultCode::UNWILLING_TO_PERFORM, None)
-        } else {
-            match sort::resolve(schema, s) {
+        let (code, attr) = match path {
+            Path::VirtualTree => (ResultCode::UNWILLING_TO_PERFORM, None),
+            // Sortable keys take the sorted path: these could not be used.
+            Path::Streamed => match sort::resolve(&job.server.schema, s) {
                 Ok(_) => return,
                 Err(u) => (u.code, u.attr),
-            }
+            },
+            Path::Refused | Path::Sorted => return,
         };
         outcome.controls.push(sort::response(code, attr.as_deref()));
     }

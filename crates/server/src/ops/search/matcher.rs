@@ -120,7 +120,7 @@ impl<'a, 's> Matcher<'a, 's> {
     }
 
     /// Encode an entry [`Matcher::test_held`] passed, its message carrying
-    /// `controls`; false when a search hook held it back.
+    /// `controls`.
     pub(super) fn emit_held(
         &mut self,
         emitter: &Emitter<'_>,
@@ -129,7 +129,7 @@ impl<'a, 's> Matcher<'a, 's> {
         entry: &Entry,
         controls: &[pando_proto::Control],
         buf: &mut Vec<u8>,
-    ) -> OpResult<bool> {
+    ) -> OpResult<()> {
         let guard = (!self.access.unrestricted()).then_some(Guard {
             access: &mut self.access,
             rules: &self.rules,
@@ -203,9 +203,8 @@ impl<'a, 's> Matcher<'a, 's> {
             .matches(schema, entry)
     }
 
-    /// Encode the hit just tested into `buf`; false when a search hook held
-    /// it back, or its record went away meanwhile (raw path only; not
-    /// reached within one snapshot).
+    /// Encode the hit just tested into `buf`; false when its record went
+    /// away meanwhile (raw path only; not reached within one snapshot).
     pub(super) fn emit(
         &mut self,
         emitter: &Emitter<'_>,
@@ -235,6 +234,7 @@ impl<'a, 's> Matcher<'a, 's> {
             guard,
             &[],
             buf,
-        )
+        )?;
+        Ok(true)
     }
 }

@@ -245,12 +245,26 @@ fn search(
     resume: Option<Resume>,
 ) -> OpResult<Step> {
     Ok(match search_unhooked(job, out, inline_max, resume)? {
-        Step::Done(Some(mut o)) => {
-            hooks::after(job, &mut o);
+        (Step::Done(Some(mut o)), path) => {
+            hooks::after(job, path, &mut o);
             Step::Done(Some(o))
         }
-        step => step,
+        (step, _) => step,
     })
+}
+
+/// The way a search went, for the hooks' `after`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Path {
+    /// Answered before any entry was looked at (a control's refusal, a
+    /// paged search abandoned with size 0).
+    Refused,
+    /// The entries of a virtual tree, unsorted.
+    VirtualTree,
+    /// Stored entries in ID order (unsorted).
+    Streamed,
+    /// Stored entries sorted (sort or VLV control).
+    Sorted,
 }
 
 /// A search: the virtual trees answer for their own bases; otherwise
@@ -261,7 +275,8 @@ fn search_unhooked(
     out: &mut Out<'_>,
     inline_max: Option<u64>,
     resume: Option<Resume>,
-) -> OpResult<Step> {
+) -> OpResult<(Step, Path)> {
+    let refused = |o: SearchOutcome| Ok((Step::Done(Some(o)), Path::Refused));
     let server = &job.server;
     let schema = &*server.schema;
     let req = &job.req;
@@ -276,16 +291,17 @@ fn search_unhooked(
         // the sort response hook).
         let c = &job.controls;
         if c.vlv.is_some() || c.sort.as_ref().is_some_and(|s| s.critical) {
-            return Ok(Step::Done(Some(SearchOutcome {
+            return refused(SearchOutcome {
                 result: LdapResult::new(
                     ResultCode::UNAVAILABLE_CRITICAL_EXTENSION,
                     "the root DSE, cn=Subschema and cn=Monitor are not sorted",
                 ),
                 controls: vec![sort::response(ResultCode::UNWILLING_TO_PERFORM, None)],
                 entries: 0,
-            })));
+            });
         }
-        return virtual_tree::search(job, out, tree, &emitter, base);
+        let step = virtual_tree::search(job, out, tree, &emitter, base)?;
+        return Ok((step, Path::VirtualTree));
     }
     let rtxn = server.store.read()?;
     let view = rtxn.view();
@@ -308,11 +324,11 @@ fn search_unhooked(
     let keys = match sorting(job, schema)? {
         Sorting::None | Sorting::Unsortable => None,
         Sorting::Keys(keys) => Some(keys),
-        Sorting::Refused(done) => return Ok(Step::Done(Some(done))),
+        Sorting::Refused(done) => return refused(done),
     };
     let page = match Page::start(job, limits.size, keys.is_some())? {
         Ok(page) => page,
-        Err(done) => return Ok(Step::Done(Some(done))),
+        Err(done) => return refused(done),
     };
     let key_types = keys.as_deref().map(sort::key_types).unwrap_or_default();
     let input = PlanInput {
@@ -332,7 +348,7 @@ fn search_unhooked(
         entry_steps: !emitter.steps.is_empty(),
     };
     let Some(mut plan) = Plan::make(&view, input, &emitter.sel)? else {
-        return Ok(Step::TooBig);
+        return Ok((Step::TooBig, Path::Streamed));
     };
     plan.show_subentries(
         &view,
@@ -353,22 +369,27 @@ fn search_unhooked(
     };
     let max_sort = server.cfg.config.limits.max_sort_entries;
     let run_limits = RunLimits::new(job, &limits, started);
-    let step = match &keys {
-        Some(keys) => sort::run(
-            job,
-            out,
-            matcher,
-            &emitter,
-            keys,
-            page,
-            run_limits,
-            max_sort,
-            resume,
-            rtxn.generation(),
-        )?,
-        None => stream(job, out, matcher, &emitter, page, run_limits, resume)?,
-    };
-    Ok(step)
+    Ok(match &keys {
+        Some(keys) => {
+            let step = sort::run(
+                job,
+                out,
+                matcher,
+                &emitter,
+                keys,
+                page,
+                run_limits,
+                max_sort,
+                resume,
+                rtxn.generation(),
+            )?;
+            (step, Path::Sorted)
+        }
+        None => {
+            let step = stream(job, out, matcher, &emitter, page, run_limits, resume)?;
+            (step, Path::Streamed)
+        }
+    })
 }
 
 /// How the search's entries are encoded: its attribute selection,

@@ -187,10 +187,19 @@ fn encode_changes(
         rules: EntryRules::default(),
     };
     let emitter = emitter_for(job);
+    // Where the entry is stored matters only to computed attributes.
+    let needs_id = !plan.needed_computed.is_empty()
+        || crate::ops::COMPUTED
+            .iter()
+            .any(|name| emitter.sel.wants_computed(name));
     let (mut buf, mut n) = (Vec::new(), 0);
     for c in wanted {
         let entry: Entry = c.entry().clone();
-        let id = stored_id(&view, &entry)?;
+        let id = if needs_id {
+            stored_id(&view, &entry)?
+        } else {
+            None
+        };
         let Some(entry) = matcher.test_held(id, c.norm(), entry)? else {
             continue;
         };
@@ -208,9 +217,8 @@ fn encode_changes(
         } else {
             Vec::new()
         };
-        if matcher.emit_held(&emitter, id, c.norm(), &entry, &controls, &mut buf)? {
-            n += 1;
-        }
+        matcher.emit_held(&emitter, id, c.norm(), &entry, &controls, &mut buf)?;
+        n += 1;
     }
     Ok((buf, n))
 }

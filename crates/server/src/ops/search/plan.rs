@@ -185,10 +185,10 @@ impl<'s> Plan<'s> {
             && !input.rules_read_entries
             && needed_computed.is_empty()
             && !uses_dn
-            && input.also_decode.is_empty()
-            && !input.entry_steps;
+            && input.also_decode.is_empty();
         let no_decode = emitter_only && sel.wants_nothing();
-        let raw = emitter_only && !no_decode;
+        // The hooks' steps take decoded entries.
+        let raw = emitter_only && !no_decode && !input.entry_steps;
         let mut filter_types: Vec<&AttributeType> = Vec::new();
         types_in_filter(schema, filter, &mut filter_types);
         // When entries are decoded: access rules with filters look at whole

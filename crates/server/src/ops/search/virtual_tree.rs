@@ -201,9 +201,8 @@ pub(super) fn search(
                 entries: n,
             })));
         }
-        if emitter.emit(None, None, &e.dn, &e.entry, None, &[], &mut buf)? {
-            n += 1;
-        }
+        emitter.emit(None, None, &e.dn, &e.entry, None, &[], &mut buf)?;
+        n += 1;
     }
     if flush(out, &mut buf).is_err() {
         return Ok(Step::Done(None));
