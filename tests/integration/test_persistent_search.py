@@ -257,6 +257,40 @@ def test_base_scope_filter_types_and_access_decide_what_is_sent(srv):
         assert nothing_more(top, 0.3)
 
 
+def test_entries_leaving_the_result_set_are_reported(srv):
+    # A modify that makes an entry stop matching, and a rename out of
+    # scope, are sent (as the entry now is) so that a client keeping
+    # copies learns they left; later changes to them are not.
+    alice = (ALICE, "alice-pw")
+    ldif(srv, "dn: ou=Moved,%s\nobjectClass: organizationalUnit\nou: Moved\n\n"
+              "dn: uid=l1,%s\nobjectClass: inetOrgPerson\nuid: l1\ncn: L1\nsn: Stay\n\n"
+              "dn: uid=l2,%s\nobjectClass: inetOrgPerson\nuid: l2\ncn: L2\nsn: Stay\n"
+              % (SUFFIX, PEOPLE, PEOPLE))
+    filt = ber.f_eq("sn", "Stay")
+    with open_psearch(srv, who=alice, base=PEOPLE, filt=filt, attrs=["sn"]) as c:
+        wait_open(srv, 1)
+        ldif(srv, "dn: uid=l1,%s\nchangetype: modify\nreplace: sn\nsn: Gone\n\n"
+                  "dn: uid=l1,%s\nchangetype: modify\nreplace: sn\nsn: StillGone\n\n"
+                  "dn: uid=l2,%s\nchangetype: modrdn\nnewrdn: uid=l2\ndeleteoldrdn: 1\n"
+                  "newsuperior: ou=Moved,%s\n\n"
+                  "dn: uid=l2,ou=Moved,%s\nchangetype: modify\nreplace: sn\nsn: Elsewhere\n"
+                  % (PEOPLE, PEOPLE, PEOPLE, SUFFIX, SUFFIX))
+        left, moved = entries_until(c, 2)
+        assert left["dn"] == "uid=l1," + PEOPLE and left["attrs"] == {"sn": [b"Gone"]}
+        assert entry_change(controls_of(left)[ECN_OID]) == (MODIFY, None)
+        assert moved["dn"] == "uid=l2,ou=Moved," + SUFFIX
+        assert entry_change(controls_of(moved)[ECN_OID]) == (MODDN, "uid=l2," + PEOPLE)
+        assert nothing_more(c)
+        # Moved into ou=Secret, which alice may not read: nothing is sent,
+        # neither the entry nor where it went.
+        ldif(srv, "dn: uid=l3,%s\nobjectClass: inetOrgPerson\nuid: l3\ncn: L3\nsn: Stay\n" % PEOPLE)
+        [added] = entries_until(c, 1)
+        assert added["dn"] == "uid=l3," + PEOPLE
+        ldif(srv, "dn: uid=l3,%s\nchangetype: modrdn\nnewrdn: uid=l3\ndeleteoldrdn: 1\n"
+                  "newsuperior: %s\n" % (PEOPLE, SECRET))
+        assert nothing_more(c)
+
+
 def test_a_client_that_stops_reading_cannot_stall_writes(srv):
     # A small receive buffer, and nothing read while 1,500 changes of 16 KB
     # are made (far more than the socket buffers and the connection's queue
@@ -314,6 +348,11 @@ def test_refusals(srv):
             c.send(ber.message(msgid, ber.search_op(base), controls=controls))
             m = c.recv_msg()
             assert (m["id"], m["op"], m["code"]) == (msgid, "searchDone", code), m
+        # Anonymous clients may not hold one open.
+        with srv.raw() as anon:
+            anon.send(ber.message(1, ber.search_op(PEOPLE), controls=[ps_control()]))
+            m = anon.recv_msg()
+            assert (m["op"], m["code"]) == ("searchDone", 53) and "authenticated" in m["diag"], m
         # A malformed value is a protocolError.
         c.send(ber.message(5, ber.search_op(PEOPLE), controls=[ber.control(PS_OID, True, b"\x30\x00")]))
         m = c.recv_msg()
@@ -344,7 +383,14 @@ def test_tombstones_are_kept_and_survive_a_restart(srv):
     ldif(srv, "".join("dn: uid=t%d,%s\nchangetype: delete\n\n" % (i, PEOPLE) for i in range(3)))
     count, oldest = tombstones()
     assert count == before + 3 and oldest and "#" in oldest
-    srv.stop()
+    # A persistent search open at shutdown is told so at once.
+    with open_psearch(srv, base=PEOPLE) as c:
+        wait_open(srv, 1)
+        started = time.monotonic()
+        srv.stop()
+        m = c.recv_msg()
+        assert (m["op"], m["code"]) == ("searchDone", 52), m
+        assert time.monotonic() - started < 4
     srv.start()
     assert tombstones() == (count, oldest)
 

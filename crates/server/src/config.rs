@@ -557,7 +557,8 @@ pub struct Limits {
     pub max_persistent_searches: usize,
     /// Committed write operations a persistent search may fall behind
     /// (its client not taking the entries) before it is ended with
-    /// adminLimitExceeded; the change feed keeps at most this many.
+    /// adminLimitExceeded; the change feed keeps at most this many
+    /// (rounded up to a power of two).
     pub persistent_search_backlog: usize,
     /// Operations outstanding on one connection before reading pauses.
     pub max_ops_per_connection: usize,
@@ -1169,6 +1170,12 @@ impl Config {
         }
         if l.max_ops_per_connection == 0 {
             return Err(err("limits.max_ops_per_connection", "must be at least 1"));
+        }
+        if l.max_persistent_searches > 100_000 {
+            return Err(err(
+                "limits.max_persistent_searches",
+                "must be at most 100000",
+            ));
         }
         // The change feed's ring is allocated whole.
         if !(1..=1 << 20).contains(&l.persistent_search_backlog) {

@@ -231,6 +231,18 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
 
     print_banner(&server, &root_pw, &created, demo_added, tls_generated);
 
+    // Tombstones that expired while the server was down go now (later
+    // ones go with the deletes that follow them).
+    let cutoff = ops::write::tombstone_cutoff(server.cfg.config.store.keep_tombstones_days);
+    match store
+        .write(move |w| w.purge_tombstones(&cutoff, 1_000_000))
+        .await
+    {
+        Ok(0) => {}
+        Ok(n) => tracing::info!("purged {n} expired tombstones"),
+        Err(e) => tracing::warn!("cannot purge expired tombstones: {e}"),
+    }
+
     let (stop_tx, stop_rx) = watch::channel(false);
     let conn_limit = Arc::new(Semaphore::new(server.cfg.config.limits.max_connections));
     let per_ip = net::listener::PerIpLimit::new(server.cfg.config.limits.max_connections_per_ip);
@@ -256,6 +268,8 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     signals.wait_for_stop(&server, opts.reload.as_ref()).await;
     tracing::info!("shutting down: no new connections; finishing operations in progress");
     let _ = stop_tx.send(true);
+    // Persistent searches end now (with `unavailable`), not at the drain's end.
+    server.feed.close();
     while listeners.join_next().await.is_some() {}
     // Every live connection holds one permit until its task ends.
     let all = u32::try_from(server.cfg.config.limits.max_connections).unwrap_or(u32::MAX);

@@ -1166,35 +1166,52 @@ fn tombstones_are_kept_in_csn_order_and_purged_oldest_first() {
     store
         .write_blocking(move |w| -> Result<(), StoreError> {
             for t in &w2 {
-                w.put_tombstone(t)?;
+                w.put_tombstone(t, 0)?;
+            }
+            // One operation's deletes share a CSN and keep their order,
+            // whatever their UUIDs; entries without one do not collide.
+            for (seq, uuid) in ["z", "", "", "a"].iter().enumerate() {
+                w.put_tombstone(
+                    &Tombstone {
+                        csn: "20261126000000.000000Z#000000#000#000001".into(),
+                        uuid: uuid.to_string(),
+                        dn: format!("cn={seq}"),
+                    },
+                    seq as u32,
+                )?;
             }
             Ok(())
         })
         .unwrap();
     // A rolled-back job leaves no tombstone.
     let res: Result<(), StoreError> = store.write_blocking(|w| {
-        w.put_tombstone(&Tombstone {
-            csn: "20261125000000.000000Z#000000#000#000000".into(),
-            uuid: "gone".into(),
-            dn: "cn=x".into(),
-        })?;
+        w.put_tombstone(
+            &Tombstone {
+                csn: "20261125000000.000000Z#000000#000#000000".into(),
+                uuid: "gone".into(),
+                dn: "cn=x".into(),
+            },
+            0,
+        )?;
         Err(StoreError::Closed)
     });
     assert!(res.is_err());
     let r = store.read().unwrap();
     let all = r.view().tombstones("", "", 10).unwrap();
     assert_eq!(
-        all,
-        vec![written[1].clone(), written[0].clone(), written[2].clone()]
+        all[..3],
+        [written[1].clone(), written[0].clone(), written[2].clone()]
     );
+    let tree: Vec<String> = all[3..].iter().map(|t| t.dn.clone()).collect();
+    assert_eq!(tree, ["cn=0", "cn=1", "cn=2", "cn=3"]);
     // After a CSN, and not older than a time.
-    let later = r.view().tombstones(&written[1].csn, "", 10).unwrap();
+    let later = r.view().tombstones(&written[1].csn, "", 2).unwrap();
     assert_eq!(later, vec![written[0].clone(), written[2].clone()]);
-    let fresh = r.view().tombstones("", "20261125020000", 10).unwrap();
+    let fresh = r.view().tombstones("", "20261125020000", 1).unwrap();
     assert_eq!(fresh, vec![written[2].clone()]);
     assert_eq!(r.view().tombstones("", "", 1).unwrap().len(), 1);
     let summary = r.view().tombstone_summary().unwrap();
-    assert_eq!(summary.count, 3);
+    assert_eq!(summary.count, 7);
     assert_eq!(summary.oldest_csn.as_deref(), Some(written[1].csn.as_str()));
     drop(r);
     let purged = store
@@ -1207,7 +1224,7 @@ fn tombstones_are_kept_in_csn_order_and_purged_oldest_first() {
     assert_eq!(purged, 1);
     let r = store.read().unwrap();
     assert_eq!(
-        r.view().tombstones("", "", 10).unwrap(),
+        r.view().tombstones("", "", 1).unwrap(),
         vec![written[2].clone()]
     );
     drop(r);
@@ -1216,7 +1233,7 @@ fn tombstones_are_kept_in_csn_order_and_purged_oldest_first() {
     store.close();
     let store = open(dir.path());
     let r = store.read().unwrap();
-    assert_eq!(r.view().tombstone_summary().unwrap().count, 1);
+    assert_eq!(r.view().tombstone_summary().unwrap().count, 5);
 }
 
 #[test]

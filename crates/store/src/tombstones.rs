@@ -4,9 +4,10 @@
 //! (replication's delete phase, an incremental backup) can still learn of
 //! it after the entry itself is gone.
 //!
-//! Key: the CSN, a NUL, the UUID (CSNs sort by time as text, so the
-//! database is in delete order and the oldest records come first). Value:
-//! the DN as it was.
+//! Key: the CSN, a NUL, the entry's position among the operation's
+//! deletes (u32, big-endian), the UUID. CSNs sort by time as text and a
+//! tree delete's entries (one CSN) by the order they were deleted, so the
+//! database is in delete order, oldest first. Value: the DN as it was.
 
 use std::ops::Bound;
 
@@ -22,10 +23,11 @@ pub struct Tombstone {
     pub dn: String,
 }
 
-fn key(csn: &str, uuid: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(csn.len() + 1 + uuid.len());
+fn key(csn: &str, seq: u32, uuid: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(csn.len() + 5 + uuid.len());
     k.extend_from_slice(csn.as_bytes());
     k.push(0);
+    k.extend_from_slice(&seq.to_be_bytes());
     k.extend_from_slice(uuid.as_bytes());
     k
 }
@@ -38,9 +40,10 @@ fn decode(k: &[u8], v: &[u8]) -> Result<Tombstone, StoreError> {
             .map(str::to_string)
             .map_err(|_| bad())
     };
+    let uuid = k.get(nul + 5..).ok_or_else(bad)?;
     Ok(Tombstone {
         csn: text(&k[..nul])?,
-        uuid: text(&k[nul + 1..])?,
+        uuid: text(uuid)?,
         dn: text(v)?,
     })
 }
@@ -113,10 +116,11 @@ impl WriteTxn<'_> {
             .ok_or_else(|| StoreError::Corrupt("the store has no tombstone database".into()))
     }
 
-    /// Record that the entry `uuid`, known as `dn`, was deleted by `csn`.
-    pub fn put_tombstone(&mut self, t: &Tombstone) -> Result<(), StoreError> {
+    /// Record that the entry `t.uuid`, known as `t.dn`, was deleted by
+    /// `t.csn`, as the operation's `seq`th delete (from 0).
+    pub fn put_tombstone(&mut self, t: &Tombstone, seq: u32) -> Result<(), StoreError> {
         let db = self.tombstone_db_mut()?;
-        db.put(&mut self.txn, &key(&t.csn, &t.uuid), t.dn.as_bytes())?;
+        db.put(&mut self.txn, &key(&t.csn, seq, &t.uuid), t.dn.as_bytes())?;
         Ok(())
     }
 

@@ -175,7 +175,7 @@ impl WriteOp for SetPassword {
         let schema = &*server.schema;
         let id = super::resolve_for(server, view, who, &self.target)?;
         let old = pando_model::Entry {
-            dn: self.target.clone(),
+            dn: view.dn(id)?,
             attrs: view.attrs(id)?.unwrap_or_default(),
         };
         super::write::hooks::on_target(ctx, view, &self.norm, &old)?;

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use pando_model::Entry;
 use pando_proto::control_values::change_type;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
 use super::write::Change;
 
@@ -93,6 +93,8 @@ impl Change {
 /// [`Feed::subscribe`]).
 pub struct Feed {
     tx: broadcast::Sender<Arc<Committed>>,
+    /// Turns true when the server shuts down: listeners end then.
+    closing: watch::Sender<bool>,
 }
 
 impl Feed {
@@ -100,7 +102,18 @@ impl Feed {
     pub fn new(backlog: usize) -> Feed {
         Feed {
             tx: broadcast::channel(backlog.max(1)).0,
+            closing: watch::channel(false).0,
         }
+    }
+
+    /// Tell every listener the server is shutting down.
+    pub fn close(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// Changes to true when the server shuts down.
+    pub fn closing(&self) -> watch::Receiver<bool> {
+        self.closing.subscribe()
     }
 
     /// Changes committed from now on.

@@ -119,7 +119,19 @@ impl<'a, 's> Matcher<'a, 's> {
         Ok((self.matches(norm, &entry) == Ternary::True).then_some(entry))
     }
 
-    /// Encode an entry [`Matcher::test_held`] passed, its message carrying
+    /// Whether the requester may read the entry `norm` (its rules are then
+    /// the ones an emit of it uses).
+    pub(super) fn may_read_entry(&mut self, norm: &str, entry: &Entry) -> bool {
+        if self.access.unrestricted() {
+            return true;
+        }
+        self.access
+            .entry_into(self.schema, norm, entry, &mut self.rules);
+        self.access
+            .allows(Some(self.view), &self.rules, norm, None, acl::READ)
+    }
+
+    /// Encode an entry [`Matcher::test_held`] (or [`Matcher::may_read_entry`]) passed, its message carrying
     /// `controls`.
     pub(super) fn emit_held(
         &mut self,

@@ -3,18 +3,26 @@
 //! a later change adds, modifies, renames or deletes is sent when it is
 //! within the search's base and scope and matches its filter as the
 //! requester may see it, in commit order, with an entry change
-//! notification control when returnECs asks for it.
+//! notification control when returnECs asks for it. A modify or rename
+//! that takes an entry out of the result set is sent too (the entry as it
+//! now is, if the requester may read it), so a client keeping copies
+//! learns it left. A rename's previous DN is given only when the requester
+//! could read the entry there. Entries a rename moves along with their
+//! parent are not reported one by one.
 //!
 //! It follows the change feed ([`crate::ops::feed`]) on its own task,
-//! holding no thread and no read transaction between changes. It ends
-//! with Abandon or Cancel, or with adminLimitExceeded when its client
-//! falls more than `limits.persistent_search_backlog` operations behind
-//! (the feed's ring overflowed: the writer never waits for it). A change
-//! is tested on the entry as the change left it (a delete: as it was);
-//! access is decided on the store as it is when the change is sent.
+//! holding no thread and no read transaction between changes; an
+//! operation touching many entries is matched on the blocking pool under
+//! a search thread, as a large search is. It ends with Abandon or Cancel,
+//! with `unavailable` when the server shuts down, or with
+//! adminLimitExceeded when its client falls more than
+//! `limits.persistent_search_backlog` operations behind (the feed's ring
+//! overflowed: the writer never waits for it). Access is decided on the
+//! store as it is when the change is sent.
 //!
-//! The requester's size and time limits apply to the initial results
-//! only. Paged results, sort and VLV are not combined with it.
+//! Only authenticated clients may hold one open; the requester's size and
+//! time limits apply to the initial results only. Paged results, sort and
+//! VLV are not combined with it.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -34,11 +42,16 @@ use super::{
 };
 use crate::acl::{Access, EntryRules};
 use crate::error::{LdapError, OpResult};
-use crate::ops::feed::Committed;
+use crate::ops::feed::{Committed, Kind};
+use crate::ops::write::Change;
 
 /// How often a persistent search with no changes to send looks for
 /// Abandon and Cancel.
 const CHECK_ABANDON: Duration = Duration::from_millis(100);
+
+/// An operation touching more entries than this is matched on the
+/// blocking pool, holding a search thread, as a large search is.
+const INLINE_CHANGES: usize = 8;
 
 /// Run a persistent search until it ends (see the module header).
 pub async fn run(job: &Arc<SearchJob>) -> Finished {
@@ -46,22 +59,25 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
         return run_to_end(job).await;
     };
     let base = match settle(job) {
-        Ok(base) => base,
+        Ok(base) => Arc::new(base),
         Err(e) => return done(e.into_result(), 0),
     };
     let server = &job.server;
+    let limits = &server.cfg.config.limits;
     let Ok(_place) = server.persistent_searches.clone().try_acquire_owned() else {
-        return done(LdapResult::new(
-            ResultCode::ADMIN_LIMIT_EXCEEDED,
-            format!(
-                "{} persistent searches are open, the most this server allows (limits.max_persistent_searches)",
-                server.cfg.config.limits.max_persistent_searches
-            ),
-        ), 0);
+        let message = match limits.max_persistent_searches {
+            0 => "persistent searches are turned off (limits.max_persistent_searches = 0)".to_string(),
+            n => format!("{n} persistent searches are open, the most this server allows (limits.max_persistent_searches)"),
+        };
+        return done(
+            LdapResult::new(ResultCode::ADMIN_LIMIT_EXCEEDED, message),
+            0,
+        );
     };
     // Subscribed before the initial search takes its snapshot: no change
     // falls between the two (one committed meanwhile may be sent twice).
     let mut feed = server.feed.subscribe();
+    let mut closing = server.feed.closing();
     let mut sent = 0;
     if !ps.changes_only {
         match run_to_end(job).await {
@@ -73,6 +89,9 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
     loop {
         let next = tokio::select! {
             next = feed.recv() => next,
+            _ = closing.changed() => {
+                return done(LdapResult::new(ResultCode::UNAVAILABLE, "the server is shutting down"), sent);
+            }
             _ = tick.tick() => {
                 if job.abandoned.load(Ordering::Relaxed) {
                     return Finished::Abandoned;
@@ -86,32 +105,46 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
         let committed = match next {
             Ok(c) => c,
             Err(RecvError::Lagged(lost)) => {
-                return done(LdapResult::new(
-                    ResultCode::ADMIN_LIMIT_EXCEEDED,
-                    format!(
-                        "the client fell more than {} changes behind (limits.persistent_search_backlog) and {lost} were dropped; search again",
-                        server.cfg.config.limits.persistent_search_backlog
-                    ),
-                ), sent)
+                let message = format!(
+                    "the client fell more than {} changes behind (limits.persistent_search_backlog) and {lost} were dropped; search again",
+                    limits.persistent_search_backlog
+                );
+                return done(
+                    LdapResult::new(ResultCode::ADMIN_LIMIT_EXCEEDED, message),
+                    sent,
+                );
             }
-            Err(RecvError::Closed) => {
-                return done(LdapResult::new(
-                    ResultCode::UNAVAILABLE,
-                    "the server is shutting down",
-                ), sent)
-            }
+            // The sender lives as long as the server, which this job holds.
+            Err(RecvError::Closed) => return Finished::Abandoned,
         };
-        let (bytes, n) = match encode_changes(job, &ps, &base, &committed) {
-            Ok(out) => out,
-            Err(e) => return done(e.into_result(), sent),
+        let encoded = match encode(job, ps, &base, committed).await {
+            Some(Ok(out)) => out,
+            Some(Err(e)) => return done(e.into_result(), sent),
+            None => return Finished::Abandoned,
         };
-        if n > 0 {
-            // Waits while the client is slow (bounded by the connection's
-            // write-rate rule); the feed keeps the backlog meanwhile.
-            if job.out.send(bytes).await.is_err() {
+        for chunk in encoded.chunks {
+            if !deliver(job, chunk).await {
                 return Finished::Abandoned;
             }
-            sent += n;
+        }
+        sent += encoded.entries;
+    }
+}
+
+/// Hand `chunk` to the connection, waiting while its client is slow
+/// (bounded by the connection's write-rate rule; the feed keeps the
+/// backlog meanwhile) but not past an Abandon or Cancel. False: the
+/// search is over.
+async fn deliver(job: &SearchJob, chunk: Vec<u8>) -> bool {
+    loop {
+        match tokio::time::timeout(CHECK_ABANDON, job.out.reserve()).await {
+            Ok(Ok(permit)) => {
+                permit.send(chunk);
+                return true;
+            }
+            Ok(Err(_)) => return false,
+            Err(_) if job.abandoned.load(Ordering::Relaxed) => return false,
+            Err(_) => {}
         }
     }
 }
@@ -125,8 +158,8 @@ fn done(result: LdapResult, entries: u64) -> Finished {
 }
 
 /// The search's base as a normalised DN, after the checks any search of
-/// it makes (it exists, the requester may search it, the assertion
-/// control holds), and the refusals particular to persistent searches.
+/// it makes (it exists, the requester may search it, the hooks' before
+/// steps), and the refusals particular to persistent searches.
 fn settle(job: &SearchJob) -> OpResult<String> {
     let server = &job.server;
     let c = &job.controls;
@@ -134,6 +167,12 @@ fn settle(job: &SearchJob) -> OpResult<String> {
         return Err(LdapError::new(
             ResultCode::UNWILLING_TO_PERFORM,
             "a persistent search cannot be combined with paged results, sorting or a virtual list view",
+        ));
+    }
+    if job.who.is_anonymous() {
+        return Err(LdapError::new(
+            ResultCode::UNWILLING_TO_PERFORM,
+            "persistent searches need an authenticated client",
         ));
     }
     let cached = server.base_cache.get(&server.schema, &job.req.base)?;
@@ -152,26 +191,75 @@ fn settle(job: &SearchJob) -> OpResult<String> {
     Ok(norm)
 }
 
-/// The entries `committed` gives this search, encoded, and how many.
+/// What one committed operation gives a persistent search: encoded
+/// entries in chunks of about [`super::CHUNK`], and how many.
+#[derive(Default)]
+struct Encoded {
+    chunks: Vec<Vec<u8>>,
+    entries: u64,
+}
+
+/// [`encode_changes`], on the blocking pool when the operation touched
+/// many entries (None: abandoned while waiting for a thread).
+async fn encode(
+    job: &Arc<SearchJob>,
+    ps: PersistentSearch,
+    base: &Arc<String>,
+    committed: Arc<Committed>,
+) -> Option<OpResult<Encoded>> {
+    if committed.changes.len() <= INLINE_CHANGES {
+        return Some(encode_changes(job, &ps, base, &committed));
+    }
+    let wait = job.server.search_threads.clone().acquire_owned();
+    tokio::pin!(wait);
+    let slot = loop {
+        match tokio::time::timeout(CHECK_ABANDON, &mut wait).await {
+            Ok(Ok(slot)) => break slot,
+            Ok(Err(_)) => return None,
+            Err(_) if job.abandoned.load(Ordering::Relaxed) => return None,
+            Err(_) => {}
+        }
+    };
+    let (job, base) = (job.clone(), base.clone());
+    let ran = tokio::task::spawn_blocking(move || {
+        let out = encode_changes(&job, &ps, &base, &committed);
+        drop(slot);
+        out
+    })
+    .await;
+    Some(ran.unwrap_or_else(|_| {
+        Err(LdapError::new(
+            ResultCode::OTHER,
+            "persistent search failed unexpectedly",
+        ))
+    }))
+}
+
+/// The entries `committed` gives this search (see [`send_change`]).
 fn encode_changes(
     job: &SearchJob,
     ps: &PersistentSearch,
     base: &str,
     committed: &Committed,
-) -> OpResult<(Vec<u8>, u64)> {
-    let server = &job.server;
-    let req = &job.req;
-    let wanted: Vec<_> = committed
+) -> OpResult<Encoded> {
+    let wanted: Vec<&Change> = committed
         .changes
         .iter()
         .filter(|c| ps.change_types & c.kind().code() != 0)
-        .filter(|c| in_scope(base, req.scope, c.norm()))
-        .filter(|c| shows_subentry(job, crate::ops::is_subentry(c.entry())))
+        .filter(|c| {
+            in_scope(base, job.req.scope, c.norm())
+                || c.before
+                    .as_ref()
+                    .is_some_and(|b| in_scope(base, job.req.scope, &b.norm))
+        })
         .collect();
+    let mut out = Encoded::default();
     if wanted.is_empty() {
-        return Ok((Vec::new(), 0));
+        return Ok(out);
     }
+    let server = &job.server;
     let schema = &*server.schema;
+    let req = &job.req;
     let rtxn = server.store.read()?;
     let view = rtxn.view();
     let plan = Plan::for_held_entries(schema, &req.filter);
@@ -187,40 +275,101 @@ fn encode_changes(
         rules: EntryRules::default(),
     };
     let emitter = emitter_for(job);
-    // Where the entry is stored matters only to computed attributes.
-    let needs_id = !plan.needed_computed.is_empty()
-        || crate::ops::COMPUTED
-            .iter()
-            .any(|name| emitter.sel.wants_computed(name));
-    let (mut buf, mut n) = (Vec::new(), 0);
+    let sent = Sent {
+        base,
+        // Where an entry is stored matters only to computed attributes.
+        needs_id: !plan.needed_computed.is_empty()
+            || crate::ops::COMPUTED
+                .iter()
+                .any(|name| emitter.sel.wants_computed(name)),
+        return_ecs: ps.return_ecs,
+    };
+    let mut buf = Vec::new();
     for c in wanted {
-        let entry: Entry = c.entry().clone();
-        let id = if needs_id {
-            stored_id(&view, &entry)?
-        } else {
-            None
-        };
-        let Some(entry) = matcher.test_held(id, c.norm(), entry)? else {
-            continue;
-        };
-        let controls = if ps.return_ecs {
-            let previous = c.previous_dn();
-            vec![Control {
-                oid: oid::ENTRY_CHANGE.into(),
-                critical: false,
-                value: Some(encode_entry_change(
-                    c.kind().code(),
-                    previous.as_deref(),
-                    None,
-                )),
-            }]
-        } else {
-            Vec::new()
-        };
-        matcher.emit_held(&emitter, id, c.norm(), &entry, &controls, &mut buf)?;
-        n += 1;
+        if send_change(job, &sent, &mut matcher, &emitter, c, &mut buf)? {
+            out.entries += 1;
+        }
+        if buf.len() >= super::CHUNK {
+            out.chunks.push(std::mem::take(&mut buf));
+        }
     }
-    Ok((buf, n))
+    if !buf.is_empty() {
+        out.chunks.push(buf);
+    }
+    Ok(out)
+}
+
+/// What [`send_change`] needs besides the change.
+struct Sent<'a> {
+    base: &'a str,
+    needs_id: bool,
+    return_ecs: bool,
+}
+
+/// Encode one change into `buf` when the search should see it: the entry
+/// as the change left it (a delete: as it was) is in scope and matches the
+/// filter as the requester may see it; or, for a modify or a rename, the
+/// entry did before the change and the requester may still read it (so
+/// a client keeping a copy learns that it left). A rename's previous DN
+/// is given only when the requester could read the entry there.
+fn send_change(
+    job: &SearchJob,
+    sent: &Sent<'_>,
+    matcher: &mut Matcher<'_, '_>,
+    emitter: &super::emit::Emitter<'_>,
+    c: &Change,
+    buf: &mut Vec<u8>,
+) -> OpResult<bool> {
+    let kind = c.kind();
+    let scope = job.req.scope;
+    let stored = |id: EntryId| sent.needs_id.then_some(id);
+    let before = c.before.as_ref();
+    // Before the change (modify, rename): visible, and in the result set?
+    let (mut was_visible, mut was_in) = (false, false);
+    if let (Some(b), Kind::Modify | Kind::ModDn) = (before, kind) {
+        was_visible = matcher.may_read_entry(&b.norm, &b.entry);
+        was_in = was_visible
+            && in_scope(sent.base, scope, &b.norm)
+            && shows_subentry(job, crate::ops::is_subentry(&b.entry))
+            && matcher
+                .test_held(stored(b.id), &b.norm, b.entry.clone())?
+                .is_some();
+    }
+    // After it (for a delete: the entry as it was).
+    let norm = c.norm();
+    let id = match (before, kind) {
+        (Some(b), _) => stored(b.id),
+        (None, _) => match sent.needs_id {
+            true => stored_id(matcher.view, c.entry())?,
+            false => None,
+        },
+    };
+    let entry = c.entry().clone();
+    let is_in =
+        in_scope(sent.base, scope, norm) && shows_subentry(job, crate::ops::is_subentry(&entry));
+    let entry = if is_in {
+        matcher.test_held(id, norm, entry)?
+    } else {
+        None
+    };
+    let entry = match entry {
+        Some(e) => e,
+        // Left the result set: sent as it now is, if readable.
+        None if was_in && matcher.may_read_entry(norm, c.entry()) => c.entry().clone(),
+        None => return Ok(false),
+    };
+    let controls = if sent.return_ecs {
+        let previous = c.previous_dn().filter(|_| was_visible);
+        vec![Control {
+            oid: oid::ENTRY_CHANGE.into(),
+            critical: false,
+            value: Some(encode_entry_change(kind.code(), previous.as_deref(), None)),
+        }]
+    } else {
+        Vec::new()
+    };
+    matcher.emit_held(emitter, id, norm, &entry, &controls, buf)?;
+    Ok(true)
 }
 
 /// Where the entry is stored now, if it still is.

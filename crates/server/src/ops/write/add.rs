@@ -86,6 +86,11 @@ impl WriteOp for Add {
         )?;
         let place = placement_for(server, view, &self.dn)?;
         let mut entry = self.entry.clone();
+        // Named as it will be stored: the parent's DN as stored, the RDN
+        // as given.
+        if let (true, Some(rdn)) = (place.parent != 0, self.dn.rdn()) {
+            entry.dn = view.dn(place.parent)?.child(rdn.clone());
+        }
         let structural = server.schema.check_entry(&mut entry)?;
         super::hooks::on_target(ctx, view, &self.norm, &entry)?;
         entry.remove("structuralObjectClass");

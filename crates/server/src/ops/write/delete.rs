@@ -69,7 +69,8 @@ impl WriteOp for Delete {
         for (id, norm) in targets {
             let (entry, below) = match first.take() {
                 Some(mut target) => {
-                    target.dn = self.dn.clone();
+                    // As stored (the request may spell it differently).
+                    target.dn = view.dn(id)?;
                     (target, false)
                 }
                 None => {

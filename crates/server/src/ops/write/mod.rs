@@ -264,21 +264,32 @@ fn publish(
 /// they go at least as fast as they come).
 const PURGE_PER_DELETE: usize = 16;
 
-/// Record a deleted entry (see [`super::feed`]), and purge expired records.
-fn tombstone(ctx: &WriteCtx, w: &mut WriteTxn<'_>, csn: &str, c: &Change) -> Result<(), Stop> {
+/// Record a deleted entry, the operation's `seq`th delete (see
+/// [`super::feed`]), and purge expired records.
+fn tombstone(
+    ctx: &WriteCtx,
+    w: &mut WriteTxn<'_>,
+    csn: &str,
+    seq: u32,
+    c: &Change,
+) -> Result<(), Stop> {
     let days = ctx.server.cfg.config.store.keep_tombstones_days;
-    let Some(before) = c.before.as_ref().filter(|_| days > 0) else {
-        return Ok(());
-    };
-    w.put_tombstone(&Tombstone {
-        csn: csn.to_string(),
-        uuid: c.uuid(),
-        dn: before.entry.dn.to_string(),
-    })?;
-    let now = crate::clock::now_micros();
-    let cutoff = crate::clock::csn_floor(now.saturating_sub(days * 86_400_000_000));
-    w.purge_tombstones(&cutoff, PURGE_PER_DELETE)?;
+    if let (Some(before), true) = (c.before.as_ref(), days > 0) {
+        let t = Tombstone {
+            csn: csn.to_string(),
+            uuid: c.uuid(),
+            dn: before.entry.dn.to_string(),
+        };
+        w.put_tombstone(&t, seq)?;
+    }
+    w.purge_tombstones(&tombstone_cutoff(days), PURGE_PER_DELETE)?;
     Ok(())
+}
+
+/// Tombstones older than this (a CSN prefix) have expired.
+pub fn tombstone_cutoff(days: u64) -> String {
+    let now = crate::clock::now_micros();
+    crate::clock::csn_floor(now.saturating_sub(days.saturating_mul(86_400_000_000)))
 }
 
 /// In the writer's transaction: stamp, run the hooks, write. Returns the
@@ -295,6 +306,7 @@ fn apply(
     }
     // In reverse: a tree delete lists its subtree in pre-order, and
     // children go before their parents.
+    let mut deleted = 0u32;
     for c in changes.iter_mut().rev() {
         if c.after.as_ref().is_some_and(crate::ops::is_subentry) {
             ctx.server.subentries.written();
@@ -305,7 +317,8 @@ fn apply(
             }
             (Some(before), None, _) => {
                 w.delete(before.id, &before.entry.attrs)?;
-                tombstone(ctx, w, &csn, c)?;
+                tombstone(ctx, w, &csn, deleted, c)?;
+                deleted += 1;
             }
             (Some(before), Some(after), place) => {
                 if let Some(place) = place {

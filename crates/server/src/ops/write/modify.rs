@@ -86,7 +86,8 @@ impl WriteOp for Modify {
             .map(<[u8]>::to_vec)
             .unwrap_or_default();
         let old = Entry {
-            dn: self.dn.clone(),
+            // As stored (the request may spell it differently).
+            dn: view.dn(id)?,
             attrs: view.decode_attrs(id, &bytes)?,
         };
         super::hooks::on_target(ctx, view, &self.norm, &old)?;

@@ -73,7 +73,13 @@ impl WriteOp for Rename {
         if view.is_within(parent_id, id)? {
             return Err(LdapError::unwilling("cannot move an entry below itself"));
         }
-        let new_dn = parent_dn.child(self.new_rdn.clone());
+        // Both names as stored (the request may spell them differently);
+        // the new RDN as given.
+        let stored_parent = match parent_id {
+            0 => parent_dn.clone(),
+            p => view.dn(p)?,
+        };
+        let new_dn = stored_parent.child(self.new_rdn.clone());
         let new_norm_rdn = schema
             .normalize_rdn(&self.new_rdn)
             .map_err(|e| LdapError::invalid_dn(format!("invalid new RDN: {e}")))?;
@@ -101,7 +107,7 @@ impl WriteOp for Rename {
             _ => {}
         }
         let old = Entry {
-            dn: dn.clone(),
+            dn: view.dn(id)?,
             attrs: current.attrs,
         };
         let mut new = Entry {
