@@ -283,56 +283,134 @@ impl Connection {
     ) -> Flow {
         let metrics = &self.server.metrics;
         metrics.add(&metrics.pdus_in, 1);
-        let msg = match LdapMessage::decode(frame, &self.server.decode_limits) {
-            Ok(m) => m,
-            Err(e) => {
-                // With a known ID and operation, the stream is still framed:
-                // fail just this operation. Otherwise the connection is unusable.
-                if let (false, Some(id), Some(op)) =
-                    (e.structural, e.msg_id, e.op_tag.and_then(response_for))
-                {
-                    tracing::debug!(conn = self.id, msg_id = id, reason = %e.reason, "malformed request");
-                    if e.op_tag == Some(pando_proto::op_tag::BIND_REQUEST) {
-                        // A failed bind leaves the connection anonymous (RFC 4511 4.2.1).
-                        *identity = Identity::anonymous(self.session.clone());
-                        wire.set_idle(idle_for(&self.server, identity));
-                    }
-                    let res = LdapError::protocol(e.reason).into_result();
-                    put(&mut wire.output, id, op(res), Vec::new());
-                    return Flow::Continue;
-                }
-                wire.output.extend_from_slice(&notice_of_disconnection(
-                    ResultCode::PROTOCOL_ERROR,
-                    &e.reason,
-                ));
-                return Flow::Close("undecodable PDU");
-            }
+        let msg = match self.decode(frame, wire, identity) {
+            Ok(msg) => msg,
+            Err(flow) => return flow,
         };
         let id = msg.id;
         *ctx.op_seq += 1;
         let mut rec = OpStart::new(&self.server, self.id, *ctx.op_seq, &msg);
-        // Operations answered here (or never) are finished here.
-        let done_here = |rec: Option<OpStart>, code: Option<u32>, entries: u64| {
-            if let Some(r) = rec {
-                r.finish(&self.server, code, entries);
+        if let Some(flow) = self.without_response(&msg.op, ctx, wire) {
+            finish(&self.server, rec, None, 0);
+            return flow;
+        }
+        let op = match Operation::new(&self.server, id, identity.clone(), msg.op, &msg.controls) {
+            Ok(op) => op,
+            Err(refused) => {
+                if matches!(refused.op, ProtocolOp::BindResponse(_)) {
+                    // Any bind first ends what is outstanding, and a failed
+                    // one leaves the connection anonymous (RFC 4511 4.2.1).
+                    self.end_outstanding(ctx, wire).await;
+                    self.anonymous_again(identity, wire);
+                }
+                finish(&self.server, rec, refused.code(), 0);
+                put(&mut wire.output, id, refused.op, refused.controls);
+                return Flow::Continue;
             }
         };
-        match msg.op {
-            ProtocolOp::UnbindRequest => {
-                done_here(rec, None, 0);
-                return Flow::Close("unbind");
+        let work = match op.request {
+            ProtocolOp::ExtendedRequest(req) if req.name == oid::START_TLS => {
+                let (flow, code) = self.start_tls(id, &req, pipelined, ctx.outstanding, wire);
+                finish(&self.server, rec, Some(code), 0);
+                return flow;
             }
+            ProtocolOp::ExtendedRequest(req) if req.name == oid::CANCEL => {
+                // Counted like any operation when a slot is free, so a Bind
+                // after it waits for its answer; never waiting for one, or
+                // a connection at its operation limit could not cancel.
+                let permit = ctx.permits.clone().try_acquire_owned().ok();
+                cancel(id, &req, ctx, wire, rec, self.server.clone(), permit);
+                return Flow::Continue;
+            }
+            ProtocolOp::BindRequest(req) => {
+                self.bind(id, req, wire, identity, ctx, rec).await;
+                return Flow::Continue;
+            }
+            ProtocolOp::SearchRequest(req) => {
+                let job = ops::search::SearchJob {
+                    server: self.server.clone(),
+                    who: op.who,
+                    msg_id: id,
+                    req,
+                    controls: op.controls,
+                    abandoned: Arc::new(AtomicBool::new(false)),
+                    out: ctx.tx.clone(),
+                };
+                if let Some(r) = rec.as_mut() {
+                    r.started();
+                }
+                // A small search is answered right here, on this task; a
+                // larger (or persistent) one runs on its own.
+                if job.controls.persistent.is_some() {
+                    Work::Search(job)
+                } else {
+                    match ops::search::run_inline(job, &mut wire.output) {
+                        Ok(answered) => {
+                            let code = answered.map(|a| a.0);
+                            finish(&self.server, rec, code, answered.map_or(0, |a| a.1));
+                            return Flow::Continue;
+                        }
+                        Err(job) => Work::Search(job),
+                    }
+                }
+            }
+            request => Work::Op(Operation { request, ..op }),
+        };
+        self.spawn(id, work, rec, identity, ctx, wire).await
+    }
+
+    /// The request, or how the connection goes on when it cannot be
+    /// decoded: with a known ID and operation the stream is still framed,
+    /// and just this operation fails; otherwise the connection is unusable.
+    fn decode<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        frame: &[u8],
+        wire: &mut Wire<S>,
+        identity: &mut Identity,
+    ) -> Result<LdapMessage, Flow> {
+        let e = match LdapMessage::decode(frame, &self.server.decode_limits) {
+            Ok(m) => return Ok(m),
+            Err(e) => e,
+        };
+        if let (false, Some(id), Some(op)) =
+            (e.structural, e.msg_id, e.op_tag.and_then(response_for))
+        {
+            tracing::debug!(conn = self.id, msg_id = id, reason = %e.reason, "malformed request");
+            if e.op_tag == Some(pando_proto::op_tag::BIND_REQUEST) {
+                // A failed bind leaves the connection anonymous (RFC 4511 4.2.1).
+                self.anonymous_again(identity, wire);
+            }
+            let res = LdapError::protocol(e.reason).into_result();
+            put(&mut wire.output, id, op(res), Vec::new());
+            return Err(Flow::Continue);
+        }
+        wire.output.extend_from_slice(&notice_of_disconnection(
+            ResultCode::PROTOCOL_ERROR,
+            &e.reason,
+        ));
+        Err(Flow::Close("undecodable PDU"))
+    }
+
+    /// Requests that get no response of their own (Unbind, Abandon), and
+    /// responses a client must not send: how the connection goes on.
+    fn without_response<S>(
+        &self,
+        op: &ProtocolOp,
+        ctx: &Ctx<'_>,
+        wire: &mut Wire<S>,
+    ) -> Option<Flow> {
+        match op {
+            ProtocolOp::UnbindRequest => Some(Flow::Close("unbind")),
             ProtocolOp::AbandonRequest(target) => {
-                done_here(rec, None, 0);
-                if let Some(r) = ctx
+                let running = ctx
                     .outstanding
                     .lock()
                     .ok()
-                    .and_then(|m| m.get(&target).cloned())
-                {
+                    .and_then(|m| m.get(target).cloned());
+                if let Some(r) = running {
                     r.abandon();
                 }
-                return Flow::Continue;
+                Some(Flow::Continue)
             }
             // A response or notice sent by a client breaks the protocol.
             ProtocolOp::BindResponse(_)
@@ -350,101 +428,82 @@ impl Connection {
                     ResultCode::PROTOCOL_ERROR,
                     "unexpected PDU type from client",
                 ));
-                return Flow::Close("response PDU from client");
+                Some(Flow::Close("response PDU from client"))
             }
-            _ => {}
+            _ => None,
         }
-        let op = match Operation::new(&self.server, id, identity.clone(), msg.op, &msg.controls) {
-            Ok(op) => op,
-            Err(refused) => {
-                if matches!(refused.op, ProtocolOp::BindResponse(_)) {
-                    // Any bind first ends what is outstanding, and a failed
-                    // one leaves the connection anonymous (RFC 4511 4.2.1).
-                    abandon_all(ctx.outstanding);
-                    let max = self.server.cfg.config.limits.max_ops_per_connection as u32;
-                    if let Ok(all) = wire.pump_while(ctx.permits.acquire_many(max)).await {
-                        drop(all);
-                    }
-                    *identity = Identity::anonymous(self.session.clone());
-                    wire.set_idle(idle_for(&self.server, identity));
-                }
-                done_here(rec, refused.code(), 0);
-                put(&mut wire.output, id, refused.op, refused.controls);
-                return Flow::Continue;
-            }
-        };
-        let work = match op.request {
-            ProtocolOp::ExtendedRequest(req) if req.name == oid::START_TLS => {
-                let (flow, code) = self.start_tls(id, &req, pipelined, ctx.outstanding, wire);
-                done_here(rec, Some(code), 0);
-                return flow;
-            }
-            ProtocolOp::ExtendedRequest(req) if req.name == oid::CANCEL => {
-                // Counted like any operation when a slot is free, so a Bind
-                // after it waits for its answer; never waiting for one, or
-                // a connection at its operation limit could not cancel.
-                let permit = ctx.permits.clone().try_acquire_owned().ok();
-                cancel(id, &req, ctx, wire, rec, self.server.clone(), permit);
-                return Flow::Continue;
-            }
-            ProtocolOp::SearchRequest(req) => {
-                let job = ops::search::SearchJob {
-                    server: self.server.clone(),
-                    who: op.who,
-                    msg_id: id,
-                    req,
-                    controls: op.controls,
-                    abandoned: Arc::new(AtomicBool::new(false)),
-                    out: ctx.tx.clone(),
-                };
-                // A small search is answered right here, on this task; a
-                // larger (or persistent) one runs on its own.
-                if let Some(r) = rec.as_mut() {
-                    r.started();
-                }
-                if job.controls.persistent.is_some() {
-                    Work::Search(job)
-                } else {
-                    match ops::search::run_inline(job, &mut wire.output) {
-                        Ok(answered) => {
-                            done_here(rec, answered.map(|a| a.0), answered.map_or(0, |a| a.1));
-                            return Flow::Continue;
-                        }
-                        Err(job) => Work::Search(job),
-                    }
-                }
-            }
-            ProtocolOp::BindRequest(req) => {
-                abandon_all(ctx.outstanding);
-                let max = self.server.cfg.config.limits.max_ops_per_connection as u32;
-                if let Ok(all) = wire.pump_while(ctx.permits.acquire_many(max)).await {
-                    drop(all);
-                }
-                // Waiting for the outstanding operations was its queue time.
-                if let Some(r) = rec.as_mut() {
-                    r.started();
-                }
-                let bound = ops::bind::bind(&self.server, req, &self.session);
-                let result = match wire.pump_while(bound).await {
-                    Ok(who) => {
-                        tracing::debug!(conn = self.id, dn = who.dn(), "bind ok");
-                        *identity = who;
-                        LdapResult::success()
-                    }
-                    Err(e) => {
-                        *identity = Identity::anonymous(self.session.clone());
-                        e.into_result()
-                    }
-                };
-                let code = result.code.0;
-                put(&mut wire.output, id, bind_response(result), Vec::new());
+    }
+
+    /// A bind (RFC 4511 4.2), on this task: what is outstanding is
+    /// abandoned and waited for, then the connection takes the new
+    /// identity, or becomes anonymous if the bind fails.
+    async fn bind<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        id: i32,
+        req: pando_proto::BindRequest,
+        wire: &mut Wire<S>,
+        identity: &mut Identity,
+        ctx: &mut Ctx<'_>,
+        mut rec: Option<OpStart>,
+    ) {
+        self.end_outstanding(ctx, wire).await;
+        // Waiting for the outstanding operations was its queue time.
+        if let Some(r) = rec.as_mut() {
+            r.started();
+        }
+        let bound = ops::bind::bind(&self.server, req, &self.session);
+        let result = match wire.pump_while(bound).await {
+            Ok(who) => {
+                tracing::debug!(conn = self.id, dn = who.dn(), "bind ok");
+                *identity = who;
                 wire.set_idle(idle_for(&self.server, identity));
-                done_here(rec, Some(code), 0);
-                return Flow::Continue;
+                LdapResult::success()
             }
-            request => Work::Op(Operation { request, ..op }),
+            Err(e) => {
+                self.anonymous_again(identity, wire);
+                e.into_result()
+            }
         };
-        // Before a bind, fewer operations may be outstanding.
+        let code = result.code.0;
+        put(&mut wire.output, id, bind_response(result), Vec::new());
+        finish(&self.server, rec, Some(code), 0);
+    }
+
+    /// Abandon every outstanding operation and wait until all have ended
+    /// (a bind changes the identity they run as).
+    async fn end_outstanding<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        ctx: &Ctx<'_>,
+        wire: &mut Wire<S>,
+    ) {
+        abandon_all(ctx.outstanding);
+        let max = self.server.cfg.config.limits.max_ops_per_connection as u32;
+        if let Ok(all) = wire.pump_while(ctx.permits.acquire_many(max)).await {
+            drop(all);
+        }
+    }
+
+    /// After a failed bind: anonymous, with the anonymous idle timeout.
+    fn anonymous_again<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        identity: &mut Identity,
+        wire: &mut Wire<S>,
+    ) {
+        *identity = Identity::anonymous(self.session.clone());
+        wire.set_idle(idle_for(&self.server, identity));
+    }
+
+    /// Run `work` as its own task, bounded per connection (and more
+    /// tightly before a bind); its responses come back over the channel.
+    async fn spawn<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        id: i32,
+        work: Work,
+        rec: Option<OpStart>,
+        identity: &Identity,
+        ctx: &mut Ctx<'_>,
+        wire: &mut Wire<S>,
+    ) -> Flow {
         let anon_permit = if identity.is_anonymous() {
             match wire
                 .pump_while(ctx.anon_permits.clone().acquire_owned())
@@ -456,7 +515,6 @@ impl Connection {
         } else {
             None
         };
-        // Everything else runs as its own task, bounded per connection.
         let Ok(permit) = wire.pump_while(ctx.permits.clone().acquire_owned()).await else {
             return Flow::Close("closing");
         };
@@ -467,9 +525,6 @@ impl Connection {
         if let Ok(mut m) = ctx.outstanding.lock() {
             m.insert(id, running.clone());
         }
-        let server = self.server.clone();
-        let tx = ctx.tx.clone();
-        let outstanding = ctx.outstanding.clone();
         // Writes from one connection are applied in the order they were sent
         // (a pipelined child add must not overtake its parent's); each waits
         // for the previous one. Reads run freely.
@@ -480,8 +535,17 @@ impl Connection {
             }
             _ => None,
         };
+        let task = Task {
+            id,
+            server: self.server.clone(),
+            tx: ctx.tx.clone(),
+            outstanding: ctx.outstanding.clone(),
+            running,
+            rec,
+        };
         tokio::spawn(async move {
-            let _finish = FinishOnDrop(running.clone());
+            // Finished however the task ends, so no Cancel waits forever.
+            let _finish = FinishOnDrop(task.running.clone());
             let done = match order {
                 Some((prev, done)) => {
                     if let Some(prev) = prev {
@@ -491,56 +555,9 @@ impl Connection {
                 }
                 None => None,
             };
-            // An operation abandoned or cancelled before it started is
-            // skipped (a cancelled one answers `canceled`); once started, a
-            // write completes and is answered (see run_op), so a client never
-            // loses the outcome of a change that was made.
-            let interruptible = matches!(work, Work::Search(_));
-            let mut answered = None;
-            let mut canceled = false;
-            if !running.start(interruptible) {
-                if running.cancelled() {
-                    answered = Some(send_canceled(&tx, id, &work).await);
-                    canceled = true;
-                }
-            } else {
-                if let Some(r) = rec.as_mut() {
-                    r.started();
-                }
-                let ctx = rec.as_ref().map(|r| r.ctx()).unwrap_or_default();
-                answered = match work {
-                    Work::Search(job) => {
-                        let a = run_search(job, &tx).await;
-                        if a.is_none() && running.cancelled() {
-                            canceled = true;
-                            let done =
-                                LdapError::new(ResultCode::CANCELED, "cancelled").into_result();
-                            send(&tx, id, ProtocolOp::SearchResultDone(done), Vec::new()).await;
-                            Some((ResultCode::CANCELED.0, 0))
-                        } else {
-                            a
-                        }
-                    }
-                    Work::Op(op) => {
-                        observe::OP
-                            .scope(ctx, run_op(server.clone(), op, running.stop.clone(), &tx))
-                            .await
-                    }
-                };
-            }
-            running.finish(canceled);
-            if let Some(r) = rec {
-                r.finish(&server, answered.map(|a| a.0), answered.map_or(0, |a| a.1));
-            }
+            task.run(work).await;
             if let Some(done) = done {
                 let _ = done.send(());
-            }
-            // Only this operation's own entry: a client may reuse a message
-            // ID before the earlier operation finished.
-            if let Ok(mut m) = outstanding.lock() {
-                if m.get(&id).is_some_and(|r| Arc::ptr_eq(r, &running)) {
-                    m.remove(&id);
-                }
             }
             drop(permit);
             drop(anon_permit);
@@ -649,11 +666,9 @@ fn cancel<S>(
             value: None,
         })
     };
-    fn finish(server: &Server, rec: Option<OpStart>, code: ResultCode) {
-        if let Some(r) = rec {
-            r.finish(server, Some(code.0), 0);
-        }
-    }
+    let finish = |server: &Server, rec: Option<OpStart>, code: ResultCode| {
+        finish(server, rec, Some(code.0), 0);
+    };
     let target = match req.value.as_deref().map(pando_proto::CancelRequest::decode) {
         Some(Ok(c)) => c.id,
         _ => {
@@ -777,6 +792,81 @@ enum Work {
     /// A search too large to answer on the connection's task.
     Search(ops::search::SearchJob),
     Op(Operation),
+}
+
+/// An operation running on its own task, and what it reports to.
+struct Task {
+    id: i32,
+    server: Arc<Server>,
+    tx: mpsc::Sender<Vec<u8>>,
+    outstanding: Outstanding,
+    running: Arc<Running>,
+    rec: Option<OpStart>,
+}
+
+impl Task {
+    /// Run `work` and answer it. An operation abandoned or cancelled
+    /// before it started is skipped (a cancelled one answers `canceled`);
+    /// once started, a write completes and is answered (see `run_op`), so
+    /// a client never loses the outcome of a change that was made.
+    async fn run(mut self, work: Work) {
+        let (id, running) = (self.id, self.running.clone());
+        let tx = &self.tx;
+        let interruptible = matches!(work, Work::Search(_));
+        let mut answered = None;
+        let mut canceled = false;
+        if !running.start(interruptible) {
+            if running.cancelled() {
+                answered = Some(send_canceled(tx, id, &work).await);
+                canceled = true;
+            }
+        } else {
+            if let Some(r) = self.rec.as_mut() {
+                r.started();
+            }
+            let ctx = self.rec.as_ref().map(|r| r.ctx()).unwrap_or_default();
+            answered = match work {
+                Work::Search(job) => {
+                    let a = run_search(job, tx).await;
+                    if a.is_none() && running.cancelled() {
+                        canceled = true;
+                        let done = LdapError::new(ResultCode::CANCELED, "cancelled").into_result();
+                        send(tx, id, ProtocolOp::SearchResultDone(done), Vec::new()).await;
+                        Some((ResultCode::CANCELED.0, 0))
+                    } else {
+                        a
+                    }
+                }
+                Work::Op(op) => {
+                    let server = self.server.clone();
+                    observe::OP
+                        .scope(ctx, run_op(server, op, running.stop.clone(), tx))
+                        .await
+                }
+            };
+        }
+        running.finish(canceled);
+        finish(
+            &self.server,
+            self.rec.take(),
+            answered.map(|a| a.0),
+            answered.map_or(0, |a| a.1),
+        );
+        // Only this operation's own entry: a client may reuse a message
+        // ID before the earlier operation finished.
+        if let Ok(mut m) = self.outstanding.lock() {
+            if m.get(&id).is_some_and(|r| Arc::ptr_eq(r, &running)) {
+                m.remove(&id);
+            }
+        }
+    }
+}
+
+/// Record how an operation ended (access log, metrics).
+fn finish(server: &Server, rec: Option<OpStart>, code: Option<u32>, entries: u64) {
+    if let Some(r) = rec {
+        r.finish(server, code, entries);
+    }
 }
 
 /// The connection's bookkeeping of operations running on other tasks.
