@@ -262,6 +262,9 @@ impl Connection {
                         .pump_while(tokio::time::timeout(Duration::from_secs(5), all))
                         .await;
                     abandon_all(&outstanding);
+                    // Their last responses (a persistent search's result)
+                    // go before the notice.
+                    wire.take_ready();
                     wire.output.extend_from_slice(&notice_of_disconnection(
                         ResultCode::UNAVAILABLE,
                         "server shutting down",

@@ -202,6 +202,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
         .await
     }
 
+    /// Move the responses already waiting in the channel into the output
+    /// (before a last notice, so that it comes after them).
+    pub fn take_ready(&mut self) {
+        while let Ok(b) = self.rx.try_recv() {
+            self.output.extend_from_slice(&b);
+        }
+    }
+
     /// Write everything pending and everything the channel still brings,
     /// until every sender is gone. False when the client could not be
     /// written to.
