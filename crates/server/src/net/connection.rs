@@ -739,12 +739,12 @@ fn cancel<S>(
     });
 }
 
-/// The `canceled` answer of an operation cancelled before it started.
-async fn send_canceled(tx: &mpsc::Sender<Vec<u8>>, id: i32, work: &Work) -> (u32, u64) {
+/// The `canceled` answer of a cancelled operation (None: a search that ran).
+async fn send_canceled(tx: &mpsc::Sender<Vec<u8>>, id: i32, work: Option<&Work>) -> (u32, u64) {
     let e = LdapError::new(ResultCode::CANCELED, "cancelled");
     let op = match work {
-        Work::Search(_) => ProtocolOp::SearchResultDone(e.into_result()),
-        Work::Op(op) => ops::operation::refusal(&op.request, e).op,
+        Some(Work::Op(op)) => ops::operation::refusal(&op.request, e).op,
+        Some(Work::Search(_)) | None => ProtocolOp::SearchResultDone(e.into_result()),
     };
     send(tx, id, op, Vec::new()).await;
     (ResultCode::CANCELED.0, 0)
@@ -820,7 +820,7 @@ impl Task {
         let mut canceled = false;
         if !running.start(interruptible) {
             if running.cancelled() {
-                answered = Some(send_canceled(tx, id, &work).await);
+                answered = Some(send_canceled(tx, id, Some(&work)).await);
                 canceled = true;
             }
         } else {
@@ -833,9 +833,8 @@ impl Task {
                     let a = run_search(job, tx).await;
                     if a.is_none() && running.cancelled() {
                         canceled = true;
-                        let done = LdapError::new(ResultCode::CANCELED, "cancelled").into_result();
-                        send(tx, id, ProtocolOp::SearchResultDone(done), Vec::new()).await;
-                        Some((ResultCode::CANCELED.0, 0))
+                        // A search (its job is gone): SearchResultDone.
+                        Some(send_canceled(tx, id, None).await)
                     } else {
                         a
                     }

@@ -201,17 +201,13 @@ impl WriteOp for SetPassword {
         // object classes must allow it (else objectClassViolation).
         schema.check_entry(&mut new)?;
         super::write::check_invariants(schema, &old, &new)?;
-        Ok(vec![Change {
-            before: Some(Before {
-                id,
-                entry: old,
-                norm: self.norm.clone(),
-                bytes: None,
-            }),
-            after: Some(new),
-            after_norm: None,
-            place: None,
-        }])
+        let before = Before {
+            id,
+            entry: old,
+            norm: self.norm.clone(),
+            bytes: None,
+        };
+        Ok(vec![Change::modify(before, new)])
     }
 
     /// Logged as a replace of userPassword with the stored hash.

@@ -95,12 +95,7 @@ impl WriteOp for Add {
         super::hooks::on_target(ctx, view, &self.norm, &entry)?;
         entry.remove("structuralObjectClass");
         entry.add_values("structuralObjectClass", vec![structural.into_bytes()]);
-        Ok(vec![Change {
-            before: None,
-            after: Some(entry),
-            after_norm: Some(self.norm.clone()),
-            place: Some(place),
-        }])
+        Ok(vec![Change::add(entry, self.norm.clone(), place)])
     }
 
     fn audit(&self, ctx: &WriteCtx, changes: &[Change]) {

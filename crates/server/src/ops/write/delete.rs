@@ -94,17 +94,12 @@ impl WriteOp for Delete {
                 }
             }
             allowed?;
-            changes.push(Change {
-                before: Some(Before {
-                    id,
-                    entry,
-                    norm,
-                    bytes: None,
-                }),
-                after: None,
-                after_norm: None,
-                place: None,
-            });
+            changes.push(Change::delete(Before {
+                id,
+                entry,
+                norm,
+                bytes: None,
+            }));
         }
         Ok(changes)
     }

@@ -99,6 +99,46 @@ pub struct Change {
 }
 
 impl Change {
+    /// A new entry, named `norm`, stored at `place`.
+    pub fn add(entry: Entry, norm: String, place: Placement) -> Change {
+        Change {
+            before: None,
+            after: Some(entry),
+            after_norm: Some(norm),
+            place: Some(place),
+        }
+    }
+
+    /// The entry `before` goes.
+    pub fn delete(before: Before) -> Change {
+        Change {
+            before: Some(before),
+            after: None,
+            after_norm: None,
+            place: None,
+        }
+    }
+
+    /// The entry `before` becomes `after` where it is.
+    pub fn modify(before: Before, after: Entry) -> Change {
+        Change {
+            before: Some(before),
+            after: Some(after),
+            after_norm: None,
+            place: None,
+        }
+    }
+
+    /// The entry `before` becomes `after`, named `norm`, at `place`.
+    pub fn rename(before: Before, after: Entry, norm: String, place: Placement) -> Change {
+        Change {
+            before: Some(before),
+            after: Some(after),
+            after_norm: Some(norm),
+            place: Some(place),
+        }
+    }
+
     /// The normalised DN the change is known by afterwards.
     pub fn norm(&self) -> &str {
         self.after_norm

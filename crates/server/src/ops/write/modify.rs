@@ -110,17 +110,13 @@ impl WriteOp for Modify {
         // maintained ones ride along.
         check_invariants(schema, &old, &new)?;
         schema.check_entry(&mut new)?;
-        Ok(vec![Change {
-            before: Some(Before {
-                id,
-                entry: old,
-                norm: self.norm.clone(),
-                bytes: Some(bytes),
-            }),
-            after: Some(new),
-            after_norm: None,
-            place: None,
-        }])
+        let before = Before {
+            id,
+            entry: old,
+            norm: self.norm.clone(),
+            bytes: Some(bytes),
+        };
+        Ok(vec![Change::modify(before, new)])
     }
 
     fn audit(&self, ctx: &WriteCtx, changes: &[Change]) {

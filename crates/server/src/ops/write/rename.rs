@@ -130,21 +130,18 @@ impl WriteOp for Rename {
         }
         schema.check_entry(&mut new)?;
         check_invariants(schema, &old, &new)?;
-        Ok(vec![Change {
-            before: Some(Before {
-                id,
-                entry: old,
-                norm: self.norm.clone(),
-                bytes: None,
-            }),
-            after: Some(new),
-            after_norm: Some(new_norm),
-            place: Some(Placement {
-                parent: parent_id,
-                rdn: self.new_rdn.to_string(),
-                norm_rdn: new_norm_rdn,
-            }),
-        }])
+        let before = Before {
+            id,
+            entry: old,
+            norm: self.norm.clone(),
+            bytes: None,
+        };
+        let place = Placement {
+            parent: parent_id,
+            rdn: self.new_rdn.to_string(),
+            norm_rdn: new_norm_rdn,
+        };
+        Ok(vec![Change::rename(before, new, new_norm, place)])
     }
 
     fn audit(&self, ctx: &WriteCtx, _changes: &[Change]) {
