@@ -123,6 +123,16 @@ def wait_open(s, n, timeout=10.0):
         time.sleep(0.05)
 
 
+def wait_for_text(path, done, timeout, proc=None):
+    """Wait until done(the text of path) holds; fail showing the text, also
+    when `proc` exits first."""
+    deadline = time.monotonic() + timeout
+    while not done(path.read_text()):
+        assert proc is None or proc.poll() is None, path.read_text()
+        assert time.monotonic() < deadline, path.read_text()
+        time.sleep(0.05)
+
+
 def modify(s, dn, attr, value, auth="admin"):
     rc, _, err = s.ldap("ldapmodify", input="dn: %s\nchangetype: modify\nreplace: %s\n%s: %s\n"
                         % (dn, attr, attr, value), auth=auth)
@@ -164,10 +174,7 @@ def test_ldapsearch_sees_each_kind_of_change_with_its_notification(srv):
                               "(uid=z*)", "cn", "sn"], stdout=f, stderr=subprocess.STDOUT)
     try:
         # The initial results first (changesOnly false).
-        deadline = time.monotonic() + 10
-        while "uid=z0" not in out.read_text():
-            assert time.monotonic() < deadline, out.read_text()
-            time.sleep(0.05)
+        wait_for_text(out, lambda t: "uid=z0" in t, 10, p)
         wait_open(srv, 1)
         ldif(srv, "dn: uid=p0,%s\nchangetype: modify\nreplace: sn\nsn: NotShown\n\n"
                   "dn: uid=z1,%s\nobjectClass: inetOrgPerson\nuid: z1\ncn: Z1\nsn: One\n\n"
@@ -175,10 +182,7 @@ def test_ldapsearch_sees_each_kind_of_change_with_its_notification(srv):
                   "dn: uid=z1,%s\nchangetype: modrdn\nnewrdn: uid=z2\ndeleteoldrdn: 1\n\n"
                   "dn: uid=z2,%s\nchangetype: delete\n"
                   % (PEOPLE, PEOPLE, PEOPLE, PEOPLE, PEOPLE))
-        deadline = time.monotonic() + 10
-        while out.read_text().count("persistentSearch:") < 4:
-            assert time.monotonic() < deadline, out.read_text()
-            time.sleep(0.05)
+        wait_for_text(out, lambda t: t.count("persistentSearch:") >= 4, 10, p)
     finally:
         p.kill()
         p.wait()
@@ -427,10 +431,7 @@ def test_jndi_event_listener(srv, tmp_path):
                   "dn: uid=j1,%s\nchangetype: modify\nreplace: sn\nsn: JJ\n\n"
                   "dn: uid=j1,%s\nchangetype: modrdn\nnewrdn: uid=j2\ndeleteoldrdn: 1\n\n"
                   "dn: uid=j2,%s\nchangetype: delete\n" % (PEOPLE, PEOPLE, PEOPLE, PEOPLE))
-        deadline = time.monotonic() + 20
-        while out.read_text().count("\n") < 4:
-            assert time.monotonic() < deadline, out.read_text()
-            time.sleep(0.1)
+        wait_for_text(out, lambda t: t.count("\n") >= 4, 20, p)
     finally:
         p.kill()
         p.wait()

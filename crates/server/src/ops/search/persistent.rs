@@ -337,12 +337,11 @@ fn send_change(
     }
     // After it (for a delete: the entry as it was).
     let norm = c.norm();
-    let id = match (before, kind) {
-        (Some(b), _) => stored(b.id),
-        (None, _) => match sent.needs_id {
-            true => stored_id(matcher.view, c.entry())?,
-            false => None,
-        },
+    // An added entry is found by its DN (a later change may have reused it).
+    let id = match before {
+        Some(b) => stored(b.id),
+        None if sent.needs_id => stored_id(matcher.view, c.entry())?,
+        None => None,
     };
     let entry = c.entry().clone();
     let is_in =
