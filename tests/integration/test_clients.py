@@ -441,3 +441,9 @@ def test_subschema(srv):
     assert any(re.search(r"NAME \(?\s*'uid'", a) for a in ats), "uid not in attributeTypes"
     rc, es, err = srv.search("cn=Subschema", "(objectClass=subschema)", "attributeTypes", scope="base", auth=None)
     assert rc == 0 and attr(es[0], "attributeTypes"), "explicit attributeTypes request"
+    # RFC 4512 4.2: timestamps clients compare before reading it again
+    # (operational: with "+", not with "*").
+    stamps = [attr(e, a) for a in ("createTimestamp", "modifyTimestamp")]
+    assert all(len(v) == 1 and re.fullmatch(r"\d{14}Z", v[0]) for v in stamps), stamps
+    rc, es, err = srv.search("cn=Subschema", "(objectClass=*)", "*", scope="base", auth=None)
+    assert rc == 0 and not attr(es[0], "modifyTimestamp"), es

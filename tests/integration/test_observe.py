@@ -76,6 +76,9 @@ def workload(s):
     assert rc in (5, 6), err
     rc, _, err = s.ldap("ldapsearch", "-LLL", "-b", SUFFIX, "(uid=obsuser)", "cn", "mail")
     assert rc == 0, err
+    # Escapes in a filter and a DN, logged as sent (once escaped).
+    rc, _, err = s.ldap("ldapsearch", "-LLL", "-b", "cn=Comma\\, Person," + SUFFIX, "(uid=ali\\2a)", "cn")
+    assert rc == 32, err
     rc, _, err = s.ldap("ldapmodrdn", dn, "uid=obsuser2")
     assert rc == 0, err
     dn2 = "uid=obsuser2,%s" % PEOPLE
@@ -109,6 +112,8 @@ def test_access_log_every_operation(obs):
     assert bad
     find(r'SRCH base="dc=example,dc=com" scope=2 filter="\(uid=obsuser\)" attrs="cn mail"'
          + r" RESULT tag=101 err=0 nentries=1 ")
+    find(re.escape(r'SRCH base="cn=Comma\, Person,dc=example,dc=com" scope=2 filter="(uid=ali\2a)" attrs="cn"')
+         + r" RESULT tag=101 err=32 ")
     find(r'CMP dn="uid=obsuser,ou=People,dc=example,dc=com" attr="mail"' + RESULT)
     find(r'ADD dn="uid=obsuser,ou=People,dc=example,dc=com"' + RESULT)
     find(r'MOD dn="uid=obsuser,ou=People,dc=example,dc=com" attrs="userPassword mail"' + RESULT)

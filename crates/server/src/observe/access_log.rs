@@ -35,6 +35,9 @@ pub enum Format {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Val {
     Str(String),
+    /// A DN or a filter in its string form, which has escapes of its own
+    /// (RFC 4514, RFC 4515): the text format keeps them as they are.
+    Ldap(String),
     Num(u64),
 }
 
@@ -50,13 +53,17 @@ fn s(v: impl Into<String>) -> Val {
     Val::Str(v.into())
 }
 
+fn ldap(v: impl Into<String>) -> Val {
+    Val::Ldap(v.into())
+}
+
 impl Request {
     /// Describe a decoded request. Only DNs, scopes, filters, attribute
     /// names, methods and OIDs: never credentials or written values.
     pub fn of(op: &ProtocolOp) -> Request {
         let (tag, fields) = match op {
             ProtocolOp::BindRequest(b) => {
-                let mut f = vec![("dn", s(b.name.clone()))];
+                let mut f = vec![("dn", ldap(b.name.clone()))];
                 match &b.auth {
                     BindAuth::Simple(_) => f.push(("method", Val::Num(128))),
                     BindAuth::Sasl { mechanism, .. } => {
@@ -69,18 +76,18 @@ impl Request {
             ProtocolOp::SearchRequest(r) => (
                 "SRCH",
                 vec![
-                    ("base", s(r.base.clone())),
+                    ("base", ldap(r.base.clone())),
                     ("scope", Val::Num(r.scope as u64)),
-                    ("filter", s(r.filter.to_string())),
+                    ("filter", ldap(r.filter.to_string())),
                     ("attrs", s(r.attrs.join(" "))),
                 ],
             ),
             ProtocolOp::CompareRequest(r) => (
                 "CMP",
-                vec![("dn", s(r.dn.clone())), ("attr", s(r.ava.attr.clone()))],
+                vec![("dn", ldap(r.dn.clone())), ("attr", s(r.ava.attr.clone()))],
             ),
-            ProtocolOp::AddRequest(r) => ("ADD", vec![("dn", s(r.dn.clone()))]),
-            ProtocolOp::DelRequest(dn) => ("DEL", vec![("dn", s(dn.clone()))]),
+            ProtocolOp::AddRequest(r) => ("ADD", vec![("dn", ldap(r.dn.clone()))]),
+            ProtocolOp::DelRequest(dn) => ("DEL", vec![("dn", ldap(dn.clone()))]),
             ProtocolOp::ModifyRequest(r) => {
                 let mut names: Vec<&str> = Vec::new();
                 for c in &r.changes {
@@ -90,17 +97,17 @@ impl Request {
                 }
                 (
                     "MOD",
-                    vec![("dn", s(r.dn.clone())), ("attrs", s(names.join(" ")))],
+                    vec![("dn", ldap(r.dn.clone())), ("attrs", s(names.join(" ")))],
                 )
             }
             ProtocolOp::ModifyDnRequest(r) => {
                 let mut f = vec![
-                    ("dn", s(r.dn.clone())),
-                    ("newrdn", s(r.new_rdn.clone())),
+                    ("dn", ldap(r.dn.clone())),
+                    ("newrdn", ldap(r.new_rdn.clone())),
                     ("deleteoldrdn", Val::Num(r.delete_old_rdn as u64)),
                 ];
                 if let Some(sup) = &r.new_superior {
-                    f.push(("newsuperior", s(sup.clone())));
+                    f.push(("newsuperior", ldap(sup.clone())));
                 }
                 ("MODRDN", f)
             }
@@ -159,6 +166,39 @@ fn quote_text(out: &mut String, v: &str) {
     out.push('"');
 }
 
+/// Quote a DN or filter for the text format, escaped once: its own
+/// escapes (`\2a`, `\,`) stay as sent, so the line shows the string the
+/// client sent; a `"` (or `\"`) becomes `\22` and a control character
+/// `\XX`, which mean the same in RFC 4514 DNs and RFC 4515 filters, so a
+/// line stays one line and its quotes unambiguous. A backslash that
+/// escapes nothing becomes `\5c`.
+fn quote_ldap_text(out: &mut String, v: &str) {
+    let control = |c: char| (c as u32) < 0x20 || c == '\u{7f}';
+    out.push('"');
+    let mut chars = v.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some('"') => out.push_str("\\22"),
+                Some(n) if control(n) => {
+                    let _ = write!(out, "\\5c\\{:02x}", n as u32);
+                }
+                Some(n) => {
+                    out.push('\\');
+                    out.push(n);
+                }
+                None => out.push_str("\\5c"),
+            },
+            '"' => out.push_str("\\22"),
+            c if control(c) => {
+                let _ = write!(out, "\\{:02x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
 pub fn quote_json(out: &mut String, v: &str) {
     out.push('"');
     for c in v.chars() {
@@ -196,6 +236,7 @@ impl Format {
                     let _ = write!(out, " {k}=");
                     match v {
                         Val::Str(x) => quote_text(&mut out, x),
+                        Val::Ldap(x) => quote_ldap_text(&mut out, x),
                         Val::Num(n) => {
                             let _ = write!(out, "{n}");
                         }
@@ -223,7 +264,7 @@ impl Format {
                 for (k, v) in &l.request.fields {
                     let _ = write!(out, ",\"{k}\":");
                     match v {
-                        Val::Str(x) => quote_json(&mut out, x),
+                        Val::Str(x) | Val::Ldap(x) => quote_json(&mut out, x),
                         Val::Num(n) => {
                             let _ = write!(out, "{n}");
                         }
@@ -417,9 +458,36 @@ mod tests {
         let op = ProtocolOp::DelRequest("cn=a\"b\\c\nd,dc=x".into());
         let l = line(Format::Text, &op, Some(0));
         assert_eq!(l.lines().count(), 1);
-        assert!(l.contains(r#"dn="cn=a\"b\\c\x0ad,dc=x""#), "{l}");
+        // A quote becomes \22; the backslash escape stays; the newline
+        // (after a backslash that escapes nothing it can) is \5c\0a.
+        assert!(l.contains(r#"dn="cn=a\22b\c\0ad,dc=x""#), "{l}");
         let j = line(Format::Json, &op, Some(0));
         assert!(j.contains(r#""dn":"cn=a\"b\\c\nd,dc=x""#), "{j}");
+    }
+
+    #[test]
+    fn dns_and_filters_are_logged_escaped_once() {
+        let search = |f: &str, base: &str| {
+            let ProtocolOp::SearchRequest(mut r) = LdapSearch::op() else {
+                unreachable!()
+            };
+            r.base = base.into();
+            r.filter = pando_proto::Filter::parse(f).unwrap();
+            ProtocolOp::SearchRequest(r)
+        };
+        let l = line(
+            Format::Text,
+            &search("(uid=ali\\2a)", "cn=Comma\\, Person"),
+            Some(0),
+        );
+        assert!(l.contains(r#"filter="(uid=ali\2a)""#), "{l}");
+        assert!(l.contains(r#"base="cn=Comma\, Person""#), "{l}");
+        let l = line(Format::Text, &search("(cn=say \"hi\")", "cn=x\\"), Some(0));
+        assert!(l.contains(r#"filter="(cn=say \22hi\22)""#), "{l}");
+        assert!(l.contains(r#"base="cn=x\5c""#), "{l}");
+        // JSON escapes as JSON does; decoded, the strings are the same.
+        let j = line(Format::Json, &search("(uid=ali\\2a)", "dc=x"), Some(0));
+        assert!(j.contains(r#""filter":"(uid=ali\\2a)""#), "{j}");
     }
 
     #[test]

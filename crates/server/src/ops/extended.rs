@@ -62,20 +62,14 @@ async fn passwd_modify(ctx: Arc<WriteCtx>, value: Option<&[u8]>) -> OpResult<Ext
             LdapError::protocol(format!("malformed Password Modify request: {}", e.reason))
         })?,
     };
+    // The result codes of refusals are slapd's (RFC 3062 names none).
     if who.is_anonymous() {
-        return Err(LdapError::unwilling(
+        return Err(LdapError::new(
+            ResultCode::STRONGER_AUTH_REQUIRED,
             "only authenticated users may change passwords",
         ));
     }
-    let target = match &req.user_identity {
-        Some(u) => {
-            let s = std::str::from_utf8(u)
-                .map_err(|_| LdapError::protocol("userIdentity is not UTF-8"))?;
-            // Both a plain DN and the "dn:" authzId form are accepted.
-            super::parse_dn(s.strip_prefix("dn:").unwrap_or(s))?
-        }
-        None => super::parse_dn(who.dn())?,
-    };
+    let target = target_of(server, who, req.user_identity.as_deref())?;
     let norm = server
         .schema
         .normalize_dn(&target)
@@ -129,10 +123,7 @@ async fn passwd_modify(ctx: Arc<WriteCtx>, value: Option<&[u8]>) -> OpResult<Ext
                 super::password_values(&view.attrs(id)?.unwrap_or_default())
             };
             if !server.passwords.verify(old, stored.clone()).await {
-                return Err(LdapError::new(
-                    ResultCode::INVALID_CREDENTIALS,
-                    "the old password is wrong",
-                ));
+                return Err(LdapError::unwilling("the old password is wrong"));
             }
             Some(stored)
         }
@@ -156,6 +147,41 @@ async fn passwd_modify(ctx: Arc<WriteCtx>, value: Option<&[u8]>) -> OpResult<Ext
         name: None,
         value,
     })
+}
+
+/// The entry a Password Modify names: its userIdentity, or the requester
+/// when that is absent or empty (PHP's `ldap_exop_passwd($c, "", …)` and
+/// python-ldap's `passwd_s('', …)` send it empty; slapd reads both as the
+/// requester). A DN, or an RFC 4513 authzId, `dn:<DN>` or `u:<uid>` (slapd
+/// takes DNs only; RFC 3062 leaves the form open).
+fn target_of(
+    server: &Server,
+    who: &Identity,
+    identity: Option<&[u8]>,
+) -> OpResult<pando_model::Dn> {
+    let Some(raw) = identity.filter(|u| !u.is_empty()) else {
+        return super::parse_dn(who.dn());
+    };
+    let not_a_dn = |why: String| {
+        LdapError::new(
+            ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+            format!("userIdentity {why}"),
+        )
+    };
+    let text = std::str::from_utf8(raw).map_err(|_| not_a_dn("is not UTF-8".into()))?;
+    if let Some(uid) = text.strip_prefix("u:") {
+        let rtxn = server.store.read()?;
+        let view = rtxn.view();
+        return match super::proxy::by_uid(server, &view, uid)? {
+            Some(id) => Ok(view.dn(id)?),
+            None => Err(LdapError::new(
+                ResultCode::NO_SUCH_OBJECT,
+                "no single entry has that uid",
+            )),
+        };
+    }
+    super::parse_dn(text.strip_prefix("dn:").unwrap_or(text))
+        .map_err(|e| not_a_dn(format!("is not a DN or authzId: {}", e.message)))
 }
 
 /// Password Modify's change: userPassword replaced by one hashed value.

@@ -88,7 +88,11 @@ pub fn assume(server: &Server, who: &Identity, authz: &str) -> OpResult<Identity
 
 /// The one entry under a suffix whose uid is `name` (equality index, else
 /// nothing: an unindexed scan per proxied operation is not worth it).
-fn by_uid(server: &Server, view: &View<'_>, name: &str) -> OpResult<Option<pando_store::EntryId>> {
+pub(crate) fn by_uid(
+    server: &Server,
+    view: &View<'_>,
+    name: &str,
+) -> OpResult<Option<pando_store::EntryId>> {
     let filter = Filter::Equality(Ava {
         attr: "uid".into(),
         value: name.as_bytes().to_vec(),

@@ -122,6 +122,17 @@ fn build_subschema(server: &Server) -> Entry {
     for (name, values) in server.schema.subschema_attrs() {
         attrs.push(attr(name, values));
     }
+    // RFC 4512 4.2: clients compare modifyTimestamp to decide whether to
+    // read the schema again. The schema is loaded at start and changes
+    // only then, so both are the start time.
+    let loaded = server
+        .started
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    let stamp = crate::clock::generalized_time(loaded);
+    attrs.push(attr("createTimestamp", [stamp.clone()]));
+    attrs.push(attr("modifyTimestamp", [stamp]));
     let dn = Dn::parse(SUBSCHEMA_DN).unwrap_or(Dn { rdns: Vec::new() });
     Entry { dn, attrs }
 }
