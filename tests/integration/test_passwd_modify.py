@@ -6,6 +6,7 @@ requests are what the common clients send: PHP's
 OLD -s NEW ""` does), ldappasswd without a user sends none."""
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,8 @@ def person(uid, pw):
 
 
 USERS = {"alice": "alice-old", "bob": "bob-old", "carol": "carol-old", "dave": "dave-old",
-         "erin": "erin-old", "frank": "frank-old"}
+         "erin": "erin-old", "frank": "frank-old", "gina": "gina-old", "hank": "hank-old",
+         "ivan": "ivan-old"}
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +160,46 @@ def test_authzid_forms(pair):
         assert exop(pando, admin(pando), request(identity=identity, new=new.encode())) == (0, None)
         assert binds(pando, dn("frank"), new)
     assert exop(pando, admin(pando), request(identity=b"u:nobody", new=b"x"))[0] == 32
+
+
+def have_php_ldap():
+    if not shutil.which("php"):
+        return False
+    r = subprocess.run(["php", "-m"], capture_output=True, text=True, timeout=30)
+    return "ldap" in r.stdout.split()
+
+
+PHP_SELF_SERVICE = """
+$c = ldap_connect($argv[1]);
+ldap_set_option($c, LDAP_OPT_PROTOCOL_VERSION, 3);
+if (!ldap_bind($c, $argv[2], $argv[3])) { fwrite(STDERR, ldap_error($c)); exit(2); }
+// What password self-service portals call: no identity, old and new.
+if (!ldap_exop_passwd($c, "", $argv[3], $argv[4])) { fwrite(STDERR, ldap_error($c)); exit(1); }
+"""
+
+
+@pytest.mark.skipif(not have_php_ldap(), reason="php with the ldap extension not installed")
+def test_php_ldap_exop_passwd(pair):
+    for srv in pair:
+        r = subprocess.run(["php", "-r", PHP_SELF_SERVICE, srv.url, dn("gina"), "gina-old", "gina-new"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, (srv, r.stdout, r.stderr)
+        assert binds(srv, dn("gina"), "gina-new") and not binds(srv, dn("gina"), "gina-old")
+
+
+def test_python_ldap_passwd_s(pair):
+    ldap = pytest.importorskip("ldap")
+    for srv in pair:
+        c = ldap.initialize(srv.url)
+        c.simple_bind_s(dn("hank"), "hank-old")
+        c.passwd_s("", "hank-old", "hank-new")
+        c.unbind_s()
+        assert binds(srv, dn("hank"), "hank-new") and not binds(srv, dn("hank"), "hank-old")
+
+
+def test_ldappasswd_with_an_empty_user(pair):
+    for srv in pair:
+        r = subprocess.run(["ldappasswd", "-x", "-H", srv.url, "-D", dn("ivan"), "-w", "ivan-old",
+                            "-a", "ivan-old", "-s", "ivan-new", ""], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, (srv, r.stdout, r.stderr)
+        assert binds(srv, dn("ivan"), "ivan-new")
