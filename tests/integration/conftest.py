@@ -238,8 +238,11 @@ class Pando:
         return rc
 
     def verify(self):
-        r = subprocess.run([PANDO_BIN, "verify", "--data-dir", str(self.data_dir)],
-                           capture_output=True, text=True, timeout=120)
+        # With the server's configuration: its schema files and indexes.
+        cmd = [PANDO_BIN, "verify", "--data-dir", str(self.data_dir)]
+        if self.config:
+            cmd += ["--config", str(self.base / "pando.toml")]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         return r.returncode, r.stdout + r.stderr
 
     def stop_and_verify(self):

@@ -7,7 +7,11 @@
 //!   `objectclass` or `ldapsyntax` (case-insensitive), followed by an
 //!   RFC 4512 AttributeTypeDescription / ObjectClassDescription /
 //!   SyntaxDescription; it continues on following lines that start with
-//!   whitespace.
+//!   whitespace;
+//! - `objectidentifier NAME OID` (OpenLDAP's OID macros) names an OID, or
+//!   `NAME OTHER:suffix` one under another macro; in the definitions that
+//!   follow, a word `NAME` or `NAME:suffix` stands for the OID (suffix
+//!   appended after a dot).
 //!
 //! Invariants after `add_definitions` succeeds:
 //! - every SUP, MUST and MAY names a defined item, and SUPs were defined
@@ -198,6 +202,8 @@ pub struct Schema {
     syntax_index: HashMap<String, usize>,
     /// OIDs of the attribute types that are the SUP of another.
     supertypes: HashSet<String>,
+    /// OID macros (`objectidentifier`), lowercased name → numeric OID.
+    macros: HashMap<String, String>,
 }
 
 const FILES: &[(&str, &str)] = &[
@@ -517,16 +523,39 @@ impl Schema {
                 .split_once(|c: char| c.is_ascii_whitespace() || c == '(')
                 .map(|(k, _)| (k, &block[k.len()..]))
                 .ok_or_else(|| fail("expected a keyword and a description".into()))?;
-            match keyword.to_ascii_lowercase().as_str() {
+            let keyword = keyword.to_ascii_lowercase();
+            if keyword == "objectidentifier" {
+                next.add_macro(rest).map_err(fail)?;
+                continue;
+            }
+            let rest = expand_macros(rest, &next.macros);
+            match keyword.as_str() {
                 "attributetype" | "attributetypes" => {
-                    next.add_attribute_type(rest).map_err(fail)?
+                    next.add_attribute_type(&rest).map_err(fail)?
                 }
-                "objectclass" | "objectclasses" => next.add_object_class(rest).map_err(fail)?,
-                "ldapsyntax" | "ldapsyntaxes" => next.add_syntax(rest).map_err(fail)?,
+                "objectclass" | "objectclasses" => next.add_object_class(&rest).map_err(fail)?,
+                "ldapsyntax" | "ldapsyntaxes" => next.add_syntax(&rest).map_err(fail)?,
                 other => return Err(fail(format!("unknown definition keyword '{other}'"))),
             }
         }
         *self = next;
+        Ok(())
+    }
+
+    /// `objectidentifier NAME OID`, where OID may be `OTHER:suffix`.
+    fn add_macro(&mut self, text: &str) -> Result<(), String> {
+        let mut words = text.split_whitespace();
+        let (Some(name), Some(value), None) = (words.next(), words.next(), words.next()) else {
+            return Err("objectidentifier takes a name and an OID".into());
+        };
+        let oid = expand_macros(value, &self.macros);
+        if !is_numericoid(oid.trim().as_bytes()) {
+            return Err(format!(
+                "objectidentifier {name}: '{value}' is not an OID or a known macro"
+            ));
+        }
+        self.macros
+            .insert(name.to_ascii_lowercase(), oid.trim().to_string());
         Ok(())
     }
 
@@ -595,7 +624,13 @@ impl Schema {
                 "ORDERING" => at.ordering = Some(d.word("ORDERING")?),
                 "SUBSTR" => at.substr = Some(d.word("SUBSTR")?),
                 "SYNTAX" => {
-                    let w = d.word("SYNTAX")?;
+                    // OpenLDAP also takes the OID quoted ('1.2.3'), as some
+                    // shipped schema files write it.
+                    let w = match d.next() {
+                        Some(Tok::Word(w)) => w,
+                        Some(Tok::Quoted(w)) => expand_word(&w, &self.macros),
+                        _ => return Err("expected SYNTAX".into()),
+                    };
                     let oid = w.split('{').next().unwrap_or("").to_string();
                     if !is_numericoid(oid.as_bytes()) {
                         return Err(format!("'{w}' is not a syntax OID"));
@@ -1164,6 +1199,58 @@ impl Schema {
 }
 
 /// Split schema file text into (line number, definition text) blocks.
+/// `text` with every word outside quotes that is an OID macro, or a macro
+/// followed by `:suffix`, replaced by its OID.
+fn expand_macros(text: &str, macros: &HashMap<String, String>) -> String {
+    if macros.is_empty() {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut word = String::new();
+    let mut quoted = false;
+    let flush = |word: &mut String, out: &mut String| {
+        out.push_str(&expand_word(word, macros));
+        word.clear();
+    };
+    for c in text.chars() {
+        if quoted {
+            out.push(c);
+            quoted = c != '\'';
+        } else if c == '\'' {
+            flush(&mut word, &mut out);
+            out.push(c);
+            quoted = true;
+        } else if c.is_whitespace() || matches!(c, '(' | ')' | '$' | '{') {
+            flush(&mut word, &mut out);
+            out.push(c);
+        } else {
+            word.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
+/// `word` with an OID macro (`NAME` or `NAME:suffix`) replaced by its OID.
+fn expand_word(word: &str, macros: &HashMap<String, String>) -> String {
+    let (name, suffix) = match word.split_once(':') {
+        Some((n, s)) => (n, Some(s)),
+        None => (word, None),
+    };
+    // One or more numbers joined by dots.
+    let ok_suffix = suffix.is_none_or(|s| {
+        s.split('.')
+            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    });
+    match macros.get(&name.to_ascii_lowercase()).filter(|_| ok_suffix) {
+        Some(oid) => match suffix {
+            Some(s) => format!("{oid}.{s}"),
+            None => oid.clone(),
+        },
+        None => word.to_string(),
+    }
+}
+
 fn blocks(text: &str) -> Vec<(usize, String)> {
     let mut out: Vec<(usize, String)> = Vec::new();
     let mut open = false;
@@ -1531,5 +1618,34 @@ mod tests {
         assert!(v("createTimestamp", b"20240101000000Z").is_ok());
         assert!(v("createTimestamp", b"2024").is_err());
         assert!(v("mail", "ü@x".as_bytes()).is_err());
+    }
+}
+
+#[cfg(test)]
+mod macro_tests {
+    use super::*;
+
+    #[test]
+    fn oid_macros_expand_in_definitions() {
+        let mut s = Schema::standard();
+        s.add_definitions(
+            "objectidentifier siteOID 1.3.6.1.4.1.99999\n\
+             objectidentifier siteAT siteOID:1\n\
+             attributetype ( siteAT:1 NAME 'siteBadge' SYNTAX 1.3.6.1.4.1.1466.115.121.1.15 )\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.attribute("siteBadge").unwrap().oid,
+            "1.3.6.1.4.1.99999.1.1"
+        );
+        // Unknown macros and quoted words are left alone.
+        let e = s
+            .add_definitions("objectidentifier other nope:1\n")
+            .unwrap_err();
+        assert!(e.message.contains("not an OID or a known macro"), "{e}");
+        assert_eq!(
+            expand_macros("( siteOID:3 NAME 'siteOID' )", &s.macros),
+            "( 1.3.6.1.4.1.99999.3 NAME 'siteOID' )"
+        );
     }
 }

@@ -284,7 +284,9 @@ fn serve_config(
 }
 
 fn serve(args: ServeArgs) -> Result<ExitCode, String> {
-    let schema = Arc::new(Schema::standard());
+    let schema = Arc::new(pando_server::schema_files::load(
+        &load_config(&args.store)?.schema_files,
+    )?);
     let resolved = serve_config(&args, &schema)?;
     let demo = args.demo;
     let reload: Option<pando_server::Reloader> = if args.store.config.is_some() {
@@ -335,7 +337,7 @@ fn passwd(args: PasswdArgs) -> Result<ExitCode, String> {
 
 fn resolve(args: &StoreArgs) -> Result<(pando_server::config::Resolved, Arc<Schema>), String> {
     let cfg = load_config(args)?;
-    let schema = Arc::new(Schema::standard());
+    let schema = Arc::new(pando_server::schema_files::load(&cfg.schema_files)?);
     let resolved = cfg.validate(&schema).map_err(|e| e.to_string())?;
     Ok((resolved, schema))
 }

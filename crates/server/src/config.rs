@@ -43,6 +43,9 @@ pub struct Config {
     pub user: Option<String>,
     /// The group to switch to (default: the user's primary group).
     pub group: Option<String>,
+    /// Schema files added to the built-in schema at start, in order:
+    /// OpenLDAP `.schema` text or `cn=schema` LDIF (see `schema_files.rs`).
+    pub schema_files: Vec<PathBuf>,
     /// Attribute → index kinds (`eq`, `pres`, `sub`, `approx`, `ord`).
     pub indexes: BTreeMap<String, Vec<String>>,
     pub limits: Limits,
@@ -787,6 +790,7 @@ impl Default for Config {
             threads: 0,
             user: None,
             group: None,
+            schema_files: Vec::new(),
             indexes,
             limits: Limits::default(),
             store: StoreConfig::default(),

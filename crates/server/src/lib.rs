@@ -16,6 +16,7 @@ pub mod observe;
 pub mod ops;
 pub mod password;
 pub mod privileges;
+pub mod schema_files;
 pub mod state;
 pub mod throttle;
 

@@ -1,0 +1,189 @@
+//! Extra schema files named by `schema_files` in the configuration, added
+//! at start after the built-in schema, in the order given, in either of the
+//! forms schemas ship in:
+//! - OpenLDAP `.schema` text (`attributetype`, `objectclass`,
+//!   `objectidentifier`, `ldapsyntax`), the form of `include` files;
+//! - `cn=schema` LDIF (`olcAttributeTypes`, `olcObjectClasses`,
+//!   `olcObjectIdentifier`, `olcLdapSyntaxes`, or the same without `olc`),
+//!   the form of `slapd.d` and of `ldapadd -f x.ldif` on cn=config; `{n}`
+//!   ordering prefixes are dropped.
+//!
+//! Any problem stops the start with the file, the line and what is wrong.
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use pando_model::Schema;
+
+/// The built-in schema plus `files`.
+pub fn load(files: &[PathBuf]) -> Result<Schema, String> {
+    let mut schema = Schema::standard();
+    for path in files {
+        add_file(&mut schema, path)?;
+    }
+    Ok(schema)
+}
+
+fn add_file(schema: &mut Schema, path: &Path) -> Result<(), String> {
+    let at =
+        |line: usize, what: &str| format!("schema file {}, line {line}: {what}", path.display());
+    let bytes = std::fs::read(path).map_err(|e| format!("schema file {}: {e}", path.display()))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| format!("schema file {}: not UTF-8 ({e})", path.display()))?;
+    if !is_ldif(&text) {
+        return schema
+            .add_definitions(&text)
+            .map_err(|e| at(e.line, &e.message));
+    }
+    for line in unfold(&text) {
+        let Some((keyword, value)) = definition(&line.text).map_err(|e| at(line.number, &e))?
+        else {
+            continue;
+        };
+        schema
+            .add_definitions(&format!("{keyword} {value}"))
+            .map_err(|e| at(line.number, &e.message))?;
+    }
+    Ok(())
+}
+
+/// LDIF when the first line that is not a comment or blank starts a
+/// record (`dn:`) or a version line.
+fn is_ldif(text: &str) -> bool {
+    text.lines()
+        .map(str::trim_start)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .is_some_and(|l| {
+            let l = l.to_ascii_lowercase();
+            l.starts_with("dn:") || l.starts_with("version:")
+        })
+}
+
+/// One LDIF line with its continuations joined, and where it starts.
+struct Logical {
+    number: usize,
+    text: String,
+}
+
+/// RFC 2849: a line starting with one space continues the previous one;
+/// comments (`#` in column 0) are left out wherever they are.
+fn unfold(text: &str) -> Vec<Logical> {
+    let mut out: Vec<Logical> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.starts_with('#') {
+            continue;
+        }
+        match (line.strip_prefix(' '), out.last_mut()) {
+            (Some(rest), Some(last)) if !last.text.is_empty() => last.text.push_str(rest),
+            _ => out.push(Logical {
+                number: i + 1,
+                text: line.to_string(),
+            }),
+        }
+    }
+    out
+}
+
+/// The schema-file keyword and the description of a schema attribute
+/// line; None for any other line (dn, objectClass, cn, …).
+fn definition(line: &str) -> Result<Option<(&'static str, String)>, String> {
+    let Some((attr, rest)) = line.split_once(':') else {
+        return Ok(None);
+    };
+    let keyword = match attr.trim().to_ascii_lowercase().as_str() {
+        "olcattributetypes" | "attributetypes" => "attributetype",
+        "olcobjectclasses" | "objectclasses" => "objectclass",
+        "olcobjectidentifier" => "objectidentifier",
+        "olcldapsyntaxes" | "ldapsyntaxes" => "ldapsyntax",
+        _ => return Ok(None),
+    };
+    let value = match rest.strip_prefix(':') {
+        Some(b64) => {
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(b64.trim())
+                .map_err(|e| format!("{attr}: invalid base64 ({e})"))?;
+            String::from_utf8(raw).map_err(|_| format!("{attr}: the value is not UTF-8"))?
+        }
+        None => rest.trim().to_string(),
+    };
+    // `{3}( 1.2.3 NAME …` → `( 1.2.3 NAME …`: the ordering prefix.
+    let value = match value.strip_prefix('{').and_then(|v| v.split_once('}')) {
+        Some((n, v)) if n.bytes().all(|b| b.is_ascii_digit()) => v.trim().to_string(),
+        _ => value,
+    };
+    Ok(Some((keyword, value)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn both_forms_load_and_define_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = write(
+            dir.path(),
+            "site.schema",
+            "# a site schema\nobjectidentifier siteOID 1.3.6.1.4.1.99999\n\
+             objectidentifier siteAT siteOID:1\n\
+             attributetype ( siteAT:1 NAME 'siteBadge'\n    EQUALITY caseIgnoreMatch\n    \
+             SYNTAX 1.3.6.1.4.1.1466.115.121.1.15 )\n\n\
+             objectclass ( siteOID:2.1 NAME 'sitePerson' SUP inetOrgPerson\n    \
+             AUXILIARY MAY siteBadge )\n",
+        );
+        let ldif = write(
+            dir.path(),
+            "site.ldif",
+            "dn: cn=site,cn=schema,cn=config\nobjectClass: olcSchemaConfig\ncn: site\n\
+             olcObjectIdentifier: {0}siteOID 1.3.6.1.4.1.99998\n\
+             # a comment inside the record\n\
+             olcAttributeTypes: {0}( siteOID:1.1 NAME 'siteRoom'\n  EQUALITY caseIgnoreMatch\n  \
+             SYNTAX 1.3.6.1.4.1.1466.115.121.1.15 )\n\
+             olcObjectClasses:: ezF9KCBzaXRlT0lEOjIuMSBOQU1FICdzaXRlUm9vbUhvbGRlcicgQVVYSUxJQVJZIE1BWSBzaXRlUm9vbSAp\n",
+        );
+        let s = load(&[text, ldif]).unwrap();
+        assert_eq!(
+            s.attribute("siteBadge").unwrap().oid,
+            "1.3.6.1.4.1.99999.1.1"
+        );
+        assert_eq!(
+            s.attribute("siteRoom").unwrap().oid,
+            "1.3.6.1.4.1.99998.1.1"
+        );
+        assert!(s.object_class("sitePerson").is_some());
+        assert!(s.object_class("siteRoomHolder").is_some());
+    }
+
+    #[test]
+    fn errors_name_the_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let bad = write(
+            dir.path(),
+            "bad.schema",
+            "attributetype ( 1.2.3.4.5 NAME 'x1' SYNTAX 1.3.6.1.4.1.1466.115.121.1.15 )\n\n\
+             objectclass ( 1.2.3.4.6 NAME 'x2' SUP noSuchClass AUXILIARY )\n",
+        );
+        let e = load(&[bad]).unwrap_err();
+        assert!(
+            e.contains("bad.schema, line 3") && e.contains("noSuchClass"),
+            "{e}"
+        );
+        let dup = write(
+            dir.path(),
+            "dup.ldif",
+            "dn: cn=dup,cn=schema,cn=config\n\
+             olcAttributeTypes: ( 2.5.4.3 NAME 'notCn' SYNTAX 1.3.6.1.4.1.1466.115.121.1.15 )\n",
+        );
+        let e = load(&[dup]).unwrap_err();
+        assert!(e.contains("dup.ldif, line 2"), "{e}");
+        let e = load(&[dir.path().join("missing.schema")]).unwrap_err();
+        assert!(e.contains("missing.schema"), "{e}");
+    }
+}

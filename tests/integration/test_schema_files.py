@@ -1,0 +1,105 @@
+"""Add-on schema files (`schema_files`), loaded at start in the two forms
+they ship in: OpenLDAP `.schema` text and `cn=schema` LDIF. The files are
+the real ones: sudo's (from Debian's sudo-ldap package, unpacked, not
+installed) and those Debian's slapd package puts in /etc/ldap/schema."""
+
+import glob
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import PANDO_BIN, SUFFIX, Pando, ldif_entry
+
+DEBIAN_SCHEMA = Path("/etc/ldap/schema")
+pytestmark = pytest.mark.skipif(not (DEBIAN_SCHEMA / "misc.schema").exists() or not shutil.which("ldapadd"),
+                                reason="slapd's schema files or ldap-utils not installed")
+
+
+@pytest.fixture(scope="module")
+def sudo_schema(tmp_path_factory):
+    """sudo's schema in both forms, from the sudo-ldap package (downloaded
+    and unpacked only: it would replace sudo if installed)."""
+    d = tmp_path_factory.mktemp("sudo-ldap")
+    r = subprocess.run(["apt-get", "download", "sudo-ldap"], cwd=d, capture_output=True, text=True, timeout=300)
+    debs = glob.glob(str(d / "sudo-ldap_*.deb"))
+    if r.returncode != 0 or not debs:
+        pytest.skip("cannot download sudo-ldap: %s" % r.stderr.strip()[-300:])
+    subprocess.run(["dpkg", "-x", debs[0], str(d / "x")], check=True, timeout=120)
+    doc = d / "x/usr/share/doc/sudo-ldap"
+    return doc / "schema.OpenLDAP", doc / "schema.olcSudo"
+
+
+def config(files, extra=""):
+    return "schema_files = [%s]\n%s\n[indexes]\nsudoUser = [\"eq\"]\nobjectClass = [\"eq\"]\n" % (
+        ", ".join('"%s"' % f for f in files), extra)
+
+
+def test_sudo_rules_and_misc_schema(tmp_path, sudo_schema):
+    text, _ = sudo_schema
+    s = Pando(tmp_path, demo=True, config=config([text, DEBIAN_SCHEMA / "misc.schema",
+                                                  DEBIAN_SCHEMA / "openldap.ldif"])).start()
+    try:
+        sudoers = "ou=SUDOers," + SUFFIX
+        entries = [
+            (sudoers, {"objectClass": ["organizationalUnit"], "ou": ["SUDOers"]}),
+            ("cn=defaults," + sudoers, {"objectClass": ["sudoRole"], "cn": ["defaults"],
+                                        "sudoOption": ["!authenticate"]}),
+            ("cn=alice-apt," + sudoers, {"objectClass": ["sudoRole"], "cn": ["alice-apt"],
+                                         "sudoUser": ["alice"], "sudoHost": ["ALL"],
+                                         "sudoCommand": ["/usr/bin/apt"], "sudoOrder": ["10"]}),
+        ]
+        f = tmp_path / "sudo.ldif"
+        f.write_text("\n".join(ldif_entry(dn, a) for dn, a in entries))
+        rc, _, err = s.ldap("ldapadd", "-f", str(f))
+        assert rc == 0, err
+        # What sudo asks: the rules for a user.
+        rc, found, err = s.search(sudoers, "(|(sudoUser=alice)(sudoUser=ALL))", "sudoCommand", "sudoHost")
+        assert rc == 0, err
+        assert [(dn.lower(), a["sudoCommand"]) for dn, a in found] == [("cn=alice-apt," + sudoers.lower(),
+                                                                      ["/usr/bin/apt"])]
+        # misc.schema: a mail routing attribute on a demo user.
+        rc, _, err = s.ldap("ldapmodify", input="dn: uid=alice,ou=People,%s\nchangetype: modify\n"
+                            "add: objectClass\nobjectClass: inetLocalMailRecipient\n-\n"
+                            "add: mailLocalAddress\nmailLocalAddress: alice@example.net\n" % SUFFIX)
+        assert rc == 0, err
+        rc, found, err = s.search(SUFFIX, "(mailLocalAddress=alice@example.net)", "uid")
+        assert rc == 0 and [a["uid"] for _, a in found] == [["alice"]], (found, err)
+        # The subschema publishes what was loaded.
+        rc, sub, err = s.search("cn=Subschema", "(objectClass=*)", "objectClasses", scope="base")
+        ocs = " ".join(sub[0][1]["objectClasses"])
+        assert "'sudoRole'" in ocs and "'inetLocalMailRecipient'" in ocs and "'OpenLDAPperson'" in ocs
+    finally:
+        s.stop_and_verify()
+
+
+def test_the_ldif_form_loads_the_same(tmp_path, sudo_schema):
+    _, olc = sudo_schema
+    s = Pando(tmp_path, demo=False, config=config([olc])).start()
+    try:
+        rc, _, err = s.ldap("ldapadd", input=ldif_entry("cn=r1," + SUFFIX, {
+            "objectClass": ["sudoRole"], "cn": ["r1"], "sudoUser": ["%admins"]}))
+        assert rc == 0, err
+        rc, found, err = s.search(SUFFIX, "(sudoUser=%admins)", "cn")
+        assert rc == 0 and len(found) == 1, (found, err)
+    finally:
+        s.stop_and_verify()
+
+
+@pytest.mark.parametrize("text, where, what", [
+    ("attributetype ( 1.2.3.4.5 NAME 'x1' SYNTAX 1.3.6.1.4.1.1466.115.121.1.15 )\n\n"
+     "objectclass ( 1.2.3.4.6 NAME 'x2' SUP noSuchClass AUXILIARY )\n", "line 3", "noSuchClass"),
+    ("attributetype ( 2.5.4.3 NAME 'sameOidAsCn' SYNTAX 1.3.6.1.4.1.1466.115.121.1.15 )\n",
+     "line 1", "2.5.4.3"),
+    ("attributetype ( 1.2.3.4.7 NAME 'x3' SYNTAX directoryString )\n", "line 1", "directoryString"),
+])
+def test_a_bad_file_stops_the_start_naming_file_and_line(tmp_path, text, where, what):
+    bad = tmp_path / "bad.schema"
+    bad.write_text(text)
+    cfg = tmp_path / "pando.toml"
+    cfg.write_text('schema_files = ["%s"]\ndata_dir = "%s"\nlisten = ["ldap://127.0.0.1:1"]\n'
+                   % (bad, tmp_path / "data"))
+    r = subprocess.run([PANDO_BIN, "serve", "-c", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "schema file %s, %s" % (bad, where) in r.stderr and what in r.stderr, r.stderr
