@@ -138,10 +138,12 @@ def test_refusals_give_slapd_s_codes(pair):
         "unknown user": (admin, request(identity=("uid=nobody," + PEOPLE).encode(), new=b"x-new")),
         "identity not a DN": (admin, request(identity=b"not a dn", new=b"x-new")),
         "malformed value": (user("erin"), b"\x30\x03\x80\x05x"),
+        "empty new password": (user("erin"), request(old=b"erin-old", new=b"")),
     }
     differ = {}
     for name, (who, value) in cases.items():
         s, p = both(pair, who, value)
+        print("%-26s slapd %3d  Pando %3d" % (name, s[0], p[0]))
         if s[0] != p[0]:
             differ[name] = (s[0], p[0])
     assert not differ, "slapd vs Pando result codes differ: %r" % differ
