@@ -548,15 +548,28 @@ impl Schema {
         let (Some(name), Some(value), None) = (words.next(), words.next(), words.next()) else {
             return Err("objectidentifier takes a name and an OID".into());
         };
+        if !name.starts_with(|c: char| c.is_ascii_alphabetic()) {
+            return Err(format!(
+                "objectidentifier {name}: a macro name starts with a letter"
+            ));
+        }
         let oid = expand_macros(value, &self.macros);
-        if !is_numericoid(oid.trim().as_bytes()) {
+        let oid = oid.trim();
+        if !is_numericoid(oid.as_bytes()) {
             return Err(format!(
                 "objectidentifier {name}: '{value}' is not an OID or a known macro"
             ));
         }
-        self.macros
-            .insert(name.to_ascii_lowercase(), oid.trim().to_string());
-        Ok(())
+        match self.macros.get(&name.to_ascii_lowercase()) {
+            Some(old) if old != oid => Err(format!(
+                "objectidentifier {name} is already defined as {old}"
+            )),
+            _ => {
+                self.macros
+                    .insert(name.to_ascii_lowercase(), oid.to_string());
+                Ok(())
+            }
+        }
     }
 
     fn add_syntax(&mut self, text: &str) -> Result<(), String> {
@@ -1647,5 +1660,13 @@ mod macro_tests {
             expand_macros("( siteOID:3 NAME 'siteOID' )", &s.macros),
             "( 1.3.6.1.4.1.99999.3 NAME 'siteOID' )"
         );
+        // A macro keeps its value; the same value again is harmless.
+        let e = s
+            .add_definitions("objectidentifier siteOID 1.2.3.4\n")
+            .unwrap_err();
+        assert!(e.message.contains("already defined"), "{e}");
+        s.add_definitions("objectidentifier siteOID 1.3.6.1.4.1.99999\n")
+            .unwrap();
+        assert!(s.add_definitions("objectidentifier 2bad 1.2.3\n").is_err());
     }
 }

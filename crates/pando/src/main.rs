@@ -290,8 +290,12 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     let resolved = serve_config(&args, &schema)?;
     let demo = args.demo;
     let reload: Option<pando_server::Reloader> = if args.store.config.is_some() {
-        let schema = schema.clone();
-        Some(Arc::new(move || serve_config(&args, &schema)))
+        // Schema files are read again and checked (a broken one is reported
+        // now, not at the next start); they take effect at the next start.
+        Some(Arc::new(move || {
+            let files = load_config(&args.store)?.schema_files;
+            serve_config(&args, &pando_server::schema_files::load(&files)?)
+        }))
     } else {
         None
     };

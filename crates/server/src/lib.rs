@@ -469,6 +469,11 @@ fn apply_reload(server: &Server, reload: Option<&Reloader>) {
     if same != server.cfg.config {
         tracing::warn!("SIGHUP: other configuration changes take effect at the next start");
     }
+    if !new.config.schema_files.is_empty() {
+        tracing::info!(
+            "SIGHUP: schema files checked; changes to them take effect at the next start"
+        );
+    }
 }
 
 fn print_banner(

@@ -35,17 +35,31 @@ fn add_file(schema: &mut Schema, path: &Path) -> Result<(), String> {
             .add_definitions(&text)
             .map_err(|e| at(e.line, &e.message));
     }
+    let mut defs = Vec::new();
     for line in unfold(&text) {
-        let Some((keyword, value)) = definition(&line.text).map_err(|e| at(line.number, &e))?
-        else {
-            continue;
-        };
+        if let Some((keyword, value)) = definition(&line.text).map_err(|e| at(line.number, &e))? {
+            defs.push((keyword, value, line.number));
+        }
+    }
+    // As slapd applies a cn=schema entry: macros, syntaxes, attribute
+    // types, object classes, each kind in file order.
+    let rank = |k: &str| KINDS.iter().position(|x| *x == k).unwrap_or(KINDS.len());
+    defs.sort_by_key(|(keyword, _, _)| rank(keyword));
+    for (keyword, value, line) in defs {
         schema
             .add_definitions(&format!("{keyword} {value}"))
-            .map_err(|e| at(line.number, &e.message))?;
+            .map_err(|e| at(line, &e.message))?;
     }
     Ok(())
 }
+
+/// The order the definitions of one LDIF file are applied in.
+const KINDS: [&str; 4] = [
+    "objectidentifier",
+    "ldapsyntax",
+    "attributetype",
+    "objectclass",
+];
 
 /// LDIF when the first line that is not a comment or blank starts a
 /// record (`dn:`) or a version line.
@@ -66,14 +80,18 @@ struct Logical {
 }
 
 /// RFC 2849: a line starting with one space continues the previous one;
-/// comments (`#` in column 0) are left out wherever they are.
+/// comments (`#` in column 0, with their own continuations) are left out
+/// wherever they are.
 fn unfold(text: &str) -> Vec<Logical> {
     let mut out: Vec<Logical> = Vec::new();
+    let mut in_comment = false;
     for (i, line) in text.lines().enumerate() {
         let line = line.strip_suffix('\r').unwrap_or(line);
-        if line.starts_with('#') {
+        if line.starts_with('#') || (in_comment && line.starts_with(' ')) {
+            in_comment = true;
             continue;
         }
+        in_comment = false;
         match (line.strip_prefix(' '), out.last_mut()) {
             (Some(rest), Some(last)) if !last.text.is_empty() => last.text.push_str(rest),
             _ => out.push(Logical {
@@ -142,11 +160,11 @@ mod tests {
             dir.path(),
             "site.ldif",
             "dn: cn=site,cn=schema,cn=config\nobjectClass: olcSchemaConfig\ncn: site\n\
-             olcObjectIdentifier: {0}siteOID 1.3.6.1.4.1.99998\n\
+             olcObjectIdentifier: {0}roomOID 1.3.6.1.4.1.99998\n\
              # a comment inside the record\n\
-             olcAttributeTypes: {0}( siteOID:1.1 NAME 'siteRoom'\n  EQUALITY caseIgnoreMatch\n  \
+             olcAttributeTypes: {0}( roomOID:1.1 NAME 'siteRoom'\n  EQUALITY caseIgnoreMatch\n  \
              SYNTAX 1.3.6.1.4.1.1466.115.121.1.15 )\n\
-             olcObjectClasses:: ezF9KCBzaXRlT0lEOjIuMSBOQU1FICdzaXRlUm9vbUhvbGRlcicgQVVYSUxJQVJZIE1BWSBzaXRlUm9vbSAp\n",
+             olcObjectClasses:: ezF9KCByb29tT0lEOjIuMSBOQU1FICdzaXRlUm9vbUhvbGRlcicgQVVYSUxJQVJZIE1BWSBzaXRlUm9vbSAp\n",
         );
         let s = load(&[text, ldif]).unwrap();
         assert_eq!(
@@ -159,6 +177,23 @@ mod tests {
         );
         assert!(s.object_class("sitePerson").is_some());
         assert!(s.object_class("siteRoomHolder").is_some());
+    }
+
+    #[test]
+    fn ldif_definitions_apply_by_kind_and_folded_comments_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let ldif = write(
+            dir.path(),
+            "order.ldif",
+            "dn: cn=order,cn=schema,cn=config\r\n\
+             olcObjectClasses: ( orderOID:2 NAME 'orderThing' AUXILIARY MAY orderAttr )\r\n\
+             # a comment that goes on\r\n  on the next line\r\n\
+             olcAttributeTypes: ( orderOID:1 NAME 'orderAttr'\r\n  SYNTAX 1.3.6.1.4.1.1466.115.121.1.15 )\r\n\
+             olcObjectIdentifier: orderOID 1.3.6.1.4.1.99997\r\n",
+        );
+        let s = load(&[ldif]).unwrap();
+        assert_eq!(s.attribute("orderAttr").unwrap().oid, "1.3.6.1.4.1.99997.1");
+        assert!(s.object_class("orderThing").is_some());
     }
 
     #[test]

@@ -174,10 +174,9 @@ fn target_of(
         let view = rtxn.view();
         return match super::proxy::by_uid(server, &view, uid)? {
             Some(id) => Ok(view.dn(id)?),
-            None => Err(LdapError::new(
-                ResultCode::NO_SUCH_OBJECT,
-                "no single entry has that uid",
-            )),
+            // The same answer as for an entry the requester may not see:
+            // which uids exist is not revealed.
+            None => Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object")),
         };
     }
     super::parse_dn(text.strip_prefix("dn:").unwrap_or(text))
