@@ -238,10 +238,13 @@ class Pando:
         return rc
 
     def verify(self):
-        # With the server's configuration: its schema files and indexes.
+        # With the configuration the server was started with (its schema
+        # files and indexes; a test may have rewritten pando.toml since).
         cmd = [PANDO_BIN, "verify", "--data-dir", str(self.data_dir)]
         if self.config:
-            cmd += ["--config", str(self.base / "pando.toml")]
+            cfg = self.base / "pando-started.toml"
+            cfg.write_text(self.config)
+            cmd += ["--config", str(cfg)]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         return r.returncode, r.stdout + r.stderr
 
