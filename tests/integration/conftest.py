@@ -182,6 +182,9 @@ class Pando:
             cfg = self.base / "pando.toml"
             cfg.write_text(self.config)
             cmd += ["--config", str(cfg)]
+            # What verify() runs with (written now: a test may fill the
+            # disk or rewrite pando.toml before the teardown check).
+            (self.base / "pando-started.toml").write_text(self.config)
         cmd += self.args
         # Logs are appended across restarts: only this start's banner counts.
         out = self.base / "stdout.log"
@@ -242,9 +245,7 @@ class Pando:
         # files and indexes; a test may have rewritten pando.toml since).
         cmd = [PANDO_BIN, "verify", "--data-dir", str(self.data_dir)]
         if self.config:
-            cfg = self.base / "pando-started.toml"
-            cfg.write_text(self.config)
-            cmd += ["--config", str(cfg)]
+            cmd += ["--config", str(self.base / "pando-started.toml")]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         return r.returncode, r.stdout + r.stderr
 
