@@ -126,9 +126,4 @@ impl Feed {
         // No listener: the change is simply not kept.
         let _ = self.tx.send(c);
     }
-
-    /// How many listen now.
-    pub fn listeners(&self) -> usize {
-        self.tx.receiver_count()
-    }
 }

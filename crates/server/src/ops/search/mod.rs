@@ -158,17 +158,8 @@ pub async fn run_to_end(job: &Arc<SearchJob>) -> Finished {
     let abandoned = || job.abandoned.load(Ordering::Relaxed);
     let mut resume = None;
     loop {
-        // Waiting for a thread (keeping its place in the queue), it still
-        // notices Abandon and Cancel.
-        let wait = job.server.search_threads.clone().acquire_owned();
-        tokio::pin!(wait);
-        let slot = loop {
-            match tokio::time::timeout(Duration::from_millis(100), &mut wait).await {
-                Ok(Ok(slot)) => break slot,
-                Ok(Err(_)) => return Finished::Abandoned,
-                Err(_) if abandoned() => return Finished::Abandoned,
-                Err(_) => {}
-            }
+        let Some(slot) = search_thread(job).await else {
+            return Finished::Abandoned;
         };
         if abandoned() {
             return Finished::Abandoned;
@@ -192,6 +183,22 @@ pub async fn run_to_end(job: &Arc<SearchJob>) -> Finished {
             Ok(Ran::Done(Some(o))) => return Finished::Done(o),
             Ok(Ran::Done(None)) => return Finished::Abandoned,
             Err(_) => return Finished::Failed,
+        }
+    }
+}
+
+/// One of the `limits.max_search_threads` places for work on the blocking
+/// pool; while waiting (keeping its place in the queue) the search still
+/// notices Abandon and Cancel. None: abandoned, or the server is closing.
+async fn search_thread(job: &SearchJob) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let wait = job.server.search_threads.clone().acquire_owned();
+    tokio::pin!(wait);
+    loop {
+        match tokio::time::timeout(Duration::from_millis(100), &mut wait).await {
+            Ok(Ok(slot)) => return Some(slot),
+            Ok(Err(_)) => return None,
+            Err(_) if job.abandoned.load(Ordering::Relaxed) => return None,
+            Err(_) => {}
         }
     }
 }

@@ -38,7 +38,8 @@ use tokio::sync::broadcast::error::RecvError;
 use super::matcher::Matcher;
 use super::plan::Plan;
 use super::{
-    check_base, emitter_for, run_to_end, virtual_tree, Finished, SearchJob, SearchOutcome,
+    check_base, emitter_for, run_to_end, search_thread, virtual_tree, Finished, SearchJob,
+    SearchOutcome,
 };
 use crate::acl::{Access, EntryRules};
 use crate::error::{LdapError, OpResult};
@@ -210,16 +211,7 @@ async fn encode(
     if committed.changes.len() <= INLINE_CHANGES {
         return Some(encode_changes(job, &ps, base, &committed));
     }
-    let wait = job.server.search_threads.clone().acquire_owned();
-    tokio::pin!(wait);
-    let slot = loop {
-        match tokio::time::timeout(CHECK_ABANDON, &mut wait).await {
-            Ok(Ok(slot)) => break slot,
-            Ok(Err(_)) => return None,
-            Err(_) if job.abandoned.load(Ordering::Relaxed) => return None,
-            Err(_) => {}
-        }
-    };
+    let slot = search_thread(job).await?;
     let (job, base) = (job.clone(), base.clone());
     let ran = tokio::task::spawn_blocking(move || {
         let out = encode_changes(&job, &ps, &base, &committed);
@@ -390,8 +382,9 @@ fn shows_subentry(job: &SearchJob, is_subentry: bool) -> bool {
 }
 
 /// Whether the entry named `norm` is within `scope` of `base` (both
-/// normalised DNs, RDNs joined by unescaped commas).
-fn in_scope(base: &str, scope: Scope, norm: &str) -> bool {
+/// normalised DNs, RDNs joined by unescaped commas): for entries held in
+/// memory (changes, virtual trees), where there is no stored parent chain.
+pub(super) fn in_scope(base: &str, scope: Scope, norm: &str) -> bool {
     match scope {
         Scope::Base => norm == base,
         Scope::One => parent_of(norm) == Some(base),

@@ -179,17 +179,10 @@ pub(super) fn search(
         Ok((*base_entry.entry).clone())
     })?;
     let filter = schema.compile_filter(&req.filter);
-    let below = format!(",{norm_base}");
     let mut n = 0u64;
     let mut buf = Vec::new();
     for e in &entries {
-        let rel = e.norm.strip_suffix(below.as_str());
-        let in_scope = match req.scope {
-            Scope::Base => e.norm == norm_base,
-            Scope::One => rel.is_some_and(|r| !r.contains(',')),
-            Scope::Sub => e.norm == norm_base || rel.is_some(),
-            Scope::Children => rel.is_some(),
-        };
+        let in_scope = super::persistent::in_scope(&norm_base, req.scope, &e.norm);
         if !in_scope || filter.matches(schema, &e.entry) != Ternary::True {
             continue;
         }
