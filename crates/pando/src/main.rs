@@ -560,6 +560,7 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
                 gid: unsafe { libc::getegid() },
             }),
         },
+        server_id: resolved.config.replication.server_id,
     };
     let suffixes: Vec<String> = resolved
         .suffixes

@@ -21,8 +21,6 @@ use sha2::{Digest, Sha256};
 pub const BACKUP_FORMAT: u32 = 1;
 pub const MANIFEST: &str = "manifest.toml";
 pub const DATA_FILE: &str = "data.mdb";
-/// Meta key holding the CSN of the latest change (replication state).
-pub const META_CONTEXT_CSN: &str = "context_csn";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -36,6 +34,9 @@ pub struct Manifest {
     pub suffixes: Vec<String>,
     /// CSN of the newest change in the copy, if any change was made.
     pub context_csn: Option<String>,
+    /// The newest CSN of each server ID (the suffixes' contextCSN).
+    #[serde(default)]
+    pub context_csns: Vec<String>,
     pub bytes: u64,
     pub sha256: String,
 }
@@ -134,11 +135,8 @@ pub fn backup_store(store: &Store, dest: &Path) -> Result<BackupReport, String> 
         for id in v.roots().map_err(|e| e.to_string())? {
             suffixes.push(v.dn_string(id).map_err(|e| e.to_string())?);
         }
-        let csn = v
-            .meta_get(META_CONTEXT_CSN)
-            .map_err(|e| e.to_string())?
-            .map(|b| String::from_utf8_lossy(&b).into_owned());
-        (entries, suffixes, csn)
+        let csns = v.context_csns().map_err(|e| e.to_string())?;
+        (entries, suffixes, csns)
     };
     copy.close();
     // LMDB recreates the lock file when needed; a backup does not carry one.
@@ -151,7 +149,8 @@ pub fn backup_store(store: &Store, dest: &Path) -> Result<BackupReport, String> 
         created: crate::clock::generalized_time(crate::clock::now_micros()),
         entries,
         suffixes,
-        context_csn,
+        context_csn: context_csn.iter().max().cloned(),
+        context_csns: context_csn,
         bytes,
         sha256,
     };

@@ -230,8 +230,10 @@ pub(crate) fn add_if_missing(
             }
         };
         w.add(&place, &entry.attrs)?;
-        // Recorded like any write's CSN, so the next start resumes after it.
-        w.meta_put(crate::backup::META_CONTEXT_CSN, entry_csn.as_bytes())?;
+        // Recorded like any write's CSN, so the next start resumes after
+        // it; written around the change log, which covers what follows.
+        w.advance_context_csn(&entry_csn)?;
+        w.raise_changelog_floor(&entry_csn)?;
         Ok(true)
     })
 }

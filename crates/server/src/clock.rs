@@ -236,18 +236,16 @@ pub fn parse_csn(csn: &str) -> Result<(u64, u64), BadCsn> {
 }
 
 /// A clock for this server that resumes after the newest CSN `store`
-/// records (the context CSN), so CSNs keep increasing across restarts even
-/// when the wall clock went back meanwhile. A stored CSN that cannot be
+/// records (of any server ID: the newest context CSN), so CSNs keep
+/// increasing across restarts even when the wall clock went back
+/// meanwhile, and a change made here is newer than every one it follows. A stored CSN that cannot be
 /// read does not stop the server (it is replication metadata, not data):
 /// it is logged and the clock starts from the wall clock.
 pub fn clock_for_store(store: &pando_store::Store, sid: u16) -> CsnClock {
     let clock = CsnClock::new(sid);
-    let stored = store
-        .read()
-        .and_then(|r| r.view().meta_get(crate::backup::META_CONTEXT_CSN));
+    let stored = store.read().and_then(|r| r.view().newest_csn());
     match stored {
-        Ok(Some(bytes)) => {
-            let text = String::from_utf8_lossy(&bytes);
+        Ok(Some(text)) => {
             if let Err(e) = clock.resume_after(&text) {
                 tracing::warn!("stored contextCSN ignored, CSNs start from the wall clock: {e}");
             }
@@ -332,7 +330,6 @@ mod tests {
 
     #[test]
     fn a_clock_for_a_store_resumes_after_its_context_csn() {
-        use crate::backup::META_CONTEXT_CSN;
         let dir = tempfile::tempdir().unwrap();
         let store = pando_store::Store::open(
             dir.path(),
@@ -342,7 +339,7 @@ mod tests {
         .unwrap();
         let put = |v: &'static [u8]| {
             store
-                .write_blocking(move |w| w.meta_put(META_CONTEXT_CSN, v))
+                .write_blocking(move |w| w.meta_put("context_csn:000", v))
                 .unwrap()
         };
         let stored = "20991231235959.999999Z#000005#000#000000";

@@ -62,6 +62,39 @@ pub struct Config {
     pub logs: LogsConfig,
     /// `[metrics]`: the Prometheus endpoint.
     pub metrics: MetricsConfig,
+    /// `[replication]`: this server's ID, the change log, the provider.
+    pub replication: ReplicationConfig,
+}
+
+/// `[replication]`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicationConfig {
+    /// This server's ID in CSNs (0-4095, three hex digits in the CSN).
+    /// Every provider of a replicated directory needs its own; 0 is for a
+    /// directory with one provider.
+    pub server_id: u16,
+    /// Days the change log keeps a change (0: none kept). Consumers away
+    /// longer get a present phase instead of a delete phase.
+    pub changelog_days: u64,
+    /// At most this many change log records are kept (the oldest go).
+    pub changelog_max_changes: u64,
+    /// Provider: a consumer whose cookie the change log no longer covers,
+    /// and which did not ask for a reload, is answered
+    /// e-syncRefreshRequired (4096) instead of a present phase (as
+    /// OpenLDAP's `syncprov-reloadhint TRUE`).
+    pub refresh_required: bool,
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> Self {
+        ReplicationConfig {
+            server_id: 0,
+            changelog_days: 7,
+            changelog_max_changes: 1_000_000,
+            refresh_required: false,
+        }
+    }
 }
 
 /// `[logs]`. Nothing is logged to files unless a path is set.
@@ -702,9 +735,9 @@ pub struct StoreConfig {
     pub compression: String,
     /// zstd level, 1 (fastest) to 19.
     pub compression_level: i32,
-    /// Days a deleted entry's tombstone (UUID, DN, CSN) is kept, for
-    /// whoever needs to learn of deletes later (0 = keep none).
-    pub keep_tombstones_days: u64,
+    /// The earlier name of `replication.changelog_days`; when set, it is
+    /// used instead (and a warning says so).
+    pub keep_tombstones_days: Option<u64>,
 }
 
 impl Default for StoreConfig {
@@ -719,7 +752,7 @@ impl Default for StoreConfig {
             check_all_pages: true,
             compression: "zstd".into(),
             compression_level: pando_store::DEFAULT_COMPRESSION_LEVEL,
-            keep_tombstones_days: 7,
+            keep_tombstones_days: None,
         }
     }
 }
@@ -800,6 +833,7 @@ impl Default for Config {
             tls: TlsConfig::default(),
             logs: LogsConfig::default(),
             metrics: MetricsConfig::default(),
+            replication: ReplicationConfig::default(),
         }
     }
 }
@@ -878,6 +912,11 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// Indexes kept whatever the configuration says: replication finds
+/// entries by entryUUID and changed entries by entryCSN.
+pub const REQUIRED_INDEXES: [(&str, IndexKind); 2] =
+    [("entryUUID", IndexKind::Eq), ("entryCSN", IndexKind::Ord)];
+
 /// The validated configuration the server runs with.
 #[derive(Debug, Clone)]
 pub struct Resolved {
@@ -917,7 +956,7 @@ impl Config {
     }
 
     /// Check every value against the schema and resolve listeners and DNs.
-    pub fn validate(self, schema: &Schema) -> Result<Resolved, ConfigError> {
+    pub fn validate(mut self, schema: &Schema) -> Result<Resolved, ConfigError> {
         if self.data_dir.as_os_str().is_empty() {
             return Err(err("data_dir", "must not be empty"));
         }
@@ -1129,6 +1168,21 @@ impl Config {
                 kinds: ks,
             });
         }
+        // Replication finds entries by UUID and changes by CSN, whatever
+        // else is indexed.
+        for (attr, kind) in REQUIRED_INDEXES {
+            match indexes
+                .iter_mut()
+                .find(|s| s.attr.eq_ignore_ascii_case(attr))
+            {
+                Some(spec) if !spec.kinds.contains(&kind) => spec.kinds.push(kind),
+                Some(_) => {}
+                None => indexes.push(IndexSpec {
+                    attr: attr.to_string(),
+                    kinds: vec![kind],
+                }),
+            }
+        }
         let l = &self.limits;
         if l.max_pdu_bytes < 1024 || l.max_pdu_bytes > 1 << 30 {
             return Err(err(
@@ -1188,9 +1242,22 @@ impl Config {
                 "must be between 1 and 1048576",
             ));
         }
-        if self.store.keep_tombstones_days > 36_500 {
+        if let Some(days) = self.store.keep_tombstones_days {
+            if days > 36_500 {
+                return Err(err(
+                    "store.keep_tombstones_days",
+                    "must be at most 36500 (100 years)",
+                ));
+            }
+            self.replication.changelog_days = days;
+        }
+        let r = &self.replication;
+        if r.server_id > 4095 {
+            return Err(err("replication.server_id", "must be between 0 and 4095"));
+        }
+        if r.changelog_days > 36_500 {
             return Err(err(
-                "store.keep_tombstones_days",
+                "replication.changelog_days",
                 "must be at most 36500 (100 years)",
             ));
         }

@@ -161,7 +161,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     }
     // One clock for the whole run, bootstrap included, resumed after the
     // newest CSN the store records so CSNs never go back across restarts.
-    let csn = clock::clock_for_store(&store, 0);
+    let csn = clock::clock_for_store(&store, cfg.config.replication.server_id);
     let root_dn_text = cfg
         .root_dn
         .as_ref()
@@ -232,16 +232,19 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
 
     print_banner(&server, &root_pw, &created, demo_added, tls_generated);
 
-    // Tombstones that expired while the server was down go now (later
-    // ones go with the deletes that follow them).
-    let cutoff = ops::write::tombstone_cutoff(server.cfg.config.store.keep_tombstones_days);
+    // Change log records that expired while the server was down go now
+    // (later ones go with the writes that follow them).
+    let retention = server.cfg.config.replication.clone();
     match store
-        .write(move |w| w.purge_tombstones(&cutoff, 1_000_000))
+        .write(move |w| ops::write::log::purge_up_to(w, &retention, usize::MAX))
         .await
     {
         Ok(0) => {}
-        Ok(n) => tracing::info!("purged {n} expired tombstones"),
-        Err(e) => tracing::warn!("cannot purge expired tombstones: {e}"),
+        Ok(n) => tracing::info!("purged {n} expired change log records"),
+        Err(e) => tracing::warn!("cannot purge expired change log records: {e}"),
+    }
+    if server.cfg.config.store.keep_tombstones_days.is_some() {
+        tracing::warn!("store.keep_tombstones_days is the earlier name of replication.changelog_days; rename it");
     }
 
     let (stop_tx, stop_rx) = watch::channel(false);

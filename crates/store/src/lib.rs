@@ -21,6 +21,8 @@
 //! one fsync before answering any of them (group commit).
 
 pub mod bulk;
+mod changelog;
+mod context_csn;
 mod dn_cache;
 pub mod entry_codec;
 pub mod file_check;
@@ -30,7 +32,6 @@ pub mod model_check;
 mod plan;
 mod readers;
 pub mod salvage;
-mod tombstones;
 pub mod unsynced_marker;
 mod writer;
 
@@ -43,9 +44,10 @@ use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, RwTxn};
 use pando_model::{Attribute, Dn, Entry, Schema};
 use roaring::RoaringTreemap;
 
+pub use changelog::{ChangelogSummary, LoggedChange, LoggedKind, LoggedMod, ModOp};
+pub use context_csn::csn_sid;
 pub use index::IndexKind;
 pub use plan::Candidates;
-pub use tombstones::{Tombstone, TombstoneSummary};
 pub use unsynced_marker::{sync_dir, write_private};
 pub use writer::{Durability, WriteJobError, WriterFigures};
 
@@ -281,9 +283,9 @@ pub(crate) struct Inner {
     id2entry: Db,
     dn2id: Db,
     id2parent: Db,
-    /// Deleted entries ([`tombstones`]); None only in a read-only view of
-    /// a store written before tombstones existed.
-    tombstones: Option<Db>,
+    /// The change log ([`changelog`]); None only in a read-only view of
+    /// a store written before the log existed.
+    changelog: Option<Db>,
     /// Keyed by lowercase canonical attribute name.
     indexes: HashMap<String, Vec<IndexDb>>,
     /// Every (attribute, kind) of `indexes` in a fixed order: the slot
@@ -314,7 +316,7 @@ struct Dbs {
     id2entry: Db,
     dn2id: Db,
     id2parent: Db,
-    tombstones: Option<Db>,
+    changelog: Option<Db>,
 }
 
 impl Inner {
@@ -343,7 +345,7 @@ impl Inner {
             id2entry: dbs.id2entry,
             dn2id: dbs.dn2id,
             id2parent: dbs.id2parent,
-            tombstones: dbs.tombstones,
+            changelog: dbs.changelog,
             slots: bulk::slots(&indexes),
             indexes,
             has_subtypes: subtype_parents(&schema),
@@ -507,14 +509,31 @@ impl Store {
             )?;
         }
         meta.put(&mut wtxn, META_INDEXES, maintained.join("\n").as_bytes())?;
-        let tombstones = Some(tombstones::open(&env, &mut wtxn)?);
+        context_csn::migrate(meta, &mut wtxn)?;
+        let newest = {
+            let mut newest: Option<Vec<u8>> = None;
+            for item in meta.prefix_iter(&wtxn, b"context_csn:")? {
+                let (_, v) = item?;
+                if newest.as_deref().is_none_or(|n| v > n) {
+                    newest = Some(v.to_vec());
+                }
+            }
+            newest.map(|v| String::from_utf8_lossy(&v).into_owned())
+        };
+        let changelog = Some(changelog::open(
+            &env,
+            &mut wtxn,
+            meta,
+            existing,
+            newest.as_deref(),
+        )?);
         wtxn.commit()?;
         let dbs = Dbs {
             meta,
             id2entry,
             dn2id,
             id2parent,
-            tombstones,
+            changelog,
         };
         let inner = Arc::new(Inner::new(
             env,
@@ -589,14 +608,14 @@ impl Store {
             }
         }
         let codec = load_codec(&rtxn, meta, opts.compression)?;
-        let tombstones = env.open_database::<Bytes, Bytes>(&rtxn, Some(tombstones::NAME))?;
+        let changelog = env.open_database::<Bytes, Bytes>(&rtxn, Some(changelog::NAME))?;
         rtxn.commit()?;
         let dbs = Dbs {
             meta,
             id2entry,
             dn2id,
             id2parent,
-            tombstones,
+            changelog,
         };
         let mut inner = Inner::new(env, dbs, indexes, schema, path, Durability::Durable, codec);
         // Another process may be writing: its renames would go unseen.
@@ -773,8 +792,8 @@ impl Store {
         add("dn2id".into(), &inner.dn2id)?;
         add("id2parent".into(), &inner.id2parent)?;
         add("meta".into(), &inner.meta)?;
-        if let Some(db) = &inner.tombstones {
-            add(tombstones::NAME.into(), db)?;
+        if let Some(db) = &inner.changelog {
+            add(changelog::NAME.into(), db)?;
         }
         let mut names: Vec<&String> = inner.indexes.keys().collect();
         names.sort();

@@ -1148,92 +1148,156 @@ fn content_generation_moves_with_every_commit() {
     assert_eq!(g(&store) % 2, 0);
 }
 
+fn logged(csn: &str, seq: u32, kind: LoggedKind, dn: &str) -> LoggedChange {
+    LoggedChange {
+        csn: csn.into(),
+        seq,
+        kind,
+        uuid: format!("uuid-{dn}"),
+        dn: dn.into(),
+        old_dn: (kind == LoggedKind::ModDn).then(|| format!("old-{dn}")),
+        mods: match kind {
+            LoggedKind::Delete => Vec::new(),
+            _ => vec![
+                LoggedMod {
+                    op: ModOp::Add,
+                    desc: "cn;lang-en".into(),
+                    values: vec![b"x".to_vec(), vec![0, 255]],
+                },
+                LoggedMod {
+                    op: ModOp::Delete,
+                    desc: "sn".into(),
+                    values: Vec::new(),
+                },
+            ],
+        },
+    }
+}
+
 #[test]
-fn tombstones_are_kept_in_csn_order_and_purged_oldest_first() {
+fn the_change_log_is_in_csn_order_and_purged_oldest_first() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
-    let t = |csn: &str, uuid: &str| Tombstone {
-        csn: csn.into(),
-        uuid: uuid.into(),
-        dn: format!("cn={uuid},dc=example,dc=com"),
-    };
+    let (a, b, c) = (
+        "20261125010203.000001Z#000000#000#000000",
+        "20261125010203.000002Z#000000#000#000000",
+        "20261126000000.000000Z#000000#000#000000",
+    );
     let written = vec![
-        t("20261125010203.000002Z#000000#000#000000", "b"),
-        t("20261125010203.000001Z#000000#000#000000", "a"),
-        t("20261126000000.000000Z#000000#000#000000", "c"),
+        logged(b, 0, LoggedKind::Modify, "cn=b"),
+        logged(a, 0, LoggedKind::Add, "cn=a"),
+        logged(c, 0, LoggedKind::ModDn, "cn=c"),
     ];
-    let w2 = written.clone();
+    // One operation's records share a CSN and keep their order.
+    let tree: Vec<LoggedChange> = (0..4)
+        .map(|seq| logged(c, seq + 1, LoggedKind::Delete, &format!("cn={seq}")))
+        .collect();
+    let (w2, t2) = (written.clone(), tree.clone());
     store
         .write_blocking(move |w| -> Result<(), StoreError> {
-            for t in &w2 {
-                w.put_tombstone(t, 0)?;
-            }
-            // One operation's deletes share a CSN and keep their order,
-            // whatever their UUIDs; entries without one do not collide.
-            for (seq, uuid) in ["z", "", "", "a"].iter().enumerate() {
-                w.put_tombstone(
-                    &Tombstone {
-                        csn: "20261126000000.000000Z#000000#000#000001".into(),
-                        uuid: uuid.to_string(),
-                        dn: format!("cn={seq}"),
-                    },
-                    seq as u32,
-                )?;
+            for c in w2.iter().chain(t2.iter().rev()) {
+                w.log_change(c)?;
             }
             Ok(())
         })
         .unwrap();
-    // A rolled-back job leaves no tombstone.
+    // A rolled-back job logs nothing.
     let res: Result<(), StoreError> = store.write_blocking(|w| {
-        w.put_tombstone(
-            &Tombstone {
-                csn: "20261125000000.000000Z#000000#000#000000".into(),
-                uuid: "gone".into(),
-                dn: "cn=x".into(),
-            },
+        w.log_change(&logged(
+            "20261125000000.000000Z#000000#000#000000",
             0,
-        )?;
+            LoggedKind::Delete,
+            "cn=gone",
+        ))?;
         Err(StoreError::Closed)
     });
     assert!(res.is_err());
-    let r = store.read().unwrap();
-    let all = r.view().tombstones("", "", 10).unwrap();
+    let all = |store: &Store, after: &str| -> Vec<LoggedChange> {
+        let r = store.read().unwrap();
+        let v = r.view();
+        let out = v
+            .changes_after(after)
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        out
+    };
+    let got = all(&store, "");
     assert_eq!(
-        all[..3],
+        got[..3],
         [written[1].clone(), written[0].clone(), written[2].clone()]
     );
-    let tree: Vec<String> = all[3..].iter().map(|t| t.dn.clone()).collect();
-    assert_eq!(tree, ["cn=0", "cn=1", "cn=2", "cn=3"]);
-    // After a CSN, and not older than a time.
-    let later = r.view().tombstones(&written[1].csn, "", 2).unwrap();
-    assert_eq!(later, vec![written[0].clone(), written[2].clone()]);
-    let fresh = r.view().tombstones("", "20261125020000", 1).unwrap();
-    assert_eq!(fresh, vec![written[2].clone()]);
-    assert_eq!(r.view().tombstones("", "", 1).unwrap().len(), 1);
-    let summary = r.view().tombstone_summary().unwrap();
+    assert_eq!(got[3..], tree[..]);
+    // After a CSN: none of that CSN's records.
+    assert_eq!(all(&store, a)[0], written[0]);
+    assert!(all(&store, c).is_empty());
+    let summary = store.read().unwrap().view().changelog_summary().unwrap();
     assert_eq!(summary.count, 7);
-    assert_eq!(summary.oldest_csn.as_deref(), Some(written[1].csn.as_str()));
-    drop(r);
-    let purged = store
-        .write_blocking(|w| w.purge_tombstones("20261125020000", 1))
+    assert_eq!(summary.oldest_csn.as_deref(), Some(a));
+    assert_eq!(summary.floor, "", "a new store's log covers everything");
+    // By age: what is older than the cutoff, at most `max` at a time.
+    let n = store
+        .write_blocking(|w| w.purge_changes("20261125020000", u64::MAX, 1))
         .unwrap();
-    assert_eq!(purged, 1);
-    let purged = store
-        .write_blocking(|w| w.purge_tombstones("20261125020000", 10))
+    assert_eq!(n, 1);
+    assert_eq!(store.read().unwrap().view().changelog_floor().unwrap(), a);
+    let n = store
+        .write_blocking(|w| w.purge_changes("20261125020000", u64::MAX, 10))
         .unwrap();
-    assert_eq!(purged, 1);
-    let r = store.read().unwrap();
-    assert_eq!(
-        r.view().tombstones("", "", 1).unwrap(),
-        vec![written[2].clone()]
-    );
-    drop(r);
+    assert_eq!(n, 1);
+    // By count: the oldest go until `keep` remain.
+    let n = store
+        .write_blocking(|w| w.purge_changes("", 3, 10))
+        .unwrap();
+    assert_eq!(n, 2);
+    assert_eq!(all(&store, "")[..], tree[1..]);
+    assert_eq!(store.read().unwrap().view().changelog_floor().unwrap(), c);
+    // The floor never goes down.
+    store
+        .write_blocking(|w| w.raise_changelog_floor(a))
+        .unwrap();
+    assert_eq!(store.read().unwrap().view().changelog_floor().unwrap(), c);
     assert_consistent(&store);
-    // They survive a restart.
+    // It survives a restart.
+    store.close();
+    let store = open(dir.path());
+    assert_eq!(all(&store, "")[..], tree[1..]);
+}
+
+#[test]
+fn context_csns_are_kept_per_server_and_never_go_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let (a1, a2, b1) = (
+        "20261125010203.000001Z#000000#001#000000",
+        "20261125010203.000002Z#000000#001#000000",
+        "20261120000000.000000Z#000000#00c#000000",
+    );
+    store
+        .write_blocking(move |w| -> Result<(), StoreError> {
+            for csn in [a2, a1, b1] {
+                assert!(w.advance_context_csn(csn)?);
+            }
+            assert!(!w.advance_context_csn("not a csn")?);
+            Ok(())
+        })
+        .unwrap();
+    let r = store.read().unwrap();
+    assert_eq!(r.view().context_csns().unwrap(), [a2, b1]);
+    assert_eq!(r.view().newest_csn().unwrap().as_deref(), Some(a2));
+    drop(r);
+    assert_eq!(csn_sid(b1), Some(12));
+    // A store with the single value of earlier versions: it becomes its
+    // server's value, and the log covers only what comes after it.
+    let old = "20261111000000.000000Z#000000#000#000000";
+    store
+        .write_blocking(|w| w.meta_put("context_csn", old.as_bytes()))
+        .unwrap();
     store.close();
     let store = open(dir.path());
     let r = store.read().unwrap();
-    assert_eq!(r.view().tombstone_summary().unwrap().count, 5);
+    assert_eq!(r.view().context_csns().unwrap(), [old, a2, b1]);
+    assert!(r.view().meta_get("context_csn").unwrap().is_none());
 }
 
 #[test]

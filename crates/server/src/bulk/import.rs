@@ -61,6 +61,8 @@ pub struct ImportOptions {
     /// Entries per write transaction.
     pub commit_every: usize,
     pub allow_file_urls: bool,
+    /// The server ID in the CSNs given to entries without one.
+    pub server_id: u16,
 }
 
 impl Default for ImportOptions {
@@ -72,6 +74,7 @@ impl Default for ImportOptions {
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             commit_every: 20_000,
             allow_file_urls: false,
+            server_id: 0,
         }
     }
 }
@@ -331,7 +334,8 @@ struct Loader<'s, 'r> {
     held: Vec<Ready>,
     dict_pending: bool,
     report: ImportReport,
-    newest_csn: Option<Vec<u8>>,
+    /// The newest entryCSN loaded, per server ID.
+    newest_csn: std::collections::BTreeMap<u16, Vec<u8>>,
     rejects_out: &'r mut dyn FnMut(&Reject),
 }
 
@@ -446,8 +450,12 @@ impl Loader<'_, '_> {
                 Ok(id) => {
                     self.report.entries += 1;
                     if let Some(c) = r.csn.take() {
-                        if self.newest_csn.as_ref().is_none_or(|n| &c > n) {
-                            self.newest_csn = Some(c);
+                        let sid = pando_store::csn_sid(&String::from_utf8_lossy(&c));
+                        if let Some(sid) = sid {
+                            let newest = self.newest_csn.entry(sid).or_default();
+                            if c > *newest {
+                                *newest = c;
+                            }
                         }
                     }
                     if !self.orphans.is_empty() {
@@ -522,7 +530,7 @@ pub fn import(
         store,
         schema: store.schema().clone(),
         // Entries without an entryCSN get one after the store's newest.
-        csn: crate::clock::clock_for_store(store, 0),
+        csn: crate::clock::clock_for_store(store, opts.server_id),
         opts,
         suffixes,
         dict: OnceLock::new(),
@@ -550,7 +558,7 @@ pub fn import(
             input_format: format,
             ..ImportReport::default()
         },
-        newest_csn: None,
+        newest_csn: Default::default(),
         rejects_out,
     };
     let threads = opts.threads.max(1);
@@ -620,14 +628,13 @@ pub fn import(
     report.spilled_runs = figures.spilled_runs;
     // Everything is in; one synced commit declares the store complete.
     store.write_blocking(move |w: &mut WriteTxn<'_>| -> Result<(), StoreError> {
-        if let Some(csn) = newest_csn {
-            let newer = w
-                .view()
-                .meta_get(crate::backup::META_CONTEXT_CSN)?
-                .is_none_or(|cur| csn > cur);
-            if newer {
-                w.meta_put(crate::backup::META_CONTEXT_CSN, &csn)?;
-            }
+        // The imported entries' CSNs, per server; the change log covers
+        // only what comes after them.
+        for csn in newest_csn.values() {
+            w.advance_context_csn(&String::from_utf8_lossy(csn))?;
+        }
+        if let Some(newest) = w.view().newest_csn()? {
+            w.raise_changelog_floor(&newest)?;
         }
         w.meta_delete(META_IMPORTING)
     })?;

@@ -208,14 +208,17 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
         (server.cfg.config.limits.max_persistent_searches
             - server.persistent_searches.available_permits()) as u64,
     )];
-    let tombstones = server
+    let log = server
         .store
         .read()
-        .and_then(|r| r.view().tombstone_summary());
-    if let Ok(t) = tombstones {
-        changes.push(num("pandoTombstones", t.count));
-        if let Some(csn) = t.oldest_csn {
-            changes.push(attr("pandoOldestTombstoneCSN", [csn]));
+        .and_then(|r| r.view().changelog_summary());
+    if let Ok(log) = log {
+        changes.push(num("pandoChangeLogRecords", log.count));
+        if let Some(csn) = log.oldest_csn {
+            changes.push(attr("pandoChangeLogOldestCSN", [csn]));
+        }
+        if !log.floor.is_empty() {
+            changes.push(attr("pandoChangeLogFloorCSN", [log.floor]));
         }
     }
     out.push(node("Changes", "cn=Changes,cn=Monitor", changes));

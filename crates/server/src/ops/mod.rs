@@ -110,6 +110,7 @@ pub const COMPUTED: &[&str] = &[
     "subschemaSubentry",
     "hasSubordinates",
     "numSubordinates",
+    "contextCSN",
 ];
 
 /// `desc` is userPassword, with or without options.

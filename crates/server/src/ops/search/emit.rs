@@ -265,13 +265,13 @@ impl Emitter<'_> {
                     continue;
                 }
                 let access = guard.as_mut().map(|g| &mut *g.access);
-                let Some(value) = computed_value(self.schema, view, access, id, dn, name)? else {
+                let Some(values) = computed_value(self.schema, view, access, id, dn, name)? else {
                     continue;
                 };
                 if self.types_only {
                     enc.attr_names_only(name.as_bytes());
                 } else {
-                    enc.attr(name.as_bytes(), [value.as_bytes()]);
+                    enc.attr(name.as_bytes(), values.iter().map(String::as_bytes));
                 }
             }
         }
@@ -328,7 +328,15 @@ pub(super) fn computed_value(
     id: EntryId,
     dn: &str,
     name: &str,
-) -> OpResult<Option<String>> {
+) -> OpResult<Option<Vec<String>>> {
+    // The replication state, on suffix entries only (one value per server ID).
+    if name == "contextCSN" {
+        let csns = match view.placement(id)? {
+            Some(p) if p.parent == 0 => view.context_csns()?,
+            _ => Vec::new(),
+        };
+        return Ok(Some(csns).filter(|c| !c.is_empty()));
+    }
     let counts = matches!(name, "hasSubordinates" | "numSubordinates");
     // Children the requester may not see are not counted (they would
     // reveal entries a search does not return), unless it sees them all.
@@ -337,14 +345,16 @@ pub(super) fn computed_value(
             let first_only = name == "hasSubordinates";
             let seen =
                 visible_children(schema, view, access, id, first_only, MAX_CHILDREN_CHECKED)?;
-            return Ok(seen.map(|n| match (first_only, n > 0) {
-                (true, true) => "TRUE".to_string(),
-                (true, false) => "FALSE".to_string(),
-                (false, _) => n.to_string(),
+            return Ok(seen.map(|n| {
+                vec![match (first_only, n > 0) {
+                    (true, true) => "TRUE".to_string(),
+                    (true, false) => "FALSE".to_string(),
+                    (false, _) => n.to_string(),
+                }]
             }));
         }
     }
-    Ok(Some(match name {
+    Ok(Some(vec![match name {
         "entryDN" => dn.to_string(),
         "subschemaSubentry" => SUBSCHEMA_DN.to_string(),
         "hasSubordinates" => if view.has_children(id)? {
@@ -354,7 +364,7 @@ pub(super) fn computed_value(
         }
         .to_string(),
         _ => view.count_children(id)?.to_string(),
-    }))
+    }]))
 }
 
 /// Most children of one entry checked one by one for a restricted

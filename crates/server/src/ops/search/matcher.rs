@@ -92,10 +92,10 @@ impl<'a, 's> Matcher<'a, 's> {
     fn add_computed(&mut self, id: EntryId, dn: &str, entry: &mut Entry) -> OpResult<()> {
         for name in &self.plan.needed_computed {
             let restricted = (!self.access.unrestricted()).then_some(&mut self.access);
-            if let Some(v) = computed_value(self.schema, self.view, restricted, id, dn, name)? {
+            if let Some(vs) = computed_value(self.schema, self.view, restricted, id, dn, name)? {
                 entry.attrs.push(pando_model::Attribute {
                     desc: name.to_string(),
-                    values: vec![v.into_bytes()],
+                    values: vs.into_iter().map(String::into_bytes).collect(),
                 });
             }
         }

@@ -10,7 +10,7 @@
 //! ── in the writer's transaction ──
 //!    stamp: one CSN; timestamps, names, UUID; contextCSN
 //!    Hook::in_txn in HOOKS order         (pre-read / post-read values)
-//!    write to the store; a tombstone for each deleted entry
+//!    write to the store; a change log record for each entry
 //!    no-op control: roll back here, answer noOperation
 //! ── commit (group commit, per the durability mode) ──
 //!    on the writer thread: publish to the change feed (commit order)
@@ -29,6 +29,7 @@ mod changes;
 mod checks;
 mod delete;
 pub mod hooks;
+pub mod log;
 mod modify;
 mod rename;
 
@@ -36,7 +37,7 @@ use std::sync::Arc;
 
 use pando_model::Entry;
 use pando_proto::{Control, ResultCode};
-use pando_store::{EntryId, Placement, StoreError, Tombstone, View, WriteTxn};
+use pando_store::{EntryId, Placement, StoreError, View, WriteTxn};
 
 pub use add::add;
 pub use changes::{apply_changes, check_invariants};
@@ -47,7 +48,6 @@ pub use rename::modify_dn;
 
 use super::controls::Requested;
 use super::feed::Committed;
-use crate::backup::META_CONTEXT_CSN;
 use crate::error::{LdapError, OpResult};
 use crate::state::{Identity, Server};
 
@@ -300,38 +300,6 @@ fn publish(
     committed
 }
 
-/// On each delete, up to this many expired tombstones are removed (so
-/// they go at least as fast as they come).
-const PURGE_PER_DELETE: usize = 16;
-
-/// Record a deleted entry, the operation's `seq`th delete (see
-/// [`super::feed`]), and purge expired records.
-fn tombstone(
-    ctx: &WriteCtx,
-    w: &mut WriteTxn<'_>,
-    csn: &str,
-    seq: u32,
-    c: &Change,
-) -> Result<(), Stop> {
-    let days = ctx.server.cfg.config.store.keep_tombstones_days;
-    if let (Some(before), true) = (c.before.as_ref(), days > 0) {
-        let t = Tombstone {
-            csn: csn.to_string(),
-            uuid: c.uuid(),
-            dn: before.entry.dn.to_string(),
-        };
-        w.put_tombstone(&t, seq)?;
-    }
-    w.purge_tombstones(&tombstone_cutoff(days), PURGE_PER_DELETE)?;
-    Ok(())
-}
-
-/// Tombstones older than this (a CSN prefix) have expired.
-pub fn tombstone_cutoff(days: u64) -> String {
-    let now = crate::clock::now_micros();
-    crate::clock::csn_floor(now.saturating_sub(days.saturating_mul(86_400_000_000)))
-}
-
 /// In the writer's transaction: stamp, run the hooks, write. Returns the
 /// operation's CSN and the response controls the hooks made.
 fn apply(
@@ -346,8 +314,8 @@ fn apply(
     }
     // In reverse: a tree delete lists its subtree in pre-order, and
     // children go before their parents.
-    let mut deleted = 0u32;
-    for c in changes.iter_mut().rev() {
+    for (seq, c) in changes.iter_mut().rev().enumerate() {
+        log::log(w, &csn, seq as u32, c)?;
         if c.after.as_ref().is_some_and(crate::ops::is_subentry) {
             ctx.server.subentries.written();
         }
@@ -357,8 +325,6 @@ fn apply(
             }
             (Some(before), None, _) => {
                 w.delete(before.id, &before.entry.attrs)?;
-                tombstone(ctx, w, &csn, deleted, c)?;
-                deleted += 1;
             }
             (Some(before), Some(after), place) => {
                 if let Some(place) = place {
@@ -370,6 +336,7 @@ fn apply(
             _ => return Err(LdapError::new(ResultCode::OTHER, "malformed write plan").into()),
         }
     }
+    log::purge(w, &ctx.server.cfg.config.replication)?;
     Ok((csn, controls))
 }
 
@@ -389,7 +356,7 @@ const STAMPED: [&str; 6] = [
 /// creation stamps on added entries, modification stamps on all.
 fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResult<String> {
     let csn = ctx.server.csn.next();
-    w.meta_put(META_CONTEXT_CSN, csn.as_bytes())?;
+    w.advance_context_csn(&csn)?;
     let now = crate::clock::generalized_time(crate::clock::now_micros());
     let relaxed = ctx.relaxed();
     for c in changes.iter_mut() {

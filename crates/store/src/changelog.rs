@@ -1,0 +1,377 @@
+//! The change log: one record per entry each committed write operation
+//! changed, written in the operation's own transaction, so the log and the
+//! data never disagree (a crash keeps both or neither). Replication reads
+//! it to tell a returning consumer what was deleted or moved away while it
+//! was gone (RFC 4533's delete phase) and, later, to send changes
+//! attribute by attribute (delta-sync).
+//!
+//! Key:
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 40 | the operation's CSN (text; CSNs sort by time as text) |
+//! | 40 | 1 | 0x00 |
+//! | 41 | 4 | the entry's position among the operation's changes (u32, big-endian) |
+//!
+//! so the log is in CSN order, and one operation's entries (a tree delete:
+//! children first) in the order written. Value ([`encode`]):
+//!
+//! | field | encoding |
+//! |---|---|
+//! | record format | 1 byte (1) |
+//! | kind | 1 byte: 1 add, 2 delete, 4 modify, 8 modify DN |
+//! | entryUUID | length (LEB128) + text |
+//! | DN afterwards (a delete: as it was) | length + UTF-8 |
+//! | DN before a modify DN (else empty) | length + UTF-8 |
+//! | modifications | count (LEB128), then per modification: operation (1 byte: 0 add, 1 delete, 2 replace), attribute description (length + text), value count, values (length + bytes) |
+//!
+//! An add logs every attribute of the new entry as `add`s; a modify or a
+//! modify DN the difference between the entry before and after; a delete
+//! none.
+//!
+//! **Coverage.** `meta:changelog_floor` holds a CSN: every change committed
+//! through the write pipeline with a greater CSN is in the log. Purging
+//! raises it to the newest CSN removed; writing data around the log (a new
+//! store's first entries, `pando import`) raises it to the newest CSN
+//! written. Absent: everything was logged from the start.
+
+use std::ops::Bound;
+
+use heed::types::Bytes;
+
+use crate::entry_codec::put_varint;
+use crate::{Db, StoreError, View, WriteTxn};
+
+/// The database's name in the environment.
+pub const NAME: &str = "changelog";
+/// What the change log replaced (deletes only); emptied when found.
+const OLD_TOMBSTONES: &str = "tombstones";
+const META_FLOOR: &[u8] = b"changelog_floor";
+const RECORD_FORMAT: u8 = 1;
+
+/// What a logged change did to its entry (the persistent search change
+/// type codes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoggedKind {
+    Add = 1,
+    Delete = 2,
+    Modify = 4,
+    ModDn = 8,
+}
+
+/// How a logged modification changes an attribute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModOp {
+    Add = 0,
+    Delete = 1,
+    Replace = 2,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoggedMod {
+    pub op: ModOp,
+    pub desc: String,
+    pub values: Vec<Vec<u8>>,
+}
+
+/// One entry's change in one operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoggedChange {
+    pub csn: String,
+    /// The entry's position among the operation's changes, from 0.
+    pub seq: u32,
+    pub kind: LoggedKind,
+    pub uuid: String,
+    /// The DN afterwards; for a delete, as it was.
+    pub dn: String,
+    /// The DN before a modify DN.
+    pub old_dn: Option<String>,
+    pub mods: Vec<LoggedMod>,
+}
+
+fn key(csn: &str, seq: u32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(csn.len() + 5);
+    k.extend_from_slice(csn.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_varint(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+/// The value of `c`'s record.
+fn encode(c: &LoggedChange) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + c.dn.len());
+    out.push(RECORD_FORMAT);
+    out.push(c.kind as u8);
+    put_bytes(&mut out, c.uuid.as_bytes());
+    put_bytes(&mut out, c.dn.as_bytes());
+    put_bytes(&mut out, c.old_dn.as_deref().unwrap_or("").as_bytes());
+    put_varint(&mut out, c.mods.len() as u64);
+    for m in &c.mods {
+        out.push(m.op as u8);
+        put_bytes(&mut out, m.desc.as_bytes());
+        put_varint(&mut out, m.values.len() as u64);
+        for v in &m.values {
+            put_bytes(&mut out, v);
+        }
+    }
+    out
+}
+
+/// Reads a record's fields in order; None when the bytes end early.
+struct Fields<'a>(&'a [u8]);
+
+impl<'a> Fields<'a> {
+    fn byte(&mut self) -> Option<u8> {
+        let (&b, rest) = self.0.split_first()?;
+        self.0 = rest;
+        Some(b)
+    }
+
+    fn varint(&mut self) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    fn bytes(&mut self) -> Option<&'a [u8]> {
+        let len = usize::try_from(self.varint()?).ok()?;
+        if len > self.0.len() {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(len);
+        self.0 = rest;
+        Some(head)
+    }
+
+    fn text(&mut self) -> Option<String> {
+        std::str::from_utf8(self.bytes()?).ok().map(str::to_string)
+    }
+}
+
+fn decode(k: &[u8], v: &[u8]) -> Result<LoggedChange, StoreError> {
+    let bad = || {
+        StoreError::Corrupt(format!(
+            "change log record {:?} is malformed",
+            String::from_utf8_lossy(k)
+        ))
+    };
+    let nul = k.iter().position(|&b| b == 0).ok_or_else(bad)?;
+    let csn = std::str::from_utf8(&k[..nul])
+        .map_err(|_| bad())?
+        .to_string();
+    let seq = k
+        .get(nul + 1..nul + 5)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map(u32::from_be_bytes)
+        .ok_or_else(bad)?;
+    let mut f = Fields(v);
+    if f.byte() != Some(RECORD_FORMAT) {
+        return Err(bad());
+    }
+    let kind = match f.byte().ok_or_else(bad)? {
+        1 => LoggedKind::Add,
+        2 => LoggedKind::Delete,
+        4 => LoggedKind::Modify,
+        8 => LoggedKind::ModDn,
+        _ => return Err(bad()),
+    };
+    let uuid = f.text().ok_or_else(bad)?;
+    let dn = f.text().ok_or_else(bad)?;
+    let old_dn =
+        Some(f.text().ok_or_else(bad)?).filter(|d| !d.is_empty() || kind == LoggedKind::ModDn);
+    let count = f.varint().ok_or_else(bad)?;
+    let mut mods = Vec::new();
+    for _ in 0..count {
+        let op = match f.byte().ok_or_else(bad)? {
+            0 => ModOp::Add,
+            1 => ModOp::Delete,
+            2 => ModOp::Replace,
+            _ => return Err(bad()),
+        };
+        let desc = f.text().ok_or_else(bad)?;
+        let n = f.varint().ok_or_else(bad)?;
+        let mut values = Vec::new();
+        for _ in 0..n {
+            values.push(f.bytes().ok_or_else(bad)?.to_vec());
+        }
+        mods.push(LoggedMod { op, desc, values });
+    }
+    Ok(LoggedChange {
+        csn,
+        seq,
+        kind,
+        uuid,
+        dn,
+        old_dn,
+        mods,
+    })
+}
+
+/// What the change log holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChangelogSummary {
+    pub count: u64,
+    pub oldest_csn: Option<String>,
+    /// Every change with a greater CSN is logged ("" = every change).
+    pub floor: String,
+}
+
+impl View<'_> {
+    fn changelog_db(&self) -> Option<&Db> {
+        self.inner.changelog.as_ref()
+    }
+
+    /// Every change made through the write pipeline with a CSN greater
+    /// than this is in the log ("": every change).
+    pub fn changelog_floor(&self) -> Result<String, StoreError> {
+        Ok(match self.inner.meta.get(self.txn, META_FLOOR)? {
+            Some(v) => String::from_utf8_lossy(v).into_owned(),
+            // A read-only view of a store from before the log: nothing is covered.
+            None if self.changelog_db().is_none() => "~".to_string(),
+            None => String::new(),
+        })
+    }
+
+    /// The logged changes with a CSN greater than `after` ("": all), in
+    /// CSN order, one operation's entries in the order written.
+    pub fn changes_after<'v>(
+        &'v self,
+        after: &str,
+    ) -> Result<Box<dyn Iterator<Item = Result<LoggedChange, StoreError>> + 'v>, StoreError> {
+        let Some(db) = self.changelog_db() else {
+            return Ok(Box::new(std::iter::empty()));
+        };
+        // Every key of CSN `after` is `after` ‖ 0 ‖ …, which sorts before
+        // `after` ‖ 1: the range starts past all of them.
+        let mut from = after.as_bytes().to_vec();
+        from.push(1);
+        let start = match after {
+            "" => Bound::Unbounded,
+            _ => Bound::Included(from.as_slice()),
+        };
+        let range: (Bound<&[u8]>, Bound<&[u8]>) = (start, Bound::Unbounded);
+        let iter = db.range(self.txn, &range)?;
+        Ok(Box::new(iter.map(|item| {
+            let (k, v) = item?;
+            decode(k, v)
+        })))
+    }
+
+    pub fn changelog_summary(&self) -> Result<ChangelogSummary, StoreError> {
+        let floor = self.changelog_floor()?;
+        let Some(db) = self.changelog_db() else {
+            return Ok(ChangelogSummary {
+                floor,
+                ..ChangelogSummary::default()
+            });
+        };
+        let oldest = match db.first(self.txn)? {
+            Some((k, v)) => Some(decode(k, v)?.csn),
+            None => None,
+        };
+        Ok(ChangelogSummary {
+            count: db.len(self.txn)?,
+            oldest_csn: oldest,
+            floor,
+        })
+    }
+}
+
+impl WriteTxn<'_> {
+    fn changelog_db_mut(&self) -> Result<Db, StoreError> {
+        self.inner
+            .changelog
+            .ok_or_else(|| StoreError::Corrupt("the store has no change log".into()))
+    }
+
+    /// Log `c` (in the transaction that makes the change).
+    pub fn log_change(&mut self, c: &LoggedChange) -> Result<(), StoreError> {
+        let db = self.changelog_db_mut()?;
+        db.put(&mut self.txn, &key(&c.csn, c.seq), &encode(c))?;
+        Ok(())
+    }
+
+    /// Data was written around the log, up to `csn`: the log covers only
+    /// what comes after. Never lowers the floor.
+    pub fn raise_changelog_floor(&mut self, csn: &str) -> Result<(), StoreError> {
+        let floor = self.view().changelog_floor()?;
+        if csn > floor.as_str() {
+            self.inner
+                .meta
+                .put(&mut self.txn, META_FLOOR, csn.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Remove up to `max` records, oldest first, while they are older than
+    /// `before` (a CSN or its time prefix) or more than `keep` remain; the
+    /// floor rises to the newest CSN removed. Returns how many went.
+    pub fn purge_changes(
+        &mut self,
+        before: &str,
+        keep: u64,
+        max: usize,
+    ) -> Result<usize, StoreError> {
+        let db = self.changelog_db_mut()?;
+        let mut count = db.len(&self.txn)?;
+        let mut n = 0;
+        let mut newest: Option<String> = None;
+        {
+            let mut iter = db.iter_mut(&mut self.txn)?;
+            while n < max {
+                let Some(item) = iter.next() else { break };
+                let (k, _) = item?;
+                let csn_end = k.iter().position(|&b| b == 0).unwrap_or(k.len());
+                let csn = &k[..csn_end];
+                if csn >= before.as_bytes() && count <= keep {
+                    break;
+                }
+                let csn = String::from_utf8_lossy(csn).into_owned();
+                // SAFETY: nothing borrowed from the cursor is kept across
+                // the deletion (the CSN was copied).
+                unsafe { iter.del_current()? };
+                newest = Some(csn);
+                count -= 1;
+                n += 1;
+            }
+        }
+        if let Some(csn) = newest {
+            self.raise_changelog_floor(&csn)?;
+        }
+        Ok(n)
+    }
+}
+
+/// Open the change log, creating it when missing. A store from before the
+/// log gets its floor at its newest CSN (`newest`): nothing older is
+/// covered. The tombstones the log replaced are dropped with it.
+pub(crate) fn open(
+    env: &heed::Env,
+    wtxn: &mut heed::RwTxn<'_>,
+    meta: Db,
+    existing_store: bool,
+    newest: Option<&str>,
+) -> Result<Db, StoreError> {
+    if let Some(db) = env.open_database::<Bytes, Bytes>(wtxn, Some(NAME))? {
+        return Ok(db);
+    }
+    let db = env.create_database::<Bytes, Bytes>(wtxn, Some(NAME))?;
+    if existing_store {
+        meta.put(wtxn, META_FLOOR, newest.unwrap_or("").as_bytes())?;
+        if let Some(old) = env.open_database::<Bytes, Bytes>(wtxn, Some(OLD_TOMBSTONES))? {
+            old.clear(wtxn)?;
+        }
+    }
+    Ok(db)
+}
