@@ -215,6 +215,13 @@ def decode_message(raw):
                 msg["value"] = fval
             elif ftag == 0x87:
                 msg["sasl"] = fval
+    elif optag == 0x79:
+        msg["op"] = "intermediate"
+        for ftag, fval in children(body, 0, len(body)):
+            if ftag == 0x80:
+                msg["name"] = fval.decode()
+            elif ftag == 0x81:
+                msg["value"] = fval
     elif optag == 0x64:
         fields = children(body, 0, len(body))
         msg["dn"] = fields[0][1].decode("utf-8", "replace")

@@ -166,11 +166,13 @@ class Pando:
     def ldapi_url(self):
         return "ldapi://" + urllib.parse.quote(str((self.data_dir / "ldapi").resolve()), safe="")
 
-    def start(self, timeout=30.0):
+    def start(self, timeout=30.0, keep_port=False):
+        """keep_port: listen where the last start did (peers have the URL)."""
         if not Path(PANDO_BIN).exists():
             pytest.fail("pando binary not found at %s (build: cargo build --release -p pando, "
                         "or set PANDO_BIN)" % PANDO_BIN)
-        self.port = free_port()
+        if not (keep_port and self.port):
+            self.port = free_port()
         cmd = [PANDO_BIN, "serve", "--data-dir", str(self.data_dir),
                "--listen", self.url, "--listen", "ldapi://"]
         if self.ldaps:

@@ -1,17 +1,161 @@
 """Replication (RFC 4533 with OpenLDAP's conventions): server IDs in CSNs,
-contextCSN per server ID on suffix entries, the change log."""
+contextCSN per server ID on suffix entries, the change log, and Pando as a
+provider — checked on the wire with raw BER, and against real consumers:
+OpenLDAP's slapd (`syncrepl`) and python-ldap's SyncreplConsumer."""
 
+import shutil
+import signal
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import PEOPLE, PUBLIC_READ, SUFFIX, Pando
+import ber
+from conftest import (ADMIN_DN, PANDO_BIN, PEOPLE, PUBLIC_READ, SUFFIX, Pando, free_port,
+                      parse_ldif, wait_port)
+
+SYNC_REQUEST = "1.3.6.1.4.1.4203.1.9.1.1"
+SYNC_STATE = "1.3.6.1.4.1.4203.1.9.1.2"
+SYNC_DONE = "1.3.6.1.4.1.4203.1.9.1.3"
+SYNC_INFO = "1.3.6.1.4.1.4203.1.9.1.4"
+PAGED = "1.2.840.113556.1.4.319"
+GROUPS = "ou=Groups," + SUFFIX
+SLAPD = "/usr/sbin/slapd"
+HAVE_SLAPD = Path(SLAPD).exists() and shutil.which("ldapsearch") is not None
 
 
 def attrs_of(srv, dn, *names):
     rc, entries, err = srv.search(dn, "(objectClass=*)", *names, scope="base")
     assert rc == 0, err
     return entries[0][1]
+
+
+def modify(srv, text, url=None):
+    rc, out, err = srv.ldap("ldapmodify", input=text, url=url)
+    assert rc == 0, (out, err)
+
+
+# ------------------------------------------------------------ wire helpers
+# Decoders written here from RFC 4533's ASN.1, independent of the server's.
+
+
+def parts(raw):
+    return ber.children(raw, 0, len(raw))
+
+
+def controls_of(msg):
+    """[(oid, value bytes or None)] of a decoded message."""
+    raw = msg.get("controls")
+    if not raw:
+        return []
+    out = []
+    for _, c in parts(raw):
+        p = parts(c)
+        oid = p[0][1].decode()
+        value = next((v for t, v in p[1:] if t == 0x04), None)
+        out.append((oid, value))
+    return out
+
+
+def sync_state(msg):
+    states = [v for oid, v in controls_of(msg) if oid == SYNC_STATE]
+    assert len(states) == 1, msg
+    p = parts(parts(states[0])[0][1])
+    state = int.from_bytes(p[0][1], "big")
+    uuid = p[1][1]
+    cookie = p[2][1].decode() if len(p) > 2 else None
+    return state, uuid, cookie
+
+
+def sync_done(msg):
+    done = [v for oid, v in controls_of(msg) if oid == SYNC_DONE]
+    assert len(done) == 1, msg
+    cookie, deletes = None, False
+    for t, v in parts(parts(done[0])[0][1]):
+        if t == 0x04:
+            cookie = v.decode()
+        elif t == 0x01:
+            deletes = v != b"\x00"
+    return cookie, deletes
+
+
+def sync_info(msg):
+    """(kind, cookie, flag, uuids): kind one of newcookie, refreshDelete,
+    refreshPresent, syncIdSet; flag is refreshDone or refreshDeletes."""
+    assert msg.get("name") == SYNC_INFO, msg
+    tag, body = parts(msg["value"])[0]
+    if tag == 0x80:
+        return "newcookie", body.decode(), None, []
+    cookie, flag, uuids = None, {0xA3: False}.get(tag, True), []
+    for t, v in parts(body):
+        if t == 0x04:
+            cookie = v.decode()
+        elif t == 0x01:
+            flag = v != b"\x00"
+        elif t == 0x31:
+            uuids = [u for _, u in parts(v)]
+    return {0xA1: "refreshDelete", 0xA2: "refreshPresent", 0xA3: "syncIdSet"}[tag], cookie, flag, uuids
+
+
+def sync_control(mode, cookie=None, reload_hint=False):
+    value = ber.enum(mode)
+    if cookie is not None:
+        value += ber.octets(cookie)
+    if reload_hint:
+        value += ber.boolean(True)
+    return ber.control(SYNC_REQUEST, False, ber.seq(value))
+
+
+def uuid_bytes(text):
+    return bytes.fromhex(text.replace("-", ""))
+
+
+def open_sync(srv, mode=1, cookie=None, base=SUFFIX, filt=None, reload_hint=False, auth=True,
+              extra_controls=(), deref=0):
+    c = srv.raw(timeout=30)
+    if auth:
+        assert ber.simple_bind(c, srv.admin_dn, srv.admin_pw) == 0
+    op = ber.search_op(base, filt=filt, attrs=["*", "+"])
+    if deref:
+        # derefAliases is the third element of the SearchRequest.
+        op = op.replace(ber.enum(0), ber.enum(deref), 1)
+    c.send(ber.message(2, op, [sync_control(mode, cookie, reload_hint)] + list(extra_controls)))
+    return c
+
+
+def refresh(srv, cookie=None, **kw):
+    """A refreshOnly search to its end: (messages before the done, done)."""
+    with open_sync(srv, 1, cookie, **kw) as c:
+        got = []
+        while True:
+            m = c.recv_msg(timeout=30)
+            assert m is not None, "connection closed: %r" % got
+            if m["op"] == "searchDone":
+                return got, m
+            got.append(m)
+
+
+def summarise(msgs):
+    """Entries by DN with their state, and UUIDs from syncIdSets."""
+    entries, ids = {}, []
+    for m in msgs:
+        if m["op"] == "entry":
+            state, uuid, _ = sync_state(m)
+            assert len(uuid) == 16
+            entries[m["dn"].lower()] = state
+        else:
+            kind, _, flag, uuids = sync_info(m)
+            assert kind == "syncIdSet", kind
+            ids.append((flag, uuids))
+    return entries, ids
+
+
+def uuid_of(srv, dn):
+    return uuid_bytes(attrs_of(srv, dn, "entryUUID")["entryUUID"][0])
+
+
+# ------------------------------------------------------------ server ID, contextCSN
 
 
 @pytest.fixture
@@ -24,8 +168,7 @@ def sid42(tmp_path):
 def test_context_csn_follows_writes_per_server_id_and_survives_a_restart(sid42):
     srv = sid42
     dn = "uid=alice," + PEOPLE
-    rc, _, err = srv.ldap("ldapmodify", input="dn: %s\nchangetype: modify\nreplace: description\ndescription: x\n" % dn)
-    assert rc == 0, err
+    modify(srv, "dn: %s\nchangetype: modify\nreplace: description\ndescription: x\n" % dn)
     csn = attrs_of(srv, dn, "entryCSN")["entryCSN"][0]
     assert csn.split("#")[2] == "02a", csn
     ctx = attrs_of(srv, SUFFIX, "contextCSN")["contextCSN"]
@@ -37,8 +180,7 @@ def test_context_csn_follows_writes_per_server_id_and_survives_a_restart(sid42):
     assert srv.stop() == 0
     srv.start()
     assert attrs_of(srv, SUFFIX, "contextCSN")["contextCSN"] == [csn]
-    rc, _, err = srv.ldap("ldapmodify", input="dn: %s\nchangetype: modify\nreplace: description\ndescription: y\n" % dn)
-    assert rc == 0, err
+    modify(srv, "dn: %s\nchangetype: modify\nreplace: description\ndescription: y\n" % dn)
     after = attrs_of(srv, SUFFIX, "contextCSN")["contextCSN"]
     assert len(after) == 1 and after[0] > csn
     # A filter on it works like any operational attribute's.
@@ -49,9 +191,346 @@ def test_context_csn_follows_writes_per_server_id_and_survives_a_restart(sid42):
 def test_a_server_id_out_of_range_is_refused(tmp_path):
     cfg = tmp_path / "pando.toml"
     cfg.write_text("[replication]\nserver_id = 4096\n")
-    import subprocess
-    from conftest import PANDO_BIN
     r = subprocess.run([PANDO_BIN, "serve", "--data-dir", str(tmp_path / "d"), "--config", str(cfg)],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode != 0
     assert "replication.server_id" in r.stderr + r.stdout and "4095" in r.stderr + r.stdout
+
+
+# ------------------------------------------------------------ provider, on the wire
+
+
+def test_refresh_initial_then_delete_phase_then_nothing(fresh_server):
+    srv = fresh_server
+    msgs, done = refresh(srv)
+    assert done["code"] == 0, done
+    entries, ids = summarise(msgs)
+    assert len(entries) == 19 and set(entries.values()) == {1} and not ids
+    cookie, deletes = sync_done(done)
+    # An initial load ends as OpenLDAP ends it: refreshDeletes TRUE.
+    assert deletes and cookie.startswith("csn=") and "#000#" in cookie
+    carol, erin = uuid_of(srv, "uid=carol," + PEOPLE), uuid_of(srv, "uid=erin," + PEOPLE)
+    frank = uuid_of(srv, "uid=frank," + PEOPLE)
+    modify(srv, "\n".join([
+        "dn: uid=new1,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: new1\ncn: N\nsn: N\n" % PEOPLE,
+        "dn: uid=alice,%s\nchangetype: modify\nreplace: description\ndescription: changed\n" % PEOPLE,
+        "dn: uid=carol,%s\nchangetype: delete\n" % PEOPLE,
+        "dn: uid=bob,%s\nchangetype: modrdn\nnewrdn: uid=bobby\ndeleteoldrdn: 1\n" % PEOPLE,
+        # Out of the search (base ou=People) by a move, and out of its
+        # filter by a modify.
+        "dn: uid=frank,%s\nchangetype: modrdn\nnewrdn: uid=frank\ndeleteoldrdn: 1\nnewsuperior: %s\n"
+        % (PEOPLE, GROUPS),
+        "dn: uid=erin,%s\nchangetype: modify\nreplace: description\ndescription: hidden\n" % PEOPLE,
+    ]))
+    filt = ber.f_not(ber.f_eq("description", "hidden"))
+    # The cookie from a search of the whole suffix serves one of People.
+    msgs, done = refresh(srv, cookie="rid=007," + cookie, base=PEOPLE, filt=filt)
+    assert done["code"] == 0, done
+    entries, ids = summarise(msgs)
+    assert entries == {"uid=new1," + PEOPLE.lower(): 1, "uid=alice," + PEOPLE.lower(): 1,
+                       "uid=bobby," + PEOPLE.lower(): 1}, entries
+    assert all(flag for flag, _ in ids), ids
+    gone = {u for _, us in ids for u in us}
+    assert gone == {carol, erin, frank}, gone
+    # Deletes come before the changed entries.
+    first_entry = next(i for i, m in enumerate(msgs) if m["op"] == "entry")
+    assert all(m["op"] != "intermediate" for m in msgs[first_entry:])
+    new_cookie, deletes = sync_done(done)
+    assert deletes and new_cookie.startswith("rid=007,csn=") and new_cookie > "rid=007," + cookie
+    # Up to date: nothing at all.
+    msgs, done = refresh(srv, cookie=new_cookie, base=PEOPLE, filt=filt)
+    assert (msgs, done["code"], sync_done(done)) == ([], 0, (new_cookie, True))
+
+
+def test_provider_refusals(fresh_server):
+    srv = fresh_server
+    _, done = refresh(srv)
+    cookie, _ = sync_done(done)
+    newer = cookie.replace("csn=2026", "csn=2099").replace("csn=2027", "csn=2099")
+    for kw, code, words in [
+        (dict(cookie=newer), 53, "newer"),
+        (dict(cookie="rid=1,csn=garbage"), 2, "cookie"),
+        (dict(deref=3), 2, "dereference"),
+        (dict(extra_controls=[ber.control(PAGED, False, ber.seq(ber.integer(10), ber.octets(b"")))]),
+         53, "paged"),
+    ]:
+        msgs, done = refresh(srv, **kw)
+        assert (msgs, done["code"]) == ([], code), (kw, done)
+        assert words in done["diag"], done
+    # Persist mode needs an authenticated client.
+    with open_sync(srv, 3, auth=False) as c:
+        m = c.recv_msg()
+        assert (m["op"], m["code"]) == ("searchDone", 53), m
+
+
+@pytest.fixture
+def short_log(tmp_path):
+    cfg = PUBLIC_READ + "\n[replication]\nchangelog_max_changes = 1\n"
+    s = Pando(tmp_path, demo=True, config=cfg).start()
+    yield s
+    s.stop_and_verify()
+
+
+def test_present_phase_or_4096_when_the_log_no_longer_covers_the_cookie(short_log):
+    srv = short_log
+    _, done = refresh(srv)
+    cookie, _ = sync_done(done)
+    carol = uuid_of(srv, "uid=carol," + PEOPLE)
+    modify(srv, "dn: uid=carol,%s\nchangetype: delete\n" % PEOPLE)
+    modify(srv, "dn: uid=alice,%s\nchangetype: modify\nreplace: description\ndescription: c\n" % PEOPLE)
+    modify(srv, "dn: uid=bob,%s\nchangetype: modify\nreplace: description\ndescription: c\n" % PEOPLE)
+    # The log keeps one record: it no longer covers the delete.
+    floor = attrs_of(srv, "cn=Changes,cn=Monitor", "+", "*")["pandoChangeLogFloorCSN"][0]
+    assert floor > cookie[len("csn="):]
+    msgs, done = refresh(srv, cookie=cookie)
+    assert done["code"] == 0, done
+    entries, ids = summarise(msgs)
+    assert entries == {"uid=alice," + PEOPLE.lower(): 1, "uid=bob," + PEOPLE.lower(): 1}, entries
+    present = {u for _, us in ids for u in us}
+    assert not any(flag for flag, _ in ids) and len(present) == 16 and carol not in present
+    assert sync_done(done)[1] is False
+    # With refresh_required the consumer is told to reload (4096), unless
+    # it asked for a reload itself.
+    cfg = srv.base / "pando.toml"
+    srv.stop()
+    srv.config += "refresh_required = true\n"
+    srv.start()
+    msgs, done = refresh(srv, cookie=cookie)
+    assert (msgs, done["code"]) == ([], 4096), done
+    msgs, done = refresh(srv, cookie=cookie, reload_hint=True)
+    assert done["code"] == 0 and sync_done(done)[1] is False
+    assert cfg.exists()
+
+
+def test_persist_sends_changes_with_cookies_and_ends_on_abandon(fresh_server):
+    srv = fresh_server
+    with open_sync(srv, 3, base=PEOPLE) as c:
+        msgs = []
+        while True:
+            m = c.recv_msg()
+            if m["op"] != "entry":
+                break
+            msgs.append(m)
+        assert len(msgs) == 11
+        kind, cookie, refresh_done, _ = sync_info(m)
+        assert (kind, refresh_done) == ("refreshDelete", True) and cookie.startswith("csn=")
+        alice = uuid_of(srv, "uid=alice," + PEOPLE)
+        modify(srv, "\n".join([
+            "dn: uid=alice,%s\nchangetype: modify\nreplace: description\ndescription: x\n" % PEOPLE,
+            "dn: uid=new2,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: new2\ncn: N\nsn: N\n"
+            % PEOPLE,
+            "dn: cn=staff,%s\nchangetype: modify\nreplace: description\ndescription: elsewhere\n"
+            % GROUPS,
+            "dn: uid=alice,%s\nchangetype: delete\n" % PEOPLE,
+        ]))
+        got = [c.recv_msg() for _ in range(4)]
+        state, uuid, c1 = sync_state(got[0])
+        assert (got[0]["dn"].lower(), state, uuid) == ("uid=alice," + PEOPLE.lower(), 2, alice)
+        assert got[0]["attrs"]["description"] == [b"x"]
+        assert sync_state(got[1])[0] == 1 and got[1]["dn"].startswith("uid=new2")
+        # A change outside the search still moves the cookie.
+        kind, c3, _, _ = sync_info(got[2])
+        assert kind == "newcookie"
+        state, uuid, c4 = sync_state(got[3])
+        assert (state, uuid, got[3]["attrs"]) == (3, alice, {})
+        assert cookie < c1 < c3 < c4, (cookie, c1, c3, c4)
+        c.send(ber.message(3, ber.abandon_op(2)))
+        with pytest.raises(Exception):
+            c.recv_msg(timeout=1)
+
+
+def test_changes_from_the_consumer_s_own_server_are_not_sent_back(sid42):
+    srv = sid42
+    with open_sync(srv, 3, cookie="rid=001,sid=02a", base=PEOPLE) as c:
+        while c.recv_msg()["op"] == "entry":
+            pass
+        modify(srv, "dn: uid=alice,%s\nchangetype: modify\nreplace: description\ndescription: x\n"
+               % PEOPLE)
+        with pytest.raises(Exception):
+            c.recv_msg(timeout=1)
+
+
+# ------------------------------------------------------------ real consumers
+
+DUMP_ATTRS = ["*", "entryCSN", "entryUUID", "createTimestamp", "modifyTimestamp", "creatorsName",
+              "modifiersName"]
+
+
+def dump(url, dn, pw):
+    r = subprocess.run(["ldapsearch", "-x", "-H", url, "-D", dn, "-w", pw, "-b", SUFFIX, "-LLL",
+                        "-o", "ldif-wrap=no"] + DUMP_ATTRS, capture_output=True, text=True, timeout=60)
+    assert r.returncode in (0, 32), r.stderr
+    return sorted((d.lower(), sorted((k.lower(), sorted(v)) for k, v in a.items()))
+                  for d, a in parse_ldif(r.stdout))
+
+
+def context_csn(url, dn, pw):
+    r = subprocess.run(["ldapsearch", "-x", "-H", url, "-D", dn, "-w", pw, "-b", SUFFIX, "-s", "base",
+                        "-LLL", "contextCSN"], capture_output=True, text=True, timeout=60)
+    got = parse_ldif(r.stdout)
+    return sorted(got[0][1].get("contextCSN", [])) if got else []
+
+
+class SlapdConsumer:
+    """Debian's slapd replicating dc=example,dc=com from a provider."""
+
+    def __init__(self, base, provider, mode="refreshAndPersist"):
+        self.base = Path(base)
+        (self.base / "db").mkdir(parents=True, exist_ok=True)
+        self.port, self.pid = None, None
+        self.pw = "consumer-secret"
+        p = provider
+        mode_args = ("type=refreshAndPersist" if mode == "refreshAndPersist"
+                     else "type=refreshOnly interval=00:00:00:01")
+        lines = ["include /etc/ldap/schema/%s.schema" % s for s in ("core", "cosine", "inetorgperson", "nis")]
+        lines += [
+            "modulepath /usr/lib/ldap", "moduleload back_mdb",
+            "pidfile %s/slapd.pid" % self.base, "argsfile %s/slapd.args" % self.base,
+            "loglevel sync", "database mdb", 'suffix "%s"' % SUFFIX, 'rootdn "%s"' % ADMIN_DN,
+            "rootpw %s" % self.pw, "directory %s/db" % self.base, "maxsize 268435456",
+            "index objectClass eq", "index entryUUID,entryCSN eq",
+            'syncrepl rid=001 provider=%s bindmethod=simple binddn="%s" credentials=%s '
+            'searchbase="%s" %s retry="1 30 5 +" timeout=5' % (p.url, p.admin_dn, p.admin_pw, SUFFIX, mode_args),
+            "updateref %s" % p.url,
+            "access to * by * read",
+        ]
+        (self.base / "slapd.conf").write_text("\n".join(lines) + "\n")
+
+    @property
+    def url(self):
+        return "ldap://127.0.0.1:%d" % self.port
+
+    def start(self):
+        self.port = self.port or free_port()
+        log = open(self.base / "slapd.log", "ab")
+        self.proc = subprocess.Popen([SLAPD, "-f", str(self.base / "slapd.conf"), "-h", self.url + "/",
+                                      "-d", "sync"], stdout=log, stderr=log)
+        assert wait_port(self.port, timeout=30), "slapd not listening"
+        return self
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log(self):
+        return (self.base / "slapd.log").read_text(errors="replace")[-3000:]
+
+
+def converge(provider, consumer, timeout=30):
+    """Wait until both hold the same entries and contextCSN."""
+    deadline = time.monotonic() + timeout
+    while True:
+        a = dump(provider.url, provider.admin_dn, provider.admin_pw)
+        b = dump(consumer.url, ADMIN_DN, consumer.pw)
+        ca = context_csn(provider.url, provider.admin_dn, provider.admin_pw)
+        cb = context_csn(consumer.url, ADMIN_DN, consumer.pw)
+        if a == b and ca == cb:
+            return len(a)
+        if time.monotonic() > deadline:
+            only_a = [d for d in a if d not in b][:3]
+            only_b = [d for d in b if d not in a][:3]
+            pytest.fail("no convergence: provider %s / consumer %s contextCSN;\nprovider only: %r\n"
+                        "consumer only: %r\n%s" % (ca, cb, only_a, only_b, consumer.log()))
+        time.sleep(0.3)
+
+
+def changes_round(srv, n):
+    """Adds, modifies (one with many values), renames, a subtree move,
+    deletes and a password change."""
+    members = "".join("member: uid=m%d,%s\n" % (i, PEOPLE) for i in range(1500))
+    modify(srv, "\n".join([
+        "dn: ou=Dept%d,%s\nchangetype: add\nobjectClass: organizationalUnit\nou: Dept%d\n" % (n, SUFFIX, n),
+        "dn: uid=u%d,ou=Dept%d,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: u%d\ncn: U\nsn: U\n"
+        % (n, n, SUFFIX, n),
+        "dn: cn=big%d,%s\nchangetype: add\nobjectClass: groupOfNames\ncn: big%d\nmember: %s\n"
+        % (n, GROUPS, n, ADMIN_DN),
+        "dn: cn=big%d,%s\nchangetype: modify\nadd: member\n%s" % (n, GROUPS, members),
+        "dn: uid=alice,%s\nchangetype: modify\nreplace: description\ndescription: round %d\n" % (PEOPLE, n),
+        "dn: ou=Dept%d,%s\nchangetype: modrdn\nnewrdn: ou=Moved%d\ndeleteoldrdn: 1\nnewsuperior: %s\n"
+        % (n, SUFFIX, n, PEOPLE),
+        "dn: uid=u%d,ou=Moved%d,%s\nchangetype: modrdn\nnewrdn: uid=v%d\ndeleteoldrdn: 0\n" % (n, n, PEOPLE, n),
+    ]))
+    rc, out, err = srv.ldap("ldappasswd", "-s", "new-secret-%d" % n, "uid=bob," + PEOPLE)
+    assert rc == 0, err
+
+
+@pytest.mark.skipif(not HAVE_SLAPD, reason="slapd not installed")
+@pytest.mark.parametrize("mode", ["refreshAndPersist", "refreshOnly"])
+def test_slapd_replicates_from_pando(tmp_path, mode):
+    srv = Pando(tmp_path / "pando", demo=True, config=PUBLIC_READ).start()
+    consumer = SlapdConsumer(tmp_path / "slapd", srv, mode).start()
+    try:
+        converge(srv, consumer)
+        changes_round(srv, 1)
+        modify(srv, "dn: uid=carol,%s\nchangetype: delete\n" % PEOPLE)
+        converge(srv, consumer)
+        # Writes to the consumer are referred to the provider.
+        r = subprocess.run(["ldapmodify", "-x", "-H", consumer.url, "-D", ADMIN_DN, "-w", "wrong"],
+                           input="dn: uid=dave,%s\nchangetype: delete\n" % PEOPLE, capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode != 0
+        # The consumer is down while the provider changes; it catches up
+        # from its cookie (a delete phase from the change log).
+        consumer.stop()
+        changes_round(srv, 2)
+        modify(srv, "dn: uid=dave,%s\nchangetype: delete\n" % PEOPLE)
+        consumer.start()
+        n = converge(srv, consumer)
+        assert n == 19 + 2 * 3 - 2
+        # The provider restarts; the consumer reconnects and follows.
+        assert srv.stop() == 0
+        srv.start(keep_port=True)
+        modify(srv, "dn: uid=erin,%s\nchangetype: delete\n" % PEOPLE)
+        converge(srv, consumer)
+    finally:
+        consumer.stop()
+        srv.stop_and_verify()
+
+
+def test_python_ldap_syncrepl_consumer_follows_pando(fresh_server):
+    ldap = pytest.importorskip("ldap")
+    import ldap.syncrepl
+
+    class Consumer(ldap.ldapobject.LDAPObject, ldap.syncrepl.SyncreplConsumer):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.cookie, self.entries, self.deleted, self.done = None, {}, [], False
+
+        def syncrepl_get_cookie(self):
+            return self.cookie
+
+        def syncrepl_set_cookie(self, cookie):
+            self.cookie = cookie
+
+        def syncrepl_entry(self, dn, attrs, uuid):
+            self.entries[uuid] = dn
+
+        def syncrepl_delete(self, uuids):
+            self.deleted += uuids
+
+        def syncrepl_present(self, uuids, refreshDeletes=False):
+            pass
+
+        def syncrepl_refreshdone(self):
+            self.done = True
+
+    srv = fresh_server
+    c = Consumer(srv.url)
+    c.simple_bind_s(srv.admin_dn, srv.admin_pw)
+    msgid = c.syncrepl_search(SUFFIX, ldap.SCOPE_SUBTREE, mode="refreshAndPersist", attrlist=["*", "+"])
+    deadline = time.monotonic() + 20
+    while not c.done and time.monotonic() < deadline:
+        c.syncrepl_poll(msgid=msgid, timeout=1)
+    assert c.done and len(c.entries) == 19
+    modify(srv, "dn: uid=judy,%s\nchangetype: delete\n" % PEOPLE)
+    modify(srv, "dn: uid=py1,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: py1\ncn: P\nsn: P\n" % PEOPLE)
+    while time.monotonic() < deadline and not any(d.startswith("uid=py1") for d in c.entries.values()):
+        c.syncrepl_poll(msgid=msgid, timeout=1)
+    assert len(c.deleted) == 1 and any(d.startswith("uid=py1") for d in c.entries.values())
+    assert c.cookie and "csn=" in c.cookie
+    c.unbind_s()

@@ -32,6 +32,7 @@ pub mod extended;
 mod filter;
 mod message;
 mod result;
+pub mod sync;
 
 use std::fmt;
 

@@ -80,6 +80,8 @@ result_codes! {
     AUTHORIZATION_DENIED = 123, "authorizationDenied";
     // draft-zeilenga-ldap-noop; OpenLDAP's value (0x410e).
     NO_OPERATION = 16654, "noOperation";
+    // RFC 4533 e-syncRefreshRequired.
+    SYNC_REFRESH_REQUIRED = 4096, "e-syncRefreshRequired";
 }
 
 impl fmt::Debug for ResultCode {

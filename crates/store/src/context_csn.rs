@@ -14,14 +14,7 @@ use crate::{Db, StoreError, View, WriteTxn};
 const PREFIX: &str = "context_csn:";
 const OLD_KEY: &[u8] = b"context_csn";
 
-/// The server ID of a CSN `time#count#sid#mod` (None: not a CSN).
-pub fn csn_sid(csn: &str) -> Option<u16> {
-    let sid = csn.split('#').nth(2)?;
-    if sid.is_empty() || sid.len() > 3 {
-        return None;
-    }
-    u16::from_str_radix(sid, 16).ok()
-}
+pub use pando_proto::sync::csn_sid;
 
 fn key(sid: u16) -> String {
     format!("{PREFIX}{sid:03x}")

@@ -344,7 +344,7 @@ impl Connection {
                 }
                 // A small search is answered right here, on this task; a
                 // larger (or persistent) one runs on its own.
-                if job.controls.persistent.is_some() {
+                if job.controls.persistent.is_some() || job.controls.sync.is_some() {
                     Work::Search(job)
                 } else {
                     match ops::search::run_inline(job, &mut wire.output) {
@@ -892,6 +892,8 @@ async fn run_search(job: ops::search::SearchJob, tx: &mpsc::Sender<Vec<u8>>) -> 
     let job = Arc::new(job);
     let finished = if job.controls.persistent.is_some() {
         ops::search::persistent::run(&job).await
+    } else if job.controls.sync.is_some() {
+        ops::search::sync_provider::run(&job).await
     } else {
         ops::search::run_to_end(&job).await
     };

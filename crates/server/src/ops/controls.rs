@@ -82,6 +82,16 @@ pub const SUPPORTED: &[Supported] = &[
         },
     },
     Supported {
+        oid: oid::SYNC_REQUEST,
+        applies_to: &[Search],
+        parse: |r, c, _| {
+            let s =
+                pando_proto::sync::SyncRequest::decode(value(c)?).map_err(|e| malformed(c, &e))?;
+            r.sync = Some(s);
+            Ok(())
+        },
+    },
+    Supported {
         oid: oid::PROXIED_AUTHZ,
         applies_to: &[Search, Compare, Add, Delete, Modify, ModDn, Extended],
         parse: |r, c, _| {
@@ -230,6 +240,8 @@ pub struct Requested {
     pub vlv: Option<Vlv>,
     /// draft-ietf-ldapext-psearch-03: stay open and send changes.
     pub persistent: Option<cv::PersistentSearch>,
+    /// RFC 4533: a replication consumer's content synchronization.
+    pub sync: Option<pando_proto::sync::SyncRequest>,
     /// RFC 3876: the simple filter items values must match to be returned.
     pub matched_values: Option<Vec<Filter>>,
     /// RFC 3672: Some(true) returns only subentries, Some(false) only

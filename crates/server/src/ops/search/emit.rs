@@ -22,6 +22,9 @@ pub(super) struct Selection {
     /// OIDs of the requested types, in the order of `named` (resolved once
     /// per search, not once per attribute of every entry).
     pub(super) named_oids: Vec<String>,
+    /// Only stored attributes go out, never computed ones (replication:
+    /// each server computes its own).
+    pub(super) stored_only: bool,
 }
 
 impl Selection {
@@ -31,6 +34,7 @@ impl Selection {
             all_oper: false,
             named: Vec::new(),
             named_oids: Vec::new(),
+            stored_only: false,
         };
         for a in attrs {
             match a.as_str() {
@@ -88,6 +92,9 @@ impl Selection {
     }
 
     pub(super) fn wants_computed(&self, name: &str) -> bool {
+        if self.stored_only {
+            return false;
+        }
         (self.all_oper && name != "numSubordinates")
             || self.named.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
     }

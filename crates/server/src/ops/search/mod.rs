@@ -24,6 +24,7 @@ mod paging;
 pub mod persistent;
 mod plan;
 mod sort;
+pub mod sync_provider;
 mod virtual_tree;
 
 use crate::acl::{self, Access, EntryRules};

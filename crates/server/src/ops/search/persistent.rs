@@ -59,26 +59,17 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
     let Some(ps) = job.controls.persistent else {
         return run_to_end(job).await;
     };
-    let base = match settle(job) {
+    let base = match settle(job, "a persistent search", true) {
         Ok(base) => Arc::new(base),
         Err(e) => return done(e.into_result(), 0),
     };
-    let server = &job.server;
-    let limits = &server.cfg.config.limits;
-    let Ok(_place) = server.persistent_searches.clone().try_acquire_owned() else {
-        let message = match limits.max_persistent_searches {
-            0 => "persistent searches are turned off (limits.max_persistent_searches = 0)".to_string(),
-            n => format!("{n} persistent searches are open, the most this server allows (limits.max_persistent_searches)"),
-        };
-        return done(
-            LdapResult::new(ResultCode::ADMIN_LIMIT_EXCEEDED, message),
-            0,
-        );
+    let _place = match take_place(&job.server) {
+        Ok(place) => place,
+        Err(refused) => return done(refused, 0),
     };
     // Subscribed before the initial search takes its snapshot: no change
     // falls between the two (one committed meanwhile may be sent twice).
-    let mut feed = server.feed.subscribe();
-    let mut closing = server.feed.closing();
+    let mut follower = Follower::new(&job.server);
     let mut sent = 0;
     if !ps.changes_only {
         match run_to_end(job).await {
@@ -86,37 +77,10 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
             other => return other,
         }
     }
-    let mut tick = tokio::time::interval(CHECK_ABANDON);
     loop {
-        let next = tokio::select! {
-            next = feed.recv() => next,
-            _ = closing.changed() => {
-                return done(LdapResult::new(ResultCode::UNAVAILABLE, "the server is shutting down"), sent);
-            }
-            _ = tick.tick() => {
-                if job.abandoned.load(Ordering::Relaxed) {
-                    return Finished::Abandoned;
-                }
-                continue;
-            }
-        };
-        if job.abandoned.load(Ordering::Relaxed) {
-            return Finished::Abandoned;
-        }
-        let committed = match next {
+        let committed = match follower.next(job, sent).await {
             Ok(c) => c,
-            Err(RecvError::Lagged(lost)) => {
-                let message = format!(
-                    "the client fell more than {} changes behind (limits.persistent_search_backlog) and {lost} were dropped; search again",
-                    limits.persistent_search_backlog
-                );
-                return done(
-                    LdapResult::new(ResultCode::ADMIN_LIMIT_EXCEEDED, message),
-                    sent,
-                );
-            }
-            // The sender lives as long as the server, which this job holds.
-            Err(RecvError::Closed) => return Finished::Abandoned,
+            Err(end) => return end,
         };
         let encoded = match encode(job, ps, &base, committed).await {
             Some(Ok(out)) => out,
@@ -132,11 +96,94 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
     }
 }
 
+/// One of the `limits.max_persistent_searches` places for a search that
+/// follows changes (persistent or content synchronization), held while it
+/// runs; the refusal when none is free.
+pub(super) fn take_place(
+    server: &crate::state::Server,
+) -> Result<tokio::sync::OwnedSemaphorePermit, LdapResult> {
+    server
+        .persistent_searches
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| {
+            let message = match server.cfg.config.limits.max_persistent_searches {
+                0 => "searches that follow changes are turned off (limits.max_persistent_searches = 0)".to_string(),
+                n => format!("{n} searches that follow changes are open, the most this server allows (limits.max_persistent_searches)"),
+            };
+            LdapResult::new(ResultCode::ADMIN_LIMIT_EXCEEDED, message)
+        })
+}
+
+/// A search's place on the change feed: the committed operations it has
+/// not seen yet, and how it ends otherwise.
+pub(super) struct Follower {
+    feed: tokio::sync::broadcast::Receiver<Arc<Committed>>,
+    closing: tokio::sync::watch::Receiver<bool>,
+    tick: tokio::time::Interval,
+}
+
+impl Follower {
+    /// Following from now on (subscribe before taking the snapshot the
+    /// search starts from).
+    pub(super) fn new(server: &crate::state::Server) -> Follower {
+        Follower {
+            feed: server.feed.subscribe(),
+            closing: server.feed.closing(),
+            tick: tokio::time::interval(CHECK_ABANDON),
+        }
+    }
+
+    /// The next committed operation, or how the search ends: abandoned or
+    /// cancelled (no answer), `unavailable` at shutdown, adminLimitExceeded
+    /// when it fell more than the feed's ring behind. `sent`: entries sent
+    /// so far, for the answer.
+    pub(super) async fn next(
+        &mut self,
+        job: &SearchJob,
+        sent: u64,
+    ) -> Result<Arc<Committed>, Finished> {
+        let limits = &job.server.cfg.config.limits;
+        loop {
+            let next = tokio::select! {
+                next = self.feed.recv() => next,
+                _ = self.closing.changed() => {
+                    return Err(done(LdapResult::new(ResultCode::UNAVAILABLE, "the server is shutting down"), sent));
+                }
+                _ = self.tick.tick() => {
+                    if job.abandoned.load(Ordering::Relaxed) {
+                        return Err(Finished::Abandoned);
+                    }
+                    continue;
+                }
+            };
+            if job.abandoned.load(Ordering::Relaxed) {
+                return Err(Finished::Abandoned);
+            }
+            return match next {
+                Ok(c) => Ok(c),
+                Err(RecvError::Lagged(lost)) => {
+                    let message = format!(
+                        "the client fell more than {} changes behind (limits.persistent_search_backlog) and {lost} were dropped; search again",
+                        limits.persistent_search_backlog
+                    );
+                    Err(done(
+                        LdapResult::new(ResultCode::ADMIN_LIMIT_EXCEEDED, message),
+                        sent,
+                    ))
+                }
+                // The sender lives as long as the server, which this job holds.
+                Err(RecvError::Closed) => Err(Finished::Abandoned),
+            };
+        }
+    }
+}
+
 /// Hand `chunk` to the connection, waiting while its client is slow
 /// (bounded by the connection's write-rate rule; the feed keeps the
 /// backlog meanwhile) but not past an Abandon or Cancel. False: the
 /// search is over.
-async fn deliver(job: &SearchJob, chunk: Vec<u8>) -> bool {
+pub(super) async fn deliver(job: &SearchJob, chunk: Vec<u8>) -> bool {
     loop {
         match tokio::time::timeout(CHECK_ABANDON, job.out.reserve()).await {
             Ok(Ok(permit)) => {
@@ -150,7 +197,7 @@ async fn deliver(job: &SearchJob, chunk: Vec<u8>) -> bool {
     }
 }
 
-fn done(result: LdapResult, entries: u64) -> Finished {
+pub(super) fn done(result: LdapResult, entries: u64) -> Finished {
     Finished::Done(SearchOutcome {
         result,
         controls: Vec::new(),
@@ -160,27 +207,34 @@ fn done(result: LdapResult, entries: u64) -> Finished {
 
 /// The search's base as a normalised DN, after the checks any search of
 /// it makes (it exists, the requester may search it, the hooks' before
-/// steps), and the refusals particular to persistent searches.
-fn settle(job: &SearchJob) -> OpResult<String> {
+/// steps), and the refusals particular to searches that follow changes
+/// (`what` names them; `needs_auth`: not for anonymous clients).
+pub(super) fn settle(job: &SearchJob, what: &str, needs_auth: bool) -> OpResult<String> {
     let server = &job.server;
     let c = &job.controls;
     if c.paged.is_some() || c.sort.is_some() || c.vlv.is_some() {
         return Err(LdapError::new(
             ResultCode::UNWILLING_TO_PERFORM,
-            "a persistent search cannot be combined with paged results, sorting or a virtual list view",
+            format!("{what} cannot be combined with paged results, sorting or a virtual list view"),
         ));
     }
-    if job.who.is_anonymous() {
+    if c.persistent.is_some() && c.sync.is_some() {
         return Err(LdapError::new(
             ResultCode::UNWILLING_TO_PERFORM,
-            "persistent searches need an authenticated client",
+            "a search cannot be both persistent and a content synchronization",
+        ));
+    }
+    if needs_auth && job.who.is_anonymous() {
+        return Err(LdapError::new(
+            ResultCode::UNWILLING_TO_PERFORM,
+            format!("{what} needs an authenticated client"),
         ));
     }
     let cached = server.base_cache.get(&server.schema, &job.req.base)?;
     if virtual_tree::owner(&server.schema, &cached.0).is_some() {
         return Err(LdapError::new(
             ResultCode::UNWILLING_TO_PERFORM,
-            "the root DSE, cn=Subschema and cn=Monitor cannot be searched persistently",
+            format!("the root DSE, cn=Subschema and cn=Monitor cannot be the base of {what}"),
         ));
     }
     let rtxn = server.store.read()?;
