@@ -84,6 +84,8 @@ pub struct ReplicationConfig {
     /// e-syncRefreshRequired (4096) instead of a present phase (as
     /// OpenLDAP's `syncprov-reloadhint TRUE`).
     pub refresh_required: bool,
+    /// `[[replication.consumer]]`: subtrees kept in step with providers.
+    pub consumer: Vec<crate::repl::config::ConsumerConfig>,
 }
 
 impl Default for ReplicationConfig {
@@ -93,6 +95,7 @@ impl Default for ReplicationConfig {
             changelog_days: 7,
             changelog_max_changes: 1_000_000,
             refresh_required: false,
+            consumer: Vec::new(),
         }
     }
 }
@@ -1260,6 +1263,33 @@ impl Config {
                 "replication.changelog_days",
                 "must be at most 36500 (100 years)",
             ));
+        }
+        for (i, c) in r.consumer.iter().enumerate() {
+            let key = |k: &str| format!("replication.consumer[{i}].{k}");
+            c.check().map_err(|(k, p)| err(key(&k), p))?;
+            let base = Dn::parse(&c.search_base)
+                .map_err(|e| err(key("search_base"), format!("'{}': {e}", c.search_base)))?;
+            let norm = schema
+                .normalize_dn(&base)
+                .map_err(|e| err(key("search_base"), format!("'{}': {e}", c.search_base)))?;
+            let inside = self.suffixes.iter().any(|s| {
+                Dn::parse(s)
+                    .ok()
+                    .and_then(|d| schema.normalize_dn(&d).ok())
+                    .is_some_and(|s| norm == s || norm.ends_with(&format!(",{s}")))
+            });
+            if !inside {
+                return Err(err(
+                    key("search_base"),
+                    format!(
+                        "'{}' is not within a suffix this server holds",
+                        c.search_base
+                    ),
+                ));
+            }
+            if r.consumer[..i].iter().any(|o| o.rid == c.rid) {
+                return Err(err(key("rid"), format!("rid {} is used twice", c.rid)));
+            }
         }
         let a = &l.anonymous;
         if a.max_pdu_bytes < 1024 {

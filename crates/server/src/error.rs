@@ -10,6 +10,8 @@ pub struct LdapError {
     pub code: ResultCode,
     pub message: String,
     pub matched_dn: String,
+    /// Where to go instead (with [`ResultCode::REFERRAL`]).
+    pub referral: Vec<String>,
 }
 
 impl LdapError {
@@ -18,6 +20,15 @@ impl LdapError {
             code,
             message: message.into(),
             matched_dn: String::new(),
+            referral: Vec::new(),
+        }
+    }
+
+    /// A referral to `url`.
+    pub fn referral(url: String, message: impl Into<String>) -> Self {
+        LdapError {
+            referral: vec![url],
+            ..Self::new(ResultCode::REFERRAL, message)
         }
     }
 
@@ -31,7 +42,7 @@ impl LdapError {
             code: self.code,
             matched_dn: self.matched_dn,
             message: self.message,
-            referral: Vec::new(),
+            referral: self.referral,
         }
     }
 

@@ -16,6 +16,7 @@ pub mod observe;
 pub mod ops;
 pub mod password;
 pub mod privileges;
+pub mod repl;
 pub mod schema_files;
 pub mod state;
 pub mod throttle;
@@ -23,7 +24,7 @@ pub mod throttle;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use pando_model::Schema;
+use pando_model::{Dn, Schema};
 use pando_proto::DecodeLimits;
 use pando_store::{Store, StoreOptions};
 use tokio::sync::{watch, Semaphore};
@@ -167,6 +168,27 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         .as_ref()
         .map(|d| d.to_string())
         .unwrap_or_default();
+    // A suffix a consumer replicates whole comes from its provider (with
+    // the provider's UUID and CSN), not from here.
+    let own: Vec<Dn> = {
+        let replicated: Vec<String> = cfg
+            .config
+            .replication
+            .consumer
+            .iter()
+            .filter_map(|c| Dn::parse(&c.search_base).ok())
+            .filter_map(|d| schema.normalize_dn(&d).ok())
+            .collect();
+        cfg.suffixes
+            .iter()
+            .filter(|s| {
+                schema
+                    .normalize_dn(s)
+                    .map_or(true, |n| !replicated.contains(&n))
+            })
+            .cloned()
+            .collect()
+    };
     let (root_pw, created, demo_added, csn) = {
         let store = store.clone();
         let data_dir = data_dir.clone();
@@ -195,7 +217,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
                 None
             };
             let created =
-                bootstrap::ensure_suffixes(&store, &suffixes, &creator, &csn).map_err(named)?;
+                bootstrap::ensure_suffixes(&store, &own, &creator, &csn).map_err(named)?;
             // Demo data goes only into a store created by this start, so entries
             // an operator deleted do not come back on the next `--demo` start.
             let fresh = created
@@ -246,6 +268,9 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     if server.cfg.config.store.keep_tombstones_days.is_some() {
         tracing::warn!("store.keep_tombstones_days is the earlier name of replication.changelog_days; rename it");
     }
+    // Consumers run until the server closes (they follow the feed's
+    // closing signal).
+    repl::consumer::start_all(&server);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let conn_limit = Arc::new(Semaphore::new(server.cfg.config.limits.max_connections));
@@ -357,6 +382,7 @@ pub fn build_server(
     };
     let cfg_backlog = cfg.config.limits.persistent_search_backlog;
     let cfg_max_persistent = cfg.config.limits.max_persistent_searches;
+    let replicas = repl::Replicas::new(&schema, &cfg.config.replication.consumer);
     Ok(Server {
         root_pw_hash: RwLock::new(root_pw_hash),
         cfg,
@@ -383,6 +409,7 @@ pub fn build_server(
         sorted: ops::search::SortCache::default(),
         feed: ops::feed::Feed::new(cfg_backlog),
         persistent_searches: Arc::new(tokio::sync::Semaphore::new(cfg_max_persistent)),
+        replicas,
     })
 }
 

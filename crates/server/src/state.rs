@@ -54,6 +54,8 @@ pub struct Server {
     pub feed: crate::ops::feed::Feed,
     /// Places for persistent searches (`limits.max_persistent_searches`).
     pub persistent_searches: Arc<tokio::sync::Semaphore>,
+    /// The configured replication consumers.
+    pub replicas: crate::repl::Replicas,
 }
 
 impl Server {

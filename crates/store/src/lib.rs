@@ -738,6 +738,18 @@ impl Store {
         rx.await.unwrap_or(Err(E::from(StoreError::Closed)))
     }
 
+    /// Queue `f` on the writer now, in the order of this call among other
+    /// jobs (where [`Store::write`] queues when first polled); await the
+    /// receiver for its result.
+    pub fn submit<R, E, F>(&self, f: F) -> Result<tokio::sync::oneshot::Receiver<Result<R, E>>, E>
+    where
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        F: FnOnce(&mut WriteTxn<'_>) -> Result<R, E> + Send + 'static,
+    {
+        self.writer.submit(f)
+    }
+
     /// [`Store::write`] for callers outside an async runtime.
     pub fn write_blocking<R, E, F>(&self, f: F) -> Result<R, E>
     where

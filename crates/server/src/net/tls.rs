@@ -216,7 +216,7 @@ fn build(s: &TlsSettings) -> Result<Arc<ServerConfig>, String> {
 }
 
 /// Every CERTIFICATE block of a PEM file (at least one).
-fn read_certs(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+pub(crate) fn read_certs(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     let fail = |why: String| format!("config key '{key}': {}: {why}", path.display());
     let certs = CertificateDer::pem_file_iter(path)
         .map_err(|e| fail(e.to_string()))?

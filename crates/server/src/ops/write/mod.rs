@@ -32,6 +32,7 @@ pub mod hooks;
 pub mod log;
 mod modify;
 mod rename;
+pub mod replicated;
 
 use std::sync::Arc;
 
@@ -56,6 +57,8 @@ pub struct WriteCtx {
     pub server: Arc<Server>,
     pub who: Identity,
     pub controls: Requested,
+    /// A change a replication consumer received (None: a client's).
+    pub replicated: Option<replicated::ReplCtx>,
 }
 
 impl WriteCtx {
@@ -64,6 +67,21 @@ impl WriteCtx {
             server: server.clone(),
             who: who.clone(),
             controls,
+            replicated: None,
+        })
+    }
+
+    /// The context of a change consumer `repl.rid` received.
+    pub fn replicated(
+        server: &Arc<Server>,
+        who: &Identity,
+        repl: replicated::ReplCtx,
+    ) -> Arc<WriteCtx> {
+        Arc::new(WriteCtx {
+            server: server.clone(),
+            who: who.clone(),
+            controls: Requested::default(),
+            replicated: Some(repl),
         })
     }
 
@@ -208,6 +226,59 @@ fn check_controls(ctx: &WriteCtx) -> OpResult<()> {
     Ok(())
 }
 
+/// What a job on the writer thread gives back when it commits.
+type Committing = (Arc<Committed>, Vec<Control>);
+
+/// The writer's job for `op`: plan (or confirm what was planned on a
+/// snapshot), apply, publish.
+fn job<W: WriteOp>(
+    ctx: Arc<WriteCtx>,
+    op: Arc<W>,
+    planned: Option<Vec<Change>>,
+) -> impl FnOnce(&mut WriteTxn<'_>) -> Result<Committing, Stop> + Send + 'static {
+    move |w: &mut WriteTxn<'_>| {
+        let mut changes = match planned {
+            Some(changes) => confirm(w, changes)?,
+            None => plan_and_check(&ctx, &*op, &w.view())?,
+        };
+        if ctx.replicated.is_none() {
+            refer_replicated(&ctx.server, &changes)?;
+        }
+        let (csn, controls) = apply(&ctx, w, &mut changes)?;
+        if ctx.controls.no_op {
+            return Err(Stop::NoOp(controls));
+        }
+        if changes.is_empty() {
+            // Nothing written (a replicated cookie alone): nothing to tell.
+            return Ok((Arc::new(Committed { csn, changes }), controls));
+        }
+        Ok((publish(&ctx.server, w, csn, changes), controls))
+    }
+}
+
+/// How a job ended, as the operation answers.
+fn answer<W: WriteOp>(
+    ctx: &WriteCtx,
+    op: &W,
+    ended: Result<Committing, Stop>,
+) -> Option<OpResult<Written>> {
+    Some(match ended {
+        Ok((committed, controls)) => {
+            op.audit(ctx, &committed.changes);
+            Ok(Written {
+                controls,
+                no_op: false,
+            })
+        }
+        Err(Stop::NoOp(controls)) => Ok(Written {
+            controls,
+            no_op: true,
+        }),
+        Err(Stop::Failed(e)) => Err(e),
+        Err(Stop::Replan) => return None,
+    })
+}
+
 /// Run a write through the pipeline (see the module header).
 pub async fn run<W: WriteOp>(ctx: Arc<WriteCtx>, op: Arc<W>) -> OpResult<Written> {
     let server = ctx.server.clone();
@@ -218,38 +289,43 @@ pub async fn run<W: WriteOp>(ctx: Arc<WriteCtx>, op: Arc<W>) -> OpResult<Written
         } else {
             None
         };
-        let (ctx2, op2) = (ctx.clone(), op.clone());
-        let job = move |w: &mut WriteTxn<'_>| -> Result<(Arc<Committed>, Vec<Control>), Stop> {
-            let mut changes = match planned {
-                Some(changes) => confirm(w, changes)?,
-                None => plan_and_check(&ctx2, &*op2, &w.view())?,
-            };
-            let (csn, controls) = apply(&ctx2, w, &mut changes)?;
-            if ctx2.controls.no_op {
-                return Err(Stop::NoOp(controls));
-            }
-            Ok((publish(&ctx2.server, w, csn, changes), controls))
-        };
-        return match server.store.write(job).await {
-            Ok((committed, controls)) => {
-                op.audit(&ctx, &committed.changes);
-                Ok(Written {
-                    controls,
-                    no_op: false,
-                })
-            }
-            Err(Stop::NoOp(controls)) => Ok(Written {
-                controls,
-                no_op: true,
-            }),
-            Err(Stop::Failed(e)) => Err(e),
-            Err(Stop::Replan) => continue,
-        };
+        let ended = server
+            .store
+            .write(job(ctx.clone(), op.clone(), planned))
+            .await;
+        if let Some(answered) = answer(&ctx, &*op, ended) {
+            return answered;
+        }
     }
     Err(LdapError::new(
         ResultCode::BUSY,
         "the entry kept changing under this operation; try again",
     ))
+}
+
+/// Queue `op` (planned on the writer's view) now, in call order with
+/// other queued writes, so a caller can have many in flight and still
+/// know they are applied in order; the future gives its answer.
+pub fn queue<W: WriteOp>(
+    ctx: Arc<WriteCtx>,
+    op: Arc<W>,
+) -> impl std::future::Future<Output = OpResult<Written>> + Send + 'static {
+    debug_assert!(!W::ON_SNAPSHOT);
+    let queued = ctx.server.store.submit(job(ctx.clone(), op.clone(), None));
+    async move {
+        let ended = match queued {
+            Ok(rx) => rx
+                .await
+                .unwrap_or(Err(Stop::Failed(StoreError::Closed.into()))),
+            Err(stop) => Err(stop),
+        };
+        answer(&ctx, &*op, ended).unwrap_or_else(|| {
+            Err(LdapError::new(
+                ResultCode::OTHER,
+                "a queued write cannot be planned again",
+            ))
+        })
+    }
 }
 
 /// Plan, then run every hook's check on the same view.
@@ -263,6 +339,28 @@ pub(super) fn plan_and_check<W: WriteOp>(
         hook.check(ctx, view, &changes)?;
     }
     Ok(changes)
+}
+
+/// A client's change to a subtree a consumer keeps is referred to the
+/// provider (the consumer applies only what the provider sends).
+fn refer_replicated(server: &Server, changes: &[Change]) -> OpResult<()> {
+    for c in changes {
+        let names = [Some(c.norm()), c.before.as_ref().map(|b| b.norm.as_str())];
+        if let Some(r) = names
+            .into_iter()
+            .flatten()
+            .find_map(|n| server.replicas.holding(n))
+        {
+            return Err(LdapError::referral(
+                r.referral.clone(),
+                format!(
+                    "this subtree is a replica (consumer rid {:03}); write to the provider",
+                    r.rid
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The writer's side of a snapshot-planned write: every entry read must
@@ -337,6 +435,9 @@ fn apply(
         }
     }
     log::purge(w, &ctx.server.cfg.config.replication)?;
+    if let Some(repl) = &ctx.replicated {
+        replicated::store_cookie(w, repl)?;
+    }
     Ok((csn, controls))
 }
 
@@ -355,6 +456,23 @@ const STAMPED: [&str; 6] = [
 /// the store's newest change (the replication state a backup carries);
 /// creation stamps on added entries, modification stamps on all.
 fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResult<String> {
+    // A replicated change keeps the provider's CSN and stamps: the entries
+    // are written as received.
+    if let Some(repl) = &ctx.replicated {
+        let csn = match &repl.csn {
+            Some(csn) => {
+                // A change of this server's own coming back (multi-provider)
+                // must not let the clock issue older CSNs later.
+                let _ = ctx.server.csn.resume_after(csn);
+                csn.clone()
+            }
+            // Only the cookie moves: no CSN of this server is spent.
+            None if changes.is_empty() => return Ok(String::new()),
+            None => ctx.server.csn.next(),
+        };
+        w.advance_context_csn(&csn)?;
+        return Ok(csn);
+    }
     let csn = ctx.server.csn.next();
     w.advance_context_csn(&csn)?;
     let now = crate::clock::generalized_time(crate::clock::now_micros());

@@ -1,0 +1,358 @@
+//! A small LDAP client for a consumer talking to its provider: connect
+//! (plain, LDAPS or StartTLS, checking the provider's certificate), bind
+//! (simple or SASL EXTERNAL), send requests and read responses, on the
+//! server's own codec. Every wait is bounded by the consumer's timeout;
+//! what the provider sends is decoded as strictly as a client's requests
+//! are, within the server's message size limit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pando_proto::{
+    frame_length, oid, BindAuth, BindRequest, Control, DecodeLimits, ExtendedRequest, LdapMessage,
+    ProtocolOp, ResultCode,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{PrivateKeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::config::ConsumerConfig;
+
+/// Why talking to the provider failed; the text names the problem.
+#[derive(Debug)]
+pub struct ClientError(pub String);
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn fail<T>(why: impl Into<String>) -> Result<T, ClientError> {
+    Err(ClientError(why.into()))
+}
+
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+/// A connection to a provider.
+pub struct Client {
+    stream: Box<dyn Stream>,
+    buf: Vec<u8>,
+    next_id: i32,
+    timeout: Duration,
+    max_pdu: usize,
+    limits: DecodeLimits,
+    /// What the provider is called in messages.
+    pub url: String,
+}
+
+/// `host:port` of an ldap:// or ldaps:// URL, and whether it is LDAPS.
+fn host_port(url: &str) -> Result<(String, u16, bool), ClientError> {
+    let (rest, tls) = match (url.strip_prefix("ldaps://"), url.strip_prefix("ldap://")) {
+        (Some(r), _) => (r, true),
+        (_, Some(r)) => (r, false),
+        _ => return fail(format!("'{url}' is not an ldap:// or ldaps:// URL")),
+    };
+    let hostport = rest.split('/').next().unwrap_or("");
+    let default = if tls { 636 } else { 389 };
+    let (host, port) = match hostport.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || hostport.starts_with('[') => {
+            let port = p
+                .parse()
+                .map_err(|_| ClientError(format!("'{url}': bad port '{p}'")))?;
+            (h.trim_matches(|c| c == '[' || c == ']').to_string(), port)
+        }
+        _ => (
+            hostport.trim_matches(|c| c == '[' || c == ']').to_string(),
+            default,
+        ),
+    };
+    if host.is_empty() {
+        return fail(format!("'{url}' names no host"));
+    }
+    Ok((host, port, tls))
+}
+
+/// Turn on TCP keepalive with `idle` seconds before the first probe.
+fn keepalive(stream: &TcpStream, idle: u64) {
+    use std::os::fd::AsRawFd;
+    if idle == 0 {
+        return;
+    }
+    let fd = stream.as_raw_fd();
+    let on: libc::c_int = 1;
+    let idle = idle.min(i32::MAX as u64) as libc::c_int;
+    let size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `fd` is an open socket owned by `stream` for the duration of
+    // the calls; the option values point at live c_ints of the given size.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_KEEPALIVE,
+            (&on as *const libc::c_int).cast(),
+            size,
+        );
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPIDLE,
+            (&idle as *const libc::c_int).cast(),
+            size,
+        );
+    }
+}
+
+/// The TLS settings for talking to the provider: its certificate checked
+/// against `tls_ca_file` (or the system's CA bundle), the client
+/// certificate offered when configured.
+fn tls_connector(cfg: &ConsumerConfig) -> Result<tokio_rustls::TlsConnector, ClientError> {
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = cfg
+        .tls_ca_file
+        .clone()
+        .unwrap_or_else(|| "/etc/ssl/certs/ca-certificates.crt".into());
+    for c in crate::net::tls::read_certs(&ca, "tls_ca_file").map_err(ClientError)? {
+        roots
+            .add(c)
+            .map_err(|e| ClientError(format!("{}: unusable CA certificate: {e}", ca.display())))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ClientError(format!("TLS: {e}")))?
+        .with_root_certificates(roots);
+    let config = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
+        (Some(cert), Some(key)) => {
+            let chain = crate::net::tls::read_certs(cert, "tls_cert_file").map_err(ClientError)?;
+            let key = PrivateKeyDer::from_pem_file(key).map_err(|_| {
+                ClientError(format!("{}: no usable PEM private key", key.display()))
+            })?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| ClientError(format!("client certificate: {e}")))?
+        }
+        _ => builder.with_no_client_auth(),
+    };
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+impl Client {
+    /// Connect to `cfg.provider`, with TLS as configured (LDAPS, or
+    /// StartTLS when asked for), within the consumer's timeout.
+    pub async fn connect(cfg: &ConsumerConfig, max_pdu: usize) -> Result<Client, ClientError> {
+        let (host, port, ldaps) = host_port(&cfg.provider)?;
+        let timeout = Duration::from_secs(cfg.timeout_secs);
+        let tcp =
+            match tokio::time::timeout(timeout, TcpStream::connect((host.as_str(), port))).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return fail(format!("cannot connect to {}: {e}", cfg.provider)),
+                Err(_) => {
+                    return fail(format!(
+                        "cannot connect to {}: no answer within {}s",
+                        cfg.provider, cfg.timeout_secs
+                    ))
+                }
+            };
+        let _ = tcp.set_nodelay(true);
+        keepalive(&tcp, cfg.keepalive_secs);
+        let mut client = Client {
+            stream: Box::new(tcp),
+            buf: Vec::new(),
+            next_id: 1,
+            timeout,
+            max_pdu,
+            limits: DecodeLimits::default(),
+            url: cfg.provider.clone(),
+        };
+        if ldaps || cfg.start_tls {
+            if cfg.start_tls {
+                client.start_tls().await?;
+            }
+            let connector = tls_connector(cfg)?;
+            let name = ServerName::try_from(host.clone())
+                .map_err(|_| ClientError(format!("'{host}' is not a name TLS can check")))?;
+            let plain = std::mem::replace(&mut client.stream, Box::new(tokio::io::duplex(1).0));
+            let tls = tokio::time::timeout(timeout, connector.connect(name, plain))
+                .await
+                .map_err(|_| ClientError(format!("TLS handshake with {} timed out", cfg.provider)))?
+                .map_err(|e| ClientError(format!("TLS with {}: {e}", cfg.provider)))?;
+            client.stream = Box::new(tls);
+        }
+        Ok(client)
+    }
+
+    async fn start_tls(&mut self) -> Result<(), ClientError> {
+        let id = self
+            .send(
+                ProtocolOp::ExtendedRequest(ExtendedRequest {
+                    name: oid::START_TLS.into(),
+                    value: None,
+                }),
+                Vec::new(),
+            )
+            .await?;
+        let m = self.recv(Some(self.timeout)).await?;
+        match m.op {
+            ProtocolOp::ExtendedResponse(r)
+                if m.id == id && r.result.code == ResultCode::SUCCESS =>
+            {
+                Ok(())
+            }
+            ProtocolOp::ExtendedResponse(r) => fail(format!(
+                "{} refused StartTLS: {} {}",
+                self.url, r.result.code.0, r.result.message
+            )),
+            other => fail(format!(
+                "{} answered StartTLS with {:?}",
+                self.url,
+                other.tag()
+            )),
+        }
+    }
+
+    /// Bind as the consumer is configured to.
+    pub async fn bind(&mut self, cfg: &ConsumerConfig) -> Result<(), ClientError> {
+        let (name, auth) = match cfg.bind_method.as_str() {
+            "none" => return Ok(()),
+            "sasl_external" => (
+                String::new(),
+                BindAuth::Sasl {
+                    mechanism: "EXTERNAL".into(),
+                    credentials: None,
+                },
+            ),
+            _ => {
+                let pw = cfg.password().map_err(|e| {
+                    ClientError(format!(
+                        "cannot read credentials_file {:?}: {e}",
+                        cfg.credentials_file
+                    ))
+                })?;
+                (cfg.bind_dn.clone(), BindAuth::Simple(pw))
+            }
+        };
+        let id = self
+            .send(
+                ProtocolOp::BindRequest(BindRequest {
+                    version: 3,
+                    name,
+                    auth,
+                }),
+                Vec::new(),
+            )
+            .await?;
+        let m = self.recv(Some(self.timeout)).await?;
+        match m.op {
+            ProtocolOp::BindResponse(r) if m.id == id && r.result.code == ResultCode::SUCCESS => {
+                Ok(())
+            }
+            ProtocolOp::BindResponse(r) => fail(format!(
+                "bind to {} as '{}' failed: {} ({}) {}",
+                self.url,
+                cfg.bind_dn,
+                r.result.code.0,
+                r.result.code.name(),
+                r.result.message
+            )),
+            other => fail(format!(
+                "{} answered a bind with {:?}",
+                self.url,
+                other.tag()
+            )),
+        }
+    }
+
+    /// Send a request; its message ID.
+    pub async fn send(
+        &mut self,
+        op: ProtocolOp,
+        controls: Vec<Control>,
+    ) -> Result<i32, ClientError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut out = Vec::new();
+        LdapMessage { id, op, controls }.encode(&mut out);
+        let write = async {
+            self.stream.write_all(&out).await?;
+            self.stream.flush().await
+        };
+        match tokio::time::timeout(self.timeout, write).await {
+            Ok(Ok(())) => Ok(id),
+            Ok(Err(e)) => fail(format!("sending to {}: {e}", self.url)),
+            Err(_) => fail(format!(
+                "sending to {}: not taken within {}s",
+                self.url,
+                self.timeout.as_secs()
+            )),
+        }
+    }
+
+    /// The next message, waiting at most `wait` (None: as long as it
+    /// takes; the connection's keepalive notices a dead peer).
+    pub async fn recv(&mut self, wait: Option<Duration>) -> Result<LdapMessage, ClientError> {
+        loop {
+            match frame_length(&self.buf, self.max_pdu) {
+                Ok(Some(n)) => {
+                    let frame: Vec<u8> = self.buf.drain(..n).collect();
+                    return LdapMessage::decode(&frame, &self.limits).map_err(|e| {
+                        ClientError(format!(
+                            "{} sent a malformed message: {}",
+                            self.url, e.reason
+                        ))
+                    });
+                }
+                Ok(None) => {}
+                Err(e) => return fail(format!("{} sent a malformed message: {e:?}", self.url)),
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            let read = self.stream.read(&mut chunk);
+            let n = match wait {
+                Some(w) => match tokio::time::timeout(w, read).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        return fail(format!("{} sent nothing for {}s", self.url, w.as_secs()))
+                    }
+                },
+                None => read.await,
+            }
+            .map_err(|e| ClientError(format!("reading from {}: {e}", self.url)))?;
+            if n == 0 {
+                return fail(format!("{} closed the connection", self.url));
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Say goodbye (best effort).
+    pub async fn unbind(mut self) {
+        let _ = self.send(ProtocolOp::UnbindRequest, Vec::new()).await;
+        let _ = self.stream.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_urls_name_host_port_and_tls() {
+        assert_eq!(
+            host_port("ldap://127.0.0.1:3389").unwrap(),
+            ("127.0.0.1".into(), 3389, false)
+        );
+        assert_eq!(
+            host_port("ldaps://ldap.example.com/").unwrap(),
+            ("ldap.example.com".into(), 636, true)
+        );
+        assert_eq!(
+            host_port("ldap://[::1]:389").unwrap(),
+            ("::1".into(), 389, false)
+        );
+        assert!(host_port("http://x").is_err());
+        assert!(host_port("ldap://:389").is_err());
+        assert!(host_port("ldap://h:port").is_err());
+    }
+}

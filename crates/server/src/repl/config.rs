@@ -1,0 +1,322 @@
+//! `[[replication.consumer]]`: what a consumer replicates and from where,
+//! with the settings operators know from OpenLDAP's `syncrepl` directive.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// A secret read from the configuration; never printed.
+#[derive(Clone, Default, Deserialize, PartialEq)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// A duration given as seconds or as `dd:hh:mm:ss` (syncrepl's interval).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum Interval {
+    Seconds(u64),
+    Text(String),
+}
+
+impl Interval {
+    pub fn duration(&self) -> Result<Duration, String> {
+        match self {
+            Interval::Seconds(s) => Ok(Duration::from_secs(*s)),
+            Interval::Text(t) => {
+                let parts: Vec<&str> = t.split(':').collect();
+                let nums: Result<Vec<u64>, _> = parts.iter().map(|p| p.parse::<u64>()).collect();
+                match (parts.len(), nums) {
+                    (4, Ok(n)) if n[1] < 24 && n[2] < 60 && n[3] < 60 => Ok(Duration::from_secs(
+                        ((n[0] * 24 + n[1]) * 60 + n[2]) * 60 + n[3],
+                    )),
+                    (1, Ok(n)) => Ok(Duration::from_secs(n[0])),
+                    _ => Err(format!(
+                        "'{t}' is neither seconds nor dd:hh:mm:ss (hours below 24, minutes and seconds below 60)"
+                    )),
+                }
+            }
+        }
+    }
+}
+
+/// One consumer: a search of a provider kept in step.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerConfig {
+    /// Replica ID, 0-999: names this consumer in cookies, logs and
+    /// cn=Monitor.
+    pub rid: u16,
+    /// `ldap://host:port` or `ldaps://host:port`.
+    pub provider: String,
+    /// The subtree replicated (a suffix of this server or below one).
+    pub search_base: String,
+    /// `sub` (default), `one`, `base` or `children`.
+    #[serde(default = "default_scope")]
+    pub scope: String,
+    #[serde(default = "default_filter")]
+    pub filter: String,
+    /// Attributes asked for (default `*` and `+`).
+    #[serde(default = "default_attrs")]
+    pub attrs: Vec<String>,
+    /// `refreshAndPersist` (default) or `refreshOnly`.
+    #[serde(default = "default_type", rename = "type")]
+    pub kind: String,
+    /// refreshOnly: time between refreshes (seconds or `dd:hh:mm:ss`).
+    #[serde(default = "default_interval")]
+    pub interval: Interval,
+    /// After a failure: pairs of seconds and tries, the last count may be
+    /// `+` (forever), as syncrepl's `retry` ("60 10 300 +").
+    #[serde(default = "default_retry")]
+    pub retry: String,
+    /// `simple` (default), `sasl_external` (the TLS client certificate)
+    /// or `none` (anonymous).
+    #[serde(default = "default_bind")]
+    pub bind_method: String,
+    #[serde(default)]
+    pub bind_dn: String,
+    /// The simple bind password, or `credentials_file` holding it.
+    #[serde(default)]
+    pub credentials: Option<Secret>,
+    #[serde(default)]
+    pub credentials_file: Option<PathBuf>,
+    /// StartTLS on an ldap:// provider (refused if it fails).
+    #[serde(default)]
+    pub start_tls: bool,
+    /// CA certificates (PEM) the provider's certificate must chain to;
+    /// unset: the system's roots.
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// Client certificate and key (PEM) for `sasl_external`.
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
+    /// TCP keepalive idle time in seconds (0: off).
+    #[serde(default = "default_keepalive")]
+    pub keepalive_secs: u64,
+    /// Connecting, binding, and each wait for the provider during a
+    /// refresh, in seconds.
+    #[serde(default = "default_timeout")]
+    pub timeout_secs: u64,
+    /// Where writes to the replicated subtree are referred (default: the
+    /// provider).
+    #[serde(default)]
+    pub update_referral: Option<String>,
+}
+
+fn default_scope() -> String {
+    "sub".into()
+}
+fn default_filter() -> String {
+    "(objectClass=*)".into()
+}
+fn default_attrs() -> Vec<String> {
+    vec!["*".into(), "+".into()]
+}
+fn default_type() -> String {
+    "refreshAndPersist".into()
+}
+fn default_interval() -> Interval {
+    Interval::Seconds(86_400)
+}
+fn default_retry() -> String {
+    "60 10 300 +".into()
+}
+fn default_bind() -> String {
+    "simple".into()
+}
+fn default_keepalive() -> u64 {
+    60
+}
+fn default_timeout() -> u64 {
+    30
+}
+
+/// How long to wait before each retry after a failure, from a retry
+/// schedule: `(wait, tries)` pairs, `tries` None for "forever".
+#[derive(Clone, Debug, PartialEq)]
+pub struct Retry(pub Vec<(Duration, Option<u32>)>);
+
+impl Retry {
+    pub fn parse(text: &str) -> Result<Retry, String> {
+        let words: Vec<&str> = text.split_whitespace().collect();
+        if words.is_empty() || !words.len().is_multiple_of(2) {
+            return Err(format!(
+                "'{text}' is not pairs of seconds and tries (e.g. \"60 10 300 +\")"
+            ));
+        }
+        let mut out = Vec::new();
+        for (i, pair) in words.chunks(2).enumerate() {
+            let secs: u64 = pair[0]
+                .parse()
+                .map_err(|_| format!("'{}' in '{text}' is not a number of seconds", pair[0]))?;
+            let tries = match pair[1] {
+                "+" if i == words.len() / 2 - 1 => None,
+                "+" => return Err(format!("'+' (forever) may only end '{text}'")),
+                n => Some(
+                    n.parse::<u32>()
+                        .map_err(|_| format!("'{n}' in '{text}' is not a count of tries or '+'"))?,
+                ),
+            };
+            out.push((Duration::from_secs(secs), tries));
+        }
+        Ok(Retry(out))
+    }
+
+    /// The wait before try number `n` (from 1) after a failure; None: give
+    /// up.
+    pub fn wait(&self, n: u32) -> Option<Duration> {
+        let mut left = n;
+        for &(wait, tries) in &self.0 {
+            match tries {
+                None => return Some(wait),
+                Some(t) if left <= t => return Some(wait),
+                Some(t) => left -= t,
+            }
+        }
+        None
+    }
+}
+
+impl ConsumerConfig {
+    /// Check the settings; the error names the problem (the caller adds
+    /// the key).
+    pub fn check(&self) -> Result<(), (String, String)> {
+        let e = |k: &str, p: String| Err((k.to_string(), p));
+        if self.rid > 999 {
+            return e("rid", "must be between 0 and 999".into());
+        }
+        if !(self.provider.starts_with("ldap://") || self.provider.starts_with("ldaps://")) {
+            return e(
+                "provider",
+                format!("'{}' is not an ldap:// or ldaps:// URL", self.provider),
+            );
+        }
+        if !matches!(self.scope.as_str(), "sub" | "one" | "base" | "children") {
+            return e(
+                "scope",
+                format!("'{}' is not one of sub, one, base, children", self.scope),
+            );
+        }
+        if pando_proto::Filter::parse(&self.filter).is_err() {
+            return e(
+                "filter",
+                format!("'{}' is not a valid LDAP filter", self.filter),
+            );
+        }
+        if !matches!(self.kind.as_str(), "refreshOnly" | "refreshAndPersist") {
+            return e(
+                "type",
+                format!("'{}' is not refreshOnly or refreshAndPersist", self.kind),
+            );
+        }
+        if let Err(p) = self.interval.duration() {
+            return e("interval", p);
+        }
+        if let Err(p) = Retry::parse(&self.retry) {
+            return e("retry", p);
+        }
+        match self.bind_method.as_str() {
+            "simple" => {
+                if self.bind_dn.is_empty() {
+                    return e("bind_dn", "a simple bind needs bind_dn".into());
+                }
+                if self.credentials.is_none() == self.credentials_file.is_none() {
+                    return e(
+                        "credentials",
+                        "a simple bind needs exactly one of credentials and credentials_file"
+                            .into(),
+                    );
+                }
+            }
+            "sasl_external" => {
+                if self.tls_cert_file.is_none() || self.tls_key_file.is_none() {
+                    return e(
+                        "tls_cert_file",
+                        "sasl_external needs tls_cert_file and tls_key_file".into(),
+                    );
+                }
+                if !(self.start_tls || self.provider.starts_with("ldaps://")) {
+                    return e(
+                        "bind_method",
+                        "sasl_external needs TLS: an ldaps:// provider or start_tls = true".into(),
+                    );
+                }
+            }
+            "none" => {}
+            other => {
+                return e(
+                    "bind_method",
+                    format!("'{other}' is not one of simple, sasl_external, none"),
+                )
+            }
+        }
+        if self.start_tls && self.provider.starts_with("ldaps://") {
+            return e("start_tls", "an ldaps:// provider is already TLS".into());
+        }
+        if self.timeout_secs == 0 {
+            return e("timeout_secs", "must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    pub fn persist(&self) -> bool {
+        self.kind == "refreshAndPersist"
+    }
+
+    /// The URL writes to the replicated subtree are referred to.
+    pub fn referral(&self) -> String {
+        self.update_referral
+            .clone()
+            .unwrap_or_else(|| self.provider.clone())
+    }
+
+    /// The simple bind password.
+    pub fn password(&self) -> std::io::Result<Vec<u8>> {
+        match (&self.credentials, &self.credentials_file) {
+            (Some(s), _) => Ok(s.0.clone().into_bytes()),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path)?;
+                Ok(text.trim_end_matches(['\r', '\n']).as_bytes().to_vec())
+            }
+            (None, None) => Ok(Vec::new()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_schedules_and_intervals_parse_as_syncrepl_writes_them() {
+        let r = Retry::parse("60 10 300 +").unwrap();
+        assert_eq!(r.wait(1), Some(Duration::from_secs(60)));
+        assert_eq!(r.wait(10), Some(Duration::from_secs(60)));
+        assert_eq!(r.wait(11), Some(Duration::from_secs(300)));
+        assert_eq!(r.wait(10_000), Some(Duration::from_secs(300)));
+        let r = Retry::parse("5 2").unwrap();
+        assert_eq!((r.wait(2), r.wait(3)), (Some(Duration::from_secs(5)), None));
+        for bad in ["", "60", "60 +  300 2", "x 1", "60 y"] {
+            assert!(Retry::parse(bad).is_err(), "{bad}");
+        }
+        let i = Interval::Text("01:02:03:04".into());
+        assert_eq!(i.duration().unwrap().as_secs(), 93_784);
+        assert!(Interval::Text("00:25:00:00".into()).duration().is_err());
+        assert_eq!(Interval::Seconds(5).duration().unwrap().as_secs(), 5);
+    }
+
+    #[test]
+    fn credentials_never_print() {
+        let s = Secret("hunter2".into());
+        assert_eq!(format!("{s:?}"), "<redacted>");
+    }
+}
