@@ -240,7 +240,7 @@ mod tests {
     #[test]
     fn error_names() {
         assert_eq!(ErrKey::Ldap(32).describe(), "noSuchObject (32)");
-        assert_eq!(ErrKey::Ldap(4096).name(), "code 4096");
+        assert_eq!(ErrKey::Ldap(4097).name(), "code 4097");
         assert_eq!(ErrKey::NoEntry.code(), None);
         assert!(ErrKey::NoEntry.describe().contains("no entry"));
     }
