@@ -187,7 +187,7 @@ mod tests {
     fn names() {
         assert_eq!(ResultCode::NO_SUCH_OBJECT.name(), "noSuchObject");
         assert_eq!(ResultCode::SUCCESS.name(), "success");
-        assert_eq!(ResultCode(4096).name(), "unknown");
+        assert_eq!(ResultCode(4097).name(), "unknown");
         assert_eq!(ResultCode::CANNOT_CANCEL.0, 121);
         assert_eq!(format!("{}", ResultCode::BUSY), "busy (51)");
     }
