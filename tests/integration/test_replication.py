@@ -534,3 +534,184 @@ def test_python_ldap_syncrepl_consumer_follows_pando(fresh_server):
     assert len(c.deleted) == 1 and any(d.startswith("uid=py1") for d in c.entries.values())
     assert c.cookie and "csn=" in c.cookie
     c.unbind_s()
+
+
+# ------------------------------------------------------------ Pando as a consumer
+
+
+def consumer_config(provider_url, bind_dn, password, mode="refreshAndPersist", rid=1, extra=""):
+    return PUBLIC_READ + """
+[[replication.consumer]]
+rid = %d
+provider = "%s"
+search_base = "%s"
+type = "%s"
+interval = 1
+retry = "1 30 5 +"
+timeout_secs = 5
+bind_dn = "%s"
+credentials = "%s"
+%s""" % (rid, provider_url, SUFFIX, mode, bind_dn, password, extra)
+
+
+class Node:
+    """What converge() needs of a server: url, bind DN and password."""
+
+    def __init__(self, url, dn, pw):
+        self.url, self.admin_dn, self.admin_pw = url, dn, pw
+
+
+def converge_nodes(nodes, timeout=30, log=lambda: ""):
+    """Wait until every node holds the same entries and contextCSN."""
+    deadline = time.monotonic() + timeout
+    while True:
+        dumps = [dump(n.url, n.admin_dn, n.admin_pw) for n in nodes]
+        ctx = [context_csn(n.url, n.admin_dn, n.admin_pw) for n in nodes]
+        if all(d == dumps[0] for d in dumps) and all(c == ctx[0] for c in ctx) and ctx[0]:
+            return len(dumps[0])
+        if time.monotonic() > deadline:
+            diffs = [([e[0] for e in d if e not in dumps[0]][:3], [e[0] for e in dumps[0] if e not in d][:3])
+                     for d in dumps[1:]]
+            pytest.fail("no convergence: contextCSN %r; differences (extra, missing) %r\n%s" % (ctx, diffs, log()))
+        time.sleep(0.3)
+
+
+def pando_consumer(base, provider, mode="refreshAndPersist", extra=""):
+    cfg = consumer_config(provider.url, provider.admin_dn, provider.admin_pw, mode, extra=extra)
+    return Pando(base, demo=False, config=cfg, name="consumer").start()
+
+
+@pytest.mark.parametrize("mode", ["refreshAndPersist", "refreshOnly"])
+def test_pando_replicates_from_pando(tmp_path, mode):
+    srv = Pando(tmp_path / "provider", demo=True, config=PUBLIC_READ).start()
+    con = pando_consumer(tmp_path / "consumer", srv, mode)
+    nodes = [srv, con]
+    try:
+        converge_nodes(nodes, log=con.logs)
+        changes_round(srv, 1)
+        modify(srv, "dn: uid=carol,%s\nchangetype: delete\n" % PEOPLE)
+        converge_nodes(nodes, log=con.logs)
+        # Clients' writes to the replica are referred to the provider.
+        rc, out, err = con.ldap("ldapmodify", input="dn: uid=dave,%s\nchangetype: delete\n" % PEOPLE)
+        assert rc == 10 and srv.url in out + err, (rc, out, err)
+        # Down while the provider changes: catches up from its cookie.
+        assert con.stop() == 0
+        changes_round(srv, 2)
+        modify(srv, "dn: uid=dave,%s\nchangetype: delete\n" % PEOPLE)
+        con.start()
+        assert converge_nodes(nodes, log=con.logs) == 19 + 2 * 3 - 2
+        # The provider restarts: the consumer comes back to it.
+        assert srv.stop() == 0
+        srv.start(keep_port=True)
+        modify(srv, "dn: uid=erin,%s\nchangetype: delete\n" % PEOPLE)
+        converge_nodes(nodes, log=con.logs)
+        # What cn=Monitor says of the consumer.
+        mon = attrs_of(con, "cn=Consumer 001,cn=Replication,cn=Monitor", "*", "+")
+        assert mon["olmSRProviderURIList"] == [srv.url]
+        assert mon["olmSRSyncPhase"][0] in ("persist", "idle", "refresh")
+        assert mon["olmSRLastCookieRcvd"][0].startswith("rid=001,csn=")
+    finally:
+        con.stop_and_verify()
+        srv.stop_and_verify()
+
+
+class SlapdProvider:
+    """Debian's slapd with the syncprov overlay, holding the demo-like tree."""
+
+    def __init__(self, base, server_id=0, consumer_of=None):
+        self.base = Path(base)
+        (self.base / "db").mkdir(parents=True, exist_ok=True)
+        self.port, self.proc = None, None
+        self.admin_dn, self.admin_pw = ADMIN_DN, "provider-secret"
+        lines = ["include /etc/ldap/schema/%s.schema" % s for s in ("core", "cosine", "inetorgperson", "nis")]
+        lines += ["modulepath /usr/lib/ldap", "moduleload back_mdb", "moduleload syncprov",
+                  "pidfile %s/slapd.pid" % self.base, "argsfile %s/slapd.args" % self.base]
+        if server_id:
+            lines.append("serverID %d" % server_id)
+        lines += ["loglevel sync", "database mdb", 'suffix "%s"' % SUFFIX, 'rootdn "%s"' % ADMIN_DN,
+                  "rootpw %s" % self.admin_pw, "directory %s/db" % self.base, "maxsize 268435456",
+                  "index objectClass eq", "index entryUUID,entryCSN eq"]
+        if consumer_of:
+            p = consumer_of
+            lines += ['syncrepl rid=002 provider=%s bindmethod=simple binddn="%s" credentials=%s '
+                      'searchbase="%s" type=refreshAndPersist retry="1 30 5 +" timeout=5'
+                      % (p.url, p.admin_dn, p.admin_pw, SUFFIX), "updateref %s" % p.url]
+        lines += ["overlay syncprov", "syncprov-checkpoint 100 1", "syncprov-sessionlog 1000",
+                  "access to * by * read"]
+        (self.base / "slapd.conf").write_text("\n".join(lines) + "\n")
+
+    url = SlapdConsumer.url
+    start = SlapdConsumer.start
+    stop = SlapdConsumer.stop
+    log = SlapdConsumer.log
+
+    def load(self):
+        ldif = [ldif_text(SUFFIX, {"objectClass": ["top", "dcObject", "organization"], "dc": ["example"],
+                                   "o": ["example"]}),
+                ldif_text(PEOPLE, {"objectClass": ["organizationalUnit"], "ou": ["People"]})]
+        for i in range(10):
+            ldif.append(ldif_text("uid=s%d,%s" % (i, PEOPLE), {
+                "objectClass": ["inetOrgPerson"], "uid": ["s%d" % i], "cn": ["S %d" % i], "sn": ["S"],
+                "userPassword": ["secret%d" % i]}))
+        path = self.base / "init.ldif"
+        path.write_text("\n".join(ldif))
+        r = subprocess.run(["/usr/sbin/slapadd", "-q", "-f", str(self.base / "slapd.conf"), "-l", str(path)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return self
+
+
+def ldif_text(dn, attrs):
+    return "dn: %s\n%s\n" % (dn, "".join("%s: %s\n" % (k, v) for k, vs in attrs.items() for v in vs))
+
+
+def slapd_changes(node, n):
+    """Changes made on a slapd provider (as its root DN)."""
+    r = subprocess.run(["ldapmodify", "-x", "-H", node.url, "-D", node.admin_dn, "-w", node.admin_pw],
+                       input="\n".join([
+                           "dn: uid=x%d,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: x%d\ncn: X\nsn: X\n"
+                           % (n, PEOPLE, n),
+                           "dn: uid=s1,%s\nchangetype: modify\nreplace: description\ndescription: round %d\n"
+                           % (PEOPLE, n),
+                           "dn: uid=s%d,%s\nchangetype: modrdn\nnewrdn: uid=t%d\ndeleteoldrdn: 1\n" % (n + 1, PEOPLE, n),
+                           "dn: uid=s%d,%s\nchangetype: delete\n" % (n + 4, PEOPLE),
+                       ]), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.skipif(not HAVE_SLAPD or not Path("/usr/lib/ldap/syncprov.la").exists(),
+                    reason="slapd or its syncprov overlay not installed")
+@pytest.mark.parametrize("mode", ["refreshAndPersist", "refreshOnly"])
+def test_pando_replicates_from_slapd(tmp_path, mode):
+    prov = SlapdProvider(tmp_path / "slapd").load().start()
+    con = pando_consumer(tmp_path / "consumer", prov, mode)
+    nodes = [prov, con]
+    try:
+        converge_nodes(nodes, log=con.logs)
+        slapd_changes(prov, 1)
+        converge_nodes(nodes, log=con.logs)
+        assert con.stop() == 0
+        slapd_changes(prov, 2)
+        con.start()
+        assert converge_nodes(nodes, log=con.logs) == 12 + 2 - 2
+    finally:
+        con.stop_and_verify()
+        prov.stop()
+
+
+@pytest.mark.skipif(not HAVE_SLAPD or not Path("/usr/lib/ldap/syncprov.la").exists(),
+                    reason="slapd or its syncprov overlay not installed")
+def test_cascade_slapd_to_pando_to_slapd(tmp_path):
+    top = SlapdProvider(tmp_path / "top").load().start()
+    mid = pando_consumer(tmp_path / "mid", top)
+    leaf = SlapdConsumer(tmp_path / "leaf", mid).start()
+    leaf_node = Node(leaf.url, ADMIN_DN, leaf.pw)
+    nodes = [top, mid, leaf_node]
+    try:
+        converge_nodes(nodes, log=lambda: mid.logs() + leaf.log())
+        slapd_changes(top, 1)
+        converge_nodes(nodes, log=lambda: mid.logs() + leaf.log())
+    finally:
+        leaf.stop()
+        mid.stop_and_verify()
+        top.stop()

@@ -222,6 +222,7 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
         }
     }
     out.push(node("Changes", "cn=Changes,cn=Monitor", changes));
+    replication(server, &mut out);
     let w = server.store.writer_stats();
     out.push(node(
         "Writer",
@@ -267,6 +268,63 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
 }
 
 /// Share of the database file in the page cache.
+/// `cn=Replication,cn=Monitor` and one `cn=Consumer NNN` below it per
+/// consumer, with OpenLDAP's olmSR* names where they exist.
+fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
+    let replicas = &server.replicas.0;
+    out.push(node(
+        "Replication",
+        "cn=Replication,cn=Monitor",
+        vec![num("pandoReplConsumers", replicas.len() as u64)],
+    ));
+    let time = |t: Option<u64>| t.map(crate::clock::generalized_time);
+    for r in replicas {
+        let Ok(s) = r.status.lock().map(|s| s.clone()) else {
+            continue;
+        };
+        let cn = format!("Consumer {:03}", r.rid);
+        let mut attrs = vec![
+            attr("objectClass", ["olmSyncReplInstance"]),
+            attr("olmSRProviderURIList", [s.provider.clone()]),
+            attr("olmSRSyncPhase", [s.phase]),
+            num("pandoReplApplied", s.applied),
+            num("pandoReplDeleted", s.deleted),
+            num("pandoReplRefreshes", s.refreshes),
+            num("pandoReplReloads", s.reloads),
+            num("pandoReplFailures", s.failures),
+        ];
+        if let Some(t) = time(s.last_connect) {
+            attrs.push(attr("olmSRLastConnect", [t]));
+        }
+        if let Some(t) = time(s.last_contact) {
+            attrs.push(attr("olmSRLastContact", [t]));
+        }
+        if let Some(c) = s.last_cookie {
+            attrs.push(attr("olmSRLastCookieRcvd", [c]));
+        }
+        if let Some(e) = s.last_error {
+            attrs.push(attr("pandoReplLastError", [e]));
+        }
+        let (dn, mut entry) = node(&cn, &format!("cn={cn},cn=Replication,cn=Monitor"), attrs);
+        // Two objectClass attributes became one: the node's and this one.
+        let classes: Vec<Vec<u8>> = entry
+            .attrs
+            .iter()
+            .filter(|a| a.desc == "objectClass")
+            .flat_map(|a| a.values.clone())
+            .collect();
+        entry.attrs.retain(|a| a.desc != "objectClass");
+        entry.attrs.insert(
+            0,
+            Attribute {
+                desc: "objectClass".into(),
+                values: classes,
+            },
+        );
+        out.push((dn, entry));
+    }
+}
+
 pub fn resident(server: &Server) -> Option<f64> {
     let file = crate::store_dir(&server.cfg.config.data_dir).join("data.mdb");
     crate::datadir::resident_fraction(&file)

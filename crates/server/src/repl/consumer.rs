@@ -223,11 +223,10 @@ async fn session(
         let view = rtxn.view();
         replicated::stored_cookie(&view, cfg.rid)?
     };
-    let cookie = if reload {
-        None
-    } else {
-        stored.map(|c| our_cookie(server, cfg, &c))
-    };
+    // Always a cookie, with at least the rid (OpenLDAP's providers echo
+    // the rid they are given, and only that); CSNs unless reloading.
+    let stored = if reload { None } else { stored };
+    let cookie = Some(our_cookie(server, cfg, stored.as_deref().unwrap_or("")));
     let mode = if cfg.persist() {
         SyncMode::RefreshAndPersist
     } else {

@@ -468,7 +468,10 @@ fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResu
             }
             // Only the cookie moves: no CSN of this server is spent.
             None if changes.is_empty() => return Ok(String::new()),
-            None => ctx.server.csn.next(),
+            // A delete phase names no CSN: the change log gets one of this
+            // server's, but the state held is what the cookie says (stored
+            // with it), so contextCSN does not move.
+            None => return Ok(ctx.server.csn.next()),
         };
         w.advance_context_csn(&csn)?;
         return Ok(csn);

@@ -34,8 +34,8 @@ pub struct ReplCtx {
     pub cookie: Option<String>,
     /// The change's CSN: the operation is stamped with it, so the change
     /// log and contextCSN here say what they say on the provider. None:
-    /// unknown (a delete phase names no CSN); a CSN of this server is
-    /// used.
+    /// unknown (a delete phase names no CSN); the change log gets a CSN of
+    /// this server and contextCSN moves only with the cookie.
     pub csn: Option<String>,
 }
 
