@@ -715,3 +715,161 @@ def test_cascade_slapd_to_pando_to_slapd(tmp_path):
         leaf.stop()
         mid.stop_and_verify()
         top.stop()
+
+
+# ------------------------------------------------------------ a provider sending garbage
+
+
+class FakeProvider:
+    """A scripted provider on loopback: answers binds, and each search with
+    the next scenario's messages (`scenarios[i](msgid, cookie)` returns the
+    bytes to send, and whether to close the connection after them)."""
+
+    def __init__(self, scenarios):
+        import socket
+        import threading
+        self.scenarios = scenarios
+        self.cookies = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.url = "ldap://127.0.0.1:%d" % self.port
+        self.admin_dn, self.admin_pw = ADMIN_DN, "fake"
+        self.stopping = False
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        import socket
+        self.sock.settimeout(0.2)
+        while not self.stopping:
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            try:
+                self.session(conn)
+            except OSError:
+                pass
+            finally:
+                conn.close()
+
+    def read_msg(self, conn, buf):
+        while True:
+            try:
+                _, _, e = ber.read_tlv(buf, 0)
+                return buf[:e], buf[e:]
+            except ber.Incomplete:
+                pass
+            chunk = conn.recv(65536)
+            if not chunk:
+                return None, b""
+            buf += chunk
+
+    def session(self, conn):
+        conn.settimeout(10)
+        buf = b""
+        while True:
+            raw, buf = self.read_msg(conn, buf)
+            if raw is None:
+                return
+            p = parts(parts(raw)[0][1])
+            msgid = int.from_bytes(p[0][1], "big")
+            if p[1][0] == 0x60:
+                conn.sendall(ber.message(msgid, ber.tlv(0x61, ber.enum(0) + ber.octets("") + ber.octets(""))))
+            elif p[1][0] == 0x63:
+                cookie = None
+                for _, c in parts(p[2][1]) if len(p) > 2 else []:
+                    cp = parts(c)
+                    if cp[0][1].decode() == SYNC_REQUEST:
+                        value = next(v for t, v in cp[1:] if t == 0x04)
+                        vp = parts(parts(value)[0][1])
+                        cookie = next((v.decode() for t, v in vp[1:] if t == 0x04), None)
+                self.cookies.append(cookie)
+                i = min(len(self.cookies), len(self.scenarios)) - 1
+                data, close = self.scenarios[i](msgid)
+                conn.sendall(data)
+                if close:
+                    return
+            elif p[1][0] == 0x42:
+                return
+
+    def stop(self):
+        self.stopping = True
+        self.thread.join(5)
+        self.sock.close()
+
+
+FAKE_CSN = "20261125000000.000001Z#000000#000#000000"
+FAKE_UUIDS = [bytes([i] * 16) for i in range(1, 4)]
+
+
+def fake_entry(msgid, dn, attrs, state=1, uuid=None, cookie=None, control_value=None):
+    attr_list = b"".join(ber.seq(ber.octets(k), ber.set_(*[ber.octets(v) for v in vs])) for k, vs in attrs.items())
+    value = control_value
+    if value is None:
+        value = ber.seq(ber.enum(state) + ber.octets(uuid) + (ber.octets(cookie) if cookie else b""))
+    return ber.message(msgid, ber.tlv(0x64, ber.octets(dn) + ber.seq(attr_list)),
+                       [ber.control(SYNC_STATE, False, value)])
+
+
+def fake_done(msgid, code=0, cookie=None, diag=""):
+    body = ber.enum(code) + ber.octets("") + ber.octets(diag)
+    controls = None
+    if code == 0:
+        controls = [ber.control(SYNC_DONE, False, ber.seq(ber.octets(cookie) if cookie else b""))]
+    return ber.message(msgid, ber.tlv(0x65, body), controls)
+
+
+def good_refresh(msgid):
+    top = fake_entry(msgid, SUFFIX, {"objectClass": ["top", "dcObject", "organization"], "dc": ["example"],
+                                     "o": ["example"], "entryCSN": [FAKE_CSN]}, uuid=FAKE_UUIDS[0])
+    person = fake_entry(msgid, "uid=kept," + SUFFIX, {"objectClass": ["inetOrgPerson"], "uid": ["kept"],
+                                                        "cn": ["K"], "sn": ["K"], "entryCSN": [FAKE_CSN]},
+                        uuid=FAKE_UUIDS[1])
+    return top + person + fake_done(msgid, cookie="rid=001,csn=" + FAKE_CSN), False
+
+
+def test_a_consumer_survives_a_provider_sending_garbage(tmp_path):
+    def bad(entry_kw):
+        return lambda msgid: (fake_entry(msgid, "uid=bad," + SUFFIX, {"objectClass": ["inetOrgPerson"],
+                                                                       "uid": ["bad"], "cn": ["B"], "sn": ["B"]},
+                                         **entry_kw) + fake_done(msgid, cookie="rid=001,csn=" + FAKE_CSN),
+                              False)
+
+    scenarios = [
+        good_refresh,
+        bad(dict(control_value=b"\x30\x03\x0a\x01")),                      # malformed control
+        bad(dict(uuid=b"12345678-1234-1234-1234-123456789012")),            # 36-byte UUID
+        bad(dict(uuid=FAKE_UUIDS[2], cookie="rid=002,csn=" + FAKE_CSN)),    # another rid's cookie
+        lambda msgid: (fake_done(msgid, code=4096, diag="reload"), False),  # e-syncRefreshRequired
+        lambda msgid: (fake_entry(msgid, "uid=half," + SUFFIX, {"objectClass": ["inetOrgPerson"],
+                                                                 "uid": ["half"], "cn": ["H"], "sn": ["H"]},
+                                  uuid=FAKE_UUIDS[2]), True),                # dropped mid-refresh
+        good_refresh,
+    ]
+    fake = FakeProvider(scenarios)
+    con = pando_consumer(tmp_path / "consumer", fake, mode="refreshOnly")
+    try:
+        deadline = time.monotonic() + 60
+        while len(fake.cookies) < len(scenarios) + 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(fake.cookies) >= len(scenarios), (fake.cookies, con.logs())
+        logs = con.logs(tail=20000)
+        for words in ["malformed Sync State control", "a syncUUID has 16 bytes, this one has 36",
+                      "cookie for rid 2, this consumer is rid 1", "closed the connection"]:
+            assert words in logs, words
+        # The first refresh's data is kept throughout, and its cookie sent.
+        assert fake.cookies[0] == "rid=001"
+        assert fake.cookies[1] == "rid=001,csn=" + FAKE_CSN
+        # After the 4096 the consumer asks again at once, without its CSNs.
+        assert fake.cookies[5] == "rid=001", fake.cookies
+        rc, entries, _ = con.search(SUFFIX, "(objectClass=*)", "1.1")
+        assert rc == 0 and sorted(d for d, _ in entries) == sorted([SUFFIX, "uid=kept," + SUFFIX]), entries
+        assert context_csn(con.url, con.admin_dn, con.admin_pw) == [FAKE_CSN]
+        mon = attrs_of(con, "cn=Consumer 001,cn=Replication,cn=Monitor")
+        assert int(mon["pandoReplFailures"][0]) >= 4 and int(mon["pandoReplReloads"][0]) == 1
+    finally:
+        con.stop_and_verify()
+        fake.stop()
