@@ -873,3 +873,63 @@ def test_a_consumer_survives_a_provider_sending_garbage(tmp_path):
     finally:
         con.stop_and_verify()
         fake.stop()
+
+
+# ------------------------------------------------------------ crashes
+
+
+def _racing_writer(srv, stop, done, rng_seed):
+    """Adds, modifies and deletes on the provider until told to stop,
+    reconnecting when the provider is down (bounded by `stop`)."""
+    import ldap3
+    rng = __import__("random").Random(rng_seed)
+    i = 0
+    conn = None
+    while not stop.is_set() and i < 5000:
+        try:
+            if conn is None:
+                conn = srv.conn()
+            dn = "uid=w%d,%s" % (i, PEOPLE)
+            if conn.add(dn, ["inetOrgPerson"], {"uid": "w%d" % i, "cn": "W", "sn": str(i)}):
+                done.append(dn)
+            if i % 3 == 0 and done:
+                conn.modify(rng.choice(done), {"description": [(ldap3.MODIFY_REPLACE, ["v%d" % i])]})
+            if i % 7 == 0 and len(done) > 5:
+                victim = done.pop(rng.randrange(len(done)))
+                conn.delete(victim)
+            i += 1
+        except Exception:
+            conn = None
+            time.sleep(0.1)
+
+
+def test_kill9_of_either_side_while_writes_race_the_refresh(tmp_path):
+    import random
+    import threading
+    srv = Pando(tmp_path / "provider", demo=True, config=PUBLIC_READ).start()
+    srv.bulk_add(("uid=pre%d,%s" % (i, PEOPLE), {"objectClass": ["inetOrgPerson"], "uid": ["pre%d" % i],
+                                                "cn": ["P"], "sn": ["P"]}) for i in range(2000))
+    con = pando_consumer(tmp_path / "consumer", srv)
+    stop, done = threading.Event(), []
+    writer = threading.Thread(target=_racing_writer, args=(srv, stop, done, 4533), daemon=True)
+    writer.start()
+    rng = random.Random(4533)
+    try:
+        for cycle in range(6):
+            time.sleep(rng.uniform(0.2, 1.0))
+            victim = con if cycle % 3 != 2 else srv
+            victim.proc.send_signal(signal.SIGKILL)
+            victim.proc.wait(10)
+            victim.proc = None
+            rc, out = victim.verify()
+            assert rc == 0, "cycle %d: verify after kill -9 failed:\n%s" % (cycle, out)
+            victim.start(keep_port=True)
+        time.sleep(0.5)
+        stop.set()
+        writer.join(60)
+        n = converge_nodes([srv, con], timeout=90, log=con.logs)
+        assert n > 2000
+    finally:
+        stop.set()
+        con.stop_and_verify()
+        srv.stop_and_verify()
