@@ -933,3 +933,65 @@ def test_kill9_of_either_side_while_writes_race_the_refresh(tmp_path):
         stop.set()
         con.stop_and_verify()
         srv.stop_and_verify()
+
+
+# ------------------------------------------------------------ TLS and SASL EXTERNAL
+
+REPLICATOR_DN = "cn=replicator,ou=People," + SUFFIX
+# The replication identity reads everything, userPassword included, and
+# has no size or lookthrough limit (the example docs/replication.md gives).
+REPLICATOR_ACCESS = """
+[[access]]
+attrs = ["userPassword"]
+by = [{ who = "admins", rights = "all" }, { who = "dn:%s", rights = "read" }, { who = "self", rights = ["auth", "write"] }, { who = "*", rights = "auth" }]
+
+[[access]]
+by = [{ who = "admins", rights = "all" }, { who = "*", rights = "read" }]
+
+[[limits.by]]
+who = "dn:%s"
+size_limit = 0
+unindexed_search_limit = 100000000
+""" % (REPLICATOR_DN, REPLICATOR_DN)
+
+
+def test_consumers_over_starttls_and_ldaps_with_a_client_certificate(tmp_path):
+    from test_tls import Pki
+    for d in ("pki", "other-pki"):
+        (tmp_path / d).mkdir()
+    pki = Pki(tmp_path / "pki")
+    cert, key = pki.issue("server", "/O=Pando Test/CN=localhost", server=True)
+    repl_cert, repl_key = pki.issue("replicator", "/DC=com/DC=example/OU=People/CN=replicator")
+    other = Pki(tmp_path / "other-pki")
+    tls = '\n[tls]\ncert_file = "%s"\nkey_file = "%s"\nca_file = "%s"\nclient_certs = "request"\n' % (
+        cert, key, pki.ca)
+    srv = Pando(tmp_path / "provider", demo=True, config=REPLICATOR_ACCESS + tls, ldaps=True).start()
+    starttls = pando_consumer(tmp_path / "starttls", srv, extra='start_tls = true\ntls_ca_file = "%s"\n' % pki.ca)
+    external_cfg = PUBLIC_READ + """
+[[replication.consumer]]
+rid = 2
+provider = "%s"
+search_base = "%s"
+retry = "1 30 5 +"
+timeout_secs = 5
+bind_method = "sasl_external"
+tls_ca_file = "%s"
+tls_cert_file = "%s"
+tls_key_file = "%s"
+""" % (srv.ldaps_url, SUFFIX, pki.ca, repl_cert, repl_key)
+    external = Pando(tmp_path / "external", config=external_cfg, name="external").start()
+    wrong_ca = pando_consumer(tmp_path / "wrong-ca", srv, extra='start_tls = true\ntls_ca_file = "%s"\n' % other.ca)
+    try:
+        converge_nodes([srv, starttls, external], log=lambda: starttls.logs() + external.logs())
+        modify(srv, "dn: uid=alice,%s\nchangetype: modify\nreplace: userPassword\nuserPassword: {SSHA}x\n"
+               % PEOPLE)
+        converge_nodes([srv, starttls, external], log=lambda: starttls.logs() + external.logs())
+        # A provider whose certificate does not chain to the configured CA
+        # is not talked to.
+        rc, entries, _ = wrong_ca.search(SUFFIX, "(objectClass=*)", "1.1")
+        assert rc == 32 or entries == [], entries
+        err = attrs_of(wrong_ca, "cn=Consumer 001,cn=Replication,cn=Monitor")["pandoReplLastError"][0]
+        assert "TLS" in err and ("certificate" in err.lower() or "issuer" in err.lower()), err
+    finally:
+        for s in (wrong_ca, external, starttls, srv):
+            s.stop_and_verify()
