@@ -290,6 +290,11 @@ impl Client {
         }
     }
 
+    /// A whole message is already read (the next `recv` does not wait).
+    pub fn has_message(&self) -> bool {
+        matches!(frame_length(&self.buf, self.max_pdu), Ok(Some(_)))
+    }
+
     /// The next message, waiting at most `wait` (None: as long as it
     /// takes; the connection's keepalive notices a dead peer).
     pub async fn recv(&mut self, wait: Option<Duration>) -> Result<LdapMessage, ClientError> {

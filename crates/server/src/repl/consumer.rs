@@ -203,6 +203,8 @@ struct Session2<'a> {
     present: HashSet<[u8; 16]>,
     /// The refresh is over (persist stage).
     persisting: bool,
+    /// Set by the writer when one of this session's changes fails.
+    failed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 async fn session(
@@ -300,12 +302,18 @@ async fn session(
         queued: VecDeque::new(),
         present: HashSet::new(),
         persisting: false,
+        failed: Arc::default(),
     };
     let timeout = Duration::from_secs(cfg.timeout_secs);
     loop {
         // In the persist stage the provider may be quiet for long; the
         // connection's keepalive notices a dead one.
         let wait = (!s.persisting).then_some(timeout);
+        if !client.has_message() {
+            // Nothing more to read now: what is queued is answered first,
+            // so a failure is reported without waiting for the provider.
+            s.settle().await?;
+        }
         let m = client.recv(wait).await?;
         set(replica, |st| st.last_contact = Some(now()));
         if m.id != id {
@@ -357,13 +365,15 @@ impl Session2<'_> {
                 rid: self.cfg.rid,
                 cookie,
                 csn,
+                failed: self.failed.clone(),
             },
         )
     }
 
-    /// Apply a received change: during the refresh queued behind others
-    /// (answers collected as the window fills); in the persist stage
-    /// waited for, so its cookie is stored before the next change.
+    /// Apply a received change: queued on the writer behind the others
+    /// (many commit together), answers collected as the window fills and
+    /// before the session waits for the provider. Each carries its cookie;
+    /// one that fails stops those queued after it from being written.
     async fn apply(
         &mut self,
         received: Received,
@@ -371,10 +381,6 @@ impl Session2<'_> {
         csn: Option<String>,
     ) -> Result<(), Failed> {
         let fut = apply_received(self.ctx(cookie, csn), received);
-        if self.persisting {
-            fut.await?;
-            return Ok(());
-        }
         self.queued.push_back(Box::pin(fut));
         while self.queued.len() >= WINDOW {
             self.settle_one().await?;

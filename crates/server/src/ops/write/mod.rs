@@ -34,6 +34,7 @@ mod modify;
 mod rename;
 pub mod replicated;
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use pando_model::Entry;
@@ -237,14 +238,30 @@ fn job<W: WriteOp>(
     planned: Option<Vec<Change>>,
 ) -> impl FnOnce(&mut WriteTxn<'_>) -> Result<Committing, Stop> + Send + 'static {
     move |w: &mut WriteTxn<'_>| {
-        let mut changes = match planned {
-            Some(changes) => confirm(w, changes)?,
-            None => plan_and_check(&ctx, &*op, &w.view())?,
-        };
-        if ctx.replicated.is_none() {
-            refer_replicated(&ctx.server, &changes)?;
+        // Received changes are queued in order: once one fails, the ones
+        // after it (and their cookies) must not be written.
+        let failed = ctx.replicated.as_ref().map(|r| r.failed.clone());
+        if failed.as_ref().is_some_and(|f| f.load(Ordering::Relaxed)) {
+            return Err(Stop::Failed(LdapError::new(
+                ResultCode::OTHER,
+                "not applied: an earlier change of this replication session failed",
+            )));
         }
-        let (csn, controls) = apply(&ctx, w, &mut changes)?;
+        let ended = (|| {
+            let mut changes = match planned {
+                Some(changes) => confirm(w, changes)?,
+                None => plan_and_check(&ctx, &*op, &w.view())?,
+            };
+            if ctx.replicated.is_none() {
+                refer_replicated(&ctx.server, &changes)?;
+            }
+            let (csn, controls) = apply(&ctx, w, &mut changes)?;
+            Ok((changes, csn, controls))
+        })();
+        if let (Err(Stop::Failed(_)), Some(f)) = (&ended, &failed) {
+            f.store(true, Ordering::Relaxed);
+        }
+        let (changes, csn, controls) = ended?;
         if ctx.controls.no_op {
             return Err(Stop::NoOp(controls));
         }

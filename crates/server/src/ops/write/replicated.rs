@@ -37,6 +37,9 @@ pub struct ReplCtx {
     /// unknown (a delete phase names no CSN); the change log gets a CSN of
     /// this server and contextCSN moves only with the cookie.
     pub csn: Option<String>,
+    /// Shared by a session's changes: set when one fails, so the changes
+    /// queued after it are not written (nor their cookies).
+    pub failed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What was received.
