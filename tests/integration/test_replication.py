@@ -3,6 +3,7 @@ contextCSN per server ID on suffix entries, the change log, and Pando as a
 provider — checked on the wire with raw BER, and against real consumers:
 OpenLDAP's slapd (`syncrepl`) and python-ldap's SyncreplConsumer."""
 
+import re
 import shutil
 import signal
 import subprocess
@@ -539,19 +540,20 @@ def test_python_ldap_syncrepl_consumer_follows_pando(fresh_server):
 # ------------------------------------------------------------ Pando as a consumer
 
 
-def consumer_config(provider_url, bind_dn, password, mode="refreshAndPersist", rid=1, extra=""):
+def consumer_config(provider_url, bind_dn, password, mode="refreshAndPersist", rid=1, extra="",
+                    interval=1):
     return PUBLIC_READ + """
 [[replication.consumer]]
 rid = %d
 provider = "%s"
 search_base = "%s"
 type = "%s"
-interval = 1
+interval = %d
 retry = "1 30 5 +"
 timeout_secs = 5
 bind_dn = "%s"
 credentials = "%s"
-%s""" % (rid, provider_url, SUFFIX, mode, bind_dn, password, extra)
+%s""" % (rid, provider_url, SUFFIX, mode, interval, bind_dn, password, extra)
 
 
 class Node:
@@ -576,8 +578,9 @@ def converge_nodes(nodes, timeout=30, log=lambda: ""):
         time.sleep(0.3)
 
 
-def pando_consumer(base, provider, mode="refreshAndPersist", extra=""):
-    cfg = consumer_config(provider.url, provider.admin_dn, provider.admin_pw, mode, extra=extra)
+def pando_consumer(base, provider, mode="refreshAndPersist", extra="", interval=1):
+    cfg = consumer_config(provider.url, provider.admin_dn, provider.admin_pw, mode, extra=extra,
+                          interval=interval)
     return Pando(base, demo=False, config=cfg, name="consumer").start()
 
 
@@ -995,3 +998,29 @@ tls_key_file = "%s"
     finally:
         for s in (wrong_ca, external, starttls, srv):
             s.stop_and_verify()
+
+
+def test_repl_status_says_who_is_behind_and_by_how_much(tmp_path):
+    srv = Pando(tmp_path / "provider", demo=True, config=PUBLIC_READ).start()
+    # refreshOnly once an hour: after its first refresh it stays behind.
+    con = pando_consumer(tmp_path / "consumer", srv, "refreshOnly", interval=3600)
+    status = [PANDO_BIN, "repl", "status", srv.ldapi_url, con.ldapi_url]
+    try:
+        converge_nodes([srv, con], log=con.logs)
+        r = subprocess.run(status, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and r.stdout.count("in step") == 2, r.stdout + r.stderr
+        modify(srv, "dn: uid=frank,%s\nchangetype: modify\nreplace: description\ndescription: z\n" % PEOPLE)
+        time.sleep(1.2)
+        modify(srv, "dn: uid=frank,%s\nchangetype: modify\nreplace: description\ndescription: zz\n" % PEOPLE)
+        r = subprocess.run(status, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1, r.stdout + r.stderr
+        lines = r.stdout.splitlines()
+        behind = re.search(r"behind ([0-9.]+)s", lines[2])
+        assert "in step" in lines[1] and behind and float(behind.group(1)) >= 1.2, r.stdout
+        # A server that cannot be read is said so (exit 2).
+        r = subprocess.run(status + ["ldap://127.0.0.1:%d" % free_port()], capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == 2 and "unreadable" in r.stdout, r.stdout
+    finally:
+        con.stop_and_verify()
+        srv.stop_and_verify()

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+mod ldap_client;
 mod progress;
+mod repl_status;
 mod stat;
 
 use clap::{Parser, Subcommand};
@@ -52,6 +54,23 @@ enum Command {
     /// Print a running server's operation rates, latencies, I/O and CPU,
     /// one line per interval (from /metrics or cn=Monitor).
     Stat(stat::StatArgs),
+    /// Replication: `pando repl status URL...` compares contextCSN across
+    /// servers and says who is behind by how much.
+    Repl(ReplArgs),
+}
+
+#[derive(clap::Args)]
+struct ReplArgs {
+    #[command(subcommand)]
+    action: ReplAction,
+}
+
+#[derive(Subcommand)]
+enum ReplAction {
+    /// A suffix's contextCSN on each server, per server ID, and the lag
+    /// behind the newest (exit 0: all in step, 1: one behind, 2: one
+    /// unreadable).
+    Status(repl_status::ReplStatusArgs),
 }
 
 #[derive(clap::Args)]
@@ -258,6 +277,9 @@ fn main() -> ExitCode {
         }) => index_rebuild(store, attrs),
         Command::Bench(args) => pando_bench::run(*args).map(|()| ExitCode::SUCCESS),
         Command::Stat(args) => stat::run(args),
+        Command::Repl(ReplArgs {
+            action: ReplAction::Status(args),
+        }) => repl_status::run(args),
     };
     match result {
         Ok(code) => code,

@@ -15,10 +15,9 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use pando_proto::{
-    frame_length, BindAuth, BindRequest, DecodeLimits, DerefAliases, Filter, LdapMessage,
-    ProtocolOp, Scope, SearchRequest,
-};
+use pando_proto::Scope;
+
+use crate::ldap_client::Ldap;
 
 /// Operation types in column order (abandon is counted in TOTAL only).
 const COLUMNS: &[(&str, &str)] = &[
@@ -141,157 +140,6 @@ fn from_prometheus(m: &HashMap<String, f64>) -> Sample {
 }
 
 /// A minimal blocking LDAP client: bind, one search, read the entries.
-struct Ldap {
-    stream: Box<dyn ReadWrite>,
-    buf: Vec<u8>,
-    next_id: i32,
-}
-
-trait ReadWrite: Read + Write {}
-impl<T: Read + Write> ReadWrite for T {}
-
-fn percent_decode(s: &str) -> Result<String, String> {
-    let b = s.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            let h = std::str::from_utf8(&b[i + 1..i + 3]).map_err(|_| "bad %-escape")?;
-            out.push(u8::from_str_radix(h, 16).map_err(|_| "bad %-escape")?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| "socket path is not UTF-8".to_string())
-}
-
-impl Ldap {
-    fn connect(url: &str) -> Result<(Ldap, bool), String> {
-        let timeout = Some(Duration::from_secs(10));
-        if let Some(rest) = url.strip_prefix("ldap://") {
-            let addr = rest.trim_end_matches('/');
-            let s = std::net::TcpStream::connect(addr)
-                .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
-            let _ = s.set_read_timeout(timeout);
-            Ok((Ldap::new(Box::new(s)), false))
-        } else if let Some(rest) = url.strip_prefix("ldapi://") {
-            let path = percent_decode(rest.trim_end_matches('/'))?;
-            let s = std::os::unix::net::UnixStream::connect(&path)
-                .map_err(|e| format!("cannot connect to {path}: {e}"))?;
-            let _ = s.set_read_timeout(timeout);
-            Ok((Ldap::new(Box::new(s)), true))
-        } else {
-            Err(format!(
-                "--url '{url}': expected http://, ldap:// or ldapi://"
-            ))
-        }
-    }
-
-    fn new(stream: Box<dyn ReadWrite>) -> Ldap {
-        Ldap {
-            stream,
-            buf: Vec::new(),
-            next_id: 1,
-        }
-    }
-
-    fn send(&mut self, op: ProtocolOp) -> Result<i32, String> {
-        let id = self.next_id;
-        self.next_id += 1;
-        let msg = LdapMessage {
-            id,
-            op,
-            controls: Vec::new(),
-        };
-        self.stream
-            .write_all(&msg.to_bytes())
-            .map_err(|e| format!("sending to the server: {e}"))?;
-        Ok(id)
-    }
-
-    fn recv(&mut self) -> Result<LdapMessage, String> {
-        loop {
-            match frame_length(&self.buf, 64 << 20) {
-                Ok(Some(n)) => {
-                    let frame: Vec<u8> = self.buf.drain(..n).collect();
-                    return LdapMessage::decode(&frame, &DecodeLimits::default())
-                        .map_err(|e| format!("bad response from the server: {}", e.reason));
-                }
-                Ok(None) => {}
-                Err(e) => return Err(format!("bad response from the server: {e}")),
-            }
-            let mut chunk = [0u8; 16384];
-            let n = self
-                .stream
-                .read(&mut chunk)
-                .map_err(|e| format!("reading from the server: {e}"))?;
-            if n == 0 {
-                return Err("the server closed the connection".into());
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-
-    fn bind(&mut self, auth: BindAuth, name: String) -> Result<(), String> {
-        self.send(ProtocolOp::BindRequest(BindRequest {
-            version: 3,
-            name,
-            auth,
-        }))?;
-        match self.recv()?.op {
-            ProtocolOp::BindResponse(r) if r.result.code.0 == 0 => Ok(()),
-            ProtocolOp::BindResponse(r) => Err(format!(
-                "bind failed: {} {}",
-                r.result.code.0, r.result.message
-            )),
-            _ => Err("unexpected response to bind".into()),
-        }
-    }
-
-    /// The whole cn=Monitor subtree: DN → attribute → values.
-    fn monitor(&mut self) -> Result<HashMap<String, HashMap<String, Vec<String>>>, String> {
-        let filter = Filter::parse("(objectClass=*)").map_err(|e| e.to_string())?;
-        self.send(ProtocolOp::SearchRequest(SearchRequest {
-            base: "cn=Monitor".into(),
-            scope: Scope::Sub,
-            deref: DerefAliases::Never,
-            size_limit: 0,
-            time_limit: 0,
-            types_only: false,
-            filter,
-            attrs: Vec::new(),
-        }))?;
-        let mut out = HashMap::new();
-        loop {
-            match self.recv()?.op {
-                ProtocolOp::SearchResultEntry(e) => {
-                    let mut attrs = HashMap::new();
-                    for a in e.attrs {
-                        attrs.insert(
-                            a.name.to_ascii_lowercase(),
-                            a.values
-                                .iter()
-                                .map(|v| String::from_utf8_lossy(v).into_owned())
-                                .collect(),
-                        );
-                    }
-                    out.insert(e.dn.to_ascii_lowercase(), attrs);
-                }
-                ProtocolOp::SearchResultDone(r) if r.code.0 == 0 => return Ok(out),
-                ProtocolOp::SearchResultDone(r) => {
-                    return Err(format!(
-                        "reading cn=Monitor failed: {} {} (administrators only, unless [[access]] grants it)",
-                        r.code.0, r.message
-                    ))
-                }
-                _ => {}
-            }
-        }
-    }
-}
-
 fn from_monitor(m: &HashMap<String, HashMap<String, Vec<String>>>) -> Sample {
     let n = |dn: &str, a: &str| -> f64 {
         m.get(dn)
@@ -351,31 +199,12 @@ impl Source {
                 path: path.to_string(),
             });
         }
-        let (mut l, ldapi) = Ldap::connect(&args.url)?;
-        let pw = match (&args.bind_pw, &args.bind_pw_file) {
-            (Some(p), _) => Some(p.clone()),
-            (None, Some(f)) => Some(
-                std::fs::read_to_string(f)
-                    .map_err(|e| format!("--bind-pw-file {}: {e}", f.display()))?
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .to_string(),
-            ),
-            (None, None) => None,
-        };
-        match (&args.bind_dn, pw) {
-            (Some(dn), Some(pw)) => l.bind(BindAuth::Simple(pw.into_bytes()), dn.clone())?,
-            (Some(_), None) => return Err("-D needs -w or -y".into()),
-            (None, _) if ldapi => l.bind(
-                BindAuth::Sasl {
-                    mechanism: "EXTERNAL".into(),
-                    credentials: None,
-                },
-                String::new(),
-            )?,
-            (None, _) => {}
-        }
+        let l = Ldap::open(
+            &args.url,
+            args.bind_dn.as_deref(),
+            args.bind_pw.as_deref(),
+            args.bind_pw_file.as_deref(),
+        )?;
         Ok(Source::Ldap(Box::new(l)))
     }
 
@@ -384,7 +213,9 @@ impl Source {
             Source::Http { addr, path } => {
                 from_prometheus(&parse_prometheus(&http_get(addr, path)?))
             }
-            Source::Ldap(l) => from_monitor(&l.monitor()?),
+            Source::Ldap(l) => from_monitor(&l.search_all("cn=Monitor", Scope::Sub, &[]).map_err(|e| {
+                format!("reading cn=Monitor failed: {e} (administrators only, unless [[access]] grants it)")
+            })?),
         };
         s.at = Some(Instant::now());
         Ok(s)

@@ -309,9 +309,11 @@ async fn session(
         // In the persist stage the provider may be quiet for long; the
         // connection's keepalive notices a dead one.
         let wait = (!s.persisting).then_some(timeout);
-        if !client.has_message() {
+        if s.persisting && !client.has_message() {
             // Nothing more to read now: what is queued is answered first,
-            // so a failure is reported without waiting for the provider.
+            // so a failure is reported without waiting for the provider
+            // (during a refresh the window's answers are collected as it
+            // fills, keeping the writer busy while entries arrive).
             s.settle().await?;
         }
         let m = client.recv(wait).await?;
