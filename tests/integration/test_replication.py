@@ -1024,3 +1024,35 @@ def test_repl_status_says_who_is_behind_and_by_how_much(tmp_path):
     finally:
         con.stop_and_verify()
         srv.stop_and_verify()
+
+
+def test_a_consumer_restored_from_the_provider_s_backup_syncs_only_what_changed(tmp_path):
+    srv = Pando(tmp_path / "provider", demo=True, config=PUBLIC_READ).start()
+    srv.bulk_add(("uid=b%d,%s" % (i, PEOPLE), {"objectClass": ["inetOrgPerson"], "uid": ["b%d" % i],
+                                              "cn": ["B"], "sn": ["B"]}) for i in range(500))
+    backup = tmp_path / "backup"
+    r = subprocess.run([PANDO_BIN, "backup", "--data-dir", str(srv.data_dir), str(backup)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    # Changes after the backup: the consumer must get these, and only these.
+    modify(srv, "dn: uid=b1,%s\nchangetype: modify\nreplace: description\ndescription: after\n" % PEOPLE)
+    modify(srv, "dn: uid=b2,%s\nchangetype: delete\n" % PEOPLE)
+    modify(srv, "dn: uid=late,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: late\ncn: L\nsn: L\n" % PEOPLE)
+    cfg = consumer_config(srv.url, srv.admin_dn, srv.admin_pw)
+    con = Pando(tmp_path / "consumer", config=cfg, name="consumer")
+    (con.base / "pando.toml").write_text(cfg)
+    r = subprocess.run([PANDO_BIN, "restore", "--data-dir", str(con.data_dir), "--config",
+                        str(con.base / "pando.toml"), str(backup)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    con.start()
+    # The administrator password came with the store (its hash is there).
+    con.admin_pw = srv.admin_pw
+    try:
+        assert converge_nodes([srv, con], log=con.logs) == 19 + 500
+        mon = attrs_of(con, "cn=Consumer 001,cn=Replication,cn=Monitor")
+        # A delete phase: two changed entries and one delete, not 519 entries.
+        assert int(mon["pandoReplApplied"][0]) == 2 and int(mon["pandoReplDeleted"][0]) == 1, mon
+        assert "starting from the store's contextCSN" in con.logs(tail=20000)
+    finally:
+        con.stop_and_verify()
+        srv.stop_and_verify()

@@ -223,7 +223,25 @@ async fn session(
     let stored = {
         let rtxn = server.store.read()?;
         let view = rtxn.view();
-        replicated::stored_cookie(&view, cfg.rid)?
+        match replicated::stored_cookie(&view, cfg.rid)? {
+            Some(c) => Some(c),
+            // Never synchronised, yet the subtree is here (a provider's
+            // backup restored, or its export imported with entryCSN and
+            // entryUUID): its contextCSN is the state it holds, so only
+            // what changed since is sent.
+            None if matches!(
+                view.lookup_norm(&split_norm(&replica.base))?,
+                pando_store::Lookup::Found(_)
+            ) =>
+            {
+                let csns = view.context_csns()?;
+                (!csns.is_empty()).then(|| {
+                    tracing::info!(rid = cfg.rid, "no cookie yet: starting from the store's contextCSN ({})", csns.join(";"));
+                    Cookie { csns, ..Cookie::default() }.format()
+                })
+            }
+            None => None,
+        }
     };
     // Always a cookie, with at least the rid (OpenLDAP's providers echo
     // the rid they are given, and only that); CSNs unless reloading.
