@@ -578,16 +578,18 @@ def converge_nodes(nodes, timeout=30, log=lambda: ""):
         time.sleep(0.3)
 
 
-def pando_consumer(base, provider, mode="refreshAndPersist", extra="", interval=1):
+def pando_consumer(base, provider, mode="refreshAndPersist", extra="", interval=1, tail=""):
     cfg = consumer_config(provider.url, provider.admin_dn, provider.admin_pw, mode, extra=extra,
-                          interval=interval)
+                          interval=interval) + tail
     return Pando(base, demo=False, config=cfg, name="consumer").start()
 
 
 @pytest.mark.parametrize("mode", ["refreshAndPersist", "refreshOnly"])
 def test_pando_replicates_from_pando(tmp_path, mode):
     srv = Pando(tmp_path / "provider", demo=True, config=PUBLIC_READ).start()
-    con = pando_consumer(tmp_path / "consumer", srv, mode)
+    metrics_port = free_port()
+    con = pando_consumer(tmp_path / "consumer", srv, mode,
+                         tail='\n[metrics]\nlisten = "127.0.0.1:%d"\n' % metrics_port)
     nodes = [srv, con]
     try:
         converge_nodes(nodes, log=con.logs)
@@ -613,6 +615,23 @@ def test_pando_replicates_from_pando(tmp_path, mode):
         assert mon["olmSRProviderURIList"] == [srv.url]
         assert mon["olmSRSyncPhase"][0] in ("persist", "idle", "refresh")
         assert mon["olmSRLastCookieRcvd"][0].startswith("rid=001,csn=")
+        # The same in /metrics and in `pando stat` (after a change in the
+        # persist stage, whose delay is measured).
+        modify(srv, "dn: uid=frank,%s\nchangetype: modify\nreplace: description\ndescription: m\n" % PEOPLE)
+        converge_nodes(nodes, log=con.logs)
+        mon = attrs_of(con, "cn=Consumer 001,cn=Replication,cn=Monitor", "*", "+")
+        import urllib.request
+        text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port, timeout=10).read().decode()
+        applied = re.search(r'^pando_repl_applied_total\{rid="001"\} (\d+)$', text, re.M)
+        assert applied and int(applied.group(1)) == int(mon["pandoReplApplied"][0]), text[-2000:]
+        assert re.search(r'^pando_context_csn_timestamp_seconds\{sid="000"\} \d+\.\d+$', text, re.M)
+        if mode == "refreshAndPersist":
+            assert 'pando_repl_connected{rid="001"} 1' in text
+            assert re.search(r'^pando_repl_delay_seconds\{rid="001",sid="000"\} ', text, re.M)
+        r = subprocess.run([PANDO_BIN, "stat", "--url", con.ldapi_url, "--count", "1", "--interval", "0.3",
+                            "--csv"], capture_output=True, text=True, timeout=30)
+        header = r.stdout.splitlines()[0].split(",")
+        assert r.returncode == 0 and header[-3:] == ["repl_per_s", "rdelay", "outlier"], r.stdout + r.stderr
     finally:
         con.stop_and_verify()
         srv.stop_and_verify()

@@ -79,6 +79,11 @@ struct Sample {
     read_bytes: f64,
     write_bytes: f64,
     cpu_secs: f64,
+    /// Entries consumers applied and deleted (all consumers).
+    repl_changes: f64,
+    /// The largest delay of a consumer's last change, seconds (None: no
+    /// consumer has one).
+    repl_delay: Option<f64>,
 }
 
 /// Parse Prometheus text into `name{labels}` → value (labels as written).
@@ -115,7 +120,12 @@ fn from_prometheus(m: &HashMap<String, f64>) -> Sample {
     };
     let mut buckets: HashMap<u64, f64> = HashMap::new();
     for (k, v) in m {
-        if k.starts_with("pando_operations_completed_total{") {
+        if k.starts_with("pando_repl_applied_total{") || k.starts_with("pando_repl_deleted_total{")
+        {
+            s.repl_changes += v;
+        } else if k.starts_with("pando_repl_delay_seconds{") {
+            s.repl_delay = Some(s.repl_delay.unwrap_or(0.0).max(*v));
+        } else if k.starts_with("pando_operations_completed_total{") {
             if let Some(op) = label(k, "op") {
                 s.completed.insert(op.to_string(), *v);
             }
@@ -139,7 +149,6 @@ fn from_prometheus(m: &HashMap<String, f64>) -> Sample {
     s
 }
 
-/// A minimal blocking LDAP client: bind, one search, read the entries.
 fn from_monitor(m: &HashMap<String, HashMap<String, Vec<String>>>) -> Sample {
     let n = |dn: &str, a: &str| -> f64 {
         m.get(dn)
@@ -179,6 +188,19 @@ fn from_monitor(m: &HashMap<String, HashMap<String, Vec<String>>>) -> Sample {
     }
     s.buckets = buckets.into_iter().collect();
     s.buckets.sort_by_key(|b| b.0);
+    for (dn, attrs) in m {
+        if !dn.ends_with(",cn=replication,cn=monitor") {
+            continue;
+        }
+        for a in ["pandoreplapplied", "pandorepldeleted"] {
+            s.repl_changes += n(dn, a);
+        }
+        for v in attrs.get("pandorepldelay").into_iter().flatten() {
+            if let Some(d) = v.split_once(' ').and_then(|(_, d)| d.parse::<f64>().ok()) {
+                s.repl_delay = Some(s.repl_delay.unwrap_or(0.0).max(d));
+            }
+        }
+    }
     s
 }
 
@@ -263,6 +285,10 @@ struct Line {
     read_per_op: f64,
     write_per_op: f64,
     cpu: f64,
+    /// Entries consumers applied or deleted per second.
+    repl_rate: f64,
+    /// Seconds (the largest consumer's last-change delay).
+    repl_delay: Option<f64>,
 }
 
 fn quantile(diff: &[(u64, f64)], q: f64) -> Option<u64> {
@@ -332,6 +358,8 @@ fn interval(a: &Sample, b: &Sample) -> Line {
             0.0
         },
         cpu: d(a.cpu_secs, b.cpu_secs) / secs * 100.0,
+        repl_rate: d(a.repl_changes, b.repl_changes) / secs,
+        repl_delay: b.repl_delay,
     }
 }
 
@@ -389,7 +417,7 @@ impl Outliers {
 
 const HEADER_COLS: &[&str] = &[
     "TOTAL", "BIND", "SEARCH", "COMPARE", "ADD", "DELETE", "MODIFY", "MODDN", "UNBIND", "p50",
-    "p99", "max", "in/s", "out/s", "rd/s", "wr/s", "rd/op", "wr/op", "cpu%",
+    "p99", "max", "in/s", "out/s", "rd/s", "wr/s", "rd/op", "wr/op", "cpu%", "repl/s", "rdelay",
 ];
 
 fn text_header() -> String {
@@ -445,7 +473,13 @@ fn render(l: &Line, outlier: bool, csv: bool) -> String {
         ] {
             o.push_str(&format!(",{v:.0}"));
         }
-        o.push_str(&format!(",{:.1},{}", l.cpu, u8::from(outlier)));
+        let delay = l.repl_delay.map_or(String::new(), |d| format!("{d:.3}"));
+        o.push_str(&format!(
+            ",{:.1},{:.1},{delay},{}",
+            l.cpu,
+            l.repl_rate,
+            u8::from(outlier)
+        ));
         o
     } else {
         let mut o = format!("{time:<8}");
@@ -467,6 +501,11 @@ fn render(l: &Line, outlier: bool, csv: bool) -> String {
             o.push_str(&format!(" {:>7}", human(v)));
         }
         o.push_str(&format!(" {:>7.1}", l.cpu));
+        o.push_str(&format!(" {:>7}", human(l.repl_rate)));
+        let delay = l
+            .repl_delay
+            .map_or("-".to_string(), |d| us(Some((d * 1e6) as u64)));
+        o.push_str(&format!(" {delay:>7}"));
         if outlier {
             o.push_str(" *");
         }

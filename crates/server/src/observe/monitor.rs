@@ -305,6 +305,14 @@ fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
         if let Some(e) = s.last_error {
             attrs.push(attr("pandoReplLastError", [e]));
         }
+        if !s.delay.is_empty() {
+            let values: Vec<String> = s
+                .delay
+                .iter()
+                .map(|(sid, us)| format!("{sid:03x} {}.{:06}", us / 1_000_000, us % 1_000_000))
+                .collect();
+            attrs.push(attr("pandoReplDelay", values));
+        }
         let (dn, mut entry) = node(&cn, &format!("cn={cn},cn=Replication,cn=Monitor"), attrs);
         // Two objectClass attributes became one: the node's and this one.
         let classes: Vec<Vec<u8>> = entry

@@ -152,6 +152,108 @@ fn secs(us: u64) -> String {
     format!("{}.{:06}", us / 1_000_000, us % 1_000_000)
 }
 
+/// The change log, contextCSN per server ID, and each consumer's figures
+/// (labelled by rid, and by server ID for delays).
+fn replication(t: &mut Text, server: &Server) {
+    if let Ok(r) = server.store.read() {
+        let view = r.view();
+        if let Ok(log) = view.changelog_summary() {
+            t.one(
+                "pando_changelog_records",
+                "gauge",
+                "Records in the change log.",
+                log.count,
+            );
+        }
+        if let Ok(csns) = view.context_csns() {
+            t.family(
+                "pando_context_csn_timestamp_seconds",
+                "gauge",
+                "Time of the newest change held, per server ID (contextCSN): compare across servers for lag.",
+            );
+            for csn in csns {
+                let (Some(sid), Ok((us, _))) = (
+                    pando_proto::sync::csn_sid(&csn),
+                    crate::clock::parse_csn(&csn),
+                ) else {
+                    continue;
+                };
+                t.sample(
+                    "pando_context_csn_timestamp_seconds",
+                    &format!("sid=\"{sid:03x}\""),
+                    secs(us),
+                );
+            }
+        }
+    }
+    let statuses: Vec<(u16, crate::repl::consumer::Status)> = server
+        .replicas
+        .0
+        .iter()
+        .filter_map(|r| r.status.lock().ok().map(|s| (r.rid, s.clone())))
+        .collect();
+    if statuses.is_empty() {
+        return;
+    }
+    type Figure = fn(&crate::repl::consumer::Status) -> u64;
+    let counters: [(&str, &str, Figure); 5] = [
+        (
+            "pando_repl_applied_total",
+            "Entries a consumer added or changed from its provider.",
+            |s| s.applied,
+        ),
+        (
+            "pando_repl_deleted_total",
+            "Entries a consumer deleted as its provider said.",
+            |s| s.deleted,
+        ),
+        (
+            "pando_repl_sessions_total",
+            "Sessions a consumer started.",
+            |s| s.refreshes,
+        ),
+        (
+            "pando_repl_reloads_total",
+            "Reloads a provider asked a consumer for (e-syncRefreshRequired).",
+            |s| s.reloads,
+        ),
+        (
+            "pando_repl_failures_total",
+            "Failed consumer sessions.",
+            |s| s.failures,
+        ),
+    ];
+    for (name, help, f) in counters {
+        t.family(name, "counter", help);
+        for (rid, s) in &statuses {
+            t.sample(name, &format!("rid=\"{rid:03}\""), f(s));
+        }
+    }
+    t.family(
+        "pando_repl_connected",
+        "gauge",
+        "1 while a consumer is in its refresh or persist stage.",
+    );
+    for (rid, s) in &statuses {
+        let up = u8::from(matches!(s.phase, "refresh" | "persist"));
+        t.sample("pando_repl_connected", &format!("rid=\"{rid:03}\""), up);
+    }
+    t.family(
+        "pando_repl_delay_seconds",
+        "gauge",
+        "Seconds from the CSN time of a server's last change to its arrival at a consumer.",
+    );
+    for (rid, s) in &statuses {
+        for (sid, us) in &s.delay {
+            t.sample(
+                "pando_repl_delay_seconds",
+                &format!("rid=\"{rid:03}\",sid=\"{sid:03x}\""),
+                secs(*us),
+            );
+        }
+    }
+}
+
 /// The whole exposition.
 pub fn render(server: &Server) -> String {
     let m = &server.metrics;
@@ -484,6 +586,7 @@ pub fn render(server: &Server) -> String {
         "Log records that could not be written.",
         server.logs.write_errors(),
     );
+    replication(&mut t, server);
     let p = ProcessFigures::read();
     t.one(
         "process_cpu_seconds_total",

@@ -60,6 +60,9 @@ pub struct Status {
     /// Reloads asked for by the provider (4096).
     pub reloads: u64,
     pub failures: u64,
+    /// Per server ID: how long after its CSN's time the last change of
+    /// that server reached this consumer (persist stage), microseconds.
+    pub delay: std::collections::BTreeMap<u16, u64>,
 }
 
 impl Status {
@@ -236,8 +239,16 @@ async fn session(
             {
                 let csns = view.context_csns()?;
                 (!csns.is_empty()).then(|| {
-                    tracing::info!(rid = cfg.rid, "no cookie yet: starting from the store's contextCSN ({})", csns.join(";"));
-                    Cookie { csns, ..Cookie::default() }.format()
+                    tracing::info!(
+                        rid = cfg.rid,
+                        "no cookie yet: starting from the store's contextCSN ({})",
+                        csns.join(";")
+                    );
+                    Cookie {
+                        csns,
+                        ..Cookie::default()
+                    }
+                    .format()
                 })
             }
             None => None,
@@ -526,9 +537,18 @@ impl Session2<'_> {
                     }
                     SyncStateKind::Delete => {
                         let csn = cookie.as_deref().and_then(newest_csn);
+                        let delay = self
+                            .persisting
+                            .then(|| csn.as_deref().and_then(delay_of))
+                            .flatten();
                         self.apply(Received::Delete(vec![uuid]), cookie, csn)
                             .await?;
-                        set(self.replica, |s| s.deleted += 1);
+                        set(self.replica, |s| {
+                            s.deleted += 1;
+                            if let Some((sid, d)) = delay {
+                                s.delay.insert(sid, d);
+                            }
+                        });
                     }
                     SyncStateKind::Add | SyncStateKind::Modify => {
                         self.present.insert(state.uuid);
@@ -543,8 +563,17 @@ impl Session2<'_> {
                             .get("entryCSN")
                             .and_then(|a| a.values.first())
                             .map(|v| String::from_utf8_lossy(v).into_owned());
+                        let delay = self
+                            .persisting
+                            .then(|| csn.as_deref().and_then(delay_of))
+                            .flatten();
                         self.apply(Received::Entry(entry), cookie, csn).await?;
-                        set(self.replica, |s| s.applied += 1);
+                        set(self.replica, |s| {
+                            s.applied += 1;
+                            if let Some((sid, d)) = delay {
+                                s.delay.insert(sid, d);
+                            }
+                        });
                     }
                 }
                 Ok(None)
@@ -651,6 +680,14 @@ fn info_kind(value: &Option<Vec<u8>>) -> Option<bool> {
         Some(0xa1) => Some(false),
         _ => None,
     }
+}
+
+/// The server ID of a change stamped `csn`, and how long ago (by this
+/// server's clock) its CSN's time was, microseconds.
+fn delay_of(csn: &str) -> Option<(u16, u64)> {
+    let sid = pando_proto::sync::csn_sid(csn)?;
+    let (at, _) = crate::clock::parse_csn(csn).ok()?;
+    Some((sid, now().saturating_sub(at)))
 }
 
 /// The newest CSN of a cookie.
