@@ -688,16 +688,31 @@ def ldif_text(dn, attrs):
 
 
 def slapd_changes(node, n):
-    """Changes made on a slapd provider (as its root DN)."""
+    """Changes made on a slapd provider (as its root DN): an add, a modify,
+    a modify of 1,500 values, a rename, a subtree move, a delete and a
+    password change."""
+    members = "".join("member: uid=m%d,%s\n" % (i, PEOPLE) for i in range(1500))
     r = subprocess.run(["ldapmodify", "-x", "-H", node.url, "-D", node.admin_dn, "-w", node.admin_pw],
                        input="\n".join([
                            "dn: uid=x%d,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: x%d\ncn: X\nsn: X\n"
                            % (n, PEOPLE, n),
                            "dn: uid=s1,%s\nchangetype: modify\nreplace: description\ndescription: round %d\n"
                            % (PEOPLE, n),
+                           "dn: cn=g%d,%s\nchangetype: add\nobjectClass: groupOfNames\ncn: g%d\nmember: %s\n"
+                           % (n, SUFFIX, n, ADMIN_DN),
+                           "dn: cn=g%d,%s\nchangetype: modify\nadd: member\n%s" % (n, SUFFIX, members),
                            "dn: uid=s%d,%s\nchangetype: modrdn\nnewrdn: uid=t%d\ndeleteoldrdn: 1\n" % (n + 1, PEOPLE, n),
+                           "dn: ou=Dept%d,%s\nchangetype: add\nobjectClass: organizationalUnit\nou: Dept%d\n"
+                           % (n, SUFFIX, n),
+                           "dn: uid=d%d,ou=Dept%d,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: d%d\ncn: D\nsn: D\n"
+                           % (n, n, SUFFIX, n),
+                           "dn: ou=Dept%d,%s\nchangetype: modrdn\nnewrdn: ou=Dept%d\ndeleteoldrdn: 1\nnewsuperior: %s\n"
+                           % (n, SUFFIX, n, PEOPLE),
                            "dn: uid=s%d,%s\nchangetype: delete\n" % (n + 4, PEOPLE),
                        ]), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run(["ldappasswd", "-x", "-H", node.url, "-D", node.admin_dn, "-w", node.admin_pw,
+                        "-s", "changed-%d" % n, "uid=s0," + PEOPLE], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
 
 
@@ -715,7 +730,7 @@ def test_pando_replicates_from_slapd(tmp_path, mode):
         assert con.stop() == 0
         slapd_changes(prov, 2)
         con.start()
-        assert converge_nodes(nodes, log=con.logs) == 12 + 2 - 2
+        assert converge_nodes(nodes, log=con.logs) == 12 + 2 * 4 - 2
     finally:
         con.stop_and_verify()
         prov.stop()
@@ -1075,3 +1090,61 @@ def test_a_consumer_restored_from_the_provider_s_backup_syncs_only_what_changed(
     finally:
         con.stop_and_verify()
         srv.stop_and_verify()
+
+
+def test_a_filtered_consumer_keeps_glue_for_parents_outside_its_filter_and_only_what_matches(tmp_path):
+    srv = Pando(tmp_path / "provider", demo=True, config=PUBLIC_READ).start()
+    persons = pando_consumer(tmp_path / "persons", srv, extra='filter = "(uid=*)"\n')
+    one = Pando(tmp_path / "one", name="one")
+    # The second consumer keeps only the children of ou=People.
+    one.config = PUBLIC_READ + """
+[[replication.consumer]]
+rid = 1
+provider = "%s"
+search_base = "%s"
+scope = "one"
+retry = "1 30 5 +"
+timeout_secs = 5
+bind_dn = "%s"
+credentials = "%s"
+""" % (srv.url, PEOPLE, srv.admin_dn, srv.admin_pw)
+    one.start()
+
+    def dns(node, filt="(objectClass=*)"):
+        rc, entries, err = node.search(SUFFIX, filt, "1.1")
+        assert rc in (0, 32), err
+        return sorted(d.lower() for d, _ in entries)
+
+    try:
+        people = [d for d in dns(srv, "(uid=*)")]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (dns(persons, "(uid=*)") != people or dns(one, "(uid=*)") != people):
+            time.sleep(0.3)
+        assert dns(persons, "(uid=*)") == people, persons.logs()
+        assert dns(one, "(uid=*)") == people, one.logs()
+        # Their parents are glue (the suffix and ou=People), nothing else
+        # of the provider's tree is there.
+        assert dns(persons, "(objectClass=glue)") == [SUFFIX.lower(), PEOPLE.lower()]
+        assert dns(persons) == sorted([SUFFIX.lower(), PEOPLE.lower()] + people)
+        assert dns(one, "(objectClass=glue)") == [PEOPLE.lower()]
+        # Changes follow; an entry leaving the filter leaves the consumer.
+        modify(srv, "dn: uid=alice,%s\nchangetype: modify\nreplace: description\ndescription: x\n" % PEOPLE)
+        modify(srv, "dn: uid=bob,%s\nchangetype: delete\n" % PEOPLE)
+        people = dns(srv, "(uid=*)")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (dns(persons, "(uid=*)") != people or dns(one, "(uid=*)") != people):
+            time.sleep(0.3)
+        assert dns(persons, "(uid=*)") == people and dns(one, "(uid=*)") == people
+        assert attrs_of(persons, "uid=alice," + PEOPLE, "description")["description"] == ["x"]
+        # A restart (a delete phase from the change log) keeps the glue.
+        assert persons.stop() == 0
+        modify(srv, "dn: uid=carol,%s\nchangetype: delete\n" % PEOPLE)
+        persons.start()
+        people = dns(srv, "(uid=*)")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and dns(persons, "(uid=*)") != people:
+            time.sleep(0.3)
+        assert dns(persons) == sorted([SUFFIX.lower(), PEOPLE.lower()] + people)
+    finally:
+        for s in (one, persons, srv):
+            s.stop_and_verify()

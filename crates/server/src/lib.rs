@@ -176,6 +176,8 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
             .replication
             .consumer
             .iter()
+            // Scopes one and children leave the base out: it stays local.
+            .filter(|c| matches!(c.scope.as_str(), "sub" | "base"))
             .filter_map(|c| Dn::parse(&c.search_base).ok())
             .filter_map(|d| schema.normalize_dn(&d).ok())
             .collect();

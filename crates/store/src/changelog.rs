@@ -12,6 +12,7 @@
 //! | 0 | 40 | the operation's CSN (text; CSNs sort by time as text) |
 //! | 40 | 1 | 0x00 |
 //! | 41 | 4 | the entry's position among the operation's changes (u32, big-endian) |
+//! | 45 | var | the entry's UUID (text): keeps keys apart when changes applied one by one share a CSN (a replicated tree delete) |
 //!
 //! so the log is in CSN order, and one operation's entries (a tree delete:
 //! children first) in the order written. Value ([`encode`]):
@@ -89,11 +90,12 @@ pub struct LoggedChange {
     pub mods: Vec<LoggedMod>,
 }
 
-fn key(csn: &str, seq: u32) -> Vec<u8> {
-    let mut k = Vec::with_capacity(csn.len() + 5);
-    k.extend_from_slice(csn.as_bytes());
+fn key(c: &LoggedChange) -> Vec<u8> {
+    let mut k = Vec::with_capacity(c.csn.len() + 5 + c.uuid.len());
+    k.extend_from_slice(c.csn.as_bytes());
     k.push(0);
-    k.extend_from_slice(&seq.to_be_bytes());
+    k.extend_from_slice(&c.seq.to_be_bytes());
+    k.extend_from_slice(c.uuid.as_bytes());
     k
 }
 
@@ -298,7 +300,7 @@ impl WriteTxn<'_> {
     /// Log `c` (in the transaction that makes the change).
     pub fn log_change(&mut self, c: &LoggedChange) -> Result<(), StoreError> {
         let db = self.changelog_db_mut()?;
-        db.put(&mut self.txn, &key(&c.csn, c.seq), &encode(c))?;
+        db.put(&mut self.txn, &key(c), &encode(c))?;
         Ok(())
     }
 

@@ -199,6 +199,10 @@ impl Client {
             ProtocolOp::ExtendedResponse(r)
                 if m.id == id && r.result.code == ResultCode::SUCCESS =>
             {
+                // Bytes after the answer came before TLS: not to be trusted.
+                if !self.buf.is_empty() {
+                    return fail(format!("{} sent data after agreeing to StartTLS", self.url));
+                }
                 Ok(())
             }
             ProtocolOp::ExtendedResponse(r) => fail(format!(

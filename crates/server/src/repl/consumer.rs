@@ -123,6 +123,21 @@ impl From<pando_store::StoreError> for Failed {
     }
 }
 
+/// What carries over from one session to the next.
+#[derive(Default)]
+struct Carry {
+    /// Consecutive failed sessions (the retry schedule's position).
+    failures: u32,
+    /// The next session asks for a reload (after e-syncRefreshRequired).
+    reload: bool,
+    /// Reloads asked for in a row without a refresh completing.
+    reloads_in_row: u32,
+}
+
+/// Reloads in a row after which the next is treated as a failure (the
+/// retry schedule spaces them out).
+const MAX_RELOADS_IN_ROW: u32 = 3;
+
 async fn run(server: Arc<Server>, index: usize) {
     let cfg = server.cfg.config.replication.consumer[index].clone();
     let replica = &server.replicas.0[index];
@@ -132,35 +147,42 @@ async fn run(server: Arc<Server>, index: usize) {
         .duration()
         .unwrap_or(Duration::from_secs(86_400));
     let mut closing = server.feed.closing();
-    let mut failures = 0u32;
-    let mut reload = false;
+    let mut carry = Carry::default();
     loop {
         set(replica, |s| s.phase = "connecting");
         let ended = tokio::select! {
-            e = session(&server, &cfg, replica, reload) => e,
+            e = session(&server, &cfg, replica, &mut carry) => e,
             _ = closing.changed() => break,
+        };
+        let ended = match ended {
+            Ok(Ended::Reload) if carry.reloads_in_row >= MAX_RELOADS_IN_ROW => {
+                Err(Failed(format!(
+                    "{} asked for a reload {} times in a row",
+                    cfg.provider, carry.reloads_in_row
+                )))
+            }
+            other => other,
         };
         let wait = match ended {
             Ok(Ended::Refreshed) => {
-                failures = 0;
-                reload = false;
                 set(replica, |s| s.phase = "idle");
                 interval
             }
             Ok(Ended::Reload) => {
                 tracing::warn!(rid = cfg.rid, provider = %cfg.provider, "the provider asked for a reload (e-syncRefreshRequired): refreshing the whole subtree");
                 set(replica, |s| s.reloads += 1);
-                reload = true;
+                carry.reload = true;
+                carry.reloads_in_row += 1;
                 continue;
             }
             Err(Failed(why)) => {
-                failures += 1;
+                carry.failures += 1;
                 set(replica, |s| {
                     s.failures += 1;
                     s.phase = "retrying";
                     s.last_error = Some(why.clone());
                 });
-                match retry.wait(failures) {
+                match retry.wait(carry.failures) {
                     Some(w) => {
                         tracing::warn!(rid = cfg.rid, provider = %cfg.provider, "replication failed, next try in {}s: {why}", w.as_secs());
                         w
@@ -187,34 +209,84 @@ fn set(replica: &Replica, f: impl FnOnce(&mut Status)) {
     }
 }
 
+type Queued = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = crate::error::OpResult<crate::ops::write::Written>> + Send,
+    >,
+>;
+
 /// What one session needs besides the client.
 struct Session2<'a> {
     server: &'a Arc<Server>,
     cfg: &'a ConsumerConfig,
     replica: &'a Replica,
     who: Identity,
-    /// Changes queued on the writer and not yet answered (refresh only).
-    queued: VecDeque<
-        std::pin::Pin<
-            Box<
-                dyn std::future::Future<Output = crate::error::OpResult<crate::ops::write::Written>>
-                    + Send,
-            >,
-        >,
-    >,
-    /// UUIDs the provider mentioned in a present phase.
-    present: HashSet<[u8; 16]>,
+    /// Changes queued on the writer and not yet answered.
+    queued: VecDeque<Queued>,
     /// The refresh is over (persist stage).
     persisting: bool,
     /// Set by the writer when one of this session's changes fails.
     failed: Arc<std::sync::atomic::AtomicBool>,
+    /// The session started with no state (an initial load or a reload):
+    /// at the end of the refresh, what was not sent goes.
+    initial: bool,
+    /// During the refresh: UUIDs the provider sent or named present.
+    present: HashSet<[u8; 16]>,
+    /// During the refresh: UUIDs to delete once the refresh's cookie is
+    /// known (they are stamped with its CSN, so the change log orders
+    /// them right for this server's own consumers).
+    pending_deletes: Vec<String>,
+    /// During the refresh: the newest cookie seen, stored at its end.
+    pending_cookie: Option<Cookie>,
+    /// The last cookie stored: a persist message's cookie is compared
+    /// with it to find the change's own CSN.
+    last: Cookie,
+    /// A present phase ended (refreshPresent): at the end of the refresh
+    /// what was not named goes.
+    present_phase: bool,
+}
+
+/// The cookie to start from: the stored one; with none, the store's
+/// contextCSN when the subtree is already here (a provider's backup
+/// restored, or its export imported with entryCSN and entryUUID), so only
+/// what changed since is sent. None: an initial load.
+fn starting_cookie(
+    server: &Server,
+    cfg: &ConsumerConfig,
+    replica: &Replica,
+) -> Result<Option<String>, Failed> {
+    let rtxn = server.store.read()?;
+    let view = rtxn.view();
+    if let Some(c) = replicated::stored_cookie(&view, cfg.rid)? {
+        return Ok(Some(c));
+    }
+    let here = matches!(
+        view.lookup_norm(&split_norm(&replica.base))?,
+        pando_store::Lookup::Found(_)
+    );
+    let csns = view.context_csns()?;
+    if !here || csns.is_empty() {
+        return Ok(None);
+    }
+    tracing::info!(
+        rid = cfg.rid,
+        "no cookie yet: starting from the store's contextCSN ({})",
+        csns.join(";")
+    );
+    Ok(Some(
+        Cookie {
+            csns,
+            ..Cookie::default()
+        }
+        .format(),
+    ))
 }
 
 async fn session(
     server: &Arc<Server>,
     cfg: &ConsumerConfig,
     replica: &Replica,
-    reload: bool,
+    carry: &mut Carry,
 ) -> Result<Ended, Failed> {
     let mut client = Client::connect(cfg, server.cfg.config.limits.max_pdu_bytes).await?;
     client.bind(cfg).await?;
@@ -223,41 +295,21 @@ async fn session(
         s.phase = "refresh";
         s.refreshes += 1;
     });
-    let stored = {
-        let rtxn = server.store.read()?;
-        let view = rtxn.view();
-        match replicated::stored_cookie(&view, cfg.rid)? {
-            Some(c) => Some(c),
-            // Never synchronised, yet the subtree is here (a provider's
-            // backup restored, or its export imported with entryCSN and
-            // entryUUID): its contextCSN is the state it holds, so only
-            // what changed since is sent.
-            None if matches!(
-                view.lookup_norm(&split_norm(&replica.base))?,
-                pando_store::Lookup::Found(_)
-            ) =>
-            {
-                let csns = view.context_csns()?;
-                (!csns.is_empty()).then(|| {
-                    tracing::info!(
-                        rid = cfg.rid,
-                        "no cookie yet: starting from the store's contextCSN ({})",
-                        csns.join(";")
-                    );
-                    Cookie {
-                        csns,
-                        ..Cookie::default()
-                    }
-                    .format()
-                })
-            }
-            None => None,
-        }
+    let stored = if carry.reload {
+        None
+    } else {
+        starting_cookie(server, cfg, replica)?
     };
+    let start = Cookie::parse(stored.as_deref().unwrap_or("").as_bytes()).unwrap_or_default();
     // Always a cookie, with at least the rid (OpenLDAP's providers echo
-    // the rid they are given, and only that); CSNs unless reloading.
-    let stored = if reload { None } else { stored };
-    let cookie = Some(our_cookie(server, cfg, stored.as_deref().unwrap_or("")));
+    // the rid they are given, and only that).
+    let sid = server.cfg.config.replication.server_id;
+    let sent = Cookie {
+        rid: Some(cfg.rid),
+        sid: (sid != 0).then_some(sid),
+        csns: start.csns.clone(),
+        delcsn: None,
+    };
     let mode = if cfg.persist() {
         SyncMode::RefreshAndPersist
     } else {
@@ -265,30 +317,24 @@ async fn session(
     };
     let sync = SyncRequest {
         mode,
-        cookie: cookie.map(String::into_bytes),
+        cookie: Some(sent.format().into_bytes()),
         reload_hint: true,
     };
     let mut attrs = cfg.attrs.clone();
-    if !attrs.iter().any(|a| a == "*") {
-        for must in [
-            "objectClass",
-            "structuralObjectClass",
-            "entryCSN",
-            "entryUUID",
-        ] {
-            if !attrs.iter().any(|a| a.eq_ignore_ascii_case(must)) {
+    let named = |attrs: &[String], a: &str| attrs.iter().any(|x| x.eq_ignore_ascii_case(a));
+    if !named(&attrs, "*") && !named(&attrs, "objectClass") {
+        attrs.push("objectClass".into());
+    }
+    if !named(&attrs, "+") {
+        for must in ["structuralObjectClass", "entryCSN", "entryUUID"] {
+            if !named(&attrs, must) {
                 attrs.push(must.into());
             }
         }
     }
     let req = SearchRequest {
         base: cfg.search_base.clone(),
-        scope: match cfg.scope.as_str() {
-            "base" => Scope::Base,
-            "one" => Scope::One,
-            "children" => Scope::Children,
-            _ => Scope::Sub,
-        },
+        scope: scope_of(cfg),
         deref: DerefAliases::Never,
         size_limit: 0,
         time_limit: 0,
@@ -312,9 +358,10 @@ async fn session(
     let id = client
         .send(ProtocolOp::SearchRequest(req), controls)
         .await?;
+    let name = format!("cn=replication rid={:03}", cfg.rid);
     let session_who = Identity::authenticated(
-        format!("cn=replication rid={:03}", cfg.rid),
-        format!("cn=replication rid={:03}", cfg.rid),
+        name.clone(),
+        name,
         Arc::new(Session {
             peer_ip: None,
             peer_cred: None,
@@ -329,10 +376,23 @@ async fn session(
         replica,
         who: session_who,
         queued: VecDeque::new(),
-        present: HashSet::new(),
         persisting: false,
         failed: Arc::default(),
+        initial: start.csns.is_empty(),
+        present: HashSet::new(),
+        pending_deletes: Vec::new(),
+        pending_cookie: None,
+        last: start,
+        present_phase: false,
     };
+    // The state this session starts from is stored first, so a session
+    // cut short starts over from it (not from a contextCSN the entries
+    // received so far moved).
+    let first = Cookie {
+        rid: Some(cfg.rid),
+        ..s.last.clone()
+    };
+    s.store_cookie(first, None, false).await?;
     let timeout = Duration::from_secs(cfg.timeout_secs);
     loop {
         // In the persist stage the provider may be quiet for long; the
@@ -361,34 +421,56 @@ async fn session(
                 cfg.provider, m.id
             )));
         }
-        match s.handle(m).await? {
-            Some(ended) => {
+        let was_persisting = s.persisting;
+        let ended = s.handle(m).await?;
+        if s.persisting && !was_persisting {
+            // A refresh completed: the slate is clean.
+            carry.failures = 0;
+            carry.reload = false;
+            carry.reloads_in_row = 0;
+        }
+        match ended {
+            Some(Ended::Refreshed) => {
+                carry.failures = 0;
+                carry.reload = false;
+                carry.reloads_in_row = 0;
                 client.unbind().await;
-                return Ok(ended);
+                return Ok(Ended::Refreshed);
+            }
+            Some(other) => {
+                client.unbind().await;
+                return Ok(other);
             }
             None => continue,
         }
     }
 }
 
-/// The cookie this consumer sends: its rid, its own server ID when it has
-/// one, and the CSNs of the stored cookie.
-fn our_cookie(server: &Server, cfg: &ConsumerConfig, stored: &str) -> String {
-    let sid = server.cfg.config.replication.server_id;
-    let csns = Cookie::parse(stored.as_bytes())
-        .map(|c| c.csns)
-        .unwrap_or_default();
-    Cookie {
-        rid: Some(cfg.rid),
-        sid: (sid != 0).then_some(sid),
-        csns,
-        delcsn: None,
+fn scope_of(cfg: &ConsumerConfig) -> Scope {
+    match cfg.scope.as_str() {
+        "base" => Scope::Base,
+        "one" => Scope::One,
+        "children" => Scope::Children,
+        _ => Scope::Sub,
     }
-    .format()
+}
+
+/// The CSN of the change a persist message's cookie reports: the one CSN
+/// that moved since `last` (OpenLDAP's providers send only it; Pando's
+/// send every server's), else the newest.
+fn change_csn(last: &Cookie, new: &Cookie) -> Option<String> {
+    let moved = new
+        .csns
+        .iter()
+        .filter(|c| {
+            pando_proto::sync::csn_sid(c).is_some_and(|sid| last.csn_for(sid) != Some(c.as_str()))
+        })
+        .max();
+    moved.or_else(|| new.csns.iter().max()).cloned()
 }
 
 impl Session2<'_> {
-    fn ctx(&self, cookie: Option<String>, csn: Option<String>) -> Arc<WriteCtx> {
+    fn ctx(&self, cookie: Option<String>, csn: Option<String>, unlogged: bool) -> Arc<WriteCtx> {
         WriteCtx::replicated(
             self.server,
             &self.who,
@@ -397,21 +479,27 @@ impl Session2<'_> {
                 cookie,
                 csn,
                 failed: self.failed.clone(),
+                unlogged,
+                base: self.replica.base.clone(),
             },
         )
     }
 
-    /// Apply a received change: queued on the writer behind the others
-    /// (many commit together), answers collected as the window fills and
-    /// before the session waits for the provider. Each carries its cookie;
-    /// one that fails stops those queued after it from being written.
+    /// Queue a received change on the writer behind the others (many
+    /// commit together); answers are collected as the window fills and
+    /// before the session waits for the provider. One that fails stops
+    /// those queued after it from being written (their cookies too).
     async fn apply(
         &mut self,
         received: Received,
         cookie: Option<String>,
         csn: Option<String>,
     ) -> Result<(), Failed> {
-        let fut = apply_received(self.ctx(cookie, csn), received);
+        // An initial load does not copy every entry into the change log
+        // (its cookie raises the log's floor instead); deletes are always
+        // logged.
+        let unlogged = self.initial && !self.persisting && matches!(received, Received::Entry(_));
+        let fut = apply_received(self.ctx(cookie, csn, unlogged), received);
         self.queued.push_back(Box::pin(fut));
         while self.queued.len() >= WINDOW {
             self.settle_one().await?;
@@ -434,9 +522,9 @@ impl Session2<'_> {
         Ok(())
     }
 
-    /// A cookie received: kept as text, with our rid (what is stored is
-    /// what the provider said).
-    fn cookie_text(&self, bytes: &[u8]) -> Result<String, Failed> {
+    /// A cookie received, checked: it must parse and name this consumer's
+    /// rid (or none).
+    fn cookie_of(&self, bytes: &[u8]) -> Result<Cookie, Failed> {
         let c = Cookie::parse(bytes).map_err(|e| {
             Failed(format!(
                 "{} sent a malformed cookie: {}",
@@ -452,130 +540,133 @@ impl Session2<'_> {
             }
         }
         set(self.replica, |s| s.last_cookie = Some(c.format()));
-        Ok(c.format())
+        Ok(c)
     }
 
-    /// Store a cookie alone (after everything queued is in).
-    async fn store_cookie(&mut self, cookie: Option<&[u8]>) -> Result<(), Failed> {
+    /// Store `cookie` (after everything queued is in), with `received`
+    /// in the same transaction; `raise_floor`: it ends an initial load.
+    async fn store_cookie(
+        &mut self,
+        cookie: Cookie,
+        csn: Option<String>,
+        raise_floor: bool,
+    ) -> Result<(), Failed> {
         self.settle().await?;
-        if let Some(bytes) = cookie {
-            let text = self.cookie_text(bytes)?;
-            apply_received(self.ctx(Some(text), None), Received::Cookie).await?;
-        }
-        Ok(())
-    }
-
-    /// The end of a present phase: everything in the subtree the provider
-    /// did not mention goes.
-    async fn delete_not_present(&mut self) -> Result<(), Failed> {
-        self.settle().await?;
-        let gone = {
-            let rtxn = self.server.store.read()?;
-            let view = rtxn.view();
-            let base = &self.replica.base;
-            let rdns: Vec<String> = split_norm(base);
-            let Ok(pando_store::Lookup::Found(base_id)) = view.lookup_norm(&rdns) else {
-                return Ok(());
-            };
-            let Some(ids) = view.subtree(base_id, u64::MAX)? else {
-                return Ok(());
-            };
-            let mut gone = Vec::new();
-            for id in &ids {
-                let attrs = view.attrs_where(id, &|d: &str| d.eq_ignore_ascii_case("entryUUID"))?;
-                let uuid = attrs
-                    .and_then(|a| a.into_iter().next())
-                    .and_then(|a| a.values.into_iter().next())
-                    .and_then(|v| pando_proto::sync::uuid_bytes(&String::from_utf8_lossy(&v)));
-                if uuid.is_none_or(|u| !self.present.contains(&u)) {
-                    if let Some(u) = uuid {
-                        gone.push(uuid_text(&u));
-                    }
-                }
-            }
-            gone
+        let cookie = Cookie {
+            rid: Some(self.cfg.rid),
+            ..cookie
         };
-        self.present.clear();
-        if !gone.is_empty() {
-            let n = gone.len() as u64;
-            for batch in gone.chunks(WINDOW) {
-                apply_received(self.ctx(None, None), Received::Delete(batch.to_vec())).await?;
-            }
-            set(self.replica, |s| s.deleted += n);
-        }
+        apply_received(
+            self.ctx(Some(cookie.format()), csn, raise_floor),
+            Received::Cookie,
+        )
+        .await?;
+        self.last = cookie;
         Ok(())
+    }
+
+    /// The refresh is over (`cookie`: the one it ended with, if any;
+    /// `deletes`: refreshDeletes, i.e. no present phase): deletes held
+    /// back are applied, and after a present phase or an initial load
+    /// whatever the provider did not send goes; then the cookie is stored.
+    async fn end_refresh(&mut self, cookie: Option<Cookie>, deletes: bool) -> Result<(), Failed> {
+        self.settle().await?;
+        let cookie = cookie
+            .or_else(|| self.pending_cookie.take())
+            .unwrap_or_else(|| self.last.clone());
+        let csn = cookie.csns.iter().max().cloned();
+        let mut gone = std::mem::take(&mut self.pending_deletes);
+        if !deletes || self.present_phase || self.initial {
+            gone.extend(self.not_present()?);
+        }
+        let n = gone.len() as u64;
+        for batch in gone.chunks(WINDOW) {
+            apply_received(
+                self.ctx(None, csn.clone(), false),
+                Received::Gone(batch.to_vec()),
+            )
+            .await?;
+        }
+        set(self.replica, |s| s.deleted += n);
+        self.present = HashSet::new();
+        self.store_cookie(cookie, None, self.initial).await
+    }
+
+    /// Entries of the search here (within its base and scope, matching its
+    /// filter) that the provider did not send or name present.
+    fn not_present(&self) -> Result<Vec<String>, Failed> {
+        let server = self.server;
+        let schema = &*server.schema;
+        let filter = Filter::parse(&self.cfg.filter)
+            .map_err(|_| Failed(format!("filter '{}' does not parse", self.cfg.filter)))?;
+        let compiled = schema.compile_filter(&filter);
+        let rtxn = server.store.read()?;
+        let view = rtxn.view();
+        let Ok(pando_store::Lookup::Found(base_id)) =
+            view.lookup_norm(&split_norm(&self.replica.base))
+        else {
+            return Ok(Vec::new());
+        };
+        let ids: Vec<u64> = match scope_of(self.cfg) {
+            Scope::Base => vec![base_id],
+            Scope::One => view.children(base_id)?,
+            scope => {
+                let all = view.subtree(base_id, u64::MAX)?.unwrap_or_default();
+                all.iter()
+                    .filter(|&id| scope == Scope::Sub || id != base_id)
+                    .collect()
+            }
+        };
+        let mut gone = Vec::new();
+        for id in ids {
+            let Some(entry) = view.entry(id)? else {
+                continue;
+            };
+            let uuid = entry
+                .get("entryUUID")
+                .and_then(|a| a.values.first())
+                .and_then(|v| pando_proto::sync::uuid_bytes(&String::from_utf8_lossy(v)));
+            let Some(uuid) = uuid else { continue };
+            if self.present.contains(&uuid) {
+                continue;
+            }
+            if compiled.matches(schema, &entry) == pando_model::Ternary::True {
+                gone.push(uuid_text(&uuid));
+            }
+        }
+        Ok(gone)
+    }
+
+    /// A malformed or out-of-place message from the provider.
+    fn refuse(&self, what: impl std::fmt::Display) -> Failed {
+        Failed(format!("{} sent {what}", self.cfg.provider))
     }
 
     /// One message of the search; Some when the session is over.
     async fn handle(&mut self, m: LdapMessage) -> Result<Option<Ended>, Failed> {
-        let provider = &self.cfg.provider;
         let controls = m.controls;
         let control = |oid: &str| controls.iter().find(|c| c.oid == oid);
         match m.op {
             ProtocolOp::SearchResultEntry(e) => {
                 let Some(ctl) = control(oid::SYNC_STATE) else {
-                    return Err(Failed(format!(
-                        "{provider} sent entry '{}' without a Sync State control",
+                    return Err(self.refuse(format_args!(
+                        "entry '{}' without a Sync State control",
                         e.dn
                     )));
                 };
                 let state =
                     SyncState::decode(ctl.value.as_deref().unwrap_or_default()).map_err(|err| {
-                        Failed(format!(
-                            "{provider} sent entry '{}' with a malformed Sync State control: {}",
+                        self.refuse(format_args!(
+                            "entry '{}' with a malformed Sync State control: {}",
                             e.dn, err.reason
                         ))
                     })?;
-                let cookie = match &state.cookie {
-                    Some(c) => Some(self.cookie_text(c)?),
-                    None => None,
-                };
-                let uuid = uuid_text(&state.uuid);
-                match state.state {
-                    SyncStateKind::Present => {
-                        self.present.insert(state.uuid);
-                    }
-                    SyncStateKind::Delete => {
-                        let csn = cookie.as_deref().and_then(newest_csn);
-                        let delay = self
-                            .persisting
-                            .then(|| csn.as_deref().and_then(delay_of))
-                            .flatten();
-                        self.apply(Received::Delete(vec![uuid]), cookie, csn)
-                            .await?;
-                        set(self.replica, |s| {
-                            s.deleted += 1;
-                            if let Some((sid, d)) = delay {
-                                s.delay.insert(sid, d);
-                            }
-                        });
-                    }
-                    SyncStateKind::Add | SyncStateKind::Modify => {
-                        self.present.insert(state.uuid);
-                        let dn = Dn::parse(&e.dn).map_err(|err| {
-                            Failed(format!(
-                                "{provider} sent an entry with a malformed DN '{}': {err}",
-                                e.dn
-                            ))
-                        })?;
-                        let entry = received_entry(dn, e.attrs, &uuid);
-                        let csn = entry
-                            .get("entryCSN")
-                            .and_then(|a| a.values.first())
-                            .map(|v| String::from_utf8_lossy(v).into_owned());
-                        let delay = self
-                            .persisting
-                            .then(|| csn.as_deref().and_then(delay_of))
-                            .flatten();
-                        self.apply(Received::Entry(entry), cookie, csn).await?;
-                        set(self.replica, |s| {
-                            s.applied += 1;
-                            if let Some((sid, d)) = delay {
-                                s.delay.insert(sid, d);
-                            }
-                        });
-                    }
-                }
+                let cookie = state
+                    .cookie
+                    .as_deref()
+                    .map(|c| self.cookie_of(c))
+                    .transpose()?;
+                self.on_entry(e, state, cookie).await?;
                 Ok(None)
             }
             ProtocolOp::SearchResultReference(_) => Ok(None),
@@ -584,102 +675,208 @@ impl Session2<'_> {
                     return Ok(None);
                 }
                 let info = SyncInfo::decode(value.as_deref().unwrap_or_default()).map_err(|e| {
-                    Failed(format!(
-                        "{provider} sent a malformed Sync Info message: {}",
-                        e.reason
-                    ))
+                    self.refuse(format_args!("a malformed Sync Info message: {}", e.reason))
                 })?;
-                match info {
-                    SyncInfo::NewCookie(c) => self.store_cookie(Some(&c)).await?,
-                    SyncInfo::IdSet {
-                        cookie,
-                        refresh_deletes,
-                        uuids,
-                    } => {
-                        if refresh_deletes {
-                            let n = uuids.len() as u64;
-                            let texts = uuids.iter().map(uuid_text).collect();
-                            let cookie = match &cookie {
-                                Some(c) => Some(self.cookie_text(c)?),
-                                None => None,
-                            };
-                            self.apply(Received::Delete(texts), cookie, None).await?;
-                            set(self.replica, |s| s.deleted += n);
-                        } else {
-                            self.present.extend(uuids);
-                            if let Some(c) = cookie {
-                                self.store_cookie(Some(&c)).await?;
-                            }
-                        }
-                    }
-                    SyncInfo::RefreshPresent { cookie, done }
-                    | SyncInfo::RefreshDelete { cookie, done } => {
-                        let present_phase = matches!(info_kind(&value), Some(true));
-                        if present_phase {
-                            self.delete_not_present().await?;
-                        }
-                        self.store_cookie(cookie.as_deref()).await?;
-                        if done {
-                            self.persisting = true;
-                            self.present.clear();
-                            set(self.replica, |s| s.phase = "persist");
-                        }
-                    }
-                }
+                self.on_info(info).await?;
                 Ok(None)
             }
             ProtocolOp::SearchResultDone(r) => {
+                self.settle().await?;
                 if r.code == ResultCode::SYNC_REFRESH_REQUIRED {
-                    self.settle().await?;
                     return Ok(Some(Ended::Reload));
                 }
                 if r.code != ResultCode::SUCCESS {
-                    self.settle().await?;
                     return Err(Failed(format!(
-                        "{provider} ended the synchronization: {} ({}) {}",
+                        "{} ended the synchronization: {} ({}) {}",
+                        self.cfg.provider,
                         r.code.0,
                         r.code.name(),
                         r.message
                     )));
                 }
+                if self.persisting || self.cfg.persist() {
+                    return Err(self.refuse("the end of a refreshAndPersist search"));
+                }
                 let done = match control(oid::SYNC_DONE) {
                     Some(c) => {
                         SyncDone::decode(c.value.as_deref().unwrap_or_default()).map_err(|e| {
-                            Failed(format!(
-                                "{provider} sent a malformed Sync Done control: {}",
-                                e.reason
-                            ))
+                            self.refuse(format_args!("a malformed Sync Done control: {}", e.reason))
                         })?
                     }
                     None => SyncDone::default(),
                 };
-                if !done.refresh_deletes {
-                    self.delete_not_present().await?;
-                }
-                self.store_cookie(done.cookie.as_deref()).await?;
-                if self.cfg.persist() {
-                    return Err(Failed(format!(
-                        "{provider} ended a refreshAndPersist search"
-                    )));
-                }
+                let cookie = done
+                    .cookie
+                    .as_deref()
+                    .map(|c| self.cookie_of(c))
+                    .transpose()?;
+                self.end_refresh(cookie, done.refresh_deletes).await?;
                 Ok(Some(Ended::Refreshed))
             }
-            other => Err(Failed(format!(
-                "{provider} sent an unexpected {:?} message",
-                other.tag()
-            ))),
+            other => Err(self.refuse(format_args!("an unexpected {:?} message", other.tag()))),
         }
+    }
+
+    async fn on_entry(
+        &mut self,
+        e: pando_proto::SearchResultEntry,
+        state: SyncState,
+        cookie: Option<Cookie>,
+    ) -> Result<(), Failed> {
+        let uuid = uuid_text(&state.uuid);
+        if !self.persisting {
+            // During the refresh cookies are kept for its end.
+            if cookie.is_some() {
+                self.pending_cookie = cookie.clone();
+            }
+            match state.state {
+                SyncStateKind::Present => {
+                    self.present.insert(state.uuid);
+                }
+                SyncStateKind::Delete => self.pending_deletes.push(uuid),
+                SyncStateKind::Add | SyncStateKind::Modify => {
+                    self.present.insert(state.uuid);
+                    let entry = self.entry(e, &uuid)?;
+                    let csn = csn_of(&entry);
+                    self.apply(Received::Entry(entry), None, csn).await?;
+                    set(self.replica, |s| s.applied += 1);
+                }
+            }
+            return Ok(());
+        }
+        let text = cookie.as_ref().map(Cookie::format);
+        let csn_from_cookie = cookie.as_ref().and_then(|c| change_csn(&self.last, c));
+        match state.state {
+            SyncStateKind::Present => return Err(self.refuse("a present entry after the refresh")),
+            SyncStateKind::Delete => {
+                let delay = csn_from_cookie.as_deref().and_then(delay_of);
+                self.apply(Received::Delete(vec![uuid]), text, csn_from_cookie)
+                    .await?;
+                set(self.replica, |s| {
+                    s.deleted += 1;
+                    if let Some((sid, d)) = delay {
+                        s.delay.insert(sid, d);
+                    }
+                });
+            }
+            SyncStateKind::Add | SyncStateKind::Modify => {
+                let entry = self.entry(e, &uuid)?;
+                let csn = csn_of(&entry);
+                let delay = csn.as_deref().and_then(delay_of);
+                self.apply(Received::Entry(entry), text, csn).await?;
+                set(self.replica, |s| {
+                    s.applied += 1;
+                    if let Some((sid, d)) = delay {
+                        s.delay.insert(sid, d);
+                    }
+                });
+            }
+        }
+        if let Some(c) = cookie {
+            self.last = c;
+        }
+        Ok(())
+    }
+
+    fn entry(&self, e: pando_proto::SearchResultEntry, uuid: &str) -> Result<Entry, Failed> {
+        let dn = Dn::parse(&e.dn).map_err(|err| {
+            self.refuse(format_args!(
+                "an entry with a malformed DN '{}': {err}",
+                e.dn
+            ))
+        })?;
+        Ok(received_entry(dn, e.attrs, uuid))
+    }
+
+    async fn on_info(&mut self, info: SyncInfo) -> Result<(), Failed> {
+        match info {
+            SyncInfo::NewCookie(c) => {
+                let c = self.cookie_of(&c)?;
+                if self.persisting {
+                    self.store_cookie(c, None, false).await?;
+                } else {
+                    self.pending_cookie = Some(c);
+                }
+            }
+            SyncInfo::IdSet {
+                cookie,
+                refresh_deletes,
+                uuids,
+            } => {
+                let cookie = cookie.as_deref().map(|c| self.cookie_of(c)).transpose()?;
+                if !self.persisting {
+                    if cookie.is_some() {
+                        self.pending_cookie = cookie;
+                    }
+                    if refresh_deletes {
+                        self.pending_deletes.extend(uuids.iter().map(uuid_text));
+                    } else {
+                        self.present.extend(uuids);
+                    }
+                } else if refresh_deletes {
+                    let n = uuids.len() as u64;
+                    let csn = cookie.as_ref().and_then(|c| change_csn(&self.last, c));
+                    let text = cookie.as_ref().map(Cookie::format);
+                    self.apply(
+                        Received::Delete(uuids.iter().map(uuid_text).collect()),
+                        text,
+                        csn,
+                    )
+                    .await?;
+                    if let Some(c) = cookie {
+                        self.last = c;
+                    }
+                    set(self.replica, |s| s.deleted += n);
+                } else {
+                    return Err(self.refuse("present UUIDs after the refresh"));
+                }
+            }
+            SyncInfo::RefreshPresent { cookie, done } => {
+                self.on_refresh_end(cookie, done, false).await?
+            }
+            SyncInfo::RefreshDelete { cookie, done } => {
+                self.on_refresh_end(cookie, done, true).await?
+            }
+        }
+        Ok(())
+    }
+
+    /// refreshPresent (`deletes` FALSE) or refreshDelete: the end of a
+    /// present or delete phase; with refreshDone the refresh is over and
+    /// the persist stage begins.
+    async fn on_refresh_end(
+        &mut self,
+        cookie: Option<Vec<u8>>,
+        done: bool,
+        deletes: bool,
+    ) -> Result<(), Failed> {
+        if self.persisting {
+            return Err(self.refuse("a second end of the refresh"));
+        }
+        let cookie = cookie.as_deref().map(|c| self.cookie_of(c)).transpose()?;
+        self.present_phase |= !deletes;
+        if !done {
+            // A phase ended, the refresh goes on (RFC 4533 3.4: a present
+            // phase may be followed by a delete phase).
+            if cookie.is_some() {
+                self.pending_cookie = cookie;
+            }
+            return Ok(());
+        }
+        self.end_refresh(cookie, deletes).await?;
+        if self.cfg.persist() {
+            self.persisting = true;
+            set(self.replica, |s| s.phase = "persist");
+        }
+        Ok(())
     }
 }
 
-/// Whether a Sync Info value is refreshPresent (Some(true)) or
-/// refreshDelete (Some(false)).
-fn info_kind(value: &Option<Vec<u8>>) -> Option<bool> {
-    match value.as_deref().and_then(|v| v.first()) {
-        Some(0xa2) => Some(true),
-        Some(0xa1) => Some(false),
-        _ => None,
-    }
+fn csn_of(entry: &Entry) -> Option<String> {
+    entry
+        .get("entryCSN")
+        .and_then(|a| a.values.first())
+        .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
 /// The server ID of a change stamped `csn`, and how long ago (by this
@@ -688,15 +885,6 @@ fn delay_of(csn: &str) -> Option<(u16, u64)> {
     let sid = pando_proto::sync::csn_sid(csn)?;
     let (at, _) = crate::clock::parse_csn(csn).ok()?;
     Some((sid, now().saturating_sub(at)))
-}
-
-/// The newest CSN of a cookie.
-fn newest_csn(cookie: &str) -> Option<String> {
-    Cookie::parse(cookie.as_bytes())
-        .ok()?
-        .csns
-        .into_iter()
-        .max()
 }
 
 /// The normalised RDNs of a normalised DN.

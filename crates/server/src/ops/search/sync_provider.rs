@@ -429,8 +429,19 @@ fn refresh(
         }
     };
     // Delete phase: entries changed since the cookie, by the entryCSN
-    // index; otherwise every entry the filter may match.
-    let oldest_known = theirs.csns.iter().min().cloned().unwrap_or_default();
+    // index (from the oldest of the cookie's CSNs for the servers this one
+    // knows; from the start when the cookie lacks one of them);
+    // otherwise every entry the filter may match.
+    let oldest_known = cookie
+        .csns
+        .iter()
+        .map(|o| csn_sid(o).and_then(|sid| theirs.csn_for(sid)))
+        .try_fold(None::<&str>, |min, c| {
+            c.map(|c| Some(min.map_or(c, |m| m.min(c))))
+        })
+        .flatten()
+        .unwrap_or("")
+        .to_string();
     let filter = match phase {
         Phase::Delete => Filter::GreaterOrEqual(pando_proto::Ava {
             attr: "entryCSN".into(),

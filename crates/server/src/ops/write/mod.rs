@@ -247,7 +247,7 @@ fn job<W: WriteOp>(
                 "not applied: an earlier change of this replication session failed",
             )));
         }
-        let ended = (|| {
+        let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut changes = match planned {
                 Some(changes) => confirm(w, changes)?,
                 None => plan_and_check(&ctx, &*op, &w.view())?,
@@ -257,7 +257,16 @@ fn job<W: WriteOp>(
             }
             let (csn, controls) = apply(&ctx, w, &mut changes)?;
             Ok((changes, csn, controls))
-        })();
+        }));
+        let ended = match ended {
+            Ok(ended) => ended,
+            Err(panic) => {
+                if let Some(f) = &failed {
+                    f.store(true, Ordering::Relaxed);
+                }
+                std::panic::resume_unwind(panic)
+            }
+        };
         if let (Err(Stop::Failed(_)), Some(f)) = (&ended, &failed) {
             f.store(true, Ordering::Relaxed);
         }
@@ -428,15 +437,33 @@ fn apply(
         hook.in_txn(ctx, w, changes, &mut controls)?;
     }
     // In reverse: a tree delete lists its subtree in pre-order, and
-    // children go before their parents.
-    for (seq, c) in changes.iter_mut().rev().enumerate() {
-        log::log(w, &csn, seq as u32, c)?;
+    // children go before their parents. A replicated add may hang below
+    // an entry added by a later change of the list (glue): its parent
+    // names that change (`replicated::GLUE_PARENT - index`).
+    let mut added: Vec<(usize, EntryId)> = Vec::new();
+    let count = changes.len();
+    for (seq, (index, c)) in changes.iter_mut().enumerate().rev().enumerate() {
+        if let Some(place) = c.place.as_mut() {
+            if place.parent > replicated::GLUE_PARENT - count as u64 {
+                let wanted = (replicated::GLUE_PARENT - place.parent) as usize;
+                place.parent = added
+                    .iter()
+                    .find(|(i, _)| *i == wanted)
+                    .map(|(_, id)| *id)
+                    .ok_or_else(|| {
+                        LdapError::new(ResultCode::OTHER, "malformed write plan (glue)")
+                    })?;
+            }
+        }
+        if !ctx.replicated.as_ref().is_some_and(|r| r.unlogged) {
+            log::log(w, &csn, seq as u32, c)?;
+        }
         if c.after.as_ref().is_some_and(crate::ops::is_subentry) {
             ctx.server.subentries.written();
         }
         match (&c.before, &c.after, &c.place) {
             (None, Some(after), Some(place)) => {
-                w.add(place, &after.attrs)?;
+                added.push((index, w.add(place, &after.attrs)?));
             }
             (Some(before), None, _) => {
                 w.delete(before.id, &before.entry.attrs)?;
@@ -490,7 +517,11 @@ fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResu
             // with it), so contextCSN does not move.
             None => return Ok(ctx.server.csn.next()),
         };
-        w.advance_context_csn(&csn)?;
+        // During an initial load the state held moves with its cookie only
+        // (the entries come in no particular CSN order).
+        if !repl.unlogged {
+            w.advance_context_csn(&csn)?;
+        }
         return Ok(csn);
     }
     let csn = ctx.server.csn.next();

@@ -40,6 +40,15 @@ pub struct ReplCtx {
     /// Shared by a session's changes: set when one fails, so the changes
     /// queued after it are not written (nor their cookies).
     pub failed: Arc<std::sync::atomic::AtomicBool>,
+    /// Part of an initial load (the session started with no state): the
+    /// change log is not filled with a copy of every entry; storing the
+    /// load's cookie raises the log's floor past it instead (as `pando
+    /// import` does), so a consumer of this server that is older than the
+    /// load gets a present phase.
+    pub unlogged: bool,
+    /// The consumer's search base (normalised): nothing outside it is
+    /// touched, whatever the provider sends.
+    pub base: String,
 }
 
 /// What was received.
@@ -48,8 +57,12 @@ pub enum Received {
     /// among its attributes).
     Entry(Entry),
     /// Entries deleted on the provider, or gone from the consumer's
-    /// search, by entryUUID (text).
+    /// search, by entryUUID (text), each with whatever is below it.
     Delete(Vec<String>),
+    /// Entries the provider no longer has in the search (the end of a
+    /// present phase), by entryUUID: each alone, and only when nothing
+    /// stays below it.
+    Gone(Vec<String>),
     /// Nothing but the cookie.
     Cookie,
 }
@@ -83,6 +96,9 @@ pub(super) fn store_cookie(w: &mut WriteTxn<'_>, repl: &ReplCtx) -> Result<(), S
         for csn in &c.csns {
             w.advance_context_csn(csn)?;
         }
+        if let (true, Some(newest)) = (repl.unlogged, c.csns.iter().max()) {
+            w.raise_changelog_floor(newest)?;
+        }
     }
     Ok(())
 }
@@ -92,6 +108,11 @@ pub fn stored_cookie(view: &View<'_>, rid: u16) -> Result<Option<String>, StoreE
     Ok(view
         .meta_get(&cookie_key(rid))?
         .map(|v| String::from_utf8_lossy(&v).into_owned()))
+}
+
+/// `norm` is the consumer's base or below it.
+fn within(base: &str, norm: &str) -> bool {
+    norm == base || norm.ends_with(&format!(",{base}"))
 }
 
 /// The entry whose entryUUID is `uuid`, if any.
@@ -118,28 +139,111 @@ fn before(view: &View<'_>, id: EntryId) -> OpResult<Before> {
     })
 }
 
-/// Where an entry named `dn` goes: its parent must exist (an entry at the
-/// DN itself was dealt with by the caller).
-fn place_for(ctx: &WriteCtx, view: &View<'_>, dn: &Dn, norm: &str) -> OpResult<Placement> {
+/// A parent placeholder: `GLUE_PARENT - k` names the entry added by
+/// change `k` of the same operation (resolved as the pipeline writes).
+pub const GLUE_PARENT: EntryId = u64::MAX;
+
+/// Where an entry named `dn` goes. Its parent must exist, or be within
+/// the consumer's base: then the missing ancestors are added as glue
+/// entries (objectClass glue, the RDN's values, a new UUID), changes
+/// `first_index`, `first_index + 1`… of the operation, nearest first. A
+/// glue entry becomes the real one when the provider sends it (found by
+/// its DN).
+fn place_for(
+    ctx: &WriteCtx,
+    view: &View<'_>,
+    dn: &Dn,
+    norm: &str,
+    first_index: usize,
+) -> OpResult<(Placement, Vec<Change>)> {
     if ctx.server.is_suffix(norm) {
-        return Ok(Placement {
+        let place = Placement {
             parent: 0,
             rdn: dn.to_string(),
             norm_rdn: norm.to_string(),
-        });
+        };
+        return Ok((place, Vec::new()));
     }
     let rdns = ops::norm_rdns(view, dn)?;
-    match view.lookup_norm(&rdns[1..])? {
-        Lookup::Found(parent) => Ok(Placement {
-            parent,
-            rdn: dn.rdn().map(|r| r.to_string()).unwrap_or_default(),
-            norm_rdn: rdns[0].clone(),
-        }),
-        Lookup::Missing { .. } => Err(LdapError::new(
-            ResultCode::NO_SUCH_OBJECT,
-            format!("the parent of '{dn}' is not here (outside this consumer's search?)"),
-        )),
+    if rdns.len() < 2 {
+        return Err(LdapError::unwilling(format!(
+            "'{dn}' is not a suffix of this server and has no parent"
+        )));
     }
+    let base = ctx.replicated.as_ref().map_or("", |r| r.base.as_str());
+    // The nearest existing ancestor, at level `k` (1: the parent).
+    let mut k = 1;
+    let existing = loop {
+        match view.lookup_norm(&rdns[k..])? {
+            Lookup::Found(id) => break id,
+            Lookup::Missing { .. } => {
+                let ancestor = rdns[k..].join(",");
+                if !within(base, &ancestor) {
+                    return Err(LdapError::new(
+                        ResultCode::NO_SUCH_OBJECT,
+                        format!("'{ancestor}', an ancestor of '{dn}', is not here and is outside this consumer's search base"),
+                    ));
+                }
+                k += 1;
+                // A missing suffix is glue too, at the top (parent 0).
+                if ctx.server.is_suffix(&ancestor) {
+                    break 0;
+                }
+            }
+        }
+    };
+    let parent_of = |level: usize| {
+        if level < k {
+            GLUE_PARENT - (first_index + level - 1) as u64
+        } else {
+            existing
+        }
+    };
+    let rdn_text = |level: usize| {
+        dn.rdns
+            .get(level)
+            .map(|r| {
+                Dn {
+                    rdns: vec![r.clone()],
+                }
+                .to_string()
+            })
+            .unwrap_or_default()
+    };
+    let mut glue = Vec::new();
+    for level in 1..k {
+        let gdn = Dn {
+            rdns: dn.rdns[level..].to_vec(),
+        };
+        let mut e = Entry::new(gdn);
+        e.add_values("objectClass", vec![b"top".to_vec(), b"glue".to_vec()]);
+        e.add_values("structuralObjectClass", vec![b"glue".to_vec()]);
+        for ava in dn.rdns[level].avas.iter() {
+            e.add_values(&ava.attr, vec![ava.value.clone()]);
+        }
+        e.add_values("entryUUID", vec![super::random_uuid().into_bytes()]);
+        let gnorm = rdns[level..].join(",");
+        let place = if ctx.server.is_suffix(&gnorm) {
+            Placement {
+                parent: 0,
+                rdn: e.dn.to_string(),
+                norm_rdn: gnorm.clone(),
+            }
+        } else {
+            Placement {
+                parent: parent_of(level + 1),
+                rdn: rdn_text(level),
+                norm_rdn: rdns[level].clone(),
+            }
+        };
+        glue.push(Change::add(e, gnorm, place));
+    }
+    let place = Placement {
+        parent: parent_of(1),
+        rdn: rdn_text(0),
+        norm_rdn: rdns[0].clone(),
+    };
+    Ok((place, glue))
 }
 
 /// Deletes of the entries `ids` and of everything below them, parents
@@ -165,19 +269,44 @@ fn subtree_deletes(view: &View<'_>, ids: &[EntryId]) -> OpResult<Vec<Change>> {
 }
 
 /// [`place_for`], refusing a DN another entry holds.
-fn place_for_free(ctx: &WriteCtx, view: &View<'_>, dn: &Dn, norm: &str) -> OpResult<Placement> {
+fn place_for_free(
+    ctx: &WriteCtx,
+    view: &View<'_>,
+    dn: &Dn,
+    norm: &str,
+) -> OpResult<(Placement, Vec<Change>)> {
     if let Ok(Lookup::Found(_)) = view.lookup(dn)? {
         return Err(LdapError::new(
             ResultCode::ENTRY_ALREADY_EXISTS,
             format!("'{dn}' is taken here by an entry the provider did not name"),
         ));
     }
-    place_for(ctx, view, dn, norm)
+    place_for(ctx, view, dn, norm, 1)
 }
 
 impl Replicated {
+    /// The entries with these UUIDs within the consumer's base.
+    fn found_within(
+        &self,
+        ctx: &WriteCtx,
+        view: &View<'_>,
+        uuids: &[String],
+    ) -> OpResult<Vec<EntryId>> {
+        let base = ctx.replicated.as_ref().map_or("", |r| r.base.as_str());
+        let mut ids = Vec::new();
+        for uuid in uuids {
+            if let Some(id) = find_by_uuid(view, uuid)? {
+                if within(base, &ops::norm_dn_of(view, id)?) {
+                    ids.push(id);
+                }
+            }
+        }
+        Ok(ids)
+    }
+
     fn plan_entry(&self, ctx: &WriteCtx, view: &View<'_>, entry: &Entry) -> OpResult<Vec<Change>> {
         let server = &*ctx.server;
+        let base = ctx.replicated.as_ref().map_or("", |r| r.base.as_str());
         let uuid = entry
             .get("entryUUID")
             .and_then(|a| a.values.first())
@@ -187,21 +316,40 @@ impl Replicated {
             .schema
             .normalize_dn(&entry.dn)
             .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{}': {e}", entry.dn)))?;
+        if !within(base, &norm) {
+            return Err(LdapError::unwilling(format!(
+                "'{}' is outside this consumer's search base",
+                entry.dn
+            )));
+        }
         let mut after = entry.clone();
         server.schema.check_entry(&mut after)?;
         let at_dn = match view.lookup(&entry.dn)? {
             Ok(Lookup::Found(id)) => Some(id),
             _ => None,
         };
-        let (local, stale) = match find_by_uuid(view, &uuid)? {
+        let by_uuid = match find_by_uuid(view, &uuid)? {
+            Some(id) if !within(base, &ops::norm_dn_of(view, id)?) => {
+                return Err(LdapError::unwilling(format!(
+                    "entryUUID {uuid} names an entry outside this consumer's search base"
+                )))
+            }
+            found => found,
+        };
+        let (local, stale) = match by_uuid {
             // Another entry holds the new DN: a stale copy (the provider's
             // delete of it may not have come yet). It goes first.
             Some(id) => (Some(id), at_dn.filter(|&o| o != id)),
             None => (at_dn, None),
         };
         let deletes = subtree_deletes(view, stale.as_slice())?;
-        let main = match local {
-            None => Change::add(after, norm.clone(), place_for(ctx, view, &entry.dn, &norm)?),
+        // The target is change 0, the glue its new place needs 1…, the
+        // deletes of a stale entry after them (all written in reverse).
+        let (main, glue) = match local {
+            None => {
+                let (place, glue) = place_for(ctx, view, &entry.dn, &norm, 1)?;
+                (Change::add(after, norm.clone(), place), glue)
+            }
             Some(id) => {
                 let before = before(view, id)?;
                 // The same entry (by UUID), here as new as what came (a
@@ -213,21 +361,21 @@ impl Replicated {
                 }
                 if before.norm != norm {
                     // Where the stale entry is (deleted first), or a free DN.
-                    let place = if stale.is_some() {
-                        place_for(ctx, view, &entry.dn, &norm)?
+                    let (place, glue) = if stale.is_some() {
+                        place_for(ctx, view, &entry.dn, &norm, 1)?
                     } else {
                         place_for_free(ctx, view, &entry.dn, &norm)?
                     };
-                    Change::rename(before, after, norm, place)
+                    (Change::rename(before, after, norm, place), glue)
                 } else if before.entry.attrs == after.attrs && before.entry.dn == after.dn {
                     return Ok(deletes);
                 } else {
-                    Change::modify(before, after)
+                    (Change::modify(before, after), Vec::new())
                 }
             }
         };
-        // The target first; the deletes are written before it.
         let mut changes = vec![main];
+        changes.extend(glue);
         changes.extend(deletes);
         Ok(changes)
     }
@@ -237,12 +385,21 @@ impl WriteOp for Replicated {
     fn plan(&self, ctx: &WriteCtx, view: &View<'_>) -> OpResult<Vec<Change>> {
         match &self.0 {
             Received::Entry(e) => self.plan_entry(ctx, view, e),
-            Received::Delete(uuids) => {
-                let mut ids = Vec::new();
-                for uuid in uuids {
-                    ids.extend(find_by_uuid(view, uuid)?);
+            Received::Delete(uuids) => subtree_deletes(view, &self.found_within(ctx, view, uuids)?),
+            Received::Gone(uuids) => {
+                let ids = self.found_within(ctx, view, uuids)?;
+                let going: std::collections::HashSet<EntryId> = ids.iter().copied().collect();
+                let mut changes = Vec::new();
+                for &id in &ids {
+                    // Children staying (outside the filter, or named
+                    // present) keep their parent.
+                    if view.children(id)?.iter().any(|k| !going.contains(k)) {
+                        continue;
+                    }
+                    changes.push(Change::delete(before(view, id)?));
                 }
-                subtree_deletes(view, &ids)
+                changes.sort_by_key(|c: &Change| c.norm().matches(',').count());
+                Ok(changes)
             }
             Received::Cookie => Ok(Vec::new()),
         }
