@@ -37,6 +37,33 @@ pub(super) struct Matcher<'a, 's> {
 }
 
 impl<'a, 's> Matcher<'a, 's> {
+    /// A matcher for `job`'s filter and requester over `view`, testing
+    /// entries `plan` (for entries held in memory, or a refresh's own
+    /// candidates) decides how; `base`: the search base's ID (0 when
+    /// scopes are checked on DNs).
+    pub(super) fn for_job(
+        job: &'a super::SearchJob,
+        view: &'a View<'a>,
+        plan: &'a Plan<'s>,
+        base: EntryId,
+    ) -> Self
+    where
+        'a: 's,
+    {
+        let schema = &*job.server.schema;
+        Matcher {
+            schema,
+            view,
+            plan,
+            base,
+            filter: &job.req.filter,
+            compiled: schema.compile_filter(&job.req.filter),
+            masked: HashMap::new(),
+            access: Access::new(&job.server.acl, &job.who),
+            rules: EntryRules::default(),
+        }
+    }
+
     /// The candidate `id` as a hit, or None when it is out of scope,
     /// invisible to the requester or not matching.
     pub(super) fn test(&mut self, id: EntryId) -> OpResult<Option<Hit>> {

@@ -24,7 +24,6 @@
 //! time limits apply to the initial results only. Paged results, sort and
 //! VLV are not combined with it.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,7 +40,7 @@ use super::{
     check_base, emitter_for, run_to_end, search_thread, virtual_tree, Finished, SearchJob,
     SearchOutcome,
 };
-use crate::acl::{Access, EntryRules};
+use crate::acl::Access;
 use crate::error::{LdapError, OpResult};
 use crate::ops::feed::{Committed, Kind};
 use crate::ops::write::Change;
@@ -309,17 +308,7 @@ fn encode_changes(
     let rtxn = server.store.read()?;
     let view = rtxn.view();
     let plan = Plan::for_held_entries(schema, &req.filter);
-    let mut matcher = Matcher {
-        schema,
-        view: &view,
-        plan: &plan,
-        base: 0,
-        filter: &req.filter,
-        compiled: schema.compile_filter(&req.filter),
-        masked: HashMap::new(),
-        access: Access::new(&server.acl, &job.who),
-        rules: EntryRules::default(),
-    };
+    let mut matcher = Matcher::for_job(job, &view, &plan, 0);
     let emitter = emitter_for(job);
     let sent = Sent {
         base,

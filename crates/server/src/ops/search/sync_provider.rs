@@ -41,7 +41,6 @@
 //! them, are each server's own). Access is the requester's, as for any
 //! search; its size and time limits apply to the refresh only.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,8 +51,7 @@ use pando_proto::sync::{
     SyncStateKind, SyncUuid,
 };
 use pando_proto::{
-    oid, Control, DerefAliases, EntryEncoder, Filter, LdapMessage, LdapResult, ProtocolOp,
-    ResultCode,
+    oid, Control, DerefAliases, EntryEncoder, LdapMessage, LdapResult, ProtocolOp, ResultCode,
 };
 use pando_store::{Candidates, EntryId, LoggedKind, View};
 use roaring::RoaringTreemap;
@@ -64,7 +62,6 @@ use super::matcher::Matcher;
 use super::persistent::{deliver, done, in_scope, settle, take_place, Follower};
 use super::plan::{scope_candidates, Plan};
 use super::{emitter_for, search_thread, Finished, SearchJob, SearchOutcome, CHUNK};
-use crate::acl::{Access, EntryRules};
 use crate::error::{LdapError, OpResult};
 use crate::ops::feed::{Committed, Kind};
 use crate::ops::write::Change;
@@ -195,6 +192,14 @@ fn cookie_origin(req: &SyncRequest) -> Option<u16> {
         .as_deref()
         .and_then(|c| Cookie::parse(c).ok())
         .and_then(|c| c.sid)
+}
+
+/// The search's emitter, sending stored attributes only (computed ones
+/// are each server's own).
+fn stored_emitter(job: &SearchJob) -> Emitter<'_> {
+    let mut e = emitter_for(job);
+    e.sel.stored_only = true;
+    e
 }
 
 fn control(oid: &str, value: Vec<u8>) -> Control {
@@ -428,10 +433,9 @@ fn refresh(
             ))
         }
     };
-    // Delete phase: entries changed since the cookie, by the entryCSN
-    // index (from the oldest of the cookie's CSNs for the servers this one
-    // knows; from the start when the cookie lacks one of them);
-    // otherwise every entry the filter may match.
+    // Delete phase: what changed since the cookie, from the change log
+    // (from the oldest of the cookie's CSNs for the servers this one
+    // knows; from the start when the cookie lacks one of them).
     let oldest_known = cookie
         .csns
         .iter()
@@ -442,33 +446,20 @@ fn refresh(
         .flatten()
         .unwrap_or("")
         .to_string();
-    let filter = match phase {
-        Phase::Delete => Filter::GreaterOrEqual(pando_proto::Ava {
-            attr: "entryCSN".into(),
-            value: oldest_known.clone().into_bytes(),
-        }),
-        _ => job.req.filter.clone(),
-    };
-    let cands = if job.req.scope == pando_proto::Scope::Base {
-        Candidates::All
+    // Otherwise every entry the filter may match.
+    let ids = if phase == Phase::Delete {
+        RoaringTreemap::new()
     } else {
-        view.candidates(&filter)?
+        let cands = if job.req.scope == pando_proto::Scope::Base {
+            Candidates::All
+        } else {
+            view.candidates(&job.req.filter)?
+        };
+        scope_candidates(&view, limits.unindexed, base_id, job.req.scope, cands)?.0
     };
-    let (ids, _) = scope_candidates(&view, limits.unindexed, base_id, job.req.scope, cands)?;
     let plan = Plan::for_held_entries(schema, &job.req.filter);
-    let mut matcher = Matcher {
-        schema,
-        view: &view,
-        plan: &plan,
-        base: base_id,
-        filter: &job.req.filter,
-        compiled: schema.compile_filter(&job.req.filter),
-        masked: HashMap::new(),
-        access: Access::new(&server.acl, &job.who),
-        rules: EntryRules::default(),
-    };
-    let mut emitter = emitter_for(job);
-    emitter.sel.stored_only = true;
+    let mut matcher = Matcher::for_job(job, &view, &plan, base_id);
+    let emitter = stored_emitter(job);
     let mut sink = Sink {
         job,
         buf: Vec::new(),
@@ -484,9 +475,7 @@ fn refresh(
         sent: 0,
     };
     let finished = match phase {
-        Phase::Delete => {
-            scan.delete_phase(&ids, &oldest_known, &mut matcher, &emitter, &mut sink)?
-        }
+        Phase::Delete => scan.delete_phase(&oldest_known, &mut matcher, &emitter, &mut sink)?,
         _ => scan.present_phase(&ids, phase, &mut matcher, &emitter, &mut sink)?,
     };
     if !finished || !sink.flush(true) {
@@ -625,14 +614,14 @@ impl Scan<'_> {
         Ok(true)
     }
 
-    /// Delete phase: what went or left the search since the cookie (from
-    /// the change log and from changed entries that no longer match), then
-    /// the changed entries that match. Deletes go first, so an entry added
+    /// Delete phase, from the change log, which the phase's choice made
+    /// sure covers the cookie: what went or left the search since (deleted,
+    /// moved out, or changed so that it no longer matches), then the
+    /// changed entries that match. Deletes go first, so an entry added
     /// where a deleted one was never meets it on the consumer. False:
     /// abandoned.
     fn delete_phase(
         &mut self,
-        changed_ids: &RoaringTreemap,
         oldest_known: &str,
         matcher: &mut Matcher<'_, '_>,
         emitter: &Emitter<'_>,
@@ -641,61 +630,65 @@ impl Scan<'_> {
         let schema = self.job.server.schema.clone();
         let scope = self.job.req.scope;
         let mut gone: Vec<SyncUuid> = Vec::new();
-        // From the log: entries deleted or moved out of the search.
+        // Entries the log says changed since the cookie, first change first.
+        let mut changed: Vec<String> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for rec in self.view.changes_after(oldest_known)? {
             let rec = rec?;
             if !is_newer(self.theirs, &rec.csn) {
                 continue;
             }
-            let was = match rec.kind {
-                LoggedKind::Delete => Some(rec.dn.as_str()),
-                LoggedKind::ModDn => rec.old_dn.as_deref(),
-                _ => None,
-            };
-            let Some(was) = was else { continue };
             let norm_of = |dn: &str| {
                 Dn::parse(dn)
                     .ok()
                     .and_then(|d| schema.normalize_dn(&d).ok())
             };
-            let was_in = norm_of(was).is_some_and(|n| in_scope(self.base, scope, &n));
-            let is_in = rec.kind == LoggedKind::ModDn
-                && norm_of(&rec.dn).is_some_and(|n| in_scope(self.base, scope, &n));
-            if was_in && !is_in {
-                if let Some(u) = uuid_bytes(&rec.uuid) {
-                    gone.push(u);
+            let was = match rec.kind {
+                LoggedKind::Delete => Some(rec.dn.as_str()),
+                LoggedKind::ModDn => rec.old_dn.as_deref(),
+                _ => None,
+            };
+            if let Some(was) = was {
+                let was_in = norm_of(was).is_some_and(|n| in_scope(self.base, scope, &n));
+                let is_in = rec.kind == LoggedKind::ModDn
+                    && norm_of(&rec.dn).is_some_and(|n| in_scope(self.base, scope, &n));
+                if was_in && !is_in {
+                    if let Some(u) = uuid_bytes(&rec.uuid) {
+                        gone.push(u);
+                    }
                 }
             }
+            if rec.kind != LoggedKind::Delete && seen.insert(rec.uuid.clone()) {
+                changed.push(rec.uuid);
+            }
         }
-        // Changed entries: matching ones are sent below, the others went
-        // out of the result set.
-        let mut matching = RoaringTreemap::new();
-        for id in changed_ids {
+        // The changed entries as they are now: matching ones are sent
+        // below, the others went out of the result set.
+        let mut matching = Vec::new();
+        for uuid in &changed {
+            let Some(id) = crate::ops::write::replicated::find_by_uuid(self.view, uuid)? else {
+                continue;
+            };
             let Some((norm, entry)) = self.load(id)? else {
                 continue;
             };
-            let Some(uuid) = uuid_of(&entry) else {
+            let Some(u) = uuid_of(&entry) else {
                 continue;
             };
-            if csn_of(&entry).is_some_and(|c| !is_newer(self.theirs, c)) {
-                continue;
-            }
             match matcher.test_held(Some(id), &norm, entry)? {
-                Some(_) => {
-                    matching.insert(id);
-                }
-                None => gone.push(uuid),
+                Some(_) => matching.push(id),
+                None => gone.push(u),
             }
         }
-        gone.sort_unstable();
-        gone.dedup();
+        let mut once = std::collections::HashSet::new();
+        gone.retain(|u| once.insert(*u));
         for batch in gone.chunks(ID_SET_SIZE) {
             sink.id_set(batch, true);
             if !sink.flush(false) {
                 return Ok(false);
             }
         }
-        for id in &matching {
+        for id in matching {
             let Some((norm, entry)) = self.load(id)? else {
                 continue;
             };
@@ -749,19 +742,8 @@ fn persist_changes(
     let rtxn = server.store.read()?;
     let view = rtxn.view();
     let plan = Plan::for_held_entries(schema, &job.req.filter);
-    let mut matcher = Matcher {
-        schema,
-        view: &view,
-        plan: &plan,
-        base: 0,
-        filter: &job.req.filter,
-        compiled: schema.compile_filter(&job.req.filter),
-        masked: HashMap::new(),
-        access: Access::new(&server.acl, &job.who),
-        rules: EntryRules::default(),
-    };
-    let mut emitter = emitter_for(job);
-    emitter.sel.stored_only = true;
+    let mut matcher = Matcher::for_job(job, &view, &plan, 0);
+    let emitter = stored_emitter(job);
     let (mut chunks, mut buf, mut entries) = (Vec::new(), Vec::new(), 0);
     for c in committed.changes.iter().filter(|c| touches(c)) {
         if persist_change(job, base, &mut matcher, &emitter, c, cookie, &mut buf)? {
