@@ -11,6 +11,32 @@ use pando_proto::{
     ProtocolOp, Scope, SearchRequest,
 };
 
+/// How the commands that read a running server bind.
+#[derive(clap::Args)]
+pub struct BindArgs {
+    /// Bind DN for ldap:// (default: SASL EXTERNAL over ldapi, anonymous over ldap).
+    #[arg(long = "bind-dn", short = 'D')]
+    pub bind_dn: Option<String>,
+    /// Bind password for -D.
+    #[arg(long = "bind-pw", short = 'w')]
+    pub bind_pw: Option<String>,
+    /// Read the bind password from this file (first line).
+    #[arg(long = "bind-pw-file", short = 'y')]
+    pub bind_pw_file: Option<std::path::PathBuf>,
+}
+
+impl BindArgs {
+    /// Connect to `url` and bind as these arguments say.
+    pub fn open(&self, url: &str) -> Result<Ldap, String> {
+        Ldap::open(
+            url,
+            self.bind_dn.as_deref(),
+            self.bind_pw.as_deref(),
+            self.bind_pw_file.as_deref(),
+        )
+    }
+}
+
 pub struct Ldap {
     stream: Box<dyn ReadWrite>,
     buf: Vec<u8>,

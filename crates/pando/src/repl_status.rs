@@ -5,8 +5,6 @@ use std::process::ExitCode;
 
 use pando_proto::Scope;
 
-use crate::ldap_client::Ldap;
-
 #[derive(clap::Args)]
 pub struct ReplStatusArgs {
     /// Servers to compare: ldap://HOST:PORT or ldapi://PATH (percent-encoded).
@@ -15,24 +13,14 @@ pub struct ReplStatusArgs {
     /// The suffix whose contextCSN is compared.
     #[arg(long, short = 'b', default_value = "dc=example,dc=com")]
     base: String,
-    /// Bind DN on every server (default: SASL EXTERNAL over ldapi, anonymous over ldap).
-    #[arg(long = "bind-dn", short = 'D')]
-    bind_dn: Option<String>,
-    #[arg(long = "bind-pw", short = 'w')]
-    bind_pw: Option<String>,
-    /// Read the bind password from this file (first line).
-    #[arg(long = "bind-pw-file", short = 'y')]
-    bind_pw_file: Option<std::path::PathBuf>,
+    /// How to bind to every server.
+    #[command(flatten)]
+    bind: crate::ldap_client::BindArgs,
 }
 
 /// One server's contextCSN values, or why they could not be read.
 fn read(args: &ReplStatusArgs, url: &str) -> Result<Vec<String>, String> {
-    let mut l = Ldap::open(
-        url,
-        args.bind_dn.as_deref(),
-        args.bind_pw.as_deref(),
-        args.bind_pw_file.as_deref(),
-    )?;
+    let mut l = args.bind.open(url)?;
     let found = l.search_all(&args.base, Scope::Base, &["contextCSN"])?;
     let mut csns: Vec<String> = found
         .into_values()

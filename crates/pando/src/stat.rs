@@ -46,15 +46,8 @@ pub struct StatArgs {
     /// ldapi://PATH (percent-encoded socket path).
     #[arg(long, short = 'H', default_value = "http://127.0.0.1:9389/metrics")]
     url: String,
-    /// Bind DN for ldap:// (default: SASL EXTERNAL over ldapi, anonymous over ldap).
-    #[arg(long = "bind-dn", short = 'D')]
-    bind_dn: Option<String>,
-    /// Bind password for -D.
-    #[arg(long = "bind-pw", short = 'w')]
-    bind_pw: Option<String>,
-    /// Read the bind password from this file (first line).
-    #[arg(long = "bind-pw-file", short = 'y')]
-    bind_pw_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    bind: crate::ldap_client::BindArgs,
     /// Seconds between lines.
     #[arg(long, default_value_t = 1.0)]
     interval: f64,
@@ -221,12 +214,7 @@ impl Source {
                 path: path.to_string(),
             });
         }
-        let l = Ldap::open(
-            &args.url,
-            args.bind_dn.as_deref(),
-            args.bind_pw.as_deref(),
-            args.bind_pw_file.as_deref(),
-        )?;
+        let l = args.bind.open(&args.url)?;
         Ok(Source::Ldap(Box::new(l)))
     }
 
