@@ -40,7 +40,7 @@ use std::ops::Bound;
 
 use heed::types::Bytes;
 
-use crate::entry_codec::put_varint;
+use crate::entry_codec::{put_varint, Reader};
 use crate::{Db, StoreError, View, WriteTxn};
 
 /// The database's name in the environment.
@@ -124,41 +124,9 @@ fn encode(c: &LoggedChange) -> Vec<u8> {
     out
 }
 
-/// Reads a record's fields in order; None when the bytes end early.
-struct Fields<'a>(&'a [u8]);
-
-impl<'a> Fields<'a> {
-    fn byte(&mut self) -> Option<u8> {
-        let (&b, rest) = self.0.split_first()?;
-        self.0 = rest;
-        Some(b)
-    }
-
-    fn varint(&mut self) -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = self.byte()?;
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Some(v);
-            }
-        }
-        None
-    }
-
-    fn bytes(&mut self) -> Option<&'a [u8]> {
-        let len = usize::try_from(self.varint()?).ok()?;
-        if len > self.0.len() {
-            return None;
-        }
-        let (head, rest) = self.0.split_at(len);
-        self.0 = rest;
-        Some(head)
-    }
-
-    fn text(&mut self) -> Option<String> {
-        std::str::from_utf8(self.bytes()?).ok().map(str::to_string)
-    }
+/// The next length-prefixed field of a record as text.
+fn text(f: &mut Reader<'_>) -> Option<String> {
+    std::str::from_utf8(f.bytes()?).ok().map(str::to_string)
 }
 
 fn decode(k: &[u8], v: &[u8]) -> Result<LoggedChange, StoreError> {
@@ -177,7 +145,7 @@ fn decode(k: &[u8], v: &[u8]) -> Result<LoggedChange, StoreError> {
         .and_then(|b| <[u8; 4]>::try_from(b).ok())
         .map(u32::from_be_bytes)
         .ok_or_else(bad)?;
-    let mut f = Fields(v);
+    let mut f = Reader { buf: v };
     if f.byte() != Some(RECORD_FORMAT) {
         return Err(bad());
     }
@@ -188,10 +156,10 @@ fn decode(k: &[u8], v: &[u8]) -> Result<LoggedChange, StoreError> {
         8 => LoggedKind::ModDn,
         _ => return Err(bad()),
     };
-    let uuid = f.text().ok_or_else(bad)?;
-    let dn = f.text().ok_or_else(bad)?;
+    let uuid = text(&mut f).ok_or_else(bad)?;
+    let dn = text(&mut f).ok_or_else(bad)?;
     let old_dn =
-        Some(f.text().ok_or_else(bad)?).filter(|d| !d.is_empty() || kind == LoggedKind::ModDn);
+        Some(text(&mut f).ok_or_else(bad)?).filter(|d| !d.is_empty() || kind == LoggedKind::ModDn);
     let count = f.varint().ok_or_else(bad)?;
     let mut mods = Vec::new();
     for _ in 0..count {
@@ -201,7 +169,7 @@ fn decode(k: &[u8], v: &[u8]) -> Result<LoggedChange, StoreError> {
             2 => ModOp::Replace,
             _ => return Err(bad()),
         };
-        let desc = f.text().ok_or_else(bad)?;
+        let desc = text(&mut f).ok_or_else(bad)?;
         let n = f.varint().ok_or_else(bad)?;
         let mut values = Vec::new();
         for _ in 0..n {

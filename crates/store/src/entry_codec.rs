@@ -472,13 +472,21 @@ pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
+/// Reads LEB128 lengths and length-prefixed bytes off a record (entry
+/// bodies, change log records); None when the bytes end early.
 #[derive(Clone, Copy)]
-struct Reader<'a> {
-    buf: &'a [u8],
+pub(crate) struct Reader<'a> {
+    pub(crate) buf: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    fn varint(&mut self) -> Option<u64> {
+    pub(crate) fn byte(&mut self) -> Option<u8> {
+        let (&b, rest) = self.buf.split_first()?;
+        self.buf = rest;
+        Some(b)
+    }
+
+    pub(crate) fn varint(&mut self) -> Option<u64> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let (&b, rest) = self.buf.split_first()?;
@@ -491,7 +499,7 @@ impl<'a> Reader<'a> {
         None
     }
 
-    fn bytes(&mut self) -> Option<&'a [u8]> {
+    pub(crate) fn bytes(&mut self) -> Option<&'a [u8]> {
         let len = usize::try_from(self.varint()?).ok()?;
         if len > self.buf.len() {
             return None;

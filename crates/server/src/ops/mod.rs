@@ -7,6 +7,7 @@ pub mod compare;
 pub mod controls;
 pub mod extended;
 pub mod feed;
+pub mod norm_dn;
 pub mod operation;
 pub mod proxy;
 pub mod search;

@@ -261,7 +261,7 @@ fn starting_cookie(
         return Ok(Some(c));
     }
     let here = matches!(
-        view.lookup_norm(&split_norm(&replica.base))?,
+        view.lookup_norm(&crate::ops::norm_dn::split_rdns(&replica.base))?,
         pando_store::Lookup::Found(_)
     );
     let csns = view.context_csns()?;
@@ -603,7 +603,7 @@ impl Session2<'_> {
         let rtxn = server.store.read()?;
         let view = rtxn.view();
         let Ok(pando_store::Lookup::Found(base_id)) =
-            view.lookup_norm(&split_norm(&self.replica.base))
+            view.lookup_norm(&crate::ops::norm_dn::split_rdns(&self.replica.base))
         else {
             return Ok(Vec::new());
         };
@@ -873,10 +873,7 @@ impl Session2<'_> {
 }
 
 fn csn_of(entry: &Entry) -> Option<String> {
-    entry
-        .get("entryCSN")
-        .and_then(|a| a.values.first())
-        .map(|v| String::from_utf8_lossy(v).into_owned())
+    replicated::entry_csn(entry).map(str::to_string)
 }
 
 /// The server ID of a change stamped `csn`, and how long ago (by this
@@ -885,25 +882,6 @@ fn delay_of(csn: &str) -> Option<(u16, u64)> {
     let sid = pando_proto::sync::csn_sid(csn)?;
     let (at, _) = crate::clock::parse_csn(csn).ok()?;
     Some((sid, now().saturating_sub(at)))
-}
-
-/// The normalised RDNs of a normalised DN.
-fn split_norm(norm: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut escaped = false;
-    for ch in norm.chars() {
-        if ch == ',' && !escaped {
-            out.push(std::mem::take(&mut cur));
-            continue;
-        }
-        escaped = ch == '\\' && !escaped;
-        cur.push(ch);
-    }
-    if !norm.is_empty() {
-        out.push(cur);
-    }
-    out
 }
 
 /// The entry as received: computed attributes (each server computes its

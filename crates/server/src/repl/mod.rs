@@ -50,6 +50,6 @@ impl Replicas {
     pub fn holding(&self, norm: &str) -> Option<&Replica> {
         self.0
             .iter()
-            .find(|r| norm == r.base || norm.ends_with(&format!(",{}", r.base)))
+            .find(|r| crate::ops::norm_dn::in_scope(&r.base, pando_proto::Scope::Sub, norm))
     }
 }

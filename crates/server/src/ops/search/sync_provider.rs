@@ -59,11 +59,13 @@ use roaring::RoaringTreemap;
 use super::emit::Emitter;
 use super::limits::{smaller_limit, Limits};
 use super::matcher::Matcher;
-use super::persistent::{deliver, done, in_scope, settle, take_place, Follower};
+use super::persistent::{deliver, done, settle, take_place, Follower};
 use super::plan::{scope_candidates, Plan};
 use super::{emitter_for, search_thread, Finished, SearchJob, SearchOutcome, CHUNK};
 use crate::error::{LdapError, OpResult};
 use crate::ops::feed::{Committed, Kind};
+use crate::ops::norm_dn::{in_scope, split_rdns};
+use crate::ops::write::replicated::entry_csn;
 use crate::ops::write::Change;
 
 /// UUIDs per `syncIdSet` message, as OpenLDAP sends them.
@@ -242,11 +244,6 @@ fn delete_message(msg_id: i32, dn: &str, uuid: SyncUuid, cookie: &Cookie, buf: &
 fn uuid_of(entry: &Entry) -> Option<SyncUuid> {
     let v = entry.get("entryUUID")?.values.first()?;
     uuid_bytes(std::str::from_utf8(v).ok()?)
-}
-
-fn csn_of(entry: &Entry) -> Option<&str> {
-    let v = entry.get("entryCSN")?.values.first()?;
-    std::str::from_utf8(v).ok()
 }
 
 /// What the refresh did.
@@ -488,29 +485,6 @@ fn refresh(
     }))
 }
 
-/// The normalised RDNs of a normalised DN (split at unescaped commas).
-fn split_rdns(norm: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut escaped = false;
-    for ch in norm.chars() {
-        match ch {
-            '\\' if !escaped => {
-                escaped = true;
-                cur.push(ch);
-                continue;
-            }
-            ',' if !escaped => out.push(std::mem::take(&mut cur)),
-            _ => cur.push(ch),
-        }
-        escaped = false;
-    }
-    if !norm.is_empty() {
-        out.push(cur);
-    }
-    out
-}
-
 /// One refresh's walk over the store.
 struct Scan<'a> {
     job: &'a SearchJob,
@@ -590,8 +564,8 @@ impl Scan<'_> {
             let Some(uuid) = uuid_of(&entry) else {
                 continue;
             };
-            let changed =
-                phase == Phase::Initial || csn_of(&entry).is_none_or(|c| is_newer(self.theirs, c));
+            let changed = phase == Phase::Initial
+                || entry_csn(&entry).is_none_or(|c| is_newer(self.theirs, c));
             let Some(entry) = matcher.test_held(Some(id), &norm, entry)? else {
                 continue;
             };
@@ -860,11 +834,5 @@ mod tests {
             choose_phase(&c, &ours, 1, A2, true, true).map_err(|e| e.code.0),
             Ok(Phase::Present)
         );
-    }
-
-    #[test]
-    fn rdns_split_at_unescaped_commas() {
-        assert_eq!(split_rdns("cn=a\\,b,dc=com"), ["cn=a\\,b", "dc=com"]);
-        assert!(split_rdns("").is_empty());
     }
 }

@@ -182,7 +182,7 @@ pub(super) fn search(
     let mut n = 0u64;
     let mut buf = Vec::new();
     for e in &entries {
-        let in_scope = super::persistent::in_scope(&norm_base, req.scope, &e.norm);
+        let in_scope = crate::ops::norm_dn::in_scope(&norm_base, req.scope, &e.norm);
         if !in_scope || filter.matches(schema, &e.entry) != Ternary::True {
             continue;
         }

@@ -18,12 +18,13 @@ use std::sync::Arc;
 
 use pando_model::{Dn, Entry};
 use pando_proto::sync::Cookie;
-use pando_proto::{Ava, Filter, ResultCode};
+use pando_proto::{Ava, Filter, ResultCode, Scope};
 use pando_store::{Candidates, EntryId, Lookup, Placement, StoreError, View, WriteTxn};
 
 use super::{Before, Change, WriteCtx, WriteOp, Written};
 use crate::error::{LdapError, OpResult};
 use crate::ops;
+use crate::ops::norm_dn::in_scope;
 
 /// The replication state a received change carries into the pipeline.
 #[derive(Clone, Debug)]
@@ -110,9 +111,10 @@ pub fn stored_cookie(view: &View<'_>, rid: u16) -> Result<Option<String>, StoreE
         .map(|v| String::from_utf8_lossy(&v).into_owned()))
 }
 
-/// `norm` is the consumer's base or below it.
-fn within(base: &str, norm: &str) -> bool {
-    norm == base || norm.ends_with(&format!(",{base}"))
+/// An entry's entryCSN, when it has one that is text.
+pub fn entry_csn(entry: &Entry) -> Option<&str> {
+    let v = entry.get("entryCSN")?.values.first()?;
+    std::str::from_utf8(v).ok()
 }
 
 /// The entry whose entryUUID is `uuid`, if any.
@@ -178,7 +180,7 @@ fn place_for(
             Lookup::Found(id) => break id,
             Lookup::Missing { .. } => {
                 let ancestor = rdns[k..].join(",");
-                if !within(base, &ancestor) {
+                if !in_scope(base, Scope::Sub, &ancestor) {
                     return Err(LdapError::new(
                         ResultCode::NO_SUCH_OBJECT,
                         format!("'{ancestor}', an ancestor of '{dn}', is not here and is outside this consumer's search base"),
@@ -296,7 +298,7 @@ impl Replicated {
         let mut ids = Vec::new();
         for uuid in uuids {
             if let Some(id) = find_by_uuid(view, uuid)? {
-                if within(base, &ops::norm_dn_of(view, id)?) {
+                if in_scope(base, Scope::Sub, &ops::norm_dn_of(view, id)?) {
                     ids.push(id);
                 }
             }
@@ -316,7 +318,7 @@ impl Replicated {
             .schema
             .normalize_dn(&entry.dn)
             .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{}': {e}", entry.dn)))?;
-        if !within(base, &norm) {
+        if !in_scope(base, Scope::Sub, &norm) {
             return Err(LdapError::unwilling(format!(
                 "'{}' is outside this consumer's search base",
                 entry.dn
@@ -329,7 +331,7 @@ impl Replicated {
             _ => None,
         };
         let by_uuid = match find_by_uuid(view, &uuid)? {
-            Some(id) if !within(base, &ops::norm_dn_of(view, id)?) => {
+            Some(id) if !in_scope(base, Scope::Sub, &ops::norm_dn_of(view, id)?) => {
                 return Err(LdapError::unwilling(format!(
                     "entryUUID {uuid} names an entry outside this consumer's search base"
                 )))
@@ -354,9 +356,9 @@ impl Replicated {
                 let before = before(view, id)?;
                 // The same entry (by UUID), here as new as what came (a
                 // change sent twice, or overtaken): kept.
-                let csn = |e: &Entry| e.get("entryCSN").and_then(|a| a.values.first()).cloned();
                 let same = before.entry.get("entryUUID") == after.get("entryUUID");
-                if same && csn(&before.entry).is_some() && csn(&before.entry) >= csn(&after) {
+                let held = entry_csn(&before.entry);
+                if same && held.is_some() && held >= entry_csn(&after) {
                     return Ok(deletes);
                 }
                 if before.norm != norm {
