@@ -340,6 +340,26 @@ def test_persist_sends_changes_with_cookies_and_ends_on_abandon(fresh_server):
             c.recv_msg(timeout=1)
 
 
+def test_cancel_ends_a_persist_stage_with_canceled_and_the_cancel_with_success(fresh_server):
+    """RFC 3909 on a sync search: the search ends with canceled (118), the
+    Cancel itself succeeds, and the connection goes on."""
+    srv = fresh_server
+    with open_sync(srv, 3, base=PEOPLE) as c:
+        while c.recv_msg()["op"] == "entry":
+            pass
+        c.send(ber.message(5, ber.extended_op("1.3.6.1.1.8", ber.seq(ber.integer(2)))))
+        got = {m["id"]: m for m in (c.recv_msg(timeout=10), c.recv_msg(timeout=10))}
+        assert got[2]["op"] == "searchDone" and got[2]["code"] == 118, got
+        assert got[5]["code"] == 0, got
+        # Changes no longer come; the connection still answers.
+        modify(srv, "dn: uid=bob,%s\nchangetype: modify\nreplace: description\ndescription: c\n" % PEOPLE)
+        c.send(ber.message(6, ber.search_op(PEOPLE, attrs=["1.1"])))
+        m = c.recv_msg(timeout=10)
+        while m["op"] == "entry":
+            m = c.recv_msg(timeout=10)
+        assert (m["id"], m["op"], m["code"]) == (6, "searchDone", 0), m
+
+
 def test_changes_from_the_consumer_s_own_server_are_not_sent_back(sid42):
     srv = sid42
     with open_sync(srv, 3, cookie="rid=001,sid=02a", base=PEOPLE) as c:
@@ -631,7 +651,7 @@ def test_pando_replicates_from_pando(tmp_path, mode):
         r = subprocess.run([PANDO_BIN, "stat", "--url", con.ldapi_url, "--count", "1", "--interval", "0.3",
                             "--csv"], capture_output=True, text=True, timeout=30)
         header = r.stdout.splitlines()[0].split(",")
-        assert r.returncode == 0 and header[-3:] == ["repl_per_s", "rdelay", "outlier"], r.stdout + r.stderr
+        assert r.returncode == 0 and header[-4:] == ["repl_per_s", "rdelay", "rbehind", "outlier"], r.stdout + r.stderr
     finally:
         con.stop_and_verify()
         srv.stop_and_verify()
@@ -721,12 +741,19 @@ def slapd_changes(node, n):
 @pytest.mark.parametrize("mode", ["refreshAndPersist", "refreshOnly"])
 def test_pando_replicates_from_slapd(tmp_path, mode):
     prov = SlapdProvider(tmp_path / "slapd").load().start()
-    con = pando_consumer(tmp_path / "consumer", prov, mode)
+    con = pando_consumer(tmp_path / "consumer", prov, mode, extra="count_behind_secs = 1\n")
     nodes = [prov, con]
     try:
         converge_nodes(nodes, log=con.logs)
         slapd_changes(prov, 1)
         converge_nodes(nodes, log=con.logs)
+        # slapd does not count changes behind: asked once, the consumer
+        # says so and goes on with the lag in seconds.
+        deadline = time.monotonic() + 10
+        while "does not count changes behind" not in con.logs(tail=50000):
+            assert time.monotonic() < deadline, con.logs()
+            time.sleep(0.3)
+        assert "pandoReplChangesBehind" not in attrs_of(con, "cn=Consumer 001,cn=Replication,cn=Monitor")
         assert con.stop() == 0
         slapd_changes(prov, 2)
         con.start()
@@ -738,10 +765,11 @@ def test_pando_replicates_from_slapd(tmp_path, mode):
 
 @pytest.mark.skipif(not HAVE_SLAPD or not Path("/usr/lib/ldap/syncprov.la").exists(),
                     reason="slapd or its syncprov overlay not installed")
-def test_cascade_slapd_to_pando_to_slapd(tmp_path):
+@pytest.mark.parametrize("mode", ["refreshAndPersist", "refreshOnly"])
+def test_cascade_slapd_to_pando_to_slapd(tmp_path, mode):
     top = SlapdProvider(tmp_path / "top").load().start()
-    mid = pando_consumer(tmp_path / "mid", top)
-    leaf = SlapdConsumer(tmp_path / "leaf", mid).start()
+    mid = pando_consumer(tmp_path / "mid", top, mode)
+    leaf = SlapdConsumer(tmp_path / "leaf", mid, mode).start()
     leaf_node = Node(leaf.url, ADMIN_DN, leaf.pw)
     nodes = [top, mid, leaf_node]
     try:
@@ -767,6 +795,7 @@ class FakeProvider:
         import threading
         self.scenarios = scenarios
         self.cookies = []
+        self.starttls_then = None
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(8)
@@ -829,6 +858,11 @@ class FakeProvider:
                 conn.sendall(data)
                 if close:
                     return
+            elif p[1][0] == 0x77 and self.starttls_then is not None:
+                # StartTLS "accepted", with bytes an attacker on the path
+                # slipped in after the answer, in the same segment.
+                conn.sendall(ber.message(msgid, ber.tlv(0x78, ber.enum(0) + ber.octets("") + ber.octets("")))
+                             + self.starttls_then)
             elif p[1][0] == 0x42:
                 return
 
@@ -907,6 +941,30 @@ def test_a_consumer_survives_a_provider_sending_garbage(tmp_path):
         assert context_csn(con.url, con.admin_dn, con.admin_pw) == [FAKE_CSN]
         mon = attrs_of(con, "cn=Consumer 001,cn=Replication,cn=Monitor")
         assert int(mon["pandoReplFailures"][0]) >= 4 and int(mon["pandoReplReloads"][0]) == 1
+    finally:
+        con.stop_and_verify()
+        fake.stop()
+
+
+def test_a_consumer_refuses_bytes_sent_before_the_tls_handshake(tmp_path):
+    """Bytes after the StartTLS answer and before the handshake are not
+    protected by TLS: the consumer ends the session instead of reading
+    them as the provider's."""
+    from test_tls import Pki
+    (tmp_path / "pki").mkdir()
+    pki = Pki(tmp_path / "pki")
+    fake = FakeProvider([good_refresh])
+    fake.starttls_then = fake_done(2, cookie="rid=001,csn=" + FAKE_CSN)
+    con = pando_consumer(tmp_path / "consumer", fake,
+                         extra='start_tls = true\ntls_ca_file = "%s"\n' % pki.ca)
+    try:
+        deadline = time.monotonic() + 20
+        while "sent data after agreeing to StartTLS" not in con.logs(tail=20000) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "sent data after agreeing to StartTLS" in con.logs(tail=20000)
+        assert fake.cookies == []  # no search was ever sent
+        rc, entries, _ = con.search(SUFFIX, "(objectClass=*)", "1.1")
+        assert rc == 32 and entries == [], (rc, entries)
     finally:
         con.stop_and_verify()
         fake.stop()
@@ -1037,7 +1095,8 @@ tls_key_file = "%s"
 def test_repl_status_says_who_is_behind_and_by_how_much(tmp_path):
     srv = Pando(tmp_path / "provider", demo=True, config=PUBLIC_READ).start()
     # refreshOnly once an hour: after its first refresh it stays behind.
-    con = pando_consumer(tmp_path / "consumer", srv, "refreshOnly", interval=3600)
+    con = pando_consumer(tmp_path / "consumer", srv, "refreshOnly", interval=3600,
+                         extra="count_behind_secs = 1\n")
     status = [PANDO_BIN, "repl", "status", srv.ldapi_url, con.ldapi_url]
     try:
         converge_nodes([srv, con], log=con.logs)
@@ -1049,8 +1108,29 @@ def test_repl_status_says_who_is_behind_and_by_how_much(tmp_path):
         r = subprocess.run(status, capture_output=True, text=True, timeout=30)
         assert r.returncode == 1, r.stdout + r.stderr
         lines = r.stdout.splitlines()
-        behind = re.search(r"behind ([0-9.]+)s", lines[2])
+        behind = re.search(r"behind ([0-9.]+)s, 2 changes$", lines[2])
         assert "in step" in lines[1] and behind and float(behind.group(1)) >= 1.2, r.stdout
+        # The count comes from the provider's change log, through an
+        # extended operation (for identities that may read contextCSN).
+        held = context_csn(con.url, con.admin_dn, con.admin_pw)
+        exop = "2.25.15972167931155808496075090497880241257.1.2:" + ";".join(held)
+        rc, out, err = srv.ldap("ldapexop", exop)
+        import base64
+        data = re.search(r"^data:: (\S+)$", out, re.M)
+        assert rc == 0 and data and base64.b64decode(data.group(1)) == b"sid=000 changes=2\n", (rc, out, err)
+        # The consumer asks its provider the same (every count_behind_secs)
+        # and shows it in cn=Monitor and `pando stat`.
+        mon = "cn=Consumer 001,cn=Replication,cn=Monitor"
+        deadline = time.monotonic() + 15
+        while attrs_of(con, mon).get("pandoReplChangesBehind") != ["000 changes=2"]:
+            assert time.monotonic() < deadline, attrs_of(con, mon)
+            time.sleep(0.3)
+        r = subprocess.run([PANDO_BIN, "stat", "--url", con.ldapi_url, "--count", "1", "--interval", "0.3",
+                            "--csv"], capture_output=True, text=True, timeout=30)
+        header, row = [line.split(",") for line in r.stdout.splitlines()[:2]]
+        assert row[header.index("rbehind")] == "2", r.stdout
+        rc, out, err = srv.ldap("ldapexop", exop.split(":")[0] + ":20261125")
+        assert rc != 0 and "Protocol error (2)" in err and "is not a CSN" in err, (rc, out, err)
         # A server that cannot be read is said so (exit 2).
         r = subprocess.run(status + ["ldap://127.0.0.1:%d" % free_port()], capture_output=True, text=True,
                            timeout=30)
@@ -1148,3 +1228,132 @@ credentials = "%s"
     finally:
         for s in (one, persons, srv):
             s.stop_and_verify()
+
+
+def test_a_subtree_moved_into_or_out_of_a_consumer_s_base_brings_or_takes_its_descendants(tmp_path):
+    """A moved entry's descendants change DN without a change of their own:
+    the provider sends them with it, in the persist stage and in a delete
+    phase from the change log."""
+    srv = Pando(tmp_path / "provider", demo=True, config=PUBLIC_READ).start()
+    staging = "ou=Staging," + SUFFIX
+    modify(srv, "".join([
+        "dn: %s\nchangetype: add\nobjectClass: organizationalUnit\nou: Staging\n\n" % staging,
+        "dn: ou=Team,%s\nchangetype: add\nobjectClass: organizationalUnit\nou: Team\n\n" % staging,
+    ] + ["dn: uid=t%d,ou=Team,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: t%d\ncn: T %d\nsn: T\n\n"
+         % (i, staging, i, i) for i in range(3)]))
+    people = Pando(tmp_path / "people", name="people")
+    people.config = PUBLIC_READ + """
+[[replication.consumer]]
+rid = 1
+provider = "%s"
+search_base = "%s"
+retry = "1 30 5 +"
+timeout_secs = 5
+bind_dn = "%s"
+credentials = "%s"
+""" % (srv.url, PEOPLE, srv.admin_dn, srv.admin_pw)
+    people.start()
+
+    def dns(node):
+        rc, entries, err = node.search(PEOPLE, "(objectClass=*)", "1.1")
+        assert rc in (0, 32), err
+        return sorted(d.lower() for d, _ in entries)
+
+    def same(why):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and dns(people) != dns(srv):
+            time.sleep(0.3)
+        assert dns(people) == dns(srv), (why, people.logs())
+
+    team = ["ou=team," + PEOPLE.lower()] + ["uid=t%d,ou=team,%s" % (i, PEOPLE.lower()) for i in range(3)]
+
+    def move(dn, superior):
+        modify(srv, "dn: %s\nchangetype: modrdn\nnewrdn: ou=Team\ndeleteoldrdn: 1\nnewsuperior: %s\n"
+               % (dn, superior))
+
+    try:
+        same("initial")
+        # Persist stage: in, then out.
+        move("ou=Team," + staging, PEOPLE)
+        same("moved in while connected")
+        assert set(team) <= set(dns(people))
+        move("ou=Team," + PEOPLE, staging)
+        same("moved out while connected")
+        assert not set(team) & set(dns(people))
+        # Delete phase from the change log: in, then out, each while the
+        # consumer is down.
+        assert people.stop() == 0
+        move("ou=Team," + staging, PEOPLE)
+        people.start()
+        same("moved in while down")
+        assert set(team) <= set(dns(people))
+        assert people.stop() == 0
+        move("ou=Team," + PEOPLE, staging)
+        people.start()
+        same("moved out while down")
+        assert not set(team) & set(dns(people))
+    finally:
+        people.stop_and_verify()
+        srv.stop_and_verify()
+
+
+def test_a_consumer_keeps_out_what_lies_outside_its_base_and_backs_off_endless_reloads(tmp_path):
+    """A provider sending an entry outside the consumer's search base, or
+    a UUID the consumer holds outside it, changes nothing there; one that
+    asks for a reload on every session is followed three times at once,
+    then by the retry schedule."""
+    ou = "ou=People," + SUFFIX
+    csn2 = "20261125000000.000002Z#000000#000#000000"
+
+    def people_refresh(msgid):
+        base = fake_entry(msgid, ou, {"objectClass": ["organizationalUnit"], "ou": ["People"],
+                                      "entryCSN": [FAKE_CSN]}, uuid=FAKE_UUIDS[0])
+        person = fake_entry(msgid, "uid=in," + ou, {"objectClass": ["inetOrgPerson"], "uid": ["in"],
+                                                     "cn": ["I"], "sn": ["I"], "entryCSN": [FAKE_CSN]},
+                            uuid=FAKE_UUIDS[1])
+        return base + person + fake_done(msgid, cookie="rid=001,csn=" + FAKE_CSN), False
+
+    def outside(msgid):
+        return fake_entry(msgid, "uid=out," + SUFFIX, {"objectClass": ["inetOrgPerson"], "uid": ["out"],
+                                                        "cn": ["O"], "sn": ["O"], "entryCSN": [csn2]},
+                          uuid=FAKE_UUIDS[2]) + fake_done(msgid, cookie="rid=001,csn=" + csn2), False
+
+    def reload(msgid):
+        return fake_done(msgid, code=4096, diag="reload"), False
+
+    scenarios = [people_refresh, outside] + [reload] * 6
+    fake = FakeProvider(scenarios)
+    con = Pando(tmp_path / "consumer", name="consumer")
+    con.config = PUBLIC_READ + """
+[[replication.consumer]]
+rid = 1
+provider = "%s"
+search_base = "%s"
+type = "refreshOnly"
+interval = 1
+retry = "4 100"
+timeout_secs = 5
+bind_dn = "%s"
+credentials = "fake"
+""" % (fake.url, ou, ADMIN_DN)
+    con.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(fake.cookies) < 6 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        logs = con.logs(tail=20000)
+        assert "'uid=out,%s' is outside this consumer's search base" % SUFFIX in logs, logs[-3000:]
+        rc, entries, _ = con.search(SUFFIX, "(uid=*)", "1.1")
+        assert rc == 0 and [d for d, _ in entries] == ["uid=in," + ou], entries
+        # refresh, refused outside entry, then the 4096s: sessions 3, 4 and
+        # 5 reload at once, then the retry schedule waits 4 s.
+        started = time.monotonic()
+        while len(fake.cookies) < 7 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(fake.cookies) >= 7 and time.monotonic() - started >= 2.5, fake.cookies
+        assert "asked for a reload 3 times in a row" in con.logs(tail=20000)
+        mon = attrs_of(con, "cn=Consumer 001,cn=Replication,cn=Monitor")
+        assert int(mon["pandoReplReloads"][0]) >= 3
+    finally:
+        con.stop_and_verify()
+        fake.stop()

@@ -1,14 +1,15 @@
 //! A small blocking LDAP client for the commands that read a running
 //! server (`pando stat`, `pando repl status`): ldap:// or ldapi://, a
-//! simple bind or SASL EXTERNAL, and base or subtree searches.
+//! simple bind or SASL EXTERNAL, base or subtree searches, and extended
+//! operations.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::time::Duration;
 
 use pando_proto::{
-    frame_length, BindAuth, BindRequest, DecodeLimits, DerefAliases, Filter, LdapMessage,
-    ProtocolOp, Scope, SearchRequest,
+    frame_length, BindAuth, BindRequest, DecodeLimits, DerefAliases, ExtendedRequest, Filter,
+    LdapMessage, ProtocolOp, Scope, SearchRequest,
 };
 
 /// How the commands that read a running server bind.
@@ -180,6 +181,24 @@ impl Ldap {
                 r.result.code.0, r.result.message
             )),
             _ => Err("unexpected response to bind".into()),
+        }
+    }
+
+    /// The response value of the extended operation `oid`.
+    pub fn extended(&mut self, oid: &str, value: Vec<u8>) -> Result<Vec<u8>, String> {
+        self.send(ProtocolOp::ExtendedRequest(ExtendedRequest {
+            name: oid.into(),
+            value: Some(value),
+        }))?;
+        match self.recv()?.op {
+            ProtocolOp::ExtendedResponse(r) if r.result.code.0 == 0 => {
+                Ok(r.value.unwrap_or_default())
+            }
+            ProtocolOp::ExtendedResponse(r) => Err(format!(
+                "extended operation failed: {} {}",
+                r.result.code.0, r.result.message
+            )),
+            _ => Err("unexpected response to an extended operation".into()),
         }
     }
 

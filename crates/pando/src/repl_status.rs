@@ -1,6 +1,10 @@
 //! `pando repl status`: a suffix's contextCSN on several servers side by
-//! side, per server ID, and how far behind the newest each server is.
+//! side, per server ID, and how far behind the newest each server is: in
+//! seconds (CSN times), and in changes as counted by the Pando server
+//! holding the newest CSN (from its change log; see
+//! `CHANGES_BEHIND_EXOP`).
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use pando_proto::Scope;
@@ -41,16 +45,42 @@ fn seconds_between(older: &str, newer: &str) -> Option<f64> {
     Some(b.saturating_sub(a) as f64 / 1e6)
 }
 
-/// What one server holds for one server ID against the newest anywhere.
-fn state(held: Option<&String>, newest: &str) -> String {
+/// What one server holds for one server ID against the newest anywhere,
+/// with the count of changes it lacks when known (`=12` or `>=12`).
+fn state(held: Option<&String>, newest: &str, changes: Option<&str>) -> String {
+    let changes = changes.map_or(String::new(), |c| match c.strip_prefix('=') {
+        Some(n) => format!(", {n} changes"),
+        None => format!(", {} changes", c.replacen(">=", "at least ", 1)),
+    });
     match held {
-        None => "missing".into(),
+        None => format!("missing{changes}"),
         Some(h) if h.as_str() == newest => "in step".into(),
         Some(h) => match seconds_between(h, newest) {
-            Some(s) => format!("behind {s:.1}s"),
-            None => "behind".into(),
+            Some(s) => format!("behind {s:.1}s{changes}"),
+            None => format!("behind{changes}"),
         },
     }
+}
+
+/// Per server ID, how many changes a server holding `csns` lacks, as the
+/// server at `leader` counts them (`=N` or `>=N`); empty when it cannot
+/// (not a Pando server, or not allowed).
+fn changes_behind(args: &ReplStatusArgs, leader: &str, csns: &[String]) -> BTreeMap<u16, String> {
+    let oid = pando_server::ops::special::CHANGES_BEHIND_EXOP;
+    let answer = args
+        .bind
+        .open(leader)
+        .and_then(|mut l| l.extended(oid, csns.join(";").into_bytes()));
+    let Ok(text) = answer else {
+        return BTreeMap::new();
+    };
+    String::from_utf8_lossy(&text)
+        .lines()
+        .filter_map(|line| {
+            let (sid, n) = line.strip_prefix("sid=")?.split_once(" changes")?;
+            Some((u16::from_str_radix(sid, 16).ok()?, n.to_string()))
+        })
+        .collect()
 }
 
 /// Print the comparison; exit 0 when every server holds the newest CSN of
@@ -85,9 +115,23 @@ pub fn run(args: ReplStatusArgs) -> Result<ExitCode, String> {
         if newest.is_empty() {
             println!("{url:width$}  ---  {:40}  no contextCSN anywhere", "");
         }
+        let mut counted: BTreeMap<&str, BTreeMap<u16, String>> = BTreeMap::new();
         for (s, n) in &newest {
             let held = csns.iter().find(|c| sid(c) == Some(*s));
-            let st = state(held, n);
+            let mut changes = None;
+            if held != Some(n) {
+                // Counted by a server that holds the newest CSN.
+                let leader = read
+                    .iter()
+                    .find(|(_, r)| r.as_ref().is_ok_and(|c| c.contains(n)));
+                if let Some((leader, _)) = leader {
+                    let counts = counted
+                        .entry(leader.as_str())
+                        .or_insert_with(|| changes_behind(&args, leader, csns));
+                    changes = counts.get(s).map(String::as_str);
+                }
+            }
+            let st = state(held, n, changes);
             behind |= st != "in step";
             let shown = held.map_or("-", |h| h.as_str());
             println!("{url:width$}  {s:03x}  {shown:40}  {st}");
@@ -110,8 +154,15 @@ mod tests {
     fn states_name_the_lag() {
         let new = "20261125000010.500000Z#000000#001#000000".to_string();
         let old = "20261125000008.000000Z#000000#001#000000".to_string();
-        assert_eq!(state(Some(&new), &new), "in step");
-        assert_eq!(state(Some(&old), &new), "behind 2.5s");
-        assert_eq!(state(None, &new), "missing");
+        assert_eq!(state(Some(&new), &new, None), "in step");
+        assert_eq!(state(Some(&old), &new, None), "behind 2.5s");
+        assert_eq!(
+            state(Some(&old), &new, Some("=3")),
+            "behind 2.5s, 3 changes"
+        );
+        assert_eq!(
+            state(None, &new, Some(">=7")),
+            "missing, at least 7 changes"
+        );
     }
 }

@@ -77,6 +77,8 @@ struct Sample {
     /// The largest delay of a consumer's last change, seconds (None: no
     /// consumer has one).
     repl_delay: Option<f64>,
+    /// Changes consumers lack, all server IDs (None: none counted).
+    repl_behind: Option<f64>,
 }
 
 /// Parse Prometheus text into `name{labels}` → value (labels as written).
@@ -118,6 +120,8 @@ fn from_prometheus(m: &HashMap<String, f64>) -> Sample {
             s.repl_changes += v;
         } else if k.starts_with("pando_repl_delay_seconds{") {
             s.repl_delay = Some(s.repl_delay.unwrap_or(0.0).max(*v));
+        } else if k.starts_with("pando_repl_changes_behind{") {
+            s.repl_behind = Some(s.repl_behind.unwrap_or(0.0) + v);
         } else if k.starts_with("pando_operations_completed_total{") {
             if let Some(op) = label(k, "op") {
                 s.completed.insert(op.to_string(), *v);
@@ -191,6 +195,12 @@ fn from_monitor(m: &HashMap<String, HashMap<String, Vec<String>>>) -> Sample {
         for v in attrs.get("pandorepldelay").into_iter().flatten() {
             if let Some(d) = v.split_once(' ').and_then(|(_, d)| d.parse::<f64>().ok()) {
                 s.repl_delay = Some(s.repl_delay.unwrap_or(0.0).max(d));
+            }
+        }
+        for v in attrs.get("pandoreplchangesbehind").into_iter().flatten() {
+            let count = v.rsplit_once('=').and_then(|(_, n)| n.parse::<f64>().ok());
+            if let Some(n) = count {
+                s.repl_behind = Some(s.repl_behind.unwrap_or(0.0) + n);
             }
         }
     }
@@ -277,6 +287,8 @@ struct Line {
     repl_rate: f64,
     /// Seconds (the largest consumer's last-change delay).
     repl_delay: Option<f64>,
+    /// Changes consumers lack (as last counted).
+    repl_behind: Option<f64>,
 }
 
 fn quantile(diff: &[(u64, f64)], q: f64) -> Option<u64> {
@@ -348,6 +360,7 @@ fn interval(a: &Sample, b: &Sample) -> Line {
         cpu: d(a.cpu_secs, b.cpu_secs) / secs * 100.0,
         repl_rate: d(a.repl_changes, b.repl_changes) / secs,
         repl_delay: b.repl_delay,
+        repl_behind: b.repl_behind,
     }
 }
 
@@ -406,6 +419,7 @@ impl Outliers {
 const HEADER_COLS: &[&str] = &[
     "TOTAL", "BIND", "SEARCH", "COMPARE", "ADD", "DELETE", "MODIFY", "MODDN", "UNBIND", "p50",
     "p99", "max", "in/s", "out/s", "rd/s", "wr/s", "rd/op", "wr/op", "cpu%", "repl/s", "rdelay",
+    "rbehind",
 ];
 
 fn text_header() -> String {
@@ -462,8 +476,9 @@ fn render(l: &Line, outlier: bool, csv: bool) -> String {
             o.push_str(&format!(",{v:.0}"));
         }
         let delay = l.repl_delay.map_or(String::new(), |d| format!("{d:.3}"));
+        let behind = l.repl_behind.map_or(String::new(), |b| format!("{b:.0}"));
         o.push_str(&format!(
-            ",{:.1},{:.1},{delay},{}",
+            ",{:.1},{:.1},{delay},{behind},{}",
             l.cpu,
             l.repl_rate,
             u8::from(outlier)
@@ -494,6 +509,8 @@ fn render(l: &Line, outlier: bool, csv: bool) -> String {
             .repl_delay
             .map_or("-".to_string(), |d| us(Some((d * 1e6) as u64)));
         o.push_str(&format!(" {delay:>7}"));
+        let behind = l.repl_behind.map_or("-".to_string(), human);
+        o.push_str(&format!(" {behind:>7}"));
         if outlier {
             o.push_str(" *");
         }

@@ -36,10 +36,13 @@
 //! store's first entries, `pando import`) raises it to the newest CSN
 //! written. Absent: everything was logged from the start.
 
+use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use heed::types::Bytes;
+use heed::PutFlags;
 
+use crate::csn_sid;
 use crate::entry_codec::{put_varint, Reader};
 use crate::{Db, StoreError, View, WriteTxn};
 
@@ -238,6 +241,37 @@ impl View<'_> {
         })))
     }
 
+    /// Per server ID, how many logged operations (distinct CSNs) are newer
+    /// than `seen`'s CSN for that server ID (every one when it has none).
+    /// A count is complete only if the floor is not newer than that CSN.
+    pub fn count_changes_after(
+        &self,
+        seen: &BTreeMap<u16, String>,
+    ) -> Result<BTreeMap<u16, u64>, StoreError> {
+        let mut counts = BTreeMap::new();
+        let Some(db) = self.changelog_db() else {
+            return Ok(counts);
+        };
+        // From the start: a server ID `seen` lacks counts whole (keys only,
+        // for an administrator's command).
+        let mut last: Vec<u8> = Vec::new();
+        for item in db.iter(self.txn)? {
+            let (k, _) = item?;
+            let csn = &k[..k.iter().position(|&b| b == 0).unwrap_or(k.len())];
+            if csn == last.as_slice() {
+                continue;
+            }
+            last = csn.to_vec();
+            let text = std::str::from_utf8(csn).unwrap_or("");
+            let Some(sid) = csn_sid(text) else { continue };
+            if seen.get(&sid).is_some_and(|s| text <= s.as_str()) {
+                continue;
+            }
+            *counts.entry(sid).or_insert(0) += 1;
+        }
+        Ok(counts)
+    }
+
     pub fn changelog_summary(&self) -> Result<ChangelogSummary, StoreError> {
         let floor = self.changelog_floor()?;
         let Some(db) = self.changelog_db() else {
@@ -268,7 +302,14 @@ impl WriteTxn<'_> {
     /// Log `c` (in the transaction that makes the change).
     pub fn log_change(&mut self, c: &LoggedChange) -> Result<(), StoreError> {
         let db = self.changelog_db_mut()?;
-        db.put(&mut self.txn, &key(c), &encode(c))?;
+        let (k, v) = (key(c), encode(c));
+        // Appended at the end (this server's CSNs only grow), which fills
+        // pages instead of splitting them in halves; a received change
+        // older than the newest record goes in its place.
+        match db.put_with_flags(&mut self.txn, PutFlags::APPEND, &k, &v) {
+            Err(heed::Error::Mdb(heed::MdbError::KeyExist)) => db.put(&mut self.txn, &k, &v)?,
+            other => other?,
+        }
         Ok(())
     }
 

@@ -313,6 +313,14 @@ fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
                 .collect();
             attrs.push(attr("pandoReplDelay", values));
         }
+        if !s.behind.is_empty() {
+            let values: Vec<String> = s
+                .behind
+                .iter()
+                .map(|(sid, b)| format!("{sid:03x} {b}"))
+                .collect();
+            attrs.push(attr("pandoReplChangesBehind", values));
+        }
         let (dn, mut entry) = node(&cn, &format!("cn={cn},cn=Replication,cn=Monitor"), attrs);
         // Two objectClass attributes became one: the node's and this one.
         let classes: Vec<Vec<u8>> = entry

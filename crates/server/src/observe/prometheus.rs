@@ -252,6 +252,20 @@ fn replication(t: &mut Text, server: &Server) {
             );
         }
     }
+    t.family(
+        "pando_repl_changes_behind",
+        "gauge",
+        "Operations a consumer's provider logged past its cookie, per server ID (counted every 30 s; a lower bound when the provider's log does not reach back).",
+    );
+    for (rid, s) in &statuses {
+        for (sid, b) in &s.behind {
+            t.sample(
+                "pando_repl_changes_behind",
+                &format!("rid=\"{rid:03}\",sid=\"{sid:03x}\""),
+                b.changes,
+            );
+        }
+    }
 }
 
 /// The whole exposition.

@@ -1,4 +1,5 @@
-//! Extended operations: WhoAmI (RFC 4532) and Password Modify (RFC 3062).
+//! Extended operations: WhoAmI (RFC 4532), Password Modify (RFC 3062), and
+//! Pando's own: online backup and replication changes behind.
 
 use std::sync::Arc;
 
@@ -44,6 +45,7 @@ pub async fn extended(
             passwd_modify(ctx, req.value.as_deref()).await
         }
         super::special::BACKUP_EXOP => online_backup(server, who, req.value).await,
+        super::special::CHANGES_BEHIND_EXOP => changes_behind(server, who, req.value).await,
         other => Err(LdapError::protocol(format!(
             "unsupported extended operation {other}"
         ))),
@@ -291,6 +293,79 @@ async fn online_backup(
     })
 }
 
+/// Whoever may read contextCSN on a suffix entry (a replica's identity)
+/// may count the changes behind it.
+fn may_read_context_csn(server: &Server, view: &View<'_>, who: &Identity) -> OpResult<()> {
+    let at = server.schema.attribute("contextCSN");
+    for (_, norm) in &server.suffixes {
+        let pando_store::Lookup::Found(id) = view.lookup_norm(&super::norm_dn::split_rdns(norm))?
+        else {
+            continue;
+        };
+        let entry = pando_model::Entry {
+            dn: pando_model::Dn { rdns: Vec::new() },
+            attrs: view.attrs(id)?.unwrap_or_default(),
+        };
+        if super::require(server, view, who, norm, &entry, &[(at, acl::READ)]).is_ok() {
+            return Ok(());
+        }
+    }
+    Err(LdapError::access(
+        "counting replication changes needs read access to contextCSN on a suffix entry",
+    ))
+}
+
+/// How many logged operations per server ID are newer than the CSNs given
+/// (a replica's contextCSN values, separated by `;`): the replica's lag in
+/// changes, counted here. Answer: one line per server ID logged,
+/// `sid=001 changes=12`, or `changes>=12` when the change log no longer
+/// reaches back to the replica's CSN; every server ID given has a line.
+/// For identities that may read contextCSN (see `may_read_context_csn`).
+async fn changes_behind(
+    server: &Arc<Server>,
+    who: &Identity,
+    value: Option<Vec<u8>>,
+) -> OpResult<ExtendedResponse> {
+    let text = value
+        .as_deref()
+        .map(std::str::from_utf8)
+        .transpose()
+        .map_err(|_| LdapError::protocol("the request value must be CSNs separated by ';'"))?
+        .unwrap_or("");
+    let mut seen = std::collections::BTreeMap::new();
+    for csn in text.split(';').filter(|c| !c.is_empty()) {
+        let sid = crate::clock::parse_csn(csn)
+            .ok()
+            .and(pando_store::csn_sid(csn))
+            .ok_or_else(|| LdapError::protocol(format!("'{csn}' is not a CSN")))?;
+        seen.insert(sid, csn.to_string());
+    }
+    let (server2, seen2, who2) = (server.clone(), seen.clone(), who.clone());
+    let (counts, floor) = tokio::task::spawn_blocking(move || -> OpResult<_> {
+        let rtxn = server2.store.read()?;
+        let view = rtxn.view();
+        may_read_context_csn(&server2, &view, &who2)?;
+        Ok((view.count_changes_after(&seen2)?, view.changelog_floor()?))
+    })
+    .await
+    .map_err(|_| LdapError::new(ResultCode::OTHER, "count task failed"))??;
+    let mut out = String::new();
+    let mut counts = counts;
+    for sid in seen.keys() {
+        counts.entry(*sid).or_insert(0);
+    }
+    for (sid, n) in counts {
+        let complete = seen.get(&sid).is_some_and(|c| floor.as_str() <= c.as_str());
+        let sign = if complete { "=" } else { ">=" };
+        out.push_str(&format!("sid={sid:03x} changes{sign}{n}\n"));
+    }
+    Ok(ExtendedResponse {
+        result: LdapResult::success(),
+        name: Some(super::special::CHANGES_BEHIND_EXOP.to_string()),
+        value: Some(out.into_bytes()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -369,5 +444,69 @@ mod tests {
         assert_eq!(r.result.code, ResultCode::SUCCESS);
         let pw = super::super::password_values(&stored(&server, person));
         assert!(pw.len() == 1 && password::verify_password(b"s3cret", &pw[0]));
+    }
+
+    /// The lag in changes is counted per server ID from the change log,
+    /// for identities that may read contextCSN and no one else; the CSNs
+    /// asked about must be CSNs.
+    #[test]
+    fn changes_behind_counts_operations_newer_than_each_csn() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(
+            dir.path(),
+            r#"
+[[access]]
+by = [{ who = "admins", rights = "all" }, { who = "dn:cn=replica,dc=example,dc=com", rights = "read" }]
+"#,
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let ask = |who: &Identity, csns: &str| {
+            let req = ExtendedRequest {
+                name: super::super::special::CHANGES_BEHIND_EXOP.into(),
+                value: Some(csns.as_bytes().to_vec()),
+            };
+            rt.block_on(extended(&server, who, Requested::default(), req))
+        };
+        let context = || {
+            let rtxn = server.store.read().unwrap();
+            rtxn.view().context_csns().unwrap().join(";")
+        };
+        let admin = user(&server, "cn=admin,dc=example,dc=com", true);
+        // Through the write pipeline, which logs.
+        let write = |n: &str| {
+            let req = pando_proto::AddRequest {
+                dn: format!("cn={n},dc=example,dc=com"),
+                attrs: [("objectClass", "device"), ("cn", n)]
+                    .iter()
+                    .map(|(a, v)| pando_proto::PartialAttribute {
+                        name: a.to_string(),
+                        values: vec![v.as_bytes().to_vec()],
+                    })
+                    .collect(),
+            };
+            let ctx = WriteCtx::new(&server, &admin, Requested::default());
+            rt.block_on(super::super::write::add(ctx, req)).unwrap();
+        };
+        write("a");
+        let seen = context();
+        for n in ["b", "c", "d"] {
+            write(n);
+        }
+        let replica = user(&server, "cn=replica,dc=example,dc=com", false);
+        let answer = ask(&replica, &seen).unwrap();
+        let text = String::from_utf8(answer.value.unwrap()).unwrap();
+        assert_eq!(text, "sid=000 changes=3\n");
+        assert_eq!(
+            String::from_utf8(ask(&replica, &context()).unwrap().value.unwrap()).unwrap(),
+            "sid=000 changes=0\n"
+        );
+        let other = user(&server, "cn=other,dc=example,dc=com", false);
+        let err = ask(&other, &seen).expect_err("may not read contextCSN");
+        assert_eq!(err.code, ResultCode::INSUFFICIENT_ACCESS_RIGHTS);
+        let err = ask(&replica, "20261125").expect_err("not a CSN");
+        assert_eq!(err.code, ResultCode::PROTOCOL_ERROR, "{}", err.message);
     }
 }

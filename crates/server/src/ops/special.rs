@@ -17,11 +17,20 @@ pub const PANDO_ARC: &str = "2.25.15972167931155808496075090497880241257";
 /// Online backup: request value = destination directory on the server
 /// host; response value = the backup's manifest. Administrators only.
 pub const BACKUP_EXOP: &str = "2.25.15972167931155808496075090497880241257.1.1";
+/// Replication lag in changes: request value = a replica's CSNs; response
+/// value = logged operations newer than them per server ID (see
+/// `ops::extended`). For identities that may read contextCSN.
+pub const CHANGES_BEHIND_EXOP: &str = "2.25.15972167931155808496075090497880241257.1.2";
 
 /// Extended operations this server implements (and StartTLS when a
 /// certificate is configured).
-pub const SUPPORTED_EXTENSIONS: &[&str] =
-    &[oid::WHOAMI, oid::PASSWD_MODIFY, oid::CANCEL, BACKUP_EXOP];
+pub const SUPPORTED_EXTENSIONS: &[&str] = &[
+    oid::WHOAMI,
+    oid::PASSWD_MODIFY,
+    oid::CANCEL,
+    BACKUP_EXOP,
+    CHANGES_BEHIND_EXOP,
+];
 /// SASL mechanisms: EXTERNAL (ldapi peer credentials, TLS client certificates).
 pub const SUPPORTED_SASL_MECHANISMS: &[&str] = &["EXTERNAL"];
 /// supportedFeatures: all operational attributes ("+", RFC 3673),

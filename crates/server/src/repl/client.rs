@@ -335,6 +335,35 @@ impl Client {
         }
     }
 
+    /// The value of an extended operation's successful answer.
+    pub async fn extended(&mut self, name: &str, value: Vec<u8>) -> Result<Vec<u8>, ClientError> {
+        let op = ProtocolOp::ExtendedRequest(pando_proto::ExtendedRequest {
+            name: name.into(),
+            value: Some(value),
+        });
+        let id = self.send(op, Vec::new()).await?;
+        let m = self.recv(Some(self.timeout)).await?;
+        match m.op {
+            ProtocolOp::ExtendedResponse(r)
+                if m.id == id && r.result.code == ResultCode::SUCCESS =>
+            {
+                Ok(r.value.unwrap_or_default())
+            }
+            ProtocolOp::ExtendedResponse(r) => fail(format!(
+                "{} answered extended operation {name} with {} ({}) {}",
+                self.url,
+                r.result.code.0,
+                r.result.code.name(),
+                r.result.message
+            )),
+            other => fail(format!(
+                "{} answered an extended operation with {:?}",
+                self.url,
+                other.tag()
+            )),
+        }
+    }
+
     /// Say goodbye (best effort).
     pub async fn unbind(mut self) {
         let _ = self.send(ProtocolOp::UnbindRequest, Vec::new()).await;

@@ -110,6 +110,10 @@ pub struct ConsumerConfig {
     /// provider).
     #[serde(default)]
     pub update_referral: Option<String>,
+    /// How often to ask the provider how many changes this consumer lacks
+    /// (`repl::lag`), in seconds (0: never).
+    #[serde(default = "default_count_behind")]
+    pub count_behind_secs: u64,
 }
 
 fn default_scope() -> String {
@@ -137,6 +141,9 @@ fn default_keepalive() -> u64 {
     60
 }
 fn default_timeout() -> u64 {
+    30
+}
+fn default_count_behind() -> u64 {
     30
 }
 

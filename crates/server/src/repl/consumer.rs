@@ -63,6 +63,9 @@ pub struct Status {
     /// Per server ID: how long after its CSN's time the last change of
     /// that server reached this consumer (persist stage), microseconds.
     pub delay: std::collections::BTreeMap<u16, u64>,
+    /// Per server ID: changes the provider logged past this consumer's
+    /// cookie, as it last counted them (`super::lag`).
+    pub behind: std::collections::BTreeMap<u16, super::lag::Behind>,
 }
 
 impl Status {
@@ -82,6 +85,7 @@ const WINDOW: usize = 256;
 pub fn start_all(server: &Arc<Server>) {
     for i in 0..server.cfg.config.replication.consumer.len() {
         let server = server.clone();
+        tokio::spawn(super::lag::follow(server.clone(), i));
         tokio::spawn(async move { run(server, i).await });
     }
 }
@@ -203,7 +207,7 @@ async fn run(server: Arc<Server>, index: usize) {
     set(replica, |s| s.phase = "stopped");
 }
 
-fn set(replica: &Replica, f: impl FnOnce(&mut Status)) {
+pub(super) fn set(replica: &Replica, f: impl FnOnce(&mut Status)) {
     if let Ok(mut s) = replica.status.lock() {
         f(&mut s);
     }

@@ -7,6 +7,7 @@
 pub mod client;
 pub mod config;
 pub mod consumer;
+pub mod lag;
 
 use std::sync::Mutex;
 

@@ -604,45 +604,58 @@ impl Scan<'_> {
         let schema = self.job.server.schema.clone();
         let scope = self.job.req.scope;
         let mut gone: Vec<SyncUuid> = Vec::new();
-        // Entries the log says changed since the cookie, first change first.
-        let mut changed: Vec<String> = Vec::new();
+        // Entries the log says changed since the cookie, first change
+        // first; a moved entry brings its descendants (their DNs changed,
+        // not their records).
+        let mut changed: Vec<EntryId> = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for rec in self.view.changes_after(oldest_known)? {
             let rec = rec?;
             if !is_newer(self.theirs, &rec.csn) {
                 continue;
             }
-            let norm_of = |dn: &str| {
-                Dn::parse(dn)
-                    .ok()
-                    .and_then(|d| schema.normalize_dn(&d).ok())
+            if rec.kind == LoggedKind::Delete {
+                if norm_of(&schema, &rec.dn).is_some_and(|n| in_scope(self.base, scope, &n)) {
+                    gone.extend(uuid_bytes(&rec.uuid));
+                }
+                continue;
+            }
+            let Some(id) = crate::ops::write::replicated::find_by_uuid(self.view, &rec.uuid)?
+            else {
+                continue;
             };
-            let was = match rec.kind {
-                LoggedKind::Delete => Some(rec.dn.as_str()),
-                LoggedKind::ModDn => rec.old_dn.as_deref(),
-                _ => None,
-            };
-            if let Some(was) = was {
-                let was_in = norm_of(was).is_some_and(|n| in_scope(self.base, scope, &n));
-                let is_in = rec.kind == LoggedKind::ModDn
-                    && norm_of(&rec.dn).is_some_and(|n| in_scope(self.base, scope, &n));
+            if seen.insert(id) {
+                changed.push(id);
+            }
+            if rec.kind != LoggedKind::ModDn {
+                continue;
+            }
+            let was_in = rec
+                .old_dn
+                .as_deref()
+                .and_then(|d| norm_of(&schema, d))
+                .is_some_and(|n| in_scope(self.base, scope, &n));
+            let is_in = norm_of(&schema, &rec.dn).is_some_and(|n| in_scope(self.base, scope, &n));
+            if was_in && !is_in {
+                gone.extend(uuid_bytes(&rec.uuid));
+            }
+            for below in self.view.subtree(id, u64::MAX)?.into_iter().flatten() {
+                if below == id || !seen.insert(below) {
+                    continue;
+                }
+                changed.push(below);
+                // Moved out with it: gone (unknown UUIDs are ignored).
                 if was_in && !is_in {
-                    if let Some(u) = uuid_bytes(&rec.uuid) {
+                    if let Some(u) = self.view.entry(below)?.as_ref().and_then(uuid_of) {
                         gone.push(u);
                     }
                 }
-            }
-            if rec.kind != LoggedKind::Delete && seen.insert(rec.uuid.clone()) {
-                changed.push(rec.uuid);
             }
         }
         // The changed entries as they are now: matching ones are sent
         // below, the others went out of the result set.
         let mut matching = Vec::new();
-        for uuid in &changed {
-            let Some(id) = crate::ops::write::replicated::find_by_uuid(self.view, uuid)? else {
-                continue;
-            };
+        for &id in &changed {
             let Some((norm, entry)) = self.load(id)? else {
                 continue;
             };
@@ -676,6 +689,13 @@ impl Scan<'_> {
         }
         Ok(true)
     }
+}
+
+/// `dn` normalised, if it parses.
+fn norm_of(schema: &pando_model::schema::Schema, dn: &str) -> Option<String> {
+    Dn::parse(dn)
+        .ok()
+        .and_then(|d| schema.normalize_dn(&d).ok())
 }
 
 /// The messages one committed operation gives a consumer in the persist
@@ -725,6 +745,10 @@ fn persist_changes(
         }
         if buf.len() >= CHUNK {
             chunks.push(std::mem::take(&mut buf));
+        }
+        if c.kind() == Kind::ModDn {
+            let out = (&mut chunks, &mut buf);
+            entries += persist_descendants(job, base, &mut matcher, &emitter, c, cookie, out)?;
         }
     }
     if !buf.is_empty() {
@@ -787,6 +811,73 @@ fn persist_change(
     };
     delete_message(job.msg_id, &b.entry.dn.to_string(), uuid, cookie, buf);
     Ok(true)
+}
+
+/// The descendants of an entry `c` moved, for a consumer: their DNs
+/// changed with it (their records did not), so each is sent as
+/// [`persist_change`] would send a change of it alone, judged at its old
+/// and new place. How many entries were sent.
+fn persist_descendants(
+    job: &SearchJob,
+    base: &str,
+    matcher: &mut Matcher<'_, '_>,
+    emitter: &Emitter<'_>,
+    c: &Change,
+    cookie: &Cookie,
+    (chunks, buf): (&mut Vec<Vec<u8>>, &mut Vec<u8>),
+) -> OpResult<u64> {
+    let Some(before) = &c.before else {
+        return Ok(0);
+    };
+    let scope = job.req.scope;
+    let view = matcher.view;
+    let (root_dn, root_norm) = view.dn_pair(before.id)?;
+    let mut sent = 0;
+    for id in view.subtree(before.id, u64::MAX)?.into_iter().flatten() {
+        if id == before.id {
+            continue;
+        }
+        let Some(entry) = view.entry(id)? else {
+            continue;
+        };
+        let Some(uuid) = uuid_of(&entry) else {
+            continue;
+        };
+        let (dn, norm) = view.dn_pair(id)?;
+        // Its place before the move: the same RDNs under the old DN.
+        let (Some(rdns), Some(norm_rdns)) =
+            (dn.strip_suffix(&root_dn), norm.strip_suffix(&root_norm))
+        else {
+            continue;
+        };
+        let old_dn = format!("{rdns}{}", before.entry.dn);
+        let old_norm = format!("{norm_rdns}{}", before.norm);
+        let was_in = in_scope(base, scope, &old_norm)
+            && matcher
+                .test_held(Some(id), &old_norm, entry.clone())?
+                .is_some();
+        let now = match in_scope(base, scope, &norm) {
+            true => matcher.test_held(Some(id), &norm, entry)?,
+            false => None,
+        };
+        if let Some(entry) = now {
+            let state = match was_in {
+                true => SyncStateKind::Modify,
+                false => SyncStateKind::Add,
+            };
+            let ctl = [state_control(state, uuid, Some(cookie))];
+            matcher.emit_held(emitter, Some(id), &norm, &entry, &ctl, buf)?;
+        } else if was_in {
+            delete_message(job.msg_id, &old_dn, uuid, cookie, buf);
+        } else {
+            continue;
+        }
+        sent += 1;
+        if buf.len() >= CHUNK {
+            chunks.push(std::mem::take(buf));
+        }
+    }
+    Ok(sent)
 }
 
 #[cfg(test)]

@@ -81,7 +81,14 @@ pub fn diff(before: &Entry, after: &Entry) -> Vec<LoggedMod> {
         attrs.iter().position(|a| a.desc.eq_ignore_ascii_case(desc))
     };
     let mut out = Vec::new();
-    for b in &before.attrs {
+    // Entries keep their attributes' order through a write: most are found
+    // at the same place, equal.
+    let same_place =
+        |attrs: &'_ [Attribute], i: usize, desc: &str| attrs.get(i).is_some_and(|a| a.desc == desc);
+    for (i, b) in before.attrs.iter().enumerate() {
+        if same_place(&after.attrs, i, &b.desc) {
+            continue;
+        }
         if find(&after.attrs, &b.desc).is_none() {
             out.push(LoggedMod {
                 op: ModOp::Delete,
@@ -90,8 +97,15 @@ pub fn diff(before: &Entry, after: &Entry) -> Vec<LoggedMod> {
             });
         }
     }
-    for a in &after.attrs {
-        let Some(i) = find(&before.attrs, &a.desc) else {
+    for (j, a) in after.attrs.iter().enumerate() {
+        if same_place(&before.attrs, j, &a.desc) && before.attrs[j].values == a.values {
+            continue;
+        }
+        let i = match same_place(&before.attrs, j, &a.desc) {
+            true => Some(j),
+            false => find(&before.attrs, &a.desc),
+        };
+        let Some(i) = i else {
             out.push(LoggedMod {
                 op: ModOp::Add,
                 desc: a.desc.clone(),
