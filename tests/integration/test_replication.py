@@ -1253,17 +1253,21 @@ bind_dn = "%s"
 credentials = "%s"
 """ % (srv.url, PEOPLE, srv.admin_dn, srv.admin_pw)
     people.start()
+    # This one keeps only persons (uid=*): the OUs moved are not sent.
+    persons = pando_consumer(tmp_path / "persons", srv, extra='filter = "(uid=*)"\n')
 
-    def dns(node):
-        rc, entries, err = node.search(PEOPLE, "(objectClass=*)", "1.1")
+    def dns(node, base=PEOPLE, filt="(objectClass=*)"):
+        rc, entries, err = node.search(base, filt, "1.1")
         assert rc in (0, 32), err
         return sorted(d.lower() for d, _ in entries)
 
     def same(why):
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and dns(people) != dns(srv):
+        while time.monotonic() < deadline and (dns(people) != dns(srv) or
+                                               dns(persons, SUFFIX, "(uid=*)") != dns(srv, SUFFIX, "(uid=*)")):
             time.sleep(0.3)
         assert dns(people) == dns(srv), (why, people.logs())
+        assert dns(persons, SUFFIX, "(uid=*)") == dns(srv, SUFFIX, "(uid=*)"), (why, persons.logs())
 
     team = ["ou=team," + PEOPLE.lower()] + ["uid=t%d,ou=team,%s" % (i, PEOPLE.lower()) for i in range(3)]
 
@@ -1277,6 +1281,12 @@ credentials = "%s"
         move("ou=Team," + staging, PEOPLE)
         same("moved in while connected")
         assert set(team) <= set(dns(people))
+        # Renamed in place: persons below a renamed OU follow it.
+        modify(srv, "dn: ou=Team,%s\nchangetype: modrdn\nnewrdn: ou=Crew\ndeleteoldrdn: 1\n" % PEOPLE)
+        same("renamed while connected")
+        assert "uid=t0,ou=crew," + PEOPLE.lower() in dns(persons, SUFFIX, "(uid=*)")
+        modify(srv, "dn: ou=Crew,%s\nchangetype: modrdn\nnewrdn: ou=Team\ndeleteoldrdn: 1\n" % PEOPLE)
+        same("renamed back while connected")
         move("ou=Team," + PEOPLE, staging)
         same("moved out while connected")
         assert not set(team) & set(dns(people))
@@ -1292,7 +1302,15 @@ credentials = "%s"
         people.start()
         same("moved out while down")
         assert not set(team) & set(dns(people))
+        # A rename while a filtered consumer is down: its delete phase
+        # moves the persons below.
+        assert persons.stop() == 0
+        modify(srv, "dn: ou=Team,%s\nchangetype: modrdn\nnewrdn: ou=Crew\ndeleteoldrdn: 1\n" % staging)
+        persons.start()
+        same("renamed while down")
+        assert "uid=t0,ou=crew," + staging.lower() in dns(persons, SUFFIX, "(uid=*)")
     finally:
+        persons.stop_and_verify()
         people.stop_and_verify()
         srv.stop_and_verify()
 

@@ -355,10 +355,12 @@ impl Replicated {
             Some(id) => {
                 let before = before(view, id)?;
                 // The same entry (by UUID), here as new as what came (a
-                // change sent twice, or overtaken): kept.
+                // change sent twice, or overtaken): kept. At the same CSN
+                // under another DN, an ancestor moved: it follows.
                 let same = before.entry.get("entryUUID") == after.get("entryUUID");
-                let held = entry_csn(&before.entry);
-                if same && held.is_some() && held >= entry_csn(&after) {
+                let (held, got) = (entry_csn(&before.entry), entry_csn(&after));
+                let moved = held == got && before.norm != norm;
+                if same && held.is_some() && held >= got && !moved {
                     return Ok(deletes);
                 }
                 if before.norm != norm {
