@@ -23,6 +23,7 @@
 pub mod bulk;
 mod changelog;
 mod context_csn;
+mod dictionary;
 mod dn_cache;
 pub mod entry_codec;
 pub mod file_check;

@@ -1330,3 +1330,80 @@ fn after_commit_steps_run_in_commit_order_and_only_for_kept_jobs() {
     let want: Vec<u32> = (0..40).filter(|i| i % 3 != 0).collect();
     assert_eq!(got, want);
 }
+
+/// A store filled entry by entry (not by import) gets a dictionary once it
+/// holds enough entries; entries written after use it, those before still
+/// read, and it survives a reopen.
+#[test]
+fn a_store_filled_without_a_dictionary_gets_one_trained_on_its_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = |dir: &Path| {
+        let opts = StoreOptions {
+            durability: Durability::None,
+            indexes: Vec::new(),
+            ..crate::model_check::options()
+        };
+        Store::open(dir, Arc::new(Schema::standard()), &opts).unwrap()
+    };
+    let store = open(dir.path());
+    assert!(
+        store.codec().level().is_some(),
+        "the test needs compression"
+    );
+    tree(&store);
+    assert_eq!(
+        store.train_dictionary_if_missing().unwrap(),
+        None,
+        "too few entries"
+    );
+    let people = find(&store, "ou=People,dc=example,dc=com").unwrap();
+    let n = crate::dictionary::SAMPLES;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(2500) {
+        let chunk = chunk.to_vec();
+        store
+            .write_blocking(move |w| -> Result<(), StoreError> {
+                for i in chunk {
+                    let p = Placement {
+                        parent: people,
+                        rdn: format!("cn=p{i}"),
+                        norm_rdn: format!("cn=p{i}"),
+                    };
+                    w.add(
+                        &p,
+                        &person(&format!("p{i} with some shared text"), &i.to_string()),
+                    )?;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+    let id = store
+        .train_dictionary_if_missing()
+        .unwrap()
+        .expect("trained");
+    assert_eq!(store.codec().current_dict().map(|d| d.id), Some(id));
+    assert_eq!(
+        store.train_dictionary_if_missing().unwrap(),
+        None,
+        "only once"
+    );
+    add_under(&store, people, "after", person("after", "1"));
+    let after = find(&store, "cn=after,ou=People,dc=example,dc=com").unwrap();
+    let raw = |store: &Store, id: EntryId| {
+        let r = store.read().unwrap();
+        let v = r.view().entry_bytes(id).unwrap().unwrap().to_vec();
+        v
+    };
+    // Format 2, dictionary ID right after the CRC.
+    assert_eq!(
+        (raw(&store, after)[0], raw(&store, after)[5] as u32),
+        (2, id)
+    );
+    store.close();
+    let store = open(dir.path());
+    assert_eq!(store.codec().current_dict().map(|d| d.id), Some(id));
+    let r = store.read().unwrap();
+    assert_eq!(r.view().entry_count().unwrap(), 22 + n as u64 + 1);
+    drop(r);
+    assert_consistent(&store);
+}

@@ -34,7 +34,7 @@ mod modify;
 mod rename;
 pub mod replicated;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use pando_model::Entry;
@@ -291,6 +291,7 @@ fn answer<W: WriteOp>(
     Some(match ended {
         Ok((committed, controls)) => {
             op.audit(ctx, &committed.changes);
+            train_dictionary_when_due(&ctx.server);
             Ok(Written {
                 controls,
                 no_op: false,
@@ -303,6 +304,36 @@ fn answer<W: WriteOp>(
         Err(Stop::Failed(e)) => Err(e),
         Err(Stop::Replan) => return None,
     })
+}
+
+/// Writes between two looks at whether the store needs a compression
+/// dictionary (`pando_store::Store::train_dictionary_if_missing`).
+const DICTIONARY_CHECK_EVERY: u64 = 1024;
+
+/// A store filled over LDAP (a consumer's initial load, ldapadd) gets the
+/// dictionary `pando import` would have trained, once it holds enough
+/// entries; trained on the blocking pool, off every write's path.
+fn train_dictionary_when_due(server: &Arc<Server>) {
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let codec = server.store.codec();
+    if codec.level().is_none() || codec.current_dict().is_some() {
+        return;
+    }
+    if !WRITES
+        .fetch_add(1, Ordering::Relaxed)
+        .is_multiple_of(DICTIONARY_CHECK_EVERY)
+    {
+        return;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let store = server.store.clone();
+    rt.spawn_blocking(move || match store.train_dictionary_if_missing() {
+        Ok(Some(id)) => tracing::info!(dictionary = id, "trained a compression dictionary on the entries written so far: entries written from now on use it"),
+        Ok(None) => {}
+        Err(e) => tracing::warn!("training a compression dictionary failed: {e}"),
+    });
 }
 
 /// Run a write through the pipeline (see the module header).
