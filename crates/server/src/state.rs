@@ -186,11 +186,12 @@ impl Identity {
 }
 
 impl Server {
-    /// Normalised suffix that `norm_dn` is within, if any.
+    /// Normalised suffix that `norm_dn` is within, if any (RDN by RDN: an
+    /// escaped comma in an RDN does not end it).
     pub fn suffix_of(&self, norm_dn: &str) -> Option<&(Dn, String)> {
         self.suffixes
             .iter()
-            .find(|(_, s)| norm_dn == s || norm_dn.ends_with(&format!(",{s}")))
+            .find(|(_, s)| crate::ops::norm_dn::in_scope(s, pando_proto::Scope::Sub, norm_dn))
     }
 
     pub fn is_suffix(&self, norm_dn: &str) -> bool {
