@@ -108,6 +108,11 @@ def sync_control(mode, cookie=None, reload_hint=False):
     return ber.control(SYNC_REQUEST, False, ber.seq(value))
 
 
+def uuid_text(raw):
+    h = raw.hex()
+    return "%s-%s-%s-%s-%s" % (h[:8], h[8:12], h[12:16], h[16:20], h[20:])
+
+
 def uuid_bytes(text):
     return bytes.fromhex(text.replace("-", ""))
 
@@ -941,6 +946,41 @@ def test_a_consumer_survives_a_provider_sending_garbage(tmp_path):
         assert context_csn(con.url, con.admin_dn, con.admin_pw) == [FAKE_CSN]
         mon = attrs_of(con, "cn=Consumer 001,cn=Replication,cn=Monitor")
         assert int(mon["pandoReplFailures"][0]) >= 4 and int(mon["pandoReplReloads"][0]) == 1
+    finally:
+        con.stop_and_verify()
+        fake.stop()
+
+
+def test_a_consumer_counts_and_logs_conflicts(tmp_path):
+    """An entry older than the copy held is kept as held; another entry
+    holding the DN of one received is replaced. Both are counted and
+    logged with what was on either side."""
+    older = "20261124000000.000001Z#000000#000#000000"
+    newer = "20261125000000.000002Z#000000#000#000000"
+
+    def kept(msgid, csn, uuid, cookie_csn):
+        return fake_entry(msgid, "uid=kept," + SUFFIX, {"objectClass": ["inetOrgPerson"], "uid": ["kept"],
+                                                         "cn": ["K"], "sn": ["changed"], "entryCSN": [csn]},
+                          uuid=uuid) + fake_done(msgid, cookie="rid=001,csn=" + cookie_csn), False
+
+    scenarios = [good_refresh,
+                 lambda msgid: kept(msgid, older, FAKE_UUIDS[1], FAKE_CSN),   # older copy
+                 lambda msgid: kept(msgid, newer, FAKE_UUIDS[2], newer)]     # another entry at the DN
+    fake = FakeProvider(scenarios)
+    con = pando_consumer(tmp_path / "consumer", fake, mode="refreshOnly")
+    try:
+        mon = "cn=Consumer 001,cn=Replication,cn=Monitor"
+        deadline = time.monotonic() + 30
+        while attrs_of(con, mon).get("pandoReplConflicts") != ["2"]:
+            assert time.monotonic() < deadline, "%r\n%s" % (attrs_of(con, mon), con.logs()[-3000:])
+            time.sleep(0.2)
+        logs = con.logs(tail=20000)
+        assert "received at %s is older than the copy here (%s): kept" % (older, FAKE_CSN) in logs, logs[-2000:]
+        held = "'uid=kept,%s' was held here by entryUUID %s, the provider's is %s" % (
+            SUFFIX, uuid_text(FAKE_UUIDS[1]), uuid_text(FAKE_UUIDS[2]))
+        assert held in logs, logs[-2000:]
+        got = attrs_of(con, "uid=kept," + SUFFIX, "entryUUID", "sn")
+        assert got["sn"] == ["changed"] and got["entryUUID"][0].replace("-", "") == FAKE_UUIDS[2].hex(), got
     finally:
         con.stop_and_verify()
         fake.stop()

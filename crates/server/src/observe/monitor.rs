@@ -279,7 +279,7 @@ fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
     ));
     let time = |t: Option<u64>| t.map(crate::clock::generalized_time);
     for r in replicas {
-        let Ok(s) = r.status.lock().map(|s| s.clone()) else {
+        let Some(s) = r.snapshot() else {
             continue;
         };
         let cn = format!("Consumer {:03}", r.rid);
@@ -292,6 +292,7 @@ fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
             num("pandoReplRefreshes", s.refreshes),
             num("pandoReplReloads", s.reloads),
             num("pandoReplFailures", s.failures),
+            num("pandoReplConflicts", s.conflicts),
         ];
         if let Some(t) = time(s.last_connect) {
             attrs.push(attr("olmSRLastConnect", [t]));

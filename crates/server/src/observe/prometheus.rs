@@ -190,13 +190,13 @@ fn replication(t: &mut Text, server: &Server) {
         .replicas
         .0
         .iter()
-        .filter_map(|r| r.status.lock().ok().map(|s| (r.rid, s.clone())))
+        .filter_map(|r| r.snapshot().map(|s| (r.rid, s)))
         .collect();
     if statuses.is_empty() {
         return;
     }
     type Figure = fn(&crate::repl::consumer::Status) -> u64;
-    let counters: [(&str, &str, Figure); 5] = [
+    let counters: [(&str, &str, Figure); 6] = [
         (
             "pando_repl_applied_total",
             "Entries a consumer added or changed from its provider.",
@@ -221,6 +221,11 @@ fn replication(t: &mut Text, server: &Server) {
             "pando_repl_failures_total",
             "Failed consumer sessions.",
             |s| s.failures,
+        ),
+        (
+            "pando_repl_conflicts_total",
+            "Received changes that met a different state at a consumer (an older copy, another entry at its DN).",
+            |s| s.conflicts,
         ),
     ];
     for (name, help, f) in counters {

@@ -60,6 +60,9 @@ pub struct Status {
     /// Reloads asked for by the provider (4096).
     pub reloads: u64,
     pub failures: u64,
+    /// Received changes that met a different state here (filled in by
+    /// `Replica::snapshot`).
+    pub conflicts: u64,
     /// Per server ID: how long after its CSN's time the last change of
     /// that server reached this consumer (persist stage), microseconds.
     pub delay: std::collections::BTreeMap<u16, u64>,
@@ -485,6 +488,7 @@ impl Session2<'_> {
                 failed: self.failed.clone(),
                 unlogged,
                 base: self.replica.base.clone(),
+                conflicts: self.replica.conflicts.clone(),
             },
         )
     }

@@ -22,11 +22,23 @@ pub struct Replica {
     /// Where clients' writes to the subtree are referred.
     pub referral: String,
     pub status: Mutex<consumer::Status>,
+    /// Received changes that met a different state here (see
+    /// `ReplCtx::conflicts`), counted by the writer.
+    pub conflicts: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Every configured consumer.
 #[derive(Default)]
 pub struct Replicas(pub Vec<Replica>);
+
+impl Replica {
+    /// How the consumer is doing, conflicts included.
+    pub fn snapshot(&self) -> Option<consumer::Status> {
+        let mut s = self.status.lock().ok()?.clone();
+        s.conflicts = self.conflicts.load(std::sync::atomic::Ordering::Relaxed);
+        Some(s)
+    }
+}
 
 impl Replicas {
     /// From the validated configuration (search bases were checked then).
@@ -42,6 +54,7 @@ impl Replicas {
                         .unwrap_or_default(),
                     referral: c.referral(),
                     status: Mutex::new(consumer::Status::new(&c.provider)),
+                    conflicts: Default::default(),
                 })
                 .collect(),
         )

@@ -50,6 +50,10 @@ pub struct ReplCtx {
     /// The consumer's search base (normalised): nothing outside it is
     /// touched, whatever the provider sends.
     pub base: String,
+    /// Counts received changes that met a different state here: an entry
+    /// older than the one held (kept), or another entry holding its DN
+    /// (replaced). Each is also logged with both sides.
+    pub conflicts: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// What was received.
@@ -287,6 +291,15 @@ fn place_for_free(
 }
 
 impl Replicated {
+    /// Count and log a conflict between what came and what is here.
+    fn conflict(&self, ctx: &WriteCtx, what: std::fmt::Arguments<'_>) {
+        if let Some(r) = &ctx.replicated {
+            r.conflicts
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(rid = r.rid, "replication conflict: {what}");
+        }
+    }
+
     /// The entries with these UUIDs within the consumer's base.
     fn found_within(
         &self,
@@ -344,6 +357,21 @@ impl Replicated {
             Some(id) => (Some(id), at_dn.filter(|&o| o != id)),
             None => (at_dn, None),
         };
+        // Another entry at the DN: a stale copy (deleted first), or, when
+        // the UUID is unknown here, the entry taken over in place.
+        if let Some(other) = at_dn.filter(|&o| Some(o) != by_uuid) {
+            let held = view.entry(other)?;
+            let held_uuid = held.as_ref().and_then(|e| e.get("entryUUID"));
+            let held_uuid = held_uuid.and_then(|a| a.values.first());
+            self.conflict(
+                ctx,
+                format_args!(
+                    "'{}' was held here by entryUUID {}, the provider's is {uuid}: replaced by the provider's",
+                    entry.dn,
+                    held_uuid.map_or("(none)".into(), |v| String::from_utf8_lossy(v)),
+                ),
+            );
+        }
         let deletes = subtree_deletes(view, stale.as_slice())?;
         // The target is change 0, the glue its new place needs 1…, the
         // deletes of a stale entry after them (all written in reverse).
@@ -361,6 +389,17 @@ impl Replicated {
                 let (held, got) = (entry_csn(&before.entry), entry_csn(&after));
                 let moved = held == got && before.norm != norm;
                 if same && held.is_some() && held >= got && !moved {
+                    if held > got {
+                        self.conflict(
+                            ctx,
+                            format_args!(
+                                "'{}' received at {} is older than the copy here ({}): kept",
+                                entry.dn,
+                                got.unwrap_or("no entryCSN"),
+                                held.unwrap_or(""),
+                            ),
+                        );
+                    }
                     return Ok(deletes);
                 }
                 if before.norm != norm {
