@@ -566,7 +566,7 @@ def test_python_ldap_syncrepl_consumer_follows_pando(fresh_server):
 
 
 def consumer_config(provider_url, bind_dn, password, mode="refreshAndPersist", rid=1, extra="",
-                    interval=1):
+                    interval=1, search_base=SUFFIX):
     return PUBLIC_READ + """
 [[replication.consumer]]
 rid = %d
@@ -578,7 +578,7 @@ retry = "1 30 5 +"
 timeout_secs = 5
 bind_dn = "%s"
 credentials = "%s"
-%s""" % (rid, provider_url, SUFFIX, mode, interval, bind_dn, password, extra)
+%s""" % (rid, provider_url, search_base, mode, interval, bind_dn, password, extra)
 
 
 class Node:
@@ -603,10 +603,11 @@ def converge_nodes(nodes, timeout=30, log=lambda: ""):
         time.sleep(0.3)
 
 
-def pando_consumer(base, provider, mode="refreshAndPersist", extra="", interval=1, tail=""):
+def pando_consumer(base, provider, mode="refreshAndPersist", extra="", interval=1, tail="",
+                   search_base=SUFFIX, name="consumer"):
     cfg = consumer_config(provider.url, provider.admin_dn, provider.admin_pw, mode, extra=extra,
-                          interval=interval) + tail
-    return Pando(base, demo=False, config=cfg, name="consumer").start()
+                          interval=interval, search_base=search_base) + tail
+    return Pando(base, demo=False, config=cfg, name=name).start()
 
 
 @pytest.mark.parametrize("mode", ["refreshAndPersist", "refreshOnly"])
@@ -1215,20 +1216,8 @@ def test_a_consumer_restored_from_the_provider_s_backup_syncs_only_what_changed(
 def test_a_filtered_consumer_keeps_glue_for_parents_outside_its_filter_and_only_what_matches(tmp_path):
     srv = Pando(tmp_path / "provider", demo=True, config=PUBLIC_READ).start()
     persons = pando_consumer(tmp_path / "persons", srv, extra='filter = "(uid=*)"\n')
-    one = Pando(tmp_path / "one", name="one")
     # The second consumer keeps only the children of ou=People.
-    one.config = PUBLIC_READ + """
-[[replication.consumer]]
-rid = 1
-provider = "%s"
-search_base = "%s"
-scope = "one"
-retry = "1 30 5 +"
-timeout_secs = 5
-bind_dn = "%s"
-credentials = "%s"
-""" % (srv.url, PEOPLE, srv.admin_dn, srv.admin_pw)
-    one.start()
+    one = pando_consumer(tmp_path / "one", srv, extra='scope = "one"\n', search_base=PEOPLE, name="one")
 
     def dns(node, filt="(objectClass=*)"):
         rc, entries, err = node.search(SUFFIX, filt, "1.1")
@@ -1247,6 +1236,9 @@ credentials = "%s"
         assert dns(persons, "(objectClass=glue)") == [SUFFIX.lower(), PEOPLE.lower()]
         assert dns(persons) == sorted([SUFFIX.lower(), PEOPLE.lower()] + people)
         assert dns(one, "(objectClass=glue)") == [PEOPLE.lower()]
+        for node in (persons, one):
+            mon = attrs_of(node, "cn=Consumer 001,cn=Replication,cn=Monitor")
+            assert mon["pandoReplConflicts"] == ["0"], mon
         # Changes follow; an entry leaving the filter leaves the consumer.
         modify(srv, "dn: uid=alice,%s\nchangetype: modify\nreplace: description\ndescription: x\n" % PEOPLE)
         modify(srv, "dn: uid=bob,%s\nchangetype: delete\n" % PEOPLE)
@@ -1281,18 +1273,7 @@ def test_a_subtree_moved_into_or_out_of_a_consumer_s_base_brings_or_takes_its_de
         "dn: ou=Team,%s\nchangetype: add\nobjectClass: organizationalUnit\nou: Team\n\n" % staging,
     ] + ["dn: uid=t%d,ou=Team,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: t%d\ncn: T %d\nsn: T\n\n"
          % (i, staging, i, i) for i in range(3)]))
-    people = Pando(tmp_path / "people", name="people")
-    people.config = PUBLIC_READ + """
-[[replication.consumer]]
-rid = 1
-provider = "%s"
-search_base = "%s"
-retry = "1 30 5 +"
-timeout_secs = 5
-bind_dn = "%s"
-credentials = "%s"
-""" % (srv.url, PEOPLE, srv.admin_dn, srv.admin_pw)
-    people.start()
+    people = pando_consumer(tmp_path / "people", srv, search_base=PEOPLE, name="people")
     # This one keeps only persons (uid=*): the OUs moved are not sent.
     persons = pando_consumer(tmp_path / "persons", srv, extra='filter = "(uid=*)"\n')
 

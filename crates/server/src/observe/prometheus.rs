@@ -243,32 +243,42 @@ fn replication(t: &mut Text, server: &Server) {
         let up = u8::from(matches!(s.phase, "refresh" | "persist"));
         t.sample("pando_repl_connected", &format!("rid=\"{rid:03}\""), up);
     }
-    t.family(
+    use crate::repl::consumer::Status;
+    let delay = |s: &Status| s.delay.iter().map(|(sid, us)| (*sid, secs(*us))).collect();
+    per_sid_gauge(
+        t,
+        &statuses,
         "pando_repl_delay_seconds",
-        "gauge",
         "Seconds from the CSN time of a server's last change to its arrival at a consumer.",
+        delay,
     );
-    for (rid, s) in &statuses {
-        for (sid, us) in &s.delay {
-            t.sample(
-                "pando_repl_delay_seconds",
-                &format!("rid=\"{rid:03}\",sid=\"{sid:03x}\""),
-                secs(*us),
-            );
-        }
-    }
-    t.family(
+    let behind = |s: &Status| {
+        let counts = s.behind.iter();
+        counts
+            .map(|(sid, b)| (*sid, b.changes.to_string()))
+            .collect()
+    };
+    per_sid_gauge(
+        t,
+        &statuses,
         "pando_repl_changes_behind",
-        "gauge",
-        "Operations a consumer's provider logged past its cookie, per server ID (counted every 30 s; a lower bound when the provider's log does not reach back).",
+        "Operations a consumer's provider logged past its cookie, per server ID (counted every count_behind_secs; a lower bound when the provider's log does not reach back).",
+        behind,
     );
-    for (rid, s) in &statuses {
-        for (sid, b) in &s.behind {
-            t.sample(
-                "pando_repl_changes_behind",
-                &format!("rid=\"{rid:03}\",sid=\"{sid:03x}\""),
-                b.changes,
-            );
+}
+
+/// A gauge per consumer and server ID.
+fn per_sid_gauge(
+    t: &mut Text,
+    statuses: &[(u16, crate::repl::consumer::Status)],
+    name: &str,
+    help: &str,
+    values: impl Fn(&crate::repl::consumer::Status) -> Vec<(u16, String)>,
+) {
+    t.family(name, "gauge", help);
+    for (rid, s) in statuses {
+        for (sid, v) in values(s) {
+            t.sample(name, &format!("rid=\"{rid:03}\",sid=\"{sid:03x}\""), v);
         }
     }
 }

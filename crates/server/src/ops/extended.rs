@@ -293,9 +293,15 @@ async fn online_backup(
     })
 }
 
-/// Whoever may read contextCSN on a suffix entry (a replica's identity)
-/// may count the changes behind it.
+/// Whoever is authenticated and may read contextCSN on a suffix entry (a
+/// replica's identity) may count the changes behind it (a count reads the
+/// change log's keys: not for anonymous clients).
 fn may_read_context_csn(server: &Server, view: &View<'_>, who: &Identity) -> OpResult<()> {
+    if who.is_anonymous() {
+        return Err(LdapError::access(
+            "counting replication changes needs an authenticated identity",
+        ));
+    }
     let at = server.schema.attribute("contextCSN");
     for (_, norm) in &server.suffixes {
         let pando_store::Lookup::Found(id) = view.lookup_norm(&super::norm_dn::split_rdns(norm))?
@@ -320,7 +326,8 @@ fn may_read_context_csn(server: &Server, view: &View<'_>, who: &Identity) -> OpR
 /// changes, counted here. Answer: one line per server ID logged,
 /// `sid=001 changes=12`, or `changes>=12` when the change log no longer
 /// reaches back to the replica's CSN; every server ID given has a line.
-/// For identities that may read contextCSN (see `may_read_context_csn`).
+/// For authenticated identities that may read contextCSN (see
+/// `may_read_context_csn`).
 async fn changes_behind(
     server: &Arc<Server>,
     who: &Identity,
@@ -447,8 +454,8 @@ mod tests {
     }
 
     /// The lag in changes is counted per server ID from the change log,
-    /// for identities that may read contextCSN and no one else; the CSNs
-    /// asked about must be CSNs.
+    /// for authenticated identities that may read contextCSN and no one
+    /// else; the CSNs asked about must be CSNs.
     #[test]
     fn changes_behind_counts_operations_newer_than_each_csn() {
         let dir = tempfile::tempdir().unwrap();
@@ -505,6 +512,9 @@ by = [{ who = "admins", rights = "all" }, { who = "dn:cn=replica,dc=example,dc=c
         );
         let other = user(&server, "cn=other,dc=example,dc=com", false);
         let err = ask(&other, &seen).expect_err("may not read contextCSN");
+        assert_eq!(err.code, ResultCode::INSUFFICIENT_ACCESS_RIGHTS);
+        let anonymous = Identity::anonymous(Default::default());
+        let err = ask(&anonymous, &seen).expect_err("anonymous");
         assert_eq!(err.code, ResultCode::INSUFFICIENT_ACCESS_RIGHTS);
         let err = ask(&replica, "20261125").expect_err("not a CSN");
         assert_eq!(err.code, ResultCode::PROTOCOL_ERROR, "{}", err.message);

@@ -19,7 +19,7 @@ pub const PANDO_ARC: &str = "2.25.15972167931155808496075090497880241257";
 pub const BACKUP_EXOP: &str = "2.25.15972167931155808496075090497880241257.1.1";
 /// Replication lag in changes: request value = a replica's CSNs; response
 /// value = logged operations newer than them per server ID (see
-/// `ops::extended`). For identities that may read contextCSN.
+/// `ops::extended`). For authenticated identities that may read contextCSN.
 pub const CHANGES_BEHIND_EXOP: &str = "2.25.15972167931155808496075090497880241257.1.2";
 
 /// Extended operations this server implements (and StartTLS when a

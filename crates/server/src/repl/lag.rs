@@ -3,9 +3,10 @@
 //! provider, on a short connection of its own made as the consumer's
 //! (same URL, TLS and bind), how many operations the provider logged past
 //! the consumer's stored cookie (Pando's `CHANGES_BEHIND_EXOP`, allowed to
-//! identities that may read contextCSN). A provider that does not know the
-//! operation (OpenLDAP's slapd) is not asked again until the next start;
-//! the lag in seconds (`Status::delay`) does not need it.
+//! authenticated identities that may read contextCSN). A provider that
+//! does not know the operation (OpenLDAP's slapd) or refuses it to this
+//! identity is not asked again until the next start; the lag in seconds
+//! (`Status::delay`) does not need it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -55,7 +56,7 @@ pub fn parse_answer(text: &str) -> Option<BTreeMap<u16, Behind>> {
 }
 
 /// Count, every `count_behind_secs`, until the server closes or the
-/// provider says it cannot.
+/// provider says it cannot or will not.
 pub async fn follow(server: Arc<Server>, index: usize) {
     let cfg = server.cfg.config.replication.consumer[index].clone();
     let replica = &server.replicas.0[index];
@@ -91,6 +92,11 @@ pub async fn follow(server: Arc<Server>, index: usize) {
             },
             Err(e) if e.0.contains("(protocolError)") => {
                 tracing::info!(rid = cfg.rid, provider = %cfg.provider, "the provider does not count changes behind (not a Pando server?): the lag is shown in seconds only");
+                set(replica, |s| s.behind.clear());
+                return;
+            }
+            Err(e) if e.0.contains("(insufficientAccessRights)") => {
+                tracing::info!(rid = cfg.rid, provider = %cfg.provider, "the provider does not count changes behind for this consumer's identity (it needs to be authenticated and to read contextCSN): the lag is shown in seconds only");
                 set(replica, |s| s.behind.clear());
                 return;
             }

@@ -290,6 +290,12 @@ fn place_for_free(
     place_for(ctx, view, dn, norm, 1)
 }
 
+/// A placeholder this consumer made for an ancestor outside its search.
+fn is_glue(e: &Entry) -> bool {
+    e.get("objectClass")
+        .is_some_and(|a| a.values.iter().any(|v| v.eq_ignore_ascii_case(b"glue")))
+}
+
 impl Replicated {
     /// Count and log a conflict between what came and what is here.
     fn conflict(&self, ctx: &WriteCtx, what: std::fmt::Arguments<'_>) {
@@ -358,10 +364,12 @@ impl Replicated {
             None => (at_dn, None),
         };
         // Another entry at the DN: a stale copy (deleted first), or, when
-        // the UUID is unknown here, the entry taken over in place.
-        if let Some(other) = at_dn.filter(|&o| Some(o) != by_uuid) {
-            let held = view.entry(other)?;
-            let held_uuid = held.as_ref().and_then(|e| e.get("entryUUID"));
+        // the UUID is unknown here, the entry taken over in place. A glue
+        // entry standing in for it is no conflict.
+        let other = at_dn.filter(|&o| Some(o) != by_uuid);
+        let held = other.map(|o| view.entry(o)).transpose()?.flatten();
+        if let Some(held) = held.filter(|e| !is_glue(e)) {
+            let held_uuid = held.get("entryUUID");
             let held_uuid = held_uuid.and_then(|a| a.values.first());
             self.conflict(
                 ctx,
