@@ -361,6 +361,7 @@ def test_cancel_ends_a_persist_stage_with_canceled_and_the_cancel_with_success(f
         c.send(ber.message(6, ber.search_op(PEOPLE, attrs=["1.1"])))
         m = c.recv_msg(timeout=10)
         while m["op"] == "entry":
+            assert m["id"] == 6, m  # nothing more of the canceled search
             m = c.recv_msg(timeout=10)
         assert (m["id"], m["op"], m["code"]) == (6, "searchDone", 0), m
 
