@@ -252,8 +252,8 @@ impl View<'_> {
         let Some(db) = self.changelog_db() else {
             return Ok(counts);
         };
-        // From the start: a server ID `seen` lacks counts whole (keys only,
-        // for an administrator's command).
+        // From the start: a server ID `seen` lacks counts whole. Keys only:
+        // each consumer asks every `count_behind_secs` (30 s by default).
         let mut last: Vec<u8> = Vec::new();
         for item in db.iter(self.txn)? {
             let (k, _) = item?;
