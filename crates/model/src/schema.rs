@@ -530,9 +530,10 @@ impl Schema {
             }
             let rest = expand_macros(rest, &next.macros);
             match keyword.as_str() {
-                "attributetype" | "attributetypes" => {
-                    next.add_attribute_type(&rest).map_err(fail)?
-                }
+                // slapd takes any keyword beginning with `attribute` for
+                // `attributetype` (it matches the directive by that prefix),
+                // and Debian's dsee.schema has an `attributeype`.
+                k if k.starts_with("attribute") => next.add_attribute_type(&rest).map_err(fail)?,
                 "objectclass" | "objectclasses" => next.add_object_class(&rest).map_err(fail)?,
                 "ldapsyntax" | "ldapsyntaxes" => next.add_syntax(&rest).map_err(fail)?,
                 other => return Err(fail(format!("unknown definition keyword '{other}'"))),
@@ -1390,6 +1391,10 @@ mod tests {
             .add_definitions("attributetype ( 1.2.3.6 NAME 'z' EQUALITY fooMatch SYNTAX 1.2.3 )")
             .is_err());
         assert!(s.add_definitions("bogus ( 1.2.3 )").is_err());
+        // As slapd: any keyword beginning with `attribute` defines one.
+        s.add_definitions("attributeype ( 1.2.3.9 NAME 'typo' SUP name )")
+            .unwrap();
+        assert!(s.attribute("typo").is_some());
         // All or nothing.
         let before = s.attributes().count();
         assert!(s
