@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use pando_proto::Scope;
+use pando_server::repl::lag::{parse_answer, Behind};
 
 #[derive(clap::Args)]
 pub struct ReplStatusArgs {
@@ -46,11 +47,11 @@ fn seconds_between(older: &str, newer: &str) -> Option<f64> {
 }
 
 /// What one server holds for one server ID against the newest anywhere,
-/// with the count of changes it lacks when known (`=12` or `>=12`).
-fn state(held: Option<&String>, newest: &str, changes: Option<&str>) -> String {
-    let changes = changes.map_or(String::new(), |c| match c.strip_prefix('=') {
-        Some(n) => format!(", {n} changes"),
-        None => format!(", {} changes", c.replacen(">=", "at least ", 1)),
+/// with the count of changes it lacks when known.
+fn state(held: Option<&String>, newest: &str, changes: Option<Behind>) -> String {
+    let changes = changes.map_or(String::new(), |b| match b.complete {
+        true => format!(", {} changes", b.changes),
+        false => format!(", at least {} changes", b.changes),
     });
     match held {
         None => format!("missing{changes}"),
@@ -63,24 +64,18 @@ fn state(held: Option<&String>, newest: &str, changes: Option<&str>) -> String {
 }
 
 /// Per server ID, how many changes a server holding `csns` lacks, as the
-/// server at `leader` counts them (`=N` or `>=N`); empty when it cannot
-/// (not a Pando server, or not allowed).
-fn changes_behind(args: &ReplStatusArgs, leader: &str, csns: &[String]) -> BTreeMap<u16, String> {
+/// server at `leader` counts them; empty when it cannot (not a Pando
+/// server, or not allowed).
+fn changes_behind(args: &ReplStatusArgs, leader: &str, csns: &[String]) -> BTreeMap<u16, Behind> {
     let oid = pando_server::ops::special::CHANGES_BEHIND_EXOP;
     let answer = args
         .bind
         .open(leader)
         .and_then(|mut l| l.extended(oid, csns.join(";").into_bytes()));
-    let Ok(text) = answer else {
-        return BTreeMap::new();
-    };
-    String::from_utf8_lossy(&text)
-        .lines()
-        .filter_map(|line| {
-            let (sid, n) = line.strip_prefix("sid=")?.split_once(" changes")?;
-            Some((u16::from_str_radix(sid, 16).ok()?, n.to_string()))
-        })
-        .collect()
+    answer
+        .ok()
+        .and_then(|text| parse_answer(&String::from_utf8_lossy(&text)))
+        .unwrap_or_default()
 }
 
 /// Print the comparison; exit 0 when every server holds the newest CSN of
@@ -115,7 +110,7 @@ pub fn run(args: ReplStatusArgs) -> Result<ExitCode, String> {
         if newest.is_empty() {
             println!("{url:width$}  ---  {:40}  no contextCSN anywhere", "");
         }
-        let mut counted: BTreeMap<&str, BTreeMap<u16, String>> = BTreeMap::new();
+        let mut counted: BTreeMap<&str, BTreeMap<u16, Behind>> = BTreeMap::new();
         for (s, n) in &newest {
             let held = csns.iter().find(|c| sid(c) == Some(*s));
             let mut changes = None;
@@ -128,7 +123,7 @@ pub fn run(args: ReplStatusArgs) -> Result<ExitCode, String> {
                     let counts = counted
                         .entry(leader.as_str())
                         .or_insert_with(|| changes_behind(&args, leader, csns));
-                    changes = counts.get(s).map(String::as_str);
+                    changes = counts.get(s).copied();
                 }
             }
             let st = state(held, n, changes);
@@ -156,12 +151,13 @@ mod tests {
         let old = "20261125000008.000000Z#000000#001#000000".to_string();
         assert_eq!(state(Some(&new), &new, None), "in step");
         assert_eq!(state(Some(&old), &new, None), "behind 2.5s");
+        let behind = |changes, complete| Some(Behind { changes, complete });
         assert_eq!(
-            state(Some(&old), &new, Some("=3")),
+            state(Some(&old), &new, behind(3, true)),
             "behind 2.5s, 3 changes"
         );
         assert_eq!(
-            state(None, &new, Some(">=7")),
+            state(None, &new, behind(7, false)),
             "missing, at least 7 changes"
         );
     }

@@ -261,7 +261,8 @@ impl View<'_> {
             if csn == last.as_slice() {
                 continue;
             }
-            last = csn.to_vec();
+            last.clear();
+            last.extend_from_slice(csn);
             let text = std::str::from_utf8(csn).unwrap_or("");
             let Some(sid) = csn_sid(text) else { continue };
             if seen.get(&sid).is_some_and(|s| text <= s.as_str()) {

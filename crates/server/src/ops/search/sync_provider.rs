@@ -433,14 +433,13 @@ fn refresh(
     // Delete phase: what changed since the cookie, from the change log
     // (from the oldest of the cookie's CSNs for the servers this one
     // knows; from the start when the cookie lacks one of them).
-    let oldest_known = cookie
+    let known: Option<Vec<&str>> = cookie
         .csns
         .iter()
         .map(|o| csn_sid(o).and_then(|sid| theirs.csn_for(sid)))
-        .try_fold(None::<&str>, |min, c| {
-            c.map(|c| Some(min.map_or(c, |m| m.min(c))))
-        })
-        .flatten()
+        .collect();
+    let oldest_known = known
+        .and_then(|csns| csns.into_iter().min())
         .unwrap_or("")
         .to_string();
     // Otherwise every entry the filter may match.
