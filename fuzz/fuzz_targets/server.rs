@@ -11,12 +11,12 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use pando_proto::{frame_length, DecodeLimits, LdapMessage};
 use pando_server::net::connection::Connection;
-use pando_server::state::{PeerCred, Server, Session};
+use pando_server::state::{PeerCred, Session};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 struct Harness {
     rt: tokio::runtime::Runtime,
-    server: Arc<Server>,
+    live: Arc<pando_server::live::Live>,
     _dir: std::path::PathBuf,
 }
 
@@ -49,7 +49,7 @@ fn harness() -> &'static Harness {
         pando_server::bootstrap::ensure_suffixes(&store, &cfg.suffixes, creator, &csn)
             .expect("suffix");
         let _ = pando_server::bootstrap::load_demo(&store, &cfg.suffixes[0], creator, &csn);
-        let server = pando_server::build_server(cfg, schema, store, csn, None, None).expect("server");
+        let live = pando_server::build_server(cfg, schema, store, csn, None, None).expect("server");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .max_blocking_threads(2)
@@ -58,7 +58,7 @@ fn harness() -> &'static Harness {
             .expect("runtime");
         Harness {
             rt,
-            server: Arc::new(server),
+            live,
             _dir: dir,
         }
     })
@@ -66,7 +66,7 @@ fn harness() -> &'static Harness {
 
 fuzz_target!(|data: &[u8]| {
     let h = harness();
-    let server = h.server.clone();
+    let live = h.live.clone();
     let input = data.to_vec();
     let out = h.rt.block_on(async move {
         let (client, conn_side) = tokio::io::duplex(1 << 16);
@@ -74,7 +74,8 @@ fuzz_target!(|data: &[u8]| {
         // SAFETY: geteuid/getegid have no preconditions.
         let cred = unsafe { PeerCred { uid: libc::geteuid(), gid: libc::getegid() } };
         let conn = Connection {
-            server,
+            server: live.server(),
+            live,
             id: 1,
             peer: "fuzz".into(),
             session: Arc::new(Session {

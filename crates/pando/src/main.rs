@@ -316,7 +316,8 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
         // now, not at the next start); they take effect at the next start.
         Some(Arc::new(move || {
             let files = load_config(&args.store)?.schema_files;
-            serve_config(&args, &pando_server::schema_files::load(&files)?)
+            let schema = Arc::new(pando_server::schema_files::load(&files)?);
+            Ok((serve_config(&args, &schema)?, schema))
         }))
     } else {
         None

@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 
 use pando_model::{Dn, Schema};
 use pando_store::{Durability, IndexKind, IndexSpec};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub const DEFAULT_SUFFIX: &str = "dc=example,dc=com";
 pub const DEFAULT_LDAP_URL: &str = "ldap://127.0.0.1:3389";
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Where the store, the ldapi socket and generated secrets live.
@@ -67,7 +67,7 @@ pub struct Config {
 }
 
 /// `[replication]`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReplicationConfig {
     /// This server's ID in CSNs (0-4095, three hex digits in the CSN).
@@ -101,7 +101,7 @@ impl Default for ReplicationConfig {
 }
 
 /// `[logs]`. Nothing is logged to files unless a path is set.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogsConfig {
     /// Access log file: one line per operation result and per connection
@@ -197,7 +197,7 @@ impl LogsConfig {
 }
 
 /// `[metrics]`.
-#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// `host:port` (or a bare port, meaning 127.0.0.1) of the Prometheus
@@ -225,7 +225,7 @@ impl MetricsConfig {
 }
 
 /// One access rule: what it covers, then who gets which rights.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AccessRule {
     /// Base DN of the entries covered (default: every entry).
@@ -244,7 +244,7 @@ pub struct AccessRule {
     pub by: Vec<AccessBy>,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AccessBy {
     /// A subject, or a list of subjects that must all hold.
@@ -255,7 +255,7 @@ pub struct AccessBy {
     pub rights: OneOrMany,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(untagged)]
 pub enum OneOrMany {
     One(String),
@@ -273,7 +273,7 @@ impl OneOrMany {
 
 /// `[tls]`: the server certificate for ldaps:// listeners and StartTLS, and
 /// how client certificates are asked for.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
     /// PEM certificate chain, the server's own certificate first.
@@ -426,7 +426,7 @@ impl TlsConfig {
 }
 
 /// How clients authenticate and which identities hold the administrator role.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// Refuse simple binds carrying a password over connections that are
@@ -456,7 +456,7 @@ impl Default for AuthConfig {
 }
 
 /// `[passwords]`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PasswordsConfig {
     /// Scheme for clear-text passwords written by clients: `argon2`
@@ -552,7 +552,7 @@ pub const LDAPI_OWNER: &str = "ldapi-owner";
 /// Map an EXTERNAL authorization DN matching `pattern` (a regular expression
 /// over the normalised DN, anchored) to `dn` (with `$1`… from the pattern's
 /// groups), or to the one entry under `base` matching `filter` (also with `$1`…).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ExternalMap {
     pub pattern: String,
@@ -561,7 +561,7 @@ pub struct ExternalMap {
     pub filter: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Largest LDAP message accepted, in bytes (checked from the header).
@@ -645,7 +645,7 @@ pub const MAX_SEARCH_THREADS: usize = 256;
 /// wins). The defaults leave room for everything anonymous clients legitimately do
 /// (bind, read the root DSE and schema, small lookups where access rules
 /// allow) and nothing that costs the server much.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AnonymousLimits {
     /// Largest message accepted before a bind, in bytes.
@@ -672,7 +672,7 @@ impl Default for AnonymousLimits {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsFor {
     /// Subjects as in access rules (all must hold), e.g. `group:cn=apps,…`.
@@ -714,7 +714,7 @@ impl Default for Limits {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     /// Upper bound of the database file, in MiB; 0 = no practical bound

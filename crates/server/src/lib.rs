@@ -11,6 +11,7 @@ pub mod config;
 pub mod datadir;
 pub mod error;
 pub mod hashing;
+pub mod live;
 pub mod net;
 pub mod observe;
 pub mod ops;
@@ -21,7 +22,7 @@ pub mod schema_files;
 pub mod state;
 pub mod throttle;
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use pando_model::{Dn, Schema};
@@ -37,8 +38,9 @@ use crate::state::Server;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Re-reads the configuration (file plus command-line overrides) on SIGHUP.
-pub type Reloader = Arc<dyn Fn() -> Result<Resolved, String> + Send + Sync>;
+/// Re-reads the configuration (file plus command-line overrides) on SIGHUP,
+/// with the schema its schema files make.
+pub type Reloader = Arc<dyn Fn() -> Result<(Resolved, Arc<Schema>), String> + Send + Sync>;
 
 #[derive(Clone, Default)]
 pub struct ServeOptions {
@@ -245,14 +247,15 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     {
         return Err("an LDAPS socket was passed by systemd but [tls] has no certificate".into());
     }
-    let server = Arc::new(build_server(
+    let live = build_server(
         cfg,
         schema,
         store.clone(),
         csn,
         root_pw.as_ref().map(|p| p.hash().to_string()),
         tls,
-    )?);
+    )?;
+    let server = live.server();
 
     print_banner(&server, &root_pw, &created, demo_added, tls_generated);
 
@@ -281,7 +284,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     for b in bound {
         listeners.spawn(net::listener::serve(
             b,
-            server.clone(),
+            live.clone(),
             conn_limit.clone(),
             per_ip.clone(),
             stop_rx.clone(),
@@ -296,7 +299,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         ));
     }
 
-    signals.wait_for_stop(&server, opts.reload.as_ref()).await;
+    signals.wait_for_stop(&live, opts.reload.as_ref()).await;
     tracing::info!("shutting down: no new connections; finishing operations in progress");
     let _ = stop_tx.send(true);
     // Persistent searches end now (with `unavailable`), not at the drain's end.
@@ -327,14 +330,16 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     );
     server.logs.close();
     drop(server);
+    drop(live);
     tokio::task::spawn_blocking(move || store.close()).await?;
     tracing::info!("store closed cleanly");
     Ok(())
 }
 
-/// The shared server state for a validated configuration and an open
-/// store: compiled access rules, authentication policy, limits. Used by
-/// `run` and by in-process harnesses (the whole-server fuzz target).
+/// The running server for a validated configuration and an open store:
+/// compiled access rules, authentication policy, limits, and the runtime
+/// handles. Used by `run` and by in-process harnesses (the whole-server
+/// fuzz target, unit tests).
 pub fn build_server(
     cfg: Resolved,
     schema: Arc<Schema>,
@@ -342,7 +347,22 @@ pub fn build_server(
     csn: CsnClock,
     root_pw_hash: Option<String>,
     tls: Option<Arc<net::tls::TlsContext>>,
-) -> Result<Server, BoxError> {
+) -> Result<Arc<live::Live>, BoxError> {
+    let compiled = compile(cfg, schema, root_pw_hash, tls)?;
+    let runtime = new_runtime(&compiled, store, csn)?;
+    Ok(live::Live::new(|weak| {
+        Server::assemble(compiled, runtime, weak)
+    }))
+}
+
+/// What `cfg` compiles to. Fails (changing nothing) when a part of it
+/// cannot be compiled.
+pub fn compile(
+    cfg: Resolved,
+    schema: Arc<Schema>,
+    root_pw_hash: Option<String>,
+    tls: Option<Arc<net::tls::TlsContext>>,
+) -> Result<state::Compiled, BoxError> {
     let root_dn_norm = match &cfg.root_dn {
         Some(d) => schema
             .normalize_dn(d)
@@ -350,11 +370,6 @@ pub fn build_server(
         None => String::new(),
     };
     let auth = auth::AuthPolicy::new(&cfg.config.auth, &schema)?;
-    let throttle = throttle::BindThrottle::new(&cfg.config.limits);
-    let passwords = hashing::PasswordWork::new(
-        cfg.config.passwords.policy()?,
-        cfg.config.passwords.max_concurrent_hashes,
-    );
     let acl = acl::Acl::from_config(&cfg.config.access, &schema)
         .map_err(|(i, k, e)| format!("access[{i}].{k}: {e}"))?;
     let limits_by = cfg
@@ -370,48 +385,58 @@ pub fn build_server(
         .map(|d| schema.normalize_dn(d).map(|n| (d.clone(), n)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("suffixes: {e}"))?;
-    let logs = observe::Logs::open(&cfg.config.logs)?;
     let limits = &cfg.config.limits;
+    let decode_limits = DecodeLimits {
+        max_depth: limits.max_filter_depth,
+        max_filter_terms: limits.max_filter_terms,
+    };
+    // A configured hash wins; otherwise the one the data directory keeps.
+    let root_pw_hash = cfg.config.root_password_hash.clone().or(root_pw_hash);
+    Ok(state::Compiled {
+        cfg,
+        schema,
+        root_dn_norm,
+        root_pw_hash,
+        suffixes,
+        decode_limits,
+        auth,
+        acl,
+        limits_by,
+        tls,
+    })
+}
+
+/// The handles that outlive configuration changes, sized by the first
+/// configuration.
+fn new_runtime(
+    c: &state::Compiled,
+    store: Store,
+    csn: CsnClock,
+) -> Result<state::Runtime, BoxError> {
+    let cfg = &c.cfg.config;
+    let limits = &cfg.limits;
     let search_threads_max = match limits.max_search_threads {
         0 => (4 * std::thread::available_parallelism().map_or(1, |n| n.get()))
             .clamp(8, config::MAX_SEARCH_THREADS),
         n => n,
     };
-    let search_threads = Arc::new(Semaphore::new(search_threads_max));
-    let decode_limits = DecodeLimits {
-        max_depth: limits.max_filter_depth,
-        max_filter_terms: limits.max_filter_terms,
-    };
-    let cfg_backlog = cfg.config.limits.persistent_search_backlog;
-    let cfg_max_persistent = cfg.config.limits.max_persistent_searches;
-    let replicas = repl::Replicas::new(&schema, &cfg.config.replication.consumer);
-    Ok(Server {
-        root_pw_hash: RwLock::new(root_pw_hash),
-        cfg,
-        schema,
+    Ok(state::Runtime {
         store,
-        root_dn_norm,
-        suffixes,
-        csn,
-        decode_limits,
-        auth,
-        acl,
-        limits_by,
-        throttle,
-        search_threads,
+        csn: Arc::new(csn),
+        throttle: Arc::new(throttle::BindThrottle::new(limits)),
+        search_threads: Arc::new(Semaphore::new(search_threads_max)),
         search_threads_max,
-        passwords,
+        passwords: Arc::new(hashing::PasswordWork::new(
+            cfg.passwords.policy()?,
+            cfg.passwords.max_concurrent_hashes,
+        )),
         started: SystemTime::now(),
-        tls,
-        metrics: observe::metrics::Metrics::new(),
-        logs,
-        base_cache: ops::BaseCache::default(),
-        special: ops::special::SpecialEntries::default(),
-        subentries: ops::Subentries::default(),
-        sorted: ops::search::SortCache::default(),
-        feed: ops::feed::Feed::new(cfg_backlog),
-        persistent_searches: Arc::new(tokio::sync::Semaphore::new(cfg_max_persistent)),
-        replicas,
+        metrics: Arc::new(observe::metrics::Metrics::new()),
+        logs: Arc::new(observe::Logs::open(&cfg.logs)?),
+        subentries: Arc::new(ops::Subentries::default()),
+        feed: Arc::new(ops::feed::Feed::new(limits.persistent_search_backlog)),
+        persistent_searches: Arc::new(Semaphore::new(limits.max_persistent_searches)),
+        replicas: Arc::new(repl::Replicas::new(&c.schema, &cfg.replication.consumer)),
     })
 }
 
@@ -454,20 +479,24 @@ impl Signals {
         })
     }
 
-    /// Serve until SIGTERM or SIGINT; on SIGHUP reload the configuration and
-    /// apply what can change at runtime (durability, TLS certificates).
-    async fn wait_for_stop(mut self, server: &Server, reload: Option<&Reloader>) {
+    /// Serve until SIGTERM or SIGINT; on SIGHUP reload the configuration
+    /// file and install what can change at runtime.
+    async fn wait_for_stop(mut self, live: &live::Live, reload: Option<&Reloader>) {
         loop {
             tokio::select! {
                 _ = self.term.recv() => return,
                 _ = self.int.recv() => return,
-                _ = self.hup.recv() => apply_reload(server, reload),
+                _ = self.hup.recv() => {
+                    let _changing = live.changing().await;
+                    apply_reload(live, reload);
+                }
             }
         }
     }
 }
 
-fn apply_reload(server: &Server, reload: Option<&Reloader>) {
+fn apply_reload(live: &live::Live, reload: Option<&Reloader>) {
+    let server = live.server();
     // Certificate files are re-read whether or not there is a configuration
     // file (a renewed certificate under the same names, or the self-signed one).
     if let Some(tls) = &server.tls {
@@ -478,33 +507,32 @@ fn apply_reload(server: &Server, reload: Option<&Reloader>) {
         tracing::info!("SIGHUP: no configuration file to reload");
         return;
     };
-    let new = match reload() {
+    let (new, schema) = match reload() {
         Ok(n) => n,
         Err(e) => {
             tracing::error!("SIGHUP: configuration not reloaded, the running one stays: {e}");
             return;
         }
     };
-    match new.config.store.durability() {
-        Ok(d) => {
-            if d != server.store.durability() {
-                server.store.set_durability(d);
-                tracing::info!(durability = ?d, "SIGHUP: durability changed");
+    // Schema files are read again and checked, and stay as they were.
+    if schema.attributes().count() != server.schema.attributes().count()
+        || schema.object_classes().count() != server.schema.object_classes().count()
+    {
+        tracing::warn!("SIGHUP: schema files changed; the schema changes at the next start");
+    }
+    match live.reconfigure(new, server.schema.clone()) {
+        Ok(applied) => {
+            if !applied.changed.is_empty() {
+                tracing::info!(keys = %applied.changed.join(", "), "SIGHUP: configuration changed");
+            }
+            if !applied.at_next_start.is_empty() {
+                tracing::warn!(
+                    keys = %applied.at_next_start.join(", "),
+                    "SIGHUP: these changes take effect at the next start"
+                );
             }
         }
-        Err(e) => tracing::error!("SIGHUP: {e}"),
-    }
-    let mut same = new.config.clone();
-    same.store.durability = server.cfg.config.store.durability.clone();
-    same.store.batched_max_ms = server.cfg.config.store.batched_max_ms;
-    same.store.batched_max_writes = server.cfg.config.store.batched_max_writes;
-    if same != server.cfg.config {
-        tracing::warn!("SIGHUP: other configuration changes take effect at the next start");
-    }
-    if !new.config.schema_files.is_empty() {
-        tracing::info!(
-            "SIGHUP: schema files checked; changes to them take effect at the next start"
-        );
+        Err(e) => tracing::error!("SIGHUP: configuration not reloaded, the running one stays: {e}"),
     }
 }
 

@@ -1,6 +1,6 @@
 //! Shared server state and the identity of a connection.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Weak};
 use std::time::SystemTime;
 
 use pando_model::{Dn, Schema};
@@ -10,52 +10,146 @@ use pando_store::Store;
 use crate::clock::CsnClock;
 use crate::config::Resolved;
 
-/// Everything operations share. One per running server.
+/// Everything operations share, for one configuration. Immutable: a
+/// configuration change builds a new `Server` (see [`crate::live`]) that
+/// shares the runtime handles (store, counters, feed, logs) of the old one.
 pub struct Server {
+    // Compiled from the configuration.
     pub cfg: Resolved,
     pub schema: Arc<Schema>,
-    pub store: Store,
     /// Normalised root DN: the administrator identity.
     pub root_dn_norm: String,
     /// Hash of the administrator password; None = no password bind for it.
-    pub root_pw_hash: RwLock<Option<String>>,
+    pub root_pw_hash: Option<String>,
     /// Configured suffixes with their normalised forms.
     pub suffixes: Vec<(Dn, String)>,
-    pub csn: CsnClock,
     pub decode_limits: DecodeLimits,
     pub auth: crate::auth::AuthPolicy,
     pub acl: crate::acl::Acl,
     /// `[[limits.by]]`, compiled.
     pub limits_by: Vec<(crate::acl::Who, crate::config::LimitsFor)>,
-    pub throttle: crate::throttle::BindThrottle,
+    /// The certificate and TLS settings when `[tls]` is configured: serves
+    /// ldaps:// listeners and StartTLS. Reloaded on SIGHUP.
+    pub tls: Option<Arc<crate::net::tls::TlsContext>>,
+    /// Search bases as sent → parsed and normalised (a few distinct bases
+    /// take most searches).
+    pub base_cache: crate::ops::BaseCache,
+    /// The root DSE and the subschema entry, built once per configuration.
+    pub special: crate::ops::special::SpecialEntries,
+    /// Sorted search results kept while the store does not change.
+    pub sorted: crate::ops::search::SortCache,
+
+    // What outlives configurations ([`Runtime`]).
+    pub store: Store,
+    pub csn: Arc<CsnClock>,
+    pub throttle: Arc<crate::throttle::BindThrottle>,
     /// Threads large searches may hold (`limits.max_search_threads`).
     pub search_threads: Arc<tokio::sync::Semaphore>,
     pub search_threads_max: usize,
     /// Password hashing and bind verification, bounded (`[passwords]`).
-    pub passwords: crate::hashing::PasswordWork,
+    pub passwords: Arc<crate::hashing::PasswordWork>,
     pub started: SystemTime,
-    /// The certificate and TLS settings when `[tls]` is configured: serves
-    /// ldaps:// listeners and StartTLS. Reloaded on SIGHUP.
-    pub tls: Option<Arc<crate::net::tls::TlsContext>>,
     /// Counters and latency histograms (cn=Monitor, /metrics).
-    pub metrics: crate::observe::metrics::Metrics,
+    pub metrics: Arc<crate::observe::metrics::Metrics>,
     /// Access and audit logs (`[logs]`); reopened on SIGHUP.
-    pub logs: crate::observe::Logs,
-    /// Search bases as sent → parsed and normalised (a few distinct bases
-    /// take most searches).
-    pub base_cache: crate::ops::BaseCache,
-    /// The root DSE and the subschema entry, built once.
-    pub special: crate::ops::special::SpecialEntries,
+    pub logs: Arc<crate::observe::Logs>,
     /// Whether the store may hold subentries (RFC 3672).
-    pub subentries: crate::ops::Subentries,
-    /// Sorted search results kept while the store does not change.
-    pub sorted: crate::ops::search::SortCache,
+    pub subentries: Arc<crate::ops::Subentries>,
     /// Every committed change, in commit order (persistent searches).
-    pub feed: crate::ops::feed::Feed,
+    pub feed: Arc<crate::ops::feed::Feed>,
     /// Places for persistent searches (`limits.max_persistent_searches`).
     pub persistent_searches: Arc<tokio::sync::Semaphore>,
     /// The configured replication consumers.
-    pub replicas: crate::repl::Replicas,
+    pub replicas: Arc<crate::repl::Replicas>,
+    /// Where the current configuration is found (to change it).
+    pub live: Weak<crate::live::Live>,
+}
+
+/// The part of a [`Server`] that outlives configuration changes: handles
+/// cloned into every new `Server`.
+#[derive(Clone)]
+pub struct Runtime {
+    pub store: Store,
+    pub csn: Arc<CsnClock>,
+    pub throttle: Arc<crate::throttle::BindThrottle>,
+    pub search_threads: Arc<tokio::sync::Semaphore>,
+    pub search_threads_max: usize,
+    pub passwords: Arc<crate::hashing::PasswordWork>,
+    pub started: SystemTime,
+    pub metrics: Arc<crate::observe::metrics::Metrics>,
+    pub logs: Arc<crate::observe::Logs>,
+    pub subentries: Arc<crate::ops::Subentries>,
+    pub feed: Arc<crate::ops::feed::Feed>,
+    pub persistent_searches: Arc<tokio::sync::Semaphore>,
+    pub replicas: Arc<crate::repl::Replicas>,
+}
+
+/// The part of a [`Server`] compiled from one configuration: made (and
+/// failing, if it must) before anything changes.
+pub struct Compiled {
+    pub cfg: Resolved,
+    pub schema: Arc<Schema>,
+    pub root_dn_norm: String,
+    pub root_pw_hash: Option<String>,
+    pub suffixes: Vec<(Dn, String)>,
+    pub decode_limits: DecodeLimits,
+    pub auth: crate::auth::AuthPolicy,
+    pub acl: crate::acl::Acl,
+    pub limits_by: Vec<(crate::acl::Who, crate::config::LimitsFor)>,
+    pub tls: Option<Arc<crate::net::tls::TlsContext>>,
+}
+
+impl Server {
+    pub fn assemble(c: Compiled, rt: Runtime, live: Weak<crate::live::Live>) -> Server {
+        Server {
+            cfg: c.cfg,
+            schema: c.schema,
+            root_dn_norm: c.root_dn_norm,
+            root_pw_hash: c.root_pw_hash,
+            suffixes: c.suffixes,
+            decode_limits: c.decode_limits,
+            auth: c.auth,
+            acl: c.acl,
+            limits_by: c.limits_by,
+            tls: c.tls,
+            base_cache: Default::default(),
+            special: Default::default(),
+            sorted: Default::default(),
+            store: rt.store,
+            csn: rt.csn,
+            throttle: rt.throttle,
+            search_threads: rt.search_threads,
+            search_threads_max: rt.search_threads_max,
+            passwords: rt.passwords,
+            started: rt.started,
+            metrics: rt.metrics,
+            logs: rt.logs,
+            subentries: rt.subentries,
+            feed: rt.feed,
+            persistent_searches: rt.persistent_searches,
+            replicas: rt.replicas,
+            live,
+        }
+    }
+
+    /// The handles a new configuration's `Server` shares with this one.
+    pub fn runtime(&self) -> Runtime {
+        Runtime {
+            store: self.store.clone(),
+            csn: self.csn.clone(),
+            throttle: self.throttle.clone(),
+            search_threads: self.search_threads.clone(),
+            search_threads_max: self.search_threads_max,
+            passwords: self.passwords.clone(),
+            started: self.started,
+            metrics: self.metrics.clone(),
+            logs: self.logs.clone(),
+            subentries: self.subentries.clone(),
+            feed: self.feed.clone(),
+            persistent_searches: self.persistent_searches.clone(),
+            replicas: self.replicas.clone(),
+        }
+    }
 }
 
 impl Server {

@@ -46,7 +46,11 @@ const RESPONSE_QUEUE: usize = 16;
 const INPUT_KEEP: usize = 64 * 1024;
 
 pub struct Connection {
+    /// The configuration when the connection was accepted: settings that
+    /// hold for the whole connection (limits per connection, timeouts).
     pub server: Arc<Server>,
+    /// The current configuration, taken by each operation when it starts.
+    pub live: Arc<crate::live::Live>,
     pub id: u64,
     pub peer: String,
     /// Transport facts; replaced when StartTLS completes.
@@ -131,7 +135,7 @@ impl Connection {
         S: AsyncRead + AsyncWrite + Unpin,
     {
         // Present: StartTLS is refused without it.
-        let tls = self.server.tls.clone()?;
+        let tls = self.live.server().tls.clone()?;
         match tls.accept(stream).await {
             Ok(h) => {
                 self.session = Arc::new(Session {
@@ -284,20 +288,22 @@ impl Connection {
         ctx: &mut Ctx<'_>,
         pipelined: bool,
     ) -> Flow {
-        let metrics = &self.server.metrics;
+        // This operation runs under the configuration current now.
+        let server = self.live.server();
+        let metrics = &server.metrics;
         metrics.add(&metrics.pdus_in, 1);
-        let msg = match self.decode(frame, wire, identity) {
+        let msg = match self.decode(&server, frame, wire, identity) {
             Ok(msg) => msg,
             Err(flow) => return flow,
         };
         let id = msg.id;
         *ctx.op_seq += 1;
-        let mut rec = OpStart::new(&self.server, self.id, *ctx.op_seq, &msg);
+        let mut rec = OpStart::new(&server, self.id, *ctx.op_seq, &msg);
         if let Some(flow) = self.without_response(&msg.op, ctx, wire) {
-            finish(&self.server, rec, None, 0);
+            finish(&server, rec, None, 0);
             return flow;
         }
-        let op = match Operation::new(&self.server, id, identity.clone(), msg.op, &msg.controls) {
+        let op = match Operation::new(&server, id, identity.clone(), msg.op, &msg.controls) {
             Ok(op) => op,
             Err(refused) => {
                 if matches!(refused.op, ProtocolOp::BindResponse(_)) {
@@ -306,15 +312,16 @@ impl Connection {
                     self.end_outstanding(ctx, wire).await;
                     self.anonymous_again(identity, wire);
                 }
-                finish(&self.server, rec, refused.code(), 0);
+                finish(&server, rec, refused.code(), 0);
                 put(&mut wire.output, id, refused.op, refused.controls);
                 return Flow::Continue;
             }
         };
         let work = match op.request {
             ProtocolOp::ExtendedRequest(req) if req.name == oid::START_TLS => {
-                let (flow, code) = self.start_tls(id, &req, pipelined, ctx.outstanding, wire);
-                finish(&self.server, rec, Some(code), 0);
+                let (flow, code) =
+                    self.start_tls(&server, id, &req, pipelined, ctx.outstanding, wire);
+                finish(&server, rec, Some(code), 0);
                 return flow;
             }
             ProtocolOp::ExtendedRequest(req) if req.name == oid::CANCEL => {
@@ -322,16 +329,16 @@ impl Connection {
                 // after it waits for its answer; never waiting for one, or
                 // a connection at its operation limit could not cancel.
                 let permit = ctx.permits.clone().try_acquire_owned().ok();
-                cancel(id, &req, ctx, wire, rec, self.server.clone(), permit);
+                cancel(id, &req, ctx, wire, rec, server.clone(), permit);
                 return Flow::Continue;
             }
             ProtocolOp::BindRequest(req) => {
-                self.bind(id, req, wire, identity, ctx, rec).await;
+                self.bind(&server, id, req, wire, identity, ctx, rec).await;
                 return Flow::Continue;
             }
             ProtocolOp::SearchRequest(req) => {
                 let job = ops::search::SearchJob {
-                    server: self.server.clone(),
+                    server: server.clone(),
                     who: op.who,
                     msg_id: id,
                     req,
@@ -350,7 +357,7 @@ impl Connection {
                     match ops::search::run_inline(job, &mut wire.output) {
                         Ok(answered) => {
                             let code = answered.map(|a| a.0);
-                            finish(&self.server, rec, code, answered.map_or(0, |a| a.1));
+                            finish(&server, rec, code, answered.map_or(0, |a| a.1));
                             return Flow::Continue;
                         }
                         Err(job) => Work::Search(job),
@@ -359,7 +366,8 @@ impl Connection {
             }
             request => Work::Op(Operation { request, ..op }),
         };
-        self.spawn(id, work, rec, identity, ctx, wire).await
+        self.spawn(&server, id, work, rec, identity, ctx, wire)
+            .await
     }
 
     /// The request, or how the connection goes on when it cannot be
@@ -367,11 +375,12 @@ impl Connection {
     /// and just this operation fails; otherwise the connection is unusable.
     fn decode<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
+        server: &Server,
         frame: &[u8],
         wire: &mut Wire<S>,
         identity: &mut Identity,
     ) -> Result<LdapMessage, Flow> {
-        let e = match LdapMessage::decode(frame, &self.server.decode_limits) {
+        let e = match LdapMessage::decode(frame, &server.decode_limits) {
             Ok(m) => return Ok(m),
             Err(e) => e,
         };
@@ -440,8 +449,10 @@ impl Connection {
     /// A bind (RFC 4511 4.2), on this task: what is outstanding is
     /// abandoned and waited for, then the connection takes the new
     /// identity, or becomes anonymous if the bind fails.
+    #[allow(clippy::too_many_arguments)]
     async fn bind<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
+        server: &Arc<Server>,
         id: i32,
         req: pando_proto::BindRequest,
         wire: &mut Wire<S>,
@@ -454,12 +465,12 @@ impl Connection {
         if let Some(r) = rec.as_mut() {
             r.started();
         }
-        let bound = ops::bind::bind(&self.server, req, &self.session);
+        let bound = ops::bind::bind(server, req, &self.session);
         let result = match wire.pump_while(bound).await {
             Ok(who) => {
                 tracing::debug!(conn = self.id, dn = who.dn(), "bind ok");
                 *identity = who;
-                wire.set_idle(idle_for(&self.server, identity));
+                wire.set_idle(idle_for(server, identity));
                 LdapResult::success()
             }
             Err(e) => {
@@ -469,7 +480,7 @@ impl Connection {
         };
         let code = result.code.0;
         put(&mut wire.output, id, bind_response(result), Vec::new());
-        finish(&self.server, rec, Some(code), 0);
+        finish(server, rec, Some(code), 0);
     }
 
     /// Abandon every outstanding operation and wait until all have ended
@@ -498,8 +509,10 @@ impl Connection {
 
     /// Run `work` as its own task, bounded per connection (and more
     /// tightly before a bind); its responses come back over the channel.
+    #[allow(clippy::too_many_arguments)]
     async fn spawn<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
+        server: &Arc<Server>,
         id: i32,
         work: Work,
         rec: Option<OpStart>,
@@ -540,7 +553,7 @@ impl Connection {
         };
         let task = Task {
             id,
-            server: self.server.clone(),
+            server: server.clone(),
             tx: ctx.tx.clone(),
             outstanding: ctx.outstanding.clone(),
             running,
@@ -574,6 +587,7 @@ impl Connection {
     /// reading and the handshake begins.
     fn start_tls<S>(
         &self,
+        server: &Server,
         id: i32,
         req: &ExtendedRequest,
         pipelined: bool,
@@ -590,7 +604,7 @@ impl Connection {
             Some(LdapError::protocol(
                 "StartTLS is not offered over ldapi (the socket is local)",
             ))
-        } else if self.server.tls.is_none() {
+        } else if server.tls.is_none() {
             Some(LdapError::protocol(
                 "StartTLS is not available: no TLS certificate is configured",
             ))

@@ -14,7 +14,7 @@ use tokio::sync::{watch, Semaphore};
 
 use super::connection::Connection;
 use crate::config::Listener;
-use crate::state::{PeerCred, Server, Session};
+use crate::state::{PeerCred, Session};
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
@@ -215,7 +215,7 @@ pub fn from_systemd() -> std::io::Result<Option<Vec<Bound>>> {
 /// number of connections).
 pub async fn serve(
     bound: Bound,
-    server: Arc<Server>,
+    live: Arc<crate::live::Live>,
     conn_limit: Arc<Semaphore>,
     per_ip: Arc<PerIpLimit>,
     mut shutdown: watch::Receiver<bool>,
@@ -254,7 +254,8 @@ pub async fn serve(
         let id = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(conn = id, %peer, "connection accepted");
         let conn = Connection {
-            server: server.clone(),
+            server: live.server(),
+            live: live.clone(),
             id,
             peer,
             session: Arc::new(session),
@@ -284,7 +285,7 @@ pub async fn serve(
 /// Handshake (bounded by the TLS handshake timeout, and holding the
 /// connection's slots meanwhile), then serve LDAP over TLS.
 async fn run_ldaps(mut conn: Connection, s: tokio::net::TcpStream) {
-    let Some(tls) = conn.server.tls.clone() else {
+    let Some(tls) = conn.live.server().tls.clone() else {
         // Configuration validation makes ldaps listeners need [tls].
         tracing::error!(conn = conn.id, "ldaps connection but TLS is not configured");
         return;

@@ -95,7 +95,7 @@ async fn check_simple(
     let who = || Identity::authenticated(name.to_string(), norm.to_string(), Arc::default());
     let mut checked_root = false;
     if !server.root_dn_norm.is_empty() && norm == server.root_dn_norm {
-        let hash = server.root_pw_hash.read().ok().and_then(|h| h.clone());
+        let hash = server.root_pw_hash.clone();
         if let Some(hash) = hash {
             if server
                 .passwords

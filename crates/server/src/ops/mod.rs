@@ -374,6 +374,11 @@ pub(crate) mod test_server {
 
     /// The server for `dir` over an empty store.
     pub fn bare(dir: &Path, extra: &str) -> Arc<Server> {
+        bare_live(dir, extra).server()
+    }
+
+    /// [`bare`], as the handle configuration changes go through.
+    pub fn bare_live(dir: &Path, extra: &str) -> Arc<crate::live::Live> {
         let schema = Arc::new(Schema::standard());
         let toml = format!("data_dir = {:?}\n{extra}", dir.display().to_string());
         let cfg = crate::config::Config::from_toml(&toml, Path::new("t.toml"))
@@ -387,7 +392,7 @@ pub(crate) mod test_server {
         )
         .unwrap();
         let csn = crate::clock::clock_for_store(&store, 0);
-        Arc::new(crate::build_server(cfg, schema, store, csn, None, None).unwrap())
+        crate::build_server(cfg, schema, store, csn, None, None).unwrap()
     }
 
     /// Add an entry (schema-checked and stamped) whose parent exists.

@@ -5,10 +5,10 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// A secret read from the configuration; never printed.
-#[derive(Clone, Default, Deserialize, PartialEq)]
+#[derive(Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(transparent)]
 pub struct Secret(pub String);
 
@@ -19,7 +19,7 @@ impl fmt::Debug for Secret {
 }
 
 /// A duration given as seconds or as `dd:hh:mm:ss` (syncrepl's interval).
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(untagged)]
 pub enum Interval {
     Seconds(u64),
@@ -48,7 +48,7 @@ impl Interval {
 }
 
 /// One consumer: a search of a provider kept in step.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ConsumerConfig {
     /// Replica ID, 0-999: names this consumer in cookies, logs and

@@ -1,0 +1,262 @@
+//! The running configuration, swapped whole.
+//!
+//! A [`Server`] is immutable: everything compiled from one configuration
+//! (access rules, limits, the authentication policy, the root DN) plus
+//! handles to what outlives configurations (the store, counters, the change
+//! feed, logs). [`Live`] holds the current one. Each operation takes the
+//! current `Arc<Server>` when it starts and keeps it to the end, so an
+//! operation in flight finishes under the configuration it started with
+//! and the next one sees a new configuration as soon as it is installed.
+//!
+//! A change is made in one order: validate the new configuration, build
+//! the new `Server` from it (anything that can fail fails here, and
+//! nothing has changed yet), then install it. Changes are serialised by
+//! [`Live::changing`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use pando_model::Schema;
+
+use crate::config::{Config, Resolved};
+use crate::state::Server;
+
+pub struct Live {
+    current: ArcSwap<Server>,
+    /// Held while a change is validated, stored and installed: two changes
+    /// never build on the same old configuration.
+    changing: tokio::sync::Mutex<()>,
+}
+
+impl Live {
+    /// A `Live` whose first server is made by `first`, which gets the
+    /// handle its servers keep to find the current one.
+    pub fn new(first: impl FnOnce(std::sync::Weak<Live>) -> Server) -> Arc<Live> {
+        Arc::new_cyclic(|weak| Live {
+            current: ArcSwap::from_pointee(first(weak.clone())),
+            changing: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// The configuration operations starting now run under.
+    pub fn server(&self) -> Arc<Server> {
+        self.current.load_full()
+    }
+
+    /// Whether `server` is still the current configuration (a cheap check
+    /// for long-lived tasks deciding whether to take the new one).
+    pub fn is_current(&self, server: &Arc<Server>) -> bool {
+        Arc::ptr_eq(&self.current.load(), server)
+    }
+
+    /// Serialise a change: hold the guard from reading the current
+    /// configuration until the new one is installed.
+    pub async fn changing(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.changing.lock().await
+    }
+
+    /// Make `server` the current configuration. Callers hold
+    /// [`Live::changing`] (or are the only writer, as at start).
+    pub fn install(&self, server: Server) -> Arc<Server> {
+        let new = Arc::new(server);
+        self.current.store(new.clone());
+        new
+    }
+}
+
+/// Configuration keys (as in the TOML file, `section.key`) whose new
+/// values are only taken at the next start: what they size or open is
+/// made once, when the server starts. A key names itself and everything
+/// below it.
+pub const AT_NEXT_START: &[&str] = &[
+    "data_dir",
+    "threads",
+    "user",
+    "group",
+    "listen",
+    "suffixes",
+    "schema_files",
+    "indexes",
+    "store.map_size_mb",
+    "store.max_write_batch",
+    "store.warm_start",
+    "store.check_all_pages",
+    "store.compression",
+    "store.compression_level",
+    "store.keep_tombstones_days",
+    "limits.max_connections",
+    "limits.max_connections_per_ip",
+    "limits.max_search_threads",
+    "limits.max_persistent_searches",
+    "limits.persistent_search_backlog",
+    "limits.failed_bind_free",
+    "limits.failed_bind_max_delay_ms",
+    "limits.failed_bind_lockout",
+    "limits.failed_bind_lockout_ip",
+    "limits.failed_bind_lockout_seconds",
+    "passwords",
+    "logs",
+    "metrics",
+    "replication",
+];
+
+/// Whether `key` is taken only at the next start.
+pub fn at_next_start(key: &str) -> bool {
+    AT_NEXT_START.iter().any(|k| {
+        key == *k
+            || key
+                .strip_prefix(k)
+                .is_some_and(|rest| rest.starts_with('.'))
+    })
+}
+
+/// The configuration as `section.key → value` leaves (arrays are leaves).
+pub fn leaves(cfg: &Config) -> BTreeMap<String, toml::Value> {
+    fn walk(prefix: &str, v: &toml::Value, out: &mut BTreeMap<String, toml::Value>) {
+        match v {
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&key, v, out);
+                }
+            }
+            other => {
+                out.insert(prefix.to_string(), other.clone());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    // Config holds only TOML-representable values.
+    if let Ok(v) = toml::Value::try_from(cfg) {
+        walk("", &v, &mut out);
+    }
+    out
+}
+
+/// Keys whose values differ between `a` and `b` (set in one, unset in the
+/// other counts).
+pub fn changed_keys(a: &Config, b: &Config) -> Vec<String> {
+    let (la, lb) = (leaves(a), leaves(b));
+    let mut keys: Vec<String> = la
+        .iter()
+        .filter(|(k, v)| lb.get(*k) != Some(v))
+        .map(|(k, _)| k.clone())
+        .chain(lb.keys().filter(|k| !la.contains_key(*k)).cloned())
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// `target` with the values of `keys` taken from `source` (a key unset in
+/// `source` becomes unset).
+pub fn with_keys_from(target: &Config, source: &Config, keys: &[String]) -> Config {
+    fn table_at<'a>(root: &'a mut toml::Table, path: &[&str]) -> Option<&'a mut toml::Table> {
+        let mut t = root;
+        for p in path {
+            t = t
+                .entry(p.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()?;
+        }
+        Some(t)
+    }
+    let (Ok(toml::Value::Table(mut t)), src) = (toml::Value::try_from(target), leaves(source))
+    else {
+        return target.clone();
+    };
+    for key in keys {
+        let parts: Vec<&str> = key.split('.').collect();
+        let Some((last, path)) = parts.split_last() else {
+            continue;
+        };
+        let Some(table) = table_at(&mut t, path) else {
+            continue;
+        };
+        // The whole subtree of `key` in source (a leaf, or a table).
+        let below: Vec<(&String, &toml::Value)> = src
+            .iter()
+            .filter(|(k, _)| *k == key || k.starts_with(&format!("{key}.")))
+            .collect();
+        table.remove(*last);
+        for (k, v) in below {
+            let rest: Vec<&str> = k[key.len()..]
+                .split('.')
+                .filter(|s| !s.is_empty())
+                .collect();
+            let mut full: Vec<&str> = vec![last];
+            full.extend(rest);
+            if let Some((leaf, inner)) = full.split_last() {
+                if let Some(tt) = table_at(table, inner) {
+                    tt.insert(leaf.to_string(), v.clone());
+                }
+            }
+        }
+    }
+    let mut out: Config = toml::Value::Table(t)
+        .try_into()
+        .unwrap_or_else(|_| target.clone());
+    // Set from the command line, never from TOML.
+    out.tls.self_signed = target.tls.self_signed;
+    out
+}
+
+/// What installing a configuration did.
+pub struct Applied {
+    pub server: Arc<Server>,
+    /// Keys that changed and are taken at the next start (the running
+    /// server keeps their old values).
+    pub at_next_start: Vec<String>,
+    /// Keys changed now.
+    pub changed: Vec<String>,
+}
+
+impl Live {
+    /// Install the configuration `new`: everything that can change while
+    /// serving changes now; keys in [`AT_NEXT_START`] keep their running
+    /// values and are reported. Nothing changes when it fails. Callers
+    /// hold [`Live::changing`].
+    pub fn reconfigure(&self, new: Resolved, schema: Arc<Schema>) -> Result<Applied, String> {
+        let old = self.server();
+        let all = changed_keys(&old.cfg.config, &new.config);
+        let (later, now): (Vec<String>, Vec<String>) =
+            all.into_iter().partition(|k| at_next_start(k));
+        let running = with_keys_from(&new.config, &old.cfg.config, &later);
+        let resolved = running
+            .validate(&schema)
+            .map_err(|e| format!("the new configuration is not valid: {e}"))?;
+        let tls = if resolved.tls == old.cfg.tls {
+            old.tls.clone()
+        } else {
+            match &resolved.tls {
+                Some(t) => Some(Arc::new(
+                    crate::net::tls::TlsContext::load(t.clone()).map_err(|e| e.to_string())?,
+                )),
+                None => None,
+            }
+        };
+        let durability = resolved
+            .config
+            .store
+            .durability()
+            .map_err(|e| e.to_string())?;
+        let compiled = crate::compile(resolved, schema, old.root_pw_hash.clone(), tls)
+            .map_err(|e| e.to_string())?;
+        // Nothing below fails.
+        if durability != old.store.durability() {
+            old.store.set_durability(durability);
+            tracing::info!(durability = ?durability, "durability changed");
+        }
+        let server = self.install(Server::assemble(compiled, old.runtime(), old.live.clone()));
+        Ok(Applied {
+            server,
+            at_next_start: later,
+            changed: now,
+        })
+    }
+}
