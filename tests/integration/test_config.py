@@ -49,4 +49,11 @@ def test_sighup_applies_access_rules_and_limits_to_open_connections(tmp_path):
     anon.search(PEOPLE, "(uid=*)", attributes=["uid"])
     assert len(anon.entries) == 3
     anon.unbind()
+    # The log level too: debug lines (connections accepted) appear.
+    assert "connection accepted" not in srv.logs(tail=100000)
+    (tmp_path / "pando.toml").write_text("log_level = \"debug\"\n")
+    srv.proc.send_signal(signal.SIGHUP)
+    wait_log(srv, "log_level")
+    srv.conn().unbind()
+    wait_log(srv, "connection accepted")
     srv.stop_and_verify()

@@ -247,17 +247,37 @@ fn load_config(args: &StoreArgs) -> Result<Config, String> {
     Ok(cfg)
 }
 
-fn init_logging(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("PANDO_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},heed=warn")));
+/// Log to stderr at `level` (PANDO_LOG, when set, wins). The returned
+/// setter changes the level while serving (None when PANDO_LOG is set).
+fn init_logging(level: &str) -> Option<pando_server::observe::LevelSetter> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let from_env = tracing_subscriber::EnvFilter::try_from_env("PANDO_LOG").ok();
+    let fixed = from_env.is_some();
+    let filter = from_env
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(format!("{level},heed=warn")));
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     // A log line that cannot be written (stderr on a full disk, say) is
     // dropped: by default the subscriber reports that with eprintln!, which
     // panics the thread that logged — the store's writer, for instance.
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .log_internal_errors(false)
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .log_internal_errors(false),
+        )
         .init();
+    if fixed {
+        return None;
+    }
+    Some(Arc::new(move |level: &str| {
+        handle
+            .reload(tracing_subscriber::EnvFilter::new(format!(
+                "{level},heed=warn"
+            )))
+            .map_err(|e| e.to_string())
+    }))
 }
 
 fn main() -> ExitCode {
@@ -322,7 +342,9 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     } else {
         None
     };
-    init_logging(&resolved.config.log_level);
+    if let Some(setter) = init_logging(&resolved.config.log_level) {
+        pando_server::observe::on_log_level(setter);
+    }
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if resolved.config.threads > 0 {
         rt.worker_threads(resolved.config.threads);

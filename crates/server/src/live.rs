@@ -252,6 +252,9 @@ impl Live {
             old.store.set_durability(durability);
             tracing::info!(durability = ?durability, "durability changed");
         }
+        if old.cfg.config.log_level != compiled.cfg.config.log_level {
+            crate::observe::set_log_level(&compiled.cfg.config.log_level);
+        }
         let server = self.install(Server::assemble(compiled, old.runtime(), old.live.clone()));
         Ok(Applied {
             server,

@@ -26,6 +26,27 @@ use audit::AuditLog;
 use logfile::{LogFile, LogFileOptions, OnFull};
 use metrics::OpKind;
 
+/// Changes the level of the process's log (stderr) while serving.
+pub type LevelSetter = std::sync::Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// The process's log is process-wide, and so is what changes its level.
+static LOG_LEVEL: std::sync::OnceLock<LevelSetter> = std::sync::OnceLock::new();
+
+/// Register how `log_level` changes while serving (the binary does, when
+/// PANDO_LOG does not fix the level).
+pub fn on_log_level(setter: LevelSetter) {
+    let _ = LOG_LEVEL.set(setter);
+}
+
+/// Set the log level (`error` … `trace`, validated with the configuration).
+pub fn set_log_level(level: &str) {
+    if let Some(set) = LOG_LEVEL.get() {
+        if let Err(e) = set(level) {
+            tracing::warn!("log level not changed to {level}: {e}");
+        }
+    }
+}
+
 /// The log files, opened from `[logs]`.
 #[derive(Default)]
 pub struct Logs {
