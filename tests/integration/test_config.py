@@ -2,10 +2,13 @@
 (as it lands) cn=config over LDAP. Each change is seen by the next
 operation, also on connections opened before it."""
 
+import random
 import signal
+import subprocess
+import threading
 import time
 
-from conftest import PUBLIC_READ, SUFFIX, Pando
+from conftest import PANDO_BIN, PUBLIC_READ, SUFFIX, Pando, parse_ldif
 
 PEOPLE = "ou=People," + SUFFIX
 
@@ -56,4 +59,273 @@ def test_sighup_applies_access_rules_and_limits_to_open_connections(tmp_path):
     wait_log(srv, "log_level")
     srv.conn().unbind()
     wait_log(srv, "connection accepted")
+    srv.stop_and_verify()
+
+
+# --- cn=config over LDAP ---------------------------------------------------
+
+DB = "olcDatabase={1}mdb,cn=config"
+
+
+def config_modify(srv, ldif):
+    """ldapmodify -Y EXTERNAL over ldapi (the server's own user: an
+    administrator). Returns (rc, stderr)."""
+    r = subprocess.run(["ldapmodify", "-Q", "-Y", "EXTERNAL", "-H", srv.ldapi_url],
+                       input=ldif, capture_output=True, text=True, timeout=60)
+    return r.returncode, r.stdout + r.stderr
+
+
+def config_read(srv, base="cn=config", *attrs, scope="sub"):
+    r = subprocess.run(["ldapsearch", "-Q", "-LLL", "-o", "ldif-wrap=no", "-Y", "EXTERNAL",
+                        "-H", srv.ldapi_url, "-b", base, "-s", scope, "(objectClass=*)", *attrs],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return {dn.lower(): attrs for dn, attrs in parse_ldif(r.stdout)}
+
+
+def values(entry, attr):
+    for k, v in entry.items():
+        if k.lower() == attr.lower():
+            return v
+    return []
+
+
+def test_cn_config_is_for_administrators_only(tmp_path):
+    srv = Pando(tmp_path, demo=True, config=PUBLIC_READ).start()
+    tree = config_read(srv)
+    assert set(tree) == {"cn=config", DB.lower()}
+    assert values(tree["cn=config"], "olcSizeLimit") == ["500"]
+    assert values(tree[DB.lower()], "olcSuffix") == [SUFFIX]
+    r = subprocess.run(["ldapcompare", "-Q", "-Y", "EXTERNAL", "-H", srv.ldapi_url, "cn=config",
+                        "olcSizeLimit:500"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 6, r.stdout + r.stderr  # compareTrue
+    rc, out, err = srv.ldap("ldapsearch", "-LLL", "-b", "", "-s", "base", "configContext", auth=None)
+    assert "configContext: cn=config" in out, out + err
+    # The root DN is an administrator too.
+    rc, out, err = srv.ldap("ldapsearch", "-LLL", "-b", "cn=config", "-s", "base", "olcLogLevel")
+    assert rc == 0 and "olcLogLevel: info" in out, err
+    # A user and an anonymous client: it does not exist, whatever the
+    # filter or operation asks.
+    c = srv.conn(admin=False)
+    for base, flt in [("cn=config", "(objectClass=*)"), (DB, "(olcAccess=*)"),
+                      ("cn=config", "(olcSizeLimit=500)")]:
+        assert not c.search(base, flt, search_scope="SUBTREE")
+        assert c.result["description"] == "noSuchObject", c.result
+    assert not c.compare("cn=config", "olcSizeLimit", "500")
+    assert c.result["description"] == "noSuchObject", c.result
+    c.modify("cn=config", {"olcSizeLimit": [("MODIFY_REPLACE", ["0"])]})
+    assert c.result["description"] == "noSuchObject", c.result
+    c.unbind()
+    rc, out, err = srv.ldap("ldapsearch", "-LLL", "-b", "cn=config", auth=None)
+    assert rc == 32, out + err
+    # The schema of the configuration is published.
+    rc, out, err = srv.ldap("ldapsearch", "-LLL", "-o", "ldif-wrap=no", "-b", "cn=Subschema",
+                            "-s", "base", "attributeTypes", "objectClasses")
+    assert "NAME 'olcAccess'" in out and "NAME 'pandoStoreDurability'" in out
+    assert "NAME 'olcGlobal'" in out
+    srv.stop_and_verify()
+
+
+def test_access_rules_inserted_moved_and_deleted_apply_to_open_connections(tmp_path):
+    srv = Pando(tmp_path, demo=True).start()
+    anon = srv.conn(admin=False)
+    anon.search(PEOPLE, "(uid=*)", attributes=["uid"])
+    assert anon.entries == []
+    rules = values(config_read(srv, DB)[DB.lower()], "olcAccess")
+    assert rules[0].startswith("{0}to attrs=userPassword"), rules
+    # Insert a rule at {1}: anonymous reads of People.
+    rc, out = config_modify(srv, """dn: %s
+changetype: modify
+add: olcAccess
+olcAccess: {1}to dn.subtree="%s" by * read
+""" % (DB, PEOPLE))
+    assert rc == 0, out
+    anon.search(PEOPLE, "(uid=*)", attributes=["uid"])
+    assert len(anon.entries) >= 3
+    assert values(config_read(srv, DB)[DB.lower()], "olcAccess")[1] == \
+        "{1}to dn.subtree=%s by * read" % PEOPLE
+    # Move it after the catch-all rule: it no longer decides.
+    rc, out = config_modify(srv, """dn: %s
+changetype: modify
+delete: olcAccess
+olcAccess: {1}
+-
+add: olcAccess
+olcAccess: {2}to dn.subtree="%s" by * read
+""" % (DB, PEOPLE))
+    assert rc == 0, out
+    anon.search(PEOPLE, "(uid=*)", attributes=["uid"])
+    assert anon.entries == []
+    # Delete it.
+    rc, out = config_modify(srv, "dn: %s\nchangetype: modify\ndelete: olcAccess\nolcAccess: {2}\n" % DB)
+    assert rc == 0, out
+    assert len(values(config_read(srv, DB)[DB.lower()], "olcAccess")) == 2
+    anon.unbind()
+    srv.stop_and_verify()
+
+
+def test_limits_log_level_and_durability_change_over_ldap(tmp_path):
+    srv = Pando(tmp_path, demo=True, config=PUBLIC_READ).start()
+    anon = srv.conn(admin=False)
+    rc, out = config_modify(srv, """dn: cn=config
+changetype: modify
+replace: olcSizeLimit
+olcSizeLimit: 2
+-
+replace: olcLogLevel
+olcLogLevel: debug
+""")
+    assert rc == 0, out
+    anon.search(PEOPLE, "(uid=*)", attributes=["uid"])
+    assert len(anon.entries) == 2 and anon.result["description"] == "sizeLimitExceeded"
+    srv.conn().unbind()
+    wait_log(srv, "connection accepted")
+    rc, out = config_modify(srv, """dn: %s
+changetype: modify
+replace: pandoStoreDurability
+pandoStoreDurability: batched
+""" % DB)
+    assert rc == 0, out
+    wait_log(srv, "durability changed")
+    # The audit log names who changed the configuration.
+    assert "cn=config changed" in srv.logs(tail=100000)
+    anon.unbind()
+    srv.stop_and_verify()
+
+
+def test_bad_configuration_values_are_refused_and_change_nothing(tmp_path):
+    srv = Pando(tmp_path, demo=True).start()
+    before = config_read(srv)
+    cases = [
+        ("cn=config", "replace: olcFoo\nolcFoo: 1\n", "olcFoo"),
+        (DB, "add: olcAccess\nolcAccess: to dn.regex=\"(\" by * read\n", "olcAccess"),
+        (DB, "add: olcAccess\nolcAccess: to * by martians read\n", "not a subject"),
+        (DB, "replace: olcRootDN\nolcRootDN: not a dn\n", "olcRootDN"),
+        (DB, "add: olcDbIndex\nolcDbIndex: uid fuzzy\n", "olcDbIndex"),
+        (DB, "add: olcDbIndex\nolcDbIndex: noSuchAttr eq\n", "noSuchAttr"),
+        ("cn=config", "add: pandoListen\npandoListen: %s\n" % srv.url, "is there already"),
+        ("cn=config", "replace: pandoListen\npandoListen: gopher://x\n", "pandoListen"),
+        ("cn=config", "replace: olcSizeLimit\nolcSizeLimit: lots\n", "not an integer"),
+        ("cn=config", "replace: olcTLSCertificateFile\nolcTLSCertificateFile: /nonexistent/cert.pem\n"
+         "-\nreplace: olcTLSCertificateKeyFile\nolcTLSCertificateKeyFile: /nonexistent/key.pem\n",
+         "/nonexistent/cert.pem"),
+        (DB, "replace: olcDbDirectory\nolcDbDirectory: /tmp\n", "cannot be changed"),
+        (DB, "replace: pandoStoreDurability\npandoStoreDurability: sometimes\n", "pandoStoreDurability"),
+    ]
+    for dn, change, says in cases:
+        rc, out = config_modify(srv, "dn: %s\nchangetype: modify\n%s" % (dn, change))
+        assert rc != 0, (change, out)
+        assert says in out, (change, out)
+    assert config_read(srv) == before
+    rc, out = config_modify(srv, "dn: cn=other,cn=config\nchangetype: add\nobjectClass: top\ncn: other\n")
+    assert rc == 53, out
+    srv.stop_and_verify()
+
+
+def test_changes_survive_restarts_and_file_edits_still_apply(tmp_path):
+    srv = Pando(tmp_path, demo=True, config="[limits]\ntime_limit = 100\n").start()
+    rc, out = config_modify(srv, """dn: cn=config
+changetype: modify
+replace: olcSizeLimit
+olcSizeLimit: 7
+-
+replace: pandoLimitsMaxConnections
+pandoLimitsMaxConnections: 50
+""")
+    assert rc == 0, out
+    g = config_read(srv, "cn=config", scope="base")["cn=config"]
+    assert values(g, "pandoAtNextStart") == ["pandoLimitsMaxConnections"]
+    srv.stop_and_verify()
+    # Same file: the changes made over LDAP stay, and the one waiting for
+    # a start is taken.
+    srv.start()
+    g = config_read(srv, "cn=config", scope="base")["cn=config"]
+    assert values(g, "olcSizeLimit") == ["7"]
+    assert values(g, "pandoLimitsMaxConnections") == ["50"]
+    assert values(g, "pandoAtNextStart") == []
+    assert "keep the values changed over LDAP" in srv.logs()
+    srv.stop()
+    # An edit to the file wins for the key edited, the rest stays.
+    srv.config = "[limits]\ntime_limit = 100\nsize_limit = 9\n"
+    srv.start()
+    g = config_read(srv, "cn=config", scope="base")["cn=config"]
+    assert values(g, "olcSizeLimit") == ["9"]
+    assert values(g, "pandoLimitsMaxConnections") == ["50"]
+    assert values(g, "olcTimeLimit") == ["100"]
+    # `pando config export` writes the configuration as TOML.
+    r = subprocess.run([PANDO_BIN, "config", "export", "--data-dir", str(srv.data_dir)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "size_limit = 9" in r.stdout and "max_connections = 50" in r.stdout
+    srv.stop_and_verify()
+
+
+def test_kill_9_during_configuration_changes_leaves_old_or_new(tmp_path):
+    rng = random.Random(18)
+    srv = Pando(tmp_path, demo=True).start()
+    acknowledged = 0
+    for round_ in range(4):
+        done = []
+        def change_loop():
+            for i in range(1000):
+                rc, _ = config_modify(srv, "dn: cn=config\nchangetype: modify\nreplace: olcSizeLimit\n"
+                                      "olcSizeLimit: %d\n-\nreplace: olcTimeLimit\nolcTimeLimit: %d\n"
+                                      % (1000 + i, 1000 + i))
+                if rc != 0:
+                    return
+                done.append(1000 + i)
+        t = threading.Thread(target=change_loop)
+        t.start()
+        time.sleep(0.3 + rng.random())
+        srv.proc.kill()
+        srv.proc.wait()
+        t.join(60)
+        srv.stop()
+        srv.start()
+        g = config_read(srv, "cn=config", scope="base")["cn=config"]
+        size, tl = values(g, "olcSizeLimit"), values(g, "olcTimeLimit")
+        # Both keys of one change, never a mix; at least every acknowledged one.
+        assert size == tl, (size, tl)
+        if done:
+            assert int(size[0]) >= done[-1], (size, done[-1])
+        acknowledged += len(done)
+    assert acknowledged > 0
+    srv.stop_and_verify()
+
+
+def test_listeners_added_and_removed_while_serving(tmp_path):
+    import socket
+    from conftest import free_port
+    srv = Pando(tmp_path, demo=True, config=PUBLIC_READ).start()
+    port = free_port()
+    url = "ldap://127.0.0.1:%d" % port
+    rc, out = config_modify(srv, "dn: cn=config\nchangetype: modify\nadd: pandoListen\npandoListen: %s\n" % url)
+    assert rc == 0, out
+    rc, out, err = srv.ldap("ldapsearch", "-LLL", "-b", SUFFIX, "-s", "base", "1.1", url=url)
+    assert rc == 0, err
+    held = srv.conn()  # on the first listener; stays open throughout
+    # A port in use and a duplicate are refused, and nothing changes.
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    busy = "ldap://127.0.0.1:%d" % taken.getsockname()[1]
+    rc, out = config_modify(srv, "dn: cn=config\nchangetype: modify\nadd: pandoListen\npandoListen: %s\n" % busy)
+    assert rc != 0 and "cannot listen on" in out and "in use" in out, out
+    taken.close()
+    rc, out = config_modify(srv, "dn: cn=config\nchangetype: modify\nadd: pandoListen\npandoListen: %s\n" % srv.url)
+    assert rc != 0 and "is there already" in out, out
+    rc, out = config_modify(srv, "dn: cn=config\nchangetype: modify\nadd: pandoListen\n"
+                            "pandoListen: ldap://127.0.0.1:0%d\n" % port)
+    assert rc != 0 and "same listener" in out, out
+    # Remove the first: it stops accepting; connections made on it go on.
+    rc, out = config_modify(srv, "dn: cn=config\nchangetype: modify\ndelete: pandoListen\npandoListen: %s\n" % srv.url)
+    assert rc == 0, out
+    rc, out, err = srv.ldap("ldapsearch", "-LLL", "-b", SUFFIX, "-s", "base", "1.1")
+    assert rc == 255, (rc, out, err)  # cannot contact
+    assert held.search(SUFFIX, "(objectClass=*)", search_scope="BASE")
+    held.unbind()
+    rc, out, err = srv.ldap("ldapsearch", "-LLL", "-b", SUFFIX, "-s", "base", "1.1", url=url)
+    assert rc == 0, err
+    g = config_read(srv, "cn=config", scope="base")["cn=config"]
+    assert values(g, "pandoListen") == ["ldapi://", url]
     srv.stop_and_verify()

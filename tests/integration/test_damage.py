@@ -153,7 +153,8 @@ def test_none_mode_crash_is_checked_at_start(tmp_path):
     srv.proc.wait()
     srv.proc = None
     assert marker.exists()
-    srv.config = None  # durable from now on
+    # Durable from now on (an edit to the file wins over the stored value).
+    srv.config = '[store]\ndurability = "durable"\n'
     srv.start()
     assert "checking every page" in srv.logs() and "it is sound" in srv.logs()
     assert not marker.exists()

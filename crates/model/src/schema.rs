@@ -219,6 +219,7 @@ const FILES: &[(&str, &str)] = &[
         include_str!("../schema/operational.schema"),
     ),
     ("monitor.schema", include_str!("../schema/monitor.schema")),
+    ("config.schema", include_str!("../schema/config.schema")),
 ];
 
 /// Longest SUP chain followed (attribute types or object classes). Chains

@@ -57,6 +57,22 @@ enum Command {
     /// Replication: `pando repl status URL...` compares contextCSN across
     /// servers and says who is behind by how much.
     Repl(ReplArgs),
+    /// The configuration kept in the data directory (changed under
+    /// cn=config) merged with the file.
+    Config(ConfigArgs),
+}
+
+#[derive(clap::Args)]
+struct ConfigArgs {
+    #[command(subcommand)]
+    action: ConfigAction,
+}
+
+#[derive(Subcommand)]
+enum ConfigAction {
+    /// Print the configuration the server would start with, as TOML (a
+    /// configuration file to keep or to start another data directory).
+    Export(StoreArgs),
 }
 
 #[derive(clap::Args)]
@@ -235,10 +251,28 @@ struct ServeArgs {
     tls_self_signed: bool,
 }
 
+/// The configuration to work with: the one stored in the data directory
+/// merged with the file (see `cn_config::stored`), or the file alone.
 fn load_config(args: &StoreArgs) -> Result<Config, String> {
+    Ok(pando_server::cn_config::stored::effective(file_config(args)?)?.config)
+}
+
+/// The configuration file and `--data-dir`. Without a file: the file the
+/// data directory's stored configuration last came from (so no key counts
+/// as edited), or the defaults for a new data directory.
+fn file_config(args: &StoreArgs) -> Result<Config, String> {
     let mut cfg = match &args.config {
         Some(p) => Config::load(p).map_err(|e| e.to_string())?,
-        None => Config::default(),
+        None => {
+            let dir = args
+                .data_dir
+                .clone()
+                .unwrap_or_else(|| Config::default().data_dir);
+            match pando_server::cn_config::stored::read(&dir)? {
+                Some(stored) => stored.file,
+                None => Config::default(),
+            }
+        }
     };
     if let Some(d) = &args.data_dir {
         // The default ldapi socket follows the data directory.
@@ -300,6 +334,9 @@ fn main() -> ExitCode {
         Command::Repl(ReplArgs {
             action: ReplAction::Status(args),
         }) => repl_status::run(args),
+        Command::Config(ConfigArgs {
+            action: ConfigAction::Export(args),
+        }) => config_export(args),
     };
     match result {
         Ok(code) => code,
@@ -310,11 +347,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve_config(
-    args: &ServeArgs,
-    schema: &Schema,
-) -> Result<pando_server::config::Resolved, String> {
-    let mut cfg = load_config(&args.store)?;
+/// The file configuration with `serve`'s command-line options.
+fn serve_file_config(args: &ServeArgs) -> Result<Config, String> {
+    let mut cfg = file_config(&args.store)?;
     if !args.listen.is_empty() {
         cfg.listen = args.listen.clone();
     }
@@ -322,28 +357,40 @@ fn serve_config(
         cfg.log_level = l.clone();
     }
     cfg.tls.self_signed = args.tls_self_signed;
-    cfg.validate(schema).map_err(|e| e.to_string())
+    Ok(cfg)
 }
 
 fn serve(args: ServeArgs) -> Result<ExitCode, String> {
+    let file = serve_file_config(&args)?;
+    let merged = pando_server::cn_config::stored::effective(file.clone())?;
     let schema = Arc::new(pando_server::schema_files::load(
-        &load_config(&args.store)?.schema_files,
+        &merged.config.schema_files,
     )?);
-    let resolved = serve_config(&args, &schema)?;
+    let resolved = merged
+        .config
+        .clone()
+        .validate(&schema)
+        .map_err(|e| e.to_string())?;
     let demo = args.demo;
     let reload: Option<pando_server::Reloader> = if args.store.config.is_some() {
-        // Schema files are read again and checked (a broken one is reported
-        // now, not at the next start); they take effect at the next start.
-        Some(Arc::new(move || {
-            let files = load_config(&args.store)?.schema_files;
-            let schema = Arc::new(pando_server::schema_files::load(&files)?);
-            Ok((serve_config(&args, &schema)?, schema))
-        }))
+        Some(Arc::new(move || serve_file_config(&args)))
     } else {
         None
     };
     if let Some(setter) = init_logging(&resolved.config.log_level) {
         pando_server::observe::on_log_level(setter);
+    }
+    if !merged.from_file.is_empty() {
+        tracing::info!(
+            keys = %merged.from_file.join(", "),
+            "configuration: these keys changed in the file since the last start and are taken from it"
+        );
+    }
+    if !merged.from_store.is_empty() {
+        tracing::info!(
+            keys = %merged.from_store.join(", "),
+            "configuration: these keys keep the values changed over LDAP (cn=config)"
+        );
     }
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if resolved.config.threads > 0 {
@@ -357,9 +404,19 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     rt.block_on(pando_server::run(
         resolved,
         schema,
-        pando_server::ServeOptions { demo, reload },
+        pando_server::ServeOptions {
+            demo,
+            reload,
+            file: Some(file),
+        },
     ))
     .map_err(|e| e.to_string())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn config_export(args: StoreArgs) -> Result<ExitCode, String> {
+    let cfg = load_config(&args)?;
+    print!("{}", pando_server::cn_config::stored::to_text(&cfg)?);
     Ok(ExitCode::SUCCESS)
 }
 

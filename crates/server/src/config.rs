@@ -1005,6 +1005,12 @@ impl Config {
                     format!("'{url}' must start with ldap://, ldaps:// or ldapi://"),
                 ));
             };
+            if let Some(j) = listeners.iter().position(|x| *x == l) {
+                return Err(err(
+                    &key,
+                    format!("'{url}' is the same listener as listen[{j}]"),
+                ));
+            }
             listeners.push(l);
         }
         let tls = self.tls.resolve(&self.data_dir)?;

@@ -52,6 +52,9 @@ impl LdapError {
     pub fn invalid_dn(msg: impl Into<String>) -> Self {
         Self::new(ResultCode::INVALID_DN_SYNTAX, msg)
     }
+    pub fn invalid_syntax(msg: impl Into<String>) -> Self {
+        Self::new(ResultCode::INVALID_ATTRIBUTE_SYNTAX, msg)
+    }
     pub fn unwilling(msg: impl Into<String>) -> Self {
         Self::new(ResultCode::UNWILLING_TO_PERFORM, msg)
     }

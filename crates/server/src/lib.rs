@@ -7,6 +7,7 @@ pub mod backup;
 pub mod bootstrap;
 pub mod bulk;
 pub mod clock;
+pub mod cn_config;
 pub mod config;
 pub mod datadir;
 pub mod error;
@@ -38,15 +39,18 @@ use crate::state::Server;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Re-reads the configuration (file plus command-line overrides) on SIGHUP,
-/// with the schema its schema files make.
-pub type Reloader = Arc<dyn Fn() -> Result<(Resolved, Arc<Schema>), String> + Send + Sync>;
+/// Re-reads the configuration file (plus command-line overrides) on SIGHUP.
+pub type Reloader = Arc<dyn Fn() -> Result<config::Config, String> + Send + Sync>;
 
 #[derive(Clone, Default)]
 pub struct ServeOptions {
     /// Load the demo tree (ou=People, ou=Groups) into the first suffix.
     pub demo: bool,
     pub reload: Option<Reloader>,
+    /// The configuration file as read (with command-line options): kept
+    /// in the store beside the configuration run with, so the next start
+    /// and SIGHUP see which keys the operator edited.
+    pub file: Option<config::Config>,
 }
 
 /// Why `serve` will not start on the store, and what the operator can do.
@@ -95,6 +99,12 @@ pub fn store_options(cfg: &Resolved) -> StoreOptions {
     }
 }
 
+/// The sockets served: bound from `listen` (in its order), or passed by systemd.
+enum Bound {
+    Configured(Vec<net::listener::Bound>),
+    Systemd(Vec<net::listener::Bound>),
+}
+
 /// Open the store, bootstrap it, listen, and serve until SIGINT/SIGTERM.
 pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Result<(), BoxError> {
     // Signal handlers before anything else: once a port is bound a client
@@ -117,9 +127,9 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
                 sockets = b.len(),
                 "using the sockets passed by systemd (socket activation); `listen` is not used"
             );
-            b
+            Bound::Systemd(b)
         }
-        None => net::listener::bind_all(&cfg.listeners).await?,
+        None => Bound::Configured(net::listener::bind_all(&cfg.listeners).await?),
     };
     match target {
         Some(target) => {
@@ -238,12 +248,27 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         })
         .await??
     };
+    // The configuration run with, and the file it came from, are stored
+    // (see cn_config::stored): changes over LDAP build on them.
+    if let Some(file) = &opts.file {
+        let texts = cn_config::stored::to_text(&cfg.config)
+            .and_then(|c| cn_config::stored::to_text(file).map(|f| (c, f)));
+        match texts {
+            Ok((c, f)) => {
+                if let Err(e) = store
+                    .write(move |w| cn_config::stored::put(w, &c, Some(&f)))
+                    .await
+                {
+                    tracing::error!("cannot store the configuration; changes under cn=config will not persist: {e}");
+                }
+            }
+            Err(e) => tracing::error!("{e}"),
+        }
+    }
     // First-start work is done and durable: the configured mode from now on.
     store.set_durability(store_options(&cfg).durability);
     if tls.is_none()
-        && bound
-            .iter()
-            .any(|b| matches!(b, net::listener::Bound::Ldaps(_)))
+        && matches!(&bound, Bound::Systemd(b) if b.iter().any(|b| matches!(b, net::listener::Bound::Ldaps(_))))
     {
         return Err("an LDAPS socket was passed by systemd but [tls] has no certificate".into());
     }
@@ -280,17 +305,29 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     let (stop_tx, stop_rx) = watch::channel(false);
     let conn_limit = Arc::new(Semaphore::new(server.cfg.config.limits.max_connections));
     let per_ip = net::listener::PerIpLimit::new(server.cfg.config.limits.max_connections_per_ip);
+    // Sockets bound from `listen` are paired with their listener (they
+    // can be removed later); systemd's are not.
+    let paired: Vec<(Option<Listener>, net::listener::Bound)> = match bound {
+        Bound::Configured(b) => server
+            .cfg
+            .listeners
+            .iter()
+            .cloned()
+            .map(Some)
+            .zip(b)
+            .collect(),
+        Bound::Systemd(b) => b.into_iter().map(|b| (None, b)).collect(),
+    };
+    server.listeners.start(
+        &live,
+        net::listener::AcceptCtx {
+            conn_limit: conn_limit.clone(),
+            per_ip,
+            shutdown: stop_rx.clone(),
+        },
+        paired,
+    );
     let mut listeners = JoinSet::new();
-    for b in bound {
-        listeners.spawn(net::listener::serve(
-            b,
-            live.clone(),
-            conn_limit.clone(),
-            per_ip.clone(),
-            stop_rx.clone(),
-        ));
-    }
-
     if let Some(addr) = server.cfg.config.metrics.addr()? {
         listeners.spawn(observe::prometheus::serve(
             observe::prometheus::bind(addr).await?,
@@ -304,6 +341,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     let _ = stop_tx.send(true);
     // Persistent searches end now (with `unavailable`), not at the drain's end.
     server.feed.close();
+    server.listeners.join_all().await;
     while listeners.join_next().await.is_some() {}
     // Every live connection holds one permit until its task ends.
     let all = u32::try_from(server.cfg.config.limits.max_connections).unwrap_or(u32::MAX);
@@ -393,6 +431,7 @@ pub fn compile(
     // A configured hash wins; otherwise the one the data directory keeps.
     let root_pw_hash = cfg.config.root_password_hash.clone().or(root_pw_hash);
     Ok(state::Compiled {
+        desired: Arc::new(cfg.config.clone()),
         cfg,
         schema,
         root_dn_norm,
@@ -437,6 +476,7 @@ fn new_runtime(
         feed: Arc::new(ops::feed::Feed::new(limits.persistent_search_backlog)),
         persistent_searches: Arc::new(Semaphore::new(limits.max_persistent_searches)),
         replicas: Arc::new(repl::Replicas::new(&c.schema, &cfg.replication.consumer)),
+        listeners: Arc::new(net::listener::Listeners::default()),
     })
 }
 
@@ -488,14 +528,14 @@ impl Signals {
                 _ = self.int.recv() => return,
                 _ = self.hup.recv() => {
                     let _changing = live.changing().await;
-                    apply_reload(live, reload);
+                    apply_reload(live, reload).await;
                 }
             }
         }
     }
 }
 
-fn apply_reload(live: &live::Live, reload: Option<&Reloader>) {
+async fn apply_reload(live: &live::Live, reload: Option<&Reloader>) {
     let server = live.server();
     // Certificate files are re-read whether or not there is a configuration
     // file (a renewed certificate under the same names, or the self-signed one).
@@ -507,32 +547,76 @@ fn apply_reload(live: &live::Live, reload: Option<&Reloader>) {
         tracing::info!("SIGHUP: no configuration file to reload");
         return;
     };
-    let (new, schema) = match reload() {
-        Ok(n) => n,
-        Err(e) => {
-            tracing::error!("SIGHUP: configuration not reloaded, the running one stays: {e}");
-            return;
-        }
+    let refused = |e: String| {
+        tracing::error!("SIGHUP: configuration not reloaded, the running one stays: {e}");
     };
-    // Schema files are read again and checked, and stay as they were.
-    if schema.attributes().count() != server.schema.attributes().count()
-        || schema.object_classes().count() != server.schema.object_classes().count()
-    {
-        tracing::warn!("SIGHUP: schema files changed; the schema changes at the next start");
-    }
-    match live.reconfigure(new, server.schema.clone()) {
-        Ok(applied) => {
-            if !applied.changed.is_empty() {
-                tracing::info!(keys = %applied.changed.join(", "), "SIGHUP: configuration changed");
-            }
-            if !applied.at_next_start.is_empty() {
-                tracing::warn!(
-                    keys = %applied.at_next_start.join(", "),
-                    "SIGHUP: these changes take effect at the next start"
-                );
-            }
+    let file = match reload() {
+        Ok(f) => f,
+        Err(e) => return refused(e),
+    };
+    // Keys edited in the file since it was last read are taken from it;
+    // the others keep their values (changed over LDAP, perhaps).
+    let last_file = server
+        .store
+        .read()
+        .ok()
+        .and_then(|r| {
+            r.view()
+                .meta_get(cn_config::stored::META_CONFIG_FILE)
+                .ok()
+                .flatten()
+        })
+        .and_then(|t| String::from_utf8(t).ok())
+        .and_then(|t| config::Config::from_toml(&t, std::path::Path::new("meta")).ok());
+    let merged = match last_file {
+        Some(last) => {
+            cn_config::stored::merge(
+                &cn_config::stored::Stored {
+                    config: (*server.desired).clone(),
+                    file: last,
+                },
+                &file,
+            )
+            .config
         }
-        Err(e) => tracing::error!("SIGHUP: configuration not reloaded, the running one stays: {e}"),
+        None => file.clone(),
+    };
+    // Schema files are read again and checked (a broken one is reported
+    // now, not at the next start); they take effect at the next start.
+    if let Err(e) = schema_files::load(&merged.schema_files) {
+        return refused(e);
+    }
+    let resolved = match merged.clone().validate(&server.schema) {
+        Ok(r) => r,
+        Err(e) => return refused(e.to_string()),
+    };
+    let prepared = match live.prepare(resolved, server.schema.clone()) {
+        Ok(p) => p,
+        Err(e) => return refused(e),
+    };
+    let texts = cn_config::stored::to_text(&merged)
+        .and_then(|c| cn_config::stored::to_text(&file).map(|f| (c, f)));
+    let (c, f) = match texts {
+        Ok(t) => t,
+        Err(e) => return refused(e),
+    };
+    if let Err(e) = server
+        .store
+        .write(move |w| cn_config::stored::put(w, &c, Some(&f)))
+        .await
+    {
+        return refused(format!("cannot store it: {e}"));
+    }
+    let (changed, later) = (prepared.changed.clone(), prepared.at_next_start.clone());
+    live.install_prepared(prepared);
+    if !changed.is_empty() {
+        tracing::info!(keys = %changed.join(", "), "SIGHUP: configuration changed");
+    }
+    if !later.is_empty() {
+        tracing::warn!(
+            keys = %later.join(", "),
+            "SIGHUP: these changes take effect at the next start"
+        );
     }
 }
 

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use pando_model::Schema;
 
-use crate::config::{Config, Resolved};
+use crate::config::{Config, Listener, Resolved};
 use crate::state::Server;
 
 pub struct Live {
@@ -74,7 +74,6 @@ pub const AT_NEXT_START: &[&str] = &[
     "threads",
     "user",
     "group",
-    "listen",
     "suffixes",
     "schema_files",
     "indexes",
@@ -206,9 +205,14 @@ pub fn with_keys_from(target: &Config, source: &Config, keys: &[String]) -> Conf
     out
 }
 
-/// What installing a configuration did.
-pub struct Applied {
-    pub server: Arc<Server>,
+/// A configuration compiled and ready to install: nothing has changed yet.
+pub struct Prepared {
+    server: Server,
+    durability: pando_store::Durability,
+    /// Listeners added, already bound (dropped, and closed, if this is
+    /// never installed), and listeners removed.
+    bound: Vec<(Listener, crate::net::listener::Bound)>,
+    unbound: Vec<Listener>,
     /// Keys that changed and are taken at the next start (the running
     /// server keeps their old values).
     pub at_next_start: Vec<String>,
@@ -217,19 +221,60 @@ pub struct Applied {
 }
 
 impl Live {
-    /// Install the configuration `new`: everything that can change while
-    /// serving changes now; keys in [`AT_NEXT_START`] keep their running
-    /// values and are reported. Nothing changes when it fails. Callers
-    /// hold [`Live::changing`].
-    pub fn reconfigure(&self, new: Resolved, schema: Arc<Schema>) -> Result<Applied, String> {
+    /// Compile the configuration `new` against the current one: keys in
+    /// [`AT_NEXT_START`] keep their running values (and are listed), the
+    /// rest is validated and compiled. Nothing changes; callers hold
+    /// [`Live::changing`] until they install it or drop it.
+    pub fn prepare(&self, new: Resolved, schema: Arc<Schema>) -> Result<Prepared, String> {
         let old = self.server();
         let all = changed_keys(&old.cfg.config, &new.config);
         let (later, now): (Vec<String>, Vec<String>) =
             all.into_iter().partition(|k| at_next_start(k));
-        let running = with_keys_from(&new.config, &old.cfg.config, &later);
-        let resolved = running
+        let mut later = later;
+        let mut running = with_keys_from(&new.config, &old.cfg.config, &later);
+        let mut resolved = running
+            .clone()
             .validate(&schema)
             .map_err(|e| format!("the new configuration is not valid: {e}"))?;
+        // Listeners: new ones are bound now (a port in use fails the
+        // change); one the OS refuses to a server that gave up root (a
+        // port below 1024) waits for the next start.
+        let mut bound = Vec::new();
+        let mut unbound = Vec::new();
+        if resolved.listeners != old.cfg.listeners {
+            let added: Vec<&Listener> = resolved
+                .listeners
+                .iter()
+                .filter(|l| !old.cfg.listeners.contains(l))
+                .collect();
+            let mut refused_by_os = !old.listeners.managed();
+            for l in added {
+                match crate::net::listener::bind_one(l) {
+                    Ok(b) => bound.push((l.clone(), b)),
+                    Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                        refused_by_os = true;
+                        break;
+                    }
+                    Err(e) => return Err(format!("listen: {e}")),
+                }
+            }
+            if refused_by_os {
+                bound.clear();
+                later.push("listen".into());
+                running.listen = old.cfg.config.listen.clone();
+                resolved = running
+                    .validate(&schema)
+                    .map_err(|e| format!("the new configuration is not valid: {e}"))?;
+            } else {
+                unbound = old
+                    .cfg
+                    .listeners
+                    .iter()
+                    .filter(|l| !resolved.listeners.contains(l))
+                    .cloned()
+                    .collect();
+            }
+        }
         let tls = if resolved.tls == old.cfg.tls {
             old.tls.clone()
         } else {
@@ -245,21 +290,40 @@ impl Live {
             .store
             .durability()
             .map_err(|e| e.to_string())?;
-        let compiled = crate::compile(resolved, schema, old.root_pw_hash.clone(), tls)
+        let mut compiled = crate::compile(resolved, schema, old.root_pw_hash.clone(), tls)
             .map_err(|e| e.to_string())?;
-        // Nothing below fails.
-        if durability != old.store.durability() {
-            old.store.set_durability(durability);
-            tracing::info!(durability = ?durability, "durability changed");
-        }
-        if old.cfg.config.log_level != compiled.cfg.config.log_level {
-            crate::observe::set_log_level(&compiled.cfg.config.log_level);
-        }
-        let server = self.install(Server::assemble(compiled, old.runtime(), old.live.clone()));
-        Ok(Applied {
-            server,
+        compiled.desired = Arc::new(new.config);
+        Ok(Prepared {
+            server: Server::assemble(compiled, old.runtime(), old.live.clone()),
+            durability,
+            bound,
+            unbound,
             at_next_start: later,
             changed: now,
         })
+    }
+
+    /// Install what [`Live::prepare`] made, with the side effects that
+    /// cannot fail (durability mode, log level).
+    pub fn install_prepared(&self, p: Prepared) -> Arc<Server> {
+        let old = self.server();
+        if p.durability != old.store.durability() {
+            old.store.set_durability(p.durability);
+            tracing::info!(durability = ?p.durability, "durability changed");
+        }
+        if old.cfg.config.log_level != p.server.cfg.config.log_level {
+            crate::observe::set_log_level(&p.server.cfg.config.log_level);
+        }
+        let listeners = p.server.listeners.clone();
+        let installed = self.install(p.server);
+        if let Some(live) = installed.live.upgrade() {
+            for (l, b) in p.bound {
+                listeners.spawn(&live, Some(l), b);
+            }
+        }
+        for l in &p.unbound {
+            listeners.stop(l);
+        }
+        installed
     }
 }

@@ -16,6 +16,9 @@ use crate::config::Resolved;
 pub struct Server {
     // Compiled from the configuration.
     pub cfg: Resolved,
+    /// The configuration as stored (cn=config shows it): `cfg.config`
+    /// except for keys the server takes only at its next start.
+    pub desired: Arc<crate::config::Config>,
     pub schema: Arc<Schema>,
     /// Normalised root DN: the administrator identity.
     pub root_dn_norm: String,
@@ -61,6 +64,8 @@ pub struct Server {
     pub persistent_searches: Arc<tokio::sync::Semaphore>,
     /// The configured replication consumers.
     pub replicas: Arc<crate::repl::Replicas>,
+    /// The accept loops running (listeners change with `listen`).
+    pub listeners: Arc<crate::net::listener::Listeners>,
     /// Where the current configuration is found (to change it).
     pub live: Weak<crate::live::Live>,
 }
@@ -82,12 +87,14 @@ pub struct Runtime {
     pub feed: Arc<crate::ops::feed::Feed>,
     pub persistent_searches: Arc<tokio::sync::Semaphore>,
     pub replicas: Arc<crate::repl::Replicas>,
+    pub listeners: Arc<crate::net::listener::Listeners>,
 }
 
 /// The part of a [`Server`] compiled from one configuration: made (and
 /// failing, if it must) before anything changes.
 pub struct Compiled {
     pub cfg: Resolved,
+    pub desired: Arc<crate::config::Config>,
     pub schema: Arc<Schema>,
     pub root_dn_norm: String,
     pub root_pw_hash: Option<String>,
@@ -103,6 +110,7 @@ impl Server {
     pub fn assemble(c: Compiled, rt: Runtime, live: Weak<crate::live::Live>) -> Server {
         Server {
             cfg: c.cfg,
+            desired: c.desired,
             schema: c.schema,
             root_dn_norm: c.root_dn_norm,
             root_pw_hash: c.root_pw_hash,
@@ -128,6 +136,7 @@ impl Server {
             feed: rt.feed,
             persistent_searches: rt.persistent_searches,
             replicas: rt.replicas,
+            listeners: rt.listeners,
             live,
         }
     }
@@ -148,6 +157,7 @@ impl Server {
             feed: self.feed.clone(),
             persistent_searches: self.persistent_searches.clone(),
             replicas: self.replicas.clone(),
+            listeners: self.listeners.clone(),
         }
     }
 }

@@ -549,6 +549,36 @@ impl Store {
         Ok(Store { inner, writer })
     }
 
+    /// One `meta` record of the store in `path`, read before the store is
+    /// opened (the configuration kept in the store says how to open it).
+    /// None when there is no store yet. The file passes the same check as
+    /// for [`Store::open_read_only`] first; the environment is closed again
+    /// before this returns, so the store can then be opened as usual.
+    pub fn peek_meta(path: &Path, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        if !preflight(path, false, false)? {
+            return Ok(None);
+        }
+        let mut env_opts = EnvOpenOptions::new();
+        env_opts.max_dbs(16).max_readers(16);
+        // SAFETY: as in `open_read_only`; the environment is closed below,
+        // before anything else in this process opens the directory.
+        let env = unsafe {
+            env_opts.flags(EnvFlags::NO_TLS | EnvFlags::READ_ONLY);
+            env_opts.open(path)?
+        };
+        let value = {
+            let rtxn = env.read_txn()?;
+            let meta = env
+                .open_database::<Bytes, Bytes>(&rtxn, Some("meta"))?
+                .ok_or_else(|| missing_database(path, "meta"))?;
+            let v = meta.get(&rtxn, key.as_bytes())?.map(<[u8]>::to_vec);
+            rtxn.commit()?;
+            v
+        };
+        env.prepare_for_closing().wait();
+        Ok(value)
+    }
+
     /// Open an existing store read-only, beside a server that may be writing
     /// it (LMDB readers and a writer coexist across processes): for backup,
     /// export and verify. Writes through this handle fail with `Closed`.

@@ -88,41 +88,142 @@ impl Drop for IpSlot {
 /// Bind every configured listener before serving, so a port in use is
 /// reported at start-up rather than later.
 pub async fn bind_all(listeners: &[Listener]) -> std::io::Result<Vec<Bound>> {
-    let mut out = Vec::new();
-    for l in listeners {
-        match l {
-            Listener::Tcp(addr) | Listener::Ldaps(addr) => {
-                let tl = TcpListener::bind(addr).await.map_err(|e| {
-                    std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
-                })?;
-                out.push(match l {
-                    Listener::Ldaps(_) => Bound::Ldaps(tl),
-                    _ => Bound::Tcp(tl),
-                });
-            }
-            Listener::Ldapi(path) => {
-                // A socket file left by an earlier run is replaced; anything
-                // else at that path is not touched.
-                if let Ok(meta) = std::fs::symlink_metadata(path) {
-                    use std::os::unix::fs::FileTypeExt;
-                    if meta.file_type().is_socket() {
-                        std::fs::remove_file(path)?;
-                    }
+    listeners.iter().map(bind_one).collect()
+}
+
+/// Bind one listener (inside the runtime: the socket is registered with it).
+pub fn bind_one(l: &Listener) -> std::io::Result<Bound> {
+    match l {
+        Listener::Tcp(addr) | Listener::Ldaps(addr) => {
+            let named = |e: std::io::Error| {
+                std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}"))
+            };
+            let std_listener = std::net::TcpListener::bind(addr).map_err(named)?;
+            std_listener.set_nonblocking(true).map_err(named)?;
+            let tl = TcpListener::from_std(std_listener).map_err(named)?;
+            Ok(match l {
+                Listener::Ldaps(_) => Bound::Ldaps(tl),
+                _ => Bound::Tcp(tl),
+            })
+        }
+        Listener::Ldapi(path) => {
+            // A socket file left by an earlier run is replaced; anything
+            // else at that path is not touched.
+            if let Ok(meta) = std::fs::symlink_metadata(path) {
+                use std::os::unix::fs::FileTypeExt;
+                if meta.file_type().is_socket() {
+                    std::fs::remove_file(path)?;
                 }
-                let ul = UnixListener::bind(path).map_err(|e| {
-                    std::io::Error::new(
-                        e.kind(),
-                        format!("cannot listen on {}: {e}", path.display()),
-                    )
-                })?;
-                // Reachable by anyone who can reach the data directory; who
-                // may do what is decided per identity, not by file mode.
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
-                out.push(Bound::Unix(ul, path.clone(), true));
             }
+            let ul = UnixListener::bind(path).map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on {}: {e}", path.display()),
+                )
+            })?;
+            // Reachable by anyone who can reach the data directory; who
+            // may do what is decided per identity, not by file mode.
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+            Ok(Bound::Unix(ul, path.clone(), true))
         }
     }
-    Ok(out)
+}
+
+/// What every accept loop shares besides its socket.
+#[derive(Clone)]
+pub struct AcceptCtx {
+    pub conn_limit: Arc<Semaphore>,
+    pub per_ip: Arc<PerIpLimit>,
+    /// Flips at shutdown: accept loops and connections end.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// The accept loops running. Listeners configured with `listen` can be
+/// added and removed while serving (a removed listener stops accepting;
+/// its connections go on). Sockets passed by systemd are not managed.
+#[derive(Default)]
+pub struct Listeners {
+    state: Mutex<ListenerState>,
+}
+
+#[derive(Default)]
+struct ListenerState {
+    ctx: Option<AcceptCtx>,
+    /// Sockets came from systemd: `listen` is not used.
+    from_systemd: bool,
+    /// Each loop: its configured listener (None from systemd), the switch
+    /// that stops it, its task.
+    running: Vec<(
+        Option<Listener>,
+        watch::Sender<bool>,
+        tokio::task::JoinHandle<()>,
+    )>,
+}
+
+impl Listeners {
+    /// Start accepting on `bound` (paired with their configured listener,
+    /// or None for sockets from systemd).
+    pub fn start(
+        &self,
+        live: &Arc<crate::live::Live>,
+        ctx: AcceptCtx,
+        bound: Vec<(Option<Listener>, Bound)>,
+    ) {
+        {
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.from_systemd = bound.iter().any(|(l, _)| l.is_none());
+            st.ctx = Some(ctx);
+        }
+        for (l, b) in bound {
+            self.spawn(live, l, b);
+        }
+    }
+
+    /// Whether `listen` decides the listeners (not systemd).
+    pub fn managed(&self) -> bool {
+        !self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .from_systemd
+    }
+
+    /// Accept on `b` too.
+    pub fn spawn(&self, live: &Arc<crate::live::Live>, l: Option<Listener>, b: Bound) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(ctx) = st.ctx.clone() else { return };
+        let (stop_tx, stop_rx) = watch::channel(false);
+        if let Some(l) = &l {
+            tracing::info!(url = %l.url(), "listening");
+        }
+        let task = tokio::spawn(serve(b, live.clone(), ctx, stop_rx));
+        st.running.push((l, stop_tx, task));
+    }
+
+    /// Stop accepting on `l` (its connections go on).
+    pub fn stop(&self, l: &Listener) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = st
+            .running
+            .iter()
+            .position(|(x, _, _)| x.as_ref() == Some(l))
+        {
+            let (_, stop, _) = st.running.remove(i);
+            let _ = stop.send(true);
+            tracing::info!(url = %l.url(), "no longer listening");
+        }
+    }
+
+    /// Wait for every accept loop to end (after the shutdown switch).
+    pub async fn join_all(&self) {
+        let tasks: Vec<_> = {
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.running.drain(..).map(|(_, _, t)| t).collect()
+        };
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
 }
 
 /// Sockets handed over by systemd socket activation (the `sd_listen_fds`
@@ -208,22 +309,29 @@ pub fn from_systemd() -> std::io::Result<Option<Vec<Bound>>> {
     Ok(Some(out))
 }
 
-/// Accept on `bound` until `shutdown` flips. Each connection task holds a
+/// Accept on `bound` until `shutdown` (or `stop`, for this listener
+/// alone) flips. Each connection task holds a
 /// permit of `conn_limit` until it ends, so the caller waits for all of
 /// them to drain by taking every permit back; nothing else is kept per
 /// connection once it ended (memory returns to the baseline after any
 /// number of connections).
-pub async fn serve(
+async fn serve(
     bound: Bound,
     live: Arc<crate::live::Live>,
-    conn_limit: Arc<Semaphore>,
-    per_ip: Arc<PerIpLimit>,
-    mut shutdown: watch::Receiver<bool>,
+    ctx: AcceptCtx,
+    mut stop: watch::Receiver<bool>,
 ) {
+    let AcceptCtx {
+        conn_limit,
+        per_ip,
+        shutdown,
+    } = ctx;
+    let mut closing = shutdown.clone();
     let ldaps = matches!(bound, Bound::Ldaps(_));
     loop {
         let accepted = tokio::select! {
-            _ = shutdown.changed() => break,
+            _ = closing.changed() => break,
+            _ = stop.changed() => break,
             a = accept(&bound) => a,
         };
         let (stream, peer, session) = match accepted {

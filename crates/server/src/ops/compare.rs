@@ -32,6 +32,20 @@ pub fn compare(
             format!("{}: value invalid per syntax: {e}", at.name()),
         )
     })?;
+    // cn=config (administrators only): its entries are made, not stored.
+    if let Some(norm) = crate::cn_config::serve::under_config(schema, &dn) {
+        let no_such = || LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object");
+        if !crate::cn_config::serve::may_see(who) {
+            return Err(no_such());
+        }
+        let entries = crate::cn_config::entries(&server.desired, &server.cfg.config);
+        let entry = entries
+            .into_iter()
+            .map(|(_, e)| e)
+            .find(|e| schema.normalize_dn(&e.dn).is_ok_and(|n| n == norm))
+            .ok_or_else(no_such)?;
+        return compare_values(schema, at, &want, &entry.attrs);
+    }
     let rtxn = server.store.read()?;
     let view = rtxn.view();
     let id = super::resolve_for(server, &view, who, &dn)?;
@@ -57,9 +71,19 @@ pub fn compare(
             ));
         }
     }
-    let attrs = entry.attrs;
+    compare_values(schema, at, &want, &entry.attrs)
+}
+
+/// compareTrue when a value of `at` (or a subtype) in `attrs` normalises to
+/// `want`, compareFalse when there are values but none does.
+fn compare_values(
+    schema: &pando_model::Schema,
+    at: &pando_model::AttributeType,
+    want: &[u8],
+    attrs: &[pando_model::Attribute],
+) -> OpResult<ResultCode> {
     let mut present = false;
-    for a in &attrs {
+    for a in attrs {
         let base = a.desc.split(';').next().unwrap_or("");
         let Some(t) = schema.attribute(base) else {
             continue;
@@ -70,7 +94,7 @@ pub fn compare(
         present = true;
         if a.values
             .iter()
-            .any(|v| schema.normalize(t, v).is_ok_and(|n| n == want))
+            .any(|v| schema.normalize(t, v).is_ok_and(|n| n[..] == *want))
         {
             return Ok(ResultCode::COMPARE_TRUE);
         }

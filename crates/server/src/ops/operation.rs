@@ -126,6 +126,25 @@ pub fn is_update(op: &ProtocolOp) -> bool {
     )
 }
 
+/// The normalised and the given DN of a write aimed at cn=config.
+fn config_target(server: &Server, request: &ProtocolOp) -> Option<(String, String)> {
+    let dn = match request {
+        ProtocolOp::ModifyRequest(r) => &r.dn,
+        ProtocolOp::AddRequest(r) => &r.dn,
+        ProtocolOp::DelRequest(dn) => dn,
+        ProtocolOp::ModifyDnRequest(r) => &r.dn,
+        _ => return None,
+    };
+    // Most writes are elsewhere: a look at the text's end spares them the parse.
+    let t = dn.trim_end().as_bytes();
+    if t.len() < 6 || !t[t.len() - 6..].eq_ignore_ascii_case(b"config") {
+        return None;
+    }
+    let parsed = pando_model::Dn::parse(dn).ok()?;
+    let norm = crate::cn_config::serve::under_config(&server.schema, &parsed)?;
+    Some((norm, dn.clone()))
+}
+
 /// Run an add, delete, modify, modify DN, compare or extended operation.
 /// None for requests this does not run (searches and binds have their own
 /// paths).
@@ -150,6 +169,28 @@ pub async fn perform(server: &Arc<Server>, op: Operation) -> Option<Response> {
             controls: Vec::new(),
         },
     };
+    // cn=config is not in the store: its own path (administrators only).
+    if let Some((norm, dn)) = config_target(server, &request) {
+        use crate::cn_config::serve;
+        return Some(match request {
+            ProtocolOp::ModifyRequest(req) => {
+                let r = serve::modify(server, &who, &dn, &norm, &req.changes).await;
+                written(r.map(|()| Written::default()), ProtocolOp::ModifyResponse)
+            }
+            ProtocolOp::AddRequest(_) => written(
+                Err(serve::refuse_other_writes(&who, "added")),
+                ProtocolOp::AddResponse,
+            ),
+            ProtocolOp::DelRequest(_) => written(
+                Err(serve::refuse_other_writes(&who, "deleted")),
+                ProtocolOp::DelResponse,
+            ),
+            _ => written(
+                Err(serve::refuse_other_writes(&who, "renamed")),
+                ProtocolOp::ModifyDnResponse,
+            ),
+        });
+    }
     Some(match request {
         ProtocolOp::AddRequest(req) => {
             let ctx = WriteCtx::new(server, &who, controls);

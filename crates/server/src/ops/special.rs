@@ -96,6 +96,7 @@ fn build_root_dse(server: &Server) -> Entry {
                 server.suffixes.iter().map(|(d, _)| d.to_string()),
             ),
             attr("subschemaSubentry", [SUBSCHEMA_DN]),
+            attr("configContext", [crate::cn_config::CONFIG_DN]),
             attr("supportedLDAPVersion", ["3"]),
             attr("supportedControl", super::controls::supported_oids()),
             attr(

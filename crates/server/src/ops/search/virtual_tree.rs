@@ -1,5 +1,5 @@
 //! Entries that are not in the store but are searched like stored ones:
-//! the root DSE, the subschema subentry and cn=Monitor (cn=config and the
+//! the root DSE, the subschema subentry, cn=Monitor and cn=config (the
 //! access log will join them). Each is a [`VirtualTree`] in [`TREES`]; a
 //! search whose base one of them owns is answered from its entries by
 //! [`search`], with the same scope, filter, assertion, size limit and
@@ -52,7 +52,7 @@ pub trait VirtualTree: Sync {
 }
 
 /// Every virtual tree, asked in this order.
-pub const TREES: &[&dyn VirtualTree] = &[&RootDse, &Subschema, &Monitor];
+pub const TREES: &[&dyn VirtualTree] = &[&RootDse, &Subschema, &Monitor, &ConfigTree];
 
 /// The tree owning `base`, if any.
 pub fn owner(schema: &Schema, base: &Dn) -> Option<&'static dyn VirtualTree> {
@@ -136,6 +136,38 @@ impl VirtualTree for Monitor {
 
     fn entries(&self, server: &Server) -> Vec<VirtualEntry> {
         monitor::entries(server)
+            .into_iter()
+            .filter_map(|(dn, entry)| {
+                let norm = server.schema.normalize_dn(&entry.dn).ok()?;
+                Some(VirtualEntry {
+                    dn,
+                    norm,
+                    entry: Arc::new(entry),
+                })
+            })
+            .collect()
+    }
+}
+
+/// cn=config (`cn_config`): administrators only; to anyone else it does
+/// not exist.
+struct ConfigTree;
+
+impl VirtualTree for ConfigTree {
+    fn owns(&self, schema: &Schema, base: &Dn) -> bool {
+        crate::cn_config::serve::under_config(schema, base).is_some()
+    }
+
+    fn may_enter(&self, _server: &Server, who: &Identity, _base_norm: &str) -> bool {
+        crate::cn_config::serve::may_see(who)
+    }
+
+    fn may_read(&self, _server: &Server, who: &Identity, _e: &VirtualEntry) -> bool {
+        crate::cn_config::serve::may_see(who)
+    }
+
+    fn entries(&self, server: &Server) -> Vec<VirtualEntry> {
+        crate::cn_config::entries(&server.desired, &server.cfg.config)
             .into_iter()
             .filter_map(|(dn, entry)| {
                 let norm = server.schema.normalize_dn(&entry.dn).ok()?;

@@ -1,0 +1,286 @@
+use super::*;
+
+fn change(op: ModOp, attr: &str, values: &[&str]) -> Change {
+    Change {
+        op,
+        attr: pando_proto::PartialAttribute {
+            name: attr.to_string(),
+            values: values.iter().map(|v| v.as_bytes().to_vec()).collect(),
+        },
+    }
+}
+
+fn attr_values(entries: &[(String, Entry)], dn: &str, attr: &str) -> Vec<String> {
+    let (_, e) = entries.iter().find(|(d, _)| d == dn).unwrap();
+    e.attrs
+        .iter()
+        .filter(|a| a.desc.eq_ignore_ascii_case(attr))
+        .flat_map(|a| a.values.iter())
+        .map(|v| String::from_utf8(v.clone()).unwrap())
+        .collect()
+}
+
+#[test]
+fn attribute_names_are_unique_and_numbers_too() {
+    let mut names: Vec<String> = KEYS.iter().map(|k| k.attr().to_ascii_lowercase()).collect();
+    let mut ns: Vec<u32> = KEYS.iter().map(|k| k.n).collect();
+    names.sort();
+    ns.sort();
+    let (n1, m1) = (names.len(), ns.len());
+    names.dedup();
+    ns.dedup();
+    assert_eq!(names.len(), n1);
+    assert_eq!(ns.len(), m1);
+    assert!(ns.iter().all(|n| *n < AT_NEXT_START_N));
+    assert_eq!(
+        key_named("store.durability").unwrap().attr(),
+        "pandoStoreDurability"
+    );
+    assert_eq!(
+        key_named("limits.anonymous.max_ops").unwrap().attr(),
+        "olcConnMaxPending"
+    );
+}
+
+#[test]
+fn every_key_of_the_file_is_an_attribute() {
+    // A configuration with every optional key set has no leaf without a key.
+    let text = r#"
+root_dn = "cn=root,dc=example,dc=com"
+root_password_hash = "{SSHA}x"
+user = "pando"
+group = "pando"
+schema_files = ["/x.schema"]
+[[access]]
+by = [{ who = "*", rights = "read" }]
+[limits]
+by = [{ who = "users", size_limit = 5 }]
+[store]
+keep_tombstones_days = 3
+[auth]
+break_glass = "ldapi-owner"
+external_map = [{ pattern = "x", dn = "cn=y" }]
+[tls]
+cert_file = "/c"
+key_file = "/k"
+ca_file = "/ca"
+[logs]
+access = "/a"
+audit = "/b"
+[metrics]
+listen = "9389"
+"#;
+    let cfg = Config::from_toml(text, std::path::Path::new("t.toml")).unwrap();
+    for leaf in crate::live::leaves(&cfg).keys() {
+        let covered = KEYS
+            .iter()
+            .any(|k| leaf == k.key || (k.form == Indexes && leaf.starts_with("indexes.")));
+        assert!(covered, "{leaf} has no attribute under cn=config");
+    }
+    // And the entries read back as the same configuration.
+    let entries = entries(&cfg, &cfg);
+    let back = apply(&cfg, CONFIG_NORM, &[]).unwrap();
+    assert_eq!(back, cfg);
+    assert_eq!(
+        attr_values(&entries, DATABASE_DN, "olcAccess"),
+        vec!["{0}to * by * read".to_string()]
+    );
+    assert_eq!(
+        attr_values(&entries, CONFIG_DN, "pandoMetricsListen"),
+        vec!["9389"]
+    );
+    assert_eq!(
+        attr_values(&entries, DATABASE_DN, "pandoLimitsBy"),
+        vec!["{0}{ size_limit = 5, who = \"users\" }".to_string()]
+    );
+}
+
+#[test]
+fn ordered_values_insert_move_and_delete_like_olc_access() {
+    let cfg = Config::default();
+    let shown = entries(&cfg, &cfg);
+    // The built-in rules are shown when none are configured.
+    let builtin = attr_values(&shown, DATABASE_DN, "olcAccess");
+    assert!(!builtin.is_empty() && builtin[0].starts_with("{0}to "));
+    let cfg = apply(
+        &cfg,
+        DATABASE_NORM,
+        &[change(
+            ModOp::Replace,
+            "olcAccess",
+            &["to * by admins all", "to * by * read"],
+        )],
+    )
+    .unwrap();
+    assert_eq!(cfg.access.len(), 2);
+    // Insert at {1}.
+    let cfg = apply(
+        &cfg,
+        DATABASE_NORM,
+        &[change(
+            ModOp::Add,
+            "olcAccess",
+            &["{1}to attrs=userPassword by self write"],
+        )],
+    )
+    .unwrap();
+    let texts: Vec<String> = cfg.access.iter().map(rule_text::format).collect();
+    assert_eq!(
+        texts,
+        [
+            "to * by admins all",
+            "to attrs=userPassword by self write",
+            "to * by * read"
+        ]
+    );
+    // Move {2} to the front: delete it, add it at {0}, in one modify.
+    let cfg = apply(
+        &cfg,
+        DATABASE_NORM,
+        &[
+            change(ModOp::Delete, "olcAccess", &["{2}"]),
+            change(ModOp::Add, "olcAccess", &["{0}to * by * read"]),
+        ],
+    )
+    .unwrap();
+    let texts: Vec<String> = cfg.access.iter().map(rule_text::format).collect();
+    assert_eq!(
+        texts,
+        [
+            "to * by * read",
+            "to * by admins all",
+            "to attrs=userPassword by self write"
+        ]
+    );
+    // Delete by text.
+    let cfg = apply(
+        &cfg,
+        DATABASE_NORM,
+        &[change(ModOp::Delete, "olcAccess", &["to * by admins all"])],
+    )
+    .unwrap();
+    assert_eq!(cfg.access.len(), 2);
+}
+
+#[test]
+fn bad_modifications_name_the_attribute() {
+    let cfg = Config::default();
+    let cases: Vec<(&str, Change, ResultCode, &str)> = vec![
+        (
+            CONFIG_NORM,
+            change(ModOp::Replace, "olcFoo", &["1"]),
+            ResultCode::UNDEFINED_ATTRIBUTE_TYPE,
+            "olcFoo",
+        ),
+        (
+            CONFIG_NORM,
+            change(ModOp::Replace, "olcSizeLimit", &["ten"]),
+            ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+            "olcSizeLimit: 'ten' is not an integer",
+        ),
+        (
+            CONFIG_NORM,
+            change(ModOp::Replace, "olcSizeLimit", &["1", "2"]),
+            ResultCode::CONSTRAINT_VIOLATION,
+            "takes one value",
+        ),
+        (
+            CONFIG_NORM,
+            change(ModOp::Add, "olcSizeLimit", &["1"]),
+            ResultCode::ATTRIBUTE_OR_VALUE_EXISTS,
+            "olcSizeLimit",
+        ),
+        (
+            CONFIG_NORM,
+            change(ModOp::Replace, "olcAccess", &["to * by * read"]),
+            ResultCode::OBJECT_CLASS_VIOLATION,
+            "belongs to olcDatabase={1}mdb,cn=config",
+        ),
+        (
+            DATABASE_NORM,
+            change(ModOp::Replace, "olcAccess", &["to * by nobody read"]),
+            ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+            "olcAccess: value {0}: 'nobody' is not a subject",
+        ),
+        (
+            DATABASE_NORM,
+            change(ModOp::Replace, "olcDbDirectory", &["/tmp"]),
+            ResultCode::CONSTRAINT_VIOLATION,
+            "cannot be changed",
+        ),
+        (
+            DATABASE_NORM,
+            change(ModOp::Delete, "olcSuffix", &["dc=nowhere"]),
+            ResultCode::NO_SUCH_ATTRIBUTE,
+            "no value 'dc=nowhere'",
+        ),
+        (
+            DATABASE_NORM,
+            change(ModOp::Replace, "olcDbIndex", &["uid"]),
+            ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+            "olcDbIndex: 'uid' is not an index",
+        ),
+        (
+            DATABASE_NORM,
+            change(ModOp::Replace, "pandoStoreWarmStart", &["yes"]),
+            ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+            "TRUE or FALSE",
+        ),
+        (
+            DATABASE_NORM,
+            change(ModOp::Replace, "pandoLimitsBy", &["who = 1"]),
+            ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+            "TOML inline table",
+        ),
+        (
+            "cn=other,cn=config",
+            change(ModOp::Replace, "olcSizeLimit", &["1"]),
+            ResultCode::UNWILLING_TO_PERFORM,
+            "only cn=config",
+        ),
+    ];
+    for (norm, ch, code, says) in cases {
+        let e = apply(&cfg, norm, &[ch]).unwrap_err();
+        assert_eq!(e.code, code, "{says}: {}", e.message);
+        assert!(e.message.contains(says), "{says}: {}", e.message);
+    }
+}
+
+#[test]
+fn indexes_read_as_olc_db_index() {
+    let cfg = Config::default();
+    let cfg = apply(
+        &cfg,
+        DATABASE_NORM,
+        &[change(
+            ModOp::Replace,
+            "olcDbIndex",
+            &["uid,mail eq,sub", "objectClass eq", "uid pres"],
+        )],
+    )
+    .unwrap();
+    assert_eq!(cfg.indexes.len(), 3);
+    assert_eq!(cfg.indexes["uid"], vec!["eq", "sub", "pres"]);
+    assert_eq!(cfg.indexes["mail"], vec!["eq", "sub"]);
+    let cfg = apply(
+        &cfg,
+        DATABASE_NORM,
+        &[change(ModOp::Delete, "olcDbIndex", &[])],
+    )
+    .unwrap();
+    assert!(cfg.indexes.is_empty());
+}
+
+#[test]
+fn the_schema_file_is_made_from_the_keys() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../model/schema/config.schema");
+    let want = schema_text();
+    if std::env::var_os("PANDO_WRITE_CONFIG_SCHEMA").is_some() {
+        std::fs::write(path, &want).unwrap();
+    }
+    let have = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        have == want,
+        "{path} is not what the table of keys makes: run this test with PANDO_WRITE_CONFIG_SCHEMA=1"
+    );
+}
