@@ -329,3 +329,41 @@ def test_listeners_added_and_removed_while_serving(tmp_path):
     g = config_read(srv, "cn=config", scope="base")["cn=config"]
     assert values(g, "pandoListen") == ["ldapi://", url]
     srv.stop_and_verify()
+
+
+def test_logs_and_password_hashing_change_over_ldap(tmp_path):
+    srv = Pando(tmp_path, demo=True).start()
+    access = tmp_path / "access.log"
+    audit = tmp_path / "audit.log"
+    rc, out = config_modify(srv, """dn: cn=config
+changetype: modify
+replace: pandoLogsAccess
+pandoLogsAccess: %s
+-
+replace: pandoLogsAudit
+pandoLogsAudit: %s
+-
+replace: pandoPasswordsScheme
+pandoPasswordsScheme: ssha512
+""" % (access, audit))
+    assert rc == 0, out
+    g = config_read(srv, "cn=config", scope="base")["cn=config"]
+    assert values(g, "pandoAtNextStart") == []
+    rc, out, err = srv.ldap("ldapmodify", input="dn: uid=alice,ou=People,%s\nchangetype: modify\n"
+                            "replace: userPassword\nuserPassword: s3cret-Pass\n" % SUFFIX)
+    assert rc == 0, err
+    rc, found, err = srv.search("uid=alice,ou=People," + SUFFIX, "userPassword", scope="base")
+    assert found[0][1]["userPassword"][0].startswith("{SSHA512}"), found
+    # The next change to cn=config is in the audit log with who made it.
+    rc, out = config_modify(srv, "dn: cn=config\nchangetype: modify\nreplace: olcSizeLimit\nolcSizeLimit: 77\n")
+    assert rc == 0, out
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        a = audit.read_text() if audit.exists() else ""
+        if "olcSizeLimit: 77" in a and "cn=peercred" in a and "uid=alice" in a:
+            break
+        time.sleep(0.1)
+    assert "olcSizeLimit: 77" in a and "cn=peercred" in a, a
+    # Operations after the change are in the new access log.
+    assert "MOD dn=\"uid=alice,ou=People," in access.read_text(), access.read_text()
+    srv.stop_and_verify()

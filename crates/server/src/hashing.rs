@@ -58,6 +58,15 @@ impl PasswordWork {
         }
     }
 
+    /// Work under a new policy and bound, counted with this one's figures
+    /// (operations already waiting keep the old bound).
+    pub fn with_policy(&self, policy: HashPolicy, concurrent: usize) -> PasswordWork {
+        PasswordWork {
+            stats: self.stats.clone(),
+            ..PasswordWork::new(policy, concurrent)
+        }
+    }
+
     pub fn policy(&self) -> HashPolicy {
         self.policy
     }

@@ -331,20 +331,25 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     if let Some(addr) = server.cfg.config.metrics.addr()? {
         listeners.spawn(observe::prometheus::serve(
             observe::prometheus::bind(addr).await?,
-            server.clone(),
+            live.clone(),
             stop_rx.clone(),
         ));
     }
+    // Sized at start (connections, the change feed): kept. The rest of
+    // the first configuration is let go, so a changed one can close.
+    let max_connections = server.cfg.config.limits.max_connections;
+    let feed = server.feed.clone();
+    drop(server);
 
     signals.wait_for_stop(&live, opts.reload.as_ref()).await;
     tracing::info!("shutting down: no new connections; finishing operations in progress");
     let _ = stop_tx.send(true);
     // Persistent searches end now (with `unavailable`), not at the drain's end.
-    server.feed.close();
-    server.listeners.join_all().await;
+    feed.close();
+    live.server().listeners.join_all().await;
     while listeners.join_next().await.is_some() {}
     // Every live connection holds one permit until its task ends.
-    let all = u32::try_from(server.cfg.config.limits.max_connections).unwrap_or(u32::MAX);
+    let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
     let drain = conn_limit.acquire_many(all);
     if tokio::time::timeout(Duration::from_secs(10), drain)
         .await
@@ -366,8 +371,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         syncs = w.syncs,
         "writer totals"
     );
-    server.logs.close();
-    drop(server);
+    live.server().logs.close();
     drop(live);
     tokio::task::spawn_blocking(move || store.close()).await?;
     tracing::info!("store closed cleanly");
@@ -386,7 +390,12 @@ pub fn build_server(
     root_pw_hash: Option<String>,
     tls: Option<Arc<net::tls::TlsContext>>,
 ) -> Result<Arc<live::Live>, BoxError> {
-    let compiled = compile(cfg, schema, root_pw_hash, tls)?;
+    let passwords = Arc::new(hashing::PasswordWork::new(
+        cfg.config.passwords.policy()?,
+        cfg.config.passwords.max_concurrent_hashes,
+    ));
+    let logs = Arc::new(observe::Logs::open(&cfg.config.logs)?);
+    let compiled = compile(cfg, schema, root_pw_hash, tls, passwords, logs)?;
     let runtime = new_runtime(&compiled, store, csn)?;
     Ok(live::Live::new(|weak| {
         Server::assemble(compiled, runtime, weak)
@@ -400,6 +409,8 @@ pub fn compile(
     schema: Arc<Schema>,
     root_pw_hash: Option<String>,
     tls: Option<Arc<net::tls::TlsContext>>,
+    passwords: Arc<hashing::PasswordWork>,
+    logs: Arc<observe::Logs>,
 ) -> Result<state::Compiled, BoxError> {
     let root_dn_norm = match &cfg.root_dn {
         Some(d) => schema
@@ -442,6 +453,8 @@ pub fn compile(
         acl,
         limits_by,
         tls,
+        passwords,
+        logs,
     })
 }
 
@@ -465,13 +478,8 @@ fn new_runtime(
         throttle: Arc::new(throttle::BindThrottle::new(limits)),
         search_threads: Arc::new(Semaphore::new(search_threads_max)),
         search_threads_max,
-        passwords: Arc::new(hashing::PasswordWork::new(
-            cfg.passwords.policy()?,
-            cfg.passwords.max_concurrent_hashes,
-        )),
         started: SystemTime::now(),
         metrics: Arc::new(observe::metrics::Metrics::new()),
-        logs: Arc::new(observe::Logs::open(&cfg.logs)?),
         subentries: Arc::new(ops::Subentries::default()),
         feed: Arc::new(ops::feed::Feed::new(limits.persistent_search_backlog)),
         persistent_searches: Arc::new(Semaphore::new(limits.max_persistent_searches)),

@@ -94,8 +94,6 @@ pub const AT_NEXT_START: &[&str] = &[
     "limits.failed_bind_lockout",
     "limits.failed_bind_lockout_ip",
     "limits.failed_bind_lockout_seconds",
-    "passwords",
-    "logs",
     "metrics",
     "replication",
 ];
@@ -290,8 +288,31 @@ impl Live {
             .store
             .durability()
             .map_err(|e| e.to_string())?;
-        let mut compiled = crate::compile(resolved, schema, old.root_pw_hash.clone(), tls)
-            .map_err(|e| e.to_string())?;
+        let passwords = if resolved.config.passwords == old.cfg.config.passwords {
+            old.passwords.clone()
+        } else {
+            let p = &resolved.config.passwords;
+            Arc::new(old.passwords.with_policy(
+                p.policy().map_err(|e| e.to_string())?,
+                p.max_concurrent_hashes,
+            ))
+        };
+        // New log files are opened before anything changes; the old ones
+        // close when the last operation using them ends.
+        let logs = if resolved.config.logs == old.cfg.config.logs {
+            old.logs.clone()
+        } else {
+            Arc::new(crate::observe::Logs::open(&resolved.config.logs)?)
+        };
+        let mut compiled = crate::compile(
+            resolved,
+            schema,
+            old.root_pw_hash.clone(),
+            tls,
+            passwords,
+            logs,
+        )
+        .map_err(|e| e.to_string())?;
         compiled.desired = Arc::new(new.config);
         Ok(Prepared {
             server: Server::assemble(compiled, old.runtime(), old.live.clone()),

@@ -79,10 +79,8 @@ pub struct Runtime {
     pub throttle: Arc<crate::throttle::BindThrottle>,
     pub search_threads: Arc<tokio::sync::Semaphore>,
     pub search_threads_max: usize,
-    pub passwords: Arc<crate::hashing::PasswordWork>,
     pub started: SystemTime,
     pub metrics: Arc<crate::observe::metrics::Metrics>,
-    pub logs: Arc<crate::observe::Logs>,
     pub subentries: Arc<crate::ops::Subentries>,
     pub feed: Arc<crate::ops::feed::Feed>,
     pub persistent_searches: Arc<tokio::sync::Semaphore>,
@@ -104,6 +102,8 @@ pub struct Compiled {
     pub acl: crate::acl::Acl,
     pub limits_by: Vec<(crate::acl::Who, crate::config::LimitsFor)>,
     pub tls: Option<Arc<crate::net::tls::TlsContext>>,
+    pub passwords: Arc<crate::hashing::PasswordWork>,
+    pub logs: Arc<crate::observe::Logs>,
 }
 
 impl Server {
@@ -120,6 +120,8 @@ impl Server {
             acl: c.acl,
             limits_by: c.limits_by,
             tls: c.tls,
+            passwords: c.passwords,
+            logs: c.logs,
             base_cache: Default::default(),
             special: Default::default(),
             sorted: Default::default(),
@@ -128,16 +130,23 @@ impl Server {
             throttle: rt.throttle,
             search_threads: rt.search_threads,
             search_threads_max: rt.search_threads_max,
-            passwords: rt.passwords,
             started: rt.started,
             metrics: rt.metrics,
-            logs: rt.logs,
             subentries: rt.subentries,
             feed: rt.feed,
             persistent_searches: rt.persistent_searches,
             replicas: rt.replicas,
             listeners: rt.listeners,
             live,
+        }
+    }
+
+    /// The configuration current now: this one, or the one that replaced
+    /// it (for tasks that outlive configurations, such as consumers).
+    pub fn current(self: &Arc<Self>) -> Arc<Server> {
+        match self.live.upgrade() {
+            Some(live) => live.server(),
+            None => self.clone(),
         }
     }
 
@@ -149,10 +158,8 @@ impl Server {
             throttle: self.throttle.clone(),
             search_threads: self.search_threads.clone(),
             search_threads_max: self.search_threads_max,
-            passwords: self.passwords.clone(),
             started: self.started,
             metrics: self.metrics.clone(),
-            logs: self.logs.clone(),
             subentries: self.subentries.clone(),
             feed: self.feed.clone(),
             persistent_searches: self.persistent_searches.clone(),

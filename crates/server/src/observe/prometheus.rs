@@ -30,7 +30,11 @@ pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, String> {
         .map_err(|e| format!("metrics.listen: cannot listen on {addr}: {e}"))
 }
 
-pub async fn serve(listener: TcpListener, server: Arc<Server>, mut stop: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    live: Arc<crate::live::Live>,
+    mut stop: watch::Receiver<bool>,
+) {
     if let Ok(a) = listener.local_addr() {
         tracing::info!("metrics endpoint: http://{a}/metrics");
         if !a.ip().is_loopback() {
@@ -44,7 +48,7 @@ pub async fn serve(listener: TcpListener, server: Arc<Server>, mut stop: watch::
             _ = stop.changed() => return,
             a = listener.accept() => match a {
                 Ok((stream, _)) => {
-                    let server = server.clone();
+                    let server = live.server();
                     tokio::spawn(async move {
                         let _ = tokio::time::timeout(READ_TIMEOUT * 2, answer(stream, server)).await;
                     });

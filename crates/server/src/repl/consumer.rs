@@ -478,8 +478,10 @@ fn change_csn(last: &Cookie, new: &Cookie) -> Option<String> {
 
 impl Session2<'_> {
     fn ctx(&self, cookie: Option<String>, csn: Option<String>, unlogged: bool) -> Arc<WriteCtx> {
+        // Written under the configuration current now (its logs, its
+        // limits), not the one the consumer started with.
         WriteCtx::replicated(
-            self.server,
+            &self.server.current(),
             &self.who,
             ReplCtx {
                 rid: self.cfg.rid,
