@@ -93,7 +93,7 @@ def values(entry, attr):
 def test_cn_config_is_for_administrators_only(tmp_path):
     srv = Pando(tmp_path, demo=True, config=PUBLIC_READ).start()
     tree = config_read(srv)
-    assert set(tree) == {"cn=config", DB.lower()}
+    assert set(tree) == {"cn=config", DB.lower(), "cn=schema,cn=config"}
     assert values(tree["cn=config"], "olcSizeLimit") == ["500"]
     assert values(tree[DB.lower()], "olcSuffix") == [SUFFIX]
     r = subprocess.run(["ldapcompare", "-Q", "-Y", "EXTERNAL", "-H", srv.ldapi_url, "cn=config",
@@ -366,4 +366,68 @@ pandoPasswordsScheme: ssha512
     assert "olcSizeLimit: 77" in a and "cn=peercred" in a, a
     # Operations after the change are in the new access log.
     assert "MOD dn=\"uid=alice,ou=People," in access.read_text(), access.read_text()
+    srv.stop_and_verify()
+
+
+SCHEMA_DIR = "/etc/ldap/schema"
+
+
+def ldapadd_external(srv, *args, input=None):
+    r = subprocess.run(["ldapadd", "-Q", "-Y", "EXTERNAL", "-H", srv.ldapi_url, *args],
+                       input=input, capture_output=True, text=True, timeout=60)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_schema_added_used_refused_while_used_and_deleted_over_ldap(tmp_path):
+    import os
+    import pytest
+    if not os.path.exists(SCHEMA_DIR + "/java.ldif"):
+        pytest.skip("Debian's slapd schema files are not installed")
+    srv = Pando(tmp_path, demo=True).start()
+    # Debian's cn=schema LDIF files load as they are, as into slapd.
+    for name in ["java", "misc", "corba", "collective", "duaconf", "openldap", "dsee",
+                 "msuser", "namedobject"]:
+        rc, out = ldapadd_external(srv, "-f", "%s/%s.ldif" % (SCHEMA_DIR, name))
+        assert rc == 0, (name, out)
+    tree = config_read(srv, "cn=schema,cn=config")
+    assert "cn={0}java,cn=schema,cn=config" in tree, list(tree)
+    assert any(v.startswith("{0}( 1.3.6.1.4.1.42.2.27.4.1.6 ")
+               for v in values(tree["cn={0}java,cn=schema,cn=config"], "olcAttributeTypes"))
+    # Usable at once, in entries and filters, and published.
+    rc, out, err = srv.ldap("ldapadd", input="dn: cn=app,%s\nobjectClass: javaContainer\ncn: app\n" % SUFFIX)
+    assert rc == 0, err
+    rc, found, err = srv.search(SUFFIX, "(objectClass=javaContainer)", "cn")
+    assert rc == 0 and [dn for dn, _ in found] == ["cn=app," + SUFFIX], (found, err)
+    rc, out, err = srv.ldap("ldapsearch", "-LLL", "-o", "ldif-wrap=no", "-b", "cn=Subschema", "-s", "base",
+                            "objectClasses")
+    assert "NAME 'javaContainer'" in out
+    # A second document of the same name, and a broken one, are refused.
+    rc, out = ldapadd_external(srv, "-f", SCHEMA_DIR + "/java.ldif")
+    assert rc == 68, out
+    rc, out = ldapadd_external(srv, input="dn: cn=broken,cn=schema,cn=config\nobjectClass: olcSchemaConfig\n"
+                               "cn: broken\nolcAttributeTypes: ( 1.2.3.4 NAME 'x' EQUALITY noSuchMatch )\n")
+    assert rc != 0 and "cn={9}broken,cn=schema,cn=config" in out and "noSuchMatch" in out, out
+    # In use: refused, naming the count and an entry.
+    r = subprocess.run(["ldapdelete", "-Q", "-Y", "EXTERNAL", "-H", srv.ldapi_url,
+                        "cn={0}java,cn=schema,cn=config"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 53, r.stdout + r.stderr
+    assert "javaContainer is used by 1 entry (e.g. cn=app,%s)" % SUFFIX in r.stderr, r.stderr
+    # The data goes, then the schema can.
+    rc, out, err = srv.ldap("ldapdelete", "cn=app," + SUFFIX)
+    assert rc == 0, err
+    r = subprocess.run(["ldapdelete", "-Q", "-Y", "EXTERNAL", "-H", srv.ldapi_url,
+                        "cn=java,cn=schema,cn=config"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rc, out, err = srv.ldap("ldapsearch", "-LLL", "-o", "ldif-wrap=no", "-b", "cn=Subschema", "-s", "base",
+                            "objectClasses")
+    assert "NAME 'javaContainer'" not in out and "NAME 'corbaContainer'" in out
+    rc, out, err = srv.ldap("ldapadd", input="dn: cn=app2,%s\nobjectClass: javaContainer\ncn: app2\n" % SUFFIX)
+    assert rc != 0, out
+    # The schema changed over LDAP is there after a restart.
+    srv.stop()
+    srv.start()
+    tree = config_read(srv, "cn=schema,cn=config")
+    assert "cn={0}misc,cn=schema,cn=config" in tree, list(tree)
+    rc, out, err = srv.ldap("ldapadd", input="dn: cn=orb,%s\nobjectClass: corbaContainer\ncn: orb\n" % SUFFIX)
+    assert rc == 0, err
     srv.stop_and_verify()

@@ -363,8 +363,9 @@ fn serve_file_config(args: &ServeArgs) -> Result<Config, String> {
 fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     let file = serve_file_config(&args)?;
     let merged = pando_server::cn_config::stored::effective(file.clone())?;
-    let schema = Arc::new(pando_server::schema_files::load(
+    let schema = Arc::new(pando_server::schema_files::build(
         &merged.config.schema_files,
+        &merged.config.schema,
     )?);
     let resolved = merged
         .config
@@ -443,7 +444,10 @@ fn passwd(args: PasswdArgs) -> Result<ExitCode, String> {
 
 fn resolve(args: &StoreArgs) -> Result<(pando_server::config::Resolved, Arc<Schema>), String> {
     let cfg = load_config(args)?;
-    let schema = Arc::new(pando_server::schema_files::load(&cfg.schema_files)?);
+    let schema = Arc::new(pando_server::schema_files::build(
+        &cfg.schema_files,
+        &cfg.schema,
+    )?);
     let resolved = cfg.validate(&schema).map_err(|e| e.to_string())?;
     Ok((resolved, schema))
 }

@@ -247,7 +247,7 @@ pub fn ensure_suffixes(
 ) -> Result<Vec<String>, BootstrapError> {
     let mut created = Vec::new();
     for dn in suffixes {
-        let entry = suffix_entry(store.schema(), dn)
+        let entry = suffix_entry(&store.schema(), dn)
             .map_err(|e| BootstrapError::Entry(format!("suffix {dn}: {e}")))?;
         if add_if_missing(store, entry, creator, csn, true)? {
             created.push(dn.to_string());

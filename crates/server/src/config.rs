@@ -46,6 +46,9 @@ pub struct Config {
     /// Schema files added to the built-in schema at start, in order:
     /// OpenLDAP `.schema` text or `cn=schema` LDIF (see `schema_files.rs`).
     pub schema_files: Vec<PathBuf>,
+    /// `[[schema]]`: schema added after the files, in order; each is an
+    /// entry below cn=schema,cn=config, and changes while serving.
+    pub schema: Vec<SchemaDoc>,
     /// Attribute → index kinds (`eq`, `pres`, `sub`, `approx`, `ord`).
     pub indexes: BTreeMap<String, Vec<String>>,
     pub limits: Limits,
@@ -64,6 +67,27 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// `[replication]`: this server's ID, the change log, the provider.
     pub replication: ReplicationConfig,
+}
+
+/// One `[[schema]]` document: definitions in RFC 4512 form, as the
+/// values of a `cn=schema` LDIF entry (OpenLDAP's `olcAttributeTypes`…).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaDoc {
+    /// Its name: `cn={n}<name>,cn=schema,cn=config`.
+    pub name: String,
+    /// `name oid` macros (`olcObjectIdentifier`).
+    #[serde(default)]
+    pub object_identifiers: Vec<String>,
+    /// Syntax descriptions (`olcLdapSyntaxes`).
+    #[serde(default)]
+    pub ldap_syntaxes: Vec<String>,
+    /// Attribute type descriptions (`olcAttributeTypes`).
+    #[serde(default)]
+    pub attribute_types: Vec<String>,
+    /// Object class descriptions (`olcObjectClasses`).
+    #[serde(default)]
+    pub object_classes: Vec<String>,
 }
 
 /// `[replication]`.
@@ -827,6 +851,7 @@ impl Default for Config {
             user: None,
             group: None,
             schema_files: Vec::new(),
+            schema: Vec::new(),
             indexes,
             limits: Limits::default(),
             store: StoreConfig::default(),

@@ -589,16 +589,33 @@ async fn apply_reload(live: &live::Live, reload: Option<&Reloader>) {
         }
         None => file.clone(),
     };
-    // Schema files are read again and checked (a broken one is reported
-    // now, not at the next start); they take effect at the next start.
-    if let Err(e) = schema_files::load(&merged.schema_files) {
-        return refused(e);
-    }
-    let resolved = match merged.clone().validate(&server.schema) {
+    // Schema files are read again; the schema changes when they did,
+    // unless entries still use what a change removes.
+    let schema = if merged.schema_files == server.desired.schema_files
+        && merged.schema == server.desired.schema
+    {
+        server.schema.clone()
+    } else {
+        let built = match schema_files::build(&merged.schema_files, &merged.schema) {
+            Ok(s) => Arc::new(s),
+            Err(e) => return refused(e),
+        };
+        let (store, old, new) = (server.store.clone(), server.schema.clone(), built.clone());
+        match tokio::task::spawn_blocking(move || cn_config::serve::still_used(&store, &old, &new))
+            .await
+        {
+            Ok(Ok(None)) => {}
+            Ok(Ok(Some(why))) => return refused(why),
+            Ok(Err(e)) => return refused(e.message),
+            Err(_) => return refused("the schema usage check failed".into()),
+        }
+        built
+    };
+    let resolved = match merged.clone().validate(&schema) {
         Ok(r) => r,
         Err(e) => return refused(e.to_string()),
     };
-    let prepared = match live.prepare(resolved, server.schema.clone()) {
+    let prepared = match live.prepare(resolved, schema) {
         Ok(p) => p,
         Err(e) => return refused(e),
     };

@@ -75,7 +75,6 @@ pub const AT_NEXT_START: &[&str] = &[
     "user",
     "group",
     "suffixes",
-    "schema_files",
     "indexes",
     "store.map_size_mb",
     "store.max_write_batch",
@@ -334,6 +333,10 @@ impl Live {
         }
         if old.cfg.config.log_level != p.server.cfg.config.log_level {
             crate::observe::set_log_level(&p.server.cfg.config.log_level);
+        }
+        // The store's transactions begun from now on use the new schema.
+        if !Arc::ptr_eq(&old.schema, &p.server.schema) {
+            old.store.set_schema(p.server.schema.clone());
         }
         let listeners = p.server.listeners.clone();
         let installed = self.install(p.server);

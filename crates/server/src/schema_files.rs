@@ -24,6 +24,38 @@ pub fn load(files: &[PathBuf]) -> Result<Schema, String> {
     Ok(schema)
 }
 
+/// The built-in schema, `files`, then the `[[schema]]` documents.
+pub fn build(files: &[PathBuf], docs: &[crate::config::SchemaDoc]) -> Result<Schema, String> {
+    let mut schema = load(files)?;
+    for (i, doc) in docs.iter().enumerate() {
+        add_doc(&mut schema, doc)
+            .map_err(|e| format!("cn={{{i}}}{},cn=schema,cn=config: {e}", doc.name))?;
+    }
+    Ok(schema)
+}
+
+/// One document's definitions, in the order slapd applies an entry's:
+/// macros, syntaxes, attribute types, object classes.
+pub fn add_doc(schema: &mut Schema, doc: &crate::config::SchemaDoc) -> Result<(), String> {
+    for (keyword, attr, values) in [
+        (
+            "objectidentifier",
+            "olcObjectIdentifier",
+            &doc.object_identifiers,
+        ),
+        ("ldapsyntax", "olcLdapSyntaxes", &doc.ldap_syntaxes),
+        ("attributetype", "olcAttributeTypes", &doc.attribute_types),
+        ("objectclass", "olcObjectClasses", &doc.object_classes),
+    ] {
+        for (j, v) in values.iter().enumerate() {
+            schema
+                .add_definitions(&format!("{keyword} {v}"))
+                .map_err(|e| format!("{attr} {{{j}}}: {}", e.message))?;
+        }
+    }
+    Ok(())
+}
+
 fn add_file(schema: &mut Schema, path: &Path) -> Result<(), String> {
     let at =
         |line: usize, what: &str| format!("schema file {}, line {line}: {what}", path.display());

@@ -425,8 +425,9 @@ impl Store {
     /// into `out` (cleared first).
     pub fn index_keys_packed(&self, attrs: &[Attribute], out: &mut Vec<u8>) {
         out.clear();
+        let catalog = self.inner.catalog.load();
         for (slot, (attr, kind)) in self.inner.slots.iter().enumerate() {
-            for key in attr_keys(&self.inner.schema, attrs, attr, *kind) {
+            for key in attr_keys(&catalog.schema, attrs, attr, *kind) {
                 let key = &key[..key.len().min(MAX_KEY)];
                 out.extend_from_slice(&(slot as u16).to_be_bytes());
                 out.extend_from_slice(&(key.len() as u16).to_be_bytes());

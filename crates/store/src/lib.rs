@@ -292,10 +292,9 @@ pub(crate) struct Inner {
     /// Every (attribute, kind) of `indexes` in a fixed order: the slot
     /// numbers of bulk loads' packed keys (see [`bulk`]).
     slots: Vec<(String, IndexKind)>,
-    /// Lowercase names of attributes that have subtypes: an assertion on them
-    /// also matches subtype values, which their own index does not hold.
-    has_subtypes: HashSet<String>,
-    schema: Arc<Schema>,
+    /// The schema, replaced whole when it changes while serving; each
+    /// transaction keeps the one current when it began.
+    catalog: arc_swap::ArcSwap<Catalog>,
     /// Entry compression and the dictionaries from meta.
     codec: entry_codec::Codec,
     path: PathBuf,
@@ -309,6 +308,23 @@ pub(crate) struct Inner {
     /// computed from it may be reused while the value stays
     /// ([`ReadTxn::generation`]).
     content_generation: dn_cache::Generation,
+}
+
+/// The schema a transaction works with, and what is derived from it.
+pub struct Catalog {
+    pub schema: Arc<Schema>,
+    /// Lowercase names of attributes that have subtypes: an assertion on them
+    /// also matches subtype values, which their own index does not hold.
+    has_subtypes: HashSet<String>,
+}
+
+impl Catalog {
+    fn new(schema: Arc<Schema>) -> Catalog {
+        Catalog {
+            has_subtypes: subtype_parents(&schema),
+            schema,
+        }
+    }
 }
 
 /// The fixed databases.
@@ -349,8 +365,7 @@ impl Inner {
             changelog: dbs.changelog,
             slots: bulk::slots(&indexes),
             indexes,
-            has_subtypes: subtype_parents(&schema),
-            schema,
+            catalog: arc_swap::ArcSwap::from_pointee(Catalog::new(schema)),
             codec,
             path: path.to_path_buf(),
             durability: writer::DurabilityCell::new(d),
@@ -674,8 +689,16 @@ impl Store {
         Ok(self.inner.env.force_sync()?)
     }
 
-    pub fn schema(&self) -> &Arc<Schema> {
-        &self.inner.schema
+    /// The schema current now.
+    pub fn schema(&self) -> Arc<Schema> {
+        self.inner.catalog.load().schema.clone()
+    }
+
+    /// Replace the schema: transactions begun from now on use `schema`.
+    /// The caller makes sure no stored value or index key depends on what
+    /// changed (only definitions nothing uses are removed or redefined).
+    pub fn set_schema(&self, schema: Arc<Schema>) {
+        self.inner.catalog.store(Arc::new(Catalog::new(schema)));
     }
 
     /// Change when acknowledged writes reach the disk; applies from the
@@ -721,7 +744,7 @@ impl Store {
             db.clear(&mut txn)?;
         }
         let n = bulk::fill_indexes(
-            &inner.schema,
+            &inner.catalog.load().schema,
             &inner.codec,
             inner.id2entry,
             &mut txn,
@@ -750,6 +773,7 @@ impl Store {
         Ok(ReadTxn {
             txn,
             inner: &self.inner,
+            catalog: self.inner.catalog.load_full(),
             slot: self.inner.readers.enter(),
             dn_snapshot: self.inner.dn_generation.after_open(before),
             content: self.inner.content_generation.after_open(content),
@@ -969,6 +993,7 @@ fn load_codec(
 pub struct ReadTxn<'s> {
     txn: RoTxn<'s>,
     inner: &'s Inner,
+    catalog: Arc<Catalog>,
     /// Its entry in the table of open readers (monitoring).
     slot: Option<usize>,
     /// Whether (and for which generation) it may use cached DNs.
@@ -998,6 +1023,7 @@ impl<'s> ReadTxn<'s> {
         View {
             txn: &self.txn,
             inner: self.inner,
+            catalog: &self.catalog,
             dn_snapshot: self.dn_snapshot,
         }
     }
@@ -1007,6 +1033,7 @@ impl<'s> ReadTxn<'s> {
 pub struct WriteTxn<'e> {
     txn: RwTxn<'e>,
     inner: &'e Inner,
+    catalog: Arc<Catalog>,
     /// Run once the job's batch has committed (see [`WriteTxn::after_commit`]).
     after_commit: Vec<writer::AfterCommit>,
 }
@@ -1103,12 +1130,13 @@ fn lookup_in(inner: &Inner, txn: &RoTxn<'_>, norm_rdns: &[String]) -> Result<Loo
 pub struct View<'t> {
     txn: &'t RoTxn<'t>,
     inner: &'t Inner,
+    catalog: &'t Catalog,
     dn_snapshot: Option<dn_cache::Snapshot>,
 }
 
 impl<'t> View<'t> {
     pub fn schema(&self) -> &'t Schema {
-        &self.inner.schema
+        &self.catalog.schema
     }
 
     /// Resolve `dn` (already split into normalised RDNs, leftmost first).
@@ -1154,7 +1182,7 @@ impl<'t> View<'t> {
     pub fn normalize_rdns(&self, dn: &Dn) -> Result<Vec<String>, String> {
         dn.rdns
             .iter()
-            .map(|r| self.inner.schema.normalize_rdn(r))
+            .map(|r| self.catalog.schema.normalize_rdn(r))
             .collect()
     }
 
@@ -1467,7 +1495,7 @@ impl<'t> View<'t> {
 
     /// The keys that `attrs` produce in the index (attr, kind).
     fn keys_of(&self, attrs: &[Attribute], attr_lower: &str, kind: IndexKind) -> BTreeSet<Vec<u8>> {
-        attr_keys(&self.inner.schema, attrs, attr_lower, kind)
+        attr_keys(&self.catalog.schema, attrs, attr_lower, kind)
     }
 
     /// Every (index name, key) pair `attrs` produce: used by `verify`.
@@ -1595,6 +1623,7 @@ impl<'e> WriteTxn<'e> {
         View {
             txn: &self.txn,
             inner: self.inner,
+            catalog: &self.catalog,
             dn_snapshot: None,
         }
     }

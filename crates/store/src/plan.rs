@@ -199,7 +199,7 @@ fn resolve<'t>(view: &View<'t>, desc: &str) -> Option<(String, &'t pando_model::
 /// an attribute with subtypes is matched through its subtypes' values, which
 /// its own index does not hold.
 fn usable<'t>(view: &View<'t>, name: &str, kind: IndexKind) -> Option<&'t crate::Db> {
-    if view.inner.has_subtypes.contains(name) {
+    if view.catalog.has_subtypes.contains(name) {
         return None;
     }
     view.index_db(name, kind)

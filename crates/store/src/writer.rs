@@ -422,6 +422,8 @@ fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), St
     };
     let mut done: Vec<(Reply, Result<(), StoreError>)> = Vec::with_capacity(batch.len());
     let mut after_commit: Vec<AfterCommit> = Vec::new();
+    // One schema for the whole batch.
+    let catalog = inner.catalog.load_full();
     for job in batch.drain(..) {
         let child = match inner.env.nested_write_txn(&mut parent) {
             Ok(c) => c,
@@ -434,6 +436,7 @@ fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), St
         let mut w = WriteTxn {
             txn: child,
             inner,
+            catalog: catalog.clone(),
             after_commit: Vec::new(),
         };
         // A bug in one job must not take the writer (and every later write)

@@ -19,6 +19,7 @@
 //! which the caller validates and installs as a whole.
 
 pub mod rule_text;
+pub mod schema_tree;
 pub mod serve;
 pub mod stored;
 
@@ -43,6 +44,8 @@ pub const OID_ARC: &str = "2.25.15972167931155808496075090497880241257.3";
 pub enum Place {
     Global,
     Database,
+    /// Entries of their own below cn=schema,cn=config ([`schema_tree`]).
+    Schema,
 }
 
 /// How a key's value is written as attribute values.
@@ -59,6 +62,8 @@ pub enum Form {
     Tables,
     /// `indexes`: one value per attribute, `uid eq,sub`.
     Indexes,
+    /// `[[schema]]`: an entry each ([`schema_tree`]).
+    Documents,
 }
 
 /// A configuration key under cn=config.
@@ -107,6 +112,7 @@ pub const KEYS: &[Key] = &[
     k(10, "schema_files", "", Global, List),
     k(11, "indexes", "olcDbIndex", Database, Indexes),
     k(12, "access", "olcAccess", Database, Rules),
+    k(13, "schema", "", Schema, Documents),
     k(
         20,
         "limits.max_pdu_bytes",
@@ -251,7 +257,9 @@ impl Key {
 
 /// The key whose attribute is `name` (any case).
 pub fn key_for_attr(name: &str) -> Option<&'static Key> {
-    KEYS.iter().find(|k| k.attr().eq_ignore_ascii_case(name))
+    KEYS.iter()
+        .filter(|k| k.form != Documents)
+        .find(|k| k.attr().eq_ignore_ascii_case(name))
 }
 
 /// The key `key` (as in the TOML file).
@@ -292,6 +300,7 @@ fn values_of(cfg: &Config) -> BTreeMap<&'static str, Vec<String>> {
                 .map(rule_text::format)
                 .collect(),
             Rules => cfg.access.iter().map(rule_text::format).collect(),
+            Documents => Vec::new(),
             _ => match leaves.get(key.key) {
                 None => Vec::new(),
                 Some(toml::Value::Array(a)) => a.iter().map(scalar_text).collect(),
@@ -370,6 +379,7 @@ pub fn entries(desired: &Config, running: &Config) -> Vec<(String, Entry)> {
         }
         out.push((dn.to_string(), e));
     }
+    out.extend(schema_tree::entries(&desired.schema));
     out
 }
 
@@ -378,7 +388,7 @@ fn constraint(msg: String) -> LdapError {
 }
 
 /// `{n}rest` → (Some(n), rest); anything else → (None, value).
-fn split_ordinal(v: &str) -> (Option<usize>, &str) {
+pub(crate) fn split_ordinal(v: &str) -> (Option<usize>, &str) {
     if let Some(rest) = v.strip_prefix('{') {
         if let Some((n, tail)) = rest.split_once('}') {
             if let Ok(n) = n.parse::<usize>() {
@@ -443,89 +453,98 @@ pub fn apply(desired: &Config, norm: &str, changes: &[Change]) -> Result<Config,
             })
             .collect::<Result<_, _>>()?;
         let current = values.entry(key.key).or_default();
-        // Work on the values without their {n}: positions are the order.
-        let mut list: Vec<String> = current
-            .iter()
-            .map(|v| {
-                if key.ordered() {
-                    split_ordinal(v).1.to_string()
-                } else {
-                    v.clone()
-                }
-            })
-            .collect();
-        match ch.op {
-            ModOp::Add => {
-                if key.single() && !list.is_empty() {
-                    return Err(LdapError::new(
-                        ResultCode::ATTRIBUTE_OR_VALUE_EXISTS,
-                        format!("{attr} has a value already (replace it)"),
-                    ));
-                }
-                for v in &given {
-                    if key.ordered() {
-                        let (at, text) = split_ordinal(v);
-                        let at = at.unwrap_or(list.len()).min(list.len());
-                        list.insert(at, text.to_string());
-                    } else if list.iter().any(|x| x == v) {
-                        return Err(LdapError::new(
-                            ResultCode::ATTRIBUTE_OR_VALUE_EXISTS,
-                            format!("{attr}: '{v}' is there already"),
-                        ));
-                    } else {
-                        list.push(v.clone());
-                    }
-                }
-            }
-            ModOp::Delete if given.is_empty() => list.clear(),
-            ModOp::Delete => {
-                // By position ({n}, with or without the text) or by text;
-                // positions are those before this modification.
-                let mut drop: Vec<usize> = Vec::new();
-                for v in &given {
-                    let (at, text) = split_ordinal(v);
-                    let found = match at {
-                        Some(n) if key.ordered() && n < list.len() => Some(n),
-                        _ => list.iter().position(|x| x == text || x == v),
-                    };
-                    match found {
-                        Some(i) => drop.push(i),
-                        None => {
-                            return Err(LdapError::new(
-                                ResultCode::NO_SUCH_ATTRIBUTE,
-                                format!("{attr}: no value '{v}'"),
-                            ))
-                        }
-                    }
-                }
-                drop.sort_unstable();
-                drop.dedup();
-                for i in drop.into_iter().rev() {
-                    list.remove(i);
-                }
-            }
-            ModOp::Replace => {
-                list = given
-                    .iter()
-                    .map(|v| {
-                        if key.ordered() {
-                            split_ordinal(v).1.to_string()
-                        } else {
-                            v.clone()
-                        }
-                    })
-                    .collect();
-            }
-            ModOp::Increment => {
-                return Err(constraint(format!("{attr} cannot be incremented")));
-            }
-        }
-        if key.single() && list.len() > 1 {
-            return Err(constraint(format!("{attr} takes one value")));
-        }
-        *current = list;
+        *current = change_values(&attr, key.ordered(), key.single(), current, ch.op, &given)?;
     }
     from_values(desired, &values)
+}
+
+/// The values of `attr` after the modification `op` with `given`, as
+/// text: ordered values are kept as `{n}value` (positions are the order;
+/// `add` with `{n}` inserts there, `delete` with `{n}` removes that one);
+/// others as given (a value present twice is refused).
+pub fn change_values(
+    attr: &str,
+    ordered: bool,
+    single: bool,
+    current: &[String],
+    op: ModOp,
+    given: &[String],
+) -> Result<Vec<String>, LdapError> {
+    // Work on the values without their {n}: positions are the order.
+    let strip = |v: &String| {
+        if ordered {
+            split_ordinal(v).1.to_string()
+        } else {
+            v.clone()
+        }
+    };
+    let mut list: Vec<String> = current.iter().map(strip).collect();
+    match op {
+        ModOp::Add => {
+            if single && !list.is_empty() {
+                return Err(LdapError::new(
+                    ResultCode::ATTRIBUTE_OR_VALUE_EXISTS,
+                    format!("{attr} has a value already (replace it)"),
+                ));
+            }
+            for v in given {
+                if ordered {
+                    let (at, text) = split_ordinal(v);
+                    let at = at.unwrap_or(list.len()).min(list.len());
+                    list.insert(at, text.to_string());
+                } else if list.iter().any(|x| x == v) {
+                    return Err(LdapError::new(
+                        ResultCode::ATTRIBUTE_OR_VALUE_EXISTS,
+                        format!("{attr}: '{v}' is there already"),
+                    ));
+                } else {
+                    list.push(v.clone());
+                }
+            }
+        }
+        ModOp::Delete if given.is_empty() => list.clear(),
+        ModOp::Delete => {
+            // By position ({n}, with or without the text) or by text;
+            // positions are those before this modification.
+            let mut drop: Vec<usize> = Vec::new();
+            for v in given {
+                let (at, text) = split_ordinal(v);
+                let found = match at {
+                    Some(n) if ordered && n < list.len() => Some(n),
+                    _ => list.iter().position(|x| x == text || x == v),
+                };
+                match found {
+                    Some(i) => drop.push(i),
+                    None => {
+                        return Err(LdapError::new(
+                            ResultCode::NO_SUCH_ATTRIBUTE,
+                            format!("{attr}: no value '{v}'"),
+                        ))
+                    }
+                }
+            }
+            drop.sort_unstable();
+            drop.dedup();
+            for i in drop.into_iter().rev() {
+                list.remove(i);
+            }
+        }
+        ModOp::Replace => list = given.iter().map(strip).collect(),
+        ModOp::Increment => {
+            return Err(constraint(format!("{attr} cannot be incremented")));
+        }
+    }
+    if single && list.len() > 1 {
+        return Err(constraint(format!("{attr} takes one value")));
+    }
+    Ok(if ordered {
+        list.into_iter()
+            .enumerate()
+            .map(|(i, v)| format!("{{{i}}}{v}"))
+            .collect()
+    } else {
+        list
+    })
 }
 
 /// The configuration the attribute values describe.
@@ -591,6 +610,7 @@ fn from_values(
                 }
                 toml::Value::Array(items)
             }
+            Documents => continue,
             Indexes => {
                 let mut t = toml::Table::new();
                 for v in vals {
@@ -633,6 +653,7 @@ fn from_values(
             ))
         })?;
     cfg.tls.self_signed = base.tls.self_signed;
+    cfg.schema = base.schema.clone();
     Ok(cfg)
 }
 
@@ -663,7 +684,7 @@ pub fn schema_text() -> String {
          # olcDatabase={1}mdb,cn=config. Made from the table of keys in\n\
          # crates/server/src/cn_config/mod.rs (a test checks they agree).\n\n",
     );
-    for key in KEYS {
+    for key in KEYS.iter().filter(|k| k.form != Documents) {
         let (syntax, eq) = match key.form {
             Integer => ("1.3.6.1.4.1.1466.115.121.1.27", "integerMatch"),
             Boolean => ("1.3.6.1.4.1.1466.115.121.1.7", "booleanMatch"),
@@ -714,7 +735,17 @@ pub fn schema_text() -> String {
         may(Database)
     ));
     s.push_str(&format!(
-        "objectclass ( {OID_ARC}.2.4 NAME 'olcMdbConfig'\n\tDESC 'configuration of the LMDB store'\n\tSUP olcDatabaseConfig STRUCTURAL )\n"
+        "objectclass ( {OID_ARC}.2.4 NAME 'olcMdbConfig'\n\tDESC 'configuration of the LMDB store'\n\tSUP olcDatabaseConfig STRUCTURAL )\n\n"
+    ));
+    for (i, (name, what)) in schema_tree::ATTRS.iter().enumerate() {
+        s.push_str(&format!(
+            "attributetype ( {OID_ARC}.1.{} NAME '{name}'\n\tDESC '{what}'\n\tEQUALITY caseIgnoreMatch\n\tSYNTAX 1.3.6.1.4.1.1466.115.121.1.15\n\tX-ORDERED 'VALUES' )\n\n",
+            AT_NEXT_START_N + 10 + i as u32
+        ));
+    }
+    s.push_str(&format!(
+        "objectclass ( {OID_ARC}.2.5 NAME 'olcSchemaConfig'\n\tDESC 'schema added while serving'\n\tSUP olcConfig STRUCTURAL\n\tMAY ( cn $ {} ) )\n",
+        schema_tree::ATTRS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(" $ ")
     ));
     s
 }

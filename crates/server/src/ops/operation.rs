@@ -172,17 +172,21 @@ pub async fn perform(server: &Arc<Server>, op: Operation) -> Option<Response> {
     // cn=config is not in the store: its own path (administrators only).
     if let Some((norm, dn)) = config_target(server, &request) {
         use crate::cn_config::serve;
+        // The relax rules control lets an administrator remove schema
+        // that entries still use.
+        let relax = controls.relax;
+        let done = |r: OpResult<()>| r.map(|()| Written::default());
         return Some(match request {
-            ProtocolOp::ModifyRequest(req) => {
-                let r = serve::modify(server, &who, &dn, &norm, &req.changes).await;
-                written(r.map(|()| Written::default()), ProtocolOp::ModifyResponse)
-            }
-            ProtocolOp::AddRequest(_) => written(
-                Err(serve::refuse_other_writes(&who, "added")),
+            ProtocolOp::ModifyRequest(req) => written(
+                done(serve::modify(server, &who, relax, &dn, &norm, &req.changes).await),
+                ProtocolOp::ModifyResponse,
+            ),
+            ProtocolOp::AddRequest(req) => written(
+                done(serve::add(server, &who, relax, &req, &norm).await),
                 ProtocolOp::AddResponse,
             ),
             ProtocolOp::DelRequest(_) => written(
-                Err(serve::refuse_other_writes(&who, "deleted")),
+                done(serve::delete(server, &who, relax, &dn, &norm).await),
                 ProtocolOp::DelResponse,
             ),
             _ => written(
