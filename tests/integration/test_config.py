@@ -261,19 +261,35 @@ pandoLimitsMaxConnections: 50
 
 
 def test_kill_9_during_configuration_changes_leaves_old_or_new(tmp_path):
+    """Rounds alternate between changes of two keys at once, and schema
+    documents added and deleted; each is cut by kill -9 at a random moment."""
     rng = random.Random(18)
     srv = Pando(tmp_path, demo=True).start()
+    doc = ("dn: cn=k9,cn=schema,cn=config\nobjectClass: olcSchemaConfig\ncn: k9\n"
+           "olcAttributeTypes: ( 1.3.6.1.4.1.99999.1.1 NAME 'k9Colour' EQUALITY caseIgnoreMatch "
+           "SYNTAX 1.3.6.1.4.1.1466.115.121.1.15 )\n"
+           "olcObjectClasses: ( 1.3.6.1.4.1.99999.2.1 NAME 'k9Thing' SUP top AUXILIARY MAY k9Colour )\n")
     acknowledged = 0
-    for round_ in range(4):
+    for round_ in range(6):
         done = []
+        schema_round = round_ % 2 == 1
+
         def change_loop():
             for i in range(1000):
-                rc, _ = config_modify(srv, "dn: cn=config\nchangetype: modify\nreplace: olcSizeLimit\n"
-                                      "olcSizeLimit: %d\n-\nreplace: olcTimeLimit\nolcTimeLimit: %d\n"
-                                      % (1000 + i, 1000 + i))
+                if schema_round:
+                    if i % 2 == 0:
+                        rc, _ = ldapadd_external(srv, input=doc)
+                    else:
+                        rc = subprocess.run(["ldapdelete", "-Q", "-Y", "EXTERNAL", "-H", srv.ldapi_url,
+                                             "cn=k9,cn=schema,cn=config"], capture_output=True,
+                                            timeout=60).returncode
+                else:
+                    rc, _ = config_modify(srv, "dn: cn=config\nchangetype: modify\nreplace: olcSizeLimit\n"
+                                          "olcSizeLimit: %d\n-\nreplace: olcTimeLimit\nolcTimeLimit: %d\n"
+                                          % (1000 + i, 1000 + i))
                 if rc != 0:
                     return
-                done.append(1000 + i)
+                done.append(i)
         t = threading.Thread(target=change_loop)
         t.start()
         time.sleep(0.3 + rng.random())
@@ -286,8 +302,20 @@ def test_kill_9_during_configuration_changes_leaves_old_or_new(tmp_path):
         size, tl = values(g, "olcSizeLimit"), values(g, "olcTimeLimit")
         # Both keys of one change, never a mix; at least every acknowledged one.
         assert size == tl, (size, tl)
-        if done:
-            assert int(size[0]) >= done[-1], (size, done[-1])
+        if done and not schema_round:
+            assert int(size[0]) >= 1000 + done[-1], (size, done[-1])
+        if schema_round:
+            # The document is there whole or not at all, as the last
+            # acknowledged change (or a later one) left it.
+            docs = [dn for dn in config_read(srv, "cn=schema,cn=config") if dn != "cn=schema,cn=config"]
+            assert len(docs) <= 1, docs
+            rc, out, err = srv.ldap("ldapsearch", "-LLL", "-o", "ldif-wrap=no", "-b", "cn=Subschema",
+                                    "-s", "base", "attributeTypes", "objectClasses")
+            assert ("'k9Colour'" in out) == ("'k9Thing'" in out) == bool(docs), (docs, out[-300:])
+            if docs:
+                rc = subprocess.run(["ldapdelete", "-Q", "-Y", "EXTERNAL", "-H", srv.ldapi_url,
+                                     "cn=k9,cn=schema,cn=config"], capture_output=True, timeout=60).returncode
+                assert rc == 0
         acknowledged += len(done)
     assert acknowledged > 0
     srv.stop_and_verify()
