@@ -414,7 +414,7 @@ def test_schema_added_used_refused_while_used_and_deleted_over_ldap(tmp_path):
     srv = Pando(tmp_path, demo=True).start()
     # Debian's cn=schema LDIF files load as they are, as into slapd.
     for name in ["java", "misc", "corba", "collective", "duaconf", "openldap", "dsee",
-                 "msuser", "namedobject"]:
+                 "msuser", "namedobject", "dyngroup"]:
         rc, out = ldapadd_external(srv, "-f", "%s/%s.ldif" % (SCHEMA_DIR, name))
         assert rc == 0, (name, out)
     tree = config_read(srv, "cn=schema,cn=config")
@@ -434,7 +434,7 @@ def test_schema_added_used_refused_while_used_and_deleted_over_ldap(tmp_path):
     assert rc == 68, out
     rc, out = ldapadd_external(srv, input="dn: cn=broken,cn=schema,cn=config\nobjectClass: olcSchemaConfig\n"
                                "cn: broken\nolcAttributeTypes: ( 1.2.3.4 NAME 'x' EQUALITY noSuchMatch )\n")
-    assert rc != 0 and "cn={9}broken,cn=schema,cn=config" in out and "noSuchMatch" in out, out
+    assert rc != 0 and "cn={10}broken,cn=schema,cn=config" in out and "noSuchMatch" in out, out
     # In use: refused, naming the count and an entry.
     r = subprocess.run(["ldapdelete", "-Q", "-Y", "EXTERNAL", "-H", srv.ldapi_url,
                         "cn={0}java,cn=schema,cn=config"], capture_output=True, text=True, timeout=60)
@@ -458,4 +458,34 @@ def test_schema_added_used_refused_while_used_and_deleted_over_ldap(tmp_path):
     assert "cn={0}misc,cn=schema,cn=config" in tree, list(tree)
     rc, out, err = srv.ldap("ldapadd", input="dn: cn=orb,%s\nobjectClass: corbaContainer\ncn: orb\n" % SUFFIX)
     assert rc == 0, err
+    srv.stop_and_verify()
+
+
+def test_metrics_endpoint_moves_over_ldap(tmp_path):
+    import urllib.request
+    from conftest import free_port
+    srv = Pando(tmp_path, demo=True).start()
+    port = free_port()
+    rc, out = config_modify(srv, "dn: cn=config\nchangetype: modify\nreplace: pandoMetricsListen\n"
+                            "pandoMetricsListen: 127.0.0.1:%d\n" % port)
+    assert rc == 0, out
+    body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10).read().decode()
+    assert "pando_" in body
+    other = free_port()
+    rc, out = config_modify(srv, "dn: cn=config\nchangetype: modify\nreplace: pandoMetricsListen\n"
+                            "pandoMetricsListen: 127.0.0.1:%d\n" % other)
+    assert rc == 0, out
+    assert "pando_" in urllib.request.urlopen("http://127.0.0.1:%d/metrics" % other, timeout=10).read().decode()
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=2)
+        except OSError:
+            break
+        assert time.monotonic() < deadline, "the old endpoint still answers"
+        time.sleep(0.1)
+    rc, out = config_modify(srv, "dn: cn=config\nchangetype: modify\ndelete: pandoMetricsListen\n")
+    assert rc == 0, out
+    g = config_read(srv, "cn=config", scope="base")["cn=config"]
+    assert values(g, "pandoMetricsListen") == [] and values(g, "pandoAtNextStart") == []
     srv.stop_and_verify()

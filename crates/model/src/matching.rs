@@ -81,6 +81,7 @@ const S_TIME: &str = "1.3.6.1.4.1.1466.115.121.1.24";
 const S_TEL: &str = "1.3.6.1.4.1.1466.115.121.1.50";
 const S_UUID: &str = "1.3.6.1.1.16.1";
 const S_CSN: &str = "1.3.6.1.4.1.4203.666.11.2.1";
+const S_AUTHZ: &str = "1.3.6.1.4.1.4203.666.2.7";
 
 pub(crate) const MATCHING_RULES: &[MatchingRule] = &[
     mr!("2.5.13.0", "objectIdentifierMatch", S_OID, Equality, Oid),
@@ -272,6 +273,15 @@ pub(crate) const MATCHING_RULES: &[MatchingRule] = &[
         S_CSN,
         Ordering,
         Csn
+    ),
+    // OpenLDAP's authzMatch (dyngroup's dgAuthz). slapd also normalises
+    // a DN inside a `dn:` rule; here rules compare as exact text.
+    mr!(
+        "1.3.6.1.4.1.4203.666.4.12",
+        "authzMatch",
+        S_AUTHZ,
+        Equality,
+        CaseExact
     ),
     mr!(
         "1.2.840.113556.1.4.803",

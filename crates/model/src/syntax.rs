@@ -113,6 +113,13 @@ pub(crate) const BUILTIN_SYNTAXES: &[BuiltinSyntax] = &[
         check: Check::Csn,
         binary: false,
     },
+    // OpenLDAP's authorization rule syntax (dyngroup's dgAuthz).
+    BuiltinSyntax {
+        oid: "1.3.6.1.4.1.4203.666.2.7",
+        desc: "OpenLDAP authz",
+        check: Check::DirectoryString,
+        binary: false,
+    },
 ];
 
 /// RFC 4517 PrintableCharacter.

@@ -30,7 +30,6 @@ use pando_model::{Dn, Schema};
 use pando_proto::DecodeLimits;
 use pando_store::{Store, StoreOptions};
 use tokio::sync::{watch, Semaphore};
-use tokio::task::JoinSet;
 
 use crate::bootstrap::RootPassword;
 use crate::clock::CsnClock;
@@ -327,13 +326,10 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         },
         paired,
     );
-    let mut listeners = JoinSet::new();
     if let Some(addr) = server.cfg.config.metrics.addr()? {
-        listeners.spawn(observe::prometheus::serve(
-            observe::prometheus::bind(addr).await?,
-            live.clone(),
-            stop_rx.clone(),
-        ));
+        server
+            .listeners
+            .set_metrics(&live, Some((addr, observe::prometheus::bind(addr)?)));
     }
     // Sized at start (connections, the change feed): kept. The rest of
     // the first configuration is let go, so a changed one can close.
@@ -347,7 +343,6 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     // Persistent searches end now (with `unavailable`), not at the drain's end.
     feed.close();
     live.server().listeners.join_all().await;
-    while listeners.join_next().await.is_some() {}
     // Every live connection holds one permit until its task ends.
     let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
     let drain = conn_limit.acquire_many(all);

@@ -1,9 +1,9 @@
 //! The running configuration, swapped whole.
 //!
 //! A [`Server`] is immutable: everything compiled from one configuration
-//! (access rules, limits, the authentication policy, the root DN) plus
-//! handles to what outlives configurations (the store, counters, the change
-//! feed, logs). [`Live`] holds the current one. Each operation takes the
+//! (access rules, limits, the authentication policy, the root DN, TLS,
+//! log files, password hashing, the schema) plus handles to what outlives
+//! configurations (the store, counters, the change feed, listeners). [`Live`] holds the current one. Each operation takes the
 //! current `Arc<Server>` when it starts and keeps it to the end, so an
 //! operation in flight finishes under the configuration it started with
 //! and the next one sees a new configuration as soon as it is installed.
@@ -42,12 +42,6 @@ impl Live {
     /// The configuration operations starting now run under.
     pub fn server(&self) -> Arc<Server> {
         self.current.load_full()
-    }
-
-    /// Whether `server` is still the current configuration (a cheap check
-    /// for long-lived tasks deciding whether to take the new one).
-    pub fn is_current(&self, server: &Arc<Server>) -> bool {
-        Arc::ptr_eq(&self.current.load(), server)
     }
 
     /// Serialise a change: hold the guard from reading the current
@@ -93,7 +87,6 @@ pub const AT_NEXT_START: &[&str] = &[
     "limits.failed_bind_lockout",
     "limits.failed_bind_lockout_ip",
     "limits.failed_bind_lockout_seconds",
-    "metrics",
     "replication",
 ];
 
@@ -210,6 +203,9 @@ pub struct Prepared {
     /// never installed), and listeners removed.
     bound: Vec<(Listener, crate::net::listener::Bound)>,
     unbound: Vec<Listener>,
+    /// The metrics endpoint when `metrics.listen` changed: None = unchanged,
+    /// Some(None) = turned off, Some(Some(..)) = bound at its new address.
+    metrics: Option<Option<(std::net::SocketAddr, tokio::net::TcpListener)>>,
     /// Keys that changed and are taken at the next start (the running
     /// server keeps their old values).
     pub at_next_start: Vec<String>,
@@ -282,6 +278,14 @@ impl Live {
                 None => None,
             }
         };
+        let metrics = if resolved.config.metrics == old.cfg.config.metrics {
+            None
+        } else {
+            match resolved.config.metrics.addr().map_err(|e| e.to_string())? {
+                Some(addr) => Some(Some((addr, crate::observe::prometheus::bind(addr)?))),
+                None => Some(None),
+            }
+        };
         let durability = resolved
             .config
             .store
@@ -318,6 +322,7 @@ impl Live {
             durability,
             bound,
             unbound,
+            metrics,
             at_next_start: later,
             changed: now,
         })
@@ -343,6 +348,9 @@ impl Live {
         if let Some(live) = installed.live.upgrade() {
             for (l, b) in p.bound {
                 listeners.spawn(&live, Some(l), b);
+            }
+            if let Some(endpoint) = p.metrics {
+                listeners.set_metrics(&live, endpoint);
             }
         }
         for l in &p.unbound {

@@ -12,7 +12,7 @@ use crate::config::Resolved;
 
 /// Everything operations share, for one configuration. Immutable: a
 /// configuration change builds a new `Server` (see [`crate::live`]) that
-/// shares the runtime handles (store, counters, feed, logs) of the old one.
+/// shares the runtime handles (store, counters, feed, listeners) of the old one.
 pub struct Server {
     // Compiled from the configuration.
     pub cfg: Resolved,
@@ -41,6 +41,12 @@ pub struct Server {
     pub special: crate::ops::special::SpecialEntries,
     /// Sorted search results kept while the store does not change.
     pub sorted: crate::ops::search::SortCache,
+    /// Password hashing and bind verification, bounded (`[passwords]`;
+    /// its figures carry over a change).
+    pub passwords: Arc<crate::hashing::PasswordWork>,
+    /// Access and audit logs (`[logs]`; the same files while `[logs]` is
+    /// unchanged); reopened on SIGHUP.
+    pub logs: Arc<crate::observe::Logs>,
 
     // What outlives configurations ([`Runtime`]).
     pub store: Store,
@@ -49,13 +55,9 @@ pub struct Server {
     /// Threads large searches may hold (`limits.max_search_threads`).
     pub search_threads: Arc<tokio::sync::Semaphore>,
     pub search_threads_max: usize,
-    /// Password hashing and bind verification, bounded (`[passwords]`).
-    pub passwords: Arc<crate::hashing::PasswordWork>,
     pub started: SystemTime,
     /// Counters and latency histograms (cn=Monitor, /metrics).
     pub metrics: Arc<crate::observe::metrics::Metrics>,
-    /// Access and audit logs (`[logs]`); reopened on SIGHUP.
-    pub logs: Arc<crate::observe::Logs>,
     /// Whether the store may hold subentries (RFC 3672).
     pub subentries: Arc<crate::ops::Subentries>,
     /// Every committed change, in commit order (persistent searches).

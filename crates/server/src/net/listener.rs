@@ -158,6 +158,12 @@ struct ListenerState {
         watch::Sender<bool>,
         tokio::task::JoinHandle<()>,
     )>,
+    /// The metrics endpoint (`metrics.listen`), when on.
+    metrics: Option<(
+        std::net::SocketAddr,
+        watch::Sender<bool>,
+        tokio::task::JoinHandle<()>,
+    )>,
 }
 
 impl Listeners {
@@ -214,11 +220,42 @@ impl Listeners {
         }
     }
 
+    /// Serve the metrics endpoint on the listener bound at `addr` instead
+    /// of any earlier one; None turns it off. (After [`Listeners::start`].)
+    pub fn set_metrics(
+        &self,
+        live: &Arc<crate::live::Live>,
+        endpoint: Option<(std::net::SocketAddr, TcpListener)>,
+    ) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((addr, stop, _)) = st.metrics.take() {
+            let _ = stop.send(true);
+            tracing::info!("metrics endpoint on {addr} closed");
+        }
+        let Some((addr, l)) = endpoint else { return };
+        let Some(shutdown) = st.ctx.as_ref().map(|c| c.shutdown.clone()) else {
+            return;
+        };
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(crate::observe::prometheus::serve(
+            l,
+            live.clone(),
+            shutdown,
+            stop_rx,
+        ));
+        st.metrics = Some((addr, stop_tx, task));
+    }
+
     /// Wait for every accept loop to end (after the shutdown switch).
     pub async fn join_all(&self) {
         let tasks: Vec<_> = {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            st.running.drain(..).map(|(_, _, t)| t).collect()
+            let metrics = st.metrics.take().map(|(_, _, t)| t);
+            st.running
+                .drain(..)
+                .map(|(_, _, t)| t)
+                .chain(metrics)
+                .collect()
         };
         for t in tasks {
             let _ = t.await;

@@ -24,15 +24,20 @@ const MAX_REQUEST: usize = 8192;
 /// A client gets this long to send its request.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, String> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("metrics.listen: cannot listen on {addr}: {e}"))
+/// Bind the endpoint (inside the runtime: the socket is registered with it).
+pub fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, String> {
+    let named = |e: std::io::Error| format!("metrics.listen: cannot listen on {addr}: {e}");
+    let l = std::net::TcpListener::bind(addr).map_err(named)?;
+    l.set_nonblocking(true).map_err(named)?;
+    TcpListener::from_std(l).map_err(named)
 }
 
+/// Answer on `listener` until `shutdown` flips, or `stop` (the endpoint
+/// moved or was turned off).
 pub async fn serve(
     listener: TcpListener,
     live: Arc<crate::live::Live>,
+    mut shutdown: watch::Receiver<bool>,
     mut stop: watch::Receiver<bool>,
 ) {
     if let Ok(a) = listener.local_addr() {
@@ -45,6 +50,7 @@ pub async fn serve(
     }
     loop {
         tokio::select! {
+            _ = shutdown.changed() => return,
             _ = stop.changed() => return,
             a = listener.accept() => match a {
                 Ok((stream, _)) => {

@@ -135,18 +135,23 @@ impl VirtualTree for Monitor {
     }
 
     fn entries(&self, server: &Server) -> Vec<VirtualEntry> {
-        monitor::entries(server)
-            .into_iter()
-            .filter_map(|(dn, entry)| {
-                let norm = server.schema.normalize_dn(&entry.dn).ok()?;
-                Some(VirtualEntry {
-                    dn,
-                    norm,
-                    entry: Arc::new(entry),
-                })
-            })
-            .collect()
+        with_norms(server, monitor::entries(server))
     }
+}
+
+/// Made entries with their normalised DNs (one that does not normalise is
+/// left out).
+fn with_norms(server: &Server, made: Vec<(String, Entry)>) -> Vec<VirtualEntry> {
+    made.into_iter()
+        .filter_map(|(dn, entry)| {
+            let norm = server.schema.normalize_dn(&entry.dn).ok()?;
+            Some(VirtualEntry {
+                dn,
+                norm,
+                entry: Arc::new(entry),
+            })
+        })
+        .collect()
 }
 
 /// cn=config (`cn_config`): administrators only; to anyone else it does
@@ -167,17 +172,10 @@ impl VirtualTree for ConfigTree {
     }
 
     fn entries(&self, server: &Server) -> Vec<VirtualEntry> {
-        crate::cn_config::entries(&server.desired, &server.cfg.config)
-            .into_iter()
-            .filter_map(|(dn, entry)| {
-                let norm = server.schema.normalize_dn(&entry.dn).ok()?;
-                Some(VirtualEntry {
-                    dn,
-                    norm,
-                    entry: Arc::new(entry),
-                })
-            })
-            .collect()
+        with_norms(
+            server,
+            crate::cn_config::entries(&server.desired, &server.cfg.config),
+        )
     }
 }
 
