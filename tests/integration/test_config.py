@@ -489,3 +489,28 @@ def test_metrics_endpoint_moves_over_ldap(tmp_path):
     g = config_read(srv, "cn=config", scope="base")["cn=config"]
     assert values(g, "pandoMetricsListen") == [] and values(g, "pandoAtNextStart") == []
     srv.stop_and_verify()
+
+
+def test_failed_bind_lockout_changes_over_ldap(tmp_path):
+    srv = Pando(tmp_path, demo=True).start()
+    alice = "uid=alice,ou=People," + SUFFIX
+    rc, out, err = srv.ldap("ldapmodify", input="dn: %s\nchangetype: modify\nreplace: userPassword\n"
+                            "userPassword: right-Pass-1\n" % alice)
+    assert rc == 0, err
+
+    def bind(pw):
+        return subprocess.run(["ldapwhoami", "-x", "-H", srv.url, "-D", alice, "-w", pw],
+                              capture_output=True, text=True, timeout=30).returncode
+
+    # The default lockout (50 failures) is far away.
+    assert bind("wrong") == 49 and bind("wrong") == 49 and bind("right-Pass-1") == 0
+    rc, out = config_modify(srv, "dn: cn=config\nchangetype: modify\nreplace: pandoLimitsFailedBindLockout\n"
+                            "pandoLimitsFailedBindLockout: 2\n-\nreplace: pandoLimitsFailedBindMaxDelayMs\n"
+                            "pandoLimitsFailedBindMaxDelayMs: 0\n")
+    assert rc == 0, out
+    g = config_read(srv, "cn=config", scope="base")["cn=config"]
+    assert values(g, "pandoAtNextStart") == []
+    # Now two failures lock the DN out: the right password no longer binds.
+    assert bind("wrong") == 49 and bind("wrong") == 49
+    assert bind("right-Pass-1") != 0
+    srv.stop_and_verify()

@@ -82,11 +82,6 @@ pub const AT_NEXT_START: &[&str] = &[
     "limits.max_search_threads",
     "limits.max_persistent_searches",
     "limits.persistent_search_backlog",
-    "limits.failed_bind_free",
-    "limits.failed_bind_max_delay_ms",
-    "limits.failed_bind_lockout",
-    "limits.failed_bind_lockout_ip",
-    "limits.failed_bind_lockout_seconds",
     "replication",
 ];
 
@@ -335,6 +330,9 @@ impl Live {
         if p.durability != old.store.durability() {
             old.store.set_durability(p.durability);
             tracing::info!(durability = ?p.durability, "durability changed");
+        }
+        if old.cfg.config.limits != p.server.cfg.config.limits {
+            old.throttle.set_limits(&p.server.cfg.config.limits);
         }
         if old.cfg.config.log_level != p.server.cfg.config.log_level {
             crate::observe::set_log_level(&p.server.cfg.config.log_level);

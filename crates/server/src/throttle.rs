@@ -49,12 +49,31 @@ impl Key {
     }
 }
 
-pub struct BindThrottle {
+/// The `limits.failed_bind_*` settings; replaced by a configuration
+/// change, while the failure counts stay.
+#[derive(Clone, Copy)]
+struct Params {
     free: u32,
     max_delay: Duration,
     lockout_dn: u32,
     lockout_ip: u32,
     lockout_for: Duration,
+}
+
+impl Params {
+    fn of(l: &Limits) -> Params {
+        Params {
+            free: l.failed_bind_free,
+            max_delay: Duration::from_millis(l.failed_bind_max_delay_ms),
+            lockout_dn: l.failed_bind_lockout,
+            lockout_ip: l.failed_bind_lockout_ip,
+            lockout_for: Duration::from_secs(l.failed_bind_lockout_seconds),
+        }
+    }
+}
+
+pub struct BindThrottle {
+    params: std::sync::RwLock<Params>,
     by_dn: Mutex<HashMap<String, Record>>,
     by_ip: Mutex<HashMap<IpAddr, Record>>,
 }
@@ -62,14 +81,19 @@ pub struct BindThrottle {
 impl BindThrottle {
     pub fn new(l: &Limits) -> BindThrottle {
         BindThrottle {
-            free: l.failed_bind_free,
-            max_delay: Duration::from_millis(l.failed_bind_max_delay_ms),
-            lockout_dn: l.failed_bind_lockout,
-            lockout_ip: l.failed_bind_lockout_ip,
-            lockout_for: Duration::from_secs(l.failed_bind_lockout_seconds),
+            params: std::sync::RwLock::new(Params::of(l)),
             by_dn: Mutex::new(HashMap::new()),
             by_ip: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Take the `limits.failed_bind_*` settings of `l` (counts are kept).
+    pub fn set_limits(&self, l: &Limits) {
+        *self.params.write().unwrap_or_else(|p| p.into_inner()) = Params::of(l);
+    }
+
+    fn params(&self) -> Params {
+        *self.params.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// (failures, attempts in flight) for `k`; failures are forgotten
@@ -82,7 +106,9 @@ impl BindThrottle {
     ) -> (u32, u32) {
         let Ok(m) = map.lock() else { return (0, 0) };
         match m.get(k) {
-            Some(r) if now.duration_since(r.last) < self.lockout_for => (r.failures, r.in_flight),
+            Some(r) if now.duration_since(r.last) < self.params().lockout_for => {
+                (r.failures, r.in_flight)
+            }
             Some(r) => (0, r.in_flight),
             None => (0, 0),
         }
@@ -108,7 +134,8 @@ impl BindThrottle {
             .ip
             .map(|ip| self.current(&self.by_ip, &ip, now))
             .unwrap_or((0, 0));
-        if Self::locked(self.lockout_dn, dn) || Self::locked(self.lockout_ip, ip) {
+        let p = self.params();
+        if Self::locked(p.lockout_dn, dn) || Self::locked(p.lockout_ip, ip) {
             tracing::info!(
                 dn = %key.dn,
                 ip = ?key.ip,
@@ -116,7 +143,7 @@ impl BindThrottle {
             );
             // Same answer as a wrong password, after the longest delay, so a
             // guesser learns nothing and gains nothing by hammering.
-            tokio::time::sleep(self.max_delay).await;
+            tokio::time::sleep(self.params().max_delay).await;
             return Err(LdapError::new(ResultCode::INVALID_CREDENTIALS, ""));
         }
         self.each(key, now, |r| r.in_flight = r.in_flight.saturating_add(1));
@@ -125,10 +152,11 @@ impl BindThrottle {
 
     /// Apply `f` to the DN's and the address's records (made if missing).
     fn each(&self, key: &Key, now: Instant, mut f: impl FnMut(&mut Record)) -> u32 {
-        let dn = Self::update(&self.by_dn, &key.dn, now, self.lockout_for, &mut f);
+        let lockout_for = self.params().lockout_for;
+        let dn = Self::update(&self.by_dn, &key.dn, now, lockout_for, &mut f);
         let ip = key
             .ip
-            .map(|ip| Self::update(&self.by_ip, &ip, now, self.lockout_for, &mut f))
+            .map(|ip| Self::update(&self.by_ip, &ip, now, lockout_for, &mut f))
             .unwrap_or(0);
         dn.max(ip)
     }
@@ -220,11 +248,12 @@ impl BindThrottle {
 
     /// Delay after the `n`th consecutive failure.
     fn delay_for(&self, n: u32) -> Duration {
-        if n <= self.free || self.max_delay.is_zero() {
+        let p = self.params();
+        if n <= p.free || p.max_delay.is_zero() {
             return Duration::ZERO;
         }
-        let steps = (n - self.free - 1).min(16);
-        (Duration::from_millis(250) * (1u32 << steps)).min(self.max_delay)
+        let steps = (n - p.free - 1).min(16);
+        (Duration::from_millis(250) * (1u32 << steps)).min(p.max_delay)
     }
 }
 
@@ -347,7 +376,7 @@ mod tests {
                 &t.by_dn,
                 &format!("uid={i}"),
                 now + Duration::from_micros(i as u64),
-                t.lockout_for,
+                t.params().lockout_for,
                 &mut |r: &mut Record| r.failures += 1,
             );
         }
