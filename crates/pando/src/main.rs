@@ -254,31 +254,42 @@ struct ServeArgs {
 /// The configuration to work with: the one stored in the data directory
 /// merged with the file (see `cn_config::stored`), or the file alone.
 fn load_config(args: &StoreArgs) -> Result<Config, String> {
-    Ok(pando_server::cn_config::stored::effective(file_config(args)?)?.config)
+    let (file, stored) = file_config(args)?;
+    Ok(pando_server::cn_config::stored::effective(stored.as_ref(), file).config)
 }
 
-/// The configuration file and `--data-dir`. Without a file: the file the
-/// data directory's stored configuration last came from (so no key counts
-/// as edited), or the defaults for a new data directory.
-fn file_config(args: &StoreArgs) -> Result<Config, String> {
-    let mut cfg = match &args.config {
-        Some(p) => Config::load(p).map_err(|e| e.to_string())?,
-        None => {
-            let dir = args
-                .data_dir
-                .clone()
-                .unwrap_or_else(|| Config::default().data_dir);
-            match pando_server::cn_config::stored::read(&dir)? {
-                Some(stored) => stored.file,
-                None => Config::default(),
-            }
-        }
+/// The configuration file with `--data-dir`, and what that data directory
+/// stores (read once). Without a file: the file the stored configuration
+/// last came from (so no key counts as edited), or the defaults for a new
+/// data directory.
+fn file_config(
+    args: &StoreArgs,
+) -> Result<(Config, Option<pando_server::cn_config::stored::Stored>), String> {
+    let given = match &args.config {
+        Some(p) => Some(Config::load(p).map_err(|e| e.to_string())?),
+        None => None,
     };
+    let dir = match (&args.data_dir, &given) {
+        (Some(d), _) => d.clone(),
+        (None, Some(c)) => c.data_dir.clone(),
+        (None, None) => Config::default().data_dir,
+    };
+    let stored = pando_server::cn_config::stored::read(&dir)?;
+    let cfg = match given {
+        Some(c) => c,
+        None => stored
+            .as_ref()
+            .map_or_else(Config::default, |s| s.file.clone()),
+    };
+    Ok((with_data_dir(args, cfg), stored))
+}
+
+fn with_data_dir(args: &StoreArgs, mut cfg: Config) -> Config {
     if let Some(d) = &args.data_dir {
         // The default ldapi socket follows the data directory.
         cfg.data_dir = d.clone();
     }
-    Ok(cfg)
+    cfg
 }
 
 /// Log to stderr at `level` (PANDO_LOG, when set, wins). The returned
@@ -347,9 +358,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// The file configuration with `serve`'s command-line options.
-fn serve_file_config(args: &ServeArgs) -> Result<Config, String> {
-    let mut cfg = file_config(&args.store)?;
+/// `cfg` with `serve`'s command-line options.
+fn with_serve_options(args: &ServeArgs, mut cfg: Config) -> Config {
     if !args.listen.is_empty() {
         cfg.listen = args.listen.clone();
     }
@@ -357,12 +367,13 @@ fn serve_file_config(args: &ServeArgs) -> Result<Config, String> {
         cfg.log_level = l.clone();
     }
     cfg.tls.self_signed = args.tls_self_signed;
-    Ok(cfg)
+    cfg
 }
 
 fn serve(args: ServeArgs) -> Result<ExitCode, String> {
-    let file = serve_file_config(&args)?;
-    let merged = pando_server::cn_config::stored::effective(file.clone())?;
+    let (file, stored) = file_config(&args.store)?;
+    let file = with_serve_options(&args, file);
+    let merged = pando_server::cn_config::stored::effective(stored.as_ref(), file.clone());
     let schema = Arc::new(pando_server::schema_files::build(
         &merged.config.schema_files,
         &merged.config.schema,
@@ -373,11 +384,15 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
         .validate(&schema)
         .map_err(|e| e.to_string())?;
     let demo = args.demo;
-    let reload: Option<pando_server::Reloader> = if args.store.config.is_some() {
-        Some(Arc::new(move || serve_file_config(&args)))
-    } else {
-        None
-    };
+    // The file alone: the running server has the store (its records are
+    // read through it, never by opening the store a second time).
+    let reload: Option<pando_server::Reloader> = args.store.config.clone().map(|path| {
+        let reload: pando_server::Reloader = Arc::new(move || {
+            let file = Config::load(&path).map_err(|e| e.to_string())?;
+            Ok(with_serve_options(&args, with_data_dir(&args.store, file)))
+        });
+        reload
+    });
     if let Some(setter) = init_logging(&resolved.config.log_level) {
         pando_server::observe::on_log_level(setter);
     }

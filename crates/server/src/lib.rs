@@ -128,7 +128,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
             );
             Bound::Systemd(b)
         }
-        None => Bound::Configured(net::listener::bind_all(&cfg.listeners).await?),
+        None => Bound::Configured(net::listener::bind_all(&cfg.listeners)?),
     };
     match target {
         Some(target) => {
@@ -250,18 +250,8 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     // The configuration run with, and the file it came from, are stored
     // (see cn_config::stored): changes over LDAP build on them.
     if let Some(file) = &opts.file {
-        let texts = cn_config::stored::to_text(&cfg.config)
-            .and_then(|c| cn_config::stored::to_text(file).map(|f| (c, f)));
-        match texts {
-            Ok((c, f)) => {
-                if let Err(e) = store
-                    .write(move |w| cn_config::stored::put(w, &c, Some(&f)))
-                    .await
-                {
-                    tracing::error!("cannot store the configuration; changes under cn=config will not persist: {e}");
-                }
-            }
-            Err(e) => tracing::error!("{e}"),
+        if let Err(e) = cn_config::stored::save(&store, &cfg.config, Some(file)).await {
+            tracing::error!("{e}; changes under cn=config will not persist");
         }
     }
     // First-start work is done and durable: the configured mode from now on.
@@ -559,19 +549,7 @@ async fn apply_reload(live: &live::Live, reload: Option<&Reloader>) {
     };
     // Keys edited in the file since it was last read are taken from it;
     // the others keep their values (changed over LDAP, perhaps).
-    let last_file = server
-        .store
-        .read()
-        .ok()
-        .and_then(|r| {
-            r.view()
-                .meta_get(cn_config::stored::META_CONFIG_FILE)
-                .ok()
-                .flatten()
-        })
-        .and_then(|t| String::from_utf8(t).ok())
-        .and_then(|t| config::Config::from_toml(&t, std::path::Path::new("meta")).ok());
-    let merged = match last_file {
+    let merged = match cn_config::stored::last_file(&server.store) {
         Some(last) => {
             cn_config::stored::merge(
                 &cn_config::stored::Stored {
@@ -584,57 +562,22 @@ async fn apply_reload(live: &live::Live, reload: Option<&Reloader>) {
         }
         None => file.clone(),
     };
-    // Schema files are read again; the schema changes when they did,
-    // unless entries still use what a change removes.
-    let schema = if merged.schema_files == server.desired.schema_files
-        && merged.schema == server.desired.schema
-    {
-        server.schema.clone()
-    } else {
-        let built = match schema_files::build(&merged.schema_files, &merged.schema) {
-            Ok(s) => Arc::new(s),
-            Err(e) => return refused(e),
-        };
-        let (store, old, new) = (server.store.clone(), server.schema.clone(), built.clone());
-        match tokio::task::spawn_blocking(move || cn_config::serve::still_used(&store, &old, &new))
-            .await
-        {
-            Ok(Ok(None)) => {}
-            Ok(Ok(Some(why))) => return refused(why),
-            Ok(Err(e)) => return refused(e.message),
-            Err(_) => return refused("the schema usage check failed".into()),
-        }
-        built
+    // Schema files are read again; the schema changes when they did.
+    let installed = match live.commit(merged, Some(&file), false).await {
+        Ok(i) => i,
+        Err(live::Refused::Invalid(e)) => return refused(e.to_string()),
+        Err(live::Refused::NotStored(e)) => return refused(e.to_string()),
+        Err(live::Refused::Store(e)) => return refused(e.to_string()),
+        Err(
+            live::Refused::Schema(e) | live::Refused::SchemaInUse(e) | live::Refused::NotApplied(e),
+        ) => return refused(e),
     };
-    let resolved = match merged.clone().validate(&schema) {
-        Ok(r) => r,
-        Err(e) => return refused(e.to_string()),
-    };
-    let prepared = match live.prepare(resolved, schema) {
-        Ok(p) => p,
-        Err(e) => return refused(e),
-    };
-    let texts = cn_config::stored::to_text(&merged)
-        .and_then(|c| cn_config::stored::to_text(&file).map(|f| (c, f)));
-    let (c, f) = match texts {
-        Ok(t) => t,
-        Err(e) => return refused(e),
-    };
-    if let Err(e) = server
-        .store
-        .write(move |w| cn_config::stored::put(w, &c, Some(&f)))
-        .await
-    {
-        return refused(format!("cannot store it: {e}"));
+    if !installed.changed.is_empty() {
+        tracing::info!(keys = %installed.changed.join(", "), "SIGHUP: configuration changed");
     }
-    let (changed, later) = (prepared.changed.clone(), prepared.at_next_start.clone());
-    live.install_prepared(prepared);
-    if !changed.is_empty() {
-        tracing::info!(keys = %changed.join(", "), "SIGHUP: configuration changed");
-    }
-    if !later.is_empty() {
+    if !installed.at_next_start.is_empty() {
         tracing::warn!(
-            keys = %later.join(", "),
+            keys = %installed.at_next_start.join(", "),
             "SIGHUP: these changes take effect at the next start"
         );
     }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use pando_model::Schema;
 
-use crate::config::{Config, Listener, Resolved};
+use crate::config::{Config, Listener};
 use crate::state::Server;
 
 pub struct Live {
@@ -190,8 +190,93 @@ pub fn with_keys_from(target: &Config, source: &Config, keys: &[String]) -> Conf
     out
 }
 
+/// Why a configuration was not installed; nothing changed.
+pub enum Refused {
+    /// The schema it makes does not build.
+    Schema(String),
+    /// It removes or redefines schema that stored entries use.
+    SchemaInUse(String),
+    /// It does not validate.
+    Invalid(crate::config::ConfigError),
+    /// It validates but cannot be applied (a certificate, a port, a file).
+    NotApplied(String),
+    /// It could not be stored.
+    NotStored(crate::cn_config::stored::SaveError),
+    /// The store could not be read (to find entries using the schema).
+    Store(pando_store::StoreError),
+}
+
+/// What [`Live::commit`] installed.
+pub struct Installed {
+    pub server: Arc<Server>,
+    /// Keys changed now.
+    pub changed: Vec<String>,
+    /// Keys changed that the server takes at its next start.
+    pub at_next_start: Vec<String>,
+}
+
+impl Live {
+    /// Make `desired` the configuration (cn=config changes and SIGHUP come
+    /// here; callers hold [`Live::changing`]). In order: the schema it
+    /// makes, when its schema files or documents changed (refused while
+    /// stored entries use what it removes, unless `relax_schema`); it is
+    /// validated whole and compiled; it is stored, with `file` (the
+    /// configuration file as read) when given, in one transaction; it is
+    /// installed. Until the store write commits nothing has changed; from
+    /// then on a crash restarts with the new configuration.
+    pub async fn commit(
+        &self,
+        desired: Config,
+        file: Option<&Config>,
+        relax_schema: bool,
+    ) -> Result<Installed, Refused> {
+        let current = self.server();
+        let schema = if desired.schema_files == current.desired.schema_files
+            && desired.schema == current.desired.schema
+        {
+            current.schema.clone()
+        } else {
+            let built = crate::schema_files::build(&desired.schema_files, &desired.schema)
+                .map(Arc::new)
+                .map_err(Refused::Schema)?;
+            if !relax_schema {
+                let (store, old, new) =
+                    (current.store.clone(), current.schema.clone(), built.clone());
+                let check = tokio::task::spawn_blocking(move || {
+                    crate::cn_config::schema_tree::still_used(&store, &old, &new)
+                });
+                match check.await {
+                    Ok(Ok(None)) => {}
+                    Ok(Ok(Some(why))) => return Err(Refused::SchemaInUse(why)),
+                    Ok(Err(e)) => return Err(Refused::Store(e)),
+                    Err(_) => {
+                        return Err(Refused::NotApplied("the schema usage check failed".into()))
+                    }
+                }
+            }
+            built
+        };
+        desired
+            .clone()
+            .validate(&schema)
+            .map_err(Refused::Invalid)?;
+        let prepared = self
+            .prepare(desired.clone(), schema)
+            .map_err(Refused::NotApplied)?;
+        crate::cn_config::stored::save(&current.store, &desired, file)
+            .await
+            .map_err(Refused::NotStored)?;
+        let (changed, at_next_start) = (prepared.changed.clone(), prepared.at_next_start.clone());
+        Ok(Installed {
+            server: self.install_prepared(prepared),
+            changed,
+            at_next_start,
+        })
+    }
+}
+
 /// A configuration compiled and ready to install: nothing has changed yet.
-pub struct Prepared {
+struct Prepared {
     server: Server,
     durability: pando_store::Durability,
     /// Listeners added, already bound (dropped, and closed, if this is
@@ -203,23 +288,24 @@ pub struct Prepared {
     metrics: Option<Option<(std::net::SocketAddr, tokio::net::TcpListener)>>,
     /// Keys that changed and are taken at the next start (the running
     /// server keeps their old values).
-    pub at_next_start: Vec<String>,
+    at_next_start: Vec<String>,
     /// Keys changed now.
-    pub changed: Vec<String>,
+    changed: Vec<String>,
 }
 
 impl Live {
-    /// Compile the configuration `new` against the current one: keys in
-    /// [`AT_NEXT_START`] keep their running values (and are listed), the
-    /// rest is validated and compiled. Nothing changes; callers hold
-    /// [`Live::changing`] until they install it or drop it.
-    pub fn prepare(&self, new: Resolved, schema: Arc<Schema>) -> Result<Prepared, String> {
+    /// Compile the configuration `new` (valid against `schema`) against
+    /// the current one: keys in [`AT_NEXT_START`] keep their running
+    /// values (and are listed), the rest is validated and compiled.
+    /// Nothing changes; callers hold [`Live::changing`] until they install
+    /// it or drop it.
+    fn prepare(&self, new: Config, schema: Arc<Schema>) -> Result<Prepared, String> {
         let old = self.server();
-        let all = changed_keys(&old.cfg.config, &new.config);
+        let all = changed_keys(&old.cfg.config, &new);
         let (later, now): (Vec<String>, Vec<String>) =
             all.into_iter().partition(|k| at_next_start(k));
         let mut later = later;
-        let mut running = with_keys_from(&new.config, &old.cfg.config, &later);
+        let mut running = with_keys_from(&new, &old.cfg.config, &later);
         let mut resolved = running
             .clone()
             .validate(&schema)
@@ -311,7 +397,7 @@ impl Live {
             logs,
         )
         .map_err(|e| e.to_string())?;
-        compiled.desired = Arc::new(new.config);
+        compiled.desired = Arc::new(new);
         Ok(Prepared {
             server: Server::assemble(compiled, old.runtime(), old.live.clone()),
             durability,
@@ -325,7 +411,7 @@ impl Live {
 
     /// Install what [`Live::prepare`] made, with the side effects that
     /// cannot fail (durability mode, log level).
-    pub fn install_prepared(&self, p: Prepared) -> Arc<Server> {
+    fn install_prepared(&self, p: Prepared) -> Arc<Server> {
         let old = self.server();
         if p.durability != old.store.durability() {
             old.store.set_durability(p.durability);

@@ -564,12 +564,16 @@ impl Store {
         Ok(Store { inner, writer })
     }
 
-    /// One `meta` record of the store in `path`, read before the store is
-    /// opened (the configuration kept in the store says how to open it).
-    /// None when there is no store yet. The file passes the same check as
-    /// for [`Store::open_read_only`] first; the environment is closed again
+    /// `meta` records of the store in `path` (one per key, None for a
+    /// missing one), read before the store is opened (the configuration
+    /// kept in the store says how to open it). None when there is no store
+    /// yet. The file passes the same check as for
+    /// [`Store::open_read_only`] first; the environment is closed again
     /// before this returns, so the store can then be opened as usual.
-    pub fn peek_meta(path: &Path, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    pub fn peek_meta(
+        path: &Path,
+        keys: &[&str],
+    ) -> Result<Option<Vec<Option<Vec<u8>>>>, StoreError> {
         if !preflight(path, false, false)? {
             return Ok(None);
         }
@@ -586,12 +590,15 @@ impl Store {
             let meta = env
                 .open_database::<Bytes, Bytes>(&rtxn, Some("meta"))?
                 .ok_or_else(|| missing_database(path, "meta"))?;
-            let v = meta.get(&rtxn, key.as_bytes())?.map(<[u8]>::to_vec);
+            let mut values = Vec::with_capacity(keys.len());
+            for key in keys {
+                values.push(meta.get(&rtxn, key.as_bytes())?.map(<[u8]>::to_vec));
+            }
             rtxn.commit()?;
-            v
+            values
         };
         env.prepare_for_closing().wait();
-        Ok(value)
+        Ok(Some(value))
     }
 
     /// Open an existing store read-only, beside a server that may be writing

@@ -4,7 +4,7 @@
 //! LDIF files OpenLDAP ships, so `ldapadd -f /etc/ldap/schema/x.ldif`
 //! works as it does against slapd.
 
-use pando_model::{Dn, Entry};
+use pando_model::{Dn, Entry, Schema};
 use pando_proto::{Change, PartialAttribute, ResultCode};
 
 use super::{change_values, split_ordinal};
@@ -248,4 +248,78 @@ fn strip_all(values: &[String]) -> Vec<String> {
 
 fn names() -> String {
     ATTRS.iter().map(|(a, _)| *a).collect::<Vec<_>>().join(", ")
+}
+
+/// Why the schema `new` cannot replace `old` while entries use what it
+/// removes or redefines (None: nothing stored uses it). Reads every entry.
+pub fn still_used(
+    store: &pando_store::Store,
+    old: &Schema,
+    new: &Schema,
+) -> Result<Option<String>, pando_store::StoreError> {
+    let gone_types: Vec<&pando_model::AttributeType> = old
+        .attributes()
+        .filter(|a| {
+            new.attribute(&a.oid)
+                .is_none_or(|n| n.definition != a.definition)
+        })
+        .collect();
+    let gone_classes: Vec<&pando_model::ObjectClass> = old
+        .object_classes()
+        .filter(|c| {
+            new.object_class(&c.oid)
+                .is_none_or(|n| n.definition != c.definition)
+        })
+        .collect();
+    if gone_types.is_empty() && gone_classes.is_empty() {
+        return Ok(None);
+    }
+    let rtxn = store.read()?;
+    let view = rtxn.view();
+    // What is used: by how many entries, and the first one's DN.
+    let mut uses: Vec<(String, u64, String)> = Vec::new();
+    let mut note =
+        |what: String, id: pando_store::EntryId| -> Result<(), pando_store::StoreError> {
+            match uses.iter_mut().find(|(w, _, _)| *w == what) {
+                Some(u) => u.1 += 1,
+                None => uses.push((what, 1, view.dn_string(id)?)),
+            }
+            Ok(())
+        };
+    for root in view.roots()? {
+        let Some(ids) = view.subtree(root, u64::MAX)? else {
+            continue;
+        };
+        for id in ids {
+            let Some(attrs) = view.attrs(id)? else {
+                continue;
+            };
+            for a in &attrs {
+                let base = a.desc.split(';').next().unwrap_or("");
+                if let Some(t) = gone_types
+                    .iter()
+                    .find(|t| t.has_name(base) || t.oid == base)
+                {
+                    note(format!("attribute type {}", t.name()), id)?;
+                }
+                if a.desc.eq_ignore_ascii_case("objectClass") {
+                    for v in &a.values {
+                        let v = String::from_utf8_lossy(v);
+                        if let Some(c) = gone_classes.iter().find(|c| c.has_name(&v) || c.oid == v)
+                        {
+                            note(format!("object class {}", c.name()), id)?;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(uses.first().map(|(what, n, example)| {
+        format!(
+            "{what} is used by {n} entr{} (e.g. {}); change or delete {} first, or send the relax rules control (administrators) to remove it anyway",
+            if *n == 1 { "y" } else { "ies" },
+            example,
+            if *n == 1 { "it" } else { "them" },
+        )
+    }))
 }

@@ -49,8 +49,12 @@ fn from_text(text: &[u8], what: &str, store: &Path) -> Result<Config, String> {
 /// with the advice that goes with its problem.
 pub fn read(data_dir: &Path) -> Result<Option<Stored>, String> {
     let dir = crate::store_dir(data_dir);
-    let peek = |key: &str| pando_store::Store::peek_meta(&dir, key).ok().flatten();
-    let (Some(config), Some(file)) = (peek(META_CONFIG), peek(META_CONFIG_FILE)) else {
+    let Ok(Some(records)) = pando_store::Store::peek_meta(&dir, &[META_CONFIG, META_CONFIG_FILE])
+    else {
+        return Ok(None);
+    };
+    let [Some(config), Some(file)] = <[Option<Vec<u8>>; 2]>::try_from(records).unwrap_or_default()
+    else {
         return Ok(None);
     };
     Ok(Some(Stored {
@@ -87,19 +91,61 @@ pub fn merge(stored: &Stored, file: &Config) -> Merged {
 
 /// The configuration to run with for the file configuration `file`: the
 /// stored one merged with it when the data directory has one.
-pub fn effective(file: Config) -> Result<Merged, String> {
-    match read(&file.data_dir)? {
-        Some(stored) => Ok(merge(&stored, &file)),
-        None => Ok(Merged {
+pub fn effective(stored: Option<&Stored>, file: Config) -> Merged {
+    match stored {
+        Some(stored) => merge(stored, &file),
+        None => Merged {
             config: file,
             from_file: Vec::new(),
             from_store: Vec::new(),
-        }),
+        },
     }
 }
 
+/// Why the configuration records were not written (nothing was).
+#[derive(Debug)]
+pub enum SaveError {
+    Text(String),
+    Store(pando_store::StoreError),
+}
+
+impl std::fmt::Display for SaveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SaveError::Text(e) => f.write_str(e),
+            SaveError::Store(e) => write!(f, "cannot store the configuration: {e}"),
+        }
+    }
+}
+
+/// Store `config`, and `file` (the configuration file as read) when
+/// given, in one transaction.
+pub async fn save(
+    store: &pando_store::Store,
+    config: &Config,
+    file: Option<&Config>,
+) -> Result<(), SaveError> {
+    let config = to_text(config).map_err(SaveError::Text)?;
+    let file = file.map(to_text).transpose().map_err(SaveError::Text)?;
+    store
+        .write(move |w| put(w, &config, file.as_deref()))
+        .await
+        .map_err(SaveError::Store)
+}
+
+/// The configuration file as last read, from an open store.
+pub fn last_file(store: &pando_store::Store) -> Option<Config> {
+    let text = store
+        .read()
+        .ok()?
+        .view()
+        .meta_get(META_CONFIG_FILE)
+        .ok()??;
+    from_text(&text, META_CONFIG_FILE, store.path()).ok()
+}
+
 /// Write both records in the writer's transaction `w`.
-pub fn put(
+fn put(
     w: &mut pando_store::WriteTxn<'_>,
     config: &str,
     file: Option<&str>,

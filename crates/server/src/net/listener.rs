@@ -87,7 +87,7 @@ impl Drop for IpSlot {
 
 /// Bind every configured listener before serving, so a port in use is
 /// reported at start-up rather than later.
-pub async fn bind_all(listeners: &[Listener]) -> std::io::Result<Vec<Bound>> {
+pub fn bind_all(listeners: &[Listener]) -> std::io::Result<Vec<Bound>> {
     listeners.iter().map(bind_one).collect()
 }
 
