@@ -514,3 +514,116 @@ def test_failed_bind_lockout_changes_over_ldap(tmp_path):
     assert bind("wrong") == 49 and bind("wrong") == 49
     assert bind("right-Pass-1") != 0
     srv.stop_and_verify()
+
+
+def monitor_indexes(srv):
+    e = config_read(srv, "cn=Indexes,cn=Monitor", scope="base")["cn=indexes,cn=monitor"]
+    return values(e, "pandoIndexReady"), values(e, "pandoIndexBuilding")
+
+
+def test_an_index_added_over_ldap_builds_under_load_and_then_serves(tmp_path):
+    """100k entries; employeeNumber is not indexed. The index added over
+    ldapi is built while searches and writes run (none fails), with its
+    progress in cn=Monitor and the log, and searches use it once it is
+    ready. A kill -9 during a second build: the restart builds it whole."""
+    ldif = tmp_path / "100k.ldif"
+    run = lambda *a: subprocess.run([PANDO_BIN, *a], capture_output=True, text=True, timeout=300)
+    r = run("gen", "-D", "numusers=100000", "--seed", "3", "-o", str(ldif))
+    assert r.returncode == 0, r.stderr
+    r = run("import", "--data-dir", str(tmp_path / "data"), "-f", str(ldif))
+    assert r.returncode == 0, r.stderr
+    srv = Pando(tmp_path, config="[limits]\nunindexed_search_limit = 1000\n" + PUBLIC_READ).start()
+    anon = srv.conn(admin=False)
+    anon.search(PEOPLE, "(employeeNumber=77)")
+    assert anon.result["description"] == "adminLimitExceeded", anon.result
+    stop = threading.Event()
+    errors, counts, modified, added = [], {"search": 0, "write": 0}, {}, {}
+
+    def searcher():
+        c, rng = srv.conn(), random.Random(1)
+        while not stop.is_set():
+            i = rng.randrange(100000)
+            if not c.search(PEOPLE, "(uid=user.%d)" % i, attributes=["uid"]) or len(c.entries) != 1:
+                errors.append(("search", i, c.result))
+            counts["search"] += 1
+        c.unbind()
+
+    def writer():
+        c, rng, n = srv.conn(), random.Random(2), 0
+        while not stop.is_set():
+            n += 1
+            if n % 3:
+                uid = "user.%d" % rng.randrange(100000)
+                value = str(9000000 + n)
+                ok = c.modify("uid=%s,%s" % (uid, PEOPLE), {"employeeNumber": [("MODIFY_REPLACE", [value])]})
+                if ok:
+                    modified[uid] = value
+            else:
+                uid = "new.%d" % n
+                ok = c.add("uid=%s,%s" % (uid, PEOPLE), ["inetOrgPerson"],
+                           {"uid": uid, "cn": uid, "sn": "New", "employeeNumber": str(5000000 + n)})
+                if ok:
+                    added[uid] = str(5000000 + n)
+            if not ok:
+                errors.append(("write", n, c.result))
+            counts["write"] += 1
+        c.unbind()
+
+    threads = [threading.Thread(target=searcher), threading.Thread(target=writer)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    rc, out = config_modify(srv, "dn: %s\nchangetype: modify\nadd: olcDbIndex\n"
+                                 "olcDbIndex: employeeNumber eq\n" % DB)
+    assert rc == 0, out
+    seen_building = []
+    deadline = time.monotonic() + 180
+    while True:
+        ready, building = monitor_indexes(srv)
+        seen_building += [b for b in building if b.startswith("employeenumber eq ")]
+        if "employeenumber eq" in ready:
+            break
+        assert time.monotonic() < deadline, (ready, building)
+        time.sleep(0.05)
+    time.sleep(0.5)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    assert errors == [], errors[:5]
+    assert counts["search"] > 0 and counts["write"] > 0, counts
+    # Progress was visible: entries read of the entries there.
+    assert seen_building, "the build was never seen in progress"
+    done, total = map(int, seen_building[-1].split()[2:4])
+    assert total >= 100002 and 0 <= done <= total, seen_building[-1]
+    logs = srv.logs(tail=100000)
+    assert "index build started" in logs and "index ready" in logs
+    changed = [l for l in logs.splitlines() if "cn=config changed" in l and "employeeNumber" in l]
+    assert len(changed) == 1 and "olcAccess" not in changed[0], changed
+    # The planner uses it: the search refused as unindexed is answered,
+    # right for entries changed and added during the build.
+    anon.search(PEOPLE, "(employeeNumber=77)", attributes=["uid"])
+    assert anon.result["description"] == "success", anon.result
+    assert [e.uid.value for e in anon.entries] in ([], ["user.77"])
+    assert ("user.77" in modified) == (anon.entries == [])
+    for uid, value in list(modified.items())[-20:] + list(added.items())[-20:]:
+        anon.search(PEOPLE, "(employeeNumber=%s)" % value, attributes=["uid"])
+        assert [e.uid.value for e in anon.entries] == [uid], (uid, value, anon.result)
+    # A second index, cut by kill -9 while it builds: the change was
+    # acknowledged, so the restart has it, built whole before serving.
+    rc, out = config_modify(srv, "dn: %s\nchangetype: modify\nadd: olcDbIndex\n"
+                                 "olcDbIndex: description sub\n" % DB)
+    assert rc == 0, out
+    ready, building = monitor_indexes(srv)
+    cut_mid_build = any(b.startswith("description sub ") for b in building)
+    srv.proc.kill()
+    srv.proc.wait()
+    anon.unbind()
+    srv.start()
+    ready, building = monitor_indexes(srv)
+    assert "description sub" in ready and "employeenumber eq" in ready and building == [], (ready, building)
+    assert cut_mid_build, "the build ended before the kill"
+    anon = srv.conn(admin=False)
+    anon.search(PEOPLE, "(description=*for Marie Meyer.)", attributes=["uid"])
+    assert anon.result["description"] == "success" and anon.entries, anon.result
+    anon.unbind()
+    srv.stop_and_verify()

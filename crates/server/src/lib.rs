@@ -250,7 +250,9 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     // The configuration run with, and the file it came from, are stored
     // (see cn_config::stored): changes over LDAP build on them.
     if let Some(file) = &opts.file {
-        if let Err(e) = cn_config::stored::save(&store, &cfg.config, Some(file)).await {
+        if let Err(e) =
+            cn_config::stored::save(&store, &cfg.config, Some(file), Default::default()).await
+        {
             tracing::error!("{e}; changes under cn=config will not persist");
         }
     }

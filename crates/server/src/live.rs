@@ -13,7 +13,7 @@
 //! nothing has changed yet), then install it. Changes are serialised by
 //! [`Live::changing`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -69,7 +69,6 @@ pub const AT_NEXT_START: &[&str] = &[
     "user",
     "group",
     "suffixes",
-    "indexes",
     "store.map_size_mb",
     "store.max_write_batch",
     "store.warm_start",
@@ -190,6 +189,25 @@ pub fn with_keys_from(target: &Config, source: &Config, keys: &[String]) -> Conf
     out
 }
 
+/// The indexes to add and drop to go from `old` to `new`.
+fn index_changes(
+    old: &[pando_store::IndexSpec],
+    new: &[pando_store::IndexSpec],
+) -> pando_store::CatalogChange {
+    fn pairs(specs: &[pando_store::IndexSpec]) -> BTreeSet<(String, pando_store::IndexKind)> {
+        specs
+            .iter()
+            .flat_map(|s| s.kinds.iter().map(|k| (s.attr.to_ascii_lowercase(), *k)))
+            .collect()
+    }
+    let (old, new) = (pairs(old), pairs(new));
+    pando_store::CatalogChange {
+        schema: None,
+        add: new.difference(&old).cloned().collect(),
+        drop: old.difference(&new).cloned().collect(),
+    }
+}
+
 /// Why a configuration was not installed; nothing changed.
 pub enum Refused {
     /// The schema it makes does not build.
@@ -263,7 +281,13 @@ impl Live {
         let prepared = self
             .prepare(desired.clone(), schema)
             .map_err(Refused::NotApplied)?;
-        crate::cn_config::stored::save(&current.store, &desired, file)
+        // The store takes the new schema and indexes in the transaction
+        // that stores the configuration naming them.
+        let mut catalog = index_changes(&current.cfg.indexes, &prepared.server.cfg.indexes);
+        if !Arc::ptr_eq(&current.schema, &prepared.server.schema) {
+            catalog.schema = Some(prepared.server.schema.clone());
+        }
+        crate::cn_config::stored::save(&current.store, &desired, file, catalog)
             .await
             .map_err(Refused::NotStored)?;
         let (changed, at_next_start) = (prepared.changed.clone(), prepared.at_next_start.clone());
@@ -422,10 +446,6 @@ impl Live {
         }
         if old.cfg.config.log_level != p.server.cfg.config.log_level {
             crate::observe::set_log_level(&p.server.cfg.config.log_level);
-        }
-        // The store's transactions begun from now on use the new schema.
-        if !Arc::ptr_eq(&old.schema, &p.server.schema) {
-            old.store.set_schema(p.server.schema.clone());
         }
         let listeners = p.server.listeners.clone();
         let installed = self.install(p.server);

@@ -19,7 +19,7 @@
 //! ties broken by ID yields each key's IDs ascending.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -426,7 +426,7 @@ impl Store {
     pub fn index_keys_packed(&self, attrs: &[Attribute], out: &mut Vec<u8>) {
         out.clear();
         let catalog = self.inner.catalog.load();
-        for (slot, (attr, kind)) in self.inner.slots.iter().enumerate() {
+        for (slot, (attr, kind)) in catalog.slots.iter().enumerate() {
             for key in attr_keys(&catalog.schema, attrs, attr, *kind) {
                 let key = &key[..key.len().min(MAX_KEY)];
                 out.extend_from_slice(&(slot as u16).to_be_bytes());
@@ -446,8 +446,9 @@ impl Store {
             None => return Err(StoreError::Corrupt("meta has no next_id".into())),
         };
         let mut targets = Vec::new();
-        for (attr, kind) in &inner.slots {
-            let db = inner.index_db(attr, *kind).ok_or_else(|| {
+        let catalog = inner.catalog.load_full();
+        for (attr, kind) in &catalog.slots {
+            let db = catalog.index(attr, *kind).map(|i| i.db).ok_or_else(|| {
                 StoreError::Corrupt(format!("index {} vanished", index::db_name(attr, *kind)))
             })?;
             targets.push(Target {
@@ -466,26 +467,6 @@ impl Store {
             entries: 0,
             buf: Vec::new(),
         })
-    }
-}
-
-/// The (attribute, kind) pairs of `indexes` in slot order.
-pub(crate) fn slots(indexes: &HashMap<String, Vec<crate::IndexDb>>) -> Vec<(String, IndexKind)> {
-    let mut v: Vec<(String, IndexKind)> = indexes
-        .iter()
-        .flat_map(|(a, dbs)| dbs.iter().map(move |d| (a.clone(), d.kind)))
-        .collect();
-    v.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.as_str().cmp(b.1.as_str())));
-    v
-}
-
-impl Inner {
-    fn index_db(&self, attr: &str, kind: IndexKind) -> Option<Db> {
-        self.indexes
-            .get(attr)?
-            .iter()
-            .find(|i| i.kind == kind)
-            .map(|i| i.db)
     }
 }
 

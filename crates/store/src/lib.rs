@@ -21,6 +21,7 @@
 //! one fsync before answering any of them (group commit).
 
 pub mod bulk;
+mod catalog;
 mod changelog;
 mod context_csn;
 mod dictionary;
@@ -28,6 +29,7 @@ mod dn_cache;
 pub mod entry_codec;
 pub mod file_check;
 pub mod index;
+mod index_build;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod model_check;
 mod plan;
@@ -45,9 +47,12 @@ use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, RwTxn};
 use pando_model::{Attribute, Dn, Entry, Schema};
 use roaring::RoaringTreemap;
 
+pub use catalog::Catalog;
+use catalog::IndexDb;
 pub use changelog::{ChangelogSummary, LoggedChange, LoggedKind, LoggedMod, ModOp};
 pub use context_csn::csn_sid;
 pub use index::IndexKind;
+pub use index_build::{BuildProgress, CatalogChange, IndexState};
 pub use plan::Candidates;
 pub use unsynced_marker::{sync_dir, write_private};
 pub use writer::{Durability, WriteJobError, WriterFigures};
@@ -173,6 +178,22 @@ const META_FORMAT: &[u8] = b"format";
 const META_NEXT_ID: &[u8] = b"next_id";
 /// Newline-separated names of the index databases kept complete.
 const META_INDEXES: &[u8] = b"indexes";
+/// Newline-separated names of index databases dropped while serving and
+/// not emptied yet (see [`index_build`]).
+const META_INDEXES_DROPPED: &[u8] = b"indexes.dropped";
+/// Index databases that may be added while serving, beyond those open at
+/// start. Each costs LMDB a few bytes in every transaction, so the room
+/// is kept small; a restart makes more.
+pub const RUNTIME_INDEX_ROOM: u32 = 32;
+
+/// The names in a `meta:indexes` record.
+fn parse_listed(v: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(v)
+        .split('\n')
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreError {
@@ -273,11 +294,6 @@ impl Default for StoreOptions {
     }
 }
 
-pub(crate) struct IndexDb {
-    kind: IndexKind,
-    db: Db,
-}
-
 pub(crate) struct Inner {
     env: Env,
     meta: Db,
@@ -287,14 +303,12 @@ pub(crate) struct Inner {
     /// The change log ([`changelog`]); None only in a read-only view of
     /// a store written before the log existed.
     changelog: Option<Db>,
-    /// Keyed by lowercase canonical attribute name.
-    indexes: HashMap<String, Vec<IndexDb>>,
-    /// Every (attribute, kind) of `indexes` in a fixed order: the slot
-    /// numbers of bulk loads' packed keys (see [`bulk`]).
-    slots: Vec<(String, IndexKind)>,
-    /// The schema, replaced whole when it changes while serving; each
-    /// transaction keeps the one current when it began.
+    /// The schema and the indexes ([`catalog`]), replaced whole when they
+    /// change while serving; each transaction keeps the one current when
+    /// it began.
     catalog: arc_swap::ArcSwap<Catalog>,
+    /// Indexes being built while serving ([`index_build`]).
+    builds: index_build::Builds,
     /// Entry compression and the dictionaries from meta.
     codec: entry_codec::Codec,
     path: PathBuf,
@@ -308,23 +322,6 @@ pub(crate) struct Inner {
     /// computed from it may be reused while the value stays
     /// ([`ReadTxn::generation`]).
     content_generation: dn_cache::Generation,
-}
-
-/// The schema a transaction works with, and what is derived from it.
-pub struct Catalog {
-    pub schema: Arc<Schema>,
-    /// Lowercase names of attributes that have subtypes: an assertion on them
-    /// also matches subtype values, which their own index does not hold.
-    has_subtypes: HashSet<String>,
-}
-
-impl Catalog {
-    fn new(schema: Arc<Schema>) -> Catalog {
-        Catalog {
-            has_subtypes: subtype_parents(&schema),
-            schema,
-        }
-    }
 }
 
 /// The fixed databases.
@@ -363,9 +360,8 @@ impl Inner {
             dn2id: dbs.dn2id,
             id2parent: dbs.id2parent,
             changelog: dbs.changelog,
-            slots: bulk::slots(&indexes),
-            indexes,
-            catalog: arc_swap::ArcSwap::from_pointee(Catalog::new(schema)),
+            catalog: arc_swap::ArcSwap::from_pointee(Catalog::new(schema, indexes)),
+            builds: index_build::Builds::default(),
             codec,
             path: path.to_path_buf(),
             durability: writer::DurabilityCell::new(d),
@@ -404,7 +400,7 @@ impl Store {
         let mut env_opts = EnvOpenOptions::new();
         env_opts
             .map_size(opts.map_size)
-            .max_dbs(16 + 5 * opts.indexes.len() as u32)
+            .max_dbs(16 + 5 * opts.indexes.len() as u32 + RUNTIME_INDEX_ROOM)
             .max_readers(1024);
         // SAFETY: the directory is opened by this process only through this
         // Store (the lock file also guards other processes); NO_TLS because
@@ -466,11 +462,7 @@ impl Store {
         // updated, in this same transaction: an index that is listed is
         // always complete. Indexes no longer configured are emptied.
         let listed: HashSet<String> = match meta.get(&wtxn, META_INDEXES)? {
-            Some(v) => String::from_utf8_lossy(v)
-                .split('\n')
-                .filter(|l| !l.is_empty())
-                .map(str::to_string)
-                .collect(),
+            Some(v) => parse_listed(v).into_iter().collect(),
             // Stores from before the list: their existing indexes were built whole.
             None => {
                 let mut existing = HashSet::new();
@@ -501,13 +493,24 @@ impl Store {
                     to_build.push((attr.clone(), kind, db));
                 }
                 maintained.push(name);
-                indexes
-                    .entry(attr.clone())
-                    .or_default()
-                    .push(IndexDb { kind, db });
+                indexes.entry(attr.clone()).or_default().push(IndexDb {
+                    kind,
+                    db,
+                    ready: true,
+                });
             }
         }
-        for name in listed.iter().filter(|n| !maintained.contains(n)) {
+        // Dropped while serving and not emptied before the server stopped.
+        let dropped: Vec<String> = match meta.get(&wtxn, META_INDEXES_DROPPED)? {
+            Some(v) => parse_listed(v),
+            None => Vec::new(),
+        };
+        meta.delete(&mut wtxn, META_INDEXES_DROPPED)?;
+        for name in listed
+            .iter()
+            .chain(&dropped)
+            .filter(|n| !maintained.contains(n))
+        {
             if let Some(db) = env.open_database::<Bytes, Bytes>(&wtxn, Some(name))? {
                 db.clear(&mut wtxn)?;
             }
@@ -561,6 +564,7 @@ impl Store {
             codec,
         ));
         let writer = writer::WriterHandle::start(inner.clone(), opts.max_batch)?;
+        inner.builds.connect(Arc::downgrade(&inner), writer.clone());
         Ok(Store { inner, writer })
     }
 
@@ -618,7 +622,7 @@ impl Store {
         let mut env_opts = EnvOpenOptions::new();
         env_opts
             .map_size(opts.map_size)
-            .max_dbs(16 + 5 * opts.indexes.len() as u32)
+            .max_dbs(16 + 5 * opts.indexes.len() as u32 + RUNTIME_INDEX_ROOM)
             .max_readers(1024);
         // SAFETY: as in `open`; READ_ONLY never writes the data file.
         let env = unsafe {
@@ -646,17 +650,22 @@ impl Store {
                 path.display()
             )));
         }
+        // Stores from before the list: every index there is complete.
+        let listed: Option<HashSet<String>> = meta
+            .get(&rtxn, META_INDEXES)?
+            .map(|v| parse_listed(v).into_iter().collect());
         let mut indexes: HashMap<String, Vec<IndexDb>> = HashMap::new();
         for spec in &opts.indexes {
             let attr = spec.attr.to_ascii_lowercase();
             for &kind in &spec.kinds {
-                if let Some(db) =
-                    env.open_database::<Bytes, Bytes>(&rtxn, Some(&index::db_name(&attr, kind)))?
-                {
-                    indexes
-                        .entry(attr.clone())
-                        .or_default()
-                        .push(IndexDb { kind, db });
+                let name = index::db_name(&attr, kind);
+                // Unlisted: being built by a server that has it open.
+                if let Some(db) = env.open_database::<Bytes, Bytes>(&rtxn, Some(&name))? {
+                    indexes.entry(attr.clone()).or_default().push(IndexDb {
+                        kind,
+                        db,
+                        ready: listed.as_ref().is_none_or(|l| l.contains(&name)),
+                    });
                 }
             }
         }
@@ -701,11 +710,35 @@ impl Store {
         self.inner.catalog.load().schema.clone()
     }
 
-    /// Replace the schema: transactions begun from now on use `schema`.
-    /// The caller makes sure no stored value or index key depends on what
-    /// changed (only definitions nothing uses are removed or redefined).
-    pub fn set_schema(&self, schema: Arc<Schema>) {
-        self.inner.catalog.store(Arc::new(Catalog::new(schema)));
+    /// Every index kept, sorted, with the progress of those being built.
+    pub fn indexes(&self) -> Vec<IndexState> {
+        let catalog = self.inner.catalog.load();
+        let mut out: Vec<IndexState> = catalog
+            .indexes
+            .iter()
+            .flat_map(|(attr, dbs)| {
+                dbs.iter().map(move |d| IndexState {
+                    attr: attr.clone(),
+                    kind: d.kind,
+                    building: if d.ready {
+                        None
+                    } else {
+                        Some(
+                            self.inner
+                                .builds
+                                .progress(&index::db_name(attr, d.kind))
+                                .unwrap_or(BuildProgress {
+                                    entries_done: 0,
+                                    entries_total: 0,
+                                    elapsed: std::time::Duration::ZERO,
+                                }),
+                        )
+                    },
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.attr.cmp(&b.attr).then(a.kind.cmp(&b.kind)));
+        out
     }
 
     /// Change when acknowledged writes reach the disk; applies from the
@@ -738,8 +771,9 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let only: Vec<String> = only.iter().map(|a| a.to_ascii_lowercase()).collect();
         let inner = &self.inner;
+        let catalog = inner.catalog.load_full();
         let mut targets = Vec::new();
-        for (attr, dbs) in &inner.indexes {
+        for (attr, dbs) in &catalog.indexes {
             if only.is_empty() || only.contains(attr) {
                 for idx in dbs {
                     targets.push((attr.clone(), idx.kind, idx.db));
@@ -751,7 +785,7 @@ impl Store {
             db.clear(&mut txn)?;
         }
         let n = bulk::fill_indexes(
-            &inner.catalog.load().schema,
+            &catalog.schema,
             &inner.codec,
             inner.id2entry,
             &mut txn,
@@ -776,11 +810,13 @@ impl Store {
     pub fn read(&self) -> Result<ReadTxn<'_>, StoreError> {
         let before = self.inner.dn_generation.before_open();
         let content = self.inner.content_generation.before_open();
+        let catalog = self.inner.catalog.load_full();
         let txn = self.inner.env.read_txn()?;
+        let catalog = catalog::for_snapshot(catalog, &self.inner.catalog.load());
         Ok(ReadTxn {
             txn,
             inner: &self.inner,
-            catalog: self.inner.catalog.load_full(),
+            catalog,
             slot: self.inner.readers.enter(),
             dn_snapshot: self.inner.dn_generation.after_open(before),
             content: self.inner.content_generation.after_open(content),
@@ -829,6 +865,7 @@ impl Store {
     /// released; this waits for the writer in any case.
     pub fn close(self) {
         self.writer.shutdown();
+        self.inner.builds.join();
         let Store { inner, writer } = self;
         drop(writer);
         // The last handle: close the environment now rather than whenever
@@ -869,10 +906,11 @@ impl Store {
         if let Some(db) = &inner.changelog {
             add(changelog::NAME.into(), db)?;
         }
-        let mut names: Vec<&String> = inner.indexes.keys().collect();
+        let catalog = inner.catalog.load();
+        let mut names: Vec<&String> = catalog.indexes.keys().collect();
         names.sort();
         for attr in names {
-            for idx in &inner.indexes[attr] {
+            for idx in &catalog.indexes[attr] {
                 add(format!("idx:{attr}:{}", idx.kind.as_str()), &idx.db)?;
             }
         }
@@ -957,17 +995,6 @@ fn attr_keys(
         }
     }
     keys
-}
-
-/// Lowercase names of attribute types that some other type names as SUP.
-fn subtype_parents(schema: &Schema) -> HashSet<String> {
-    let mut out = HashSet::new();
-    for at in schema.attributes() {
-        if let Some(sup_at) = at.sup.as_deref().and_then(|s| schema.attribute(s)) {
-            out.insert(sup_at.name().to_ascii_lowercase());
-        }
-    }
-    out
 }
 
 /// The entry codec for `compression`, with every dictionary kept in meta.
@@ -1491,13 +1518,9 @@ impl<'t> View<'t> {
         }
     }
 
+    /// The index (attribute, kind) if the planner may use it.
     fn index_db(&self, attr_lower: &str, kind: IndexKind) -> Option<&'t Db> {
-        self.inner
-            .indexes
-            .get(attr_lower)?
-            .iter()
-            .find(|i| i.kind == kind)
-            .map(|i| &i.db)
+        self.catalog.ready_db(attr_lower, kind)
     }
 
     /// The keys that `attrs` produce in the index (attr, kind).
@@ -1508,11 +1531,9 @@ impl<'t> View<'t> {
     /// Every (index name, key) pair `attrs` produce: used by `verify`.
     pub fn all_index_keys(&self, attrs: &[Attribute]) -> Vec<(String, Vec<u8>)> {
         let mut out = Vec::new();
-        for (attr, dbs) in &self.inner.indexes {
-            for idx in dbs {
-                for k in self.keys_of(attrs, attr, idx.kind) {
-                    out.push((index::db_name(attr, idx.kind), k));
-                }
+        for (attr, idx) in self.catalog.ready() {
+            for k in self.keys_of(attrs, attr, idx.kind) {
+                out.push((index::db_name(attr, idx.kind), k));
             }
         }
         out
@@ -1576,38 +1597,36 @@ impl<'t> View<'t> {
                 problems.push(format!("id2parent has a record for missing entry {id}"));
             }
         }
-        for (attr, dbs) in &self.inner.indexes {
-            for idx in dbs {
-                let name = index::db_name(attr, idx.kind);
-                let mut seen = HashSet::new();
-                for item in idx.db.iter(self.txn)? {
-                    let (k, v) = item?;
-                    let got = index::decode_posting(v)
-                        .map_err(|e| StoreError::Corrupt(format!("{name}: {e}")))?;
-                    let want = expected
-                        .get(&(name.clone(), k.to_vec()))
-                        .cloned()
-                        .unwrap_or_default();
-                    if got != want {
-                        problems.push(format!(
-                            "{name}: key {:?} lists {} IDs, entries produce {} (extra {:?}, missing {:?})",
-                            String::from_utf8_lossy(k),
-                            got.len(),
-                            want.len(),
-                            (&got - &want).iter().take(5).collect::<Vec<_>>(),
-                            (&want - &got).iter().take(5).collect::<Vec<_>>()
-                        ));
-                    }
-                    seen.insert(k.to_vec());
+        for (attr, idx) in self.catalog.ready() {
+            let name = index::db_name(attr, idx.kind);
+            let mut seen = HashSet::new();
+            for item in idx.db.iter(self.txn)? {
+                let (k, v) = item?;
+                let got = index::decode_posting(v)
+                    .map_err(|e| StoreError::Corrupt(format!("{name}: {e}")))?;
+                let want = expected
+                    .get(&(name.clone(), k.to_vec()))
+                    .cloned()
+                    .unwrap_or_default();
+                if got != want {
+                    problems.push(format!(
+                        "{name}: key {:?} lists {} IDs, entries produce {} (extra {:?}, missing {:?})",
+                        String::from_utf8_lossy(k),
+                        got.len(),
+                        want.len(),
+                        (&got - &want).iter().take(5).collect::<Vec<_>>(),
+                        (&want - &got).iter().take(5).collect::<Vec<_>>()
+                    ));
                 }
-                for ((n, k), set) in &expected {
-                    if n == &name && !seen.contains(k) {
-                        problems.push(format!(
-                            "{name}: key {:?} is missing (entries {:?})",
-                            String::from_utf8_lossy(k),
-                            set.iter().take(5).collect::<Vec<_>>()
-                        ));
-                    }
+                seen.insert(k.to_vec());
+            }
+            for ((n, k), set) in &expected {
+                if n == &name && !seen.contains(k) {
+                    problems.push(format!(
+                        "{name}: key {:?} is missing (entries {:?})",
+                        String::from_utf8_lossy(k),
+                        set.iter().take(5).collect::<Vec<_>>()
+                    ));
                 }
             }
         }
@@ -1622,6 +1641,11 @@ impl<'e> WriteTxn<'e> {
     /// whatever `f` publishes is in commit order. Dropped unrun when the
     /// job or its batch is rolled back.
     pub fn after_commit(&mut self, f: impl FnOnce() + Send + 'static) {
+        self.after_commit.push(Box::new(move |_: &Inner| f()));
+    }
+
+    /// [`WriteTxn::after_commit`] for the store's own steps.
+    pub(crate) fn after_commit_inner(&mut self, f: impl FnOnce(&Inner) + Send + 'static) {
         self.after_commit.push(Box::new(f));
     }
 
@@ -1770,8 +1794,9 @@ impl<'e> WriteTxn<'e> {
         old: &[Attribute],
         new: &[Attribute],
     ) -> Result<(), StoreError> {
-        let inner = self.inner;
-        for (attr, dbs) in &inner.indexes {
+        // Building indexes too (see `index_build`).
+        let catalog = self.catalog.clone();
+        for (attr, dbs) in &catalog.indexes {
             // Most modifications leave most indexed attributes alone: when
             // the values are the same, so are the keys.
             if !old.is_empty() && !new.is_empty() && values_of(old, attr) == values_of(new, attr) {

@@ -1407,3 +1407,233 @@ fn a_store_filled_without_a_dictionary_gets_one_trained_on_its_entries() {
     drop(r);
     assert_consistent(&store);
 }
+
+/// `n` people below `parent` in one write, `sn` one of seven values.
+fn people(store: &Store, parent: EntryId, from: usize, n: usize) {
+    store
+        .write_blocking(move |w| -> Result<(), StoreError> {
+            for i in from..from + n {
+                let p = Placement {
+                    parent,
+                    rdn: format!("cn=p{i}"),
+                    norm_rdn: format!("cn=p{i}"),
+                };
+                let mut a = person(&format!("p{i}"), &i.to_string());
+                a.retain(|a| a.desc != "sn");
+                a.push(Attribute {
+                    desc: "sn".into(),
+                    values: vec![format!("s{}", i % 7).into_bytes()],
+                });
+                w.add(&p, &a)?;
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+fn sn_change(add: bool) -> CatalogChange {
+    let list = vec![
+        ("sn".to_string(), IndexKind::Eq),
+        ("SN".to_string(), IndexKind::Sub),
+    ];
+    if add {
+        CatalogChange {
+            add: list,
+            ..CatalogChange::default()
+        }
+    } else {
+        CatalogChange {
+            drop: list,
+            ..CatalogChange::default()
+        }
+    }
+}
+
+fn sn_is_used(store: &Store) -> bool {
+    let r = store.read().unwrap();
+    let c = r
+        .view()
+        .candidates(&Filter::parse("(sn=s3)").unwrap())
+        .unwrap();
+    matches!(c, Candidates::Ids(_))
+}
+
+/// Wait (at most 60 s) until no index is being built.
+fn wait_built(store: &Store) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while store.indexes().iter().any(|i| i.building.is_some()) {
+        assert!(std::time::Instant::now() < until, "the build did not end");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_index_added_while_serving_is_built_under_writes_and_then_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    let ou = find(&store, "ou=People,dc=example,dc=com").unwrap();
+    people(&store, ou, 0, 9000);
+    assert!(!sn_is_used(&store), "sn is not indexed");
+    store
+        .write_blocking(|w| w.change_catalog(sn_change(true)))
+        .unwrap();
+    // Hold the writer: the builder gets at most one chunk in first.
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let blocker = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            store
+                .write_blocking(move |_w| -> Result<(), StoreError> {
+                    let _ = held.recv();
+                    Ok(())
+                })
+                .unwrap()
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let states = store.indexes();
+    let sn: Vec<&IndexState> = states.iter().filter(|i| i.attr == "sn").collect();
+    assert_eq!(sn.len(), 2);
+    let progress = sn[0].building.clone().expect("building");
+    assert_eq!(progress.entries_total, 9022);
+    assert!(progress.entries_done < 9022);
+    assert!(!sn_is_used(&store), "the planner ignores a building index");
+    release.send(()).unwrap();
+    blocker.join().unwrap();
+    // Writes while it builds: renames of values, deletes, adds.
+    for round in 0..20usize {
+        let id = find(
+            &store,
+            &format!("cn=p{},ou=People,dc=example,dc=com", round * 400),
+        )
+        .unwrap();
+        let old = store.read().unwrap().view().attrs(id).unwrap().unwrap();
+        let mut new = old.clone();
+        for a in new.iter_mut().filter(|a| a.desc == "sn") {
+            a.values = vec![format!("changed{round}").into_bytes()];
+        }
+        store
+            .write_blocking(move |w| w.replace(id, &old, &new))
+            .unwrap();
+        let gone = find(
+            &store,
+            &format!("cn=p{},ou=People,dc=example,dc=com", round * 400 + 1),
+        )
+        .unwrap();
+        delete(&store, gone).unwrap();
+        people(&store, ou, 10_000 + round * 10, 10);
+    }
+    wait_built(&store);
+    assert!(sn_is_used(&store));
+    assert_consistent(&store);
+    let r = store.read().unwrap();
+    let changed = ids(r
+        .view()
+        .candidates(&Filter::parse("(sn=changed7)").unwrap())
+        .unwrap());
+    assert_eq!(changed.len(), 1);
+    let grams = ids(r
+        .view()
+        .candidates(&Filter::parse("(sn=*hanged1*)").unwrap())
+        .unwrap());
+    assert!(grams.len() >= 11, "changed1 and changed1x: {}", grams.len());
+    drop(r);
+    // A restart keeps it (listed complete), with no rebuild.
+    store.close();
+    let opts = StoreOptions {
+        indexes: vec![IndexSpec {
+            attr: "sn".into(),
+            kinds: vec![IndexKind::Eq, IndexKind::Sub],
+        }],
+        ..crate::model_check::options()
+    };
+    let store = Store::open(dir.path(), Arc::new(Schema::standard()), &opts).unwrap();
+    assert!(sn_is_used(&store));
+    assert_consistent(&store);
+}
+
+#[test]
+fn a_dropped_index_is_emptied_and_an_interrupted_build_is_redone_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    let ou = find(&store, "ou=People,dc=example,dc=com").unwrap();
+    people(&store, ou, 0, 5000);
+    store
+        .write_blocking(|w| w.change_catalog(sn_change(true)))
+        .unwrap();
+    wait_built(&store);
+    assert!(sn_is_used(&store));
+    store
+        .write_blocking(|w| w.change_catalog(sn_change(false)))
+        .unwrap();
+    assert!(!sn_is_used(&store));
+    assert!(store.indexes().iter().all(|i| i.attr != "sn"));
+    // The emptying job runs after the change; a write after it sees it done.
+    store.write_blocking(|_| Ok::<(), StoreError>(())).unwrap();
+    let stats = store.stats().unwrap();
+    assert!(stats
+        .databases
+        .iter()
+        .all(|d| !d.name.starts_with("idx:sn")));
+    let emptied = store
+        .write_blocking(|w| -> Result<u64, StoreError> {
+            let db = w
+                .inner
+                .env
+                .open_database::<heed::types::Bytes, heed::types::Bytes>(&w.txn, Some("idx:sn:eq"))?
+                .unwrap();
+            Ok(db.len(&w.txn)?)
+        })
+        .unwrap();
+    assert_eq!(emptied, 0);
+    assert_consistent(&store);
+    // Added again and cut off mid-build (the writer held, then closed):
+    // the next open with the index configured builds it whole.
+    store
+        .write_blocking(|w| w.change_catalog(sn_change(true)))
+        .unwrap();
+    store.close();
+    let opts = StoreOptions {
+        indexes: vec![IndexSpec {
+            attr: "sn".into(),
+            kinds: vec![IndexKind::Eq, IndexKind::Sub],
+        }],
+        ..crate::model_check::options()
+    };
+    let store = Store::open(dir.path(), Arc::new(Schema::standard()), &opts).unwrap();
+    assert!(sn_is_used(&store));
+    assert!(store.indexes().iter().all(|i| i.building.is_none()));
+    assert_consistent(&store);
+    let r = store.read().unwrap();
+    assert_eq!(
+        ids(r
+            .view()
+            .candidates(&Filter::parse("(sn=s3)").unwrap())
+            .unwrap())
+        .len(),
+        (0..5000).filter(|i| i % 7 == 3).count()
+    );
+}
+
+#[test]
+fn a_snapshot_uses_an_index_only_if_ready_on_both_sides_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let before = store.inner.catalog.load_full();
+    // Unchanged: the same catalog.
+    let same = catalog::for_snapshot(before.clone(), &before);
+    assert!(Arc::ptr_eq(&same, &before));
+    // cn eq marked not ready in the newer one: not ready in the result.
+    let mut indexes = before.indexes.clone();
+    for d in indexes.get_mut("cn").unwrap() {
+        d.ready = false;
+    }
+    let after = Arc::new(before.with_indexes(indexes));
+    let mixed = catalog::for_snapshot(before.clone(), &after);
+    assert!(mixed.ready_db("cn", IndexKind::Eq).is_none());
+    let mixed = catalog::for_snapshot(after, &before);
+    assert!(mixed.ready_db("cn", IndexKind::Eq).is_none());
+    assert!(mixed.ready_db("uidnumber", IndexKind::Eq).is_some());
+}

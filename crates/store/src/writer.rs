@@ -20,7 +20,7 @@ use crate::{Inner, StoreError, WriteTxn};
 /// Sent back to a job after its batch committed (or failed to).
 type Reply = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 /// See [`WriteTxn::after_commit`].
-pub(crate) type AfterCommit = Box<dyn FnOnce() + Send>;
+pub(crate) type AfterCommit = Box<dyn FnOnce(&Inner) + Send>;
 /// A queued write.
 trait WriteJob: Send {
     /// Run inside the job's nested transaction; say whether to keep it, and
@@ -491,7 +491,7 @@ fn apply_batch(inner: &Inner, batch: &mut Vec<Job>) -> Vec<(Reply, Result<(), St
         Ok(()) => {
             for f in after_commit {
                 // As for a job: a panicking callback must not stop the writer.
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(inner))).is_err() {
                     tracing::error!("a post-commit step panicked");
                 }
             }

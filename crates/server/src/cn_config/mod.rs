@@ -412,6 +412,7 @@ pub fn apply(desired: &Config, norm: &str, changes: &[Change]) -> Result<Config,
         }
     };
     let mut values = values_of(desired);
+    let mut touched: Vec<&'static str> = Vec::new();
     for ch in changes {
         let name = ch.attr.name.as_str();
         let Some(key) = key_for_attr(name) else {
@@ -454,8 +455,15 @@ pub fn apply(desired: &Config, norm: &str, changes: &[Change]) -> Result<Config,
             .collect::<Result<_, _>>()?;
         let current = values.entry(key.key).or_default();
         *current = change_values(&attr, key.ordered(), key.single(), current, ch.op, &given)?;
+        touched.push(key.key);
     }
-    from_values(desired, &values)
+    let mut cfg = from_values(desired, &values)?;
+    // No rules configured shows the built-in ones; unless changed, they
+    // stay built in rather than becoming configured copies.
+    if !touched.contains(&"access") {
+        cfg.access = desired.access.clone();
+    }
+    Ok(cfg)
 }
 
 /// The values of `attr` after the modification `op` with `given`, as

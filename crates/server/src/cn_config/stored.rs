@@ -119,16 +119,21 @@ impl std::fmt::Display for SaveError {
 }
 
 /// Store `config`, and `file` (the configuration file as read) when
-/// given, in one transaction.
+/// given, in one transaction, which also makes the store's schema and
+/// index change `catalog` (see [`pando_store::WriteTxn::change_catalog`]).
 pub async fn save(
     store: &pando_store::Store,
     config: &Config,
     file: Option<&Config>,
+    catalog: pando_store::CatalogChange,
 ) -> Result<(), SaveError> {
     let config = to_text(config).map_err(SaveError::Text)?;
     let file = file.map(to_text).transpose().map_err(SaveError::Text)?;
     store
-        .write(move |w| put(w, &config, file.as_deref()))
+        .write(move |w| {
+            put(w, &config, file.as_deref())?;
+            w.change_catalog(catalog)
+        })
         .await
         .map_err(SaveError::Store)
 }

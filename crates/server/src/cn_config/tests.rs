@@ -247,6 +247,19 @@ fn bad_modifications_name_the_attribute() {
 }
 
 #[test]
+fn a_change_elsewhere_leaves_the_built_in_rules_built_in() {
+    let cfg = Config::default();
+    let changed = apply(
+        &cfg,
+        DATABASE_NORM,
+        &[change(ModOp::Add, "olcDbIndex", &["employeeNumber eq"])],
+    )
+    .unwrap();
+    assert!(changed.access.is_empty());
+    assert_eq!(changed.indexes["employeeNumber"], vec!["eq"]);
+}
+
+#[test]
 fn indexes_read_as_olc_db_index() {
     let cfg = Config::default();
     let cfg = apply(

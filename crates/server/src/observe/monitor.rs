@@ -7,6 +7,7 @@
 //!     cn=Search,cn=Operations,cn=Monitor   (one per type: Bind … Unbind)
 //!                                initiated, completed, latency percentiles and buckets
 //!   cn=Store,cn=Monitor          entries, sizes, map use, page-cache residency, per-database sizes
+//!   cn=Indexes,cn=Monitor        indexes ready, and those being built with their progress
 //!   cn=Writer,cn=Monitor         batches, largest and mean batch size, commit latency, fsyncs
 //!   cn=Logs,cn=Monitor           access-log lines dropped, write errors
 //! ```
@@ -119,6 +120,32 @@ fn latency_attrs(l: &Latency) -> Vec<Attribute> {
     ]
 }
 
+/// `pandoIndexReady` and `pandoIndexBuilding` values.
+fn indexes(server: &Server) -> Vec<Attribute> {
+    let (mut ready, mut building) = (Vec::new(), Vec::new());
+    for i in server.store.indexes() {
+        match i.building {
+            None => ready.push(format!("{} {}", i.attr, i.kind)),
+            Some(p) => building.push(format!(
+                "{} {} {} {} {:.1}",
+                i.attr,
+                i.kind,
+                p.entries_done,
+                p.entries_total,
+                p.elapsed.as_secs_f64()
+            )),
+        }
+    }
+    let mut out = Vec::new();
+    if !ready.is_empty() {
+        out.push(attr("pandoIndexReady", ready));
+    }
+    if !building.is_empty() {
+        out.push(attr("pandoIndexBuilding", building));
+    }
+    out
+}
+
 /// Every monitor entry with its DN, parents before children.
 pub fn entries(server: &Server) -> Vec<(String, Entry)> {
     let m = &server.metrics;
@@ -203,6 +230,7 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
         store.push(attr("pandoResidentPercent", [format!("{:.1}", r * 100.0)]));
     }
     out.push(node("Store", "cn=Store,cn=Monitor", store));
+    out.push(node("Indexes", "cn=Indexes,cn=Monitor", indexes(server)));
     let mut changes = vec![num(
         "pandoPersistentSearches",
         (server.cfg.config.limits.max_persistent_searches
