@@ -37,10 +37,10 @@ def test_sighup_applies_access_rules_and_limits_to_open_connections(tmp_path):
     assert "access" in logs and "limits.size_limit" in logs
     # A key taken at the next start is reported, and the rest applies.
     (tmp_path / "pando.toml").write_text(
-        "[limits]\nsize_limit = 3\nmax_connections = 77\n" + PUBLIC_READ)
+        "[limits]\nsize_limit = 3\npersistent_search_backlog = 77\n" + PUBLIC_READ)
     srv.proc.send_signal(signal.SIGHUP)
     wait_log(srv, "take effect at the next start")
-    assert "limits.max_connections" in srv.logs(tail=100000)
+    assert "limits.persistent_search_backlog" in srv.logs(tail=100000)
     anon.search(PEOPLE, "(uid=*)", attributes=["uid"])
     assert len(anon.entries) == 3
     # A bad access rule changes nothing.
@@ -229,19 +229,19 @@ changetype: modify
 replace: olcSizeLimit
 olcSizeLimit: 7
 -
-replace: pandoLimitsMaxConnections
-pandoLimitsMaxConnections: 50
+replace: pandoLimitsPersistentSearchBacklog
+pandoLimitsPersistentSearchBacklog: 50
 """)
     assert rc == 0, out
     g = config_read(srv, "cn=config", scope="base")["cn=config"]
-    assert values(g, "pandoAtNextStart") == ["pandoLimitsMaxConnections"]
+    assert values(g, "pandoAtNextStart") == ["pandoLimitsPersistentSearchBacklog"]
     srv.stop_and_verify()
     # Same file: the changes made over LDAP stay, and the one waiting for
     # a start is taken.
     srv.start()
     g = config_read(srv, "cn=config", scope="base")["cn=config"]
     assert values(g, "olcSizeLimit") == ["7"]
-    assert values(g, "pandoLimitsMaxConnections") == ["50"]
+    assert values(g, "pandoLimitsPersistentSearchBacklog") == ["50"]
     assert values(g, "pandoAtNextStart") == []
     assert "keep the values changed over LDAP" in srv.logs()
     srv.stop()
@@ -250,13 +250,13 @@ pandoLimitsMaxConnections: 50
     srv.start()
     g = config_read(srv, "cn=config", scope="base")["cn=config"]
     assert values(g, "olcSizeLimit") == ["9"]
-    assert values(g, "pandoLimitsMaxConnections") == ["50"]
+    assert values(g, "pandoLimitsPersistentSearchBacklog") == ["50"]
     assert values(g, "olcTimeLimit") == ["100"]
     # `pando config export` writes the configuration as TOML.
     r = subprocess.run([PANDO_BIN, "config", "export", "--data-dir", str(srv.data_dir)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert "size_limit = 9" in r.stdout and "max_connections = 50" in r.stdout
+    assert "size_limit = 9" in r.stdout and "persistent_search_backlog = 50" in r.stdout
     srv.stop_and_verify()
 
 
@@ -626,4 +626,55 @@ def test_an_index_added_over_ldap_builds_under_load_and_then_serves(tmp_path):
     anon.search(PEOPLE, "(description=*for Marie Meyer.)", attributes=["uid"])
     assert anon.result["description"] == "success" and anon.entries, anon.result
     anon.unbind()
+    srv.stop_and_verify()
+
+
+def test_connection_and_search_counts_change_over_ldap(tmp_path):
+    """Connections per address and places for searches that follow
+    changes: lowered and raised while serving; connections already open
+    stay open."""
+    srv = Pando(tmp_path, demo=True).start()
+
+    def limit(attr, value):
+        rc, out = config_modify(srv, "dn: cn=config\nchangetype: modify\nreplace: %s\n%s: %d\n"
+                                     % (attr, attr, value))
+        assert rc == 0, out
+
+    held = [srv.conn(admin=False) for _ in range(3)]
+    limit("pandoLimitsMaxConnectionsPerIp", 2)
+    assert values(config_read(srv, "cn=config", scope="base")["cn=config"], "pandoAtNextStart") == []
+    # Three open, above the new limit: they go on, a fourth is refused.
+    for c in held:
+        assert c.search("", "(objectClass=*)", search_scope="BASE"), c.result
+    rc, _, err = srv.ldap("ldapwhoami", auth=None)
+    assert rc != 0, err
+    assert "limits.max_connections_per_ip reached" in srv.logs(tail=100000)
+    held.pop().unbind()
+    held.pop().unbind()
+    # Down to one held: a second connection is taken again.
+    rc, out, err = srv.ldap("ldapwhoami", auth=None)
+    assert rc == 0, err
+    limit("pandoLimitsMaxConnectionsPerIp", 0)
+    more = [srv.conn(admin=False) for _ in range(4)]
+    for c in more + held:
+        c.unbind()
+    # No places for searches that follow changes, then some again.
+    def follow(seconds):
+        """A refresh-and-persist search for `seconds`: its output, and
+        whether it was still running (ldapsearch waits on even after a
+        refusal, so the output tells)."""
+        p = subprocess.Popen(["ldapsearch", "-x", "-H", srv.url, "-D", srv.admin_dn, "-w", srv.admin_pw,
+                              "-E", "sync=rp", "-b", SUFFIX, "(uid=nobody)"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(seconds)
+        running = p.poll() is None
+        p.kill()
+        return p.communicate()[0], running
+
+    limit("pandoLimitsMaxPersistentSearches", 0)
+    out, _ = follow(1.0)
+    assert "turned off" in out, out
+    limit("pandoLimitsMaxPersistentSearches", 1)
+    out, running = follow(1.0)
+    assert running and "result:" not in out, out
     srv.stop_and_verify()

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod backup;
 pub mod bootstrap;
 pub mod bulk;
+pub mod capacity;
 pub mod clock;
 pub mod cn_config;
 pub mod config;
@@ -29,7 +30,7 @@ use std::time::{Duration, SystemTime};
 use pando_model::{Dn, Schema};
 use pando_proto::DecodeLimits;
 use pando_store::{Store, StoreOptions};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use crate::bootstrap::RootPassword;
 use crate::clock::CsnClock;
@@ -294,8 +295,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     repl::consumer::start_all(&server);
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let conn_limit = Arc::new(Semaphore::new(server.cfg.config.limits.max_connections));
-    let per_ip = net::listener::PerIpLimit::new(server.cfg.config.limits.max_connections_per_ip);
+    let connections = server.connections.clone();
     // Sockets bound from `listen` are paired with their listener (they
     // can be removed later); systemd's are not.
     let paired: Vec<(Option<Listener>, net::listener::Bound)> = match bound {
@@ -312,8 +312,8 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     server.listeners.start(
         &live,
         net::listener::AcceptCtx {
-            conn_limit: conn_limit.clone(),
-            per_ip,
+            conn_limit: connections.places().clone(),
+            per_ip: server.per_ip.clone(),
             shutdown: stop_rx.clone(),
         },
         paired,
@@ -323,9 +323,8 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
             .listeners
             .set_metrics(&live, Some((addr, observe::prometheus::bind(addr)?)));
     }
-    // Sized at start (connections, the change feed): kept. The rest of
-    // the first configuration is let go, so a changed one can close.
-    let max_connections = server.cfg.config.limits.max_connections;
+    // Kept to the end: the connection places and the change feed. The
+    // rest of the first configuration is let go, so a changed one can close.
     let feed = server.feed.clone();
     drop(server);
 
@@ -336,8 +335,8 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     feed.close();
     live.server().listeners.join_all().await;
     // Every live connection holds one permit until its task ends.
-    let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
-    let drain = conn_limit.acquire_many(all);
+    let all = u32::try_from(connections.size()).unwrap_or(u32::MAX);
+    let drain = connections.places().acquire_many(all);
     if tokio::time::timeout(Duration::from_secs(10), drain)
         .await
         .is_err()
@@ -447,6 +446,16 @@ pub fn compile(
 
 /// The handles that outlive configuration changes, sized by the first
 /// configuration.
+/// Threads large searches may hold under `limits` (0: four per core, at
+/// least 8).
+pub fn search_threads(limits: &config::Limits) -> usize {
+    match limits.max_search_threads {
+        0 => (4 * std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .clamp(8, config::MAX_SEARCH_THREADS),
+        n => n,
+    }
+}
+
 fn new_runtime(
     c: &state::Compiled,
     store: Store,
@@ -454,22 +463,18 @@ fn new_runtime(
 ) -> Result<state::Runtime, BoxError> {
     let cfg = &c.cfg.config;
     let limits = &cfg.limits;
-    let search_threads_max = match limits.max_search_threads {
-        0 => (4 * std::thread::available_parallelism().map_or(1, |n| n.get()))
-            .clamp(8, config::MAX_SEARCH_THREADS),
-        n => n,
-    };
     Ok(state::Runtime {
         store,
         csn: Arc::new(csn),
         throttle: Arc::new(throttle::BindThrottle::new(limits)),
-        search_threads: Arc::new(Semaphore::new(search_threads_max)),
-        search_threads_max,
+        connections: capacity::Capacity::new(limits.max_connections),
+        per_ip: net::listener::PerIpLimit::new(limits.max_connections_per_ip),
+        search_threads: capacity::Capacity::new(search_threads(limits)),
         started: SystemTime::now(),
         metrics: Arc::new(observe::metrics::Metrics::new()),
         subentries: Arc::new(ops::Subentries::default()),
         feed: Arc::new(ops::feed::Feed::new(limits.persistent_search_backlog)),
-        persistent_searches: Arc::new(Semaphore::new(limits.max_persistent_searches)),
+        persistent_searches: capacity::Capacity::new(limits.max_persistent_searches),
         replicas: Arc::new(repl::Replicas::new(&c.schema, &cfg.replication.consumer)),
         listeners: Arc::new(net::listener::Listeners::default()),
     })

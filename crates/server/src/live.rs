@@ -76,10 +76,6 @@ pub const AT_NEXT_START: &[&str] = &[
     "store.compression",
     "store.compression_level",
     "store.keep_tombstones_days",
-    "limits.max_connections",
-    "limits.max_connections_per_ip",
-    "limits.max_search_threads",
-    "limits.max_persistent_searches",
     "limits.persistent_search_backlog",
     "replication",
 ];
@@ -441,8 +437,14 @@ impl Live {
             old.store.set_durability(p.durability);
             tracing::info!(durability = ?p.durability, "durability changed");
         }
-        if old.cfg.config.limits != p.server.cfg.config.limits {
-            old.throttle.set_limits(&p.server.cfg.config.limits);
+        let limits = &p.server.cfg.config.limits;
+        if old.cfg.config.limits != *limits {
+            old.throttle.set_limits(limits);
+            old.connections.resize(limits.max_connections);
+            old.per_ip.set_max(limits.max_connections_per_ip);
+            old.search_threads.resize(crate::search_threads(limits));
+            old.persistent_searches
+                .resize(limits.max_persistent_searches);
         }
         if old.cfg.config.log_level != p.server.cfg.config.log_level {
             crate::observe::set_log_level(&p.server.cfg.config.log_level);

@@ -52,9 +52,12 @@ pub struct Server {
     pub store: Store,
     pub csn: Arc<CsnClock>,
     pub throttle: Arc<crate::throttle::BindThrottle>,
+    /// Open connections (`limits.max_connections`).
+    pub connections: Arc<crate::capacity::Capacity>,
+    /// Open connections per client address (`limits.max_connections_per_ip`).
+    pub per_ip: Arc<crate::net::listener::PerIpLimit>,
     /// Threads large searches may hold (`limits.max_search_threads`).
-    pub search_threads: Arc<tokio::sync::Semaphore>,
-    pub search_threads_max: usize,
+    pub search_threads: Arc<crate::capacity::Capacity>,
     pub started: SystemTime,
     /// Counters and latency histograms (cn=Monitor, /metrics).
     pub metrics: Arc<crate::observe::metrics::Metrics>,
@@ -63,7 +66,7 @@ pub struct Server {
     /// Every committed change, in commit order (persistent searches).
     pub feed: Arc<crate::ops::feed::Feed>,
     /// Places for persistent searches (`limits.max_persistent_searches`).
-    pub persistent_searches: Arc<tokio::sync::Semaphore>,
+    pub persistent_searches: Arc<crate::capacity::Capacity>,
     /// The configured replication consumers.
     pub replicas: Arc<crate::repl::Replicas>,
     /// The accept loops running (listeners change with `listen`).
@@ -79,13 +82,14 @@ pub struct Runtime {
     pub store: Store,
     pub csn: Arc<CsnClock>,
     pub throttle: Arc<crate::throttle::BindThrottle>,
-    pub search_threads: Arc<tokio::sync::Semaphore>,
-    pub search_threads_max: usize,
+    pub connections: Arc<crate::capacity::Capacity>,
+    pub per_ip: Arc<crate::net::listener::PerIpLimit>,
+    pub search_threads: Arc<crate::capacity::Capacity>,
     pub started: SystemTime,
     pub metrics: Arc<crate::observe::metrics::Metrics>,
     pub subentries: Arc<crate::ops::Subentries>,
     pub feed: Arc<crate::ops::feed::Feed>,
-    pub persistent_searches: Arc<tokio::sync::Semaphore>,
+    pub persistent_searches: Arc<crate::capacity::Capacity>,
     pub replicas: Arc<crate::repl::Replicas>,
     pub listeners: Arc<crate::net::listener::Listeners>,
 }
@@ -130,8 +134,9 @@ impl Server {
             store: rt.store,
             csn: rt.csn,
             throttle: rt.throttle,
+            connections: rt.connections,
+            per_ip: rt.per_ip,
             search_threads: rt.search_threads,
-            search_threads_max: rt.search_threads_max,
             started: rt.started,
             metrics: rt.metrics,
             subentries: rt.subentries,
@@ -158,8 +163,9 @@ impl Server {
             store: self.store.clone(),
             csn: self.csn.clone(),
             throttle: self.throttle.clone(),
+            connections: self.connections.clone(),
+            per_ip: self.per_ip.clone(),
             search_threads: self.search_threads.clone(),
-            search_threads_max: self.search_threads_max,
             started: self.started,
             metrics: self.metrics.clone(),
             subentries: self.subentries.clone(),
@@ -174,7 +180,7 @@ impl Server {
 impl Server {
     /// Threads large searches hold now.
     pub fn search_threads_busy(&self) -> u64 {
-        (self.search_threads_max - self.search_threads.available_permits()) as u64
+        self.search_threads.in_use() as u64
     }
 }
 

@@ -30,8 +30,9 @@ pub enum Bound {
 /// Open connections per client address (`limits.max_connections_per_ip`),
 /// shared by every TCP listener; ldapi connections are not counted.
 pub struct PerIpLimit {
-    /// 0 = no limit.
-    max: usize,
+    /// 0 = no limit; changes while serving (connections over a lowered
+    /// limit stay open).
+    max: std::sync::atomic::AtomicUsize,
     counts: Mutex<HashMap<IpAddr, usize>>,
 }
 
@@ -45,9 +46,13 @@ pub struct IpSlot {
 impl PerIpLimit {
     pub fn new(max: usize) -> Arc<PerIpLimit> {
         Arc::new(PerIpLimit {
-            max,
+            max: std::sync::atomic::AtomicUsize::new(max),
             counts: Mutex::new(HashMap::new()),
         })
+    }
+
+    pub fn set_max(&self, max: usize) {
+        self.max.store(max, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// A slot for `ip`, or None when it already has `max` connections.
@@ -56,7 +61,8 @@ impl PerIpLimit {
         let ip = ip.to_canonical();
         let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         let n = counts.entry(ip).or_insert(0);
-        if self.max > 0 && *n >= self.max {
+        let max = self.max.load(std::sync::atomic::Ordering::Relaxed);
+        if max > 0 && *n >= max {
             return None;
         }
         *n += 1;

@@ -233,8 +233,7 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
     out.push(node("Indexes", "cn=Indexes,cn=Monitor", indexes(server)));
     let mut changes = vec![num(
         "pandoPersistentSearches",
-        (server.cfg.config.limits.max_persistent_searches
-            - server.persistent_searches.available_permits()) as u64,
+        server.persistent_searches.in_use() as u64,
     )];
     let log = server
         .store

@@ -192,7 +192,7 @@ pub async fn run_to_end(job: &Arc<SearchJob>) -> Finished {
 /// pool; while waiting (keeping its place in the queue) the search still
 /// notices Abandon and Cancel. None: abandoned, or the server is closing.
 async fn search_thread(job: &SearchJob) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    let wait = job.server.search_threads.clone().acquire_owned();
+    let wait = job.server.search_threads.places().clone().acquire_owned();
     tokio::pin!(wait);
     loop {
         match tokio::time::timeout(Duration::from_millis(100), &mut wait).await {

@@ -104,6 +104,7 @@ pub(super) fn take_place(
 ) -> Result<tokio::sync::OwnedSemaphorePermit, LdapResult> {
     server
         .persistent_searches
+        .places()
         .clone()
         .try_acquire_owned()
         .map_err(|_| {
