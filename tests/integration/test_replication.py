@@ -1397,3 +1397,54 @@ credentials = "fake"
     finally:
         con.stop_and_verify()
         fake.stop()
+
+
+def external_modify(srv, ldif):
+    r = subprocess.run(["ldapmodify", "-Q", "-Y", "EXTERNAL", "-H", srv.ldapi_url], input=ldif,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_consumers_and_server_id_change_over_ldap(tmp_path):
+    """A consumer added, changed and removed under cn=config, and the
+    provider's server ID changed, all while serving."""
+    srv = Pando(tmp_path / "provider", demo=True, config=PUBLIC_READ).start()
+    con = Pando(tmp_path / "consumer", demo=False, config=PUBLIC_READ, name="consumer").start()
+    consumer = ('{ rid = 1, provider = "%s", search_base = "%s", type = "%%s", interval = 1, '
+                'retry = "1 30 5 +", timeout_secs = 5, bind_dn = "%s", credentials = "%s" }'
+                % (srv.url, SUFFIX, srv.admin_dn, srv.admin_pw))
+    db = "olcDatabase={1}mdb,cn=config"
+    external_modify(con, "dn: %s\nchangetype: modify\nadd: pandoReplicationConsumer\n"
+                         "pandoReplicationConsumer: %s\n" % (db, consumer % "refreshAndPersist"))
+    # The consumer made its own suffix entry at its first start, newer
+    # than the provider's state: the provider refuses that state and
+    # the consumer loads the subtree whole. Its contextCSN then is
+    # its own until the provider's next change.
+    modify(srv, "dn: uid=alice,%s\nchangetype: modify\nreplace: description\ndescription: first\n" % PEOPLE)
+    converge_nodes([srv, con], log=con.logs)
+    assert "loading the subtree whole" in con.logs(tail=100000)
+    assert "replication consumer started (configuration changed)" in con.logs(tail=100000)
+    r = subprocess.run(["ldapsearch", "-Q", "-LLL", "-Y", "EXTERNAL", "-H", con.ldapi_url, "-b",
+                        "cn=config", "-s", "base", "pandoAtNextStart"], capture_output=True, text=True)
+    assert "pandoAtNextStart" not in r.stdout, r.stdout
+    # The provider takes a server ID: its next change carries it.
+    external_modify(srv, "dn: cn=config\nchangetype: modify\nreplace: olcServerID\nolcServerID: 5\n")
+    modify(srv, "dn: uid=alice,%s\nchangetype: modify\nreplace: description\ndescription: sid 5\n" % PEOPLE)
+    assert attrs_of(srv, "uid=alice," + PEOPLE, "entryCSN")["entryCSN"][0].endswith("#005#000000")
+    converge_nodes([srv, con], log=con.logs)
+    assert any(c.split("#")[2] == "005" for c in context_csn(con.url, con.admin_dn, con.admin_pw))
+    # Changed (to refreshOnly): it stops and starts again from its cookie.
+    external_modify(con, "dn: %s\nchangetype: modify\nreplace: pandoReplicationConsumer\n"
+                         "pandoReplicationConsumer: %s\n" % (db, consumer % "refreshOnly"))
+    assert "replication consumer stopped (configuration changed)" in con.logs(tail=100000)
+    changes_round(srv, 1)
+    converge_nodes([srv, con], log=con.logs)
+    # Removed: changes stop arriving, and the subtree takes writes here.
+    external_modify(con, "dn: %s\nchangetype: modify\ndelete: pandoReplicationConsumer\n" % db)
+    assert attrs_of(con, "cn=Replication,cn=Monitor", "pandoReplConsumers")["pandoReplConsumers"] == ["0"]
+    modify(srv, "dn: uid=bob,%s\nchangetype: modify\nreplace: description\ndescription: after\n" % PEOPLE)
+    time.sleep(2.5)
+    assert attrs_of(con, "uid=bob," + PEOPLE, "description").get("description") != ["after"]
+    modify(con, "dn: uid=bob,%s\nchangetype: modify\nreplace: description\ndescription: local\n" % PEOPLE)
+    con.stop_and_verify()
+    srv.stop_and_verify()

@@ -122,15 +122,22 @@ impl std::error::Error for BadCsn {}
 pub struct CsnClock {
     /// `micros << COUNT_BITS | counter`, so one atomic keeps both monotonic.
     last: AtomicU64,
-    sid: u16,
+    /// The server ID CSNs carry (`replication.server_id`; changes while
+    /// serving).
+    sid: std::sync::atomic::AtomicU16,
 }
 
 impl CsnClock {
     pub fn new(sid: u16) -> Self {
         CsnClock {
             last: AtomicU64::new(0),
-            sid,
+            sid: std::sync::atomic::AtomicU16::new(sid),
         }
+    }
+
+    /// CSNs issued from now on carry `sid`.
+    pub fn set_sid(&self, sid: u16) {
+        self.sid.store(sid, Ordering::Relaxed);
     }
 
     /// Move the clock so that every later CSN is greater than `csn` (the
@@ -171,7 +178,7 @@ impl CsnClock {
             "{}.{:06}Z#{count:06x}#{:03x}#000000",
             parts(micros),
             micros % 1_000_000,
-            self.sid
+            self.sid.load(Ordering::Relaxed)
         )
     }
 }

@@ -77,7 +77,6 @@ pub const AT_NEXT_START: &[&str] = &[
     "store.compression_level",
     "store.keep_tombstones_days",
     "limits.persistent_search_backlog",
-    "replication",
 ];
 
 /// Whether `key` is taken only at the next start.
@@ -287,8 +286,23 @@ impl Live {
             .await
             .map_err(Refused::NotStored)?;
         let (changed, at_next_start) = (prepared.changed.clone(), prepared.at_next_start.clone());
+        let server = self.install_prepared(prepared);
+        let (old, new) = (
+            &current.cfg.config.replication,
+            &server.cfg.config.replication,
+        );
+        if old.server_id != new.server_id {
+            server.csn.set_sid(new.server_id);
+            tracing::info!(
+                server_id = new.server_id,
+                "server ID changed: new CSNs carry it"
+            );
+        }
+        if old.consumer != new.consumer {
+            server.replicas.follow_configuration(&server).await;
+        }
         Ok(Installed {
-            server: self.install_prepared(prepared),
+            server,
             changed,
             at_next_start,
         })

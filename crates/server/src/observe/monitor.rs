@@ -298,14 +298,14 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
 /// `cn=Replication,cn=Monitor` and one `cn=Consumer NNN` below it per
 /// consumer, with OpenLDAP's olmSR* names where they exist.
 fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
-    let replicas = &server.replicas.0;
+    let replicas = server.replicas.list();
     out.push(node(
         "Replication",
         "cn=Replication,cn=Monitor",
         vec![num("pandoReplConsumers", replicas.len() as u64)],
     ));
     let time = |t: Option<u64>| t.map(crate::clock::generalized_time);
-    for r in replicas {
+    for r in replicas.iter() {
         let Some(s) = r.snapshot() else {
             continue;
         };

@@ -198,7 +198,7 @@ fn replication(t: &mut Text, server: &Server) {
     }
     let statuses: Vec<(u16, crate::repl::consumer::Status)> = server
         .replicas
-        .0
+        .list()
         .iter()
         .filter_map(|r| r.snapshot().map(|s| (r.rid, s)))
         .collect();

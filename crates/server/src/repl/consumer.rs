@@ -86,11 +86,7 @@ const WINDOW: usize = 256;
 
 /// Start every configured consumer; each runs until the server closes.
 pub fn start_all(server: &Arc<Server>) {
-    for i in 0..server.cfg.config.replication.consumer.len() {
-        let server = server.clone();
-        tokio::spawn(super::lag::follow(server.clone(), i));
-        tokio::spawn(async move { run(server, i).await });
-    }
+    server.replicas.start_all(server);
 }
 
 fn now() -> u64 {
@@ -139,15 +135,21 @@ struct Carry {
     reload: bool,
     /// Reloads asked for in a row without a refresh completing.
     reloads_in_row: u32,
+    /// The session started from the store's contextCSN, having no cookie
+    /// of its own (see [`starting_cookie`]).
+    guessed: bool,
 }
 
 /// Reloads in a row after which the next is treated as a failure (the
 /// retry schedule spaces them out).
 const MAX_RELOADS_IN_ROW: u32 = 3;
 
-async fn run(server: Arc<Server>, index: usize) {
-    let cfg = server.cfg.config.replication.consumer[index].clone();
-    let replica = &server.replicas.0[index];
+/// The consumer `replica` until the server closes or the consumer is
+/// removed or changed. Each session runs under the configuration current
+/// when it starts.
+pub(super) async fn run(server: Arc<Server>, replica: Arc<Replica>) {
+    let cfg = replica.cfg.clone();
+    let replica = &*replica;
     let retry = Retry::parse(&cfg.retry).unwrap_or(Retry(vec![(Duration::from_secs(60), None)]));
     let interval = cfg
         .interval
@@ -157,9 +159,11 @@ async fn run(server: Arc<Server>, index: usize) {
     let mut carry = Carry::default();
     loop {
         set(replica, |s| s.phase = "connecting");
+        let server = server.current();
         let ended = tokio::select! {
             e = session(&server, &cfg, replica, &mut carry) => e,
             _ = closing.changed() => break,
+            _ = replica.stopped() => break,
         };
         let ended = match ended {
             Ok(Ended::Reload) if carry.reloads_in_row >= MAX_RELOADS_IN_ROW => {
@@ -183,6 +187,13 @@ async fn run(server: Arc<Server>, index: usize) {
                 continue;
             }
             Err(Failed(why)) => {
+                if std::mem::take(&mut carry.guessed) && !carry.reload {
+                    // The store's own state (a suffix entry made here
+                    // before the consumer was configured, say) is not the
+                    // provider's: load the subtree whole instead.
+                    tracing::warn!(rid = cfg.rid, provider = %cfg.provider, "the provider refused the state this store holds ({why}); loading the subtree whole");
+                    carry.reload = true;
+                }
                 carry.failures += 1;
                 set(replica, |s| {
                     s.failures += 1;
@@ -205,6 +216,7 @@ async fn run(server: Arc<Server>, index: usize) {
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = closing.changed() => break,
+            _ = replica.stopped() => break,
         }
     }
     set(replica, |s| s.phase = "stopped");
@@ -306,6 +318,10 @@ async fn session(
         None
     } else {
         starting_cookie(server, cfg, replica)?
+    };
+    carry.guessed = match &stored {
+        Some(_) => replicated::stored_cookie(&server.store.read()?.view(), cfg.rid)?.is_none(),
+        None => false,
     };
     let start = Cookie::parse(stored.as_deref().unwrap_or("").as_bytes()).unwrap_or_default();
     // Always a cookie, with at least the rid (OpenLDAP's providers echo

@@ -57,9 +57,9 @@ pub fn parse_answer(text: &str) -> Option<BTreeMap<u16, Behind>> {
 
 /// Count, every `count_behind_secs`, until the server closes or the
 /// provider says it cannot or will not.
-pub async fn follow(server: Arc<Server>, index: usize) {
-    let cfg = server.cfg.config.replication.consumer[index].clone();
-    let replica = &server.replicas.0[index];
+pub async fn follow(server: Arc<Server>, replica: Arc<super::Replica>) {
+    let cfg = replica.cfg.clone();
+    let replica = &*replica;
     if cfg.count_behind_secs == 0 {
         return;
     }
@@ -69,6 +69,7 @@ pub async fn follow(server: Arc<Server>, index: usize) {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = closing.changed() => return,
+            _ = replica.stopped() => return,
         }
         let csns = match stored_csns(&server, cfg.rid) {
             Some(c) if !c.is_empty() => c,
@@ -83,7 +84,11 @@ pub async fn follow(server: Arc<Server>, index: usize) {
             client.unbind().await;
             answer
         };
-        match asked.await {
+        let asked = tokio::select! {
+            a = asked => a,
+            _ = replica.stopped() => return,
+        };
+        match asked {
             Ok(text) => match parse_answer(&String::from_utf8_lossy(&text)) {
                 Some(behind) => set(replica, |s| s.behind = behind),
                 None => {

@@ -9,14 +9,21 @@ pub mod config;
 pub mod consumer;
 pub mod lag;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use pando_model::{Dn, Schema};
+use tokio::sync::watch;
+
+use crate::state::Server;
 
 /// One configured consumer, as the rest of the server sees it: the subtree
 /// it keeps (read-only for clients) and how it is doing.
 pub struct Replica {
     pub rid: u16,
+    /// Its configuration (a changed one is a new `Replica`).
+    pub cfg: config::ConsumerConfig,
     /// The normalised search base.
     pub base: String,
     /// Where clients' writes to the subtree are referred.
@@ -24,46 +31,135 @@ pub struct Replica {
     pub status: Mutex<consumer::Status>,
     /// Received changes that met a different state here (see
     /// `ReplCtx::conflicts`), counted by the writer.
-    pub conflicts: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub conflicts: Arc<std::sync::atomic::AtomicU64>,
+    /// Set when the consumer is removed or replaced: its tasks end.
+    stop: watch::Sender<bool>,
+    /// Its tasks (the consumer, the counting of changes behind).
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
-/// Every configured consumer.
-#[derive(Default)]
-pub struct Replicas(pub Vec<Replica>);
+/// Every configured consumer; the list changes with the configuration.
+pub struct Replicas(ArcSwap<Vec<Arc<Replica>>>);
 
 impl Replica {
+    fn new(schema: &Schema, c: &config::ConsumerConfig) -> Replica {
+        Replica {
+            rid: c.rid,
+            cfg: c.clone(),
+            base: Dn::parse(&c.search_base)
+                .ok()
+                .and_then(|d| schema.normalize_dn(&d).ok())
+                .unwrap_or_default(),
+            referral: c.referral(),
+            status: Mutex::new(consumer::Status::new(&c.provider)),
+            conflicts: Default::default(),
+            stop: watch::channel(false).0,
+            tasks: Mutex::new(Vec::new()),
+        }
+    }
+
     /// How the consumer is doing, conflicts included.
     pub fn snapshot(&self) -> Option<consumer::Status> {
         let mut s = self.status.lock().ok()?.clone();
         s.conflicts = self.conflicts.load(std::sync::atomic::Ordering::Relaxed);
         Some(s)
     }
+
+    /// Resolves once the consumer is removed or replaced.
+    pub async fn stopped(&self) {
+        let mut rx = self.stop.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Start its tasks.
+    fn start(self: &Arc<Self>, server: &Arc<Server>) {
+        let handles = vec![
+            tokio::spawn(lag::follow(server.clone(), self.clone())),
+            tokio::spawn(consumer::run(server.clone(), self.clone())),
+        ];
+        if let Ok(mut t) = self.tasks.lock() {
+            t.extend(handles);
+        }
+    }
+
+    /// Stop its tasks and wait (at most 10 s) for them to end.
+    async fn end(&self) {
+        let _ = self.stop.send(true);
+        let tasks: Vec<_> = self
+            .tasks
+            .lock()
+            .map(|mut t| t.drain(..).collect())
+            .unwrap_or_default();
+        for t in tasks {
+            if tokio::time::timeout(Duration::from_secs(10), t)
+                .await
+                .is_err()
+            {
+                tracing::warn!(rid = self.rid, "a replication task did not end within 10 s");
+            }
+        }
+    }
 }
 
 impl Replicas {
     /// From the validated configuration (search bases were checked then).
     pub fn new(schema: &Schema, consumers: &[config::ConsumerConfig]) -> Replicas {
-        Replicas(
+        Replicas(ArcSwap::from_pointee(
             consumers
                 .iter()
-                .map(|c| Replica {
-                    rid: c.rid,
-                    base: Dn::parse(&c.search_base)
-                        .ok()
-                        .and_then(|d| schema.normalize_dn(&d).ok())
-                        .unwrap_or_default(),
-                    referral: c.referral(),
-                    status: Mutex::new(consumer::Status::new(&c.provider)),
-                    conflicts: Default::default(),
-                })
+                .map(|c| Arc::new(Replica::new(schema, c)))
                 .collect(),
-        )
+        ))
+    }
+
+    /// The consumers now.
+    pub fn list(&self) -> Arc<Vec<Arc<Replica>>> {
+        self.0.load_full()
+    }
+
+    /// Start every consumer's tasks (at start).
+    pub fn start_all(&self, server: &Arc<Server>) {
+        for r in self.list().iter() {
+            r.start(server);
+        }
+    }
+
+    /// Make the consumers those of `server`'s configuration: one whose
+    /// settings are unchanged goes on; one removed or changed stops (a
+    /// changed one then starts again with its new settings, from the
+    /// cookie stored for its rid); a new one starts.
+    pub async fn follow_configuration(&self, server: &Arc<Server>) {
+        let wanted = &server.cfg.config.replication.consumer;
+        let old = self.list();
+        let kept = |c: &config::ConsumerConfig| old.iter().find(|r| r.cfg == *c).cloned();
+        let new: Vec<Arc<Replica>> = wanted
+            .iter()
+            .map(|c| kept(c).unwrap_or_else(|| Arc::new(Replica::new(&server.schema, c))))
+            .collect();
+        let ending: Vec<Arc<Replica>> = old
+            .iter()
+            .filter(|r| !new.iter().any(|n| Arc::ptr_eq(n, r)))
+            .cloned()
+            .collect();
+        for r in &ending {
+            tracing::info!(rid = r.rid, provider = %r.cfg.provider, "replication consumer stopped (configuration changed)");
+            r.end().await;
+        }
+        self.0.store(Arc::new(new.clone()));
+        for r in new
+            .iter()
+            .filter(|n| !old.iter().any(|o| Arc::ptr_eq(o, n)))
+        {
+            tracing::info!(rid = r.rid, provider = %r.cfg.provider, "replication consumer started (configuration changed)");
+            r.start(server);
+        }
     }
 
     /// The consumer whose subtree holds the entry `norm` (a normalised DN).
-    pub fn holding(&self, norm: &str) -> Option<&Replica> {
-        self.0
+    pub fn holding(&self, norm: &str) -> Option<Arc<Replica>> {
+        self.list()
             .iter()
             .find(|r| crate::ops::norm_dn::in_scope(&r.base, pando_proto::Scope::Sub, norm))
+            .cloned()
     }
 }
