@@ -261,8 +261,9 @@ pandoLimitsPersistentSearchBacklog: 50
 
 
 def test_kill_9_during_configuration_changes_leaves_old_or_new(tmp_path):
-    """Rounds alternate between changes of two keys at once, and schema
-    documents added and deleted; each is cut by kill -9 at a random moment."""
+    """Rounds go through changes of two keys at once, schema documents
+    added and deleted, and an index added and dropped with another key of
+    its entry; each is cut by kill -9 at a random moment."""
     rng = random.Random(18)
     srv = Pando(tmp_path, demo=True).start()
     doc = ("dn: cn=k9,cn=schema,cn=config\nobjectClass: olcSchemaConfig\ncn: k9\n"
@@ -272,11 +273,18 @@ def test_kill_9_during_configuration_changes_leaves_old_or_new(tmp_path):
     acknowledged = 0
     for round_ in range(6):
         done = []
-        schema_round = round_ % 2 == 1
+        schema_round = round_ % 3 == 1
+        index_round = round_ % 3 == 2
 
         def change_loop():
             for i in range(1000):
-                if schema_round:
+                if index_round:
+                    rc, _ = config_modify(srv, "dn: %s\nchangetype: modify\n%s: olcDbIndex\n"
+                                          "olcDbIndex: description eq\n-\nreplace: pandoStoreDurability\n"
+                                          "pandoStoreDurability: %s\n"
+                                          % (DB, "add" if i % 2 == 0 else "delete",
+                                             "batched" if i % 2 == 0 else "durable"))
+                elif schema_round:
                     if i % 2 == 0:
                         rc, _ = ldapadd_external(srv, input=doc)
                     else:
@@ -302,8 +310,19 @@ def test_kill_9_during_configuration_changes_leaves_old_or_new(tmp_path):
         size, tl = values(g, "olcSizeLimit"), values(g, "olcTimeLimit")
         # Both keys of one change, never a mix; at least every acknowledged one.
         assert size == tl, (size, tl)
-        if done and not schema_round:
+        if done and not schema_round and not index_round:
             assert int(size[0]) >= 1000 + done[-1], (size, done[-1])
+        if index_round:
+            d = config_read(srv, DB, scope="base")[DB.lower()]
+            indexed = any(v.startswith("description ") for v in values(d, "olcDbIndex"))
+            assert indexed == (values(d, "pandoStoreDurability") == ["batched"]), d
+            ready, building = monitor_indexes(srv)
+            assert ("description eq" in ready) == indexed and building == [], (ready, building)
+            if indexed:
+                rc, _ = config_modify(srv, "dn: %s\nchangetype: modify\ndelete: olcDbIndex\n"
+                                           "olcDbIndex: description eq\n-\nreplace: pandoStoreDurability\n"
+                                           "pandoStoreDurability: durable\n" % DB)
+                assert rc == 0
         if schema_round:
             # The document is there whole or not at all, as the last
             # acknowledged change (or a later one) left it.
@@ -671,10 +690,53 @@ def test_connection_and_search_counts_change_over_ldap(tmp_path):
         p.kill()
         return p.communicate()[0], running
 
+    # The store's batch size and compression take the next writes.
+    rc, out = config_modify(srv, "dn: %s\nchangetype: modify\nreplace: pandoStoreMaxWriteBatch\n"
+                                 "pandoStoreMaxWriteBatch: 4\n-\nreplace: pandoStoreCompression\n"
+                                 "pandoStoreCompression: off\n" % DB)
+    assert rc == 0, out
+    g = config_read(srv, "cn=config", scope="base")["cn=config"]
+    d = config_read(srv, DB, scope="base")[DB.lower()]
+    assert values(g, "pandoAtNextStart") == [] and values(d, "pandoAtNextStart") == [], (g, d)
+    rc, out, err = srv.ldap("ldapadd", input="".join(
+        "dn: uid=plain%d,%s\nobjectClass: inetOrgPerson\nuid: plain%d\ncn: P\nsn: P\n\n" % (i, PEOPLE, i)
+        for i in range(10)))
+    assert rc == 0, out + err
     limit("pandoLimitsMaxPersistentSearches", 0)
     out, _ = follow(1.0)
     assert "turned off" in out, out
     limit("pandoLimitsMaxPersistentSearches", 1)
     out, running = follow(1.0)
     assert running and "result:" not in out, out
+    srv.stop_and_verify()
+
+
+def test_suffixes_added_and_removed_while_serving(tmp_path):
+    srv = Pando(tmp_path, demo=True).start()
+    other = "dc=other,dc=org"
+    rc, out = config_modify(srv, "dn: %s\nchangetype: modify\nadd: olcSuffix\nolcSuffix: %s\n" % (DB, other))
+    assert rc == 0, out
+    assert values(config_read(srv, "cn=config", scope="base")["cn=config"], "pandoAtNextStart") == []
+    rc, out, err = srv.ldap("ldapsearch", "-LLL", "-b", "", "-s", "base", "namingContexts", auth=None)
+    assert "namingContexts: " + other in out, out + err
+    rc, entries, err = srv.search(other, "(objectClass=*)", scope="base")
+    assert rc == 0 and entries[0][0].lower() == other, err
+    rc, out, err = srv.ldap("ldapadd", input="dn: ou=Things,%s\nobjectClass: organizationalUnit\nou: Things\n" % other)
+    assert rc == 0, out + err
+    # Removing a suffix that holds entries is refused, naming them.
+    rc, out = config_modify(srv, "dn: %s\nchangetype: modify\ndelete: olcSuffix\nolcSuffix: %s\n" % (DB, other))
+    assert rc == 53 and "holds 2 entries" in out and "ou=Things,dc=other,dc=org" in out, out
+    # Survives a restart; then emptied and removed.
+    srv.stop()
+    srv.start()
+    rc, entries, err = srv.search("ou=Things," + other, "(objectClass=*)", scope="base")
+    assert rc == 0 and entries, err
+    rc, out, err = srv.ldap("ldapdelete", "-r", other)
+    assert rc == 0, out + err
+    rc, out = config_modify(srv, "dn: %s\nchangetype: modify\ndelete: olcSuffix\nolcSuffix: %s\n" % (DB, other))
+    assert rc == 0, out
+    rc, out, err = srv.ldap("ldapsearch", "-LLL", "-b", "", "-s", "base", "namingContexts", auth=None)
+    assert other not in out, out
+    rc, _, err = srv.search(other, "(objectClass=*)", scope="base")
+    assert rc == 32, err
     srv.stop_and_verify()

@@ -180,29 +180,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         .as_ref()
         .map(|d| d.to_string())
         .unwrap_or_default();
-    // A suffix a consumer replicates whole comes from its provider (with
-    // the provider's UUID and CSN), not from here.
-    let own: Vec<Dn> = {
-        let replicated: Vec<String> = cfg
-            .config
-            .replication
-            .consumer
-            .iter()
-            // Scopes one and children leave the base out: it stays local.
-            .filter(|c| matches!(c.scope.as_str(), "sub" | "base"))
-            .filter_map(|c| Dn::parse(&c.search_base).ok())
-            .filter_map(|d| schema.normalize_dn(&d).ok())
-            .collect();
-        cfg.suffixes
-            .iter()
-            .filter(|s| {
-                schema
-                    .normalize_dn(s)
-                    .map_or(true, |n| !replicated.contains(&n))
-            })
-            .cloned()
-            .collect()
-    };
+    let own = own_suffixes(&cfg, &schema);
     let (root_pw, created, demo_added, csn) = {
         let store = store.clone();
         let data_dir = data_dir.clone();
@@ -446,6 +424,31 @@ pub fn compile(
 
 /// The handles that outlive configuration changes, sized by the first
 /// configuration.
+/// The suffixes whose entries this server makes: all but those a
+/// consumer replicates whole (their entries come from the provider, with
+/// its UUID and CSN).
+pub fn own_suffixes(cfg: &config::Resolved, schema: &Schema) -> Vec<Dn> {
+    let replicated: Vec<String> = cfg
+        .config
+        .replication
+        .consumer
+        .iter()
+        // Scopes one and children leave the base out: it stays local.
+        .filter(|c| matches!(c.scope.as_str(), "sub" | "base"))
+        .filter_map(|c| Dn::parse(&c.search_base).ok())
+        .filter_map(|d| schema.normalize_dn(&d).ok())
+        .collect();
+    cfg.suffixes
+        .iter()
+        .filter(|s| {
+            schema
+                .normalize_dn(s)
+                .map_or(true, |n| !replicated.contains(&n))
+        })
+        .cloned()
+        .collect()
+}
+
 /// Threads large searches may hold under `limits` (0: four per core, at
 /// least 8).
 pub fn search_threads(limits: &config::Limits) -> usize {
@@ -575,9 +578,9 @@ async fn apply_reload(live: &live::Live, reload: Option<&Reloader>) {
         Err(live::Refused::Invalid(e)) => return refused(e.to_string()),
         Err(live::Refused::NotStored(e)) => return refused(e.to_string()),
         Err(live::Refused::Store(e)) => return refused(e.to_string()),
-        Err(
-            live::Refused::Schema(e) | live::Refused::SchemaInUse(e) | live::Refused::NotApplied(e),
-        ) => return refused(e),
+        Err(live::Refused::Schema(e) | live::Refused::InUse(e) | live::Refused::NotApplied(e)) => {
+            return refused(e)
+        }
     };
     if !installed.changed.is_empty() {
         tracing::info!(keys = %installed.changed.join(", "), "SIGHUP: configuration changed");

@@ -68,14 +68,9 @@ pub const AT_NEXT_START: &[&str] = &[
     "threads",
     "user",
     "group",
-    "suffixes",
     "store.map_size_mb",
-    "store.max_write_batch",
     "store.warm_start",
     "store.check_all_pages",
-    "store.compression",
-    "store.compression_level",
-    "store.keep_tombstones_days",
     "limits.persistent_search_backlog",
 ];
 
@@ -184,6 +179,74 @@ pub fn with_keys_from(target: &Config, source: &Config, keys: &[String]) -> Conf
     out
 }
 
+/// Why one of the suffixes `removed` cannot go: it holds entries (the
+/// count and an example DN). A suffix removed with entries would leave
+/// them stored and unreachable.
+fn suffix_in_use(
+    store: &pando_store::Store,
+    removed: &[pando_model::Dn],
+) -> Result<Option<String>, pando_store::StoreError> {
+    let rtxn = store.read()?;
+    let view = rtxn.view();
+    for dn in removed {
+        let Ok(pando_store::Lookup::Found(id)) = view.lookup(dn)? else {
+            continue;
+        };
+        let below = view.children_up_to(id, 1)?;
+        let example = match below.first() {
+            Some(child) => view.dn(*child)?.to_string(),
+            None => dn.to_string(),
+        };
+        let count = view
+            .subtree(id, 1_000_000)?
+            .map_or("over 1000000".to_string(), |s| s.len().to_string());
+        return Ok(Some(format!(
+            "suffix {dn} holds {count} entries (for example {example}): delete them (or export them) before removing it"
+        )));
+    }
+    Ok(None)
+}
+
+/// Make the entries of suffixes `server` has and `before` had not (as at
+/// start: not those a consumer replicates). A failure is logged: the
+/// suffix is configured, and its entry can be added over LDAP.
+async fn make_suffix_entries(server: &Arc<Server>, before: &Server) {
+    let schema = server.schema.clone();
+    let had: Vec<String> = before
+        .cfg
+        .suffixes
+        .iter()
+        .filter_map(|d| schema.normalize_dn(d).ok())
+        .collect();
+    let new: Vec<pando_model::Dn> = crate::own_suffixes(&server.cfg, &schema)
+        .into_iter()
+        .filter(|d| schema.normalize_dn(d).is_ok_and(|n| !had.contains(&n)))
+        .collect();
+    if new.is_empty() {
+        return;
+    }
+    let creator = server
+        .cfg
+        .root_dn
+        .as_ref()
+        .map(|d| d.to_string())
+        .unwrap_or_default();
+    let (store, csn) = (server.store.clone(), server.csn.clone());
+    let made = tokio::task::spawn_blocking(move || {
+        crate::bootstrap::ensure_suffixes(&store, &new, &creator, &csn)
+    })
+    .await;
+    match made {
+        Ok(Ok(created)) => {
+            for dn in created {
+                tracing::info!(suffix = %dn, "suffix entry created");
+            }
+        }
+        Ok(Err(e)) => tracing::error!("the new suffix's entry could not be made: {e}"),
+        Err(e) => tracing::error!("the new suffix's entry could not be made: {e}"),
+    }
+}
+
 /// The indexes to add and drop to go from `old` to `new`.
 fn index_changes(
     old: &[pando_store::IndexSpec],
@@ -207,8 +270,9 @@ fn index_changes(
 pub enum Refused {
     /// The schema it makes does not build.
     Schema(String),
-    /// It removes or redefines schema that stored entries use.
-    SchemaInUse(String),
+    /// It removes or redefines schema that stored entries use, or removes
+    /// a suffix that holds entries.
+    InUse(String),
     /// It does not validate.
     Invalid(crate::config::ConfigError),
     /// It validates but cannot be applied (a certificate, a port, a file).
@@ -260,7 +324,7 @@ impl Live {
                 });
                 match check.await {
                     Ok(Ok(None)) => {}
-                    Ok(Ok(Some(why))) => return Err(Refused::SchemaInUse(why)),
+                    Ok(Ok(Some(why))) => return Err(Refused::InUse(why)),
                     Ok(Err(e)) => return Err(Refused::Store(e)),
                     Err(_) => {
                         return Err(Refused::NotApplied("the schema usage check failed".into()))
@@ -269,10 +333,29 @@ impl Live {
             }
             built
         };
-        desired
+        let resolved = desired
             .clone()
             .validate(&schema)
             .map_err(Refused::Invalid)?;
+        let norm = |d: &pando_model::Dn| schema.normalize_dn(d).unwrap_or_default();
+        let kept: Vec<String> = resolved.suffixes.iter().map(norm).collect();
+        let removed: Vec<pando_model::Dn> = current
+            .cfg
+            .suffixes
+            .iter()
+            .filter(|d| !kept.contains(&norm(d)))
+            .cloned()
+            .collect();
+        if !removed.is_empty() {
+            let store = current.store.clone();
+            let check = tokio::task::spawn_blocking(move || suffix_in_use(&store, &removed));
+            match check.await {
+                Ok(Ok(None)) => {}
+                Ok(Ok(Some(why))) => return Err(Refused::InUse(why)),
+                Ok(Err(e)) => return Err(Refused::Store(e)),
+                Err(_) => return Err(Refused::NotApplied("the suffix check failed".into())),
+            }
+        }
         let prepared = self
             .prepare(desired.clone(), schema)
             .map_err(Refused::NotApplied)?;
@@ -300,6 +383,9 @@ impl Live {
         }
         if old.consumer != new.consumer {
             server.replicas.follow_configuration(&server).await;
+        }
+        if server.cfg.suffixes != current.cfg.suffixes {
+            make_suffix_entries(&server, &current).await;
         }
         Ok(Installed {
             server,
@@ -447,6 +533,16 @@ impl Live {
     /// cannot fail (durability mode, log level).
     fn install_prepared(&self, p: Prepared) -> Arc<Server> {
         let old = self.server();
+        let (was, now) = (&old.cfg.config.store, &p.server.cfg.config.store);
+        if (&was.compression, was.compression_level) != (&now.compression, now.compression_level) {
+            old.store
+                .codec()
+                .set_level(crate::store_options(&p.server.cfg).compression);
+        }
+        let batch = p.server.cfg.config.store.max_write_batch;
+        if batch != old.cfg.config.store.max_write_batch {
+            old.store.set_max_batch(batch);
+        }
         if p.durability != old.store.durability() {
             old.store.set_durability(p.durability);
             tracing::info!(durability = ?p.durability, "durability changed");

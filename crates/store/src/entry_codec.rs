@@ -81,8 +81,9 @@ impl Dict {
 /// How entries are written and read: compression setting and the
 /// dictionaries known to the store.
 pub struct Codec {
-    /// zstd level for new entries; None stores them plain.
-    level: Option<i32>,
+    /// zstd level for new entries; [`PLAIN`] stores them plain. Changes
+    /// while serving ([`Codec::set_level`]).
+    level: std::sync::atomic::AtomicI32,
     dicts: RwLock<HashMap<u32, Arc<Dict>>>,
     current: RwLock<Option<Arc<Dict>>>,
 }
@@ -109,24 +110,48 @@ fn frame_cctx() -> CCtx<'static> {
     c
 }
 
+/// `Codec::level` when entries are stored plain.
+const PLAIN: i32 = i32::MIN;
+
 impl Codec {
     /// `level`: None = store entries plain.
     pub fn new(level: Option<i32>) -> Codec {
         Codec {
-            level,
+            level: std::sync::atomic::AtomicI32::new(level.unwrap_or(PLAIN)),
             dicts: RwLock::new(HashMap::new()),
             current: RwLock::new(None),
         }
     }
 
     pub fn level(&self) -> Option<i32> {
+        match self.level.load(std::sync::atomic::Ordering::Relaxed) {
+            PLAIN => None,
+            l => Some(l),
+        }
+    }
+
+    /// Compress entries written from now on at `level` (None: plain).
+    /// Dictionaries are prepared again for the new level; entries already
+    /// stored stay readable whatever their form.
+    pub fn set_level(&self, level: Option<i32>) {
+        let mut dicts = self.dicts.write().unwrap_or_else(|e| e.into_inner());
+        let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
         self.level
+            .store(level.unwrap_or(PLAIN), std::sync::atomic::Ordering::Relaxed);
+        for d in dicts.values_mut() {
+            *d = Arc::new(Dict::new(d.id, d.bytes.clone(), level.unwrap_or(3)));
+        }
+        if let Some(c) = current.as_mut() {
+            if let Some(d) = dicts.get(&c.id) {
+                *c = d.clone();
+            }
+        }
     }
 
     /// Make dictionary `id` (bytes as kept in meta) readable; `current`
     /// also makes it the one new entries use.
     pub fn add_dict(&self, id: u32, bytes: Vec<u8>, current: bool) -> Arc<Dict> {
-        let d = Arc::new(Dict::new(id, bytes, self.level.unwrap_or(3)));
+        let d = Arc::new(Dict::new(id, bytes, self.level().unwrap_or(3)));
         self.dicts
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -159,7 +184,7 @@ impl Codec {
 
     /// Like [`Codec::encode`] with an explicit dictionary (None: none).
     pub fn encode_with(&self, attrs: &[Attribute], dict: Option<&Dict>, out: &mut Vec<u8>) {
-        let Some(level) = self.level else {
+        let Some(level) = self.level() else {
             return encode_plain(attrs, out);
         };
         let mut body = Vec::with_capacity(512);
@@ -560,6 +585,28 @@ mod tests {
                 ENTRY_FORMAT_ZSTD
             };
             assert_eq!(buf[0], format, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_level_changes_for_new_entries_and_old_ones_stay_readable() {
+        let (dict, _) = codecs().pop().unwrap();
+        let mut zstd = Vec::new();
+        dict.encode(&sample(1), &mut zstd);
+        dict.set_level(None);
+        let mut plain = Vec::new();
+        dict.encode(&sample(2), &mut plain);
+        assert_eq!((zstd[0], plain[0]), (ENTRY_FORMAT_ZSTD, ENTRY_FORMAT));
+        dict.set_level(Some(9));
+        let mut again = Vec::new();
+        dict.encode(&sample(3), &mut again);
+        assert_eq!(again[0], ENTRY_FORMAT_ZSTD);
+        assert_eq!(dict.current_dict().map(|d| d.id), Some(1));
+        for (n, buf) in [(1, &zstd), (2, &plain), (3, &again)] {
+            assert_eq!(
+                dict.decode(n, none(), buf).unwrap().attrs,
+                sample(n as usize)
+            );
         }
     }
 

@@ -309,6 +309,8 @@ pub(crate) struct Inner {
     catalog: arc_swap::ArcSwap<Catalog>,
     /// Indexes being built while serving ([`index_build`]).
     builds: index_build::Builds,
+    /// Most operations in one write transaction (changes while serving).
+    max_batch: std::sync::atomic::AtomicUsize,
     /// Entry compression and the dictionaries from meta.
     codec: entry_codec::Codec,
     path: PathBuf,
@@ -362,6 +364,7 @@ impl Inner {
             changelog: dbs.changelog,
             catalog: arc_swap::ArcSwap::from_pointee(Catalog::new(schema, indexes)),
             builds: index_build::Builds::default(),
+            max_batch: std::sync::atomic::AtomicUsize::new(StoreOptions::default().max_batch),
             codec,
             path: path.to_path_buf(),
             durability: writer::DurabilityCell::new(d),
@@ -563,7 +566,10 @@ impl Store {
             opts.durability,
             codec,
         ));
-        let writer = writer::WriterHandle::start(inner.clone(), opts.max_batch)?;
+        inner
+            .max_batch
+            .store(opts.max_batch, std::sync::atomic::Ordering::Relaxed);
+        let writer = writer::WriterHandle::start(inner.clone())?;
         inner.builds.connect(Arc::downgrade(&inner), writer.clone());
         Ok(Store { inner, writer })
     }
@@ -750,6 +756,14 @@ impl Store {
         let _ = self
             .writer
             .submit(|_w: &mut WriteTxn<'_>| Ok::<(), StoreError>(()));
+    }
+
+    /// Most operations in one write transaction, from the writer's next
+    /// batch.
+    pub fn set_max_batch(&self, n: usize) {
+        self.inner
+            .max_batch
+            .store(n.max(1), std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn durability(&self) -> Durability {

@@ -74,11 +74,11 @@ pub(crate) struct WriterHandle {
 }
 
 impl WriterHandle {
-    pub(crate) fn start(inner: Arc<Inner>, max_batch: usize) -> Result<Self, StoreError> {
+    pub(crate) fn start(inner: Arc<Inner>) -> Result<Self, StoreError> {
         let (tx, rx) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
             .name("pando-writer".into())
-            .spawn(move || run(inner, rx, max_batch.max(1)))?;
+            .spawn(move || run(inner, rx))?;
         Ok(WriterHandle {
             tx: Arc::new(Mutex::new(Some(tx))),
             thread: Arc::new(Mutex::new(Some(thread))),
@@ -354,8 +354,8 @@ impl Unsynced {
     }
 }
 
-fn run(inner: Arc<Inner>, rx: mpsc::Receiver<Job>, max_batch: usize) {
-    let mut batch: Vec<Job> = Vec::with_capacity(max_batch);
+fn run(inner: Arc<Inner>, rx: mpsc::Receiver<Job>) {
+    let mut batch: Vec<Job> = Vec::new();
     let mut state = Unsynced {
         flags: SyncFlags::Synced,
         writes: 0,
@@ -382,6 +382,7 @@ fn run(inner: Arc<Inner>, rx: mpsc::Receiver<Job>, max_batch: usize) {
         state.switch(&inner, inner.durability.get());
         if let Some(first) = first {
             batch.push(first);
+            let max_batch = inner.max_batch.load(Ordering::Relaxed).max(1);
             while batch.len() < max_batch {
                 match rx.try_recv() {
                     Ok(job) => batch.push(job),

@@ -144,7 +144,7 @@ async fn change(
         .await
         .map_err(|refused| match refused {
             Refused::Schema(e) => LdapError::new(ResultCode::INVALID_ATTRIBUTE_SYNTAX, e),
-            Refused::SchemaInUse(why) => LdapError::unwilling(why),
+            Refused::InUse(why) => LdapError::unwilling(why),
             Refused::Invalid(e) => LdapError::new(
                 ResultCode::CONSTRAINT_VIOLATION,
                 format!("{}: {}", attr_of(&e.key), e.problem),
