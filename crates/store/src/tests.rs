@@ -1589,8 +1589,8 @@ fn a_dropped_index_is_emptied_and_an_interrupted_build_is_redone_at_open() {
         .unwrap();
     assert_eq!(emptied, 0);
     assert_consistent(&store);
-    // Added again and cut off mid-build (the writer held, then closed):
-    // the next open with the index configured builds it whole.
+    // Added again and closed at once, most likely mid-build (listed or
+    // not, the next open with the index configured has it whole).
     store
         .write_blocking(|w| w.change_catalog(sn_change(true)))
         .unwrap();

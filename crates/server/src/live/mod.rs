@@ -3,21 +3,27 @@
 //! A [`Server`] is immutable: everything compiled from one configuration
 //! (access rules, limits, the authentication policy, the root DN, TLS,
 //! log files, password hashing, the schema) plus handles to what outlives
-//! configurations (the store, counters, the change feed, listeners). [`Live`] holds the current one. Each operation takes the
-//! current `Arc<Server>` when it starts and keeps it to the end, so an
-//! operation in flight finishes under the configuration it started with
-//! and the next one sees a new configuration as soon as it is installed.
+//! configurations (the store, counters, the change feed, listeners).
+//! [`Live`] holds the current one. Each operation takes the current
+//! `Arc<Server>` when it starts and keeps it to the end, so an operation
+//! in flight finishes under the configuration it started with and the
+//! next one sees a new configuration as soon as it is installed.
 //!
-//! A change is made in one order: validate the new configuration, build
-//! the new `Server` from it (anything that can fail fails here, and
-//! nothing has changed yet), then install it. Changes are serialised by
+//! A change is made in one order ([`Live::commit`]): check it (schema,
+//! validation, what the store holds), build the new `Server` from it
+//! (anything that can fail fails here, and nothing has changed yet),
+//! store it, then install it. Changes are serialised by
 //! [`Live::changing`].
 
-use std::collections::{BTreeMap, BTreeSet};
+mod keys;
+mod steps;
+
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use pando_model::Schema;
+
+pub use keys::{at_next_start, changed_keys, leaves, with_keys_from, AT_NEXT_START};
 
 use crate::config::{Config, Listener};
 use crate::state::Server;
@@ -56,213 +62,6 @@ impl Live {
         let new = Arc::new(server);
         self.current.store(new.clone());
         new
-    }
-}
-
-/// Configuration keys (as in the TOML file, `section.key`) whose new
-/// values are only taken at the next start: what they size or open is
-/// made once, when the server starts. A key names itself and everything
-/// below it.
-pub const AT_NEXT_START: &[&str] = &[
-    "data_dir",
-    "threads",
-    "user",
-    "group",
-    "store.map_size_mb",
-    "store.warm_start",
-    "store.check_all_pages",
-    "limits.persistent_search_backlog",
-];
-
-/// Whether `key` is taken only at the next start.
-pub fn at_next_start(key: &str) -> bool {
-    AT_NEXT_START.iter().any(|k| {
-        key == *k
-            || key
-                .strip_prefix(k)
-                .is_some_and(|rest| rest.starts_with('.'))
-    })
-}
-
-/// The configuration as `section.key → value` leaves (arrays are leaves).
-pub fn leaves(cfg: &Config) -> BTreeMap<String, toml::Value> {
-    fn walk(prefix: &str, v: &toml::Value, out: &mut BTreeMap<String, toml::Value>) {
-        match v {
-            toml::Value::Table(t) => {
-                for (k, v) in t {
-                    let key = if prefix.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{prefix}.{k}")
-                    };
-                    walk(&key, v, out);
-                }
-            }
-            other => {
-                out.insert(prefix.to_string(), other.clone());
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    // Config holds only TOML-representable values.
-    if let Ok(v) = toml::Value::try_from(cfg) {
-        walk("", &v, &mut out);
-    }
-    out
-}
-
-/// Keys whose values differ between `a` and `b` (set in one, unset in the
-/// other counts).
-pub fn changed_keys(a: &Config, b: &Config) -> Vec<String> {
-    let (la, lb) = (leaves(a), leaves(b));
-    let mut keys: Vec<String> = la
-        .iter()
-        .filter(|(k, v)| lb.get(*k) != Some(v))
-        .map(|(k, _)| k.clone())
-        .chain(lb.keys().filter(|k| !la.contains_key(*k)).cloned())
-        .collect();
-    keys.sort();
-    keys.dedup();
-    keys
-}
-
-/// `target` with the values of `keys` taken from `source` (a key unset in
-/// `source` becomes unset).
-pub fn with_keys_from(target: &Config, source: &Config, keys: &[String]) -> Config {
-    fn table_at<'a>(root: &'a mut toml::Table, path: &[&str]) -> Option<&'a mut toml::Table> {
-        let mut t = root;
-        for p in path {
-            t = t
-                .entry(p.to_string())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-                .as_table_mut()?;
-        }
-        Some(t)
-    }
-    let (Ok(toml::Value::Table(mut t)), src) = (toml::Value::try_from(target), leaves(source))
-    else {
-        return target.clone();
-    };
-    for key in keys {
-        let parts: Vec<&str> = key.split('.').collect();
-        let Some((last, path)) = parts.split_last() else {
-            continue;
-        };
-        let Some(table) = table_at(&mut t, path) else {
-            continue;
-        };
-        // The whole subtree of `key` in source (a leaf, or a table).
-        let below: Vec<(&String, &toml::Value)> = src
-            .iter()
-            .filter(|(k, _)| *k == key || k.starts_with(&format!("{key}.")))
-            .collect();
-        table.remove(*last);
-        for (k, v) in below {
-            let rest: Vec<&str> = k[key.len()..]
-                .split('.')
-                .filter(|s| !s.is_empty())
-                .collect();
-            let mut full: Vec<&str> = vec![last];
-            full.extend(rest);
-            if let Some((leaf, inner)) = full.split_last() {
-                if let Some(tt) = table_at(table, inner) {
-                    tt.insert(leaf.to_string(), v.clone());
-                }
-            }
-        }
-    }
-    let mut out: Config = toml::Value::Table(t)
-        .try_into()
-        .unwrap_or_else(|_| target.clone());
-    // Set from the command line, never from TOML.
-    out.tls.self_signed = target.tls.self_signed;
-    out
-}
-
-/// Why one of the suffixes `removed` cannot go: it holds entries (the
-/// count and an example DN). A suffix removed with entries would leave
-/// them stored and unreachable.
-fn suffix_in_use(
-    store: &pando_store::Store,
-    removed: &[pando_model::Dn],
-) -> Result<Option<String>, pando_store::StoreError> {
-    let rtxn = store.read()?;
-    let view = rtxn.view();
-    for dn in removed {
-        let Ok(pando_store::Lookup::Found(id)) = view.lookup(dn)? else {
-            continue;
-        };
-        let below = view.children_up_to(id, 1)?;
-        let example = match below.first() {
-            Some(child) => view.dn(*child)?.to_string(),
-            None => dn.to_string(),
-        };
-        let count = view
-            .subtree(id, 1_000_000)?
-            .map_or("over 1000000".to_string(), |s| s.len().to_string());
-        return Ok(Some(format!(
-            "suffix {dn} holds {count} entries (for example {example}): delete them (or export them) before removing it"
-        )));
-    }
-    Ok(None)
-}
-
-/// Make the entries of suffixes `server` has and `before` had not (as at
-/// start: not those a consumer replicates). A failure is logged: the
-/// suffix is configured, and its entry can be added over LDAP.
-async fn make_suffix_entries(server: &Arc<Server>, before: &Server) {
-    let schema = server.schema.clone();
-    let had: Vec<String> = before
-        .cfg
-        .suffixes
-        .iter()
-        .filter_map(|d| schema.normalize_dn(d).ok())
-        .collect();
-    let new: Vec<pando_model::Dn> = crate::own_suffixes(&server.cfg, &schema)
-        .into_iter()
-        .filter(|d| schema.normalize_dn(d).is_ok_and(|n| !had.contains(&n)))
-        .collect();
-    if new.is_empty() {
-        return;
-    }
-    let creator = server
-        .cfg
-        .root_dn
-        .as_ref()
-        .map(|d| d.to_string())
-        .unwrap_or_default();
-    let (store, csn) = (server.store.clone(), server.csn.clone());
-    let made = tokio::task::spawn_blocking(move || {
-        crate::bootstrap::ensure_suffixes(&store, &new, &creator, &csn)
-    })
-    .await;
-    match made {
-        Ok(Ok(created)) => {
-            for dn in created {
-                tracing::info!(suffix = %dn, "suffix entry created");
-            }
-        }
-        Ok(Err(e)) => tracing::error!("the new suffix's entry could not be made: {e}"),
-        Err(e) => tracing::error!("the new suffix's entry could not be made: {e}"),
-    }
-}
-
-/// The indexes to add and drop to go from `old` to `new`.
-fn index_changes(
-    old: &[pando_store::IndexSpec],
-    new: &[pando_store::IndexSpec],
-) -> pando_store::CatalogChange {
-    fn pairs(specs: &[pando_store::IndexSpec]) -> BTreeSet<(String, pando_store::IndexKind)> {
-        specs
-            .iter()
-            .flat_map(|s| s.kinds.iter().map(|k| (s.attr.to_ascii_lowercase(), *k)))
-            .collect()
-    }
-    let (old, new) = (pairs(old), pairs(new));
-    pando_store::CatalogChange {
-        schema: None,
-        add: new.difference(&old).cloned().collect(),
-        drop: old.difference(&new).cloned().collect(),
     }
 }
 
@@ -308,85 +107,24 @@ impl Live {
         relax_schema: bool,
     ) -> Result<Installed, Refused> {
         let current = self.server();
-        let schema = if desired.schema_files == current.desired.schema_files
-            && desired.schema == current.desired.schema
-        {
-            current.schema.clone()
-        } else {
-            let built = crate::schema_files::build(&desired.schema_files, &desired.schema)
-                .map(Arc::new)
-                .map_err(Refused::Schema)?;
-            if !relax_schema {
-                let (store, old, new) =
-                    (current.store.clone(), current.schema.clone(), built.clone());
-                let check = tokio::task::spawn_blocking(move || {
-                    crate::cn_config::schema_tree::still_used(&store, &old, &new)
-                });
-                match check.await {
-                    Ok(Ok(None)) => {}
-                    Ok(Ok(Some(why))) => return Err(Refused::InUse(why)),
-                    Ok(Err(e)) => return Err(Refused::Store(e)),
-                    Err(_) => {
-                        return Err(Refused::NotApplied("the schema usage check failed".into()))
-                    }
-                }
-            }
-            built
-        };
+        let schema = steps::schema_for(&current, &desired, relax_schema).await?;
         let resolved = desired
             .clone()
             .validate(&schema)
             .map_err(Refused::Invalid)?;
-        let norm = |d: &pando_model::Dn| schema.normalize_dn(d).unwrap_or_default();
-        let kept: Vec<String> = resolved.suffixes.iter().map(norm).collect();
-        let removed: Vec<pando_model::Dn> = current
-            .cfg
-            .suffixes
-            .iter()
-            .filter(|d| !kept.contains(&norm(d)))
-            .cloned()
-            .collect();
-        if !removed.is_empty() {
-            let store = current.store.clone();
-            let check = tokio::task::spawn_blocking(move || suffix_in_use(&store, &removed));
-            match check.await {
-                Ok(Ok(None)) => {}
-                Ok(Ok(Some(why))) => return Err(Refused::InUse(why)),
-                Ok(Err(e)) => return Err(Refused::Store(e)),
-                Err(_) => return Err(Refused::NotApplied("the suffix check failed".into())),
-            }
-        }
+        steps::check_suffixes(&current, &resolved, &schema).await?;
         let prepared = self
             .prepare(desired.clone(), schema)
             .map_err(Refused::NotApplied)?;
         // The store takes the new schema and indexes in the transaction
         // that stores the configuration naming them.
-        let mut catalog = index_changes(&current.cfg.indexes, &prepared.server.cfg.indexes);
-        if !Arc::ptr_eq(&current.schema, &prepared.server.schema) {
-            catalog.schema = Some(prepared.server.schema.clone());
-        }
+        let catalog = steps::catalog_change(&current, &prepared.server);
         crate::cn_config::stored::save(&current.store, &desired, file, catalog)
             .await
             .map_err(Refused::NotStored)?;
         let (changed, at_next_start) = (prepared.changed.clone(), prepared.at_next_start.clone());
         let server = self.install_prepared(prepared);
-        let (old, new) = (
-            &current.cfg.config.replication,
-            &server.cfg.config.replication,
-        );
-        if old.server_id != new.server_id {
-            server.csn.set_sid(new.server_id);
-            tracing::info!(
-                server_id = new.server_id,
-                "server ID changed: new CSNs carry it"
-            );
-        }
-        if old.consumer != new.consumer {
-            server.replicas.follow_configuration(&server).await;
-        }
-        if server.cfg.suffixes != current.cfg.suffixes {
-            make_suffix_entries(&server, &current).await;
-        }
+        steps::follow(&server, &current).await;
         Ok(Installed {
             server,
             changed,
