@@ -1458,6 +1458,18 @@ fn sn_is_used(store: &Store) -> bool {
     matches!(c, Candidates::Ids(_))
 }
 
+/// The store in `dir` opened with `sn` eq and sub configured.
+fn open_with_sn_indexed(dir: &Path) -> Store {
+    let opts = StoreOptions {
+        indexes: vec![IndexSpec {
+            attr: "sn".into(),
+            kinds: vec![IndexKind::Eq, IndexKind::Sub],
+        }],
+        ..crate::model_check::options()
+    };
+    Store::open(dir, Arc::new(Schema::standard()), &opts).unwrap()
+}
+
 /// Wait (at most 60 s) until no index is being built.
 fn wait_built(store: &Store) {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -1541,14 +1553,7 @@ fn an_index_added_while_serving_is_built_under_writes_and_then_used() {
     drop(r);
     // A restart keeps it (listed complete), with no rebuild.
     store.close();
-    let opts = StoreOptions {
-        indexes: vec![IndexSpec {
-            attr: "sn".into(),
-            kinds: vec![IndexKind::Eq, IndexKind::Sub],
-        }],
-        ..crate::model_check::options()
-    };
-    let store = Store::open(dir.path(), Arc::new(Schema::standard()), &opts).unwrap();
+    let store = open_with_sn_indexed(dir.path());
     assert!(sn_is_used(&store));
     assert_consistent(&store);
 }
@@ -1595,14 +1600,7 @@ fn a_dropped_index_is_emptied_and_an_interrupted_build_is_redone_at_open() {
         .write_blocking(|w| w.change_catalog(sn_change(true)))
         .unwrap();
     store.close();
-    let opts = StoreOptions {
-        indexes: vec![IndexSpec {
-            attr: "sn".into(),
-            kinds: vec![IndexKind::Eq, IndexKind::Sub],
-        }],
-        ..crate::model_check::options()
-    };
-    let store = Store::open(dir.path(), Arc::new(Schema::standard()), &opts).unwrap();
+    let store = open_with_sn_indexed(dir.path());
     assert!(sn_is_used(&store));
     assert!(store.indexes().iter().all(|i| i.building.is_none()));
     assert_consistent(&store);
