@@ -496,3 +496,34 @@ def test_connections_per_ip(plain_srv):
     finally:
         for c in held:
             c.close()
+
+
+def test_tls_settings_change_over_cn_config(tmp_path, pki):
+    """Client certificates and the minimum version, changed over ldapi
+    while serving: new connections get the new settings."""
+    from conftest import Pando
+    config = '[tls]\ncert_file = "%s"\nkey_file = "%s"\nca_file = "%s"\nclient_certs = "request"\n' % (
+        pki.server[0], pki.server[1], pki.ca)
+    srv = Pando(tmp_path, demo=True, config=config + PUBLIC_READ, ldaps=True).start()
+
+    def change(attr, value):
+        r = subprocess.run(["ldapmodify", "-Q", "-Y", "EXTERNAL", "-H", srv.ldapi_url],
+                           input="dn: cn=config\nchangetype: modify\nreplace: %s\n%s: %s\n" % (attr, attr, value),
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+    tls12 = client_context(ca=pki.ca, cert=pki.alice, max_version=ssl.TLSVersion.TLSv1_2)
+    with tls_conn(srv.ldaps_port, tls12) as c:
+        assert whoami(c, 1)["code"] == 0
+    change("pandoTlsMinVersion", "1.3")
+    with pytest.raises(ssl.SSLError):
+        tls_conn(srv.ldaps_port, tls12)
+    change("pandoTlsClientCerts", "require")
+    rc, out, err = tool(srv, "ldapwhoami", "-x", url=srv.ldaps_url, ca=pki.ca)
+    assert rc != 0, out
+    rc, out, err = tool(srv, "ldapwhoami", "-Y", "EXTERNAL", "-Q", url=srv.ldaps_url, ca=pki.ca, cert=pki.alice)
+    assert rc == 0 and out.strip() == "dn:cn=alice,ou=People,dc=example,dc=com", err
+    change("pandoTlsClientCerts", "request")
+    rc, out, err = tool(srv, "ldapwhoami", "-x", url=srv.ldaps_url, ca=pki.ca)
+    assert rc == 0, err
+    srv.stop_and_verify()
