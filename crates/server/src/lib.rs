@@ -422,8 +422,6 @@ pub fn compile(
     })
 }
 
-/// The handles that outlive configuration changes, sized by the first
-/// configuration.
 /// The suffixes whose entries this server makes: all but those a
 /// consumer replicates whole (their entries come from the provider, with
 /// its UUID and CSN).
@@ -459,6 +457,8 @@ pub fn search_threads(limits: &config::Limits) -> usize {
     }
 }
 
+/// The handles that outlive configuration changes, sized by the first
+/// configuration.
 fn new_runtime(
     c: &state::Compiled,
     store: Store,
@@ -575,12 +575,7 @@ async fn apply_reload(live: &live::Live, reload: Option<&Reloader>) {
     // Schema files are read again; the schema changes when they did.
     let installed = match live.commit(merged, Some(&file), false).await {
         Ok(i) => i,
-        Err(live::Refused::Invalid(e)) => return refused(e.to_string()),
-        Err(live::Refused::NotStored(e)) => return refused(e.to_string()),
-        Err(live::Refused::Store(e)) => return refused(e.to_string()),
-        Err(live::Refused::Schema(e) | live::Refused::InUse(e) | live::Refused::NotApplied(e)) => {
-            return refused(e)
-        }
+        Err(e) => return refused(e.to_string()),
     };
     if !installed.changed.is_empty() {
         tracing::info!(keys = %installed.changed.join(", "), "SIGHUP: configuration changed");

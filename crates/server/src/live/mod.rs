@@ -82,6 +82,18 @@ pub enum Refused {
     Store(pando_store::StoreError),
 }
 
+/// The reason alone (cn=config answers add a result code per kind).
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Schema(e) | Refused::InUse(e) | Refused::NotApplied(e) => f.write_str(e),
+            Refused::Invalid(e) => std::fmt::Display::fmt(e, f),
+            Refused::NotStored(e) => std::fmt::Display::fmt(e, f),
+            Refused::Store(e) => std::fmt::Display::fmt(e, f),
+        }
+    }
+}
+
 /// What [`Live::commit`] installed.
 pub struct Installed {
     pub server: Arc<Server>,

@@ -265,19 +265,29 @@ struct Session2<'a> {
     present_phase: bool,
 }
 
+/// Where a session starts from.
+enum Start {
+    /// The cookie stored for the consumer's rid.
+    Stored(String),
+    /// No cookie stored: the store's contextCSN, as a cookie.
+    Guessed(String),
+    /// Nothing: an initial load.
+    Initial,
+}
+
 /// The cookie to start from: the stored one; with none, the store's
 /// contextCSN when the subtree is already here (a provider's backup
 /// restored, or its export imported with entryCSN and entryUUID), so only
-/// what changed since is sent. None: an initial load.
+/// what changed since is sent.
 fn starting_cookie(
     server: &Server,
     cfg: &ConsumerConfig,
     replica: &Replica,
-) -> Result<Option<String>, Failed> {
+) -> Result<Start, Failed> {
     let rtxn = server.store.read()?;
     let view = rtxn.view();
     if let Some(c) = replicated::stored_cookie(&view, cfg.rid)? {
-        return Ok(Some(c));
+        return Ok(Start::Stored(c));
     }
     let here = matches!(
         view.lookup_norm(&crate::ops::norm_dn::split_rdns(&replica.base))?,
@@ -285,14 +295,14 @@ fn starting_cookie(
     );
     let csns = view.context_csns()?;
     if !here || csns.is_empty() {
-        return Ok(None);
+        return Ok(Start::Initial);
     }
     tracing::info!(
         rid = cfg.rid,
         "no cookie yet: starting from the store's contextCSN ({})",
         csns.join(";")
     );
-    Ok(Some(
+    Ok(Start::Guessed(
         Cookie {
             csns,
             ..Cookie::default()
@@ -314,14 +324,15 @@ async fn session(
         s.phase = "refresh";
         s.refreshes += 1;
     });
-    let stored = if carry.reload {
-        None
+    let start = if carry.reload {
+        Start::Initial
     } else {
         starting_cookie(server, cfg, replica)?
     };
-    carry.guessed = match &stored {
-        Some(_) => replicated::stored_cookie(&server.store.read()?.view(), cfg.rid)?.is_none(),
-        None => false,
+    carry.guessed = matches!(start, Start::Guessed(_));
+    let stored = match start {
+        Start::Stored(c) | Start::Guessed(c) => Some(c),
+        Start::Initial => None,
     };
     let start = Cookie::parse(stored.as_deref().unwrap_or("").as_bytes()).unwrap_or_default();
     // Always a cookie, with at least the rid (OpenLDAP's providers echo
