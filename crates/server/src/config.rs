@@ -67,6 +67,8 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// `[replication]`: this server's ID, the change log, the provider.
     pub replication: ReplicationConfig,
+    /// `[[overlay]]`: overlays, in the order they run (docs/overlays.md).
+    pub overlay: Vec<crate::overlays::OverlayConfig>,
 }
 
 /// One `[[schema]]` document: definitions in RFC 4512 form, as the
@@ -862,6 +864,7 @@ impl Default for Config {
             logs: LogsConfig::default(),
             metrics: MetricsConfig::default(),
             replication: ReplicationConfig::default(),
+            overlay: Vec::new(),
         }
     }
 }
@@ -1354,6 +1357,7 @@ impl Config {
         if self.store.max_write_batch == 0 {
             return Err(err("store.max_write_batch", "must be at least 1"));
         }
+        crate::overlays::settings::validate(&self.overlay, schema, &self.indexes)?;
         Ok(Resolved {
             config: self,
             listeners,

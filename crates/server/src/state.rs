@@ -47,6 +47,8 @@ pub struct Server {
     /// Access and audit logs (`[logs]`; the same files while `[logs]` is
     /// unchanged); reopened on SIGHUP.
     pub logs: Arc<crate::observe::Logs>,
+    /// `[[overlay]]`, compiled, in order.
+    pub overlays: Arc<crate::overlays::Overlays>,
 
     // What outlives configurations ([`Runtime`]).
     pub store: Store,
@@ -110,6 +112,7 @@ pub struct Compiled {
     pub tls: Option<Arc<crate::net::tls::TlsContext>>,
     pub passwords: Arc<crate::hashing::PasswordWork>,
     pub logs: Arc<crate::observe::Logs>,
+    pub overlays: Arc<crate::overlays::Overlays>,
 }
 
 impl Server {
@@ -128,6 +131,7 @@ impl Server {
             tls: c.tls,
             passwords: c.passwords,
             logs: c.logs,
+            overlays: c.overlays,
             base_cache: Default::default(),
             special: Default::default(),
             sorted: Default::default(),

@@ -12,12 +12,16 @@
 //! cn=config                          olcGlobal: server-wide settings
 //! olcDatabase={1}mdb,cn=config       olcMdbConfig: suffixes, root DN,
 //!                                    indexes, access rules, store
+//!   olcOverlay={n}<type>,…           an overlay each ([`overlay_tree`])
+//! cn=schema,cn=config                schema added while serving
+//!                                    ([`schema_tree`])
 //! ```
 //!
 //! A modification is applied to the entry's attribute values as text,
 //! then the values of every key are parsed back into a configuration,
 //! which the caller validates and installs as a whole.
 
+pub mod overlay_tree;
 pub mod rule_text;
 pub mod schema_tree;
 pub mod serve;
@@ -46,6 +50,8 @@ pub enum Place {
     Database,
     /// Entries of their own below cn=schema,cn=config ([`schema_tree`]).
     Schema,
+    /// Entries of their own below the database entry ([`overlay_tree`]).
+    Overlays,
 }
 
 /// How a key's value is written as attribute values.
@@ -62,7 +68,8 @@ pub enum Form {
     Tables,
     /// `indexes`: one value per attribute, `uid eq,sub`.
     Indexes,
-    /// `[[schema]]`: an entry each ([`schema_tree`]).
+    /// `[[schema]]`, `[[overlay]]`: an entry each ([`schema_tree`],
+    /// [`overlay_tree`]).
     Documents,
 }
 
@@ -113,6 +120,7 @@ pub const KEYS: &[Key] = &[
     k(11, "indexes", "olcDbIndex", Database, Indexes),
     k(12, "access", "olcAccess", Database, Rules),
     k(13, "schema", "", Schema, Documents),
+    k(14, "overlay", "", Overlays, Documents),
     k(
         20,
         "limits.max_pdu_bytes",
@@ -228,6 +236,8 @@ pub const KEYS: &[Key] = &[
 
 /// Attribute type numbers of attributes that are not keys.
 pub const AT_NEXT_START_N: u32 = 200;
+/// `olcOverlay`'s attribute type number.
+pub const OLC_OVERLAY_N: u32 = AT_NEXT_START_N + 2;
 
 impl Key {
     /// The attribute's name.
@@ -379,6 +389,7 @@ pub fn entries(desired: &Config, running: &Config) -> Vec<(String, Entry)> {
         }
         out.push((dn.to_string(), e));
     }
+    out.extend(overlay_tree::entries(&desired.overlay));
     out.extend(schema_tree::entries(&desired.schema));
     out
 }
@@ -662,6 +673,7 @@ fn from_values(
         })?;
     cfg.tls.self_signed = base.tls.self_signed;
     cfg.schema = base.schema.clone();
+    cfg.overlay = base.overlay.clone();
     Ok(cfg)
 }
 
@@ -745,6 +757,7 @@ pub fn schema_text() -> String {
     s.push_str(&format!(
         "objectclass ( {OID_ARC}.2.4 NAME 'olcMdbConfig'\n\tDESC 'configuration of the LMDB store'\n\tSUP olcDatabaseConfig STRUCTURAL )\n\n"
     ));
+    s.push_str(&overlay_tree::schema_text(OID_ARC, OLC_OVERLAY_N));
     for (i, (name, what)) in schema_tree::ATTRS.iter().enumerate() {
         s.push_str(&format!(
             "attributetype ( {OID_ARC}.1.{} NAME '{name}'\n\tDESC '{what}'\n\tEQUALITY caseIgnoreMatch\n\tSYNTAX 1.3.6.1.4.1.1466.115.121.1.15\n\tX-ORDERED 'VALUES' )\n\n",

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use pando_model::{Dn, Schema};
 use pando_proto::{Change, ResultCode};
 
-use super::{apply, attr_of, schema_tree, stored, CONFIG_NORM};
+use super::{apply, attr_of, overlay_tree, schema_tree, stored, CONFIG_NORM};
 use crate::error::{LdapError, OpResult};
 use crate::live::Refused;
 use crate::state::{Identity, Server};
@@ -38,7 +38,7 @@ pub fn refuse_other_writes(who: &Identity, what: &str) -> LdapError {
         return no_such_object();
     }
     LdapError::unwilling(format!(
-        "entries under cn=config cannot be {what}; modify cn=config or olcDatabase={{1}}mdb,cn=config"
+        "entries under cn=config cannot be {what}, other than schema (cn=<name>,cn=schema,cn=config) and overlays (olcOverlay=<type>,olcDatabase={{1}}mdb,cn=config); modify cn=config or olcDatabase={{1}}mdb,cn=config"
     ))
 }
 
@@ -59,6 +59,8 @@ pub async fn modify(
     change(server, who, relax, dn_text, record, |desired| {
         if is_schema(norm) {
             schema_tree::modify(desired, norm, changes)
+        } else if overlay_tree::is_overlay(norm) {
+            overlay_tree::modify(desired, norm, changes)
         } else {
             apply(desired, norm, changes)
         }
@@ -66,7 +68,8 @@ pub async fn modify(
     .await
 }
 
-/// An add below cn=config: a schema document (`ldapadd -f x.ldif`).
+/// An add below cn=config: a schema document (`ldapadd -f x.ldif`) or
+/// an overlay.
 pub async fn add(
     server: &Arc<Server>,
     who: &Identity,
@@ -74,7 +77,8 @@ pub async fn add(
     req: &pando_proto::AddRequest,
     norm: &str,
 ) -> OpResult<()> {
-    if !is_schema(norm) {
+    let overlay = overlay_tree::is_overlay(norm);
+    if !is_schema(norm) && !overlay {
         return Err(refuse_other_writes(who, "added"));
     }
     let dn = crate::ops::parse_dn(&req.dn)?;
@@ -91,12 +95,16 @@ pub async fn add(
         attrs: &attrs,
     };
     change(server, who, relax, &req.dn, record, |desired| {
-        schema_tree::add(desired, &dn, norm, &req.attrs)
+        if overlay {
+            overlay_tree::add(desired, &dn, norm, &req.attrs)
+        } else {
+            schema_tree::add(desired, &dn, norm, &req.attrs)
+        }
     })
     .await
 }
 
-/// A delete below cn=config: a schema document.
+/// A delete below cn=config: a schema document or an overlay.
 pub async fn delete(
     server: &Arc<Server>,
     who: &Identity,
@@ -104,12 +112,17 @@ pub async fn delete(
     dn_text: &str,
     norm: &str,
 ) -> OpResult<()> {
-    if !is_schema(norm) {
+    let overlay = overlay_tree::is_overlay(norm);
+    if !is_schema(norm) && !overlay {
         return Err(refuse_other_writes(who, "deleted"));
     }
     let record = crate::observe::audit::Record::Delete { dn: dn_text };
     change(server, who, relax, dn_text, record, |desired| {
-        schema_tree::delete(desired, norm)
+        if overlay {
+            overlay_tree::delete(desired, norm)
+        } else {
+            schema_tree::delete(desired, norm)
+        }
     })
     .await
 }

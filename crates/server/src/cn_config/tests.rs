@@ -297,3 +297,131 @@ fn the_schema_file_is_made_from_the_keys() {
         "{path} is not what the table of keys makes: run this test with PANDO_WRITE_CONFIG_SCHEMA=1"
     );
 }
+
+fn overlay_dn(rdn: &str) -> (Dn, String) {
+    let dn = Dn::parse(&format!("olcOverlay={rdn},{DATABASE_DN}")).unwrap();
+    let norm = format!("olcoverlay={},{DATABASE_NORM}", rdn.to_ascii_lowercase());
+    (dn, norm)
+}
+
+fn attrs(list: &[(&str, &[&str])]) -> Vec<pando_proto::PartialAttribute> {
+    list.iter()
+        .map(|(a, vs)| pando_proto::PartialAttribute {
+            name: a.to_string(),
+            values: vs.iter().map(|v| v.as_bytes().to_vec()).collect(),
+        })
+        .collect()
+}
+
+#[test]
+fn overlays_are_added_changed_ordered_and_removed_as_entries() {
+    let base = Config::default();
+    let (dn, norm) = overlay_dn("refint");
+    let cfg = overlay_tree::add(
+        &base,
+        &dn,
+        &norm,
+        &attrs(&[
+            ("objectClass", &["olcOverlayConfig", "olcRefintConfig"]),
+            ("olcRefintAttribute", &["member", "manager"]),
+        ]),
+    )
+    .unwrap();
+    let (dn, norm) = overlay_dn("{0}unique");
+    let cfg = overlay_tree::add(
+        &cfg,
+        &dn,
+        &norm,
+        &attrs(&[
+            ("olcUniqueAttribute", &["mail"]),
+            ("olcUniqueStrict", &["TRUE"]),
+        ]),
+    )
+    .unwrap();
+    // {0} put it first.
+    let kinds: Vec<&str> = cfg.overlay.iter().map(|o| o.type_name()).collect();
+    assert_eq!(kinds, ["unique", "refint"]);
+    let entries = entries(&cfg, &cfg);
+    let refint = format!("olcOverlay={{1}}refint,{DATABASE_DN}");
+    assert_eq!(
+        attr_values(&entries, &refint, "olcRefintAttribute"),
+        ["member", "manager"]
+    );
+    assert_eq!(
+        attr_values(
+            &entries,
+            &format!("olcOverlay={{0}}unique,{DATABASE_DN}"),
+            "olcUniqueStrict"
+        ),
+        ["TRUE"]
+    );
+    // Modified by its numbered or its plain name.
+    let cfg = overlay_tree::modify(
+        &cfg,
+        &overlay_dn("{1}refint").1,
+        &[change(ModOp::Add, "olcRefintNothing", &["cn=nobody"])],
+    )
+    .unwrap();
+    let cfg = overlay_tree::modify(
+        &cfg,
+        &overlay_dn("refint").1,
+        &[change(ModOp::Delete, "olcRefintAttribute", &["manager"])],
+    )
+    .unwrap();
+    match &cfg.overlay[1] {
+        crate::overlays::OverlayConfig::Refint(r) => {
+            assert_eq!(r.attributes, ["member"]);
+            assert_eq!(r.nothing.as_deref(), Some("cn=nobody"));
+        }
+        other => panic!("{other:?}"),
+    }
+    // The wrong position names nothing.
+    let e = overlay_tree::delete(&cfg, &overlay_dn("{0}refint").1).unwrap_err();
+    assert_eq!(e.code, ResultCode::NO_SUCH_OBJECT);
+    let cfg = overlay_tree::delete(&cfg, &overlay_dn("{0}unique").1).unwrap();
+    assert_eq!(cfg.overlay.len(), 1);
+    // Other changes keep the overlays.
+    let back = apply(&cfg, CONFIG_NORM, &[]).unwrap();
+    assert_eq!(back.overlay, cfg.overlay);
+}
+
+#[test]
+fn bad_overlay_entries_name_the_problem() {
+    let base = Config::default();
+    let (dn, norm) = overlay_dn("syncprov");
+    let e = overlay_tree::add(&base, &dn, &norm, &[]).unwrap_err();
+    assert_eq!(e.code, ResultCode::UNWILLING_TO_PERFORM);
+    assert!(e.message.contains("refint"), "{}", e.message);
+    let (dn, norm) = overlay_dn("unique");
+    let e = overlay_tree::add(
+        &base,
+        &dn,
+        &norm,
+        &attrs(&[
+            ("olcUniqueAttribute", &["mail"]),
+            ("olcUniqueURI", &["ldap:///"]),
+        ]),
+    )
+    .unwrap_err();
+    assert_eq!(e.code, ResultCode::UNDEFINED_ATTRIBUTE_TYPE);
+    assert!(e.message.contains("olcUniqueBase"), "{}", e.message);
+    let e = overlay_tree::add(
+        &base,
+        &dn,
+        &norm,
+        &attrs(&[
+            ("olcUniqueAttribute", &["mail"]),
+            ("olcUniqueStrict", &["maybe"]),
+        ]),
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.code,
+        ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+        "{}",
+        e.message
+    );
+    // Missing required settings are a syntax problem of the entry.
+    let e = overlay_tree::add(&base, &dn, &norm, &[]).unwrap_err();
+    assert!(e.message.contains("attributes"), "{}", e.message);
+}

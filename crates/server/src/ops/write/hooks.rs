@@ -7,12 +7,18 @@
 //!   ahead at all (the assertion control).
 //! - `check` runs on the view the whole change was planned on, before
 //!   anything is stamped or written.
+//! - `related` runs in the writer's transaction before stamping, on the
+//!   writer's view (what every earlier write left): it may add changes to
+//!   other entries (`overlays::related`: referential integrity, memberOf)
+//!   or refuse the operation (uniqueness). Not run for changes a
+//!   replication consumer receives.
 //! - `in_txn` runs in the writer's transaction after stamping, before the
 //!   change is written: it may read or write other entries through the
 //!   transaction, or add response controls.
 //!
-//! An error from any of them undoes the whole operation. Post-commit work
-//! (the audit log) is the operation's `WriteOp::audit`.
+//! The built-in hooks run first, then the configured overlays in order
+//! ([`all`]). An error from any of them undoes the whole operation.
+//! Post-commit work (the audit log) is the operation's `WriteOp::audit`.
 
 use pando_model::Entry;
 use pando_proto::{oid, Control, ResultCode};
@@ -38,6 +44,15 @@ pub trait Hook: Sync {
         Ok(())
     }
 
+    fn related(
+        &self,
+        _ctx: &WriteCtx,
+        _view: &View<'_>,
+        _changes: &mut Vec<Change>,
+    ) -> OpResult<()> {
+        Ok(())
+    }
+
     fn in_txn(
         &self,
         _ctx: &WriteCtx,
@@ -49,16 +64,38 @@ pub trait Hook: Sync {
     }
 }
 
-/// The order hooks run in.
-pub const HOOKS: &[&dyn Hook] = &[&Assertion, &ReadEntry];
+/// The order built-in hooks run in.
+const HOOKS: &[&dyn Hook] = &[&Assertion, &ReadEntry];
+
+/// Every hook, in order: the built-in ones, then the server's overlays.
+pub fn all(ctx: &WriteCtx) -> impl Iterator<Item = &dyn Hook> {
+    HOOKS
+        .iter()
+        .copied()
+        .chain(ctx.server.overlays.write_hooks())
+}
 
 /// Every hook's `on_target`, in order: each operation's plan calls this
 /// once it has resolved its target.
 pub fn on_target(ctx: &WriteCtx, view: &View<'_>, norm: &str, entry: &Entry) -> OpResult<()> {
-    for hook in HOOKS {
+    for hook in all(ctx) {
         hook.on_target(ctx, view, norm, entry)?;
     }
     Ok(())
+}
+
+/// Every hook's `related`, in order, then the changes they added checked
+/// (`overlays::related::finish`). A received change has none: its
+/// provider sends what its own overlays changed.
+pub fn related(ctx: &WriteCtx, view: &View<'_>, changes: &mut Vec<Change>) -> OpResult<()> {
+    if ctx.replicated.is_some() || ctx.server.overlays.is_empty() {
+        return Ok(());
+    }
+    let first_added = changes.len();
+    for hook in all(ctx) {
+        hook.related(ctx, view, changes)?;
+    }
+    crate::overlays::related::finish(&ctx.server.schema, changes, first_added)
 }
 
 /// RFC 4528: the operation goes ahead only if the assertion is TRUE for

@@ -6,10 +6,12 @@
 //! slow work (password hashing)          (after access is settled on a snapshot)
 //! ── plan ── on the writer's view, or on a snapshot the writer confirms
 //!    WriteOp::plan: resolve, access, compute the new entry, check the schema
-//!    Hook::check in HOOKS order          (assertion, read-entry access)
+//!    Hook::check, every hook in order    (assertion, read-entry access)
 //! ── in the writer's transaction ──
+//!    Hook::related                       (overlays: changes to other
+//!                                         entries; uniqueness)
 //!    stamp: one CSN; timestamps, names, UUID; contextCSN
-//!    Hook::in_txn in HOOKS order         (pre-read / post-read values)
+//!    Hook::in_txn                        (pre-read / post-read values)
 //!    write to the store; a change log record for each entry
 //!    no-op control: roll back here, answer noOperation
 //! ── commit (group commit, per the durability mode) ──
@@ -255,6 +257,7 @@ fn job<W: WriteOp>(
             if ctx.replicated.is_none() {
                 refer_replicated(&ctx.server, &changes)?;
             }
+            hooks::related(&ctx, &w.view(), &mut changes)?;
             let (csn, controls) = apply(&ctx, w, &mut changes)?;
             Ok((changes, csn, controls))
         }));
@@ -392,7 +395,7 @@ pub(super) fn plan_and_check<W: WriteOp>(
     view: &View<'_>,
 ) -> OpResult<Vec<Change>> {
     let changes = op.plan(ctx, view)?;
-    for hook in hooks::HOOKS {
+    for hook in hooks::all(ctx) {
         hook.check(ctx, view, &changes)?;
     }
     Ok(changes)
@@ -464,7 +467,7 @@ fn apply(
 ) -> Result<(String, Vec<Control>), Stop> {
     let csn = stamp(ctx, w, changes)?;
     let mut controls = Vec::new();
-    for hook in hooks::HOOKS {
+    for hook in hooks::all(ctx) {
         hook.in_txn(ctx, w, changes, &mut controls)?;
     }
     // In reverse: a tree delete lists its subtree in pre-order, and

@@ -1,0 +1,305 @@
+//! `[[overlay]]` settings as the TOML file and cn=config hold them, and
+//! their checks. Each overlay type's settings are one struct; the
+//! attribute each setting is under cn=config is in [`SETTINGS`].
+
+use pando_model::{Dn, Schema};
+use serde::{Deserialize, Serialize};
+
+use crate::config::ConfigError;
+
+/// One `[[overlay]]`: its type (`type = "refint"`…) and settings.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum OverlayConfig {
+    Refint(RefintConfig),
+    Unique(UniqueConfig),
+    Memberof(MemberOfConfig),
+}
+
+/// Referential integrity: references to an entry follow it when it is
+/// renamed and go when it is deleted.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RefintConfig {
+    /// Attributes (DN syntax) whose values are kept pointing at entries.
+    #[serde(default = "refint_attributes")]
+    pub attributes: Vec<String>,
+    /// The value left when removing a reference would leave the attribute
+    /// empty (a group's last member); unset: such a delete is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nothing: Option<String>,
+}
+
+fn refint_attributes() -> Vec<String> {
+    ["member", "uniqueMember", "manager", "owner", "seeAlso"]
+        .map(String::from)
+        .to_vec()
+}
+
+/// Attribute uniqueness within a subtree.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UniqueConfig {
+    /// Attributes no two entries below `base` may share a value of.
+    pub attributes: Vec<String>,
+    /// The subtree; unset: every suffix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    /// Empty values must be unique too (by default they are ignored).
+    #[serde(default)]
+    pub strict: bool,
+}
+
+/// memberOf: each member of a group lists the group.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MemberOfConfig {
+    /// Object classes that make an entry a group.
+    #[serde(default = "memberof_groups")]
+    pub group_classes: Vec<String>,
+    /// The attributes of a group that name its members.
+    #[serde(default = "memberof_members")]
+    pub member_attributes: Vec<String>,
+    /// The attribute kept on members.
+    #[serde(default = "memberof_attribute")]
+    pub memberof_attribute: String,
+    /// A member DN naming no entry: `ignore` (kept in the group) or
+    /// `error` (the change is refused).
+    #[serde(default = "memberof_dangling")]
+    pub dangling: String,
+}
+
+fn memberof_groups() -> Vec<String> {
+    ["groupOfNames", "groupOfUniqueNames"]
+        .map(String::from)
+        .to_vec()
+}
+
+fn memberof_members() -> Vec<String> {
+    ["member", "uniqueMember"].map(String::from).to_vec()
+}
+
+fn memberof_attribute() -> String {
+    "memberOf".into()
+}
+
+fn memberof_dangling() -> String {
+    "ignore".into()
+}
+
+/// How a setting is written as attribute values under cn=config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SettingForm {
+    Text,
+    Boolean,
+    List,
+}
+
+/// One setting of an overlay type: its key in `[[overlay]]` and its
+/// attribute under cn=config (OpenLDAP's name where it has the same
+/// meaning).
+#[derive(Debug)]
+pub struct Setting {
+    pub key: &'static str,
+    pub attr: &'static str,
+    pub form: SettingForm,
+    /// Attribute type number (`cn_config::OID_ARC.1.<n>`).
+    pub n: u32,
+}
+
+const fn s(n: u32, key: &'static str, attr: &'static str, form: SettingForm) -> Setting {
+    Setting { key, attr, form, n }
+}
+
+/// One overlay type: its name (`type`), its object class under cn=config
+/// (with its number, `OID_ARC.2.<n>`) and its settings.
+#[derive(Debug)]
+pub struct OverlayType {
+    pub name: &'static str,
+    pub class: &'static str,
+    pub class_n: u32,
+    pub settings: &'static [Setting],
+}
+
+use SettingForm::*;
+
+/// Every overlay type. Numbers are OIDs: append, never reuse.
+pub const TYPES: &[OverlayType] = &[
+    OverlayType {
+        name: "refint",
+        class: "olcRefintConfig",
+        class_n: 11,
+        settings: &[
+            s(300, "attributes", "olcRefintAttribute", List),
+            s(301, "nothing", "olcRefintNothing", Text),
+        ],
+    },
+    OverlayType {
+        name: "unique",
+        class: "olcUniqueConfig",
+        class_n: 12,
+        settings: &[
+            s(310, "attributes", "olcUniqueAttribute", List),
+            s(311, "base", "olcUniqueBase", Text),
+            s(312, "strict", "olcUniqueStrict", Boolean),
+        ],
+    },
+    OverlayType {
+        name: "memberof",
+        class: "olcMemberOfConfig",
+        class_n: 13,
+        settings: &[
+            s(320, "group_classes", "olcMemberOfGroupOC", List),
+            s(321, "member_attributes", "olcMemberOfMemberAD", List),
+            s(322, "memberof_attribute", "olcMemberOfMemberOfAD", Text),
+            s(323, "dangling", "olcMemberOfDangling", Text),
+        ],
+    },
+];
+
+/// The type named `name` (any case).
+pub fn overlay_type(name: &str) -> Option<&'static OverlayType> {
+    TYPES.iter().find(|t| t.name.eq_ignore_ascii_case(name))
+}
+
+impl OverlayConfig {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            OverlayConfig::Refint(_) => "refint",
+            OverlayConfig::Unique(_) => "unique",
+            OverlayConfig::Memberof(_) => "memberof",
+        }
+    }
+}
+
+fn err(i: usize, kind: &str, key: &str, problem: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key: format!("overlay[{i}].{key}"),
+        problem: format!("({kind}) {}", problem.into()),
+    }
+}
+
+/// An attribute type the schema knows, with DN syntax when `dn` is set.
+fn check_attr(schema: &Schema, name: &str, dn: bool) -> Result<(), String> {
+    let Some(at) = schema.attribute(name) else {
+        return Err(format!("'{name}' is not an attribute type of the schema"));
+    };
+    if dn && !is_dn_syntax(at) {
+        return Err(format!(
+            "'{name}' does not hold DNs (its syntax is {})",
+            at.syntax.as_deref().unwrap_or("unknown")
+        ));
+    }
+    Ok(())
+}
+
+/// DN syntax, or OpenLDAP's name-and-optional-UID (uniqueMember).
+pub fn is_dn_syntax(at: &pando_model::AttributeType) -> bool {
+    matches!(
+        at.syntax.as_deref(),
+        Some("1.3.6.1.4.1.1466.115.121.1.12" | "1.3.6.1.4.1.1466.115.121.1.34")
+    )
+}
+
+/// Check every overlay's settings against the schema and the indexes.
+pub fn validate(
+    overlays: &[OverlayConfig],
+    schema: &Schema,
+    indexes: &std::collections::BTreeMap<String, Vec<String>>,
+) -> Result<(), ConfigError> {
+    let eq_indexed = |attr: &str| {
+        indexes
+            .iter()
+            .any(|(a, kinds)| a.eq_ignore_ascii_case(attr) && kinds.iter().any(|k| k == "eq"))
+    };
+    let mut memberof = 0;
+    for (i, o) in overlays.iter().enumerate() {
+        let kind = o.type_name();
+        match o {
+            OverlayConfig::Refint(r) => {
+                if r.attributes.is_empty() {
+                    return Err(err(i, kind, "attributes", "name at least one attribute"));
+                }
+                for a in &r.attributes {
+                    check_attr(schema, a, true).map_err(|e| err(i, kind, "attributes", e))?;
+                }
+                if let Some(n) = &r.nothing {
+                    let dn = Dn::parse(n)
+                        .map_err(|e| err(i, kind, "nothing", format!("'{n}' is not a DN: {e}")))?;
+                    schema
+                        .normalize_dn(&dn)
+                        .map_err(|e| err(i, kind, "nothing", e))?;
+                }
+            }
+            OverlayConfig::Unique(u) => {
+                if u.attributes.is_empty() {
+                    return Err(err(i, kind, "attributes", "name at least one attribute"));
+                }
+                for a in &u.attributes {
+                    check_attr(schema, a, false).map_err(|e| err(i, kind, "attributes", e))?;
+                    let at = schema.attribute(a).map(|t| t.name().to_string());
+                    let name = at.as_deref().unwrap_or(a);
+                    if !eq_indexed(name) && !eq_indexed(a) {
+                        return Err(err(
+                            i,
+                            kind,
+                            "attributes",
+                            format!("'{a}' needs an equality index (indexes: {a} = [\"eq\"], or olcDbIndex: {a} eq): each write looks its values up"),
+                        ));
+                    }
+                }
+                if let Some(b) = &u.base {
+                    let dn = Dn::parse(b)
+                        .map_err(|e| err(i, kind, "base", format!("'{b}' is not a DN: {e}")))?;
+                    schema
+                        .normalize_dn(&dn)
+                        .map_err(|e| err(i, kind, "base", e))?;
+                }
+            }
+            OverlayConfig::Memberof(m) => {
+                memberof += 1;
+                if memberof > 1 {
+                    return Err(err(
+                        i,
+                        kind,
+                        "type",
+                        "one memberof overlay at most (it lists every group class and member attribute)",
+                    ));
+                }
+                if m.group_classes.is_empty() || m.member_attributes.is_empty() {
+                    return Err(err(
+                        i,
+                        kind,
+                        "group_classes",
+                        "name at least one group class and one member attribute",
+                    ));
+                }
+                for c in &m.group_classes {
+                    if schema.object_class(c).is_none() {
+                        return Err(err(
+                            i,
+                            kind,
+                            "group_classes",
+                            format!("'{c}' is not an object class of the schema"),
+                        ));
+                    }
+                }
+                for a in &m.member_attributes {
+                    check_attr(schema, a, true)
+                        .map_err(|e| err(i, kind, "member_attributes", e))?;
+                }
+                check_attr(schema, &m.memberof_attribute, true)
+                    .map_err(|e| err(i, kind, "memberof_attribute", e))?;
+                if !matches!(m.dangling.as_str(), "ignore" | "error") {
+                    return Err(err(
+                        i,
+                        kind,
+                        "dangling",
+                        format!("'{}' is not ignore or error", m.dangling),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
