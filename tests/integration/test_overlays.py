@@ -379,3 +379,32 @@ def test_member_changes_racing_renames_leave_member_and_memberof_agreeing(pair):
             if m in final and dn not in final[m].get("memberOf", []):
                 problems.append("%s lists member %s, whose memberOf lacks it" % (dn, m))
     assert not problems, "\n".join(problems)
+
+
+def test_memberof_rebuild_sets_existing_data_right_and_verify_checks_it(tmp_path):
+    from conftest import PANDO_BIN
+    srv = Pando(tmp_path, demo=True, name="memberof-rebuild").start()
+    assert srv.stop() == 0
+    cfg = tmp_path / "with-memberof.toml"
+    cfg.write_text('[[overlay]]\ntype = "memberof"\n')
+
+    def run(*args):
+        r = subprocess.run([PANDO_BIN, *args, "--data-dir", str(srv.data_dir), "--config", str(cfg)],
+                           capture_output=True, text=True, timeout=120)
+        return r.returncode, r.stdout + r.stderr
+
+    rc, out = run("verify")
+    assert rc == 1, out
+    assert "lists it as a member, but its memberOf lacks it" in out, out
+    rc, out = run("memberof", "rebuild")
+    assert rc == 0 and "memberOf set on" in out, out
+    rc, out = run("verify")
+    assert rc == 0 and "consistent" in out, out
+    srv.config = cfg.read_text() + PANDO_OVERLAYS.split("[[overlay]]")[0]
+    srv.start()
+    try:
+        c = srv.conn()
+        c.search(SUFFIX, "(memberOf=*)", attributes=["memberOf"])
+        assert len(c.entries) >= 3, c.entries
+    finally:
+        srv.stop_and_verify()

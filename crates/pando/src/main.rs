@@ -49,6 +49,8 @@ enum Command {
     Salvage(SalvageArgs),
     /// Index maintenance (server stopped).
     Index(IndexArgs),
+    /// memberOf maintenance (server stopped).
+    Memberof(MemberofArgs),
     /// Load generator: search/auth/bind/modify/add/delete rates against any LDAP server.
     Bench(Box<pando_bench::BenchArgs>),
     /// Print a running server's operation rates, latencies, I/O and CPU,
@@ -104,6 +106,20 @@ enum IndexAction {
         store: StoreArgs,
         attrs: Vec<String>,
     },
+}
+
+#[derive(clap::Args)]
+struct MemberofArgs {
+    #[command(subcommand)]
+    action: MemberofAction,
+}
+
+#[derive(Subcommand)]
+enum MemberofAction {
+    /// Set memberOf of every entry to the groups that list it (after
+    /// turning the memberof overlay on over existing data, or importing
+    /// data without memberOf). Each change is logged and replicated.
+    Rebuild(StoreArgs),
 }
 
 #[derive(clap::Args)]
@@ -340,6 +356,9 @@ fn main() -> ExitCode {
         Command::Index(IndexArgs {
             action: IndexAction::Rebuild { store, attrs },
         }) => index_rebuild(store, attrs),
+        Command::Memberof(MemberofArgs {
+            action: MemberofAction::Rebuild(store),
+        }) => memberof_rebuild(store),
         Command::Bench(args) => pando_bench::run(*args).map(|()| ExitCode::SUCCESS),
         Command::Stat(args) => stat::run(args),
         Command::Repl(ReplArgs {
@@ -480,7 +499,7 @@ fn verify(args: VerifyArgs) -> Result<ExitCode, String> {
     let store = if args.repair_indexes {
         // Rebuilding writes: the server must not be running.
         let _lock = pando_server::datadir::lock(data_dir)?;
-        let store = pando_store::Store::open(&dir, schema, &opts)
+        let store = pando_store::Store::open(&dir, schema.clone(), &opts)
             .map_err(|e| format!("{}: {e}", dir.display()))?;
         let started = std::time::Instant::now();
         let total = entry_count(&store)?;
@@ -500,13 +519,14 @@ fn verify(args: VerifyArgs) -> Result<ExitCode, String> {
             println!("{}: {e}", dir.display());
             return Ok(ExitCode::from(1));
         }
-        pando_store::Store::open_read_only(&dir, schema, &opts)
+        pando_store::Store::open_read_only(&dir, schema.clone(), &opts)
             .map_err(|e| format!("{}: {e}", dir.display()))?
     };
     let rtxn = store.read().map_err(|e| e.to_string())?;
     let view = rtxn.view();
     let count = view.entry_count().map_err(|e| e.to_string())?;
-    let problems = view.verify().map_err(|e| e.to_string())?;
+    let mut problems = view.verify().map_err(|e| e.to_string())?;
+    problems.extend(memberof_problems(&resolved, &schema, &view)?);
     drop(rtxn);
     store.close();
     if problems.is_empty() {
@@ -523,6 +543,40 @@ fn verify(args: VerifyArgs) -> Result<ExitCode, String> {
         );
         Ok(ExitCode::from(1))
     }
+}
+
+/// With the memberof overlay configured: entries whose memberOf is not
+/// exactly the groups that list them.
+fn memberof_problems(
+    resolved: &pando_server::config::Resolved,
+    schema: &Schema,
+    view: &pando_store::View<'_>,
+) -> Result<Vec<String>, String> {
+    let Some(m) = resolved.config.overlay.iter().find_map(|o| match o {
+        pando_server::overlays::OverlayConfig::Memberof(c) => {
+            Some(pando_server::overlays::memberof::MemberOf::new(c, schema))
+        }
+        _ => None,
+    }) else {
+        return Ok(Vec::new());
+    };
+    let found = m.disagreements(schema, view).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for d in found {
+        for g in &d.extra {
+            out.push(format!(
+                "{}: memberOf lists {g}, which does not list it as a member (pando memberof rebuild sets it right)",
+                d.dn
+            ));
+        }
+        for g in &d.missing {
+            out.push(format!(
+                "{}: {g} lists it as a member, but its memberOf lacks it (pando memberof rebuild sets it right)",
+                d.dn
+            ));
+        }
+    }
+    Ok(out)
 }
 
 fn backup(args: BackupArgs) -> Result<ExitCode, String> {
@@ -845,6 +899,49 @@ fn export(args: ExportArgs) -> Result<ExitCode, String> {
     store.close();
     eprintln!(
         "exported {n} entries in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn memberof_rebuild(args: StoreArgs) -> Result<ExitCode, String> {
+    let (resolved, schema) = resolve(&args)?;
+    let data_dir = resolved.config.data_dir.clone();
+    let _lock = pando_server::datadir::lock(&data_dir)
+        .map_err(|e| format!("{e}; stop the server first"))?;
+    let dir = pando_server::store_dir(&data_dir);
+    let store = pando_store::Store::open(
+        &dir,
+        schema.clone(),
+        &pando_server::store_options(&resolved),
+    )
+    .map_err(|e| format!("{}: {e}", dir.display()))?;
+    pando_server::bulk::check_complete(&store)?;
+    let sid = resolved.config.replication.server_id;
+    let csn = pando_server::clock::clock_for_store(&store, sid);
+    let live = pando_server::build_server(resolved, schema, store.clone(), csn, None, None)
+        .map_err(|e| e.to_string())?;
+    let server = live.server();
+    let admin = pando_server::state::Identity::authenticated(
+        server.root_dn_norm.clone(),
+        server.root_dn_norm.clone(),
+        Default::default(),
+    )
+    .with_roles(true, false);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let started = std::time::Instant::now();
+    let changed = rt
+        .block_on(pando_server::overlays::memberof::rebuild(&server, &admin))
+        .map_err(|e| format!("{} ({:?})", e.message, e.code))?;
+    drop(server);
+    drop(live);
+    store.sync().map_err(|e| e.to_string())?;
+    store.close();
+    eprintln!(
+        "memberOf set on {changed} entries in {:.1} s",
         started.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)

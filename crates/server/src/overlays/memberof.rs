@@ -261,3 +261,118 @@ fn is_kept(d: &GroupDiff, member: &str) -> bool {
         .as_ref()
         .is_some_and(|o| o.members.iter().any(|(n, _)| n == member))
 }
+
+/// An entry whose memberOf disagrees with the groups.
+#[derive(Debug)]
+pub struct Disagreement {
+    pub dn: String,
+    /// Groups memberOf lists that do not list the entry (normalised).
+    pub extra: Vec<String>,
+    /// Groups listing the entry that memberOf lacks (as written).
+    pub missing: Vec<String>,
+    /// What memberOf should hold, as written.
+    pub expected: Vec<String>,
+}
+
+impl MemberOf {
+    /// Every entry whose memberOf is not exactly the groups listing it
+    /// (members naming no entry are not counted). Reads every entry.
+    pub fn disagreements(
+        &self,
+        schema: &Schema,
+        view: &View<'_>,
+    ) -> Result<Vec<Disagreement>, pando_store::StoreError> {
+        use std::collections::BTreeMap;
+        let mut ids = roaring::RoaringTreemap::new();
+        for root in view.roots()? {
+            if let Some(sub) = view.subtree(root, u64::MAX)? {
+                ids |= sub;
+            }
+        }
+        // Member (normalised) → groups listing it (normalised, as written).
+        let mut listed: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        // Entry (normalised) → (DN, memberOf held, normalised).
+        let mut held: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
+        for id in ids {
+            let Some(entry) = view.entry(id)? else {
+                continue;
+            };
+            let (dn, norm) = view.dn_pair(id)?;
+            if self.is_group(&entry) {
+                for (m, _) in self.members_of(schema, &entry) {
+                    listed
+                        .entry(m)
+                        .or_default()
+                        .push((norm.clone(), dn.clone()));
+                }
+            }
+            let mine = related::dn_values(schema, &entry, std::slice::from_ref(&self.memberof));
+            held.insert(norm, (dn, mine.into_iter().map(|(n, _)| n).collect()));
+        }
+        let mut out = Vec::new();
+        for (norm, (dn, has)) in &held {
+            let want = listed.get(norm).cloned().unwrap_or_default();
+            let extra: Vec<String> = has
+                .iter()
+                .filter(|g| !want.iter().any(|(w, _)| w == *g))
+                .cloned()
+                .collect();
+            let missing: Vec<String> = want
+                .iter()
+                .filter(|(w, _)| !has.contains(w))
+                .map(|(_, d)| d.clone())
+                .collect();
+            if !extra.is_empty() || !missing.is_empty() {
+                out.push(Disagreement {
+                    dn: dn.clone(),
+                    extra,
+                    missing,
+                    expected: want.into_iter().map(|(_, d)| d).collect(),
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The configured memberOf overlay, if any.
+pub fn configured(server: &crate::state::Server) -> Option<MemberOf> {
+    server.cfg.config.overlay.iter().find_map(|o| match o {
+        super::OverlayConfig::Memberof(m) => Some(MemberOf::new(m, &server.schema)),
+        _ => None,
+    })
+}
+
+/// Set memberOf of every entry that disagrees with the groups to what
+/// they say, each as an administrator's modify under the relax rules
+/// control through the write pipeline (so it is logged and replicated).
+/// Returns how many entries changed.
+pub async fn rebuild(
+    server: &std::sync::Arc<crate::state::Server>,
+    who: &crate::state::Identity,
+) -> OpResult<usize> {
+    let Some(m) = configured(server) else {
+        return Err(LdapError::unwilling("no memberof overlay is configured"));
+    };
+    let todo = {
+        let rtxn = server.store.read()?;
+        m.disagreements(&server.schema, &rtxn.view())?
+    };
+    for d in &todo {
+        let mut controls = crate::ops::controls::Requested::default();
+        controls.relax = true;
+        let ctx = crate::ops::write::WriteCtx::new(server, who, controls);
+        let req = pando_proto::ModifyRequest {
+            dn: d.dn.clone(),
+            changes: vec![pando_proto::Change {
+                op: pando_proto::ModOp::Replace,
+                attr: pando_proto::PartialAttribute {
+                    name: m.memberof.clone(),
+                    values: d.expected.iter().map(|v| v.as_bytes().to_vec()).collect(),
+                },
+            }],
+        };
+        crate::ops::write::modify(ctx, req).await?;
+    }
+    Ok(todo.len())
+}

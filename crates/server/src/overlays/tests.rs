@@ -403,3 +403,36 @@ fn dn_values_compare_normalised_and_keep_a_uid_part() {
     assert!(!related::within("uid=a,xdc=x", "dc=x"));
     assert!(related::within("dc=x", ""));
 }
+
+#[test]
+fn memberof_disagreements_are_found_and_rebuilt_through_the_pipeline() {
+    let f = Fixture::new(MEMBEROF);
+    // Written around the pipeline (as an import would): no memberOf.
+    crate::ops::test_server::add(
+        &f.server,
+        &group("old"),
+        &[
+            ("objectClass", "groupOfNames"),
+            ("cn", "old"),
+            ("member", &people("a")),
+        ],
+    );
+    let m = super::memberof::configured(&f.server).unwrap();
+    let found = {
+        let rtxn = f.server.store.read().unwrap();
+        m.disagreements(&f.server.schema, &rtxn.view()).unwrap()
+    };
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].missing, vec![format!("cn=old,ou=Groups,{BASE}")]);
+    let admin = user(&f.server, &format!("cn=admin,{BASE}"), true);
+    let changed =
+        f.rt.block_on(super::memberof::rebuild(&f.server, &admin))
+            .unwrap();
+    assert_eq!(changed, 1);
+    assert_eq!(f.values(&people("a"), "memberOf"), vec![group("old")]);
+    let rtxn = f.server.store.read().unwrap();
+    assert!(m
+        .disagreements(&f.server.schema, &rtxn.view())
+        .unwrap()
+        .is_empty());
+}
