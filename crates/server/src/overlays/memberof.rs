@@ -359,8 +359,10 @@ pub async fn rebuild(
         m.disagreements(&server.schema, &rtxn.view())?
     };
     for d in &todo {
-        let mut controls = crate::ops::controls::Requested::default();
-        controls.relax = true;
+        let controls = crate::ops::controls::Requested {
+            relax: true,
+            ..Default::default()
+        };
         let ctx = crate::ops::write::WriteCtx::new(server, who, controls);
         let req = pando_proto::ModifyRequest {
             dn: d.dn.clone(),
