@@ -38,7 +38,11 @@ base = "%s"
 
 [[overlay]]
 type = "memberof"
-""" % PEOPLE
+
+[[overlay]]
+type = "valsort"
+rules = ["description %s alpha-descend", "departmentNumber %s weighted alpha-ascend"]
+""" % (PEOPLE, PEOPLE, PEOPLE)
 
 SLAPD_OVERLAYS = [
     "index mail eq",
@@ -49,6 +53,9 @@ SLAPD_OVERLAYS = [
     "overlay unique",
     "unique_uri ldap:///%s?mail?sub" % PEOPLE,
     "overlay memberof",
+    "overlay valsort",
+    "valsort-attr description %s alpha-descend" % PEOPLE,
+    "valsort-attr departmentNumber %s weighted alpha-ascend" % PEOPLE,
 ]
 
 
@@ -58,7 +65,8 @@ class SlapdWithOverlays(Slapd):
         conf = self.base / "slapd.conf"
         text = conf.read_text()
         text = text.replace("moduleload back_mdb\n",
-                            "moduleload back_mdb\nmoduleload refint\nmoduleload unique\nmoduleload memberof\n")
+                            "moduleload back_mdb\nmoduleload refint\nmoduleload unique\nmoduleload memberof\n"
+                            "moduleload valsort\n")
         conf.write_text(text + "\n".join(SLAPD_OVERLAYS) + "\n")
 
 
@@ -197,6 +205,35 @@ def test_unique_refuses_a_duplicate_mail_as_slapd_does(pair):
     forged = lambda c: c.modify(user_dn("u01"), {"memberOf": [(MODIFY_ADD, [group_dn("staff")])]})
     (rs, _, _), (rp, _, mp) = both(pair, forged)
     assert rs == rp == 19, mp
+
+
+def test_values_come_back_sorted_as_slapd_sorts_them(pair):
+    values = {"description": [(MODIFY_REPLACE, ["beta", "Gamma", "alpha", "delta"])],
+              "departmentNumber": [(MODIFY_REPLACE, ["{2}20", "{1}9", "{1}10", "{3}1"])]}
+    for r in both(pair, lambda c: c.modify(user_dn("u01"), values)):
+        assert r[0] == 0, r
+    slapd, pando = pair
+    got = []
+    for c in (slapd.conn(), pando.conn()):
+        c.search(user_dn("u01"), "(objectClass=*)", search_scope="BASE",
+                 attributes=["description", "departmentNumber"])
+        e = c.entries[0]
+        got.append((list(e.description.values), list(e.departmentNumber.values)))
+    assert got[0] == got[1], "slapd=%s pando=%s" % tuple(got)
+    assert got[1][1] == ["10", "9", "20", "1"], got
+    # With OpenLDAP's value sorting control, the values come back as stored,
+    # weights and all.
+    weights = [("1.3.6.1.4.1.4203.666.5.14", False, b"\x30\x03\x01\x01\xff")]
+    got = []
+    for c in (slapd.conn(), pando.conn()):
+        c.search(user_dn("u01"), "(objectClass=*)", search_scope="BASE",
+                 attributes=["departmentNumber"], controls=weights)
+        got.append(list(c.entries[0].departmentNumber.values))
+    assert got[0] == got[1] == ["{2}20", "{1}9", "{1}10", "{3}1"], got
+    # A weighted attribute's value without a weight: refused by both.
+    unweighted = lambda c: c.modify(user_dn("u01"), {"departmentNumber": [(MODIFY_ADD, ["7"])]})
+    (rs, ds, _), (rp, dp, mp) = both(pair, unweighted)
+    assert rs == rp and rs != 0, (ds, dp, mp)
 
 
 # ------------------------------------------------------------- cn=config
@@ -406,5 +443,42 @@ def test_memberof_rebuild_sets_existing_data_right_and_verify_checks_it(tmp_path
         c = srv.conn()
         c.search(SUFFIX, "(memberOf=*)", attributes=["memberOf"])
         assert len(c.entries) >= 3, c.entries
+    finally:
+        srv.stop_and_verify()
+
+
+def test_error_injection_is_configured_counted_and_removed_over_cn_config(tmp_path):
+    srv = Pando(tmp_path, demo=True, name="errors").start()
+    try:
+        rc, _, err = ldapi(srv, "ldapadd", input=(
+            "dn: olcOverlay=errors,%s\nobjectClass: olcOverlayConfig\nobjectClass: pandoErrorsConfig\n"
+            "pandoErrorRule: ops=search subtree=\"%s\" result=51 text=\"injected: busy\"\n"
+            "pandoErrorRule: ops=compare regex=\"^uid=bob,\" delay=1500\n"
+            "pandoErrorRule: ops=modify dn=\"uid=carol,%s\" disconnect\n" % (DB, PEOPLE, PEOPLE)))
+        assert rc == 0, err
+        rc, out, err = srv.ldap("ldapsearch", "-b", PEOPLE, "(uid=alice)", "uid")
+        assert rc == 51 and "injected: busy" in out + err, (rc, out, err)
+        # Outside the subtree: untouched.
+        rc, _, _ = srv.ldap("ldapsearch", "-b", GROUPS, "-s", "base", "1.1")
+        assert rc == 0
+        started = time.monotonic()
+        rc, out, _ = srv.ldap("ldapcompare", "uid=bob," + PEOPLE, "uid:bob")
+        assert rc == 6 and time.monotonic() - started >= 1.4, (rc, out)
+        rc, _, err = srv.ldap("ldapmodify", input="dn: uid=carol,%s\nchangetype: modify\nreplace: sn\nsn: x\n" % PEOPLE)
+        assert rc != 0 and "Can't contact" in err or "closed" in err.lower(), (rc, err)
+        rc, out, _ = ldapi(srv, "ldapsearch", "-LLL", "-b", "cn=Overlays,cn=Monitor", "-s", "base", "+", "*")
+        counts = [l for l in out.splitlines() if l.startswith("pandoErrorInjected:")]
+        assert any(l.startswith("pandoErrorInjected: injected=1 ops=search") for l in counts), out
+        assert any("injected=1 ops=modify" in l for l in counts), out
+        assert "pandoOverlay: {0}errors" in out, out
+        # A bad rule is refused, naming the word.
+        rc, _, err = ldapi(srv, "ldapmodify", input=(
+            "dn: olcOverlay={0}errors,%s\nchangetype: modify\nadd: pandoErrorRule\n"
+            "pandoErrorRule: ops=search result=999\n" % DB))
+        assert rc == 19 and "result" in err, err
+        rc, _, err = ldapi(srv, "ldapdelete", "olcOverlay={0}errors," + DB)
+        assert rc == 0, err
+        rc, _, _ = srv.ldap("ldapsearch", "-b", PEOPLE, "(uid=alice)", "uid")
+        assert rc == 0
     finally:
         srv.stop_and_verify()

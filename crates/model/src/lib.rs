@@ -31,3 +31,4 @@ pub use filter::{CompiledFilter, Ternary};
 pub use schema::{
     AttributeType, ObjectClass, ObjectClassKind, Schema, SchemaError, SortOrder, Usage,
 };
+pub use syntax::generalized_time_seconds;

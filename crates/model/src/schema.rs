@@ -218,6 +218,7 @@ const FILES: &[(&str, &str)] = &[
         "operational.schema",
         include_str!("../schema/operational.schema"),
     ),
+    ("ppolicy.schema", include_str!("../schema/ppolicy.schema")),
     ("monitor.schema", include_str!("../schema/monitor.schema")),
     ("config.schema", include_str!("../schema/config.schema")),
 ];

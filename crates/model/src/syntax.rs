@@ -335,6 +335,14 @@ fn days_in_month(y: i64, m: u32) -> u32 {
     }
 }
 
+/// Seconds since 1970-01-01T00:00:00Z of a GeneralizedTime value (its
+/// fraction dropped); None when it is not one.
+pub fn generalized_time_seconds(v: &[u8]) -> Option<i64> {
+    let t = parse_generalized_time(v).ok()?;
+    let days = days_from_civil(t.year, t.month, t.day);
+    Some(days * 86400 + i64::from(t.hour) * 3600 + i64::from(t.minute) * 60 + i64::from(t.second))
+}
+
 /// Days since 1970-01-01 of a proleptic Gregorian date.
 fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
@@ -552,5 +560,22 @@ mod tests {
         assert!(check_value(Check::Uuid, b"597ae2f6-16a6-1027-98f4-d28b5365dc1").is_err());
         assert!(check_value(Check::DirectoryString, b"").is_err());
         assert!(check_value(Check::Numeric, b"12 34").is_ok());
+    }
+}
+
+#[cfg(test)]
+mod seconds_tests {
+    #[test]
+    fn generalized_time_reads_as_seconds_since_the_epoch() {
+        assert_eq!(super::generalized_time_seconds(b"19700101000000Z"), Some(0));
+        assert_eq!(
+            super::generalized_time_seconds(b"20000301000001.5Z"),
+            Some(951868801)
+        );
+        assert_eq!(
+            super::generalized_time_seconds(b"19700101010000+0100"),
+            Some(0)
+        );
+        assert_eq!(super::generalized_time_seconds(b"nonsense"), None);
     }
 }

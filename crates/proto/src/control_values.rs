@@ -503,3 +503,100 @@ mod tests {
         assert!(decode_subentries(b"\x01\x01\x00\x00").is_err());
     }
 }
+
+/// OpenLDAP's value sorting control value: `SEQUENCE { BOOLEAN }`.
+pub fn decode_valsort(value: &[u8]) -> Result<bool, DecodeError> {
+    let mut outer = Reader::new(value);
+    let mut r = outer.read_constructed(tag::SEQUENCE)?;
+    outer.finish("value sorting control")?;
+    let b = ber::decode_bool(r.read(tag::BOOLEAN)?)?;
+    r.finish("value sorting control")?;
+    Ok(b)
+}
+
+#[cfg(test)]
+mod valsort_tests {
+    #[test]
+    fn valsort_value_is_a_sequence_of_one_boolean() {
+        assert!(super::decode_valsort(&[0x30, 0x03, 0x01, 0x01, 0xff]).unwrap());
+        assert!(!super::decode_valsort(&[0x30, 0x03, 0x01, 0x01, 0x00]).unwrap());
+        assert!(super::decode_valsort(&[0x30, 0x00]).is_err());
+        assert!(super::decode_valsort(&[0x01, 0x01, 0xff]).is_err());
+    }
+}
+
+/// The warning of a password policy response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyWarning {
+    /// Seconds until the password expires.
+    TimeBeforeExpiration(u32),
+    /// Binds still allowed with the expired password.
+    GraceAuthNsRemaining(u32),
+}
+
+/// The errors of a password policy response (draft-behera-ldap-password-
+/// policy-10 6.2), by their ENUMERATED values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyError {
+    PasswordExpired = 0,
+    AccountLocked = 1,
+    ChangeAfterReset = 2,
+    PasswordModNotAllowed = 3,
+    MustSupplyOldPassword = 4,
+    InsufficientPasswordQuality = 5,
+    PasswordTooShort = 6,
+    PasswordTooYoung = 7,
+    PasswordInHistory = 8,
+    PasswordTooLong = 9,
+}
+
+// PasswordPolicyResponseValue ::= SEQUENCE {
+//    warning [0] CHOICE {
+//       timeBeforeExpiration [0] INTEGER (0 .. maxInt),
+//       graceAuthNsRemaining [1] INTEGER (0 .. maxInt) } OPTIONAL,
+//    error   [1] ENUMERATED { … } OPTIONAL }
+pub fn encode_policy_response(
+    warning: Option<PolicyWarning>,
+    error: Option<PolicyError>,
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    let m = ber::begin(&mut out, tag::SEQUENCE);
+    if let Some(w) = warning {
+        let c = ber::begin(&mut out, 0xa0);
+        match w {
+            PolicyWarning::TimeBeforeExpiration(s) => ber::write_int(&mut out, 0x80, i64::from(s)),
+            PolicyWarning::GraceAuthNsRemaining(n) => ber::write_int(&mut out, 0x81, i64::from(n)),
+        }
+        ber::end(&mut out, c);
+    }
+    if let Some(e) = error {
+        ber::write_int(&mut out, 0x81, e as i64);
+    }
+    ber::end(&mut out, m);
+    out
+}
+
+#[cfg(test)]
+mod policy_tests {
+    use super::*;
+
+    #[test]
+    fn policy_responses_encode_as_the_draft_says() {
+        assert_eq!(encode_policy_response(None, None), [0x30, 0x00]);
+        assert_eq!(
+            encode_policy_response(None, Some(PolicyError::AccountLocked)),
+            [0x30, 0x03, 0x81, 0x01, 0x01]
+        );
+        assert_eq!(
+            encode_policy_response(Some(PolicyWarning::GraceAuthNsRemaining(2)), None),
+            [0x30, 0x05, 0xa0, 0x03, 0x81, 0x01, 0x02]
+        );
+        assert_eq!(
+            encode_policy_response(
+                Some(PolicyWarning::TimeBeforeExpiration(300)),
+                Some(PolicyError::ChangeAfterReset)
+            ),
+            [0x30, 0x09, 0xa0, 0x04, 0x80, 0x02, 0x01, 0x2c, 0x81, 0x01, 0x02]
+        );
+    }
+}

@@ -38,6 +38,12 @@ pub mod oid {
     pub const TREE_DELETE: &str = "1.2.840.113556.1.4.805";
     /// Relax Rules (draft-zeilenga-ldap-relax).
     pub const RELAX: &str = "1.3.6.1.4.1.4203.666.5.12";
+    /// Password policy request and response
+    /// (draft-behera-ldap-password-policy-10).
+    pub const PASSWORD_POLICY: &str = "1.3.6.1.4.1.42.2.27.8.5.1";
+    /// OpenLDAP's value sorting control: weighted values keep their
+    /// weights in search results when its boolean is TRUE.
+    pub const VALSORT: &str = "1.3.6.1.4.1.4203.666.5.14";
     /// No-Op: the OID OpenLDAP 2.5's tools and slapd use, and the one
     /// draft-zeilenga-ldap-noop-01 assigned (older clients).
     pub const NO_OP: &str = "1.3.6.1.4.1.4203.666.5.2";

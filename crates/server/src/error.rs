@@ -12,6 +12,9 @@ pub struct LdapError {
     pub matched_dn: String,
     /// Where to go instead (with [`ResultCode::REFERRAL`]).
     pub referral: Vec<String>,
+    /// Response controls that go with the error (the password policy
+    /// control says why a bind or a password change failed).
+    pub controls: Vec<pando_proto::Control>,
 }
 
 impl LdapError {
@@ -21,6 +24,7 @@ impl LdapError {
             message: message.into(),
             matched_dn: String::new(),
             referral: Vec::new(),
+            controls: Vec::new(),
         }
     }
 
@@ -30,6 +34,17 @@ impl LdapError {
             referral: vec![url],
             ..Self::new(ResultCode::REFERRAL, message)
         }
+    }
+
+    pub fn with_control(mut self, c: pando_proto::Control) -> Self {
+        self.controls.push(c);
+        self
+    }
+
+    /// The result and the response controls that go with it.
+    pub fn into_response(mut self) -> (LdapResult, Vec<pando_proto::Control>) {
+        let controls = std::mem::take(&mut self.controls);
+        (self.into_result(), controls)
     }
 
     pub fn with_matched(mut self, dn: String) -> Self {

@@ -406,7 +406,7 @@ pub fn compile(
     };
     // A configured hash wins; otherwise the one the data directory keeps.
     let root_pw_hash = cfg.config.root_password_hash.clone().or(root_pw_hash);
-    let overlays = Arc::new(overlays::Overlays::compile(&cfg.config.overlay, &schema));
+    let overlays = Arc::new(overlays::Overlays::compile(&cfg.config.overlay, &schema)?);
     Ok(state::Compiled {
         overlays,
         desired: Arc::new(cfg.config.clone()),

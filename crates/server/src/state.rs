@@ -226,8 +226,26 @@ pub struct Identity {
     /// The DN that authenticated, when this identity was taken on with the
     /// proxied authorization control (kept for the audit log).
     proxied_by: Option<String>,
+    /// Set by a bind the password policy answered changeAfterReset: until
+    /// the password is changed, nothing else may run. Shared by every copy
+    /// of the identity, so the change lifts it for the connection.
+    restriction: Option<std::sync::Arc<Restriction>>,
     pub session: std::sync::Arc<Session>,
 }
+
+/// A connection's restriction to changing its password (see
+/// [`Identity::is_restricted`]).
+#[derive(Debug, Default)]
+pub struct Restriction(std::sync::atomic::AtomicBool);
+
+impl PartialEq for Restriction {
+    fn eq(&self, other: &Self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.0.load(Relaxed) == other.0.load(Relaxed)
+    }
+}
+
+impl Eq for Restriction {}
 
 impl Identity {
     pub fn anonymous(session: std::sync::Arc<Session>) -> Identity {
@@ -237,6 +255,7 @@ impl Identity {
             admin: false,
             break_glass: false,
             proxied_by: None,
+            restriction: None,
             session,
         }
     }
@@ -249,7 +268,30 @@ impl Identity {
             admin: false,
             break_glass: false,
             proxied_by: None,
+            restriction: None,
             session,
+        }
+    }
+
+    /// This identity restricted to changing its password.
+    pub fn restricted_to_password_change(mut self) -> Identity {
+        let r = Restriction::default();
+        r.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.restriction = Some(std::sync::Arc::new(r));
+        self
+    }
+
+    /// Whether only a password change may run (password policy).
+    pub fn is_restricted(&self) -> bool {
+        self.restriction
+            .as_ref()
+            .is_some_and(|r| r.0.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// The password was changed: the connection is no longer restricted.
+    pub fn lift_restriction(&self) {
+        if let Some(r) = &self.restriction {
+            r.0.store(false, std::sync::atomic::Ordering::Relaxed);
         }
     }
 

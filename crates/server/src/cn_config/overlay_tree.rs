@@ -149,6 +149,17 @@ fn build(
                 ))
             }
             SettingForm::Text => toml::Value::String(vals[0].clone()),
+            SettingForm::Integer => match vals.as_slice() {
+                [one] => toml::Value::Integer(one.trim().parse::<i64>().map_err(|_| {
+                    LdapError::invalid_syntax(format!("{attr}: '{one}' is not an integer"))
+                })?),
+                _ => {
+                    return Err(LdapError::new(
+                        ResultCode::CONSTRAINT_VIOLATION,
+                        format!("{attr} takes one value"),
+                    ))
+                }
+            },
             SettingForm::Boolean => match vals[0].to_ascii_uppercase().as_str() {
                 "TRUE" if vals.len() == 1 => toml::Value::Boolean(true),
                 "FALSE" if vals.len() == 1 => toml::Value::Boolean(false),
@@ -298,6 +309,7 @@ pub fn schema_text(oid_arc: &str, olc_overlay_n: u32) -> String {
         for set in t.settings {
             let (syntax, eq, single) = match set.form {
                 SettingForm::Boolean => ("1.3.6.1.4.1.1466.115.121.1.7", "booleanMatch", true),
+                SettingForm::Integer => ("1.3.6.1.4.1.1466.115.121.1.27", "integerMatch", true),
                 SettingForm::Text => ("1.3.6.1.4.1.1466.115.121.1.15", "caseIgnoreMatch", true),
                 SettingForm::List => ("1.3.6.1.4.1.1466.115.121.1.15", "caseIgnoreMatch", false),
             };

@@ -317,6 +317,10 @@ impl Connection {
                 return Flow::Continue;
             }
         };
+        if let Some((flow, code)) = self.inject(&server, id, &op, wire, identity).await {
+            finish(&server, rec, code, 0);
+            return flow;
+        }
         let work = match op.request {
             ProtocolOp::ExtendedRequest(req) if req.name == oid::START_TLS => {
                 let (flow, code) =
@@ -333,7 +337,9 @@ impl Connection {
                 return Flow::Continue;
             }
             ProtocolOp::BindRequest(req) => {
-                self.bind(&server, id, req, wire, identity, ctx, rec).await;
+                let wants_policy = op.controls.ppolicy;
+                self.bind(&server, id, req, wants_policy, wire, identity, ctx, rec)
+                    .await;
                 return Flow::Continue;
             }
             ProtocolOp::SearchRequest(req) => {
@@ -455,6 +461,7 @@ impl Connection {
         server: &Arc<Server>,
         id: i32,
         req: pando_proto::BindRequest,
+        wants_policy: bool,
         wire: &mut Wire<S>,
         identity: &mut Identity,
         ctx: &mut Ctx<'_>,
@@ -465,22 +472,51 @@ impl Connection {
         if let Some(r) = rec.as_mut() {
             r.started();
         }
-        let bound = ops::bind::bind(server, req, &self.session);
-        let result = match wire.pump_while(bound).await {
-            Ok(who) => {
+        let bound = ops::bind::bind(server, req, &self.session, wants_policy);
+        let (result, controls) = match wire.pump_while(bound).await {
+            Ok((who, controls)) => {
                 tracing::debug!(conn = self.id, dn = who.dn(), "bind ok");
                 *identity = who;
                 wire.set_idle(idle_for(server, identity));
-                LdapResult::success()
+                (LdapResult::success(), controls)
             }
             Err(e) => {
                 self.anonymous_again(identity, wire);
-                e.into_result()
+                e.into_response()
             }
         };
         let code = result.code.0;
-        put(&mut wire.output, id, bind_response(result), Vec::new());
+        put(&mut wire.output, id, bind_response(result), controls);
         finish(server, rec, Some(code), 0);
+    }
+
+    /// Error injection (`overlays::errors`): the rule that fires for `op`
+    /// waits, then answers its result code or drops the connection; how the
+    /// connection goes on (and the result code answered) when the
+    /// operation is not to run.
+    async fn inject<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        server: &Arc<Server>,
+        id: i32,
+        op: &ops::operation::Operation,
+        wire: &mut Wire<S>,
+        identity: &mut Identity,
+    ) -> Option<(Flow, Option<u32>)> {
+        let fault = server.overlays.fault(&server.schema, &op.request)?;
+        let rule = fault.rule;
+        if let Some(d) = rule.delay {
+            let _ = wire.pump_while(tokio::time::sleep(d)).await;
+        }
+        if rule.disconnect {
+            return Some((Flow::Close("error injection"), None));
+        }
+        let (code, text) = rule.result.clone()?;
+        if matches!(op.request, ProtocolOp::BindRequest(_)) {
+            self.anonymous_again(identity, wire);
+        }
+        let refused = ops::operation::refusal(&op.request, LdapError::new(code, text));
+        put(&mut wire.output, id, refused.op, refused.controls);
+        Some((Flow::Continue, Some(code.0)))
     }
 
     /// Abandon every outstanding operation and wait until all have ended

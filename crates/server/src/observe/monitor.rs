@@ -8,6 +8,7 @@
 //!                                initiated, completed, latency percentiles and buckets
 //!   cn=Store,cn=Monitor          entries, sizes, map use, page-cache residency, per-database sizes
 //!   cn=Indexes,cn=Monitor        indexes ready, and those being built with their progress
+//!   cn=Overlays,cn=Monitor       overlays in order; error injection rules and how often each fired
 //!   cn=Writer,cn=Monitor         batches, largest and mean batch size, commit latency, fsyncs
 //!   cn=Logs,cn=Monitor           access-log lines dropped, write errors
 //! ```
@@ -121,6 +122,25 @@ fn latency_attrs(l: &Latency) -> Vec<Attribute> {
 }
 
 /// `pandoIndexReady` and `pandoIndexBuilding` values.
+/// The overlays in order, and how often each error injection rule fired.
+fn overlays(server: &Server) -> Vec<Attribute> {
+    let list: Vec<String> = server
+        .overlays
+        .kinds()
+        .enumerate()
+        .map(|(i, k)| format!("{{{i}}}{k}"))
+        .collect();
+    let mut out = Vec::new();
+    if !list.is_empty() {
+        out.push(attr("pandoOverlay", list));
+    }
+    let rules = server.overlays.injection_counts();
+    if !rules.is_empty() {
+        out.push(attr("pandoErrorInjected", rules));
+    }
+    out
+}
+
 fn indexes(server: &Server) -> Vec<Attribute> {
     let (mut ready, mut building) = (Vec::new(), Vec::new());
     for i in server.store.indexes() {
@@ -231,6 +251,7 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
     }
     out.push(node("Store", "cn=Store,cn=Monitor", store));
     out.push(node("Indexes", "cn=Indexes,cn=Monitor", indexes(server)));
+    out.push(node("Overlays", "cn=Overlays,cn=Monitor", overlays(server)));
     let mut changes = vec![num(
         "pandoPersistentSearches",
         server.persistent_searches.in_use() as u64,

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use pando_model::{Dn, Entry};
-use pando_proto::{BindAuth, BindRequest, ResultCode};
+use pando_proto::{BindAuth, BindRequest, Control, ResultCode};
 use pando_store::{Lookup, View};
 
 use crate::acl;
@@ -11,13 +11,15 @@ use crate::auth::{peercred_dn, MapTarget};
 use crate::error::{LdapError, OpResult};
 use crate::state::{Identity, Server, Session};
 
-/// Authenticate; the new identity on success. Failed binds leave the
+/// Authenticate; the new identity on success, with the response controls
+/// (the password policy's, when `wants_policy`). Failed binds leave the
 /// connection anonymous (the caller resets it).
 pub async fn bind(
     server: &Arc<Server>,
     req: BindRequest,
     session: &Arc<Session>,
-) -> OpResult<Identity> {
+    wants_policy: bool,
+) -> OpResult<(Identity, Vec<Control>)> {
     if req.version != 3 {
         return Err(LdapError::protocol(format!(
             "LDAP version {} is not supported",
@@ -31,7 +33,7 @@ pub async fn bind(
             credentials,
         } => {
             if mechanism.eq_ignore_ascii_case("EXTERNAL") {
-                return external(server, session, credentials.as_deref());
+                return external(server, session, credentials.as_deref()).map(|w| (w, Vec::new()));
             }
             return Err(LdapError::new(
                 ResultCode::AUTH_METHOD_NOT_SUPPORTED,
@@ -41,7 +43,7 @@ pub async fn bind(
     };
     if req.name.is_empty() {
         if pw.is_empty() {
-            return Ok(Identity::anonymous(session.clone()));
+            return Ok((Identity::anonymous(session.clone()), Vec::new()));
         }
         return Err(invalid());
     }
@@ -70,20 +72,58 @@ pub async fn bind(
         .throttle
         .begin(crate::throttle::Key::new(&norm, session))
         .await?;
-    let ok = check_simple(server, session, &req.name, &rdns, &norm, pw).await?;
-    match ok {
-        Some(who) => {
-            attempt.succeeded();
-            Ok(who.with_session(session.clone()).with_admin_from(server))
+    let policy = server.overlays.ppolicy();
+    let (ok, account) = check_simple(
+        server,
+        session,
+        &req.name,
+        &rdns,
+        &norm,
+        pw,
+        policy.is_some(),
+    )
+    .await?;
+    let verdict = match (policy, account) {
+        (Some(p), Some(entry)) => Some(
+            p.on_bind(server, &norm, &entry, ok.is_some(), wants_policy)
+                .await?,
+        ),
+        _ => None,
+    };
+    use crate::overlays::ppolicy::BindVerdict;
+    match (ok, verdict) {
+        (Some(_), Some(BindVerdict::Refuse(e))) | (None, Some(BindVerdict::Refuse(e))) => {
+            attempt.failed().await;
+            Err(e)
         }
-        None => {
+        (Some(who), verdict) => {
+            attempt.succeeded();
+            let who = who.with_session(session.clone()).with_admin_from(server);
+            Ok(match verdict {
+                Some(BindVerdict::Allow {
+                    controls,
+                    restricted,
+                }) => {
+                    let who = if restricted {
+                        who.restricted_to_password_change()
+                    } else {
+                        who
+                    };
+                    (who, controls)
+                }
+                _ => (who, Vec::new()),
+            })
+        }
+        (None, _) => {
             attempt.failed().await;
             Err(invalid())
         }
     }
 }
 
-/// Check a simple bind's password; Some(identity) when it is right.
+/// Check a simple bind's password; Some(identity) when it is right, and
+/// the account's entry as stored when `want_entry` (the password policy
+/// reads its state) and there is one.
 async fn check_simple(
     server: &Arc<Server>,
     session: &Arc<Session>,
@@ -91,7 +131,8 @@ async fn check_simple(
     rdns: &[String],
     norm: &str,
     pw: Vec<u8>,
-) -> OpResult<Option<Identity>> {
+    want_entry: bool,
+) -> OpResult<(Option<Identity>, Option<Entry>)> {
     let who = || Identity::authenticated(name.to_string(), norm.to_string(), Arc::default());
     let mut checked_root = false;
     if !server.root_dn_norm.is_empty() && norm == server.root_dn_norm {
@@ -102,13 +143,14 @@ async fn check_simple(
                 .verify(pw.clone(), vec![hash.into_bytes()])
                 .await
             {
-                return Ok(Some(who()));
+                return Ok((Some(who()), None));
             }
             checked_root = true;
         }
         // A root DN with no password may still exist as an entry below.
     }
     // One indexed lookup: cheaper inline than a handoff to a blocking thread.
+    let mut account = None;
     let stored: Vec<Vec<u8>> = {
         let rtxn = server.store.read()?;
         let view = rtxn.view();
@@ -116,7 +158,7 @@ async fn check_simple(
             Lookup::Found(id) => {
                 // Access rules look inside entries only when one has a
                 // filter; otherwise the password is all a bind needs.
-                let entry = if server.acl.reads_entries() {
+                let entry = if server.acl.reads_entries() || want_entry {
                     super::stored_entry(&view, id)?
                 } else {
                     Entry {
@@ -132,11 +174,15 @@ async fn check_simple(
                 let pw = server.schema.attribute("userPassword");
                 let allowed =
                     super::require(server, &view, &anon, norm, &entry, &[(pw, acl::AUTH)]).is_ok();
-                if allowed {
+                let stored = if allowed {
                     super::password_values(&entry.attrs)
                 } else {
                     Vec::new()
+                };
+                if want_entry {
+                    account = Some(entry);
                 }
+                stored
             }
             Lookup::Missing { .. } => Vec::new(),
         }
@@ -145,9 +191,9 @@ async fn check_simple(
     // has no password or the password is wrong: a bind must not reveal
     // which DNs exist (with nothing stored, a decoy hash is checked).
     if stored.is_empty() && checked_root {
-        return Ok(None);
+        return Ok((None, account));
     }
-    Ok(server.passwords.verify(pw, stored).await.then(who))
+    Ok((server.passwords.verify(pw, stored).await.then(who), account))
 }
 
 /// SASL EXTERNAL: the identity the transport established — the peer's Unix

@@ -207,6 +207,23 @@ pub const SUPPORTED: &[Supported] = &[
         },
     },
     Supported {
+        oid: oid::PASSWORD_POLICY,
+        applies_to: &[Bind, Add, Modify, Extended],
+        parse: |r, c, _| {
+            no_value(c)?;
+            r.ppolicy = true;
+            Ok(())
+        },
+    },
+    Supported {
+        oid: oid::VALSORT,
+        applies_to: &[Search],
+        parse: |r, c, _| {
+            r.valsort_weights = cv::decode_valsort(value(c)?).map_err(|e| malformed(c, &e))?;
+            Ok(())
+        },
+    },
+    Supported {
         oid: oid::DONT_USE_COPY,
         // RFC 6171: a server holding the original answers as usual.
         applies_to: &[Search, Compare],
@@ -269,6 +286,11 @@ pub struct Requested {
     /// Administrators may set attributes the server otherwise maintains.
     pub relax: bool,
     pub dont_use_copy: bool,
+    /// Weighted values keep their `{n}` weights (the value sorting
+    /// overlay).
+    pub valsort_weights: bool,
+    /// The password policy response control is wanted.
+    pub ppolicy: bool,
 }
 
 /// A server-side sort request (RFC 2891).

@@ -130,6 +130,19 @@ async fn passwd_modify(ctx: Arc<WriteCtx>, value: Option<&[u8]>) -> OpResult<Ext
             Some(stored)
         }
     };
+    if let Some(p) = server.overlays.ppolicy() {
+        // A generated password is the server's own: not quality-checked.
+        let clear = (!generated).then_some(new_clear.as_slice());
+        p.check_change(
+            server,
+            who,
+            &norm,
+            clear,
+            checked.is_some(),
+            ctx.controls.ppolicy,
+        )
+        .await?;
+    }
     let hashed = server.passwords.hash_one(new_clear.clone()).await?;
     let op = SetPassword {
         target,

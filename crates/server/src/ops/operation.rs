@@ -68,6 +68,13 @@ impl Operation {
             None => Ok(who),
         };
         match (parsed, who) {
+            (Ok(controls), Ok(who))
+                if who.is_restricted()
+                    && !crate::overlays::ppolicy::allowed_while_restricted(&who, &request) =>
+            {
+                let e = crate::overlays::ppolicy::restricted(controls.ppolicy);
+                Err(Box::new(refusal(&request, e)))
+            }
             (Ok(controls), Ok(who)) => Ok(Operation {
                 msg_id,
                 who,
@@ -79,9 +86,9 @@ impl Operation {
     }
 }
 
-/// `request` answered with the error `e` (no response controls).
+/// `request` answered with the error `e` (and its response controls).
 pub fn refusal(request: &ProtocolOp, e: LdapError) -> Response {
-    let r = e.into_result();
+    let (r, controls) = e.into_response();
     let op = match request {
         ProtocolOp::BindRequest(_) => ProtocolOp::BindResponse(pando_proto::BindResponse {
             result: r,
@@ -107,10 +114,7 @@ pub fn refusal(request: &ProtocolOp, e: LdapError) -> Response {
             value: None,
         }),
     };
-    Response {
-        op,
-        controls: Vec::new(),
-    }
+    Response { op, controls }
 }
 
 /// Whether the request changes the directory (such operations complete
@@ -164,10 +168,13 @@ pub async fn perform(server: &Arc<Server>, op: Operation) -> Option<Response> {
             op: mk(LdapResult::success()),
             controls: w.controls,
         },
-        Err(e) => Response {
-            op: mk(e.into_result()),
-            controls: Vec::new(),
-        },
+        Err(e) => {
+            let (result, controls) = e.into_response();
+            Response {
+                op: mk(result),
+                controls,
+            }
+        }
     };
     // cn=config is not in the store: its own path (administrators only).
     if let Some((norm, dn)) = config_target(server, &request) {
@@ -241,14 +248,21 @@ pub async fn perform(server: &Arc<Server>, op: Operation) -> Option<Response> {
         }
         ProtocolOp::ExtendedRequest(req) => {
             let r = super::extended::extended(server, &who, controls, req).await;
-            let resp = r.unwrap_or_else(|e| ExtendedResponse {
-                result: e.into_result(),
-                name: None,
-                value: None,
-            });
+            let (resp, controls) = match r {
+                Ok(resp) => (resp, Vec::new()),
+                Err(e) => {
+                    let (result, controls) = e.into_response();
+                    let resp = ExtendedResponse {
+                        result,
+                        name: None,
+                        value: None,
+                    };
+                    (resp, controls)
+                }
+            };
             Response {
                 op: ProtocolOp::ExtendedResponse(resp),
-                controls: Vec::new(),
+                controls,
             }
         }
         _ => return None,

@@ -7,11 +7,14 @@
 //! Overlays do not act on changes a replication consumer receives: the
 //! provider's overlays made the related changes, and they arrive too.
 
+pub mod errors;
 pub mod memberof;
+pub mod ppolicy;
 pub mod refint;
 pub mod related;
 pub mod settings;
 pub mod unique;
+pub mod valsort;
 
 use pando_model::Schema;
 
@@ -20,43 +23,135 @@ pub use settings::OverlayConfig;
 #[cfg(test)]
 mod tests;
 
+use std::sync::Arc;
+
+use crate::ops::search::hooks::SearchHook;
 use crate::ops::write::hooks::Hook;
 
-/// One configured overlay, compiled.
+type WriteHook = Arc<dyn Hook + Send + Sync>;
+type ReadHook = Arc<dyn SearchHook + Send + Sync>;
+
+/// One configured overlay, compiled: its hooks on writes and on searches.
 pub struct Overlay {
     pub kind: &'static str,
-    write: Box<dyn Hook + Send + Sync>,
+    write: Option<WriteHook>,
+    search: Option<ReadHook>,
 }
 
 /// The configured overlays, in order.
 #[derive(Default)]
 pub struct Overlays {
     list: Vec<Overlay>,
+    /// The password policy overlay, which binds consult too.
+    ppolicy: Option<Arc<ppolicy::PasswordPolicy>>,
+    /// Error injection rules, which connections consult before running
+    /// an operation.
+    errors: Vec<Arc<errors::Errors>>,
 }
 
 impl Overlays {
-    /// Compile the overlays of a validated configuration.
-    pub fn compile(configs: &[OverlayConfig], schema: &Schema) -> Overlays {
+    /// Compile the overlays of a validated configuration (what can still
+    /// fail: reading a file a setting names).
+    pub fn compile(configs: &[OverlayConfig], schema: &Arc<Schema>) -> Result<Overlays, String> {
+        let mut ppolicy = None;
+        let mut injected = Vec::new();
         let list = configs
             .iter()
             .map(|c| {
-                let write: Box<dyn Hook + Send + Sync> = match c {
-                    OverlayConfig::Refint(r) => Box::new(refint::Refint::new(r, schema)),
-                    OverlayConfig::Unique(u) => Box::new(unique::Unique::new(u, schema)),
-                    OverlayConfig::Memberof(m) => Box::new(memberof::MemberOf::new(m, schema)),
+                let (write, search): (Option<WriteHook>, Option<ReadHook>) = match c {
+                    OverlayConfig::Refint(r) => {
+                        (Some(Arc::new(refint::Refint::new(r, schema))), None)
+                    }
+                    OverlayConfig::Unique(u) => {
+                        (Some(Arc::new(unique::Unique::new(u, schema))), None)
+                    }
+                    OverlayConfig::Memberof(m) => {
+                        (Some(Arc::new(memberof::MemberOf::new(m, schema))), None)
+                    }
+                    OverlayConfig::Valsort(v) => {
+                        // Validated: every rule parses.
+                        let rules = v
+                            .rules
+                            .iter()
+                            .filter_map(|r| valsort::parse_rule(schema, r).ok())
+                            .collect();
+                        let both = Arc::new(valsort::ValSort::new(rules, schema.clone()));
+                        (Some(both.clone()), Some(both))
+                    }
+                    OverlayConfig::Ppolicy(p) => {
+                        let pp = Arc::new(
+                            ppolicy::PasswordPolicy::new(p, schema)
+                                .map_err(|e| format!("ppolicy overlay: {e}"))?,
+                        );
+                        ppolicy = Some(pp.clone());
+                        (Some(pp), None)
+                    }
+                    OverlayConfig::Errors(e) => {
+                        // Validated: every rule parses.
+                        let rules = e
+                            .rules
+                            .iter()
+                            .filter_map(|r| errors::parse_rule(schema, r).ok())
+                            .collect();
+                        injected.push(Arc::new(errors::Errors::new(rules)));
+                        (None, None)
+                    }
                 };
-                Overlay {
+                Ok(Overlay {
                     kind: c.type_name(),
                     write,
-                }
+                    search,
+                })
             })
-            .collect();
-        Overlays { list }
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Overlays {
+            list,
+            ppolicy,
+            errors: injected,
+        })
+    }
+
+    /// The fault error injection puts on `op`, if a rule fires.
+    pub fn fault(
+        &self,
+        schema: &Schema,
+        op: &pando_proto::ProtocolOp,
+    ) -> Option<errors::Fault<'_>> {
+        self.errors.iter().find_map(|e| e.pick(schema, op))
+    }
+
+    /// Each error injection rule with how often it fired (cn=Monitor).
+    pub fn injection_counts(&self) -> Vec<String> {
+        self.errors
+            .iter()
+            .flat_map(|e| e.rules.iter())
+            .map(|r| {
+                format!(
+                    "injected={} {}",
+                    r.injected.load(std::sync::atomic::Ordering::Relaxed),
+                    r.text
+                )
+            })
+            .collect()
+    }
+
+    /// The password policy overlay, when configured.
+    pub fn ppolicy(&self) -> Option<&ppolicy::PasswordPolicy> {
+        self.ppolicy.as_deref()
     }
 
     /// The write hooks, in the configured order.
     pub fn write_hooks(&self) -> impl Iterator<Item = &dyn Hook> {
-        self.list.iter().map(|o| &*o.write as &dyn Hook)
+        self.list
+            .iter()
+            .filter_map(|o| o.write.as_deref().map(|h| h as &dyn Hook))
+    }
+
+    /// The search hooks, in the configured order.
+    pub(crate) fn search_hooks(&self) -> impl Iterator<Item = &dyn SearchHook> {
+        self.list
+            .iter()
+            .filter_map(|o| o.search.as_deref().map(|h| h as &dyn SearchHook))
     }
 
     pub fn is_empty(&self) -> bool {

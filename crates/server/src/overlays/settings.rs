@@ -14,6 +14,9 @@ pub enum OverlayConfig {
     Refint(RefintConfig),
     Unique(UniqueConfig),
     Memberof(MemberOfConfig),
+    Valsort(ValsortConfig),
+    Ppolicy(PpolicyConfig),
+    Errors(ErrorsConfig),
 }
 
 /// Referential integrity: references to an entry follow it when it is
@@ -87,11 +90,48 @@ fn memberof_dangling() -> String {
     "ignore".into()
 }
 
+/// Value sorting.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ValsortConfig {
+    /// `<attribute> <base DN> <order>` each (see `overlays::valsort`).
+    pub rules: Vec<String>,
+}
+
+/// Password policy.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PpolicyConfig {
+    /// The policy entry for accounts without `pwdPolicySubentry`; unset:
+    /// such accounts have no policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_policy: Option<String>,
+    /// A bind to a locked account says so in the password policy
+    /// response (accountLocked); otherwise it is only invalidCredentials.
+    #[serde(default)]
+    pub use_lockout: bool,
+    /// Character classes (lower, upper, digits, others) a password must
+    /// mix when the policy checks quality.
+    #[serde(default)]
+    pub min_classes: u8,
+    /// A file of banned passwords, one per line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub banned_file: Option<std::path::PathBuf>,
+}
+
+/// Error injection (see `overlays::errors` for the rule words).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorsConfig {
+    pub rules: Vec<String>,
+}
+
 /// How a setting is written as attribute values under cn=config.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SettingForm {
     Text,
     Boolean,
+    Integer,
     List,
 }
 
@@ -155,6 +195,29 @@ pub const TYPES: &[OverlayType] = &[
             s(323, "dangling", "olcMemberOfDangling", Text),
         ],
     },
+    OverlayType {
+        name: "valsort",
+        class: "olcValSortConfig",
+        class_n: 14,
+        settings: &[s(330, "rules", "olcValSortAttr", List)],
+    },
+    OverlayType {
+        name: "ppolicy",
+        class: "olcPPolicyConfig",
+        class_n: 15,
+        settings: &[
+            s(340, "default_policy", "olcPPolicyDefault", Text),
+            s(341, "use_lockout", "olcPPolicyUseLockout", Boolean),
+            s(342, "min_classes", "pandoPPolicyMinClasses", Integer),
+            s(343, "banned_file", "pandoPPolicyBannedFile", Text),
+        ],
+    },
+    OverlayType {
+        name: "errors",
+        class: "pandoErrorsConfig",
+        class_n: 16,
+        settings: &[s(350, "rules", "pandoErrorRule", List)],
+    },
 ];
 
 /// The type named `name` (any case).
@@ -168,6 +231,9 @@ impl OverlayConfig {
             OverlayConfig::Refint(_) => "refint",
             OverlayConfig::Unique(_) => "unique",
             OverlayConfig::Memberof(_) => "memberof",
+            OverlayConfig::Valsort(_) => "valsort",
+            OverlayConfig::Ppolicy(_) => "ppolicy",
+            OverlayConfig::Errors(_) => "errors",
         }
     }
 }
@@ -297,6 +363,50 @@ pub fn validate(
                         "dangling",
                         format!("'{}' is not ignore or error", m.dangling),
                     ));
+                }
+            }
+            OverlayConfig::Ppolicy(p) => {
+                if overlays
+                    .iter()
+                    .filter(|o| matches!(o, OverlayConfig::Ppolicy(_)))
+                    .count()
+                    > 1
+                {
+                    return Err(err(i, kind, "type", "one ppolicy overlay at most"));
+                }
+                if let Some(d) = &p.default_policy {
+                    let dn = Dn::parse(d).map_err(|e| {
+                        err(i, kind, "default_policy", format!("'{d}' is not a DN: {e}"))
+                    })?;
+                    schema
+                        .normalize_dn(&dn)
+                        .map_err(|e| err(i, kind, "default_policy", e))?;
+                }
+                if p.min_classes > 4 {
+                    return Err(err(
+                        i,
+                        kind,
+                        "min_classes",
+                        format!("{} is more than the 4 classes there are", p.min_classes),
+                    ));
+                }
+                super::ppolicy::quality::Quality::load(p.min_classes, p.banned_file.as_deref())
+                    .map_err(|e| err(i, kind, "banned_file", e))?;
+            }
+            OverlayConfig::Errors(e) => {
+                if e.rules.is_empty() {
+                    return Err(err(i, kind, "rules", "name at least one rule"));
+                }
+                for r in &e.rules {
+                    super::errors::parse_rule(schema, r).map_err(|e| err(i, kind, "rules", e))?;
+                }
+            }
+            OverlayConfig::Valsort(v) => {
+                if v.rules.is_empty() {
+                    return Err(err(i, kind, "rules", "name at least one rule"));
+                }
+                for r in &v.rules {
+                    super::valsort::parse_rule(schema, r).map_err(|e| err(i, kind, "rules", e))?;
                 }
             }
         }

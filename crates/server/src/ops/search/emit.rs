@@ -208,7 +208,7 @@ impl Emitter<'_> {
         } else {
             let mut copy = entry.clone();
             for step in &self.steps {
-                step(&mut copy);
+                step(dn, &mut copy);
             }
             stepped = copy;
             &stepped

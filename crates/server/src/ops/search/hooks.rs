@@ -15,6 +15,9 @@
 //! - `after` sees the outcome, and the way the search went, before
 //!   SearchResultDone is sent, and may add response controls (the sort
 //!   control's reason for not sorting).
+//!
+//! The built-in hooks run first, then configured overlays' (value
+//! sorting), in order.
 
 use pando_model::{CompiledFilter, Dn, Entry, Ternary};
 use pando_proto::ResultCode;
@@ -23,10 +26,11 @@ use pando_store::View;
 use super::{sort, Path, SearchJob, SearchOutcome};
 use crate::error::{LdapError, OpResult};
 
-/// What a hook does to each entry of one search.
-pub(super) type EntryStep = Box<dyn Fn(&mut Entry) + Send + Sync>;
+/// What a hook does to each entry of one search, given the entry's DN
+/// as sent (decoded entries do not carry their DN).
+pub(crate) type EntryStep = Box<dyn Fn(&str, &mut Entry) + Send + Sync>;
 
-pub(super) trait SearchHook: Sync {
+pub(crate) trait SearchHook: Sync {
     /// Whether `before` needs the base entry for this search.
     fn wants_base(&self, _job: &SearchJob) -> bool {
         false
@@ -50,8 +54,16 @@ pub(super) trait SearchHook: Sync {
     fn after(&self, _job: &SearchJob, _path: Path, _outcome: &mut SearchOutcome) {}
 }
 
-/// The order hooks run in.
+/// The order built-in hooks run in.
 const HOOKS: &[&dyn SearchHook] = &[&Assertion, &MatchedValues, &SortResponse];
+
+/// Every hook, in order: the built-in ones, then the server's overlays.
+fn all(job: &SearchJob) -> impl Iterator<Item = &dyn SearchHook> {
+    HOOKS
+        .iter()
+        .copied()
+        .chain(job.server.overlays.search_hooks())
+}
 
 /// Every hook's `before`, in order; `load` reads the base entry, only
 /// when a hook wants it.
@@ -62,7 +74,7 @@ pub(super) fn before(
     load: &mut dyn FnMut() -> OpResult<Entry>,
 ) -> OpResult<()> {
     let mut base = None;
-    for hook in HOOKS.iter().filter(|h| h.wants_base(job)) {
+    for hook in all(job).filter(|h| h.wants_base(job)) {
         if base.is_none() {
             base = Some(load()?);
         }
@@ -75,12 +87,12 @@ pub(super) fn before(
 
 /// The per-entry steps of this search, in hook order.
 pub(super) fn entry_steps(job: &SearchJob) -> Vec<EntryStep> {
-    HOOKS.iter().filter_map(|h| h.per_entry(job)).collect()
+    all(job).filter_map(|h| h.per_entry(job)).collect()
 }
 
 /// Every hook's `after`, in order.
 pub(super) fn after(job: &SearchJob, path: Path, outcome: &mut SearchOutcome) {
-    for hook in HOOKS {
+    for hook in all(job) {
         hook.after(job, path, outcome);
     }
 }
@@ -133,7 +145,7 @@ impl SearchHook for MatchedValues {
         let schema = job.server.schema.clone();
         let compiled: Vec<CompiledFilter> =
             items.iter().map(|f| schema.compile_filter(f)).collect();
-        Some(Box::new(move |entry: &mut Entry| {
+        Some(Box::new(move |_dn: &str, entry: &mut Entry| {
             for a in &mut entry.attrs {
                 let desc = a.desc.clone();
                 a.values

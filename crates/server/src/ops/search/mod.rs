@@ -17,7 +17,7 @@ use pando_store::{EntryId, View};
 use tokio::sync::mpsc;
 
 mod emit;
-mod hooks;
+pub(crate) mod hooks;
 mod limits;
 mod matcher;
 mod paging;
@@ -263,7 +263,7 @@ fn search(
 
 /// The way a search went, for the hooks' `after`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Path {
+pub(crate) enum Path {
     /// Answered before any entry was looked at (a control's refusal, a
     /// paged search abandoned with size 0).
     Refused,

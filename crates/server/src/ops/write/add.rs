@@ -44,6 +44,9 @@ pub async fn add(ctx: Arc<WriteCtx>, req: AddRequest) -> OpResult<Written> {
         }
         entry.add_values(&a.name, a.values);
     }
+    if let Some(p) = server.overlays.ppolicy() {
+        p.check_add(server, who, &entry, ctx.controls.ppolicy)?;
+    }
     let mut op = Add {
         dn_text: req.dn,
         dn,

@@ -98,9 +98,12 @@ pub(super) fn reject_maintained(schema: &Schema, desc: &str, relaxed: bool) -> O
     let Some(at) = schema.attribute(base_of(desc)) else {
         return Ok(());
     };
-    // Under relax an administrator may also set memberOf (data moved from
-    // another directory, or repaired by hand).
-    let stamp = super::STAMPED.iter().any(|m| at.has_name(m)) || at.has_name("memberOf");
+    // Under relax an administrator may also set memberOf and the password
+    // policy state (data moved from another directory, or repaired by
+    // hand: clearing pwdFailureTime).
+    let stamp = super::STAMPED.iter().any(|m| at.has_name(m))
+        || at.has_name("memberOf")
+        || at.name().starts_with("pwd");
     if relaxed && stamp {
         return Ok(());
     }

@@ -45,6 +45,9 @@ pub async fn modify(ctx: Arc<WriteCtx>, req: ModifyRequest) -> OpResult<Written>
             clear = check_password_values(server, who, clear, &ch.attr.values)?;
         }
     }
+    if let Some(p) = server.overlays.ppolicy() {
+        check_policy(&ctx, p, &norm, &req.changes).await?;
+    }
     let mut op = Modify {
         dn_text: req.dn,
         dn,
@@ -70,6 +73,47 @@ pub async fn modify(ctx: Arc<WriteCtx>, req: ModifyRequest) -> OpResult<Written>
         }
     }
     super::run(ctx, Arc::new(op)).await
+}
+
+/// The password policy's checks of a modify that sets a password, on the
+/// values as sent (before hashing).
+async fn check_policy(
+    ctx: &WriteCtx,
+    p: &crate::overlays::ppolicy::PasswordPolicy,
+    norm: &str,
+    changes: &[pando_proto::Change],
+) -> OpResult<()> {
+    let schema = &ctx.server.schema;
+    let pw = |c: &&pando_proto::Change| names_password(schema, &c.attr.name);
+    let new: Vec<&Vec<u8>> = changes
+        .iter()
+        .filter(pw)
+        .filter(|c| matches!(c.op, ModOp::Add | ModOp::Replace))
+        .flat_map(|c| c.attr.values.iter())
+        .collect();
+    if new.is_empty() {
+        return Ok(());
+    }
+    let old_given = changes
+        .iter()
+        .filter(pw)
+        .any(|c| c.op == ModOp::Delete && !c.attr.values.is_empty());
+    if new.len() > 1 {
+        return Err(LdapError::new(
+            ResultCode::CONSTRAINT_VIOLATION,
+            "the password policy allows one password value",
+        ));
+    }
+    let clear = (!crate::password::is_hashed(new[0])).then_some(new[0].as_slice());
+    p.check_change(
+        &ctx.server,
+        &ctx.who,
+        norm,
+        clear,
+        old_given,
+        ctx.controls.ppolicy,
+    )
+    .await
 }
 
 impl WriteOp for Modify {

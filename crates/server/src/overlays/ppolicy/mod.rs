@@ -1,0 +1,618 @@
+//! Password policy (draft-behera-ldap-password-policy-10, as OpenLDAP's
+//! ppolicy overlay implements it): policies are `pwdPolicy` entries, an
+//! account's is its `pwdPolicySubentry` or the configured default.
+//!
+//! - Binds ([`PasswordPolicy::on_bind`]): a locked account is refused;
+//!   failed binds are recorded (`pwdFailureTime`) and lock the account
+//!   after `pwdMaxFailure`; an expired password is refused or allowed a
+//!   grace bind; warnings and errors go in the password policy response
+//!   control. A successful bind writes only when there is state to clear
+//!   (earlier failures, an expired lock) or a grace bind to count.
+//! - Password changes, before the new password is hashed
+//!   ([`PasswordPolicy::check_change`]): who may change it, the old
+//!   password, minimum age, quality, history. Administrators setting
+//!   another account's password skip these (slapd: its root DN).
+//! - In the writer ([`Hook::related`]): `pwdChangedTime`, `pwdHistory`,
+//!   `pwdReset` kept, failures, grace uses and locks cleared.
+//! - A bind answered changeAfterReset restricts the connection to
+//!   changing that password ([`restricted`]).
+
+pub mod policy;
+pub mod quality;
+
+use std::sync::Arc;
+
+use pando_model::{Dn, Entry, Schema};
+use pando_proto::control_values::{encode_policy_response, PolicyError, PolicyWarning};
+use pando_proto::{oid, Control, ProtocolOp, ResultCode};
+use pando_store::{Lookup, View};
+
+use self::policy::{is_policy, precise_time, Policy, State, LOCKED_FOR_GOOD};
+use self::quality::Quality;
+use super::settings::PpolicyConfig;
+use crate::error::{LdapError, OpResult};
+use crate::ops::write::hooks::Hook;
+use crate::ops::write::{Before, Change, WriteCtx, WriteOp};
+use crate::state::{Identity, Server};
+
+/// The DN state changes made by the overlay are stamped with (as
+/// slapd's refint names its own changes).
+pub const MODIFIERS_NAME: &str = "cn=Password Policy";
+
+pub struct PasswordPolicy {
+    /// Normalised DN of the default policy.
+    default: Option<String>,
+    use_lockout: bool,
+    quality: Quality,
+}
+
+/// The password policy response control.
+pub fn response(warning: Option<PolicyWarning>, error: Option<PolicyError>) -> Control {
+    Control {
+        oid: oid::PASSWORD_POLICY.to_string(),
+        critical: false,
+        value: Some(encode_policy_response(warning, error)),
+    }
+}
+
+/// `e`, with the response control saying `why` when the client asked.
+fn refusal(code: ResultCode, msg: String, why: PolicyError, wants: bool) -> LdapError {
+    let e = LdapError::new(code, msg);
+    if wants {
+        e.with_control(response(None, Some(why)))
+    } else {
+        e
+    }
+}
+
+fn now_secs() -> i64 {
+    (crate::clock::now_micros() / 1_000_000) as i64
+}
+
+/// The outcome of a bind under a policy.
+pub enum BindVerdict {
+    /// The bind succeeds: its response controls, and whether the
+    /// connection is restricted to changing the password.
+    Allow {
+        controls: Vec<Control>,
+        restricted: bool,
+    },
+    Refuse(LdapError),
+}
+
+impl PasswordPolicy {
+    pub fn new(cfg: &PpolicyConfig, schema: &Schema) -> Result<PasswordPolicy, String> {
+        let default = match &cfg.default_policy {
+            Some(d) => {
+                Some(schema.normalize_dn(&Dn::parse(d).map_err(|e| format!("'{d}': {e}"))?)?)
+            }
+            None => None,
+        };
+        Ok(PasswordPolicy {
+            default,
+            use_lockout: cfg.use_lockout,
+            quality: Quality::load(cfg.min_classes, cfg.banned_file.as_deref())?,
+        })
+    }
+
+    /// The policy that applies to `entry`: its `pwdPolicySubentry`, else
+    /// the default. A policy entry that is missing or not a pwdPolicy
+    /// means no policy (logged: it is a configuration mistake).
+    pub fn policy_for(&self, view: &View<'_>, entry: &Entry) -> OpResult<Option<Policy>> {
+        let named = entry
+            .values("pwdPolicySubentry")
+            .first()
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .map(str::to_string);
+        let Some(dn) = named.or_else(|| self.default.clone()) else {
+            return Ok(None);
+        };
+        let Ok(parsed) = Dn::parse(&dn) else {
+            return Ok(None);
+        };
+        let Ok(rdns) = view.normalize_rdns(&parsed) else {
+            return Ok(None);
+        };
+        let found = match view.lookup_norm(&rdns)? {
+            Lookup::Found(id) => view.entry(id)?,
+            Lookup::Missing { .. } => None,
+        };
+        match found {
+            Some(p) if is_policy(&p) => match Policy::from_entry(&p) {
+                Ok(policy) => Ok(Some(policy)),
+                Err(e) => {
+                    tracing::warn!(policy = %dn, "password policy entry is invalid, not applied: {e}");
+                    Ok(None)
+                }
+            },
+            _ => {
+                tracing::warn!(policy = %dn, account = %entry.dn, "password policy entry not found (or not a pwdPolicy): no policy applies");
+                Ok(None)
+            }
+        }
+    }
+
+    /// A bind to the account `norm` (stored as `entry`) whose password was
+    /// `verified` or not.
+    pub async fn on_bind(
+        &self,
+        server: &Arc<Server>,
+        norm: &str,
+        entry: &Entry,
+        verified: bool,
+        wants: bool,
+    ) -> OpResult<BindVerdict> {
+        let policy = {
+            let rtxn = server.store.read()?;
+            self.policy_for(&rtxn.view(), entry)?
+        };
+        let invalid = |error: Option<PolicyError>| {
+            let e = LdapError::new(ResultCode::INVALID_CREDENTIALS, "");
+            if wants {
+                e.with_control(response(None, error))
+            } else {
+                e
+            }
+        };
+        let control = |w: Option<PolicyWarning>, e: Option<PolicyError>| {
+            if wants {
+                vec![response(w, e)]
+            } else {
+                Vec::new()
+            }
+        };
+        let Some(p) = policy else {
+            return Ok(if verified {
+                BindVerdict::Allow {
+                    controls: Vec::new(),
+                    restricted: false,
+                }
+            } else {
+                BindVerdict::Refuse(LdapError::new(ResultCode::INVALID_CREDENTIALS, ""))
+            });
+        };
+        let now = now_secs();
+        let state = State::of(entry);
+        if state.is_locked(&p, now) {
+            return Ok(BindVerdict::Refuse(invalid(
+                self.use_lockout.then_some(PolicyError::AccountLocked),
+            )));
+        }
+        if !verified {
+            if p.counts_failures() {
+                record_failure(server, norm, &p).await;
+            }
+            return Ok(BindVerdict::Refuse(invalid(None)));
+        }
+        let mut warning = None;
+        let mut grace_used = false;
+        if let Some(expires) = state.expires(&p) {
+            if now >= expires {
+                let within = p.grace_expiry == 0 || now < expires + p.grace_expiry as i64;
+                if (state.grace_uses as u32) < p.grace_authn_limit && within {
+                    grace_used = true;
+                    warning = Some(PolicyWarning::GraceAuthNsRemaining(
+                        p.grace_authn_limit - state.grace_uses as u32 - 1,
+                    ));
+                } else {
+                    return Ok(BindVerdict::Refuse(invalid(Some(
+                        PolicyError::PasswordExpired,
+                    ))));
+                }
+            } else if p.expire_warning > 0 && expires - now <= p.expire_warning as i64 {
+                warning = Some(PolicyWarning::TimeBeforeExpiration((expires - now) as u32));
+            }
+        }
+        let clear = !state.failures.is_empty() || state.locked.is_some();
+        if clear || grace_used {
+            update(server, norm, move |e: &mut Entry| {
+                if clear {
+                    e.remove("pwdFailureTime");
+                    e.remove("pwdAccountLockedTime");
+                }
+                if grace_used {
+                    let t = precise_time(crate::clock::now_micros());
+                    e.add_values("pwdGraceUseTime", vec![t.into_bytes()]);
+                }
+            })
+            .await;
+        }
+        let restricted = state.reset && p.must_change;
+        let error = restricted.then_some(PolicyError::ChangeAfterReset);
+        Ok(BindVerdict::Allow {
+            controls: if warning.is_some() || error.is_some() || wants {
+                control(warning, error)
+            } else {
+                Vec::new()
+            },
+            restricted,
+        })
+    }
+
+    /// Checks of a password change of the account `target` to `new` (clear
+    /// text, or None when the client sent it hashed), made before it is
+    /// hashed; `old_given`: the change names the old password.
+    pub async fn check_change(
+        &self,
+        server: &Arc<Server>,
+        who: &Identity,
+        target: &str,
+        new: Option<&[u8]>,
+        old_given: bool,
+        wants: bool,
+    ) -> OpResult<()> {
+        if who.is_admin() && who.norm() != target {
+            return Ok(());
+        }
+        let (entry, policy) = {
+            let rtxn = server.store.read()?;
+            let view = rtxn.view();
+            let Ok(parsed) = Dn::parse(target) else {
+                return Ok(());
+            };
+            let Ok(rdns) = view.normalize_rdns(&parsed) else {
+                return Ok(());
+            };
+            let entry = match view.lookup_norm(&rdns)? {
+                Lookup::Found(id) => view.entry(id)?,
+                Lookup::Missing { .. } => None,
+            };
+            let Some(entry) = entry else { return Ok(()) };
+            let policy = self.policy_for(&view, &entry)?;
+            (entry, policy)
+        };
+        let Some(p) = policy else { return Ok(()) };
+        let own = who.norm() == target;
+        if own && !p.allow_user_change {
+            return Err(refusal(
+                ResultCode::INSUFFICIENT_ACCESS_RIGHTS,
+                "the password policy does not let users change their own password".into(),
+                PolicyError::PasswordModNotAllowed,
+                wants,
+            ));
+        }
+        if p.safe_modify && !old_given {
+            return Err(refusal(
+                ResultCode::INSUFFICIENT_ACCESS_RIGHTS,
+                "the password policy needs the old password with the new one".into(),
+                PolicyError::MustSupplyOldPassword,
+                wants,
+            ));
+        }
+        let state = State::of(&entry);
+        if p.min_age > 0 && !state.reset {
+            if let Some(changed) = state.changed {
+                if now_secs() < changed + p.min_age as i64 {
+                    return Err(refusal(
+                        ResultCode::CONSTRAINT_VIOLATION,
+                        format!(
+                            "the password was changed less than {} seconds ago (pwdMinAge)",
+                            p.min_age
+                        ),
+                        PolicyError::PasswordTooYoung,
+                        wants,
+                    ));
+                }
+            }
+        }
+        match new {
+            Some(clear) if p.check_quality > 0 => {
+                if let Err((why, msg)) = self.quality.check(&p, Some(&entry), clear) {
+                    return Err(refusal(ResultCode::CONSTRAINT_VIOLATION, msg, why, wants));
+                }
+            }
+            None if p.check_quality == 2 => {
+                return Err(refusal(
+                    ResultCode::CONSTRAINT_VIOLATION,
+                    "the password policy checks quality, which a hashed password does not allow: send it in clear".into(),
+                    PolicyError::InsufficientPasswordQuality,
+                    wants,
+                ));
+            }
+            _ => {}
+        }
+        if let (Some(clear), true) = (new, p.in_history > 0) {
+            let mut former = crate::ops::password_values(&entry.attrs);
+            former.extend(
+                entry
+                    .values("pwdHistory")
+                    .iter()
+                    .filter_map(|h| history_value(h).map(<[u8]>::to_vec)),
+            );
+            if !former.is_empty() && server.passwords.verify(clear.to_vec(), former).await {
+                return Err(refusal(
+                    ResultCode::CONSTRAINT_VIOLATION,
+                    format!(
+                        "the password is the current one or one of the last {} (pwdInHistory)",
+                        p.in_history
+                    ),
+                    PolicyError::PasswordInHistory,
+                    wants,
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PasswordPolicy {
+    /// Checks of a new entry's password, before it is hashed (quality;
+    /// one value only). Administrators skip them.
+    pub fn check_add(
+        &self,
+        server: &Arc<Server>,
+        who: &Identity,
+        entry: &Entry,
+        wants: bool,
+    ) -> OpResult<()> {
+        let values = crate::ops::password_values(&entry.attrs);
+        if values.is_empty() || who.is_admin() {
+            return Ok(());
+        }
+        let policy = {
+            let rtxn = server.store.read()?;
+            self.policy_for(&rtxn.view(), entry)?
+        };
+        let Some(p) = policy else { return Ok(()) };
+        if values.len() > 1 {
+            return Err(LdapError::new(
+                ResultCode::CONSTRAINT_VIOLATION,
+                "the password policy allows one password value",
+            ));
+        }
+        let clear = !crate::password::is_hashed(&values[0]);
+        match (clear, p.check_quality) {
+            (true, q) if q > 0 => self
+                .quality
+                .check(&p, Some(entry), &values[0])
+                .map_err(|(why, msg)| refusal(ResultCode::CONSTRAINT_VIOLATION, msg, why, wants)),
+            (false, 2) => Err(refusal(
+                ResultCode::CONSTRAINT_VIOLATION,
+                "the password policy checks quality, which a hashed password does not allow: send it in clear".into(),
+                PolicyError::InsufficientPasswordQuality,
+                wants,
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The password in a `pwdHistory` value, `time#syntax#length#value`.
+fn history_value(h: &[u8]) -> Option<&[u8]> {
+    let mut rest = h;
+    for _ in 0..3 {
+        let at = rest.iter().position(|b| *b == b'#')?;
+        rest = &rest[at + 1..];
+    }
+    Some(rest)
+}
+
+/// Record a failed bind: failures older than the count interval go, this
+/// one is added (at most `pwdMaxFailure` are kept), and the account is
+/// locked when they reach the limit.
+async fn record_failure(server: &Arc<Server>, norm: &str, p: &Policy) {
+    let p = p.clone();
+    update(server, norm, move |e: &mut Entry| {
+        let now = now_secs();
+        let mut kept: Vec<Vec<u8>> = e
+            .values("pwdFailureTime")
+            .iter()
+            .filter(|v| {
+                p.failure_count_interval == 0
+                    || pando_model::generalized_time_seconds(v)
+                        .is_some_and(|t| t + p.failure_count_interval as i64 > now)
+            })
+            .cloned()
+            .collect();
+        kept.push(precise_time(crate::clock::now_micros()).into_bytes());
+        let max = p.max_failure.max(1) as usize;
+        if kept.len() > max {
+            kept.drain(..kept.len() - max);
+        }
+        let count = kept.len();
+        e.remove("pwdFailureTime");
+        e.add_values("pwdFailureTime", kept);
+        if p.lockout && count >= p.max_failure as usize && e.get("pwdAccountLockedTime").is_none() {
+            let t = if p.lockout_duration == 0 {
+                LOCKED_FOR_GOOD.to_string()
+            } else {
+                crate::clock::generalized_time(crate::clock::now_micros())
+            };
+            e.add_values("pwdAccountLockedTime", vec![t.into_bytes()]);
+        }
+    })
+    .await;
+}
+
+/// Change the state attributes of the account `norm` with `edit`, in the
+/// writer (so concurrent binds count every failure). A replica's
+/// accounts are not written (their provider keeps the state).
+async fn update(
+    server: &Arc<Server>,
+    norm: &str,
+    edit: impl Fn(&mut Entry) + Send + Sync + 'static,
+) {
+    let who = Identity::authenticated(
+        MODIFIERS_NAME.to_string(),
+        MODIFIERS_NAME.to_ascii_lowercase(),
+        Arc::default(),
+    );
+    let ctx = WriteCtx::new(server, &who, Default::default());
+    let op = StateUpdate {
+        norm: norm.to_string(),
+        edit: Box::new(edit),
+    };
+    if let Err(e) = crate::ops::write::run(ctx, Arc::new(op)).await {
+        if e.code != ResultCode::REFERRAL {
+            tracing::warn!(
+                account = norm,
+                "password policy state not written: {}",
+                e.message
+            );
+        }
+    }
+}
+
+/// A change of an account's password policy state.
+struct StateUpdate {
+    norm: String,
+    edit: Box<dyn Fn(&mut Entry) + Send + Sync>,
+}
+
+impl WriteOp for StateUpdate {
+    fn plan(&self, _ctx: &WriteCtx, view: &View<'_>) -> OpResult<Vec<Change>> {
+        let dn = crate::ops::parse_dn(&self.norm)?;
+        let id = crate::ops::resolve(view, &dn)?;
+        let entry = view
+            .entry(id)?
+            .ok_or_else(|| LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"))?;
+        let mut after = entry.clone();
+        (self.edit)(&mut after);
+        let before = Before {
+            id,
+            entry,
+            norm: self.norm.clone(),
+            bytes: None,
+        };
+        Ok(vec![Change::modify(before, after)])
+    }
+
+    fn audit(&self, _ctx: &WriteCtx, _changes: &[Change]) {}
+}
+
+/// Whether a request may run on a connection restricted to changing its
+/// password (after a bind answered changeAfterReset): bind, unbind,
+/// abandon, StartTLS, WhoAmI, Password Modify, and a modify of the
+/// account's own userPassword only.
+pub fn allowed_while_restricted(who: &Identity, request: &ProtocolOp) -> bool {
+    match request {
+        ProtocolOp::BindRequest(_) | ProtocolOp::UnbindRequest | ProtocolOp::AbandonRequest(_) => {
+            true
+        }
+        ProtocolOp::ExtendedRequest(x) => {
+            [oid::START_TLS, oid::PASSWD_MODIFY, oid::WHOAMI].contains(&x.name.as_str())
+        }
+        ProtocolOp::ModifyRequest(m) => {
+            let own = Dn::parse(&m.dn)
+                .map(|d| d.to_string().eq_ignore_ascii_case(who.dn()))
+                .unwrap_or(false)
+                || m.dn.eq_ignore_ascii_case(who.dn());
+            own && m
+                .changes
+                .iter()
+                .all(|c| crate::ops::is_password(&c.attr.name))
+        }
+        _ => false,
+    }
+}
+
+/// The refusal of a request on a restricted connection.
+pub fn restricted(wants: bool) -> LdapError {
+    refusal(
+        ResultCode::INSUFFICIENT_ACCESS_RIGHTS,
+        "Operations are restricted to bind/unbind/abandon/StartTLS/modify password".into(),
+        PolicyError::ChangeAfterReset,
+        wants,
+    )
+}
+
+impl Hook for PasswordPolicy {
+    /// pwdPolicy entries must hold a valid policy.
+    fn check(&self, _ctx: &WriteCtx, _view: &View<'_>, changes: &[Change]) -> OpResult<()> {
+        for c in changes {
+            let Some(after) = c.after.as_ref().filter(|a| is_policy(a)) else {
+                continue;
+            };
+            if let Err(e) = Policy::from_entry(after) {
+                return Err(LdapError::new(
+                    ResultCode::CONSTRAINT_VIOLATION,
+                    format!("password policy {}: {e}", after.dn),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Keep the state attributes of accounts whose password the operation
+    /// changes.
+    fn related(&self, ctx: &WriteCtx, view: &View<'_>, changes: &mut Vec<Change>) -> OpResult<()> {
+        for c in changes.iter_mut() {
+            let Some(after) = c.after.as_ref() else {
+                continue;
+            };
+            let before_pw = c
+                .before
+                .as_ref()
+                .map(|b| crate::ops::password_values(&b.entry.attrs))
+                .unwrap_or_default();
+            let after_pw = crate::ops::password_values(&after.attrs);
+            if before_pw == after_pw {
+                continue;
+            }
+            let Some(p) = self.policy_for(view, after)? else {
+                continue;
+            };
+            let own = ctx.who.norm() == c.norm();
+            let micros = crate::clock::now_micros();
+            let reset_asked = after.get("pwdReset").map(|a| &a.values)
+                != c.before
+                    .as_ref()
+                    .and_then(|b| b.entry.get("pwdReset"))
+                    .map(|a| &a.values);
+            let Some(after) = c.after.as_mut() else {
+                continue;
+            };
+            after.remove("pwdChangedTime");
+            if !after_pw.is_empty() {
+                after.add_values(
+                    "pwdChangedTime",
+                    vec![crate::clock::generalized_time(micros).into_bytes()],
+                );
+            }
+            for a in ["pwdFailureTime", "pwdGraceUseTime", "pwdAccountLockedTime"] {
+                after.remove(a);
+            }
+            if !reset_asked {
+                after.remove("pwdReset");
+                if !own && p.must_change && !after_pw.is_empty() {
+                    after.add_values("pwdReset", vec![b"TRUE".to_vec()]);
+                }
+            }
+            if p.in_history > 0 && !before_pw.is_empty() {
+                let stamp = crate::clock::generalized_time(micros);
+                let mut history: Vec<Vec<u8>> = after.values("pwdHistory").to_vec();
+                for old in &before_pw {
+                    let mut v = format!("{stamp}#1.3.6.1.4.1.1466.115.121.1.40#{}#", old.len())
+                        .into_bytes();
+                    v.extend_from_slice(old);
+                    history.push(v);
+                }
+                // Oldest first (the time leads each value); keep the newest.
+                history.sort();
+                history.dedup();
+                let keep = p.in_history as usize;
+                if history.len() > keep {
+                    history.drain(..history.len() - keep);
+                }
+                after.remove("pwdHistory");
+                after.add_values("pwdHistory", history);
+            }
+            if own && !ctx.controls.no_op {
+                ctx.who.lift_restriction();
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn history_values_give_back_the_password() {
+        assert_eq!(
+            super::history_value(b"20240101000000Z#1.3.6.1.4.1.1466.115.121.1.40#9#{SSHA}a#b"),
+            Some(&b"{SSHA}a#b"[..])
+        );
+        assert_eq!(super::history_value(b"no hashes"), None);
+    }
+}
