@@ -219,6 +219,10 @@ const FILES: &[(&str, &str)] = &[
         include_str!("../schema/operational.schema"),
     ),
     ("ppolicy.schema", include_str!("../schema/ppolicy.schema")),
+    (
+        "accesslog.schema",
+        include_str!("../schema/accesslog.schema"),
+    ),
     ("monitor.schema", include_str!("../schema/monitor.schema")),
     ("config.schema", include_str!("../schema/config.schema")),
 ];
@@ -743,6 +747,14 @@ impl Schema {
     }
 
     fn insert_attr(&mut self, at: AttributeType) -> Result<(), String> {
+        // A type defined again with its OID and name (msuser.schema's
+        // memberOf, the built-in one the memberof overlay keeps): the
+        // first definition stays.
+        if let Some(old) = self.attribute(&at.oid) {
+            if at.names.first().is_some_and(|n| old.has_name(n)) {
+                return Ok(());
+            }
+        }
         let keys: Vec<String> = std::iter::once(at.oid.clone())
             .chain(at.names.iter().map(|n| n.to_ascii_lowercase()))
             .collect();

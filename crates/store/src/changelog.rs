@@ -25,6 +25,7 @@
 //! | DN afterwards (a delete: as it was) | length + UTF-8 |
 //! | DN before a modify DN (else empty) | length + UTF-8 |
 //! | modifications | count (LEB128), then per modification: operation (1 byte: 0 add, 1 delete, 2 replace), attribute description (length + text), value count, values (length + bytes) |
+//! | who made it (format 2; format 1 records have none) | length + UTF-8: the requester's DN, empty for a change received from a provider or made by the server itself |
 //!
 //! An add logs every attribute of the new entry as `add`s; a modify or a
 //! modify DN the difference between the entry before and after; a delete
@@ -51,7 +52,9 @@ pub const NAME: &str = "changelog";
 /// What the change log replaced (deletes only); emptied when found.
 const OLD_TOMBSTONES: &str = "tombstones";
 const META_FLOOR: &[u8] = b"changelog_floor";
-const RECORD_FORMAT: u8 = 1;
+/// Records are written in format 2 (with who made the change); format 1
+/// records (without) are still read.
+const RECORD_FORMAT: u8 = 2;
 
 /// What a logged change did to its entry (the persistent search change
 /// type codes).
@@ -91,6 +94,8 @@ pub struct LoggedChange {
     /// The DN before a modify DN.
     pub old_dn: Option<String>,
     pub mods: Vec<LoggedMod>,
+    /// The requester's DN ("" when not known).
+    pub by: String,
 }
 
 fn key(c: &LoggedChange) -> Vec<u8> {
@@ -124,6 +129,7 @@ fn encode(c: &LoggedChange) -> Vec<u8> {
             put_bytes(&mut out, v);
         }
     }
+    put_bytes(&mut out, c.by.as_bytes());
     out
 }
 
@@ -149,7 +155,8 @@ fn decode(k: &[u8], v: &[u8]) -> Result<LoggedChange, StoreError> {
         .map(u32::from_be_bytes)
         .ok_or_else(bad)?;
     let mut f = Reader { buf: v };
-    if f.byte() != Some(RECORD_FORMAT) {
+    let format = f.byte().ok_or_else(bad)?;
+    if format != 1 && format != RECORD_FORMAT {
         return Err(bad());
     }
     let kind = match f.byte().ok_or_else(bad)? {
@@ -180,6 +187,11 @@ fn decode(k: &[u8], v: &[u8]) -> Result<LoggedChange, StoreError> {
         }
         mods.push(LoggedMod { op, desc, values });
     }
+    let by = if format >= 2 {
+        text(&mut f).ok_or_else(bad)?
+    } else {
+        String::new()
+    };
     Ok(LoggedChange {
         csn,
         seq,
@@ -188,6 +200,7 @@ fn decode(k: &[u8], v: &[u8]) -> Result<LoggedChange, StoreError> {
         dn,
         old_dn,
         mods,
+        by,
     })
 }
 
@@ -386,4 +399,36 @@ pub(crate) fn open(
         }
     }
     Ok(db)
+}
+
+#[cfg(test)]
+mod format_tests {
+    use super::*;
+
+    #[test]
+    fn format_1_records_still_read_and_format_2_keeps_who() {
+        let c = LoggedChange {
+            csn: "20261125000000.000000Z#000000#001#000000".into(),
+            seq: 0,
+            kind: LoggedKind::Modify,
+            uuid: "u".into(),
+            dn: "cn=a".into(),
+            old_dn: None,
+            mods: vec![LoggedMod {
+                op: ModOp::Replace,
+                desc: "sn".into(),
+                values: vec![b"x".to_vec()],
+            }],
+            by: "cn=admin".into(),
+        };
+        let (k, v) = (key(&c), encode(&c));
+        assert_eq!(decode(&k, &v).unwrap(), c);
+        // Format 1: the same record without who made it.
+        let mut old = v.clone();
+        old[0] = 1;
+        old.truncate(old.len() - 1 - c.by.len());
+        let read = decode(&k, &old).unwrap();
+        assert_eq!(read.by, "");
+        assert_eq!(read.mods, c.mods);
+    }
 }

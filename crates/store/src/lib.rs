@@ -20,6 +20,7 @@
 //! in a batch, each in its own nested transaction, and commits the batch with
 //! one fsync before answering any of them (group commit).
 
+mod accesslog;
 pub mod bulk;
 mod catalog;
 mod changelog;
@@ -303,6 +304,9 @@ pub(crate) struct Inner {
     /// The change log ([`changelog`]); None only in a read-only view of
     /// a store written before the log existed.
     changelog: Option<Db>,
+    /// Records of reads, binds and failed writes ([`accesslog`]); None
+    /// only in a read-only view of a store written before it existed.
+    accesslog: Option<Db>,
     /// The schema and the indexes ([`catalog`]), replaced whole when they
     /// change while serving; each transaction keeps the one current when
     /// it began.
@@ -333,6 +337,7 @@ struct Dbs {
     dn2id: Db,
     id2parent: Db,
     changelog: Option<Db>,
+    accesslog: Option<Db>,
 }
 
 impl Inner {
@@ -362,6 +367,7 @@ impl Inner {
             dn2id: dbs.dn2id,
             id2parent: dbs.id2parent,
             changelog: dbs.changelog,
+            accesslog: dbs.accesslog,
             catalog: arc_swap::ArcSwap::from_pointee(Catalog::new(schema, indexes)),
             builds: index_build::Builds::default(),
             max_batch: std::sync::atomic::AtomicUsize::new(StoreOptions::default().max_batch),
@@ -549,6 +555,7 @@ impl Store {
             existing,
             newest.as_deref(),
         )?);
+        let accesslog = Some(accesslog::open(&env, &mut wtxn)?);
         wtxn.commit()?;
         let dbs = Dbs {
             meta,
@@ -556,6 +563,7 @@ impl Store {
             dn2id,
             id2parent,
             changelog,
+            accesslog,
         };
         let inner = Arc::new(Inner::new(
             env,
@@ -677,6 +685,7 @@ impl Store {
         }
         let codec = load_codec(&rtxn, meta, opts.compression)?;
         let changelog = env.open_database::<Bytes, Bytes>(&rtxn, Some(changelog::NAME))?;
+        let accesslog = env.open_database::<Bytes, Bytes>(&rtxn, Some(accesslog::NAME))?;
         rtxn.commit()?;
         let dbs = Dbs {
             meta,
@@ -684,6 +693,7 @@ impl Store {
             dn2id,
             id2parent,
             changelog,
+            accesslog,
         };
         let mut inner = Inner::new(env, dbs, indexes, schema, path, Durability::Durable, codec);
         // Another process may be writing: its renames would go unseen.
@@ -919,6 +929,9 @@ impl Store {
         add("meta".into(), &inner.meta)?;
         if let Some(db) = &inner.changelog {
             add(changelog::NAME.into(), db)?;
+        }
+        if let Some(db) = &inner.accesslog {
+            add(accesslog::NAME.into(), db)?;
         }
         let catalog = inner.catalog.load();
         let mut names: Vec<&String> = catalog.indexes.keys().collect();

@@ -1171,6 +1171,7 @@ fn logged(csn: &str, seq: u32, kind: LoggedKind, dn: &str) -> LoggedChange {
                 },
             ],
         },
+        by: format!("cn=writer of {dn}"),
     }
 }
 

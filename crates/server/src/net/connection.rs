@@ -298,7 +298,7 @@ impl Connection {
         };
         let id = msg.id;
         *ctx.op_seq += 1;
-        let mut rec = OpStart::new(&server, self.id, *ctx.op_seq, &msg);
+        let mut rec = OpStart::new(&server, self.id, *ctx.op_seq, &msg, identity);
         if let Some(flow) = self.without_response(&msg.op, ctx, wire) {
             finish(&server, rec, None, 0);
             return flow;

@@ -178,13 +178,26 @@ pub struct OpStart {
     started: Option<Instant>,
     /// Described only when the access log is on.
     request: Option<Request>,
+    /// The in-directory access log's record, when it logs this operation.
+    logged: Option<Box<crate::overlays::accesslog::Pending>>,
 }
 
 impl OpStart {
-    /// Count a decoded request; None for PDUs that are not requests.
-    pub fn new(server: &Server, conn: u64, op: u64, msg: &LdapMessage) -> Option<OpStart> {
+    /// Count a decoded request made by `who`; None for PDUs that are not
+    /// requests.
+    pub fn new(
+        server: &Server,
+        conn: u64,
+        op: u64,
+        msg: &LdapMessage,
+        who: &Identity,
+    ) -> Option<OpStart> {
         let kind = kind_of(&msg.op)?;
         server.metrics.op_initiated(kind);
+        let logged = server
+            .overlays
+            .accesslog()
+            .and_then(|l| l.begin(conn, who, &msg.op));
         Some(OpStart {
             kind,
             conn,
@@ -193,6 +206,7 @@ impl OpStart {
             received: Instant::now(),
             started: None,
             request: server.logs.access.as_ref().map(|_| Request::of(&msg.op)),
+            logged,
         })
     }
 
@@ -221,6 +235,9 @@ impl OpStart {
         m.op_completed(self.kind, etime, qtime, entries);
         if code.is_some() {
             m.add(&m.pdus_out, 1 + entries);
+        }
+        if let (Some(log), Some(p)) = (server.overlays.accesslog(), self.logged) {
+            log.end(server, *p, code, entries);
         }
         if let (Some(a), Some(r)) = (&server.logs.access, &self.request) {
             a.op(&OpResultLine {

@@ -121,9 +121,9 @@ pub async fn bind(
     }
 }
 
-/// Check a simple bind's password; Some(identity) when it is right, and
-/// the account's entry as stored when `want_entry` (the password policy
-/// reads its state) and there is one.
+/// Check a simple bind's password; Some(identity) when it is right, and,
+/// when the password policy is on (`want_account`) and there is an entry,
+/// its policy state and policy, read in the same snapshot.
 async fn check_simple(
     server: &Arc<Server>,
     session: &Arc<Session>,
@@ -131,8 +131,8 @@ async fn check_simple(
     rdns: &[String],
     norm: &str,
     pw: Vec<u8>,
-    want_entry: bool,
-) -> OpResult<(Option<Identity>, Option<Entry>)> {
+    want_account: bool,
+) -> OpResult<(Option<Identity>, Option<crate::overlays::ppolicy::Account>)> {
     let who = || Identity::authenticated(name.to_string(), norm.to_string(), Arc::default());
     let mut checked_root = false;
     if !server.root_dn_norm.is_empty() && norm == server.root_dn_norm {
@@ -157,9 +157,20 @@ async fn check_simple(
         match view.lookup_norm(rdns)? {
             Lookup::Found(id) => {
                 // Access rules look inside entries only when one has a
-                // filter; otherwise the password is all a bind needs.
-                let entry = if server.acl.reads_entries() || want_entry {
+                // filter; otherwise the password (and the password
+                // policy's state) is all a bind needs.
+                let entry = if server.acl.reads_entries() {
                     super::stored_entry(&view, id)?
+                } else if want_account {
+                    Entry {
+                        dn: Dn { rdns: Vec::new() },
+                        attrs: view
+                            .attrs_where(id, &|d| {
+                                super::is_password(d)
+                                    || d.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("pwd"))
+                            })?
+                            .unwrap_or_default(),
+                    }
                 } else {
                     Entry {
                         dn: Dn { rdns: Vec::new() },
@@ -179,8 +190,9 @@ async fn check_simple(
                 } else {
                     Vec::new()
                 };
-                if want_entry {
-                    account = Some(entry);
+                if let (true, Some(pp)) = (want_account, server.overlays.ppolicy()) {
+                    let policy = pp.policy_cached(&view, rtxn.generation(), &entry)?;
+                    account = Some(crate::overlays::ppolicy::Account { entry, policy });
                 }
                 stored
             }

@@ -7,6 +7,7 @@
 //! Overlays do not act on changes a replication consumer receives: the
 //! provider's overlays made the related changes, and they arrive too.
 
+pub mod accesslog;
 pub mod errors;
 pub mod memberof;
 pub mod ppolicy;
@@ -47,6 +48,8 @@ pub struct Overlays {
     /// Error injection rules, which connections consult before running
     /// an operation.
     errors: Vec<Arc<errors::Errors>>,
+    /// The access log, which every operation's end consults.
+    accesslog: Option<Arc<accesslog::AccessLog>>,
 }
 
 impl Overlays {
@@ -55,6 +58,7 @@ impl Overlays {
     pub fn compile(configs: &[OverlayConfig], schema: &Arc<Schema>) -> Result<Overlays, String> {
         let mut ppolicy = None;
         let mut injected = Vec::new();
+        let mut log = None;
         let list = configs
             .iter()
             .map(|c| {
@@ -96,6 +100,13 @@ impl Overlays {
                         injected.push(Arc::new(errors::Errors::new(rules)));
                         (None, None)
                     }
+                    OverlayConfig::Accesslog(a) => {
+                        log = Some(Arc::new(
+                            accesslog::AccessLog::new(a)
+                                .map_err(|e| format!("accesslog overlay: {e}"))?,
+                        ));
+                        (None, None)
+                    }
                 };
                 Ok(Overlay {
                     kind: c.type_name(),
@@ -108,7 +119,13 @@ impl Overlays {
             list,
             ppolicy,
             errors: injected,
+            accesslog: log,
         })
+    }
+
+    /// The access log, when configured.
+    pub fn accesslog(&self) -> Option<&accesslog::AccessLog> {
+        self.accesslog.as_deref()
     }
 
     /// The fault error injection puts on `op`, if a rule fires.

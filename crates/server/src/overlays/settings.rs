@@ -17,6 +17,7 @@ pub enum OverlayConfig {
     Valsort(ValsortConfig),
     Ppolicy(PpolicyConfig),
     Errors(ErrorsConfig),
+    Accesslog(AccesslogConfig),
 }
 
 /// Referential integrity: references to an entry follow it when it is
@@ -126,6 +127,31 @@ pub struct ErrorsConfig {
     pub rules: Vec<String>,
 }
 
+/// The in-directory access log.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AccesslogConfig {
+    /// Operations logged: add, delete, modify, modrdn, search, compare,
+    /// bind, extended, or writes, reads, session, all.
+    #[serde(default = "accesslog_ops")]
+    pub ops: Vec<String>,
+    /// Only operations that succeeded.
+    #[serde(default)]
+    pub success_only: bool,
+    /// Days records other than successful writes are kept (0: forever);
+    /// successful writes are the change log's and follow its retention.
+    #[serde(default = "accesslog_purge_days")]
+    pub purge_days: u64,
+}
+
+fn accesslog_ops() -> Vec<String> {
+    vec!["writes".into()]
+}
+
+fn accesslog_purge_days() -> u64 {
+    7
+}
+
 /// How a setting is written as attribute values under cn=config.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SettingForm {
@@ -218,6 +244,16 @@ pub const TYPES: &[OverlayType] = &[
         class_n: 16,
         settings: &[s(350, "rules", "pandoErrorRule", List)],
     },
+    OverlayType {
+        name: "accesslog",
+        class: "olcAccessLogConfig",
+        class_n: 17,
+        settings: &[
+            s(360, "ops", "olcAccessLogOps", List),
+            s(361, "success_only", "olcAccessLogSuccess", Boolean),
+            s(362, "purge_days", "pandoAccessLogPurgeDays", Integer),
+        ],
+    },
 ];
 
 /// The type named `name` (any case).
@@ -234,6 +270,7 @@ impl OverlayConfig {
             OverlayConfig::Valsort(_) => "valsort",
             OverlayConfig::Ppolicy(_) => "ppolicy",
             OverlayConfig::Errors(_) => "errors",
+            OverlayConfig::Accesslog(_) => "accesslog",
         }
     }
 }
@@ -392,6 +429,17 @@ pub fn validate(
                 }
                 super::ppolicy::quality::Quality::load(p.min_classes, p.banned_file.as_deref())
                     .map_err(|e| err(i, kind, "banned_file", e))?;
+            }
+            OverlayConfig::Accesslog(a) => {
+                if overlays
+                    .iter()
+                    .filter(|o| matches!(o, OverlayConfig::Accesslog(_)))
+                    .count()
+                    > 1
+                {
+                    return Err(err(i, kind, "type", "one accesslog overlay at most"));
+                }
+                super::accesslog::Ops::parse(&a.ops).map_err(|e| err(i, kind, "ops", e))?;
             }
             OverlayConfig::Errors(e) => {
                 if e.rules.is_empty() {

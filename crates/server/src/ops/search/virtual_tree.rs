@@ -1,6 +1,6 @@
 //! Entries that are not in the store but are searched like stored ones:
-//! the root DSE, the subschema subentry, cn=Monitor and cn=config (the
-//! access log will join them). Each is a [`VirtualTree`] in [`TREES`]; a
+//! the root DSE, the subschema subentry, cn=Monitor, cn=config and
+//! cn=accesslog. Each is a [`VirtualTree`] in [`TREES`]; a
 //! search whose base one of them owns is answered from its entries by
 //! [`search`], with the same scope, filter, assertion, size limit and
 //! attribute selection as a stored search.
@@ -49,10 +49,23 @@ pub trait VirtualTree: Sync {
 
     /// The entries, now.
     fn entries(&self, server: &Server) -> Vec<VirtualEntry>;
+
+    /// The entries a search may return: all of them, unless the tree is
+    /// too large to make whole and narrows them by the search itself
+    /// (every entry given is still checked for scope and filter).
+    fn entries_for(
+        &self,
+        server: &Server,
+        _job: &SearchJob,
+        _base_norm: &str,
+    ) -> Vec<VirtualEntry> {
+        self.entries(server)
+    }
 }
 
 /// Every virtual tree, asked in this order.
-pub const TREES: &[&dyn VirtualTree] = &[&RootDse, &Subschema, &Monitor, &ConfigTree];
+pub const TREES: &[&dyn VirtualTree] =
+    &[&RootDse, &Subschema, &Monitor, &ConfigTree, &AccessLogTree];
 
 /// The tree owning `base`, if any.
 pub fn owner(schema: &Schema, base: &Dn) -> Option<&'static dyn VirtualTree> {
@@ -179,6 +192,56 @@ impl VirtualTree for ConfigTree {
     }
 }
 
+/// cn=accesslog (`overlays::accesslog`), when the access log overlay is
+/// configured: administrators only, like cn=config.
+struct AccessLogTree;
+
+/// Records a search of cn=accesslog reads at most (the size limit stops
+/// it sooner).
+const ACCESSLOG_SCAN: u64 = 200_000;
+
+impl VirtualTree for AccessLogTree {
+    fn owns(&self, schema: &Schema, base: &Dn) -> bool {
+        base.rdns.last().is_some_and(|r| {
+            r.avas.len() == 1
+                && r.avas[0].value.eq_ignore_ascii_case(b"accesslog")
+                && schema
+                    .normalize_rdn(r)
+                    .is_ok_and(|n| n == crate::overlays::accesslog::SUFFIX)
+        })
+    }
+
+    fn may_enter(&self, server: &Server, who: &Identity, _base_norm: &str) -> bool {
+        server.overlays.accesslog().is_some() && crate::cn_config::serve::may_see(who)
+    }
+
+    fn may_read(&self, _server: &Server, who: &Identity, _e: &VirtualEntry) -> bool {
+        crate::cn_config::serve::may_see(who)
+    }
+
+    fn entries(&self, _server: &Server) -> Vec<VirtualEntry> {
+        Vec::new()
+    }
+
+    fn entries_for(&self, server: &Server, job: &SearchJob, base_norm: &str) -> Vec<VirtualEntry> {
+        let limit = match job.req.size_limit {
+            n if n <= 0 => 0,
+            n => n as u64 + 1,
+        };
+        with_norms(
+            server,
+            crate::overlays::accesslog::entries(
+                server,
+                base_norm,
+                job.req.scope,
+                &job.req.filter,
+                limit,
+                ACCESSLOG_SCAN,
+            ),
+        )
+    }
+}
+
 /// A search whose base `tree` owns.
 pub(super) fn search(
     job: &SearchJob,
@@ -198,7 +261,7 @@ pub(super) fn search(
         return Err(no_such());
     }
     let entries: Vec<VirtualEntry> = tree
-        .entries(server)
+        .entries_for(server, job, &norm_base)
         .into_iter()
         .filter(|e| tree.may_read(server, &job.who, e))
         .collect();

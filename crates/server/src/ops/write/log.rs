@@ -13,8 +13,15 @@ use crate::ops::feed::Kind;
 /// removed (so they go at least as fast as they come).
 const PURGE_PER_WRITE: usize = 16;
 
-/// Log `c`, the operation's `seq`th entry written (from 0).
-pub(super) fn log(w: &mut WriteTxn<'_>, csn: &str, seq: u32, c: &Change) -> Result<(), StoreError> {
+/// Log `c`, the operation's `seq`th entry written (from 0), made by `by`
+/// (the requester's DN; "" for a received change).
+pub(super) fn log(
+    w: &mut WriteTxn<'_>,
+    csn: &str,
+    seq: u32,
+    c: &Change,
+    by: &str,
+) -> Result<(), StoreError> {
     let (kind, mods) = match c.kind() {
         Kind::Add => (LoggedKind::Add, all_added(c.entry())),
         Kind::Delete => (LoggedKind::Delete, Vec::new()),
@@ -29,6 +36,7 @@ pub(super) fn log(w: &mut WriteTxn<'_>, csn: &str, seq: u32, c: &Change) -> Resu
         dn: c.entry().dn.to_string(),
         old_dn: c.previous_dn(),
         mods,
+        by: by.to_string(),
     })
 }
 

@@ -490,7 +490,12 @@ fn apply(
             }
         }
         if !ctx.replicated.as_ref().is_some_and(|r| r.unlogged) {
-            log::log(w, &csn, seq as u32, c)?;
+            let by = if ctx.replicated.is_some() {
+                ""
+            } else {
+                ctx.who.dn()
+            };
+            log::log(w, &csn, seq as u32, c, by)?;
         }
         if c.after.as_ref().is_some_and(crate::ops::is_subentry) {
             ctx.server.subentries.written();

@@ -44,6 +44,20 @@ pub struct PasswordPolicy {
     default: Option<String>,
     use_lockout: bool,
     quality: Quality,
+    /// Policies read, by DN as named, with the store generation they were
+    /// read at: valid while no commit has happened since (binds of
+    /// accounts in good standing then read no policy entry).
+    cache: std::sync::Mutex<std::collections::HashMap<String, (u64, Option<Policy>)>>,
+}
+
+/// Policies remembered at most (a few are usual).
+const POLICY_CACHE: usize = 64;
+
+/// An account being bound: its password policy state (the userPassword
+/// and pwd* attributes, at least) and its policy, read in one snapshot.
+pub struct Account {
+    pub entry: Entry,
+    pub policy: Option<Policy>,
 }
 
 /// The password policy response control.
@@ -92,7 +106,39 @@ impl PasswordPolicy {
             default,
             use_lockout: cfg.use_lockout,
             quality: Quality::load(cfg.min_classes, cfg.banned_file.as_deref())?,
+            cache: Default::default(),
         })
+    }
+
+    /// [`PasswordPolicy::policy_for`], remembered while the store does not
+    /// change (`generation`: the snapshot's, None: not remembered).
+    pub fn policy_cached(
+        &self,
+        view: &View<'_>,
+        generation: Option<u64>,
+        entry: &Entry,
+    ) -> OpResult<Option<Policy>> {
+        let named = entry
+            .values("pwdPolicySubentry")
+            .first()
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .or_else(|| self.default.clone());
+        let (Some(gen), Some(key)) = (generation, named) else {
+            return self.policy_for(view, entry);
+        };
+        if let Some((g, p)) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+            if g == gen {
+                return Ok(p);
+            }
+        }
+        let p = self.policy_for(view, entry)?;
+        if let Ok(mut c) = self.cache.lock() {
+            if c.len() >= POLICY_CACHE {
+                c.clear();
+            }
+            c.insert(key, (gen, p.clone()));
+        }
+        Ok(p)
     }
 
     /// The policy that applies to `entry`: its `pwdPolicySubentry`, else
@@ -132,20 +178,16 @@ impl PasswordPolicy {
         }
     }
 
-    /// A bind to the account `norm` (stored as `entry`) whose password was
-    /// `verified` or not.
+    /// A bind to the account `norm` whose password was `verified` or not.
     pub async fn on_bind(
         &self,
         server: &Arc<Server>,
         norm: &str,
-        entry: &Entry,
+        account: &Account,
         verified: bool,
         wants: bool,
     ) -> OpResult<BindVerdict> {
-        let policy = {
-            let rtxn = server.store.read()?;
-            self.policy_for(&rtxn.view(), entry)?
-        };
+        let (entry, policy) = (&account.entry, account.policy.clone());
         let invalid = |error: Option<PolicyError>| {
             let e = LdapError::new(ResultCode::INVALID_CREDENTIALS, "");
             if wants {
