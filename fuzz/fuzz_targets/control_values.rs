@@ -14,6 +14,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = cv::decode_subentries(data);
     let _ = cv::decode_sort_request(data);
     let _ = cv::decode_matched_values(data, &limits);
+    let _ = cv::decode_valsort(data);
     let _ = PagedResults::decode(data);
     if let Ok(v) = cv::VlvRequest::decode(data) {
         assert_eq!(cv::VlvRequest::decode(&v.encode()).expect("re-decodes"), v);

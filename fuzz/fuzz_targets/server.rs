@@ -1,7 +1,8 @@
 //! The whole server in process: arbitrary bytes are one client's side of a
 //! connection. The connection's session is the local (ldapi) owner, so a
 //! SASL EXTERNAL bind makes the fuzzer an administrator and every write path
-//! is reachable. The server must answer or disconnect, never panic or hang,
+//! is reachable, through every overlay (configured below). The server must
+//! answer or disconnect, never panic or hang,
 //! and every response it sends must be a well-formed LDAP message.
 #![no_main]
 
@@ -30,7 +31,13 @@ fn harness() -> &'static Harness {
             "data_dir = {:?}\n[store]\ndurability = \"none\"\nwarm_start = false\nmap_size_mb = 4096\n\
              [limits]\nfailed_bind_max_delay_ms = 0\nfailed_bind_lockout = 0\nfailed_bind_lockout_ip = 0\n\
              max_pdu_bytes = 65536\n\
-             [passwords]\nscheme = \"ssha512\"\n",
+             [passwords]\nscheme = \"ssha512\"\n\
+             [[overlay]]\ntype = \"refint\"\n\
+             [[overlay]]\ntype = \"unique\"\nattributes = [\"uid\"]\n\
+             [[overlay]]\ntype = \"memberof\"\n\
+             [[overlay]]\ntype = \"valsort\"\nrules = [\"description dc=example,dc=com weighted alpha-ascend\"]\n\
+             [[overlay]]\ntype = \"ppolicy\"\ndefault_policy = \"cn=policy,dc=example,dc=com\"\n\
+             [[overlay]]\ntype = \"accesslog\"\nops = [\"all\"]\n",
             dir.display().to_string()
         );
         let schema = Arc::new(pando_model::Schema::standard());
