@@ -352,7 +352,12 @@ def test_pipelined_subschema_requests_do_not_grow_memory(srv):
         assert rc == 0, err
         for h in hogs:
             reset_close(h)
-    assert grown < 16 * 1024, "RSS grew by %d KiB for 4 connections not reading" % grown
+    # Unbounded, this grows by ~100 MB. Bounded, each connection holds its
+    # output high-water mark (256 KB) plus the answer that crossed it: the
+    # subschema entry is ~160 KB since the password policy and access log
+    # schema are built in, and the allocator keeps some of what passes
+    # through (17.5 MB measured then; 16 MB was the bound before).
+    assert grown < 32 * 1024, "RSS grew by %d KiB for 4 connections not reading" % grown
 
 
 N_BIG = 1500

@@ -674,16 +674,7 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
     let data_dir = resolved.config.data_dir.clone();
     std::fs::create_dir_all(&data_dir)
         .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
-    let _lock = pando_server::datadir::lock(&data_dir)
-        .map_err(|e| format!("{e}; stop the server before importing"))?;
-    let dir = pando_server::store_dir(&data_dir);
-    let store = pando_store::Store::open(
-        &dir,
-        schema.clone(),
-        &pando_server::store_options(&resolved),
-    )
-    .map_err(|e| format!("{}: {e}", dir.display()))?;
-    pando_server::bulk::check_complete(&store)?;
+    let (_lock, store) = open_stopped(&resolved, &schema, "stop the server before importing")?;
     let (input, origin, size): (Box<dyn std::io::Read + Send>, String, Option<u64>) =
         match &args.file {
             Some(p) if p.as_os_str() != "-" => {
@@ -904,19 +895,27 @@ fn export(args: ExportArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The store of a stopped server, opened for writing: the data directory
+/// locked (`stop_first`: what the lock error says to do), a store that a
+/// failed import left incomplete refused.
+fn open_stopped(
+    resolved: &pando_server::config::Resolved,
+    schema: &Arc<Schema>,
+    stop_first: &str,
+) -> Result<(pando_server::datadir::DirLock, pando_store::Store), String> {
+    let data_dir = &resolved.config.data_dir;
+    let lock = pando_server::datadir::lock(data_dir).map_err(|e| format!("{e}; {stop_first}"))?;
+    let dir = pando_server::store_dir(data_dir);
+    let store =
+        pando_store::Store::open(&dir, schema.clone(), &pando_server::store_options(resolved))
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+    pando_server::bulk::check_complete(&store)?;
+    Ok((lock, store))
+}
+
 fn memberof_rebuild(args: StoreArgs) -> Result<ExitCode, String> {
     let (resolved, schema) = resolve(&args)?;
-    let data_dir = resolved.config.data_dir.clone();
-    let _lock = pando_server::datadir::lock(&data_dir)
-        .map_err(|e| format!("{e}; stop the server first"))?;
-    let dir = pando_server::store_dir(&data_dir);
-    let store = pando_store::Store::open(
-        &dir,
-        schema.clone(),
-        &pando_server::store_options(&resolved),
-    )
-    .map_err(|e| format!("{}: {e}", dir.display()))?;
-    pando_server::bulk::check_complete(&store)?;
+    let (_lock, store) = open_stopped(&resolved, &schema, "stop the server first")?;
     let sid = resolved.config.replication.server_id;
     let csn = pando_server::clock::clock_for_store(&store, sid);
     let live = pando_server::build_server(resolved, schema, store.clone(), csn, None, None)
@@ -949,7 +948,6 @@ fn memberof_rebuild(args: StoreArgs) -> Result<ExitCode, String> {
 
 fn index_rebuild(args: StoreArgs, attrs: Vec<String>) -> Result<ExitCode, String> {
     let (resolved, schema) = resolve(&args)?;
-    let data_dir = &resolved.config.data_dir;
     for a in &attrs {
         let known = resolved
             .indexes
@@ -964,16 +962,7 @@ fn index_rebuild(args: StoreArgs, attrs: Vec<String>) -> Result<ExitCode, String
             ));
         }
     }
-    let _lock =
-        pando_server::datadir::lock(data_dir).map_err(|e| format!("{e}; stop the server first"))?;
-    let dir = pando_server::store_dir(data_dir);
-    let store = pando_store::Store::open(
-        &dir,
-        schema.clone(),
-        &pando_server::store_options(&resolved),
-    )
-    .map_err(|e| format!("{}: {e}", dir.display()))?;
-    pando_server::bulk::check_complete(&store)?;
+    let (_lock, store) = open_stopped(&resolved, &schema, "stop the server first")?;
     let names: Vec<String> = attrs
         .iter()
         .map(|a| {

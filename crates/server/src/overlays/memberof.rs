@@ -48,12 +48,7 @@ struct GroupDiff {
 
 impl MemberOf {
     pub fn new(cfg: &MemberOfConfig, schema: &Schema) -> MemberOf {
-        let name = |a: &String| {
-            schema
-                .attribute(a)
-                .map(|t| t.name().to_string())
-                .unwrap_or_else(|| a.clone())
-        };
+        let name = |a: &String| super::canonical(schema, a);
         MemberOf {
             classes: cfg.group_classes.clone(),
             members: cfg.member_attributes.iter().map(name).collect(),

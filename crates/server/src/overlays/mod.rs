@@ -21,6 +21,15 @@ use pando_model::Schema;
 
 pub use settings::OverlayConfig;
 
+/// An attribute's name as the schema spells it (the name given when the
+/// schema does not know it: settings were checked, so only in tests).
+pub fn canonical(schema: &Schema, name: &str) -> String {
+    schema
+        .attribute(name)
+        .map(|t| t.name().to_string())
+        .unwrap_or_else(|| name.to_string())
+}
+
 #[cfg(test)]
 mod tests;
 

@@ -24,12 +24,7 @@ impl Refint {
         let attrs = cfg
             .attributes
             .iter()
-            .map(|a| {
-                schema
-                    .attribute(a)
-                    .map(|t| t.name().to_string())
-                    .unwrap_or_else(|| a.clone())
-            })
+            .map(|a| super::canonical(schema, a))
             .collect();
         let nothing = cfg.nothing.as_ref().and_then(|n| {
             let norm = related::value_norm(schema, n.as_bytes())?;

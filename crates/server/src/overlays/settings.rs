@@ -315,9 +315,17 @@ pub fn validate(
             .iter()
             .any(|(a, kinds)| a.eq_ignore_ascii_case(attr) && kinds.iter().any(|k| k == "eq"))
     };
-    let mut memberof = 0;
     for (i, o) in overlays.iter().enumerate() {
         let kind = o.type_name();
+        // One memberof (it lists every group class and member attribute),
+        // one ppolicy, one accesslog.
+        let single = matches!(
+            o,
+            OverlayConfig::Memberof(_) | OverlayConfig::Ppolicy(_) | OverlayConfig::Accesslog(_)
+        );
+        if single && overlays[..i].iter().any(|p| p.type_name() == kind) {
+            return Err(err(i, kind, "type", format!("one {kind} overlay at most")));
+        }
         match o {
             OverlayConfig::Refint(r) => {
                 if r.attributes.is_empty() {
@@ -360,15 +368,6 @@ pub fn validate(
                 }
             }
             OverlayConfig::Memberof(m) => {
-                memberof += 1;
-                if memberof > 1 {
-                    return Err(err(
-                        i,
-                        kind,
-                        "type",
-                        "one memberof overlay at most (it lists every group class and member attribute)",
-                    ));
-                }
                 if m.group_classes.is_empty() || m.member_attributes.is_empty() {
                     return Err(err(
                         i,
@@ -403,14 +402,6 @@ pub fn validate(
                 }
             }
             OverlayConfig::Ppolicy(p) => {
-                if overlays
-                    .iter()
-                    .filter(|o| matches!(o, OverlayConfig::Ppolicy(_)))
-                    .count()
-                    > 1
-                {
-                    return Err(err(i, kind, "type", "one ppolicy overlay at most"));
-                }
                 if let Some(d) = &p.default_policy {
                     let dn = Dn::parse(d).map_err(|e| {
                         err(i, kind, "default_policy", format!("'{d}' is not a DN: {e}"))
@@ -431,14 +422,6 @@ pub fn validate(
                     .map_err(|e| err(i, kind, "banned_file", e))?;
             }
             OverlayConfig::Accesslog(a) => {
-                if overlays
-                    .iter()
-                    .filter(|o| matches!(o, OverlayConfig::Accesslog(_)))
-                    .count()
-                    > 1
-                {
-                    return Err(err(i, kind, "type", "one accesslog overlay at most"));
-                }
                 super::accesslog::Ops::parse(&a.ops).map_err(|e| err(i, kind, "ops", e))?;
             }
             OverlayConfig::Errors(e) => {

@@ -26,12 +26,7 @@ impl Unique {
         let attrs = cfg
             .attributes
             .iter()
-            .map(|a| {
-                schema
-                    .attribute(a)
-                    .map(|t| t.name().to_string())
-                    .unwrap_or_else(|| a.clone())
-            })
+            .map(|a| super::canonical(schema, a))
             .collect();
         let base = cfg
             .base

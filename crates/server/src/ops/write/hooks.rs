@@ -95,6 +95,16 @@ pub fn related(ctx: &WriteCtx, view: &View<'_>, changes: &mut Vec<Change>) -> Op
     for hook in all(ctx) {
         hook.related(ctx, view, changes)?;
     }
+    // Entries a replication consumer keeps belong to its provider, whose
+    // overlays keep them: they are not changed here.
+    let mut i = first_added;
+    while i < changes.len() {
+        if ctx.server.replicas.holding(changes[i].norm()).is_some() {
+            changes.remove(i);
+        } else {
+            i += 1;
+        }
+    }
     crate::overlays::related::finish(&ctx.server.schema, changes, first_added)
 }
 
