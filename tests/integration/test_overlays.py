@@ -482,3 +482,19 @@ def test_error_injection_is_configured_counted_and_removed_over_cn_config(tmp_pa
         assert rc == 0
     finally:
         srv.stop_and_verify()
+
+
+def test_the_demo_tree_gets_memberof_when_the_overlay_is_on_at_first_start(tmp_path):
+    srv = Pando(tmp_path, demo=True, config='[[overlay]]\ntype = "memberof"\n', name="demo-memberof").start()
+    try:
+        c = srv.conn()
+        c.search(GROUPS, "(objectClass=groupOfNames)", attributes=["member"])
+        groups = {e.entry_dn.lower(): [m.lower() for m in e.member.values] for e in c.entries}
+        assert groups, "the demo tree has groups"
+        for g, members in groups.items():
+            for m in members:
+                c.search(m, "(objectClass=*)", search_scope="BASE", attributes=["memberOf"])
+                assert g in [v.lower() for v in c.entries[0].memberOf.values], (m, g)
+    finally:
+        # The teardown's `pando verify` checks memberOf against the groups.
+        srv.stop_and_verify()

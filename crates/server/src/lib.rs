@@ -252,6 +252,20 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         tls,
     )?;
     let server = live.server();
+    // The demo tree is written around the write pipeline: with memberof
+    // on, its members get their memberOf now.
+    if demo_added.is_some() && overlays::memberof::configured(&server).is_some() {
+        let who = state::Identity::authenticated(
+            server.root_dn_norm.clone(),
+            server.root_dn_norm.clone(),
+            Default::default(),
+        )
+        .with_roles(true, false);
+        match overlays::memberof::rebuild(&server, &who).await {
+            Ok(n) => tracing::info!("memberOf set on {n} entries of the demo tree"),
+            Err(e) => tracing::warn!("memberOf not set on the demo tree: {}", e.message),
+        }
+    }
 
     print_banner(&server, &root_pw, &created, demo_added, tls_generated);
 
