@@ -398,6 +398,16 @@ fn constraint(msg: String) -> LdapError {
     LdapError::new(ResultCode::CONSTRAINT_VIOLATION, msg)
 }
 
+/// The value of a DN's first RDN as written (the name of an entry added
+/// below cn=config: `{n}name`).
+pub(crate) fn first_rdn_value(dn: &Dn) -> String {
+    dn.rdns
+        .first()
+        .and_then(|r| r.avas.first())
+        .map(|a| String::from_utf8_lossy(&a.value).into_owned())
+        .unwrap_or_default()
+}
+
 /// `{n}rest` → (Some(n), rest); anything else → (None, value).
 pub(crate) fn split_ordinal(v: &str) -> (Option<usize>, &str) {
     if let Some(rest) = v.strip_prefix('{') {

@@ -200,11 +200,7 @@ pub fn add(
             "overlays are added as olcOverlay=<type>,{DATABASE_DN}"
         )));
     };
-    let written = dn
-        .rdns
-        .first()
-        .map(|r| String::from_utf8_lossy(&r.avas[0].value).into_owned())
-        .unwrap_or_default();
+    let written = super::first_rdn_value(dn);
     let (at, name) = split_ordinal(&written);
     let Some(t) = overlay_type(name) else {
         return Err(LdapError::unwilling(format!(

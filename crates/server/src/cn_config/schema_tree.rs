@@ -130,11 +130,7 @@ pub fn add(
         )));
     };
     // The name as written (the normalised one is lower-case).
-    let written = dn
-        .rdns
-        .first()
-        .map(|r| String::from_utf8_lossy(&r.avas[0].value).into_owned())
-        .unwrap_or_default();
+    let written = super::first_rdn_value(dn);
     let (at, name) = split_ordinal(&written);
     if name.is_empty() || name.contains(['{', '}']) {
         return Err(LdapError::invalid_dn(format!(
