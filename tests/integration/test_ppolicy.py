@@ -70,6 +70,7 @@ ENTRIES = [
     user("locky", "lock"),
     user("expiry", "expire"),
     user("fresh"),
+    user("ended"),
 ]
 
 
@@ -207,6 +208,25 @@ def test_reset_passwords_must_be_changed_and_changes_are_checked(pair):
         e = c.entries[0]
         assert e.pwdReset.value is None and e.pwdChangedTime.value is not None, (srv, e)
         assert len(e.pwdHistory.values) >= 1, (srv, e)
+
+
+def test_a_password_past_its_end_time_does_not_work_as_in_slapd(pair):
+    dn = "uid=ended," + PEOPLE
+    got = on_both(pair, lambda s: bind(s, dn, "Initial-pw-1")[0])
+    assert got == [0, 0], got
+    for srv in pair:
+        c = srv.conn()
+        c.modify(dn, {"pwdEndTime": [(MODIFY_REPLACE, ["20000101000000Z"])]})
+        assert c.result["result"] == 0, (srv, c.result)
+    got = on_both(pair, lambda s: bind(s, dn, "Initial-pw-1")[0])
+    assert got == [49, 49], got
+    for srv in pair:
+        c = srv.conn()
+        c.modify(dn, {"pwdEndTime": [(ldap3.MODIFY_DELETE, [])],
+                      "pwdStartTime": [(MODIFY_REPLACE, ["29990101000000Z"])]})
+        assert c.result["result"] == 0, (srv, c.result)
+    got = on_both(pair, lambda s: bind(s, dn, "Initial-pw-1")[0])
+    assert got == [49, 49], got
 
 
 def test_a_bad_policy_entry_is_refused(pair):

@@ -220,6 +220,10 @@ impl PasswordPolicy {
                 self.use_lockout.then_some(PolicyError::AccountLocked),
             )));
         }
+        // Outside pwdStartTime..pwdEndTime the password does not work.
+        if !state.in_use_window(now) {
+            return Ok(BindVerdict::Refuse(invalid(None)));
+        }
         if !verified {
             if p.counts_failures() {
                 record_failure(server, norm, &p).await;
@@ -430,8 +434,8 @@ fn history_value(h: &[u8]) -> Option<&[u8]> {
 }
 
 /// Record a failed bind: failures older than the count interval go, this
-/// one is added (at most `pwdMaxFailure` are kept), and the account is
-/// locked when they reach the limit.
+/// one is added (at most `Policy::failures_kept` are kept), and the
+/// account is locked when they reach the limit.
 async fn record_failure(server: &Arc<Server>, norm: &str, p: &Policy) {
     let p = p.clone();
     update(server, norm, move |e: &mut Entry| {
@@ -447,7 +451,7 @@ async fn record_failure(server: &Arc<Server>, norm: &str, p: &Policy) {
             .cloned()
             .collect();
         kept.push(precise_time(crate::clock::now_micros()).into_bytes());
-        let max = p.max_failure.max(1) as usize;
+        let max = p.failures_kept();
         if kept.len() > max {
             kept.drain(..kept.len() - max);
         }

@@ -23,6 +23,9 @@ pub struct Policy {
     pub lockout: bool,
     pub lockout_duration: u64,
     pub max_failure: u32,
+    /// Failure times kept at most (pwdMaxRecordedFailure; at least
+    /// pwdMaxFailure).
+    pub max_recorded_failure: u32,
     pub failure_count_interval: u64,
     pub must_change: bool,
     pub allow_user_change: bool,
@@ -84,6 +87,7 @@ impl Policy {
             lockout: flag(e, "pwdLockout", false)?,
             lockout_duration: number(e, "pwdLockoutDuration")?,
             max_failure: small("pwdMaxFailure")?,
+            max_recorded_failure: small("pwdMaxRecordedFailure")?,
             failure_count_interval: number(e, "pwdFailureCountInterval")?,
             must_change: flag(e, "pwdMustChange", false)?,
             allow_user_change: flag(e, "pwdAllowUserChange", true)?,
@@ -101,6 +105,11 @@ impl Policy {
     /// Whether failed binds are recorded.
     pub fn counts_failures(&self) -> bool {
         self.lockout && self.max_failure > 0
+    }
+
+    /// How many failure times an account keeps.
+    pub fn failures_kept(&self) -> usize {
+        self.max_recorded_failure.max(self.max_failure).max(1) as usize
     }
 }
 
@@ -121,6 +130,10 @@ pub struct State {
     pub failures: Vec<i64>,
     pub grace_uses: usize,
     pub reset: bool,
+    /// The password may be used from (pwdStartTime) and until
+    /// (pwdEndTime).
+    pub usable_from: Option<i64>,
+    pub usable_until: Option<i64>,
 }
 
 fn times(e: &Entry, attr: &str) -> Vec<i64> {
@@ -140,7 +153,14 @@ impl State {
             failures: times(e, "pwdFailureTime"),
             grace_uses: e.values("pwdGraceUseTime").len(),
             reset: text(e, "pwdReset").is_some_and(|t| t.eq_ignore_ascii_case("TRUE")),
+            usable_from: times(e, "pwdStartTime").first().copied(),
+            usable_until: times(e, "pwdEndTime").first().copied(),
         }
+    }
+
+    /// Whether the password may be used at `now` (pwdStartTime, pwdEndTime).
+    pub fn in_use_window(&self, now: i64) -> bool {
+        self.usable_from.is_none_or(|s| now >= s) && self.usable_until.is_none_or(|e| now < e)
     }
 
     /// Whether the account is locked at `now` under `p`.
@@ -225,6 +245,17 @@ mod tests {
         assert_eq!(s.expires(&p), Some(100));
         let s = State::of(&entry(&[("pwdAccountLockedTime", LOCKED_FOR_GOOD)]));
         assert!(s.is_locked(&p, i64::MAX / 2));
+        let s = State::of(&entry(&[
+            ("pwdStartTime", "19700101000100Z"),
+            ("pwdEndTime", "19700101000200Z"),
+        ]));
+        assert!(!s.in_use_window(59) && s.in_use_window(60) && !s.in_use_window(120));
+        let p = Policy {
+            max_failure: 3,
+            max_recorded_failure: 10,
+            ..Policy::default()
+        };
+        assert_eq!(p.failures_kept(), 10);
         assert!(precise_time(1_000_000 * 86400 + 7).ends_with(".000007Z"));
     }
 }
