@@ -1,8 +1,16 @@
 //! Overlays: features configured per server on top of the core
 //! operations (`[[overlay]]` in the TOML file, one entry each below
-//! `olcDatabase={1}mdb,cn=config`). Each compiles to hooks on the write
-//! pipeline (`ops::write::hooks::Hook`), run after the built-in hooks in
-//! the configured order; a configuration change compiles them again.
+//! `olcDatabase={1}mdb,cn=config`; docs/overlays.md). A configuration
+//! change compiles them again. Where each acts:
+//!
+//! - write hooks (`ops::write::hooks::Hook`, after the built-in ones, in
+//!   the configured order): refint, unique, memberof, valsort (weights),
+//!   ppolicy (password changes, policy entries);
+//! - search hooks (`ops::search::hooks::SearchHook`): valsort;
+//! - binds (`ops::bind`): ppolicy;
+//! - each request, before it runs (`net::connection`): errors;
+//! - each operation's end (`observe::OpStart`): accesslog, whose entries
+//!   are the virtual tree `cn=accesslog`.
 //!
 //! Overlays do not act on changes a replication consumer receives: the
 //! provider's overlays made the related changes, and they arrive too.
@@ -17,9 +25,14 @@ pub mod settings;
 pub mod unique;
 pub mod valsort;
 
+use std::sync::Arc;
+
 use pando_model::Schema;
 
 pub use settings::OverlayConfig;
+
+use crate::ops::search::hooks::SearchHook;
+use crate::ops::write::hooks::Hook;
 
 /// An attribute's name as the schema spells it (the name given when the
 /// schema does not know it: settings were checked, so only in tests).
@@ -29,14 +42,6 @@ pub fn canonical(schema: &Schema, name: &str) -> String {
         .map(|t| t.name().to_string())
         .unwrap_or_else(|| name.to_string())
 }
-
-#[cfg(test)]
-mod tests;
-
-use std::sync::Arc;
-
-use crate::ops::search::hooks::SearchHook;
-use crate::ops::write::hooks::Hook;
 
 type WriteHook = Arc<dyn Hook + Send + Sync>;
 type ReadHook = Arc<dyn SearchHook + Send + Sync>;
@@ -188,3 +193,6 @@ impl Overlays {
         self.list.iter().map(|o| o.kind)
     }
 }
+
+#[cfg(test)]
+mod tests;
