@@ -398,14 +398,32 @@ fn constraint(msg: String) -> LdapError {
     LdapError::new(ResultCode::CONSTRAINT_VIOLATION, msg)
 }
 
-/// The value of a DN's first RDN as written (the name of an entry added
-/// below cn=config: `{n}name`).
-pub(crate) fn first_rdn_value(dn: &Dn) -> String {
-    dn.rdns
+/// The position and name an entry added directly below `parent_norm`
+/// gives in its RDN, `<attr>={n}name` as written (`{n}` optional); refused
+/// with `how` when `norm` is not such an entry.
+pub(crate) fn added_name(
+    dn: &Dn,
+    norm: &str,
+    parent_norm: &str,
+    attr: &str,
+    how: String,
+) -> Result<(Option<usize>, String), LdapError> {
+    let direct = norm
+        .strip_suffix(&format!(",{parent_norm}"))
+        .and_then(|r| r.strip_prefix(&format!("{attr}=")))
+        .is_some_and(|r| !r.contains(','));
+    if !direct {
+        return Err(LdapError::unwilling(how));
+    }
+    // As written: the normalised value is lower-case.
+    let written = dn
+        .rdns
         .first()
         .and_then(|r| r.avas.first())
         .map(|a| String::from_utf8_lossy(&a.value).into_owned())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    let (at, name) = split_ordinal(&written);
+    Ok((at, name.to_string()))
 }
 
 /// `{n}rest` → (Some(n), rest); anything else → (None, value).

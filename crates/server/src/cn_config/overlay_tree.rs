@@ -191,17 +191,14 @@ pub fn add(
     norm: &str,
     attrs: &[PartialAttribute],
 ) -> Result<Config, LdapError> {
-    let rdn = norm
-        .strip_suffix(&format!(",{DATABASE_NORM}"))
-        .and_then(|r| r.strip_prefix("olcoverlay="))
-        .filter(|r| !r.contains(','));
-    let Some(_) = rdn else {
-        return Err(LdapError::unwilling(format!(
-            "overlays are added as olcOverlay=<type>,{DATABASE_DN}"
-        )));
-    };
-    let written = super::first_rdn_value(dn);
-    let (at, name) = split_ordinal(&written);
+    let (at, name) = super::added_name(
+        dn,
+        norm,
+        DATABASE_NORM,
+        "olcoverlay",
+        format!("overlays are added as olcOverlay=<type>,{DATABASE_DN}"),
+    )?;
+    let name = name.as_str();
     let Some(t) = overlay_type(name) else {
         return Err(LdapError::unwilling(format!(
             "'{name}' is not an overlay this server has ({})",

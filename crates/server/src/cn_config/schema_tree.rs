@@ -120,21 +120,17 @@ pub fn add(
     norm: &str,
     attrs: &[PartialAttribute],
 ) -> Result<Config, LdapError> {
-    let rdn_value = norm
-        .strip_suffix(&format!(",{SCHEMA_NORM}"))
-        .and_then(|r| r.strip_prefix("cn="))
-        .filter(|r| !r.contains(','));
-    let Some(_) = rdn_value else {
-        return Err(LdapError::unwilling(format!(
-            "schema is added as cn=<name>,{SCHEMA_DN}"
-        )));
-    };
-    // The name as written (the normalised one is lower-case).
-    let written = super::first_rdn_value(dn);
-    let (at, name) = split_ordinal(&written);
+    let (at, name) = super::added_name(
+        dn,
+        norm,
+        SCHEMA_NORM,
+        "cn",
+        format!("schema is added as cn=<name>,{SCHEMA_DN}"),
+    )?;
+    let name = name.as_str();
     if name.is_empty() || name.contains(['{', '}']) {
         return Err(LdapError::invalid_dn(format!(
-            "'{written}' is not a schema name"
+            "'{name}' is not a schema name"
         )));
     }
     if desired
