@@ -253,8 +253,9 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     )?;
     let server = live.server();
     // The demo tree is written around the write pipeline: with memberof
-    // on, its members get their memberOf now.
-    if demo_added.is_some() && overlays::memberof::configured(&server).is_some() {
+    // on, its members get their memberOf now (only when this start loaded
+    // it: other stored entries are left to `pando memberof rebuild`).
+    if demo_added.is_some_and(|n| n > 0) && overlays::memberof::configured(&server).is_some() {
         let who = state::Identity::authenticated(
             server.root_dn_norm.clone(),
             server.root_dn_norm.clone(),
@@ -420,7 +421,11 @@ pub fn compile(
     };
     // A configured hash wins; otherwise the one the data directory keeps.
     let root_pw_hash = cfg.config.root_password_hash.clone().or(root_pw_hash);
-    let overlays = Arc::new(overlays::Overlays::compile(&cfg.config.overlay, &schema)?);
+    let overlays = Arc::new(overlays::Overlays::compile(
+        &cfg.config.overlay,
+        &schema,
+        limits.max_pdu_bytes,
+    )?);
     Ok(state::Compiled {
         overlays,
         desired: Arc::new(cfg.config.clone()),
