@@ -1357,7 +1357,7 @@ impl Config {
         if self.store.max_write_batch == 0 {
             return Err(err("store.max_write_batch", "must be at least 1"));
         }
-        crate::overlays::settings::validate(&self.overlay, schema, &self.indexes)?;
+        crate::overlays::settings::validate(&self.overlay, schema, &self.indexes, &suffixes)?;
         Ok(Resolved {
             config: self,
             listeners,

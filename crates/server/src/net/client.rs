@@ -1,10 +1,12 @@
-//! A small LDAP client for a consumer talking to its provider: connect
-//! (plain, LDAPS or StartTLS, checking the provider's certificate), bind
-//! (simple or SASL EXTERNAL), send requests and read responses, on the
-//! server's own codec. Every wait is bounded by the consumer's timeout;
-//! what the provider sends is decoded as strictly as a client's requests
-//! are, within the server's message size limit.
+//! A small LDAP client for the server talking to another server (a
+//! replication consumer to its provider, translucency to its remote):
+//! connect (plain, LDAPS or StartTLS, checking the peer's certificate),
+//! bind (simple or SASL EXTERNAL), send requests and read responses, on
+//! the server's own codec. Every wait is bounded by the endpoint's
+//! timeout; what the peer sends is decoded as strictly as a client's
+//! requests are, within the server's message size limit.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,9 +19,49 @@ use rustls::pki_types::{PrivateKeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::config::ConsumerConfig;
+use crate::repl::config::Secret;
 
-/// Why talking to the provider failed; the text names the problem.
+/// Where and how to connect and bind: built from a consumer's or an
+/// overlay's settings.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    /// `ldap://host:port` or `ldaps://host:port`.
+    pub url: String,
+    /// `simple`, `sasl_external` (the TLS client certificate) or `none`.
+    pub bind_method: String,
+    pub bind_dn: String,
+    /// The simple bind password, or the file holding it.
+    pub credentials: Option<Secret>,
+    pub credentials_file: Option<PathBuf>,
+    /// StartTLS on an ldap:// URL (refused if it fails).
+    pub start_tls: bool,
+    /// CA certificates (PEM) the peer's certificate must chain to; unset:
+    /// the system's roots.
+    pub tls_ca_file: Option<PathBuf>,
+    /// Client certificate and key (PEM) for `sasl_external`.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    /// TCP keepalive idle time in seconds (0: off).
+    pub keepalive_secs: u64,
+    /// Connecting, binding, and each wait for an answer, in seconds.
+    pub timeout_secs: u64,
+}
+
+impl Endpoint {
+    /// The simple bind password.
+    pub fn password(&self) -> std::io::Result<Vec<u8>> {
+        match (&self.credentials, &self.credentials_file) {
+            (Some(s), _) => Ok(s.0.clone().into_bytes()),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path)?;
+                Ok(text.trim_end_matches(['\r', '\n']).as_bytes().to_vec())
+            }
+            (None, None) => Ok(Vec::new()),
+        }
+    }
+}
+
+/// Why talking to the peer failed; the text names the problem.
 #[derive(Debug)]
 pub struct ClientError(pub String);
 
@@ -36,7 +78,7 @@ fn fail<T>(why: impl Into<String>) -> Result<T, ClientError> {
 trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
-/// A connection to a provider.
+/// A connection to another server.
 pub struct Client {
     stream: Box<dyn Stream>,
     buf: Vec<u8>,
@@ -44,7 +86,7 @@ pub struct Client {
     timeout: Duration,
     max_pdu: usize,
     limits: DecodeLimits,
-    /// What the provider is called in messages.
+    /// What the peer is called in messages.
     pub url: String,
 }
 
@@ -73,6 +115,12 @@ fn host_port(url: &str) -> Result<(String, u16, bool), ClientError> {
         return fail(format!("'{url}' names no host"));
     }
     Ok((host, port, tls))
+}
+
+/// Whether `url` is an ldap:// or ldaps:// URL naming a host (and a valid
+/// port, when it names one).
+pub fn check_url(url: &str) -> Result<(), ClientError> {
+    host_port(url).map(|_| ())
 }
 
 /// Turn on TCP keepalive with `idle` seconds before the first probe.
@@ -105,10 +153,10 @@ fn keepalive(stream: &TcpStream, idle: u64) {
     }
 }
 
-/// The TLS settings for talking to the provider: its certificate checked
+/// The TLS settings for talking to the peer: its certificate checked
 /// against `tls_ca_file` (or the system's CA bundle), the client
 /// certificate offered when configured.
-fn tls_connector(cfg: &ConsumerConfig) -> Result<tokio_rustls::TlsConnector, ClientError> {
+fn tls_connector(cfg: &Endpoint) -> Result<tokio_rustls::TlsConnector, ClientError> {
     let mut roots = rustls::RootCertStore::empty();
     let ca = cfg
         .tls_ca_file
@@ -140,19 +188,19 @@ fn tls_connector(cfg: &ConsumerConfig) -> Result<tokio_rustls::TlsConnector, Cli
 }
 
 impl Client {
-    /// Connect to `cfg.provider`, with TLS as configured (LDAPS, or
-    /// StartTLS when asked for), within the consumer's timeout.
-    pub async fn connect(cfg: &ConsumerConfig, max_pdu: usize) -> Result<Client, ClientError> {
-        let (host, port, ldaps) = host_port(&cfg.provider)?;
+    /// Connect to `cfg.url`, with TLS as configured (LDAPS, or
+    /// StartTLS when asked for), within the endpoint's timeout.
+    pub async fn connect(cfg: &Endpoint, max_pdu: usize) -> Result<Client, ClientError> {
+        let (host, port, ldaps) = host_port(&cfg.url)?;
         let timeout = Duration::from_secs(cfg.timeout_secs);
         let tcp =
             match tokio::time::timeout(timeout, TcpStream::connect((host.as_str(), port))).await {
                 Ok(Ok(s)) => s,
-                Ok(Err(e)) => return fail(format!("cannot connect to {}: {e}", cfg.provider)),
+                Ok(Err(e)) => return fail(format!("cannot connect to {}: {e}", cfg.url)),
                 Err(_) => {
                     return fail(format!(
                         "cannot connect to {}: no answer within {}s",
-                        cfg.provider, cfg.timeout_secs
+                        cfg.url, cfg.timeout_secs
                     ))
                 }
             };
@@ -165,7 +213,7 @@ impl Client {
             timeout,
             max_pdu,
             limits: DecodeLimits::default(),
-            url: cfg.provider.clone(),
+            url: cfg.url.clone(),
         };
         if ldaps || cfg.start_tls {
             if cfg.start_tls {
@@ -177,8 +225,8 @@ impl Client {
             let plain = std::mem::replace(&mut client.stream, Box::new(tokio::io::duplex(1).0));
             let tls = tokio::time::timeout(timeout, connector.connect(name, plain))
                 .await
-                .map_err(|_| ClientError(format!("TLS handshake with {} timed out", cfg.provider)))?
-                .map_err(|e| ClientError(format!("TLS with {}: {e}", cfg.provider)))?;
+                .map_err(|_| ClientError(format!("TLS handshake with {} timed out", cfg.url)))?
+                .map_err(|e| ClientError(format!("TLS with {}: {e}", cfg.url)))?;
             client.stream = Box::new(tls);
         }
         Ok(client)
@@ -217,8 +265,8 @@ impl Client {
         }
     }
 
-    /// Bind as the consumer is configured to.
-    pub async fn bind(&mut self, cfg: &ConsumerConfig) -> Result<(), ClientError> {
+    /// Bind as the endpoint says.
+    pub async fn bind(&mut self, cfg: &Endpoint) -> Result<(), ClientError> {
         let (name, auth) = match cfg.bind_method.as_str() {
             "none" => return Ok(()),
             "sasl_external" => (
@@ -292,6 +340,11 @@ impl Client {
                 self.timeout.as_secs()
             )),
         }
+    }
+
+    /// How long each wait for the peer may take.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// A whole message is already read (the next `recv` does not wait).
@@ -376,7 +429,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn provider_urls_name_host_port_and_tls() {
+    fn urls_name_host_port_and_tls() {
         assert_eq!(
             host_port("ldap://127.0.0.1:3389").unwrap(),
             ("127.0.0.1".into(), 3389, false)

@@ -356,8 +356,15 @@ impl Connection {
                     r.started();
                 }
                 // A small search is answered right here, on this task; a
-                // larger (or persistent) one runs on its own.
-                if job.controls.persistent.is_some() || job.controls.sync.is_some() {
+                // larger (or persistent) one runs on its own, as does one
+                // that reads a translucent suffix's remote server.
+                if job.controls.persistent.is_some()
+                    || job.controls.sync.is_some()
+                    || server
+                        .overlays
+                        .translucent_for(&server.schema, &job.req.base)
+                        .is_some()
+                {
                     Work::Search(job)
                 } else {
                     match ops::search::run_inline(job, &mut wire.output) {
@@ -940,7 +947,24 @@ struct Ctx<'a> {
 async fn run_search(job: ops::search::SearchJob, tx: &mpsc::Sender<Vec<u8>>) -> Answered {
     let id = job.msg_id;
     let job = Arc::new(job);
-    let finished = if job.controls.persistent.is_some() {
+    let translucent = job
+        .server
+        .overlays
+        .translucent_for(&job.server.schema, &job.req.base);
+    let finished = if let Some(t) = translucent {
+        if job.controls.persistent.is_some() || job.controls.sync.is_some() {
+            let e = LdapError::unwilling(
+                "a translucent suffix's entries are read from its remote server: they cannot be followed or replicated",
+            );
+            ops::search::Finished::Done(ops::search::SearchOutcome {
+                result: e.into_result(),
+                controls: Vec::new(),
+                entries: 0,
+            })
+        } else {
+            ops::search::translucent::run(&job, &t).await
+        }
+    } else if job.controls.persistent.is_some() {
         ops::search::persistent::run(&job).await
     } else if job.controls.sync.is_some() {
         ops::search::sync_provider::run(&job).await

@@ -1,5 +1,7 @@
-//! The network frontend: listeners and per-connection protocol handling.
+//! The network frontend: listeners and per-connection protocol handling;
+//! and the client the server talks to other servers with.
 
+pub mod client;
 pub mod connection;
 pub mod listener;
 pub mod running;

@@ -205,7 +205,41 @@ async fn check_simple(
     if stored.is_empty() && checked_root {
         return Ok((None, account));
     }
+    if stored.is_empty() {
+        // Below a translucent suffix a password not held here is the
+        // remote server's to check.
+        if let Some(t) = server.overlays.translucent_for(&server.schema, name) {
+            return Ok((remote_bind(&t, name, pw).await?.then(who), account));
+        }
+    }
     Ok((server.passwords.verify(pw, stored).await.then(who), account))
+}
+
+/// A simple bind passed to a translucent suffix's remote server: whether
+/// it accepted the password.
+async fn remote_bind(
+    t: &crate::overlays::translucent::Translucent,
+    name: &str,
+    pw: Vec<u8>,
+) -> OpResult<bool> {
+    match t.remote.bind_as(name, pw).await {
+        Ok(r) if r.code == ResultCode::SUCCESS => Ok(true),
+        Ok(r) if r.code == ResultCode::INVALID_CREDENTIALS => Ok(false),
+        Ok(r) => {
+            tracing::warn!(remote = %t.remote.endpoint.url, code = r.code.0, "translucent: the remote server refused a bind");
+            Ok(false)
+        }
+        Err(e) => {
+            tracing::warn!(remote = %t.remote.endpoint.url, error = %e, "translucent: the remote server could not check a password");
+            Err(LdapError::new(
+                ResultCode::UNAVAILABLE,
+                format!(
+                    "the remote server of {} could not check the password: {e}",
+                    t.suffix
+                ),
+            ))
+        }
+    }
 }
 
 /// SASL EXTERNAL: the identity the transport established — the peer's Unix

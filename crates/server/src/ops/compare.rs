@@ -55,16 +55,38 @@ pub fn compare(
         dn: pando_model::Dn { rdns: Vec::new() },
         attrs,
     };
+    compare_entry(server, &view, who, controls, &norm, &entry, req)
+}
+
+/// Compare against `entry` (named `norm`), as the requester may: compare
+/// access to the attribute, the assertion control, then the values.
+pub fn compare_entry(
+    server: &Server,
+    view: &pando_store::View<'_>,
+    who: &Identity,
+    controls: &Requested,
+    norm: &str,
+    entry: &pando_model::Entry,
+    req: &CompareRequest,
+) -> OpResult<ResultCode> {
+    let schema = &*server.schema;
+    let (_, at) = schema.canonical_desc(&req.ava.attr)?;
+    let want = schema.normalize(at, &req.ava.value).map_err(|e| {
+        LdapError::new(
+            ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+            format!("{}: value invalid per syntax: {e}", at.name()),
+        )
+    })?;
     super::require(
         server,
-        &view,
+        view,
         who,
-        &norm,
-        &entry,
+        norm,
+        entry,
         &[(Some(at), crate::acl::COMPARE)],
     )?;
     if let Some(filter) = &controls.assertion {
-        if !super::assertion_holds(server, &view, who, &norm, &entry, filter) {
+        if !super::assertion_holds(server, view, who, norm, entry, filter) {
             return Err(LdapError::new(
                 ResultCode::ASSERTION_FAILED,
                 "the assertion control's filter is not true for the entry",

@@ -149,6 +149,22 @@ fn config_target(server: &Server, request: &ProtocolOp) -> Option<(String, Strin
     Some((norm, dn.clone()))
 }
 
+/// The translucent overlay serving the entry a write or compare names.
+fn translucent_target(
+    server: &Server,
+    request: &ProtocolOp,
+) -> Option<Arc<crate::overlays::translucent::Translucent>> {
+    let dn = match request {
+        ProtocolOp::ModifyRequest(r) => &r.dn,
+        ProtocolOp::AddRequest(r) => &r.dn,
+        ProtocolOp::DelRequest(dn) => dn,
+        ProtocolOp::ModifyDnRequest(r) => &r.dn,
+        ProtocolOp::CompareRequest(r) => &r.dn,
+        _ => return None,
+    };
+    server.overlays.translucent_for(&server.schema, dn)
+}
+
 /// Run an add, delete, modify, modify DN, compare or extended operation.
 /// None for requests this does not run (searches and binds have their own
 /// paths).
@@ -200,6 +216,36 @@ pub async fn perform(server: &Arc<Server>, op: Operation) -> Option<Response> {
                 Err(serve::refuse_other_writes(&who, "renamed")),
                 ProtocolOp::ModifyDnResponse,
             ),
+        });
+    }
+    if let Some(t) = translucent_target(server, &request) {
+        use crate::overlays::translucent::write as tw;
+        let ctx = WriteCtx::new(server, &who, controls.clone());
+        return Some(match request {
+            ProtocolOp::AddRequest(req) => {
+                written(tw::add(ctx, &t, req).await, ProtocolOp::AddResponse)
+            }
+            ProtocolOp::DelRequest(dn) => {
+                written(tw::delete(ctx, &t, dn).await, ProtocolOp::DelResponse)
+            }
+            ProtocolOp::ModifyRequest(req) => {
+                written(tw::modify(ctx, &t, req).await, ProtocolOp::ModifyResponse)
+            }
+            ProtocolOp::ModifyDnRequest(req) => written(
+                tw::modify_dn(ctx, &t, req).await,
+                ProtocolOp::ModifyDnResponse,
+            ),
+            ProtocolOp::CompareRequest(req) => {
+                let result = match tw::compare(server, &t, &who, &controls, &req).await {
+                    Ok(code) => LdapResult::new(code, ""),
+                    Err(e) => e.into_result(),
+                };
+                Response {
+                    op: ProtocolOp::CompareResponse(result),
+                    controls: Vec::new(),
+                }
+            }
+            _ => return None,
         });
     }
     Some(match request {

@@ -10,7 +10,10 @@
 //! - binds (`ops::bind`): ppolicy;
 //! - each request, before it runs (`net::connection`): errors;
 //! - each operation's end (`observe::OpStart`): accesslog, whose entries
-//!   are the virtual tree `cn=accesslog`.
+//!   are the virtual tree `cn=accesslog`;
+//! - searches, compares, writes and binds below a translucent suffix
+//!   (`ops::search::translucent`, `ops::operation`, `ops::bind`):
+//!   translucent, which reads a remote server.
 //!
 //! Overlays do not act on changes a replication consumer receives: the
 //! provider's overlays made the related changes, and they arrive too.
@@ -22,6 +25,7 @@ pub mod ppolicy;
 pub mod refint;
 pub mod related;
 pub mod settings;
+pub mod translucent;
 pub mod unique;
 pub mod valsort;
 
@@ -64,13 +68,21 @@ pub struct Overlays {
     errors: Vec<Arc<errors::Errors>>,
     /// The access log, which every operation's end consults.
     accesslog: Option<Arc<accesslog::AccessLog>>,
+    /// Translucent suffixes, which searches, compares, writes and binds
+    /// below them consult.
+    translucent: Vec<Arc<translucent::Translucent>>,
 }
 
 impl Overlays {
     /// Compile the overlays of a validated configuration (what can still
     /// fail: reading a file a setting names).
-    pub fn compile(configs: &[OverlayConfig], schema: &Arc<Schema>) -> Result<Overlays, String> {
+    pub fn compile(
+        configs: &[OverlayConfig],
+        schema: &Arc<Schema>,
+        max_pdu: usize,
+    ) -> Result<Overlays, String> {
         let mut ppolicy = None;
+        let mut translucent = Vec::new();
         let mut injected = Vec::new();
         let mut log = None;
         let list = configs
@@ -121,6 +133,11 @@ impl Overlays {
                         ));
                         (None, None)
                     }
+                    OverlayConfig::Translucent(t) => {
+                        translucent
+                            .push(Arc::new(translucent::Translucent::new(t, schema, max_pdu)));
+                        (None, None)
+                    }
                 };
                 Ok(Overlay {
                     kind: c.type_name(),
@@ -134,7 +151,23 @@ impl Overlays {
             ppolicy,
             errors: injected,
             accesslog: log,
+            translucent,
         })
+    }
+
+    /// The translucent overlay serving the entry named `dn`, if any.
+    pub fn translucent_for(
+        &self,
+        schema: &Schema,
+        dn: &str,
+    ) -> Option<Arc<translucent::Translucent>> {
+        if self.translucent.is_empty() {
+            return None;
+        }
+        let norm = pando_model::Dn::parse(dn)
+            .ok()
+            .and_then(|d| schema.normalize_dn(&d).ok())?;
+        self.translucent.iter().find(|t| t.covers(&norm)).cloned()
     }
 
     /// The access log, when configured.

@@ -18,6 +18,7 @@ pub enum OverlayConfig {
     Ppolicy(PpolicyConfig),
     Errors(ErrorsConfig),
     Accesslog(AccesslogConfig),
+    Translucent(TranslucentConfig),
 }
 
 /// Referential integrity: references to an entry follow it when it is
@@ -144,6 +145,68 @@ pub struct AccesslogConfig {
     pub purge_days: u64,
 }
 
+/// Translucency: a suffix whose entries come from a remote server, with
+/// local attributes and local entries added here.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TranslucentConfig {
+    /// The suffix (one of the server's) the remote server's entries are
+    /// shown in; the remote holds them under the same names.
+    pub suffix: String,
+    /// `ldap://host:port` or `ldaps://host:port`.
+    pub uri: String,
+    /// `simple` (default), `sasl_external` (the TLS client certificate)
+    /// or `none` (anonymous): how the server binds to read the remote.
+    #[serde(default = "translucent_bind_method")]
+    pub bind_method: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub bind_dn: String,
+    /// The file holding the service account's password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_file: Option<std::path::PathBuf>,
+    /// StartTLS on an ldap:// URI (refused if it fails).
+    #[serde(default)]
+    pub start_tls: bool,
+    /// CA certificates (PEM) the remote's certificate must chain to;
+    /// unset: the system's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca_file: Option<std::path::PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<std::path::PathBuf>,
+    /// Connecting, binding and each wait for an answer, in seconds.
+    #[serde(default = "translucent_timeout")]
+    pub timeout_secs: u64,
+    /// Attributes clients may set here on the remote's entries (added to,
+    /// or overriding, the remote's values).
+    #[serde(default)]
+    pub local_attributes: Vec<String>,
+    /// Writes to other attributes of the remote's entries: `refuse`
+    /// (default) or `local` (kept here, overriding the remote's values).
+    #[serde(default = "translucent_remote_writes")]
+    pub remote_writes: String,
+    /// Most entries one search reads from the remote.
+    #[serde(default = "translucent_max_entries")]
+    pub max_entries: u64,
+}
+
+fn translucent_bind_method() -> String {
+    "simple".into()
+}
+
+fn translucent_timeout() -> u64 {
+    5
+}
+
+fn translucent_remote_writes() -> String {
+    "refuse".into()
+}
+
+fn translucent_max_entries() -> u64 {
+    100_000
+}
+
 fn accesslog_ops() -> Vec<String> {
     vec!["writes".into()]
 }
@@ -254,6 +317,36 @@ pub const TYPES: &[OverlayType] = &[
             s(362, "purge_days", "pandoAccessLogPurgeDays", Integer),
         ],
     },
+    OverlayType {
+        name: "translucent",
+        class: "pandoTranslucentConfig",
+        class_n: 18,
+        settings: &[
+            s(370, "suffix", "pandoTranslucentSuffix", Text),
+            s(371, "uri", "pandoTranslucentURI", Text),
+            s(372, "bind_method", "pandoTranslucentBindMethod", Text),
+            s(373, "bind_dn", "pandoTranslucentBindDN", Text),
+            s(
+                374,
+                "credentials_file",
+                "pandoTranslucentCredentialsFile",
+                Text,
+            ),
+            s(375, "start_tls", "pandoTranslucentStartTLS", Boolean),
+            s(376, "tls_ca_file", "pandoTranslucentCACertFile", Text),
+            s(377, "tls_cert_file", "pandoTranslucentCertFile", Text),
+            s(378, "tls_key_file", "pandoTranslucentKeyFile", Text),
+            s(379, "timeout_secs", "pandoTranslucentTimeout", Integer),
+            s(
+                380,
+                "local_attributes",
+                "pandoTranslucentLocalAttribute",
+                List,
+            ),
+            s(381, "remote_writes", "pandoTranslucentRemoteWrites", Text),
+            s(382, "max_entries", "pandoTranslucentMaxEntries", Integer),
+        ],
+    },
 ];
 
 /// The type named `name` (any case).
@@ -271,6 +364,7 @@ impl OverlayConfig {
             OverlayConfig::Ppolicy(_) => "ppolicy",
             OverlayConfig::Errors(_) => "errors",
             OverlayConfig::Accesslog(_) => "accesslog",
+            OverlayConfig::Translucent(_) => "translucent",
         }
     }
 }
@@ -304,11 +398,13 @@ pub fn is_dn_syntax(at: &pando_model::AttributeType) -> bool {
     )
 }
 
-/// Check every overlay's settings against the schema and the indexes.
+/// Check every overlay's settings against the schema, the indexes and
+/// the server's suffixes.
 pub fn validate(
     overlays: &[OverlayConfig],
     schema: &Schema,
     indexes: &std::collections::BTreeMap<String, Vec<String>>,
+    suffixes: &[Dn],
 ) -> Result<(), ConfigError> {
     let eq_indexed = |attr: &str| {
         indexes
@@ -423,6 +519,27 @@ pub fn validate(
             }
             OverlayConfig::Accesslog(a) => {
                 super::accesslog::Ops::parse(&a.ops).map_err(|e| err(i, kind, "ops", e))?;
+            }
+            OverlayConfig::Translucent(t) => {
+                super::translucent::check(t, schema, suffixes)
+                    .map_err(|(key, e)| err(i, kind, key, e))?;
+                let norm = |o: &OverlayConfig| match o {
+                    OverlayConfig::Translucent(t) => Dn::parse(&t.suffix)
+                        .ok()
+                        .and_then(|d| schema.normalize_dn(&d).ok()),
+                    _ => None,
+                };
+                if overlays[..i]
+                    .iter()
+                    .any(|p| norm(p).is_some() && norm(p) == norm(o))
+                {
+                    return Err(err(
+                        i,
+                        kind,
+                        "suffix",
+                        format!("another translucent overlay serves {}", t.suffix),
+                    ));
+                }
             }
             OverlayConfig::Errors(e) => {
                 if e.rules.is_empty() {

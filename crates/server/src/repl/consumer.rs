@@ -33,9 +33,9 @@ use pando_proto::{
     oid, Control, DerefAliases, Filter, LdapMessage, ProtocolOp, ResultCode, Scope, SearchRequest,
 };
 
-use super::client::{Client, ClientError};
 use super::config::{ConsumerConfig, Retry};
 use super::Replica;
+use crate::net::client::{Client, ClientError};
 use crate::ops::write::replicated::{self, apply_received, Received, ReplCtx};
 use crate::ops::write::WriteCtx;
 use crate::state::{Identity, Server, Session};
@@ -317,8 +317,9 @@ async fn session(
     replica: &Replica,
     carry: &mut Carry,
 ) -> Result<Ended, Failed> {
-    let mut client = Client::connect(cfg, server.cfg.config.limits.max_pdu_bytes).await?;
-    client.bind(cfg).await?;
+    let endpoint = cfg.endpoint();
+    let mut client = Client::connect(&endpoint, server.cfg.config.limits.max_pdu_bytes).await?;
+    client.bind(&endpoint).await?;
     set(replica, |s| {
         s.last_connect = Some(now());
         s.phase = "refresh";

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use pando_proto::sync::Cookie;
 
-use super::client::Client;
 use super::consumer::set;
+use crate::net::client::Client;
 use crate::ops::special::CHANGES_BEHIND_EXOP;
 use crate::ops::write::replicated;
 use crate::state::Server;
@@ -76,8 +76,10 @@ pub async fn follow(server: Arc<Server>, replica: Arc<super::Replica>) {
             _ => continue, // nothing stored yet: the initial load runs
         };
         let asked = async {
-            let mut client = Client::connect(&cfg, server.cfg.config.limits.max_pdu_bytes).await?;
-            client.bind(&cfg).await?;
+            let endpoint = cfg.endpoint();
+            let mut client =
+                Client::connect(&endpoint, server.cfg.config.limits.max_pdu_bytes).await?;
+            client.bind(&endpoint).await?;
             let answer = client
                 .extended(CHANGES_BEHIND_EXOP, csns.join(";").into_bytes())
                 .await;

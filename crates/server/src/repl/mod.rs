@@ -1,10 +1,9 @@
 //! Replication, the consumer's side (RFC 4533 with OpenLDAP's
-//! conventions): a client of a provider (`client`) and the task that keeps
-//! a subtree in step with it (`consumer`). The provider's side is a search
+//! conventions): the task that keeps a subtree in step with a provider
+//! (`consumer`, talking through `net::client`). The provider's side is a search
 //! variant (`ops::search::sync_provider`); the received changes are applied
 //! by `ops::write::replicated`.
 
-pub mod client;
 pub mod config;
 pub mod consumer;
 pub mod lag;

@@ -25,6 +25,7 @@ pub mod persistent;
 mod plan;
 mod sort;
 pub mod sync_provider;
+pub mod translucent;
 mod virtual_tree;
 
 use crate::acl::{self, Access, EntryRules};
