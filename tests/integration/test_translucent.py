@@ -292,3 +292,38 @@ def test_bad_translucent_settings_name_the_key(tmp_path):
         cfg.write_text(text)
         r = subprocess.run([bin_, "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=30)
         assert r.returncode != 0 and key in r.stderr, (settings, r.stderr)
+
+
+def test_the_overlay_is_added_and_removed_over_cn_config(setup, tmp_path):
+    remote, _ = setup
+    db = "olcDatabase={1}mdb,cn=config"
+    srv = Pando(tmp_path, config=PUBLIC_READ, name="pando-translucent-config").start()
+
+    def ldapi(tool, *args, input=None):
+        r = subprocess.run([tool, "-Q", "-Y", "EXTERNAL", "-H", srv.ldapi_url, *args],
+                           input=input, capture_output=True, text=True, timeout=60)
+        return r.returncode, r.stdout, r.stderr
+
+    try:
+        rc, es, _ = srv.search(PEOPLE, "(uid=alice)", "1.1")
+        assert rc == 32, (rc, es)
+        creds = tmp_path / "reader-password"
+        creds.write_text(READER_PW + "\n")
+        entry = ("dn: olcOverlay=translucent,%s\nobjectClass: olcOverlayConfig\n"
+                 "objectClass: pandoTranslucentConfig\nolcOverlay: translucent\n"
+                 "pandoTranslucentSuffix: %s\npandoTranslucentURI: %s\npandoTranslucentBindDN: %s\n"
+                 "pandoTranslucentCredentialsFile: %s\npandoTranslucentStartTLS: TRUE\n"
+                 "pandoTranslucentCACertFile: %s\n" % (db, SUFFIX, remote.url, READER, creds, remote.pki.ca))
+        # A bad value is refused, naming the setting.
+        rc, _, err = ldapi("ldapadd", input=entry + "pandoTranslucentLocalAttribute: noSuchAttr\n")
+        assert rc == 19 and "local_attributes" in err, (rc, err)
+        rc, _, err = ldapi("ldapadd", input=entry + "pandoTranslucentLocalAttribute: description\n")
+        assert rc == 0, err
+        rc, es, err = srv.search(PEOPLE, "(uid=alice)", "mail")
+        assert rc == 0 and values(es, "uid=alice," + PEOPLE, "mail") == ["alice@example.com"], (rc, es, err)
+        rc, _, err = ldapi("ldapdelete", "olcOverlay={0}translucent," + db)
+        assert rc == 0, err
+        rc, es, _ = srv.search(PEOPLE, "(uid=alice)", "1.1")
+        assert rc == 32, (rc, es)
+    finally:
+        srv.stop_and_verify()
