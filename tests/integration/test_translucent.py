@@ -57,21 +57,24 @@ class TlsSlapd(Slapd):
 
 
 def translucent_config(uri, base, ca, extra=""):
+    """Over StartTLS with the service bind when `ca` is given; otherwise
+    anonymous over plain LDAP (a simple bind without TLS is refused)."""
     creds = base / "reader-password"
     creds.write_text(READER_PW + "\n")
     creds.chmod(0o600)
+    if ca:
+        how = 'bind_dn = "%s"\ncredentials_file = "%s"\nstart_tls = true\ntls_ca_file = "%s"\n' % (
+            READER, creds, ca)
+    else:
+        how = 'bind_method = "none"\n'
     return PUBLIC_READ + """
 [[overlay]]
 type = "translucent"
 suffix = "%s"
 uri = "%s"
-bind_dn = "%s"
-credentials_file = "%s"
-start_tls = %s
-tls_ca_file = "%s"
-local_attributes = ["description", "telephoneNumber"]
+%slocal_attributes = ["description", "telephoneNumber"]
 timeout_secs = 3
-%s""" % (SUFFIX, uri, READER, creds, "true" if ca else "false", ca or "", extra)
+%s""" % (SUFFIX, uri, how, extra)
 
 
 @pytest.fixture(scope="module")
@@ -166,9 +169,18 @@ def test_writes_to_what_the_remote_holds_are_refused(setup):
     assert rc == 53, (rc, err)
     rc, _, err = srv.ldap("ldapmodify", input="dn: %s\nchangetype: modify\nreplace: uid\nuid: a2\n" % alice)
     assert rc in (53, 67), (rc, err)
-    # An add of a name the remote holds.
+    # An add of a name the remote holds, or a rename to one: the local
+    # entry would hide the remote's (and its password would log in as it).
     rc, _, err = srv.ldap("ldapadd", input=ldif_entry(*user("bob")))
     assert rc == 68 and "remote server" in err, (rc, err)
+    dn, attrs = user("mallory", userPassword=["mallory-secret"])
+    rc, _, err = srv.ldap("ldapadd", input=ldif_entry(dn, attrs))
+    assert rc == 0, err
+    try:
+        rc, out, err = srv.ldap("ldapmodrdn", dn, "uid=bob")
+        assert rc == 68 and "remote server" in out + err, (rc, out, err)
+    finally:
+        srv.ldap("ldapdelete", dn)
 
 
 def test_local_entries_live_beside_the_remote_ones(setup):
@@ -182,6 +194,12 @@ def test_local_entries_live_beside_the_remote_ones(setup):
     # ou=People, made here as the parent of dave, still shows the remote entry.
     rc, es, err = srv.search(PEOPLE, "(objectClass=*)", "objectClass", scope="base")
     assert rc == 0 and values(es, PEOPLE, "objectClass") == ["organizationalUnit"], es
+    # Computed attributes of a local entry, in filters and results.
+    rc, es, err = srv.search(PEOPLE, "(entryDN=%s)" % dn, "entryDN", "hasSubordinates")
+    assert rc == 0 and values(es, dn, "hasSubordinates") == ["FALSE"], (rc, es, err)
+    # A base that exists nowhere is noSuchObject whatever the scope.
+    rc, es, err = srv.search("ou=Nowhere," + SUFFIX, "(objectClass=*)", "1.1", scope="one")
+    assert rc == 32, (rc, es, err)
     # A local entry is changed and deleted as any other.
     rc, _, err = srv.ldap("ldapmodify", input="dn: %s\nchangetype: modify\nreplace: mail\nmail: d@x\n" % dn)
     assert rc == 0, err
@@ -260,6 +278,9 @@ def test_a_failing_remote_is_named_and_local_entries_are_still_served(tmp_path, 
         assert rc == 52, (rc, es, err)
         assert "remote server" in err and ("connect" in err or "malformed" in err or "closed" in err), err
         assert [d.lower() for d, _ in es] == [SUFFIX], es
+        # Others are told where to look, not the details.
+        rc, es, err = srv.search(SUFFIX, "(objectClass=*)", "1.1", auth=None)
+        assert rc == 52 and "log says why" in err and "127.0.0.1" not in err, (rc, err)
         rc, _, err = srv.ldap("ldapmodify", input="dn: uid=x,%s\nchangetype: modify\nreplace: description\n"
                               "description: y\n" % PEOPLE)
         assert rc == 52 and "remote server" in err, (rc, err)
@@ -281,7 +302,9 @@ def test_bad_translucent_settings_name_the_key(tmp_path):
         ('uri = "ldap://127.0.0.1:1"\nlocal_attributes = ["noSuchAttr"]', "overlay[0].local_attributes"),
         ('uri = "ldap://127.0.0.1:1"\nremote_writes = "sometimes"', "overlay[0].remote_writes"),
         ('uri = "ldap://127.0.0.1:1"\nbind_method = "none"\nsuffix = "dc=other,dc=org"', "overlay[0].suffix"),
-        ('uri = "ldap://127.0.0.1:1"\nbind_dn = "cn=x"', "overlay[0].credentials_file"),
+        ('uri = "ldaps://127.0.0.1:1"\nbind_dn = "cn=x"', "overlay[0].credentials_file"),
+        ('uri = "ldap://127.0.0.1:1"\nbind_dn = "cn=x"\ncredentials_file = "/etc/hostname"',
+         "overlay[0].bind_method"),
     ]
     for settings, key in cases:
         text = 'data_dir = "%s"\n[[overlay]]\ntype = "translucent"\n%s\n' % (tmp_path / "d", settings)

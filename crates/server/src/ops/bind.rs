@@ -149,6 +149,10 @@ async fn check_simple(
         }
         // A root DN with no password may still exist as an entry below.
     }
+    // Below a translucent suffix, a password not held here may be the
+    // remote server's to check.
+    let translucent = server.overlays.translucent_for(&server.schema, name);
+    let mut pass_through = false;
     // One indexed lookup: cheaper inline than a handoff to a blocking thread.
     let mut account = None;
     let stored: Vec<Vec<u8>> = {
@@ -194,9 +198,35 @@ async fn check_simple(
                     let policy = pp.policy_cached(&view, rtxn.generation(), &entry)?;
                     account = Some(crate::overlays::ppolicy::Account { entry, policy });
                 }
+                // The local part of a remote entry, holding no password
+                // the requester may bind with: the remote checks it.
+                if translucent.is_some() && allowed && stored.is_empty() {
+                    let classes = view
+                        .attrs_where(id, &|d| d.eq_ignore_ascii_case("objectClass"))?
+                        .unwrap_or_default();
+                    pass_through = crate::overlays::translucent::is_part(&Entry {
+                        dn: Dn { rdns: Vec::new() },
+                        attrs: classes,
+                    });
+                }
                 stored
             }
-            Lookup::Missing { .. } => Vec::new(),
+            Lookup::Missing { .. } => {
+                // A name only the remote may hold: binding to it needs the
+                // auth right here too, judged on an entry of that name.
+                if translucent.is_some() {
+                    let anon = Identity::anonymous(session.clone());
+                    let pw = server.schema.attribute("userPassword");
+                    let nothing = Entry {
+                        dn: Dn { rdns: Vec::new() },
+                        attrs: Vec::new(),
+                    };
+                    pass_through =
+                        super::require(server, &view, &anon, norm, &nothing, &[(pw, acl::AUTH)])
+                            .is_ok();
+                }
+                Vec::new()
+            }
         }
     };
     // The same answer, after the same work, whether the entry is missing,
@@ -205,12 +235,8 @@ async fn check_simple(
     if stored.is_empty() && checked_root {
         return Ok((None, account));
     }
-    if stored.is_empty() {
-        // Below a translucent suffix a password not held here is the
-        // remote server's to check.
-        if let Some(t) = server.overlays.translucent_for(&server.schema, name) {
-            return Ok((remote_bind(&t, name, pw).await?.then(who), account));
-        }
+    if let (true, Some(t)) = (pass_through, &translucent) {
+        return Ok((remote_bind(t, name, pw).await?.then(who), account));
     }
     Ok((server.passwords.verify(pw, stored).await.then(who), account))
 }
@@ -222,6 +248,16 @@ async fn remote_bind(
     name: &str,
     pw: Vec<u8>,
 ) -> OpResult<bool> {
+    let e = &t.remote.endpoint;
+    if !e.start_tls && !e.url.starts_with("ldaps://") {
+        return Err(LdapError::new(
+            ResultCode::UNAVAILABLE,
+            format!(
+                "the password of this entry is checked by the remote server of {}, and passwords are sent there only over TLS (start_tls or an ldaps:// uri)",
+                t.suffix
+            ),
+        ));
+    }
     match t.remote.bind_as(name, pw).await {
         Ok(r) if r.code == ResultCode::SUCCESS => Ok(true),
         Ok(r) if r.code == ResultCode::INVALID_CREDENTIALS => Ok(false),

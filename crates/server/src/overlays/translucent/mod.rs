@@ -75,6 +75,12 @@ pub fn check(
     match t.bind_method.as_str() {
         "none" => {}
         "simple" => {
+            if !t.start_tls && !t.uri.starts_with("ldaps://") {
+                return Err((
+                    "bind_method",
+                    "a simple bind sends the service account's password: use an ldaps:// uri or start_tls (or bind_method = \"none\")".into(),
+                ));
+            }
             if t.bind_dn.is_empty() {
                 return Err(("bind_dn", "a simple bind needs bind_dn".into()));
             }
@@ -174,6 +180,27 @@ impl Translucent {
         norm == self.suffix_norm || crate::acl::is_below(norm, &self.suffix_norm)
     }
 
+    /// The attributes clients may set here on remote entries (canonical
+    /// names, lower case): the remote may not know them, so searches
+    /// treat tests of them as overridden wherever parts are.
+    pub fn local_types(&self) -> impl Iterator<Item = &String> {
+        self.local.iter()
+    }
+
+    /// What a client is told when the remote failed: the failure itself
+    /// for administrators (it may name the service account); others are
+    /// pointed at the server's log, where it is too.
+    pub fn failure_text(&self, admin: bool, e: &crate::net::client::ClientError) -> String {
+        if admin {
+            format!("the remote server of {} failed: {e}", self.suffix)
+        } else {
+            format!(
+                "the remote server of {} could not be read (the server's log says why)",
+                self.suffix
+            )
+        }
+    }
+
     /// Whether clients may set attribute `name` (canonical) here on a
     /// remote entry.
     pub fn may_keep_locally(&self, name: &str) -> bool {
@@ -228,7 +255,8 @@ pub fn overridden_types(schema: &Schema, part: &Entry) -> Vec<String> {
     out
 }
 
-fn is_part_class(v: &[u8]) -> bool {
+/// `top`, `glue` and `extensibleObject`: a part's own classes, not shown.
+pub(super) fn is_part_class(v: &[u8]) -> bool {
     PART_CLASSES
         .iter()
         .any(|c| c.as_bytes().eq_ignore_ascii_case(v))
@@ -296,9 +324,18 @@ pub fn relax(schema: &Schema, f: &Filter, types: &[String]) -> Relaxed {
 }
 
 fn relax_in(schema: &Schema, f: &Filter, types: &[String], positive: bool) -> Relaxed {
+    // An overridden type, or one of its supertypes (a test of `name`
+    // also looks at cn, a subtype).
     let overridden = |attr: &str| {
         let t = super::canonical(schema, &type_of(attr)).to_ascii_lowercase();
         types.contains(&t)
+            || schema.attribute(&t).is_some_and(|sup| {
+                types.iter().any(|o| {
+                    schema
+                        .attribute(o)
+                        .is_some_and(|sub| schema.is_subtype(sub, sup))
+                })
+            })
     };
     // A test the parts may change: true when asserted, false when negated.
     let loose = || {

@@ -1,9 +1,12 @@
 //! The remote server of a translucent suffix: searches and reads as the
 //! service account over a few kept connections, binds passed through on a
 //! connection of their own. What the remote sends is checked: entries
-//! outside the searched scope, DNs that do not parse and more entries than
-//! allowed end the answer with an error naming the remote.
+//! outside the searched scope and DNs that do not parse end the answer
+//! with an error naming the remote; more entries than allowed, or more
+//! than [`MAX_BYTES`] of values, end it early. A whole search takes at
+//! most [`WHOLE_SEARCH`] timeouts, and stops when its client abandons it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -17,6 +20,24 @@ use crate::net::client::{Client, ClientError, Endpoint};
 
 /// Idle connections kept for the next search.
 const KEPT: usize = 4;
+
+/// Most bytes of attribute values one search holds from the remote.
+pub const MAX_BYTES: usize = 256 << 20;
+
+/// A whole remote search may take this many of the endpoint's timeouts
+/// (each message waited for is bounded by one).
+pub const WHOLE_SEARCH: u32 = 4;
+
+/// Attributes of remote entries not shown: counts of children the
+/// requester may not be allowed to see.
+const DROPPED: &[&str] = &["hasSubordinates", "numSubordinates"];
+
+/// How a remote search failed: the connection (worth one more try on a
+/// fresh one, when it was a kept one), or the remote's answer.
+enum Failure {
+    Transport(ClientError),
+    Answer(ClientError),
+}
 
 pub struct Remote {
     pub endpoint: Endpoint,
@@ -65,6 +86,8 @@ impl Remote {
 
     /// Search the remote; at most `max` entries. A kept connection that
     /// fails (the remote may have closed it while idle) is replaced once.
+    /// `abandoned`: the client's search was abandoned (the remote's answer
+    /// is then not read to its end).
     pub async fn search(
         &self,
         schema: &Schema,
@@ -72,12 +95,17 @@ impl Remote {
         scope: Scope,
         filter: &Filter,
         max: u64,
+        abandoned: &AtomicBool,
     ) -> Result<Found, ClientError> {
         let (mut client, kept) = self.take().await?;
-        let mut answer = search_on(&mut client, schema, base, scope, filter, max).await;
-        if kept && answer.is_err() {
+        let mut answer = self
+            .search_within(&mut client, schema, base, scope, filter, max, abandoned)
+            .await;
+        if kept && matches!(answer, Err(Failure::Transport(_))) {
             let (mut fresh, _) = self.take_fresh().await?;
-            answer = search_on(&mut fresh, schema, base, scope, filter, max).await;
+            answer = self
+                .search_within(&mut fresh, schema, base, scope, filter, max, abandoned)
+                .await;
             client = fresh;
         }
         match answer {
@@ -87,7 +115,35 @@ impl Remote {
                 }
                 Ok(found)
             }
-            Err(e) => Err(e),
+            Err(Failure::Transport(e) | Failure::Answer(e)) => Err(e),
+        }
+    }
+
+    /// [`search_on`] within [`WHOLE_SEARCH`] timeouts.
+    #[allow(clippy::too_many_arguments)]
+    async fn search_within(
+        &self,
+        client: &mut Client,
+        schema: &Schema,
+        base: &str,
+        scope: Scope,
+        filter: &Filter,
+        max: u64,
+        abandoned: &AtomicBool,
+    ) -> Result<Found, Failure> {
+        let whole = Duration::from_secs(self.endpoint.timeout_secs) * WHOLE_SEARCH;
+        match tokio::time::timeout(
+            whole,
+            search_on(client, schema, base, scope, filter, max, abandoned),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(Failure::Answer(ClientError(format!(
+                "{} did not finish a search of {base} within {}s",
+                self.endpoint.url,
+                whole.as_secs()
+            )))),
         }
     }
 
@@ -100,7 +156,9 @@ impl Remote {
     /// The remote entry named `dn`, if there is one.
     pub async fn read(&self, schema: &Schema, dn: &str) -> Result<Option<Entry>, ClientError> {
         let all = Filter::Present("objectClass".into());
-        let found = self.search(schema, dn, Scope::Base, &all, 1).await?;
+        let found = self
+            .search(schema, dn, Scope::Base, &all, 1, &AtomicBool::new(false))
+            .await?;
         Ok(found.entries.into_iter().next().map(|(_, e)| e))
     }
 
@@ -140,7 +198,9 @@ async fn search_on(
     scope: Scope,
     filter: &Filter,
     max: u64,
-) -> Result<Found, ClientError> {
+    abandoned: &AtomicBool,
+) -> Result<Found, Failure> {
+    let answer = |e: String| Failure::Answer(ClientError(e));
     let timeout = client.timeout();
     let req = SearchRequest {
         base: base.to_string(),
@@ -155,30 +215,51 @@ async fn search_on(
     let base_norm = Dn::parse(base)
         .ok()
         .and_then(|d| schema.normalize_dn(&d).ok())
-        .ok_or_else(|| ClientError(format!("'{base}' is not a DN")))?;
+        .ok_or_else(|| answer(format!("'{base}' is not a DN")))?;
     let id = client
         .send(ProtocolOp::SearchRequest(req), Vec::new())
-        .await?;
+        .await
+        .map_err(Failure::Transport)?;
     let mut found = Found::default();
+    let mut bytes = 0usize;
     loop {
-        let m = client.recv(Some(timeout)).await?;
+        let m = client
+            .recv(Some(timeout))
+            .await
+            .map_err(Failure::Transport)?;
         if m.id != id {
-            return Err(ClientError(format!(
+            return Err(answer(format!(
                 "{} answered message {} to search {id}",
                 client.url, m.id
             )));
         }
+        if abandoned.load(Ordering::Relaxed) {
+            // The rest is not read (the connection is not kept).
+            found.cut = Some("abandoned".into());
+            return Ok(found);
+        }
         match m.op {
             ProtocolOp::SearchResultEntry(e) => {
-                if found.entries.len() as u64 >= max {
-                    // More than asked for: the rest is not read (the
+                bytes += e
+                    .attrs
+                    .iter()
+                    .flat_map(|a| &a.values)
+                    .map(Vec::len)
+                    .sum::<usize>();
+                if found.entries.len() as u64 >= max || bytes > MAX_BYTES {
+                    // More than allowed: the rest is not read (the
                     // connection is not kept).
-                    found.cut = Some(format!("more than {max} entries"));
+                    found.cut = Some(if bytes > MAX_BYTES {
+                        format!("more than {} MiB of values", MAX_BYTES >> 20)
+                    } else {
+                        format!("more than {max} entries")
+                    });
                     return Ok(found);
                 }
-                let (norm, entry) = decode_entry(schema, &client.url, e)?;
+                let (norm, entry) =
+                    decode_entry(schema, &client.url, e).map_err(Failure::Answer)?;
                 if !crate::ops::norm_dn::in_scope(&base_norm, scope, &norm) {
-                    return Err(ClientError(format!(
+                    return Err(answer(format!(
                         "{} sent {} for a search of {base}, outside its scope",
                         client.url, entry.dn
                     )));
@@ -201,7 +282,7 @@ async fn search_on(
                         ))
                     }
                     c => {
-                        return Err(ClientError(format!(
+                        return Err(answer(format!(
                             "{} answered a search of {base} with {} ({}) {}",
                             client.url,
                             c.0,
@@ -213,7 +294,7 @@ async fn search_on(
                 return Ok(found);
             }
             other => {
-                return Err(ClientError(format!(
+                return Err(answer(format!(
                     "{} answered a search with {:?}",
                     client.url,
                     other.tag()
@@ -237,6 +318,7 @@ fn decode_entry(
     let attrs = e
         .attrs
         .into_iter()
+        .filter(|a| !DROPPED.iter().any(|d| d.eq_ignore_ascii_case(&a.name)))
         .map(|a| {
             let desc = match schema.canonical_desc(&a.name) {
                 Ok((d, _)) => d,

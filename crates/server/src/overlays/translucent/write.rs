@@ -19,7 +19,7 @@ use pando_proto::{
     AddRequest, CompareRequest, ModOp, ModifyDnRequest, ModifyRequest, PartialAttribute, ResultCode,
 };
 
-use super::{is_part, merge, Translucent};
+use super::{is_part, is_part_class, merge, Translucent};
 use crate::error::{LdapError, OpResult};
 use crate::ops::controls::Requested;
 use crate::ops::write::{self, WriteCtx, Written};
@@ -28,7 +28,7 @@ use crate::state::{Identity, Server};
 /// What the store holds under a name below a translucent suffix.
 pub enum Stored {
     /// A local entry: written and read as usual.
-    Local,
+    Local(Entry),
     /// The local part of a remote entry.
     Part(Entry),
     Absent,
@@ -42,23 +42,20 @@ pub fn stored(server: &Server, dn: &Dn) -> OpResult<Stored> {
     match view.lookup_norm(&rdns)? {
         pando_store::Lookup::Found(id) => {
             let mut e = crate::ops::stored_entry(&view, id)?;
+            e.dn = view.dn(id)?;
             if is_part(&e) {
-                e.dn = view.dn(id)?;
                 Ok(Stored::Part(e))
             } else {
-                Ok(Stored::Local)
+                Ok(Stored::Local(e))
             }
         }
         _ => Ok(Stored::Absent),
     }
 }
 
-fn remote_failed(t: &Translucent, e: crate::net::client::ClientError) -> LdapError {
+fn remote_failed(t: &Translucent, who: &Identity, e: crate::net::client::ClientError) -> LdapError {
     tracing::warn!(remote = %t.remote.endpoint.url, error = %e, "translucent: the remote server could not be read");
-    LdapError::new(
-        ResultCode::UNAVAILABLE,
-        format!("the remote server of {} could not be read: {e}", t.suffix),
-    )
+    LdapError::new(ResultCode::UNAVAILABLE, t.failure_text(who.is_admin(), &e))
 }
 
 fn held_remotely(t: &Translucent, dn: &str, what: &str) -> LdapError {
@@ -73,6 +70,7 @@ fn held_remotely(t: &Translucent, dn: &str, what: &str) -> LdapError {
 pub async fn merged(
     server: &Server,
     t: &Translucent,
+    who: &Identity,
     dn: &Dn,
     part: Option<&Entry>,
 ) -> OpResult<Option<Entry>> {
@@ -81,7 +79,7 @@ pub async fn merged(
         .remote
         .read(schema, &dn.to_string())
         .await
-        .map_err(|e| remote_failed(t, e))?;
+        .map_err(|e| remote_failed(t, who, e))?;
     Ok(remote.map(|r| match part {
         Some(p) => merge(schema, r, p),
         None => r,
@@ -133,7 +131,7 @@ async fn make_parts_from(
         if t.remote
             .read(schema, &p.to_string())
             .await
-            .map_err(|e| remote_failed(t, e))?
+            .map_err(|e| remote_failed(t, who, e))?
             .is_none()
         {
             return Err(LdapError::new(
@@ -183,27 +181,64 @@ fn rdn_values(dn: &Dn) -> Vec<PartialAttribute> {
     out
 }
 
+/// Whether `who` has `right` on the entry `dn` (as it is, or as it
+/// would be): checked before parts are made for it.
+fn require(
+    server: &Server,
+    who: &Identity,
+    dn: &Dn,
+    entry: &Entry,
+    right: crate::acl::Rights,
+) -> OpResult<()> {
+    let norm = server
+        .schema
+        .normalize_dn(dn)
+        .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{dn}': {e}")))?;
+    let rtxn = server.store.read()?;
+    crate::ops::require(server, &rtxn.view(), who, &norm, entry, &[(None, right)])
+}
+
+/// Refuse a name the remote holds (it would hide the remote's entry).
+async fn refuse_remote_name(
+    t: &Translucent,
+    server: &Server,
+    who: &Identity,
+    dn: &str,
+) -> OpResult<()> {
+    let held = t
+        .remote
+        .read(&server.schema, dn)
+        .await
+        .map_err(|e| remote_failed(t, who, e))?;
+    if held.is_some() {
+        return Err(LdapError::new(
+            ResultCode::ENTRY_ALREADY_EXISTS,
+            format!("{dn} exists on the remote server {}", t.remote.endpoint.url),
+        ));
+    }
+    Ok(())
+}
+
 /// An add: refused when the remote holds the name; otherwise a local
-/// entry, its remote-only ancestors made as parts first.
+/// entry, its remote-only ancestors made as parts first (once the
+/// requester may add it).
 pub async fn add(ctx: Arc<WriteCtx>, t: &Translucent, req: AddRequest) -> OpResult<Written> {
     let server = ctx.server.clone();
     let dn = crate::ops::parse_dn(&req.dn)?;
     if matches!(stored(&server, &dn)?, Stored::Absent) {
-        let schema = &*server.schema;
-        if t.remote
-            .read(schema, &req.dn)
-            .await
-            .map_err(|e| remote_failed(t, e))?
-            .is_some()
-        {
-            return Err(LdapError::new(
-                ResultCode::ENTRY_ALREADY_EXISTS,
-                format!(
-                    "{} exists on the remote server {}",
-                    req.dn, t.remote.endpoint.url
-                ),
-            ));
-        }
+        refuse_remote_name(t, &server, &ctx.who, &req.dn).await?;
+        let entry = Entry {
+            dn: dn.clone(),
+            attrs: req
+                .attrs
+                .iter()
+                .map(|a| pando_model::Attribute {
+                    desc: a.name.clone(),
+                    values: a.values.clone(),
+                })
+                .collect(),
+        };
+        require(&server, &ctx.who, &dn, &entry, crate::acl::ADD)?;
         make_parents(&server, t, &ctx.who, &dn).await?;
     }
     write::add(ctx, req).await
@@ -213,62 +248,88 @@ pub async fn add(ctx: Arc<WriteCtx>, t: &Translucent, req: AddRequest) -> OpResu
 pub async fn delete(ctx: Arc<WriteCtx>, t: &Translucent, dn_text: String) -> OpResult<Written> {
     let dn = crate::ops::parse_dn(&dn_text)?;
     match stored(&ctx.server, &dn)? {
-        Stored::Local => write::delete(ctx, dn_text).await,
+        Stored::Local(_) => write::delete(ctx, dn_text).await,
         Stored::Part(_) => Err(held_remotely(t, &dn_text, "deleted")),
-        Stored::Absent => match merged(&ctx.server, t, &dn, None).await? {
+        Stored::Absent => match merged(&ctx.server, t, &ctx.who, &dn, None).await? {
             Some(_) => Err(held_remotely(t, &dn_text, "deleted")),
             None => Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object")),
         },
     }
 }
 
-/// A rename: of local entries only (a new parent that exists only
-/// remotely is made as a part first).
+/// A rename: of local entries only, not to a name the remote holds (a
+/// new parent that exists only remotely is made as a part first, once
+/// the requester may move the entry there).
 pub async fn modify_dn(
     ctx: Arc<WriteCtx>,
     t: &Translucent,
     req: ModifyDnRequest,
 ) -> OpResult<Written> {
     let dn = crate::ops::parse_dn(&req.dn)?;
-    match stored(&ctx.server, &dn)? {
-        Stored::Local => {
-            if let Some(sup) = &req.new_superior {
-                let sup = crate::ops::parse_dn(sup)?;
-                let norm = ctx
-                    .server
-                    .schema
-                    .normalize_dn(&sup)
-                    .map_err(LdapError::invalid_dn)?;
-                if t.covers(&norm) {
-                    make_parts_from(&ctx.server, t, &ctx.who, Some(sup)).await?;
-                }
+    let current = match stored(&ctx.server, &dn)? {
+        Stored::Local(e) => e,
+        Stored::Part(_) => return Err(held_remotely(t, &req.dn, "renamed")),
+        Stored::Absent => {
+            return match merged(&ctx.server, t, &ctx.who, &dn, None).await? {
+                Some(_) => Err(held_remotely(t, &req.dn, "renamed")),
+                None => Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object")),
             }
-            write::modify_dn(ctx, req).await
         }
-        Stored::Part(_) => Err(held_remotely(t, &req.dn, "renamed")),
-        Stored::Absent => match merged(&ctx.server, t, &dn, None).await? {
-            Some(_) => Err(held_remotely(t, &req.dn, "renamed")),
-            None => Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object")),
-        },
+    };
+    let new_rdn = pando_model::Rdn::parse(&req.new_rdn)
+        .map_err(|e| LdapError::invalid_dn(format!("invalid new RDN: {e}")))?;
+    let new_parent = match &req.new_superior {
+        Some(sup) => Some(crate::ops::parse_dn(sup)?),
+        None => dn.parent(),
+    };
+    let new_dn = new_parent.clone().unwrap_or_else(Dn::root).child(new_rdn);
+    let new_norm = ctx
+        .server
+        .schema
+        .normalize_dn(&new_dn)
+        .map_err(|e| LdapError::invalid_dn(format!("invalid new DN '{new_dn}': {e}")))?;
+    if t.covers(&new_norm) {
+        refuse_remote_name(t, &ctx.server, &ctx.who, &new_dn.to_string()).await?;
+        if req.new_superior.is_some() {
+            require(&ctx.server, &ctx.who, &dn, &current, crate::acl::DELETE)?;
+            require(&ctx.server, &ctx.who, &new_dn, &current, crate::acl::ADD)?;
+            make_parts_from(&ctx.server, t, &ctx.who, new_parent).await?;
+        }
     }
+    write::modify_dn(ctx, req).await
 }
 
 /// A modify: of a local entry as usual; of a remote entry, its local
-/// attributes.
+/// attributes. Access and the assertion control are judged on the entry
+/// as the client sees it; the part is then written past the access rules,
+/// without the client's controls (pre-read and post-read of a remote
+/// entry are refused when critical, else not answered).
 pub async fn modify(ctx: Arc<WriteCtx>, t: &Translucent, req: ModifyRequest) -> OpResult<Written> {
     let server = ctx.server.clone();
     let schema = &*server.schema;
     let dn = crate::ops::parse_dn(&req.dn)?;
     let part = match stored(&server, &dn)? {
-        Stored::Local => return write::modify(ctx, req).await,
+        Stored::Local(_) => return write::modify(ctx, req).await,
         Stored::Part(p) => Some(p),
         Stored::Absent => None,
     };
-    let norm = schema.normalize_dn(&dn).map_err(LdapError::invalid_dn)?;
+    let controls = &ctx.controls;
+    if controls.pre_read.as_ref().is_some_and(|r| r.critical)
+        || controls.post_read.as_ref().is_some_and(|r| r.critical)
+    {
+        return Err(LdapError::new(
+            ResultCode::UNAVAILABLE_CRITICAL_EXTENSION,
+            "pre-read and post-read are not answered for entries of a translucent suffix's remote server",
+        ));
+    }
+    let norm = schema
+        .normalize_dn(&dn)
+        .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{dn}': {e}")))?;
     let naming: Vec<String> = rdn_values(&dn)
         .iter()
         .map(|a| super::super::canonical(schema, &a.name).to_ascii_lowercase())
         .collect();
+    // The attribute types changed, as the schema names them.
     let mut touched: Vec<String> = Vec::new();
     for ch in &req.changes {
         let (_, at) = schema.canonical_desc(&ch.attr.name)?;
@@ -282,7 +343,7 @@ pub async fn modify(ctx: Arc<WriteCtx>, t: &Translucent, req: ModifyRequest) -> 
                 ),
             ));
         }
-        if !at.is_operational() && !t.may_keep_locally(&name) {
+        if !t.may_keep_locally(&name) {
             return Err(LdapError::unwilling(format!(
                 "{name} of {} comes from the remote server {}: only the translucent overlay's local_attributes can be set here",
                 req.dn, t.remote.endpoint.url
@@ -292,11 +353,9 @@ pub async fn modify(ctx: Arc<WriteCtx>, t: &Translucent, req: ModifyRequest) -> 
             touched.push(name);
         }
     }
-    let Some(before) = merged(&server, t, &dn, part.as_ref()).await? else {
+    let Some(before) = merged(&server, t, &ctx.who, &dn, part.as_ref()).await? else {
         return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"));
     };
-    // Access as for a stored entry: to each attribute changed, on the
-    // entry the client sees.
     {
         let rtxn = server.store.read()?;
         let view = rtxn.view();
@@ -306,80 +365,161 @@ pub async fn modify(ctx: Arc<WriteCtx>, t: &Translucent, req: ModifyRequest) -> 
             checks.push((Some(at), crate::acl::WRITE));
         }
         crate::ops::require(&server, &view, &ctx.who, &norm, &before, &checks)?;
+        if let Some(filter) = &controls.assertion {
+            if !crate::ops::assertion_holds(&server, &view, &ctx.who, &norm, &before, filter) {
+                return Err(LdapError::new(
+                    ResultCode::ASSERTION_FAILED,
+                    "the assertion control's filter is not true for the entry",
+                ));
+            }
+        }
     }
     let mut after = before.clone();
-    write::apply_changes(
-        schema,
-        &mut after,
-        &req.changes,
-        ctx.controls.permissive_modify,
-    )?;
-    let values_of = |e: &Entry, name: &str| -> Vec<Vec<u8>> {
-        e.attrs
-            .iter()
-            .filter(|a| {
-                let base = a.desc.split(';').next().unwrap_or("");
-                super::super::canonical(schema, base).eq_ignore_ascii_case(name)
-            })
-            .flat_map(|a| a.values.iter().cloned())
-            .collect()
-    };
-    // objectClass: the part holds only the classes the remote lacks.
-    let part_values = |name: &str| -> Vec<Vec<u8>> {
-        let mut vs = values_of(&after, name);
-        if name.eq_ignore_ascii_case("objectClass") {
-            let theirs = values_of(&before, name);
-            vs.retain(|v| !theirs.iter().any(|r| r.eq_ignore_ascii_case(v)));
-            let mut classes = vec![
-                b"top".to_vec(),
-                b"glue".to_vec(),
-                b"extensibleObject".to_vec(),
-            ];
-            classes.extend(vs);
-            return classes;
-        }
-        vs
-    };
-    let writer = WriteCtx::new(&server, &part_writer(&ctx.who), ctx.controls.clone());
-    if part.is_some() {
-        let changes = touched
-            .iter()
-            .map(|name| pando_proto::Change {
-                op: ModOp::Replace,
-                attr: PartialAttribute {
-                    name: name.clone(),
-                    values: part_values(name),
+    write::apply_changes(schema, &mut after, &req.changes, controls.permissive_modify)?;
+    if controls.no_op {
+        return Ok(Written {
+            controls: Vec::new(),
+            no_op: true,
+        });
+    }
+    let new_part = part_after(schema, &dn, &before, &after, part.as_ref(), &touched);
+    let writer = WriteCtx::new(&server, &part_writer(&ctx.who), Requested::default());
+    match part {
+        Some(old) => {
+            // Every description of a touched type, as it is to be.
+            let mut changes: Vec<pando_proto::Change> = Vec::new();
+            for a in old.attrs.iter().chain(new_part.attrs.iter()) {
+                let ty = super::super::canonical(schema, a.desc.split(';').next().unwrap_or(""));
+                if !touched.iter().any(|n| n.eq_ignore_ascii_case(&ty))
+                    || changes
+                        .iter()
+                        .any(|c| c.attr.name.eq_ignore_ascii_case(&a.desc))
+                {
+                    continue;
+                }
+                changes.push(pando_proto::Change {
+                    op: ModOp::Replace,
+                    attr: PartialAttribute {
+                        name: a.desc.clone(),
+                        values: new_part.values(&a.desc).to_vec(),
+                    },
+                });
+            }
+            write::modify(
+                writer,
+                ModifyRequest {
+                    dn: req.dn,
+                    changes,
                 },
-            })
-            .collect();
-        return write::modify(
-            writer,
-            ModifyRequest {
-                dn: req.dn,
-                changes,
-            },
-        )
-        .await;
-    }
-    make_parents(&server, t, &ctx.who, &dn).await?;
-    let mut attrs = vec![PartialAttribute {
-        name: "objectClass".into(),
-        values: part_values("objectClass"),
-    }];
-    attrs.extend(rdn_values(&dn));
-    for name in touched
-        .iter()
-        .filter(|n| !n.eq_ignore_ascii_case("objectClass"))
-    {
-        let values = part_values(name);
-        if !values.is_empty() {
-            attrs.push(PartialAttribute {
-                name: name.clone(),
-                values,
-            });
+            )
+            .await
+        }
+        None => {
+            make_parents(&server, t, &ctx.who, &dn).await?;
+            let attrs = new_part
+                .attrs
+                .into_iter()
+                .filter(|a| !a.values.is_empty())
+                .map(|a| PartialAttribute {
+                    name: a.desc,
+                    values: a.values,
+                })
+                .collect();
+            write::add(writer, AddRequest { dn: req.dn, attrs }).await
         }
     }
-    write::add(writer, AddRequest { dn: req.dn, attrs }).await
+    .map(|w| Written {
+        controls: Vec::new(),
+        no_op: w.no_op,
+    })
+}
+
+/// The part a modify leaves: the part's classes (and those the client
+/// added that the remote lacks), the RDN's values, the attributes of
+/// untouched types it held, and every description of the touched types
+/// as the modify left the entry (options kept). A type emptied here is
+/// left out: the remote's values show again.
+fn part_after(
+    schema: &pando_model::Schema,
+    dn: &Dn,
+    before: &Entry,
+    after: &Entry,
+    old: Option<&Entry>,
+    touched: &[String],
+) -> Entry {
+    let type_of =
+        |desc: &str| super::super::canonical(schema, desc.split(';').next().unwrap_or(""));
+    let is_touched = |desc: &str| {
+        touched
+            .iter()
+            .any(|n| n.eq_ignore_ascii_case(&type_of(desc)))
+    };
+    let mut part = Entry::new(dn.clone());
+    let same = |a: &[u8], b: &[u8]| a.eq_ignore_ascii_case(b);
+    let old_shown: Vec<Vec<u8>> = old
+        .map(|o| o.values("objectClass"))
+        .unwrap_or(&[])
+        .iter()
+        .filter(|v| !is_part_class(v))
+        .cloned()
+        .collect();
+    // The classes the part adds: those the modify left that the remote
+    // lacks (a remote class cannot be taken away here).
+    let shown: Vec<Vec<u8>> = if touched
+        .iter()
+        .any(|n| n.eq_ignore_ascii_case("objectClass"))
+    {
+        let remote: Vec<&Vec<u8>> = before
+            .values("objectClass")
+            .iter()
+            .filter(|v| !old_shown.iter().any(|o| same(o, v)))
+            .collect();
+        after
+            .values("objectClass")
+            .iter()
+            .filter(|v| !is_part_class(v) && !remote.iter().any(|r| same(r, v)))
+            .cloned()
+            .collect()
+    } else {
+        old_shown
+    };
+    let mut classes = vec![
+        b"top".to_vec(),
+        b"glue".to_vec(),
+        b"extensibleObject".to_vec(),
+    ];
+    classes.extend(shown);
+    part.add_values("objectClass", classes);
+    for a in rdn_values(dn) {
+        part.add_values(&a.name, a.values);
+    }
+    let naming: Vec<String> = part
+        .attrs
+        .iter()
+        .skip(1)
+        .map(|a| type_of(&a.desc))
+        .collect();
+    let keep = |desc: &str| {
+        let ty = type_of(desc);
+        !ty.eq_ignore_ascii_case("objectClass")
+            && !naming.iter().any(|n| n.eq_ignore_ascii_case(&ty))
+    };
+    // Untouched types the part held (user attributes only: its own
+    // operational ones are the store's).
+    for a in old.map(|o| o.attrs.as_slice()).unwrap_or(&[]) {
+        let user = schema
+            .attribute(&type_of(&a.desc))
+            .is_some_and(|at| !at.is_operational());
+        if user && keep(&a.desc) && !is_touched(&a.desc) {
+            part.add_values(&a.desc, a.values.clone());
+        }
+    }
+    for a in &after.attrs {
+        if keep(&a.desc) && is_touched(&a.desc) {
+            part.add_values(&a.desc, a.values.clone());
+        }
+    }
+    part
 }
 
 /// A compare: on the entry as clients see it.
@@ -392,7 +532,7 @@ pub async fn compare(
 ) -> OpResult<ResultCode> {
     let dn = crate::ops::parse_dn(&req.dn)?;
     let part = match stored(server, &dn)? {
-        Stored::Local => {
+        Stored::Local(_) => {
             let (server, who, controls, req) =
                 (server.clone(), who.clone(), controls.clone(), req.clone());
             return tokio::task::spawn_blocking(move || {
@@ -409,7 +549,7 @@ pub async fn compare(
         Stored::Part(p) => Some(p),
         Stored::Absent => None,
     };
-    let Some(entry) = merged(server, t, &dn, part.as_ref()).await? else {
+    let Some(entry) = merged(server, t, who, &dn, part.as_ref()).await? else {
         return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"));
     };
     let norm = server
