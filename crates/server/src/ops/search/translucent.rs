@@ -1,22 +1,22 @@
 //! A search whose base is in a translucent suffix (`overlays::translucent`):
 //!
-//! 1. the local entries in scope are read from the store: local parts by
-//!    name, and local entries;
+//! 1. the local entries in scope that may match are found through the
+//!    store's indexes, as for a stored search (parts among them are left
+//!    out: alone they are not entries);
 //! 2. the remote is searched with the same base and scope and the filter
-//!    made weaker where the parts in scope override attributes
-//!    (`translucent::relax`), so every entry that could match once merged
-//!    comes back;
-//! 3. each remote entry is merged with its part (a local entry of the
-//!    same name hides it) and tested against the client's filter with
-//!    this server's access rules, as held entries are; then the local
-//!    entries are.
+//!    made weaker where parts override attributes (`translucent::relax`,
+//!    with the types the suffix's parts hold, remembered per store
+//!    generation), so every entry that could match once merged comes back;
+//! 3. each remote entry is looked up here by name: merged with its part,
+//!    or hidden by a local entry; then it is tested against the client's
+//!    filter with this server's access rules, as held entries are; then
+//!    the local entries are.
 //!
 //! When the remote cannot be read, the local entries still go out and the
 //! search ends with `unavailable`, naming the remote and the failure. The
 //! entries are not sorted (a critical sort or VLV control is refused) nor
 //! paged (a paged search gets every entry in one page).
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,7 +25,7 @@ use pando_model::Entry;
 use pando_proto::{Filter, LdapResult, ResultCode, Scope};
 use pando_store::EntryId;
 
-use super::plan::Plan;
+use super::plan::{scope_candidates, Plan};
 use super::{
     emitter_for, flush, paged_done, Finished, Matcher, Out, Path, SearchJob, SearchOutcome, CHUNK,
 };
@@ -33,18 +33,24 @@ use crate::acl::{self, Access};
 use crate::error::{LdapError, OpResult};
 use crate::overlays::translucent::{self, remote::Found, Relaxed, Translucent};
 
-/// What the store holds in the search's scope.
+/// What the store holds at the base and in the search's scope.
 struct Local {
-    /// The base is stored (entry or part).
-    base_stored: bool,
-    parts: HashMap<String, Entry>,
-    /// Local entries with their normalised DNs and IDs.
+    /// The base as stored: a local entry (with its ID) or a part.
+    base: Option<(Option<EntryId>, Entry)>,
+    /// Local entries in scope that may match, with their normalised DNs.
     own: Vec<(String, EntryId, Entry)>,
 }
 
 impl Local {
-    fn own_base(&self, base_norm: &str) -> Option<&(String, EntryId, Entry)> {
-        self.own.iter().find(|(n, _, _)| n == base_norm)
+    fn base_own(&self) -> Option<&(Option<EntryId>, Entry)> {
+        self.base.as_ref().filter(|(id, _)| id.is_some())
+    }
+
+    fn base_part(&self) -> Option<&Entry> {
+        match &self.base {
+            Some((None, e)) => Some(e),
+            _ => None,
+        }
     }
 }
 
@@ -83,25 +89,29 @@ async fn search(job: &Arc<SearchJob>, t: &Translucent) -> OpResult<Option<Search
     let base_norm = schema
         .normalize_dn(&base)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{}': {e}", job.req.base)))?;
-    let mut local = {
-        let (j, max, b) = (job.clone(), t.max_entries, base.clone());
-        tokio::task::spawn_blocking(move || read_local(&j, &b, max))
-            .await
-            .map_err(|_| LdapError::new(ResultCode::OTHER, "search failed unexpectedly"))??
+    let (local, types) = {
+        let (j, b) = (job.clone(), base.clone());
+        let max = t.max_entries;
+        let parts = t.parts.clone();
+        let suffix = t.suffix_norm.clone();
+        tokio::task::spawn_blocking(move || -> OpResult<(Local, Arc<Vec<String>>)> {
+            let local = read_local(&j, &b, max)?;
+            let types = parts.types(&j.server, &suffix)?;
+            Ok((local, types))
+        })
+        .await
+        .map_err(|_| LdapError::new(ResultCode::OTHER, "search failed unexpectedly"))??
     };
     let scope = job.req.scope;
-    let base_own = local.own_base(&base_norm).is_some();
     // A local base entry hides the remote's: a base search needs nothing
     // from there.
-    let asked = if base_own && scope == Scope::Base {
+    let asked = if local.base_own().is_some() && scope == Scope::Base {
         Ok(Found::default())
     } else {
-        let mut types: Vec<String> = t.local_types().cloned().collect();
-        for p in local.parts.values() {
-            for ty in translucent::overridden_types(schema, p) {
-                if !types.contains(&ty) {
-                    types.push(ty);
-                }
+        let mut types: Vec<String> = types.to_vec();
+        for ty in t.local_types() {
+            if !types.contains(ty) {
+                types.push(ty.clone());
             }
         }
         let all = Filter::Present("objectClass".into());
@@ -111,6 +121,7 @@ async fn search(job: &Arc<SearchJob>, t: &Translucent) -> OpResult<Option<Search
             // Nothing there can match: only the base is read (below).
             Relaxed::None => (Scope::Base, all),
         };
+        let attrs = remote_attrs(job);
         let asked = t
             .remote
             .search(
@@ -118,13 +129,15 @@ async fn search(job: &Arc<SearchJob>, t: &Translucent) -> OpResult<Option<Search
                 &job.req.base,
                 scope,
                 &filter,
+                &attrs,
                 t.max_entries,
                 &job.abandoned,
             )
             .await;
         asked.map(|mut f| {
             if scope != job.req.scope {
-                f.entries.clear();
+                // Only the base was read, for itself (below).
+                f.probed_base = f.entries.pop().map(|(_, e)| e);
             }
             f
         })
@@ -144,52 +157,42 @@ async fn search(job: &Arc<SearchJob>, t: &Translucent) -> OpResult<Option<Search
     };
     let no_such = || LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object");
     if let Some(why) = &failure {
-        if !local.base_stored {
+        if local.base.is_none() {
             return Err(LdapError::new(ResultCode::UNAVAILABLE, why.clone()));
         }
-    } else if found.no_such_object && !base_own {
+    } else if found.no_such_object && local.base_own().is_none() {
         return Err(no_such());
-    }
-    // The merged remote entries; a local entry of the same name hides one.
-    let mut candidates: Vec<Candidate> = Vec::new();
-    for (norm, r) in std::mem::take(&mut found.entries) {
-        if local.own.iter().any(|(n, _, _)| *n == norm) {
-            continue;
-        }
-        let e = match local.parts.get(&norm) {
-            Some(p) => translucent::merge(schema, r, p),
-            None => r,
-        };
-        candidates.push((norm, None, e));
     }
     // The base entry as the client sees it, for its access check and the
     // assertion control: read again when the search did not bring it.
-    let base_entry = match candidates.iter().find(|(n, _, _)| *n == base_norm) {
-        Some((_, _, e)) => Some(e.clone()),
-        None => match local.own_base(&base_norm) {
-            Some((_, _, e)) => Some(e.clone()),
-            None if failure.is_some() => local.parts.get(&base_norm).cloned(),
-            None => {
-                let read = t.remote.read(schema, &job.req.base).await.map_err(|e| {
-                    tracing::warn!(remote = %t.remote.endpoint.url, error = %e, "translucent: the remote server could not be read");
-                    LdapError::new(ResultCode::UNAVAILABLE, t.failure_text(job.who.is_admin(), &e))
-                })?;
-                read.map(|r| match local.parts.get(&base_norm) {
-                    Some(p) => translucent::merge(schema, r, p),
-                    None => r,
-                })
-            }
-        },
+    // Its content matters only to access rules with filters and to the
+    // assertion; that it exists, the remote's answer already says.
+    let content = server.acl.reads_entries() || job.controls.assertion.is_some();
+    let remote_base = match found.entries.iter().find(|(n, _)| *n == base_norm) {
+        Some((_, e)) => Some(e.clone()),
+        None if found.probed_base.is_some() => found.probed_base.take(),
+        None if local.base_own().is_some() || failure.is_some() => None,
+        None if !content => Some(Entry::new(base.clone())),
+        None => t.remote.read(schema, &job.req.base).await.map_err(|e| {
+            tracing::warn!(remote = %t.remote.endpoint.url, error = %e, "translucent: the remote server could not be read");
+            LdapError::new(ResultCode::UNAVAILABLE, t.failure_text(job.who.is_admin(), &e))
+        })?,
     };
-    let Some(base_entry) = base_entry else {
-        return Err(no_such());
+    let base_entry = match (local.base_own(), remote_base, local.base_part()) {
+        (Some((_, e)), _, _) => e.clone(),
+        (None, Some(r), Some(p)) => translucent::merge(schema, r, p),
+        (None, Some(r), None) => r,
+        // The remote cannot be read: the part stands in for its entry.
+        (None, None, Some(p)) if failure.is_some() => p.clone(),
+        _ => return Err(no_such()),
     };
-    candidates.extend(local.own.drain(..).map(|(n, id, e)| (n, Some(id), e)));
+    let remote = std::mem::take(&mut found.entries);
     let j = job.clone();
-    let sent =
-        tokio::task::spawn_blocking(move || emit(&j, &base_norm, &base_entry, candidates, started))
-            .await
-            .map_err(|_| LdapError::new(ResultCode::OTHER, "search failed unexpectedly"))??;
+    let sent = tokio::task::spawn_blocking(move || {
+        emit(&j, &base_norm, &base_entry, local.own, remote, started)
+    })
+    .await
+    .map_err(|_| LdapError::new(ResultCode::OTHER, "search failed unexpectedly"))??;
     let Some((n, limited)) = sent else {
         return Ok(None);
     };
@@ -218,64 +221,102 @@ async fn search(job: &Arc<SearchJob>, t: &Translucent) -> OpResult<Option<Search
     }))
 }
 
-/// The stored entries in scope, sorted into parts and local entries.
+/// What the remote is asked to return: every user attribute (the filter
+/// is tested here, and access rules may look at any), and the operational
+/// ones the client asks for or the filter tests.
+fn remote_attrs(job: &SearchJob) -> Vec<String> {
+    let mut attrs = vec!["*".to_string()];
+    for a in &job.req.attrs {
+        if a != "*" && a != "1.1" && !attrs.iter().any(|x| x.eq_ignore_ascii_case(a)) {
+            attrs.push(a.clone());
+        }
+    }
+    super::plan::for_each_filter_attr(&job.req.filter, &mut |a: &str| {
+        if !attrs.iter().any(|x| x.eq_ignore_ascii_case(a)) {
+            attrs.push(a.to_string());
+        }
+    });
+    attrs
+}
+
+/// The stored base, and the local entries in scope that may match the
+/// filter: index candidates, as a stored search finds them (at most
+/// `max` when the filter is not indexed), less the parts.
 fn read_local(job: &SearchJob, base: &pando_model::Dn, max: u64) -> OpResult<Local> {
     let server = &*job.server;
     let rtxn = server.store.read()?;
     let view = rtxn.view();
     let mut local = Local {
-        base_stored: false,
-        parts: HashMap::new(),
+        base: None,
         own: Vec::new(),
     };
     let rdns = crate::ops::norm_rdns(&view, base)?;
     let pando_store::Lookup::Found(base_id) = view.lookup_norm(&rdns)? else {
         return Ok(local);
     };
-    local.base_stored = true;
-    // The base is read whatever the scope (it may be a local entry hiding
-    // the remote's), and left out of the candidates below when the scope
-    // excludes it.
-    let mut ids: Vec<u64> = match job.req.scope {
-        Scope::Base => Vec::new(),
-        Scope::One => view.children(base_id)?,
-        _ => view
-            .subtree(base_id, max)?
-            .ok_or_else(|| {
-                LdapError::new(
-                    ResultCode::ADMIN_LIMIT_EXCEEDED,
-                    format!("more than {max} entries are held here in the search's scope (the translucent overlay's max_entries)"),
-                )
-            })?
-            .into_iter()
-            .filter(|id| *id != base_id)
-            .collect(),
+    let read = |id: EntryId| -> OpResult<Entry> {
+        let mut e = crate::ops::stored_entry(&view, id)?;
+        e.dn = view.dn(id)?;
+        Ok(e)
     };
-    ids.insert(0, base_id);
+    let b = read(base_id)?;
+    let base_own = !translucent::is_part(&b);
+    local.base = Some((base_own.then_some(base_id), b.clone()));
+    let scope = job.req.scope;
+    if scope == Scope::Base {
+        if base_own {
+            local.own.push((rdns.join(","), base_id, b));
+        }
+        return Ok(local);
+    }
+    let cands = view.candidates(&job.req.filter)?;
+    let (ids, check_scope) =
+        scope_candidates(&view, max, base_id, scope, cands).map_err(|e| {
+            if e.code != ResultCode::ADMIN_LIMIT_EXCEEDED {
+                return e;
+            }
+            LdapError::new(
+                ResultCode::ADMIN_LIMIT_EXCEEDED,
+                format!("more than {max} entries are held here in the search's scope and the filter is not indexed (the translucent overlay's max_entries)"),
+            )
+        })?;
     for id in ids {
         let Some(place) = view.placement(id)? else {
             continue;
         };
-        let (_, norm) = view.dn_pair_of(&place)?;
-        let mut e = crate::ops::stored_entry(&view, id)?;
-        e.dn = view.dn(id)?;
-        if translucent::is_part(&e) {
-            local.parts.insert(norm, e);
-        } else {
-            local.own.push((norm, id, e));
+        let in_scope = match check_scope {
+            None => true,
+            Some(Scope::One) => place.parent == base_id,
+            Some(s) => {
+                (s != Scope::Children && id == base_id)
+                    || (id != base_id
+                        && place.parent != 0
+                        && view.is_within(place.parent, base_id)?)
+            }
+        };
+        if !in_scope {
+            continue;
         }
+        let e = read(id)?;
+        if translucent::is_part(&e) {
+            continue;
+        }
+        let (_, norm) = view.dn_pair_of(&place)?;
+        local.own.push((norm, id, e));
     }
     Ok(local)
 }
 
-/// Check the base, then test and send the candidates. The count sent,
-/// and the result when a size or time limit ended it; None when the
-/// client went away.
+/// Check the base; merge each remote entry with its part (or leave it
+/// out when a local entry of its name hides it); then test and send them
+/// and the local entries. The count sent, and the result when a size or
+/// time limit ended it; None when the client went away.
 fn emit(
     job: &SearchJob,
     base_norm: &str,
     base_entry: &Entry,
-    candidates: Vec<Candidate>,
+    own: Vec<(String, EntryId, Entry)>,
+    remote: Vec<(String, Entry)>,
     started: Instant,
 ) -> OpResult<Option<(u64, Option<LdapResult>)>> {
     let server = &*job.server;
@@ -291,6 +332,26 @@ fn emit(
         }
     }
     super::hooks::before(job, Some(&view), base_norm, &mut || Ok(base_entry.clone()))?;
+    let mut candidates: Vec<Candidate> = Vec::with_capacity(remote.len() + own.len());
+    for (norm, r) in remote {
+        let rdns = crate::ops::norm_rdns(&view, &r.dn)?;
+        let e = match view.lookup_norm(&rdns)? {
+            pando_store::Lookup::Found(id) => {
+                let stored = crate::ops::stored_entry(&view, id)?;
+                if !translucent::is_part(&stored) {
+                    continue; // a local entry hides it
+                }
+                let part = Entry {
+                    dn: r.dn.clone(),
+                    attrs: stored.attrs,
+                };
+                translucent::merge(schema, r, &part)
+            }
+            _ => r,
+        };
+        candidates.push((norm, None, e));
+    }
+    candidates.extend(own.into_iter().map(|(n, id, e)| (n, Some(id), e)));
     let limits = super::limits::Limits::for_requester(server, &job.who, &view);
     let smallest = |a: u64, b: u64| match (a, b) {
         (0, b) => b,

@@ -23,12 +23,16 @@ pub mod remote;
 pub mod write;
 
 use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 
 use pando_model::{Attribute, Dn, Entry, Schema};
 use pando_proto::{Ava, Filter};
+use pando_store::Candidates;
 
 use super::settings::TranslucentConfig;
+use crate::error::OpResult;
 use crate::net::client::Endpoint;
+use crate::state::Server;
 
 /// Object classes of a local part that are bookkeeping, not shown.
 const PART_CLASSES: &[&str] = &["top", "glue", "extensibleObject"];
@@ -46,6 +50,63 @@ pub struct Translucent {
     remote_writes_local: bool,
     /// Most entries one search reads from the remote (and from here).
     pub max_entries: u64,
+    /// The types the suffix's parts override.
+    pub parts: Arc<PartTypes>,
+}
+
+/// The attribute types the parts of a suffix override (see
+/// [`overridden_types`]), remembered for one store generation: a write
+/// anywhere makes the next search read them again (the parts are found
+/// through the objectClass index).
+#[derive(Default)]
+pub struct PartTypes(Mutex<Option<(u64, Arc<Vec<String>>)>>);
+
+impl PartTypes {
+    pub fn types(&self, server: &Server, suffix_norm: &str) -> OpResult<Arc<Vec<String>>> {
+        let rtxn = server.store.read()?;
+        let generation = rtxn.generation();
+        if let (Some(g), Ok(cache)) = (generation, self.0.lock()) {
+            if let Some((at, types)) = &*cache {
+                if *at == g {
+                    return Ok(types.clone());
+                }
+            }
+        }
+        let view = rtxn.view();
+        let mut types: Vec<String> = Vec::new();
+        let suffix = Dn::parse(suffix_norm).unwrap_or_else(|_| Dn::root());
+        let rdns = crate::ops::norm_rdns(&view, &suffix)?;
+        if let pando_store::Lookup::Found(top) = view.lookup_norm(&rdns)? {
+            let glue = Filter::Equality(Ava {
+                attr: "objectClass".into(),
+                value: b"glue".to_vec(),
+            });
+            let ids = match view.candidates(&glue)? {
+                Candidates::Ids(ids) => ids,
+                Candidates::All => view.subtree(top, u64::MAX)?.unwrap_or_default(),
+            };
+            for id in ids {
+                if id != top && !view.is_within(id, top)? {
+                    continue;
+                }
+                let mut e = crate::ops::stored_entry(&view, id)?;
+                if !is_part(&e) {
+                    continue;
+                }
+                e.dn = view.dn(id)?;
+                for t in overridden_types(&server.schema, &e) {
+                    if !types.contains(&t) {
+                        types.push(t);
+                    }
+                }
+            }
+        }
+        let types = Arc::new(types);
+        if let (Some(g), Ok(mut cache)) = (generation, self.0.lock()) {
+            *cache = Some((g, types.clone()));
+        }
+        Ok(types)
+    }
 }
 
 /// Check settings; the error names the setting key.
@@ -172,6 +233,7 @@ impl Translucent {
                 .collect(),
             remote_writes_local: t.remote_writes == "local",
             max_entries: t.max_entries,
+            parts: Arc::default(),
         }
     }
 

@@ -18,8 +18,10 @@ use pando_proto::{
 
 use crate::net::client::{Client, ClientError, Endpoint};
 
-/// Idle connections kept for the next search.
-const KEPT: usize = 4;
+/// Idle connections kept for the next search: as many as clients
+/// searching at once typically (a connection made past this is closed
+/// after its search, and each costs a TLS handshake and a bind).
+const KEPT: usize = 32;
 
 /// Most bytes of attribute values one search holds from the remote.
 pub const MAX_BYTES: usize = 256 << 20;
@@ -55,6 +57,8 @@ pub struct Found {
     /// The remote stopped before the end (its size or time limit, or
     /// ours): why.
     pub cut: Option<String>,
+    /// The base entry, when a search read only it to learn that it exists.
+    pub probed_base: Option<Entry>,
 }
 
 impl Remote {
@@ -94,18 +98,22 @@ impl Remote {
         base: &str,
         scope: Scope,
         filter: &Filter,
+        attrs: &[String],
         max: u64,
         abandoned: &AtomicBool,
     ) -> Result<Found, ClientError> {
+        let q = Query {
+            base,
+            scope,
+            filter,
+            attrs,
+            max,
+        };
         let (mut client, kept) = self.take().await?;
-        let mut answer = self
-            .search_within(&mut client, schema, base, scope, filter, max, abandoned)
-            .await;
+        let mut answer = self.search_within(&mut client, schema, &q, abandoned).await;
         if kept && matches!(answer, Err(Failure::Transport(_))) {
             let (mut fresh, _) = self.take_fresh().await?;
-            answer = self
-                .search_within(&mut fresh, schema, base, scope, filter, max, abandoned)
-                .await;
+            answer = self.search_within(&mut fresh, schema, &q, abandoned).await;
             client = fresh;
         }
         match answer {
@@ -120,28 +128,20 @@ impl Remote {
     }
 
     /// [`search_on`] within [`WHOLE_SEARCH`] timeouts.
-    #[allow(clippy::too_many_arguments)]
     async fn search_within(
         &self,
         client: &mut Client,
         schema: &Schema,
-        base: &str,
-        scope: Scope,
-        filter: &Filter,
-        max: u64,
+        q: &Query<'_>,
         abandoned: &AtomicBool,
     ) -> Result<Found, Failure> {
         let whole = Duration::from_secs(self.endpoint.timeout_secs) * WHOLE_SEARCH;
-        match tokio::time::timeout(
-            whole,
-            search_on(client, schema, base, scope, filter, max, abandoned),
-        )
-        .await
-        {
+        match tokio::time::timeout(whole, search_on(client, schema, q, abandoned)).await {
             Ok(r) => r,
             Err(_) => Err(Failure::Answer(ClientError(format!(
-                "{} did not finish a search of {base} within {}s",
+                "{} did not finish a search of {} within {}s",
                 self.endpoint.url,
+                q.base,
                 whole.as_secs()
             )))),
         }
@@ -156,8 +156,17 @@ impl Remote {
     /// The remote entry named `dn`, if there is one.
     pub async fn read(&self, schema: &Schema, dn: &str) -> Result<Option<Entry>, ClientError> {
         let all = Filter::Present("objectClass".into());
+        let attrs = ["*".to_string(), "+".to_string()];
         let found = self
-            .search(schema, dn, Scope::Base, &all, 1, &AtomicBool::new(false))
+            .search(
+                schema,
+                dn,
+                Scope::Base,
+                &all,
+                &attrs,
+                1,
+                &AtomicBool::new(false),
+            )
             .await?;
         Ok(found.entries.into_iter().next().map(|(_, e)| e))
     }
@@ -190,16 +199,29 @@ impl Remote {
     }
 }
 
+/// What one remote search asks for.
+struct Query<'a> {
+    base: &'a str,
+    scope: Scope,
+    filter: &'a Filter,
+    attrs: &'a [String],
+    max: u64,
+}
+
 /// One search on `client`.
 async fn search_on(
     client: &mut Client,
     schema: &Schema,
-    base: &str,
-    scope: Scope,
-    filter: &Filter,
-    max: u64,
+    q: &Query<'_>,
     abandoned: &AtomicBool,
 ) -> Result<Found, Failure> {
+    let Query {
+        base,
+        scope,
+        filter,
+        attrs,
+        max,
+    } = *q;
     let answer = |e: String| Failure::Answer(ClientError(e));
     let timeout = client.timeout();
     let req = SearchRequest {
@@ -210,7 +232,7 @@ async fn search_on(
         time_limit: i32::try_from(timeout.as_secs()).unwrap_or(i32::MAX),
         types_only: false,
         filter: filter.clone(),
-        attrs: vec!["*".into(), "+".into()],
+        attrs: attrs.to_vec(),
     };
     let base_norm = Dn::parse(base)
         .ok()
