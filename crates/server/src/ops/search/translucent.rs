@@ -31,7 +31,8 @@ use super::{
 };
 use crate::acl::{self, Access};
 use crate::error::{LdapError, OpResult};
-use crate::overlays::translucent::{self, remote::Found, Relaxed, Translucent};
+use crate::overlays::translucent::remote::{Found, Query};
+use crate::overlays::translucent::{self, Relaxed, Translucent};
 
 /// What the store holds at the base and in the search's scope.
 struct Local {
@@ -122,18 +123,14 @@ async fn search(job: &Arc<SearchJob>, t: &Translucent) -> OpResult<Option<Search
             Relaxed::None => (Scope::Base, all),
         };
         let attrs = remote_attrs(job);
-        let asked = t
-            .remote
-            .search(
-                schema,
-                &job.req.base,
-                scope,
-                &filter,
-                &attrs,
-                t.max_entries,
-                &job.abandoned,
-            )
-            .await;
+        let q = Query {
+            base: &job.req.base,
+            scope,
+            filter: &filter,
+            attrs: &attrs,
+            max: t.max_entries,
+        };
+        let asked = t.remote.search(schema, &q, &job.abandoned).await;
         asked.map(|mut f| {
             if scope != job.req.scope {
                 // Only the base was read, for itself (below).

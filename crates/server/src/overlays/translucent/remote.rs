@@ -88,32 +88,21 @@ impl Remote {
         }
     }
 
-    /// Search the remote; at most `max` entries. A kept connection that
+    /// Search the remote. A kept connection that
     /// fails (the remote may have closed it while idle) is replaced once.
     /// `abandoned`: the client's search was abandoned (the remote's answer
     /// is then not read to its end).
     pub async fn search(
         &self,
         schema: &Schema,
-        base: &str,
-        scope: Scope,
-        filter: &Filter,
-        attrs: &[String],
-        max: u64,
+        q: &Query<'_>,
         abandoned: &AtomicBool,
     ) -> Result<Found, ClientError> {
-        let q = Query {
-            base,
-            scope,
-            filter,
-            attrs,
-            max,
-        };
         let (mut client, kept) = self.take().await?;
-        let mut answer = self.search_within(&mut client, schema, &q, abandoned).await;
+        let mut answer = self.search_within(&mut client, schema, q, abandoned).await;
         if kept && matches!(answer, Err(Failure::Transport(_))) {
             let (mut fresh, _) = self.take_fresh().await?;
-            answer = self.search_within(&mut fresh, schema, &q, abandoned).await;
+            answer = self.search_within(&mut fresh, schema, q, abandoned).await;
             client = fresh;
         }
         match answer {
@@ -157,17 +146,14 @@ impl Remote {
     pub async fn read(&self, schema: &Schema, dn: &str) -> Result<Option<Entry>, ClientError> {
         let all = Filter::Present("objectClass".into());
         let attrs = ["*".to_string(), "+".to_string()];
-        let found = self
-            .search(
-                schema,
-                dn,
-                Scope::Base,
-                &all,
-                &attrs,
-                1,
-                &AtomicBool::new(false),
-            )
-            .await?;
+        let q = Query {
+            base: dn,
+            scope: Scope::Base,
+            filter: &all,
+            attrs: &attrs,
+            max: 1,
+        };
+        let found = self.search(schema, &q, &AtomicBool::new(false)).await?;
         Ok(found.entries.into_iter().next().map(|(_, e)| e))
     }
 
@@ -199,13 +185,14 @@ impl Remote {
     }
 }
 
-/// What one remote search asks for.
-struct Query<'a> {
-    base: &'a str,
-    scope: Scope,
-    filter: &'a Filter,
-    attrs: &'a [String],
-    max: u64,
+/// What one remote search asks for: at most `max` entries.
+#[derive(Clone, Copy)]
+pub struct Query<'a> {
+    pub base: &'a str,
+    pub scope: Scope,
+    pub filter: &'a Filter,
+    pub attrs: &'a [String],
+    pub max: u64,
 }
 
 /// One search on `client`.
