@@ -22,8 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 from conftest import PANDO_BIN, PEOPLE, SUFFIX, Pando, ldif_entry  # noqa: E402
-from test_tls import Pki  # noqa: E402
-from test_translucent import READER, READER_PW, translucent_config  # noqa: E402
+from test_translucent import READER, READER_PW, start_remote, translucent_config  # noqa: E402
 from test_translucent_slapd import RemoteSlapd, TranslucentSlapd  # noqa: E402
 
 
@@ -66,14 +65,7 @@ def main():
     p.add_argument("--conns", type=int, default=int(os.environ.get("CONNS", 16)))
     a = p.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench-translucent-"))
-    (base / "pki").mkdir()
-    pki = Pki(base / "pki")
-    pki.server = pki.issue("server", "/O=Pando Test/CN=localhost", server=True)
-    remote = IndexedRemote(base / "remote", pki)
-    ldif = base / "remote.ldif"
-    ldif.write_text("\n".join(ldif_entry(dn, at) for dn, at in users(a.users)))
-    remote.load(ldif)
-    remote.start()
+    pki, remote = start_remote(base, users(a.users), IndexedRemote)
     servers = []
     try:
         slapd = TranslucentSlapd(base / "slapd-translucent", remote.url, pki.ca)

@@ -77,17 +77,24 @@ timeout_secs = 3
 %s""" % (SUFFIX, uri, how, extra)
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    base = tmp_path_factory.mktemp("translucent")
+def start_remote(base, entries, cls=TlsSlapd):
+    """A CA in base/pki and a started remote slapd of class `cls` (a
+    TlsSlapd) in base/remote holding `entries`: (pki, remote)."""
     (base / "pki").mkdir()
     pki = Pki(base / "pki")
     pki.server = pki.issue("server", "/O=Pando Test/CN=localhost", server=True)
-    remote = TlsSlapd(base / "slapd", pki)
+    remote = cls(base / "remote", pki)
     ldif = base / "remote.ldif"
-    ldif.write_text("\n".join(ldif_entry(dn, a) for dn, a in REMOTE))
+    ldif.write_text("\n".join(ldif_entry(dn, a) for dn, a in entries))
     remote.load(ldif)
     remote.start()
+    return pki, remote
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    base = tmp_path_factory.mktemp("translucent")
+    pki, remote = start_remote(base, REMOTE)
     (base / "pando").mkdir()
     srv = Pando(base / "pando", config=translucent_config(remote.url, base / "pando", pki.ca),
                 name="pando-translucent")

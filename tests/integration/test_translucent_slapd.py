@@ -16,8 +16,7 @@ import pytest
 
 from conftest import PEOPLE, SUFFIX, Pando, ldif_entry, parse_ldif
 from test_differential import MODULE_DIR, SCHEMA_DIR, Slapd
-from test_tls import Pki
-from test_translucent import READER, READER_PW, REMOTE, TlsSlapd, translucent_config, user
+from test_translucent import READER, READER_PW, REMOTE, TlsSlapd, start_remote, translucent_config, user
 
 pytestmark = pytest.mark.skipif(
     not all(any(Path(MODULE_DIR, m + ext).exists() for ext in (".la", ".so"))
@@ -118,14 +117,7 @@ def trio(tmp_path_factory):
     """(remote, slapd-translucent, pando) with LOCAL_STEPS applied to both
     proxies."""
     base = tmp_path_factory.mktemp("translucent-slapd")
-    (base / "pki").mkdir()
-    pki = Pki(base / "pki")
-    pki.server = pki.issue("server", "/O=Pando Test/CN=localhost", server=True)
-    remote = RemoteSlapd(base / "remote", pki)
-    ldif = base / "remote.ldif"
-    ldif.write_text("\n".join(ldif_entry(dn, a) for dn, a in REMOTE))
-    remote.load(ldif)
-    remote.start()
+    pki, remote = start_remote(base, REMOTE, RemoteSlapd)
     started = [remote]
     try:
         slapd = TranslucentSlapd(base / "slapd-translucent", remote.url, pki.ca)

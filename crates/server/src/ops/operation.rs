@@ -130,15 +130,21 @@ pub fn is_update(op: &ProtocolOp) -> bool {
     )
 }
 
+/// The DN a write (or, with `compare`, a compare) names.
+fn target_dn(request: &ProtocolOp, compare: bool) -> Option<&String> {
+    match request {
+        ProtocolOp::ModifyRequest(r) => Some(&r.dn),
+        ProtocolOp::AddRequest(r) => Some(&r.dn),
+        ProtocolOp::DelRequest(dn) => Some(dn),
+        ProtocolOp::ModifyDnRequest(r) => Some(&r.dn),
+        ProtocolOp::CompareRequest(r) if compare => Some(&r.dn),
+        _ => None,
+    }
+}
+
 /// The normalised and the given DN of a write aimed at cn=config.
 fn config_target(server: &Server, request: &ProtocolOp) -> Option<(String, String)> {
-    let dn = match request {
-        ProtocolOp::ModifyRequest(r) => &r.dn,
-        ProtocolOp::AddRequest(r) => &r.dn,
-        ProtocolOp::DelRequest(dn) => dn,
-        ProtocolOp::ModifyDnRequest(r) => &r.dn,
-        _ => return None,
-    };
+    let dn = target_dn(request, false)?;
     // Most writes are elsewhere: a look at the text's end spares them the parse.
     let t = dn.trim_end().as_bytes();
     if t.len() < 6 || !t[t.len() - 6..].eq_ignore_ascii_case(b"config") {
@@ -154,14 +160,7 @@ fn translucent_target(
     server: &Server,
     request: &ProtocolOp,
 ) -> Option<Arc<crate::overlays::translucent::Translucent>> {
-    let dn = match request {
-        ProtocolOp::ModifyRequest(r) => &r.dn,
-        ProtocolOp::AddRequest(r) => &r.dn,
-        ProtocolOp::DelRequest(dn) => dn,
-        ProtocolOp::ModifyDnRequest(r) => &r.dn,
-        ProtocolOp::CompareRequest(r) => &r.dn,
-        _ => return None,
-    };
+    let dn = target_dn(request, true)?;
     server.overlays.translucent_for(&server.schema, dn)
 }
 
