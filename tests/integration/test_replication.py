@@ -1448,3 +1448,30 @@ def test_consumers_and_server_id_change_over_ldap(tmp_path):
     modify(con, "dn: uid=bob,%s\nchangetype: modify\nreplace: description\ndescription: local\n" % PEOPLE)
     con.stop_and_verify()
     srv.stop_and_verify()
+
+
+@pytest.mark.skipif(not HAVE_SLAPD, reason="slapd not installed")
+def test_slapd_follows_a_provider_holding_several_server_ids(tmp_path):
+    """A provider whose state holds CSNs of two server IDs (its own ID
+    changed while serving; a Pando fed by a slapd multi-provider pair is
+    the same): each change goes to a slapd consumer with a cookie naming
+    that change's CSN only. slapd judges a change by the first CSN of its
+    cookie, so with every server's CSN in it a change of the second ID
+    looked already applied and was dropped."""
+    srv = Pando(tmp_path / "pando", demo=True,
+                config=PUBLIC_READ + "\n[replication]\nserver_id = 1\n").start()
+    consumer = SlapdConsumer(tmp_path / "slapd", srv).start()
+    try:
+        modify(srv, "dn: uid=alice,%s\nchangetype: modify\nreplace: description\ndescription: sid 1\n" % PEOPLE)
+        converge(srv, consumer)
+        external_modify(srv, "dn: cn=config\nchangetype: modify\nreplace: olcServerID\nolcServerID: 2\n")
+        modify(srv, "dn: uid=bob,%s\nchangetype: modify\nreplace: description\ndescription: sid 2\n" % PEOPLE)
+        assert len(context_csn(srv.url, srv.admin_dn, srv.admin_pw)) == 2
+        converge(srv, consumer)
+        # And again, once each server ID has moved past the other.
+        modify(srv, "dn: uid=carol,%s\nchangetype: modify\nreplace: description\ndescription: sid 2 again\n"
+               % PEOPLE)
+        converge(srv, consumer)
+    finally:
+        consumer.stop()
+        srv.stop_and_verify()

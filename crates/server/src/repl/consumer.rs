@@ -491,8 +491,8 @@ fn scope_of(cfg: &ConsumerConfig) -> Scope {
 }
 
 /// The CSN of the change a persist message's cookie reports: the one CSN
-/// that moved since `last` (OpenLDAP's providers send only it; Pando's
-/// send every server's), else the newest.
+/// that moved since `last` (providers send only it; older Pando servers
+/// sent every server's), else the newest.
 fn change_csn(last: &Cookie, new: &Cookie) -> Option<String> {
     let moved = new
         .csns
@@ -558,6 +558,20 @@ impl Session2<'_> {
             self.settle_one().await?;
         }
         Ok(())
+    }
+
+    /// The state held once a persist-stage cookie is taken in: providers
+    /// name there only the CSN that moved (OpenLDAP's, and Pando's), so
+    /// the CSNs of the other server IDs are kept from what was held.
+    fn held_with(&self, received: Cookie) -> Cookie {
+        let mut held = self.last.clone();
+        for csn in &received.csns {
+            held.advance(csn);
+        }
+        Cookie {
+            csns: held.csns,
+            ..received
+        }
     }
 
     /// A cookie received, checked: it must parse and name this consumer's
@@ -782,8 +796,9 @@ impl Session2<'_> {
             }
             return Ok(());
         }
-        let text = cookie.as_ref().map(Cookie::format);
         let csn_from_cookie = cookie.as_ref().and_then(|c| change_csn(&self.last, c));
+        let cookie = cookie.map(|c| self.held_with(c));
+        let text = cookie.as_ref().map(Cookie::format);
         match state.state {
             SyncStateKind::Present => return Err(self.refuse("a present entry after the refresh")),
             SyncStateKind::Delete => {
@@ -831,6 +846,7 @@ impl Session2<'_> {
             SyncInfo::NewCookie(c) => {
                 let c = self.cookie_of(&c)?;
                 if self.persisting {
+                    let c = self.held_with(c);
                     self.store_cookie(c, None, false).await?;
                 } else {
                     self.pending_cookie = Some(c);

@@ -698,7 +698,8 @@ fn norm_of(schema: &pando_model::schema::Schema, dn: &str) -> Option<String> {
 }
 
 /// The messages one committed operation gives a consumer in the persist
-/// stage, in chunks, and how many entries; `cookie` moves past it.
+/// stage, in chunks, and how many entries; `cookie` (the consumer's state
+/// as this session sees it) moves past it.
 fn persist_changes(
     job: &SearchJob,
     base: &str,
@@ -711,6 +712,16 @@ fn persist_changes(
     if origin.is_some() && csn_sid(&committed.csn) == origin {
         return Ok((Vec::new(), 0));
     }
+    // What goes with this operation's messages: a cookie naming its own
+    // CSN only, as OpenLDAP's provider sends it. Its consumers judge a
+    // change by the first CSN of the cookie that comes with it, so every
+    // server's CSN there would make a change of a later server ID look
+    // already applied (the consumer keeps the others).
+    let cookie = &Cookie {
+        csns: vec![committed.csn.clone()],
+        delcsn: None,
+        ..cookie.clone()
+    };
     let scope = job.req.scope;
     let touches = |c: &Change| {
         in_scope(base, scope, c.norm())
