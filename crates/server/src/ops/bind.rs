@@ -270,7 +270,7 @@ async fn remote_bind(
             Err(LdapError::new(
                 ResultCode::UNAVAILABLE,
                 format!(
-                    "the remote server of {} could not check the password: {e}",
+                    "the remote server of {} could not check the password (the server's log says why)",
                     t.suffix
                 ),
             ))

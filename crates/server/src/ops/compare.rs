@@ -19,19 +19,7 @@ pub fn compare(
 ) -> OpResult<ResultCode> {
     let schema = &*server.schema;
     let dn = super::parse_dn(&req.dn)?;
-    let (_, at) = schema.canonical_desc(&req.ava.attr)?;
-    if at.equality.is_none() {
-        return Err(LdapError::new(
-            ResultCode::INAPPROPRIATE_MATCHING,
-            format!("{} has no equality matching rule", at.name()),
-        ));
-    }
-    let want = schema.normalize(at, &req.ava.value).map_err(|e| {
-        LdapError::new(
-            ResultCode::INVALID_ATTRIBUTE_SYNTAX,
-            format!("{}: value invalid per syntax: {e}", at.name()),
-        )
-    })?;
+    let (at, want) = assertion(schema, req)?;
     // cn=config (administrators only): its entries are made, not stored.
     if let Some(norm) = crate::cn_config::serve::under_config(schema, &dn) {
         let no_such = || LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object");
@@ -70,13 +58,7 @@ pub fn compare_entry(
     req: &CompareRequest,
 ) -> OpResult<ResultCode> {
     let schema = &*server.schema;
-    let (_, at) = schema.canonical_desc(&req.ava.attr)?;
-    let want = schema.normalize(at, &req.ava.value).map_err(|e| {
-        LdapError::new(
-            ResultCode::INVALID_ATTRIBUTE_SYNTAX,
-            format!("{}: value invalid per syntax: {e}", at.name()),
-        )
-    })?;
+    let (at, want) = assertion(schema, req)?;
     super::require(
         server,
         view,
@@ -94,6 +76,28 @@ pub fn compare_entry(
         }
     }
     compare_values(schema, at, &want, &entry.attrs)
+}
+
+/// The attribute type the compare asks about (it must have an equality
+/// rule) and the value asserted, normalised.
+fn assertion<'s>(
+    schema: &'s pando_model::Schema,
+    req: &CompareRequest,
+) -> OpResult<(&'s pando_model::AttributeType, Vec<u8>)> {
+    let (_, at) = schema.canonical_desc(&req.ava.attr)?;
+    if at.equality.is_none() {
+        return Err(LdapError::new(
+            ResultCode::INAPPROPRIATE_MATCHING,
+            format!("{} has no equality matching rule", at.name()),
+        ));
+    }
+    let want = schema.normalize(at, &req.ava.value).map_err(|e| {
+        LdapError::new(
+            ResultCode::INVALID_ATTRIBUTE_SYNTAX,
+            format!("{}: value invalid per syntax: {e}", at.name()),
+        )
+    })?;
+    Ok((at, want.to_vec()))
 }
 
 /// compareTrue when a value of `at` (or a subtype) in `attrs` normalises to
