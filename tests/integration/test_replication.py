@@ -1475,3 +1475,32 @@ def test_slapd_follows_a_provider_holding_several_server_ids(tmp_path):
     finally:
         consumer.stop()
         srv.stop_and_verify()
+
+
+def test_a_consumer_warns_of_changes_dated_in_the_future(tmp_path):
+    """A change whose CSN is more than a minute past this server's clock
+    is applied as usual (CSNs order changes), counted and logged: the clock
+    of the server that made it, or this one's, is off."""
+    future = time.strftime("%Y%m%d%H%M%S", time.gmtime(time.time() + 3600)) + ".000001Z#000000#000#000000"
+
+    def ahead(msgid):
+        return fake_entry(msgid, "uid=ahead," + SUFFIX, {"objectClass": ["inetOrgPerson"], "uid": ["ahead"],
+                                                          "cn": ["A"], "sn": ["A"], "entryCSN": [future]},
+                          uuid=FAKE_UUIDS[2]) + fake_done(msgid, cookie="rid=001,csn=" + future), False
+
+    fake = FakeProvider([good_refresh, ahead])
+    con = pando_consumer(tmp_path / "consumer", fake, mode="refreshOnly")
+    try:
+        mon = "cn=Consumer 001,cn=Replication,cn=Monitor"
+        deadline = time.monotonic() + 30
+        while attrs_of(con, mon).get("pandoReplFutureChanges") != ["1"]:
+            assert time.monotonic() < deadline, "%r\n%s" % (attrs_of(con, mon), con.logs()[-3000:])
+            time.sleep(0.2)
+        logs = con.logs(tail=20000)
+        assert "dated in the future" in logs and future in logs, logs[-2000:]
+        assert attrs_of(con, "uid=ahead," + SUFFIX, "sn")["sn"] == ["A"]
+        # The good refresh's entries carry no such CSN: counted once.
+        assert int(attrs_of(con, mon)["pandoReplApplied"][0]) >= 3
+    finally:
+        con.stop_and_verify()
+        fake.stop()

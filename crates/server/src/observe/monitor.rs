@@ -341,6 +341,7 @@ fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
             num("pandoReplReloads", s.reloads),
             num("pandoReplFailures", s.failures),
             num("pandoReplConflicts", s.conflicts),
+            num("pandoReplFutureChanges", s.future_changes),
         ];
         if let Some(t) = time(s.last_connect) {
             attrs.push(attr("olmSRLastConnect", [t]));

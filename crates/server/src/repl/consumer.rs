@@ -63,6 +63,9 @@ pub struct Status {
     /// Received changes that met a different state here (filled in by
     /// `Replica::snapshot`).
     pub conflicts: u64,
+    /// Received changes dated more than [`FUTURE_CSN_SECS`] past this
+    /// server's clock.
+    pub future_changes: u64,
     /// Per server ID: how long after its CSN's time the last change of
     /// that server reached this consumer (persist stage), microseconds.
     pub delay: std::collections::BTreeMap<u16, u64>,
@@ -263,7 +266,15 @@ struct Session2<'a> {
     /// A present phase ended (refreshPresent): at the end of the refresh
     /// what was not named goes.
     present_phase: bool,
+    /// When this session last warned of a change dated in the future.
+    future_warned: Option<std::time::Instant>,
 }
+
+/// A received change whose CSN is dated more than this far past this
+/// server's clock is counted and warned of (at most once a minute per
+/// session): the clock of the server that made it, or this server's, is
+/// off, and CSNs decide which of two changes is newer.
+const FUTURE_CSN_SECS: u64 = 60;
 
 /// Where a session starts from.
 enum Start {
@@ -419,6 +430,7 @@ async fn session(
         pending_cookie: None,
         last: start,
         present_phase: false,
+        future_warned: None,
     };
     // The state this session starts from is stored first, so a session
     // cut short starts over from it (not from a contextCSN the entries
@@ -558,6 +570,33 @@ impl Session2<'_> {
             self.settle_one().await?;
         }
         Ok(())
+    }
+
+    /// Count, and warn of, a received change dated in the future (see
+    /// [`FUTURE_CSN_SECS`]).
+    fn check_clock(&mut self, csn: Option<&str>, dn: &Dn) {
+        let Some(Ok((at, _))) = csn.map(crate::clock::parse_csn) else {
+            return;
+        };
+        let now = crate::clock::now_micros();
+        if at <= now + FUTURE_CSN_SECS * 1_000_000 {
+            return;
+        }
+        set(self.replica, |s| s.future_changes += 1);
+        let quiet = self
+            .future_warned
+            .is_some_and(|w| w.elapsed().as_secs() < FUTURE_CSN_SECS);
+        if !quiet {
+            self.future_warned = Some(std::time::Instant::now());
+            tracing::warn!(
+                rid = self.cfg.rid,
+                provider = %self.cfg.provider,
+                entry = %dn,
+                csn = csn.unwrap_or_default(),
+                ahead_secs = (at - now) / 1_000_000,
+                "a received change is dated in the future: the clock of the server that made it, or this server's, is off (CSNs decide which change is newer); counted in pandoReplFutureChanges"
+            );
+        }
     }
 
     /// The state held once a persist-stage cookie is taken in: providers
@@ -790,6 +829,7 @@ impl Session2<'_> {
                     self.present.insert(state.uuid);
                     let entry = self.entry(e, &uuid)?;
                     let csn = csn_of(&entry);
+                    self.check_clock(csn.as_deref(), &entry.dn);
                     self.apply(Received::Entry(entry), None, csn).await?;
                     set(self.replica, |s| s.applied += 1);
                 }
@@ -815,6 +855,7 @@ impl Session2<'_> {
             SyncStateKind::Add | SyncStateKind::Modify => {
                 let entry = self.entry(e, &uuid)?;
                 let csn = csn_of(&entry);
+                self.check_clock(csn.as_deref(), &entry.dn);
                 let delay = csn.as_deref().and_then(delay_of);
                 self.apply(Received::Entry(entry), text, csn).await?;
                 set(self.replica, |s| {
