@@ -14,10 +14,12 @@
 //! - a **local entry**: any other entry, shown as it is; it hides a
 //!   remote entry of the same name.
 //!
-//! Searches (`ops::search::translucent`) read the local entries in scope,
-//! ask the remote for a filter made weaker (`relax`) where the parts
-//! override attributes, and test every merged entry against the client's
-//! filter here, with this server's access rules.
+//! Searches (`ops::search::translucent`) find the local entries that may
+//! match through the store's indexes, ask the remote with a filter made
+//! weaker (`relax`) where parts (or `local_attributes`) may override
+//! attributes, look each remote entry's part up by name, and test every
+//! merged entry against the client's filter here, with this server's
+//! access rules.
 
 pub mod remote;
 pub mod write;
