@@ -95,13 +95,9 @@ async fn search(job: &Arc<SearchJob>, t: &Translucent) -> OpResult<Option<Search
         let max = t.max_entries;
         let parts = t.parts.clone();
         let suffix = t.suffix_norm.clone();
-        tokio::task::spawn_blocking(move || -> OpResult<(Local, Arc<Vec<String>>)> {
-            let local = read_local(&j, &b, max)?;
-            let types = parts.types(&j.server, &suffix)?;
-            Ok((local, types))
-        })
-        .await
-        .map_err(|_| LdapError::new(ResultCode::OTHER, "search failed unexpectedly"))??
+        tokio::task::spawn_blocking(move || read_local(&j, &b, max, &parts, &suffix))
+            .await
+            .map_err(|_| LdapError::new(ResultCode::OTHER, "search failed unexpectedly"))??
     };
     let scope = job.req.scope;
     // A local base entry hides the remote's: a base search needs nothing
@@ -238,10 +234,18 @@ fn remote_attrs(job: &SearchJob) -> Vec<String> {
 
 /// The stored base, and the local entries in scope that may match the
 /// filter: index candidates, as a stored search finds them (at most
-/// `max` when the filter is not indexed), less the parts.
-fn read_local(job: &SearchJob, base: &pando_model::Dn, max: u64) -> OpResult<Local> {
+/// `max` when the filter is not indexed), less the parts; and the types
+/// the suffix's parts override, from the same snapshot.
+fn read_local(
+    job: &SearchJob,
+    base: &pando_model::Dn,
+    max: u64,
+    parts: &translucent::PartTypes,
+    suffix_norm: &str,
+) -> OpResult<(Local, Arc<Vec<String>>)> {
     let server = &*job.server;
     let rtxn = server.store.read()?;
+    let types = parts.types(&server.schema, &rtxn, suffix_norm)?;
     let view = rtxn.view();
     let mut local = Local {
         base: None,
@@ -249,7 +253,7 @@ fn read_local(job: &SearchJob, base: &pando_model::Dn, max: u64) -> OpResult<Loc
     };
     let rdns = crate::ops::norm_rdns(&view, base)?;
     let pando_store::Lookup::Found(base_id) = view.lookup_norm(&rdns)? else {
-        return Ok(local);
+        return Ok((local, types));
     };
     let read = |id: EntryId| -> OpResult<Entry> {
         let mut e = crate::ops::stored_entry(&view, id)?;
@@ -264,7 +268,7 @@ fn read_local(job: &SearchJob, base: &pando_model::Dn, max: u64) -> OpResult<Loc
         if base_own {
             local.own.push((rdns.join(","), base_id, b));
         }
-        return Ok(local);
+        return Ok((local, types));
     }
     let cands = view.candidates(&job.req.filter)?;
     let (ids, check_scope) =
@@ -301,7 +305,7 @@ fn read_local(job: &SearchJob, base: &pando_model::Dn, max: u64) -> OpResult<Loc
         let (_, norm) = view.dn_pair_of(&place)?;
         local.own.push((norm, id, e));
     }
-    Ok(local)
+    Ok((local, types))
 }
 
 /// Check the base; merge each remote entry with its part (or leave it

@@ -34,7 +34,6 @@ use pando_store::Candidates;
 use super::settings::TranslucentConfig;
 use crate::error::OpResult;
 use crate::net::client::Endpoint;
-use crate::state::Server;
 
 /// Object classes of a local part that are bookkeeping, not shown.
 const PART_CLASSES: &[&str] = &["top", "glue", "extensibleObject"];
@@ -64,8 +63,14 @@ pub struct Translucent {
 pub struct PartTypes(Mutex<Option<(u64, Arc<Vec<String>>)>>);
 
 impl PartTypes {
-    pub fn types(&self, server: &Server, suffix_norm: &str) -> OpResult<Arc<Vec<String>>> {
-        let rtxn = server.store.read()?;
+    /// The types, read from `rtxn` when the remembered ones are of
+    /// another generation.
+    pub fn types(
+        &self,
+        schema: &Schema,
+        rtxn: &pando_store::ReadTxn<'_>,
+        suffix_norm: &str,
+    ) -> OpResult<Arc<Vec<String>>> {
         let generation = rtxn.generation();
         if let (Some(g), Ok(cache)) = (generation, self.0.lock()) {
             if let Some((at, types)) = &*cache {
@@ -96,7 +101,7 @@ impl PartTypes {
                     continue;
                 }
                 e.dn = view.dn(id)?;
-                for t in overridden_types(&server.schema, &e) {
+                for t in overridden_types(schema, &e) {
                     if !types.contains(&t) {
                         types.push(t);
                     }

@@ -70,14 +70,19 @@ impl Remote {
         }
     }
 
-    /// A kept connection, or a new one bound as the service account.
+    /// A kept connection (true), or a new one.
     async fn take(&self) -> Result<(Client, bool), ClientError> {
         if let Some(c) = self.idle.lock().ok().and_then(|mut v| v.pop()) {
             return Ok((c, true));
         }
+        Ok((self.fresh().await?, false))
+    }
+
+    /// A new connection bound as the service account.
+    async fn fresh(&self) -> Result<Client, ClientError> {
         let mut c = Client::connect(&self.endpoint, self.max_pdu).await?;
         c.bind(&self.endpoint).await?;
-        Ok((c, false))
+        Ok(c)
     }
 
     fn give_back(&self, c: Client) {
@@ -101,7 +106,7 @@ impl Remote {
         let (mut client, kept) = self.take().await?;
         let mut answer = self.search_within(&mut client, schema, q, abandoned).await;
         if kept && matches!(answer, Err(Failure::Transport(_))) {
-            let (mut fresh, _) = self.take_fresh().await?;
+            let mut fresh = self.fresh().await?;
             answer = self.search_within(&mut fresh, schema, q, abandoned).await;
             client = fresh;
         }
@@ -134,12 +139,6 @@ impl Remote {
                 whole.as_secs()
             )))),
         }
-    }
-
-    async fn take_fresh(&self) -> Result<(Client, bool), ClientError> {
-        let mut c = Client::connect(&self.endpoint, self.max_pdu).await?;
-        c.bind(&self.endpoint).await?;
-        Ok((c, false))
     }
 
     /// The remote entry named `dn`, if there is one.
