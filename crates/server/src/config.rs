@@ -110,6 +110,11 @@ pub struct ReplicationConfig {
     /// e-syncRefreshRequired (4096) instead of a present phase (as
     /// OpenLDAP's `syncprov-reloadhint TRUE`).
     pub refresh_required: bool,
+    /// Clients may write to the subtrees consumers keep (OpenLDAP's
+    /// `olcMultiProvider`): every provider takes writes, and a received
+    /// change is merged with the entry held attribute by attribute
+    /// (`repl::merge`). Needs a `server_id`.
+    pub multi_provider: bool,
     /// `[[replication.consumer]]`: subtrees kept in step with providers.
     pub consumer: Vec<crate::repl::config::ConsumerConfig>,
 }
@@ -121,6 +126,7 @@ impl Default for ReplicationConfig {
             changelog_days: 7,
             changelog_max_changes: 1_000_000,
             refresh_required: false,
+            multi_provider: false,
             consumer: Vec::new(),
         }
     }
@@ -1292,6 +1298,12 @@ impl Config {
         let r = &self.replication;
         if r.server_id > 4095 {
             return Err(err("replication.server_id", "must be between 0 and 4095"));
+        }
+        if r.multi_provider && r.server_id == 0 {
+            return Err(err(
+                "replication.multi_provider",
+                "needs replication.server_id (1-4095, unique among the providers)",
+            ));
         }
         if r.changelog_days > 36_500 {
             return Err(err(

@@ -181,7 +181,13 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         .as_ref()
         .map(|d| d.to_string())
         .unwrap_or_default();
-    let own = own_suffixes(&cfg, &schema);
+    // A multi-provider started with --demo makes the suffix and the demo
+    // tree the others copy (they start empty; one node seeds them).
+    let own = if opts.demo && cfg.config.replication.multi_provider {
+        cfg.suffixes.clone()
+    } else {
+        own_suffixes(&cfg, &schema)
+    };
     let (root_pw, created, demo_added, csn) = {
         let store = store.clone();
         let data_dir = data_dir.clone();

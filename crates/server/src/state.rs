@@ -359,6 +359,11 @@ impl Server {
             .find(|(_, s)| crate::ops::norm_dn::in_scope(s, pando_proto::Scope::Sub, norm_dn))
     }
 
+    /// Every provider takes writes (`replication.multi_provider`).
+    pub fn multi_provider(&self) -> bool {
+        self.cfg.config.replication.multi_provider
+    }
+
     pub fn is_suffix(&self, norm_dn: &str) -> bool {
         self.suffixes.iter().any(|(_, s)| s == norm_dn)
     }

@@ -1527,6 +1527,24 @@ impl<'t> View<'t> {
             .map(|v| v.to_vec()))
     }
 
+    /// The first `max` meta records whose keys start with `prefix`, in key
+    /// order.
+    pub fn meta_scan(
+        &self,
+        prefix: &str,
+        max: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.inner.meta.prefix_iter(self.txn, prefix.as_bytes())? {
+            if out.len() == max {
+                break;
+            }
+            let (k, v) = item?;
+            out.push((String::from_utf8_lossy(k).into_owned(), v.to_vec()));
+        }
+        Ok(out)
+    }
+
     /// Candidate IDs for a filter from the indexes (see [`plan`]).
     pub fn candidates(&self, filter: &pando_proto::Filter) -> Result<Candidates, StoreError> {
         plan::candidates(self, filter)

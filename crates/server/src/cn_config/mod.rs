@@ -232,6 +232,13 @@ pub const KEYS: &[Key] = &[
     ),
     k(123, "replication.refresh_required", "", Global, Boolean),
     k(124, "replication.consumer", "", Database, Tables),
+    k(
+        125,
+        "replication.multi_provider",
+        "olcMultiProvider",
+        Database,
+        Boolean,
+    ),
 ];
 
 /// Attribute type numbers of attributes that are not keys.

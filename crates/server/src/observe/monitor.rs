@@ -316,14 +316,26 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
 }
 
 /// Share of the database file in the page cache.
-/// `cn=Replication,cn=Monitor` and one `cn=Consumer NNN` below it per
-/// consumer, with OpenLDAP's olmSR* names where they exist.
+/// `cn=Replication,cn=Monitor`, `cn=Conflicts` below it (multi-provider
+/// resolutions, newest first), and one `cn=Consumer NNN` per consumer,
+/// with OpenLDAP's olmSR* names where they exist.
 fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
     let replicas = server.replicas.list();
     out.push(node(
         "Replication",
         "cn=Replication,cn=Monitor",
         vec![num("pandoReplConsumers", replicas.len() as u64)],
+    ));
+    let conflicts = &server.replicas.conflicts;
+    let mut attrs = vec![num("pandoReplConflicts", conflicts.total())];
+    let recent = conflicts.recent();
+    if !recent.is_empty() {
+        attrs.push(attr("pandoReplConflictRecord", recent));
+    }
+    out.push(node(
+        "Conflicts",
+        "cn=Conflicts,cn=Replication,cn=Monitor",
+        attrs,
     ));
     let time = |t: Option<u64>| t.map(crate::clock::generalized_time);
     for r in replicas.iter() {

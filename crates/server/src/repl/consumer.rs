@@ -378,6 +378,9 @@ async fn session(
             }
         }
     }
+    // A Pando provider's per-attribute state (multi-provider), sent only
+    // when named; other providers ignore a type they do not know.
+    attrs.push(crate::repl::merge::STATE_ATTR.into());
     let req = SearchRequest {
         base: cfg.search_base.clone(),
         scope: scope_of(cfg),
@@ -668,7 +671,7 @@ impl Session2<'_> {
         let csn = cookie.csns.iter().max().cloned();
         let mut gone = std::mem::take(&mut self.pending_deletes);
         if !deletes || self.present_phase || self.initial {
-            gone.extend(self.not_present()?);
+            gone.extend(self.not_present(&cookie)?);
         }
         let n = gone.len() as u64;
         for batch in gone.chunks(WINDOW) {
@@ -684,8 +687,12 @@ impl Session2<'_> {
     }
 
     /// Entries of the search here (within its base and scope, matching its
-    /// filter) that the provider did not send or name present.
-    fn not_present(&self) -> Result<Vec<String>, Failed> {
+    /// filter) that the provider did not send or name present. With
+    /// multi-provider, only those the provider's state (`cookie`) shows it
+    /// has seen as they are here: an entry whose last change is newer
+    /// than the provider's state was added or changed after it, here or
+    /// elsewhere, and is not the provider's to delete.
+    fn not_present(&self, cookie: &Cookie) -> Result<Vec<String>, Failed> {
         let server = self.server;
         let schema = &*server.schema;
         let filter = Filter::parse(&self.cfg.filter)
@@ -719,6 +726,9 @@ impl Session2<'_> {
                 .and_then(|v| pando_proto::sync::uuid_bytes(&String::from_utf8_lossy(v)));
             let Some(uuid) = uuid else { continue };
             if self.present.contains(&uuid) {
+                continue;
+            }
+            if server.multi_provider() && !seen_by(cookie, &entry) {
                 continue;
             }
             if compiled.matches(schema, &entry) == pando_model::Ternary::True {
@@ -965,6 +975,16 @@ impl Session2<'_> {
         }
         Ok(())
     }
+}
+
+/// Whether the state `cookie` names includes the entry's last change.
+fn seen_by(cookie: &Cookie, entry: &Entry) -> bool {
+    let Some(csn) = replicated::entry_csn(entry) else {
+        return true;
+    };
+    pando_proto::sync::csn_sid(csn)
+        .and_then(|sid| cookie.csn_for(sid))
+        .is_some_and(|held| csn <= held)
 }
 
 fn csn_of(entry: &Entry) -> Option<String> {

@@ -5,8 +5,11 @@
 //! by `ops::write::replicated`.
 
 pub mod config;
+pub mod conflicts;
 pub mod consumer;
 pub mod lag;
+pub mod merge;
+pub mod tombstones;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,8 +40,12 @@ pub struct Replica {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
-/// Every configured consumer; the list changes with the configuration.
-pub struct Replicas(ArcSwap<Vec<Arc<Replica>>>);
+/// Every configured consumer (the list changes with the configuration),
+/// and the conflicts multi-provider replication resolved.
+pub struct Replicas {
+    list: ArcSwap<Vec<Arc<Replica>>>,
+    pub conflicts: conflicts::ConflictLog,
+}
 
 impl Replica {
     fn new(schema: &Schema, c: &config::ConsumerConfig) -> Replica {
@@ -103,17 +110,20 @@ impl Replica {
 impl Replicas {
     /// From the validated configuration (search bases were checked then).
     pub fn new(schema: &Schema, consumers: &[config::ConsumerConfig]) -> Replicas {
-        Replicas(ArcSwap::from_pointee(
-            consumers
-                .iter()
-                .map(|c| Arc::new(Replica::new(schema, c)))
-                .collect(),
-        ))
+        Replicas {
+            list: ArcSwap::from_pointee(
+                consumers
+                    .iter()
+                    .map(|c| Arc::new(Replica::new(schema, c)))
+                    .collect(),
+            ),
+            conflicts: Default::default(),
+        }
     }
 
     /// The consumers now.
     pub fn list(&self) -> Arc<Vec<Arc<Replica>>> {
-        self.0.load_full()
+        self.list.load_full()
     }
 
     /// Start every consumer's tasks (at start).
@@ -144,7 +154,7 @@ impl Replicas {
             tracing::info!(rid = r.rid, provider = %r.cfg.provider, "replication consumer stopped (configuration changed)");
             r.end().await;
         }
-        self.0.store(Arc::new(new.clone()));
+        self.list.store(Arc::new(new.clone()));
         for r in new
             .iter()
             .filter(|n| !old.iter().any(|o| Arc::ptr_eq(o, n)))

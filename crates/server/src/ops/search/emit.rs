@@ -71,11 +71,18 @@ impl Selection {
     }
 
     pub(super) fn wants(&self, schema: &Schema, at: &AttributeType, opts: &[String]) -> bool {
-        if if at.is_operational() {
+        // A multi-provider's per-attribute state goes only where it is
+        // named (a Pando consumer asks for it; OpenLDAP's would refuse an
+        // attribute type it does not know).
+        let named_only = at
+            .name()
+            .eq_ignore_ascii_case(crate::repl::merge::STATE_ATTR);
+        let by_wildcard = if at.is_operational() {
             self.all_oper
         } else {
             self.all_user
-        } {
+        };
+        if by_wildcard && !named_only {
             return true;
         }
         self.named

@@ -96,9 +96,10 @@ pub fn related(ctx: &WriteCtx, view: &View<'_>, changes: &mut Vec<Change>) -> Op
         hook.related(ctx, view, changes)?;
     }
     // Entries a replication consumer keeps belong to its provider, whose
-    // overlays keep them: they are not changed here.
+    // overlays keep them: they are not changed here (unless every provider
+    // takes writes).
     let mut i = first_added;
-    while i < changes.len() {
+    while i < changes.len() && !ctx.server.multi_provider() {
         if ctx.server.replicas.holding(changes[i].norm()).is_some() {
             changes.remove(i);
         } else {

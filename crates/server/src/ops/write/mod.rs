@@ -254,7 +254,7 @@ fn job<W: WriteOp>(
                 Some(changes) => confirm(w, changes)?,
                 None => plan_and_check(&ctx, &*op, &w.view())?,
             };
-            if ctx.replicated.is_none() {
+            if ctx.replicated.is_none() && !ctx.server.multi_provider() {
                 refer_replicated(&ctx.server, &changes)?;
             }
             hooks::related(&ctx, &w.view(), &mut changes)?;
@@ -567,6 +567,7 @@ fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResu
     w.advance_context_csn(&csn)?;
     let now = crate::clock::generalized_time(crate::clock::now_micros());
     let relaxed = ctx.relaxed();
+    let multi_provider = ctx.server.multi_provider();
     for c in changes.iter_mut() {
         let before = c.before.as_ref().map(|b| &b.entry);
         let Some(after) = c.after.as_mut() else {
@@ -593,6 +594,9 @@ fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResu
             };
             after.remove(name);
             after.add_values(name, vec![value.into_bytes()]);
+        }
+        if multi_provider {
+            crate::repl::merge::record_write(before, after, &csn);
         }
     }
     Ok(csn)

@@ -25,6 +25,7 @@ use super::{Before, Change, WriteCtx, WriteOp, Written};
 use crate::error::{LdapError, OpResult};
 use crate::ops;
 use crate::ops::norm_dn::in_scope;
+use crate::repl::merge;
 
 /// The replication state a received change carries into the pipeline.
 #[derive(Clone, Debug)]
@@ -72,7 +73,53 @@ pub enum Received {
     Cookie,
 }
 
-struct Replicated(Received);
+struct Replicated {
+    received: Received,
+    /// Conflicts the plan resolved (multi-provider), recorded once the
+    /// change is committed; the plan refills it each time it runs.
+    conflicts: std::sync::Mutex<Vec<Resolved>>,
+}
+
+/// A conflict resolved while planning, recorded after the commit.
+struct Resolved {
+    dn: String,
+    what: String,
+    lost: Option<(String, Vec<Vec<u8>>)>,
+    side: &'static str,
+    lost_csn: String,
+    won_csn: String,
+}
+
+impl Resolved {
+    fn of_loss(dn: &Dn, loss: merge::Loss) -> Resolved {
+        let side = match loss.side {
+            merge::Side::Here => "here",
+            merge::Side::Received => "received",
+        };
+        let (what, lost) = if loss.attr == "@dn" {
+            (
+                format!(
+                    "concurrent renames; lost the name {}",
+                    String::from_utf8_lossy(loss.values.first().map_or(&[][..], |v| v))
+                ),
+                None,
+            )
+        } else {
+            (
+                format!("concurrent changes of {}", loss.attr),
+                Some((loss.attr, loss.values)),
+            )
+        };
+        Resolved {
+            dn: dn.to_string(),
+            what,
+            lost,
+            side,
+            lost_csn: loss.lost_csn,
+            won_csn: loss.won_csn,
+        }
+    }
+}
 
 /// Queue `received` on the writer now (see the module header): changes
 /// queued one after another are applied in that order, whether or not the
@@ -81,7 +128,13 @@ pub fn apply_received(
     ctx: Arc<WriteCtx>,
     received: Received,
 ) -> impl std::future::Future<Output = OpResult<Written>> + Send + 'static {
-    super::queue(ctx, Arc::new(Replicated(received)))
+    super::queue(
+        ctx,
+        Arc::new(Replicated {
+            received,
+            conflicts: Default::default(),
+        }),
+    )
 }
 
 /// The meta key holding consumer `rid`'s cookie.
@@ -357,6 +410,9 @@ impl Replicated {
             }
             found => found,
         };
+        if let (Some(id), true) = (by_uuid, server.multi_provider()) {
+            return self.plan_merge(ctx, view, before(view, id)?, after);
+        }
         let (local, stale) = match by_uuid {
             // Another entry holds the new DN: a stale copy (the provider's
             // delete of it may not have come yet). It goes first.
@@ -432,9 +488,91 @@ impl Replicated {
     }
 }
 
+impl Replicated {
+    /// Multi-provider: the copy received merged with the one held,
+    /// attribute by attribute (`repl::merge`); the conflicts it resolved
+    /// are recorded once committed.
+    fn plan_merge(
+        &self,
+        ctx: &WriteCtx,
+        view: &View<'_>,
+        before: Before,
+        got: Entry,
+    ) -> OpResult<Vec<Change>> {
+        let schema = &ctx.server.schema;
+        let merged = merge::merge(&before.entry, &got);
+        let mut after = merged.entry;
+        if schema.check_entry(&mut after).is_err() {
+            // Each side valid, their mix not (an object class from one,
+            // its required attribute gone on the other): the copy with
+            // the newer change stands whole, as servers without state do.
+            let (held, new) = (entry_csn(&before.entry), entry_csn(&got));
+            let (won, lost, side, kept) = if new > held {
+                (new, held, "here", got.clone())
+            } else {
+                (held, new, "received", before.entry.clone())
+            };
+            self.resolved(Resolved {
+                dn: got.dn.to_string(),
+                what: "concurrent changes whose merge breaks the schema; the newer copy kept whole"
+                    .into(),
+                lost: None,
+                side,
+                lost_csn: lost.unwrap_or_default().to_string(),
+                won_csn: won.unwrap_or_default().to_string(),
+            });
+            after = kept;
+        } else {
+            for loss in merged.losses {
+                self.resolved(Resolved::of_loss(&after.dn, loss));
+            }
+        }
+        if same_entry(&before.entry, &after) {
+            return Ok(Vec::new());
+        }
+        let norm = schema
+            .normalize_dn(&after.dn)
+            .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{}': {e}", after.dn)))?;
+        if norm == before.norm {
+            return Ok(vec![Change::modify(before, after)]);
+        }
+        let (place, glue) = place_for_free(ctx, view, &after.dn, &norm)?;
+        let mut changes = vec![Change::rename(before, after, norm, place)];
+        changes.extend(glue);
+        Ok(changes)
+    }
+
+    fn resolved(&self, r: Resolved) {
+        if let Ok(mut c) = self.conflicts.lock() {
+            c.push(r);
+        }
+    }
+}
+
+/// The same DN and attributes, in any order.
+fn same_entry(a: &Entry, b: &Entry) -> bool {
+    let canon = |e: &Entry| {
+        let mut attrs: Vec<(String, Vec<Vec<u8>>)> = e
+            .attrs
+            .iter()
+            .map(|a| {
+                let mut v = a.values.clone();
+                v.sort();
+                (a.desc.to_ascii_lowercase(), v)
+            })
+            .collect();
+        attrs.sort();
+        attrs
+    };
+    a.dn == b.dn && canon(a) == canon(b)
+}
+
 impl WriteOp for Replicated {
     fn plan(&self, ctx: &WriteCtx, view: &View<'_>) -> OpResult<Vec<Change>> {
-        match &self.0 {
+        if let Ok(mut c) = self.conflicts.lock() {
+            c.clear();
+        }
+        match &self.received {
             Received::Entry(e) => self.plan_entry(ctx, view, e),
             Received::Delete(uuids) => subtree_deletes(view, &self.found_within(ctx, view, uuids)?),
             Received::Gone(uuids) => {
@@ -456,5 +594,28 @@ impl WriteOp for Replicated {
         }
     }
 
-    fn audit(&self, _ctx: &WriteCtx, _changes: &[Change]) {}
+    fn audit(&self, ctx: &WriteCtx, _changes: &[Change]) {
+        let resolved = self
+            .conflicts
+            .lock()
+            .map(|mut c| std::mem::take(&mut *c))
+            .unwrap_or_default();
+        for r in resolved {
+            if let Some(repl) = &ctx.replicated {
+                repl.conflicts
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            ctx.server
+                .replicas
+                .conflicts
+                .record(&crate::repl::conflicts::Conflict {
+                    dn: &r.dn,
+                    what: r.what,
+                    lost: r.lost.as_ref().map(|(a, v)| (a.as_str(), v.as_slice())),
+                    side: r.side,
+                    lost_csn: &r.lost_csn,
+                    won_csn: &r.won_csn,
+                });
+        }
+    }
 }
