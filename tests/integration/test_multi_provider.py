@@ -67,6 +67,11 @@ class Link:
                 client.close()
                 continue
             with self.lock:
+                # cut() may have come while this one was being set up.
+                if not self.up:
+                    client.close()
+                    server.close()
+                    continue
                 self.open += [client, server]
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
@@ -87,8 +92,8 @@ class Link:
                 pass
 
     def cut(self):
-        self.up = False
         with self.lock:
+            self.up = False
             for s in self.open:
                 try:
                     s.shutdown(socket.SHUT_RDWR)
@@ -134,7 +139,10 @@ credentials = "%s"
                 for peer in self.nodes if peer is not node)
             node.config = ('root_password_hash = "%s"\n' % pw_hash + PUBLIC_READ
                            + "\n[replication]\nserver_id = %d\nmulti_provider = true\n" % node.sid
-                           + consumers)
+                           + consumers
+                           # The change log as cn=accesslog, to read what
+                           # each server wrote when a test fails.
+                           + '\n[[overlay]]\ntype = "accesslog"\nops = ["writes"]\n')
 
     def start(self):
         for node in self.nodes:
@@ -195,9 +203,18 @@ def converge(ring, timeout=60):
                 pytest.fail("a node did not answer\n%s" % ring.logs())
             diffs = [([e for e in d if e not in dumps[0]][:2], [e for e in dumps[0] if e not in d][:2])
                      for d in dumps[1:]]
-            pytest.fail("no convergence: contextCSN %r; differences (extra, missing) %r\n%s"
-                        % (ctx, diffs, ring.logs()))
+            names = {v for d in diffs for side in d for e in side for k, vs in e[1] if k == "entryuuid" for v in vs}
+            history = "\n".join("--- %s\n%s" % (n.name, change_log(n, names)) for n in nodes)
+            pytest.fail("no convergence: contextCSN %r; differences (extra, missing) %r\n"
+                        "their changes on each server:\n%s\n%s" % (ctx, diffs, history, ring.logs()))
         time.sleep(0.3)
+
+
+def change_log(node, uuids):
+    """What `node`'s change log holds for the entries `uuids`."""
+    filt = "(|%s)" % "".join("(reqEntryUUID=%s)" % u for u in uuids) if uuids else "(reqDN=*)"
+    r = node.search("cn=accesslog", filt, "reqType", "reqDN", "entryCSN", "reqEntryUUID", "reqMod")
+    return "\n".join(str(e) for e in r[1]) if r[0] == 0 else "(%r)" % (r,)
 
 
 def write(node, dn, changes):
@@ -295,3 +312,165 @@ def test_concurrent_writes_during_a_partition_merge_per_attribute(ring):
     assert any("replication conflict resolved" in n.logs(100000) and lost in n.logs(100000)
                for n in ring.nodes)
     assert took < 60
+
+
+def ldif(node, text):
+    rc, out, err = node.ldap("ldapmodify", input=text)
+    assert rc == 0, (node.name, text, out, err)
+
+
+def exists(node, dn):
+    return node.search(dn, "(objectClass=*)", "1.1", scope="base")[0] == 0
+
+
+def test_entry_level_conflicts_resolve_alike_on_every_server(ring):
+    a, b, c = ring.nodes
+    ldif(a, "dn: ou=Projects,%s\nchangetype: add\nobjectClass: organizationalUnit\nou: Projects\n" % SUFFIX)
+    converge(ring)
+    dave, erin = "uid=dave,%s" % PEOPLE, "uid=erin,%s" % PEOPLE
+    ring.cut_all()
+    # Delete against modify: the delete stands, the change is on record.
+    ldif(a, "dn: %s\nchangetype: delete\n" % dave)
+    write(b, dave, {"description": ["changed after the delete"]})
+    # One name added on two servers: the first added keeps it.
+    ldif(a, "dn: uid=twin,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: twin\ncn: T\nsn: first\n" % PEOPLE)
+    time.sleep(0.01)
+    ldif(b, "dn: uid=twin,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: twin\ncn: T\nsn: second\n" % PEOPLE)
+    # A child added under a parent deleted elsewhere: both stay.
+    ldif(a, "dn: ou=Projects,%s\nchangetype: delete\n" % SUFFIX)
+    ldif(b, "dn: ou=p1,ou=Projects,%s\nchangetype: add\nobjectClass: organizationalUnit\nou: p1\n" % SUFFIX)
+    # A rename and a modify of one entry: both kept.
+    ldif(a, "dn: %s\nchangetype: modrdn\nnewrdn: uid=erin2\ndeleteoldrdn: 1\n" % erin)
+    write(c, erin, {"title": ["renamed elsewhere"]})
+    ring.heal_all()
+    converge(ring)
+    for node in ring.nodes:
+        assert not exists(node, dave), node.name
+        assert values(node, "uid=twin,%s" % PEOPLE, "sn") == ["first"], node.name
+        assert exists(node, "ou=p1,ou=Projects,%s" % SUFFIX), node.name
+        assert values(node, "uid=erin2,%s" % PEOPLE, "title") == ["renamed elsewhere"], node.name
+        assert not exists(node, erin)
+    records = conflict_records(ring)
+    text = "\n".join(records)
+    assert "uid=dave" in text and "after it was deleted here" in text, records
+    assert "two entries claimed one name" in text and "sn: second" in text, records
+    assert "ou=Projects" in text and ("brought back" in text or "it stays" in text), records
+    # The twin that lost is gone everywhere: its later changes are dropped.
+    assert sum(n.search(PEOPLE, "(uid=twin)", "1.1")[1].__len__() for n in ring.nodes) == 3
+
+
+# ------------------------------------------------------------ randomized
+
+USERS = ["alice", "bob", "carol", "erin", "frank", "grace"]
+ATTRS = ["description", "title", "telephoneNumber"]
+# Written only by the deliberate conflicts, each pair (user, attribute) once.
+CONFLICT_ATTRS = ["roomNumber", "l", "postalCode", "st"]
+
+
+def soak(ring, seed, steps, log=print):
+    """Seeded random writes on every server while links are cut and healed
+    and servers are killed (-9) and restarted; then heal, converge and
+    check the final state against what was acknowledged. Returns a summary."""
+    rng = random.Random(seed)
+    nodes = ring.nodes
+    down = {}            # node -> step it comes back at
+    acked = {}           # (dn, attr) -> [(csn, value, node sid)]
+    deliberate = []      # (dn, attr, (csn, value) twice)
+    used = set()
+    added, deleted = {}, set()
+    kills = cuts = 0
+    started = time.monotonic()
+    for step in range(steps):
+        for node, back in list(down.items()):
+            if step >= back:
+                node.start(keep_port=True)
+                node.admin_pw = PW
+                del down[node]
+        live = [n for n in nodes if n not in down]
+        roll = rng.random()
+        if roll < 0.12:
+            link = rng.choice(list(ring.links.values()))
+            if link.up:
+                link.cut()
+                cuts += 1
+            else:
+                link.heal()
+        elif roll < 0.15 and not down:
+            victim = rng.choice(nodes)
+            victim.proc.send_signal(signal.SIGKILL)
+            victim.proc.wait(10)
+            victim.proc = None
+            down[victim] = step + rng.randint(2, 10)
+            kills += 1
+        elif roll < 0.19 and len(live) >= 2:
+            # A deliberate conflict: all links cut, one attribute written
+            # on two servers; the older write must be on record as lost.
+            ring.cut_all()
+            cuts += 1
+            x, y = rng.sample(live, 2)
+            # An attribute written by nothing else, so no later write
+            # supersedes the pair.
+            free = [(u, at) for u in USERS for at in CONFLICT_ATTRS if (u, at) not in used]
+            if not free:
+                continue
+            user, attr = rng.choice(free)
+            used.add((user, attr))
+            dn = "uid=%s,%s" % (user, PEOPLE)
+            first, second = "c%d-%d" % (step, x.sid), "c%d-%d" % (step, y.sid)
+            c1 = write(x, dn, {attr: [first]})
+            c2 = write(y, dn, {attr: [second]})
+            acked.setdefault((dn, attr), []).extend([(c1, first, x.sid), (c2, second, y.sid)])
+            deliberate.append((dn, attr, (c1, first), (c2, second)))
+        elif roll < 0.27:
+            node = rng.choice(live)
+            uid = "r%d-%d" % (node.sid, step)
+            ldif(node, "dn: uid=%s,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: %s\ncn: R\nsn: %d\n"
+                 % (uid, PEOPLE, uid, step))
+            added["uid=%s,%s" % (uid, PEOPLE)] = node
+        elif roll < 0.31 and added:
+            dn = rng.choice(sorted(added))
+            node = added.pop(dn)
+            if node in down:
+                added[dn] = node
+                continue
+            ldif(node, "dn: %s\nchangetype: delete\n" % dn)
+            deleted.add(dn)
+        else:
+            node = rng.choice(live)
+            dn, attr = "uid=%s,%s" % (rng.choice(USERS), PEOPLE), rng.choice(ATTRS)
+            value = "v%d-%d" % (step, node.sid)
+            csn = write(node, dn, {attr: [value]})
+            acked.setdefault((dn, attr), []).append((csn, value, node.sid))
+    for node in list(down):
+        node.start(keep_port=True)
+        node.admin_pw = PW
+    ring.heal_all()
+    writing = time.monotonic() - started
+    took = converge(ring, timeout=float(os.environ.get("PANDO_MP_CONVERGE_SECS", "180")))
+    # The final state: for each attribute, the newest acknowledged write.
+    a = nodes[0]
+    for (dn, attr), writes in acked.items():
+        newest = max(writes)
+        assert values(a, dn, attr) == [newest[1]], (dn, attr, sorted(writes))
+    for dn in deleted:
+        assert not exists(a, dn), dn
+    for dn in added:
+        assert exists(a, dn), dn
+    # Every deliberate conflict is on record (stored with the change that
+    # resolved it, so kill -9 keeps it): the older write lost to the newer.
+    records = "\n".join(conflict_records(ring))
+    for dn, attr, one, two in deliberate:
+        older = min(one, two)[1]
+        assert "lost %s: %s" % (attr.lower(), older) in records, (dn, attr, one, two)
+    summary = dict(seed=seed, steps=steps, writes=sum(len(w) for w in acked.values()) + len(added) + len(deleted),
+                   deliberate_conflicts=len(deliberate), link_cuts=cuts, kills=kills,
+                   writing_secs=round(writing, 1), converge_secs=round(took, 1))
+    log(summary)
+    return summary
+
+
+def test_random_partitions_kills_and_conflicting_writes_converge(ring):
+    converge(ring)
+    seed = int(os.environ.get("PANDO_MP_SEED", "4533"))
+    steps = int(os.environ.get("PANDO_MP_STEPS", "150"))
+    soak(ring, seed, steps)

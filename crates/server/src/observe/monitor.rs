@@ -326,9 +326,19 @@ fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
         "cn=Replication,cn=Monitor",
         vec![num("pandoReplConsumers", replicas.len() as u64)],
     ));
-    let conflicts = &server.replicas.conflicts;
-    let mut attrs = vec![num("pandoReplConflicts", conflicts.total())];
-    let recent = conflicts.recent();
+    let (total, recent) = server
+        .store
+        .read()
+        .ok()
+        .and_then(|r| {
+            let view = r.view();
+            let total = crate::repl::conflicts::total(&view).ok()?;
+            let recent =
+                crate::repl::conflicts::recent(&view, crate::repl::conflicts::LISTED).ok()?;
+            Some((total, recent))
+        })
+        .unwrap_or_default();
+    let mut attrs = vec![num("pandoReplConflicts", total)];
     if !recent.is_empty() {
         attrs.push(attr("pandoReplConflictRecord", recent));
     }

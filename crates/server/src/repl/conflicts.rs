@@ -1,18 +1,24 @@
 //! The record of the conflicts multi-provider replication resolved: each
-//! is counted, logged as a warning and kept (the newest 1000) for
-//! `cn=Conflicts,cn=Replication,cn=Monitor`, naming the entry, what was
-//! lost and both CSNs, so an operator can see and undo it. Secret values
-//! (passwords) are never shown, only counted.
+//! is stored in the transaction that resolves it (so a crash keeps both or
+//! neither; the newest 10,000 are kept), logged as a warning, and listed
+//! in `cn=Conflicts,cn=Replication,cn=Monitor` (the newest 1000), naming
+//! the entry, what was lost and both CSNs, so an operator can see and
+//! undo it. Secret values (passwords) are never shown, only counted.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use pando_store::{StoreError, View, WriteTxn};
 
-/// Records kept for cn=Monitor (the log has them all).
-const KEPT: usize = 1000;
+/// Records kept in the store.
+const KEPT: usize = 10_000;
+
+/// Records cn=Monitor lists.
+pub const LISTED: usize = 1000;
 
 /// Bytes of values shown per record.
 const SHOWN: usize = 1024;
+
+/// Meta keys: the records (newest first in key order) and the count.
+const PREFIX: &str = "conflict:";
+const TOTAL: &str = "conflicts:total";
 
 /// One resolution.
 pub struct Conflict<'a> {
@@ -27,12 +33,6 @@ pub struct Conflict<'a> {
     pub side: &'a str,
     pub lost_csn: &'a str,
     pub won_csn: &'a str,
-}
-
-#[derive(Default)]
-pub struct ConflictLog {
-    total: AtomicU64,
-    recent: Mutex<VecDeque<String>>,
 }
 
 /// Values as shown: text when printable, else base64; secrets withheld.
@@ -73,47 +73,82 @@ pub fn shown_values(attr: &str, values: &[Vec<u8>]) -> String {
     out
 }
 
-impl ConflictLog {
-    /// Count, log and keep `c`.
-    pub fn record(&self, c: &Conflict<'_>) {
-        self.total.fetch_add(1, Ordering::Relaxed);
-        let lost = c
-            .lost
-            .map(|(attr, values)| format!("; lost {attr}: {}", shown_values(attr, values)))
-            .unwrap_or_default();
-        tracing::warn!(
-            entry = c.dn,
-            lost_csn = c.lost_csn,
-            won_csn = c.won_csn,
-            loser = c.side,
-            "replication conflict resolved: {}{lost}",
-            c.what
-        );
-        let at = crate::clock::generalized_time(crate::clock::now_micros());
-        let line = format!(
-            "{at} {}: {}{lost} (the {} copy, at {}; kept the change at {})",
-            c.dn, c.what, c.side, c.lost_csn, c.won_csn
-        );
-        if let Ok(mut r) = self.recent.lock() {
-            if r.len() == KEPT {
-                r.pop_back();
-            }
-            r.push_front(line);
-        }
-    }
+/// The record's text.
+pub fn line(c: &Conflict<'_>) -> String {
+    let lost = lost_text(c);
+    let at = crate::clock::generalized_time(crate::clock::now_micros());
+    let lost_at = if c.lost_csn.is_empty() {
+        String::new()
+    } else {
+        format!(", at {}", c.lost_csn)
+    };
+    format!(
+        "{at} {}: {}{lost} (the {} copy{lost_at}; kept the change at {})",
+        c.dn, c.what, c.side, c.won_csn
+    )
+}
 
-    /// Conflicts resolved since the start.
-    pub fn total(&self) -> u64 {
-        self.total.load(Ordering::Relaxed)
-    }
+fn lost_text(c: &Conflict<'_>) -> String {
+    c.lost
+        .map(|(attr, values)| format!("; lost {attr}: {}", shown_values(attr, values)))
+        .unwrap_or_default()
+}
 
-    /// The newest records, newest first.
-    pub fn recent(&self) -> Vec<String> {
-        self.recent
-            .lock()
-            .map(|r| r.iter().cloned().collect())
-            .unwrap_or_default()
+/// In the resolving transaction: store the records `lines`, count them,
+/// and drop the oldest beyond the newest 10,000.
+pub fn store(w: &mut WriteTxn<'_>, lines: &[String]) -> Result<(), StoreError> {
+    if lines.is_empty() {
+        return Ok(());
     }
+    let newest_first = u64::MAX - crate::clock::now_micros();
+    for (i, line) in lines.iter().enumerate() {
+        // Within one transaction the last resolved is listed first.
+        let key = format!("{PREFIX}{newest_first:020}:{:04}", 9999 - i.min(9999));
+        w.meta_put(&key, line.as_bytes())?;
+    }
+    let total = total(&w.view())? + lines.len() as u64;
+    w.meta_put(TOTAL, total.to_string().as_bytes())?;
+    let old: Vec<String> = w
+        .view()
+        .meta_scan(PREFIX, KEPT + lines.len())?
+        .into_iter()
+        .skip(KEPT)
+        .map(|(k, _)| k)
+        .collect();
+    for k in old {
+        w.meta_delete(&k)?;
+    }
+    Ok(())
+}
+
+/// After the commit: the warning in the server's log.
+pub fn log(c: &Conflict<'_>) {
+    tracing::warn!(
+        entry = c.dn,
+        lost_csn = c.lost_csn,
+        won_csn = c.won_csn,
+        loser = c.side,
+        "replication conflict resolved: {}{}",
+        c.what,
+        lost_text(c)
+    );
+}
+
+/// Conflicts resolved by this store since it was made.
+pub fn total(view: &View<'_>) -> Result<u64, StoreError> {
+    Ok(view
+        .meta_get(TOTAL)?
+        .and_then(|v| String::from_utf8_lossy(&v).parse().ok())
+        .unwrap_or(0))
+}
+
+/// The newest `max` records, newest first.
+pub fn recent(view: &View<'_>, max: usize) -> Result<Vec<String>, StoreError> {
+    Ok(view
+        .meta_scan(PREFIX, max)?
+        .into_iter()
+        .map(|(_, v)| String::from_utf8_lossy(&v).into_owned())
+        .collect())
 }
 
 #[cfg(test)]
@@ -134,25 +169,5 @@ mod tests {
         assert_eq!(shown_values("mail", &[]), "(no values)");
         let long = shown_values("description", &[vec![b'x'; 5000]]);
         assert!(long.len() < 1100 && long.ends_with("(1 values)"));
-    }
-
-    #[test]
-    fn records_are_kept_newest_first_and_counted() {
-        let log = ConflictLog::default();
-        for i in 0..(KEPT + 5) {
-            log.record(&Conflict {
-                dn: &format!("cn={i}"),
-                what: "concurrent changes of mail".into(),
-                lost: Some(("mail", &[b"old".to_vec()])),
-                side: "here",
-                lost_csn: "1",
-                won_csn: "2",
-            });
-        }
-        assert_eq!(log.total(), (KEPT + 5) as u64);
-        let recent = log.recent();
-        assert_eq!(recent.len(), KEPT);
-        assert!(recent[0].contains(&format!("cn={}: ", KEPT + 4)));
-        assert!(recent[0].contains("lost mail: old (the here copy, at 1; kept the change at 2)"));
     }
 }

@@ -305,7 +305,13 @@ fn starting_cookie(
         pando_store::Lookup::Found(_)
     );
     let csns = view.context_csns()?;
-    if !here || csns.is_empty() {
+    // With multi-provider the store's contextCSN is no cookie for one
+    // provider: it holds CSNs of changes that came through the others,
+    // whose copies a provider's log files under the writer's server ID
+    // (and so does not send back to it). Only this provider's own stream
+    // says what was received from it: without a cookie, a whole load
+    // (which deletes nothing the provider has not seen).
+    if !here || csns.is_empty() || server.multi_provider() {
         return Ok(Start::Initial);
     }
     tracing::info!(
@@ -670,8 +676,23 @@ impl Session2<'_> {
             .unwrap_or_else(|| self.last.clone());
         let csn = cookie.csns.iter().max().cloned();
         let mut gone = std::mem::take(&mut self.pending_deletes);
-        if !deletes || self.present_phase || self.initial {
-            gone.extend(self.not_present(&cookie)?);
+        if (!deletes || self.present_phase || self.initial) && self.server.multi_provider() {
+            // With multi-provider, what one provider lacks may be on its
+            // way to it: a provider's state names the newest change of each
+            // server it received from anyone, not all of them. Deletes
+            // come from the server that made them (its change log);
+            // entries the provider did not name are only counted.
+            let unnamed = self.not_present()?.len();
+            if unnamed > 0 {
+                tracing::warn!(
+                    rid = self.cfg.rid,
+                    provider = %self.cfg.provider,
+                    entries = unnamed,
+                    "the provider's refresh did not name some entries held here; with multi-provider they are kept (deleted entries come as deletes from the server that deleted them)"
+                );
+            }
+        } else if !deletes || self.present_phase || self.initial {
+            gone.extend(self.not_present()?);
         }
         let n = gone.len() as u64;
         for batch in gone.chunks(WINDOW) {
@@ -687,12 +708,8 @@ impl Session2<'_> {
     }
 
     /// Entries of the search here (within its base and scope, matching its
-    /// filter) that the provider did not send or name present. With
-    /// multi-provider, only those the provider's state (`cookie`) shows it
-    /// has seen as they are here: an entry whose last change is newer
-    /// than the provider's state was added or changed after it, here or
-    /// elsewhere, and is not the provider's to delete.
-    fn not_present(&self, cookie: &Cookie) -> Result<Vec<String>, Failed> {
+    /// filter) that the provider did not send or name present.
+    fn not_present(&self) -> Result<Vec<String>, Failed> {
         let server = self.server;
         let schema = &*server.schema;
         let filter = Filter::parse(&self.cfg.filter)
@@ -726,9 +743,6 @@ impl Session2<'_> {
                 .and_then(|v| pando_proto::sync::uuid_bytes(&String::from_utf8_lossy(v)));
             let Some(uuid) = uuid else { continue };
             if self.present.contains(&uuid) {
-                continue;
-            }
-            if server.multi_provider() && !seen_by(cookie, &entry) {
                 continue;
             }
             if compiled.matches(schema, &entry) == pando_model::Ternary::True {
@@ -975,16 +989,6 @@ impl Session2<'_> {
         }
         Ok(())
     }
-}
-
-/// Whether the state `cookie` names includes the entry's last change.
-fn seen_by(cookie: &Cookie, entry: &Entry) -> bool {
-    let Some(csn) = replicated::entry_csn(entry) else {
-        return true;
-    };
-    pando_proto::sync::csn_sid(csn)
-        .and_then(|sid| cookie.csn_for(sid))
-        .is_some_and(|held| csn <= held)
 }
 
 fn csn_of(entry: &Entry) -> Option<String> {

@@ -98,6 +98,17 @@ impl State {
         state
     }
 
+    /// The CSN every attribute without a stamp of its own was set at (for
+    /// an entry never merged with a stateless copy: when it was added).
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// Every CSN the state names.
+    pub fn csns(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.base.as_str()).chain(self.types.values().map(|s| s.csn.as_str()))
+    }
+
     /// The last change of `key` (a lowercase type, or the name).
     pub fn stamp(&self, key: &str) -> Stamp {
         self.types.get(key).cloned().unwrap_or_else(|| Stamp {

@@ -40,11 +40,9 @@ pub struct Replica {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
-/// Every configured consumer (the list changes with the configuration),
-/// and the conflicts multi-provider replication resolved.
+/// Every configured consumer; the list changes with the configuration.
 pub struct Replicas {
     list: ArcSwap<Vec<Arc<Replica>>>,
-    pub conflicts: conflicts::ConflictLog,
 }
 
 impl Replica {
@@ -117,7 +115,6 @@ impl Replicas {
                     .map(|c| Arc::new(Replica::new(schema, c)))
                     .collect(),
             ),
-            conflicts: Default::default(),
         }
     }
 

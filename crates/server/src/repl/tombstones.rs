@@ -95,11 +95,40 @@ pub fn put(
     w.meta_put(&format!("{BY_CSN}{deleted_at} {uuid}"), b"")
 }
 
+/// What a `seen` CSN holds when the entry was never here: no received
+/// copy counts as unseen by the delete (it sorts after every CSN).
+const SEEN_UNKNOWN: &str = "~";
+
+/// Remember `uuid`, deleted by the change `deleted_at` on another server
+/// before any copy of it reached this one.
+pub fn put_unknown(w: &mut WriteTxn<'_>, uuid: &str, deleted_at: &str) -> Result<(), StoreError> {
+    let t = Tombstone {
+        deleted_at: deleted_at.to_string(),
+        seen: SEEN_UNKNOWN.to_string(),
+        norm: String::new(),
+        entry: Entry::new(Dn { rdns: Vec::new() }),
+    };
+    w.meta_put(&format!("{BY_UUID}{uuid}"), &encode(&t))?;
+    w.meta_put(&format!("{BY_CSN}{deleted_at} {uuid}"), b"")
+}
+
 /// The deleted entry whose entryUUID is `uuid`.
 pub fn get(view: &View<'_>, uuid: &str) -> Result<Option<Tombstone>, StoreError> {
     Ok(view
         .meta_get(&format!("{BY_UUID}{uuid}"))?
         .and_then(|b| decode(&b)))
+}
+
+/// At most this many deleted entries are named in one refresh.
+const MAX_NAMED: usize = 1_000_000;
+
+/// The UUIDs of the deleted entries remembered (at most [`MAX_NAMED`]).
+pub fn deleted_uuids(view: &View<'_>) -> Result<Vec<String>, StoreError> {
+    Ok(view
+        .meta_scan(BY_UUID, MAX_NAMED)?
+        .into_iter()
+        .filter_map(|(k, _)| k.strip_prefix(BY_UUID).map(str::to_string))
+        .collect())
 }
 
 /// The entry last deleted at `norm` (a normalised DN).

@@ -472,7 +472,10 @@ fn refresh(
     };
     let finished = match phase {
         Phase::Delete => scan.delete_phase(&oldest_known, &mut matcher, &emitter, &mut sink)?,
-        _ => scan.present_phase(&ids, phase, &mut matcher, &emitter, &mut sink)?,
+        _ => {
+            scan.present_phase(&ids, phase, &mut matcher, &emitter, &mut sink)?
+                && (!server.multi_provider() || scan.deleted_here(&mut sink)?)
+        }
     };
     if !finished || !sink.flush(true) {
         return Ok(None);
@@ -563,8 +566,14 @@ impl Scan<'_> {
             let Some(uuid) = uuid_of(&entry) else {
                 continue;
             };
+            // A multi-provider's entry may hold changes of several servers
+            // (merged), its entryCSN naming only the newest: any of them
+            // newer than the cookie makes it changed.
             let changed = phase == Phase::Initial
-                || entry_csn(&entry).is_none_or(|c| is_newer(self.theirs, c));
+                || entry_csn(&entry).is_none_or(|c| is_newer(self.theirs, c))
+                || crate::repl::merge::State::of(&entry)
+                    .csns()
+                    .any(|c| !c.is_empty() && is_newer(self.theirs, c));
             let Some(entry) = matcher.test_held(Some(id), &norm, entry)? else {
                 continue;
             };
@@ -583,6 +592,24 @@ impl Scan<'_> {
         }
         if !present.is_empty() {
             sink.id_set(&present, false);
+        }
+        Ok(true)
+    }
+
+    /// Multi-provider, after a whole load or a present phase: the UUIDs
+    /// of the entries deleted here that this server remembers (see
+    /// `repl::tombstones`), so a consumer that holds a copy (received
+    /// from another server) deletes it; its entries this server did not
+    /// name are otherwise kept, as they may be on their way here. False:
+    /// abandoned.
+    fn deleted_here(&mut self, sink: &mut Sink<'_>) -> OpResult<bool> {
+        let uuids = crate::repl::tombstones::deleted_uuids(self.view)?;
+        let uuids: Vec<SyncUuid> = uuids.iter().filter_map(|u| uuid_bytes(u)).collect();
+        for batch in uuids.chunks(ID_SET_SIZE) {
+            sink.id_set(batch, true);
+            if !sink.flush(false) {
+                return Ok(false);
+            }
         }
         Ok(true)
     }

@@ -33,6 +33,7 @@ mod delete;
 pub mod hooks;
 pub mod log;
 mod modify;
+mod multi_provider;
 mod rename;
 pub mod replicated;
 
@@ -179,6 +180,12 @@ pub trait WriteOp: Send + Sync + 'static {
     /// operation's target; others (a tree delete's subtree) follow.
     fn plan(&self, ctx: &WriteCtx, view: &View<'_>) -> OpResult<Vec<Change>>;
 
+    /// After the changes are written, in the same transaction: what the
+    /// operation keeps besides entries (none by default).
+    fn in_txn(&self, _ctx: &WriteCtx, _w: &mut WriteTxn<'_>, _csn: &str) -> OpResult<()> {
+        Ok(())
+    }
+
     /// After the commit: the audit log.
     fn audit(&self, ctx: &WriteCtx, changes: &[Change]);
 }
@@ -259,6 +266,7 @@ fn job<W: WriteOp>(
             }
             hooks::related(&ctx, &w.view(), &mut changes)?;
             let (csn, controls) = apply(&ctx, w, &mut changes)?;
+            op.in_txn(&ctx, w, &csn)?;
             Ok((changes, csn, controls))
         }));
         let ended = match ended {
@@ -476,6 +484,7 @@ fn apply(
     // names that change (`replicated::GLUE_PARENT - index`).
     let mut added: Vec<(usize, EntryId)> = Vec::new();
     let count = changes.len();
+    let multi_provider = ctx.server.multi_provider();
     for (seq, (index, c)) in changes.iter_mut().enumerate().rev().enumerate() {
         if let Some(place) = c.place.as_mut() {
             if place.parent > replicated::GLUE_PARENT - count as u64 {
@@ -500,6 +509,9 @@ fn apply(
         if c.after.as_ref().is_some_and(crate::ops::is_subentry) {
             ctx.server.subentries.written();
         }
+        if multi_provider {
+            remember_deleted(w, c, &csn)?;
+        }
         match (&c.before, &c.after, &c.place) {
             (None, Some(after), Some(place)) => {
                 added.push((index, w.add(place, &after.attrs)?));
@@ -518,10 +530,32 @@ fn apply(
         }
     }
     log::purge(w, &ctx.server.cfg.config.replication)?;
+    if multi_provider {
+        let days = ctx.server.cfg.config.replication.changelog_days;
+        crate::repl::tombstones::expire(w, &log::cutoff(days), 16)?;
+    }
     if let Some(repl) = &ctx.replicated {
         replicated::store_cookie(w, repl)?;
     }
     Ok((csn, controls))
+}
+
+/// Multi-provider: a deleted entry is remembered (`repl::tombstones`);
+/// an entry written at a name, or with a UUID, that was deleted makes
+/// that memory go.
+fn remember_deleted(w: &mut WriteTxn<'_>, c: &Change, csn: &str) -> Result<(), StoreError> {
+    use crate::repl::tombstones;
+    match (&c.before, &c.after) {
+        (Some(before), None) => tombstones::put(w, &before.norm, &before.entry, csn),
+        (_, Some(after)) if c.after_norm.is_some() || c.before.is_none() => {
+            let uuid = after
+                .get("entryUUID")
+                .and_then(|a| a.values.first())
+                .map(|v| String::from_utf8_lossy(v).into_owned());
+            tombstones::forget(w, c.norm(), uuid.as_deref())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Attributes the server maintains on every entry it writes. Under the

@@ -21,11 +21,11 @@ use pando_proto::sync::Cookie;
 use pando_proto::{Ava, Filter, ResultCode, Scope};
 use pando_store::{Candidates, EntryId, Lookup, Placement, StoreError, View, WriteTxn};
 
+use super::multi_provider::Resolved;
 use super::{Before, Change, WriteCtx, WriteOp, Written};
 use crate::error::{LdapError, OpResult};
 use crate::ops;
 use crate::ops::norm_dn::in_scope;
-use crate::repl::merge;
 
 /// The replication state a received change carries into the pipeline.
 #[derive(Clone, Debug)]
@@ -73,52 +73,14 @@ pub enum Received {
     Cookie,
 }
 
-struct Replicated {
-    received: Received,
+pub(super) struct Replicated {
+    pub(super) received: Received,
     /// Conflicts the plan resolved (multi-provider), recorded once the
     /// change is committed; the plan refills it each time it runs.
-    conflicts: std::sync::Mutex<Vec<Resolved>>,
-}
-
-/// A conflict resolved while planning, recorded after the commit.
-struct Resolved {
-    dn: String,
-    what: String,
-    lost: Option<(String, Vec<Vec<u8>>)>,
-    side: &'static str,
-    lost_csn: String,
-    won_csn: String,
-}
-
-impl Resolved {
-    fn of_loss(dn: &Dn, loss: merge::Loss) -> Resolved {
-        let side = match loss.side {
-            merge::Side::Here => "here",
-            merge::Side::Received => "received",
-        };
-        let (what, lost) = if loss.attr == "@dn" {
-            (
-                format!(
-                    "concurrent renames; lost the name {}",
-                    String::from_utf8_lossy(loss.values.first().map_or(&[][..], |v| v))
-                ),
-                None,
-            )
-        } else {
-            (
-                format!("concurrent changes of {}", loss.attr),
-                Some((loss.attr, loss.values)),
-            )
-        };
-        Resolved {
-            dn: dn.to_string(),
-            what,
-            lost,
-            side,
-            lost_csn: loss.lost_csn,
-            won_csn: loss.won_csn,
-        }
-    }
+    pub(super) conflicts: std::sync::Mutex<Vec<Resolved>>,
+    /// Multi-provider: UUIDs of deleted entries this server never had,
+    /// remembered so a copy arriving later is not added.
+    pub(super) unknown_deleted: std::sync::Mutex<Vec<String>>,
 }
 
 /// Queue `received` on the writer now (see the module header): changes
@@ -133,6 +95,7 @@ pub fn apply_received(
         Arc::new(Replicated {
             received,
             conflicts: Default::default(),
+            unknown_deleted: Default::default(),
         }),
     )
 }
@@ -187,7 +150,7 @@ pub fn find_by_uuid(view: &View<'_>, uuid: &str) -> OpResult<Option<EntryId>> {
 }
 
 /// The stored entry `id` as a change's `before`.
-fn before(view: &View<'_>, id: EntryId) -> OpResult<Before> {
+pub(super) fn before(view: &View<'_>, id: EntryId) -> OpResult<Before> {
     let mut entry = ops::stored_entry(view, id)?;
     entry.dn = view.dn(id)?;
     Ok(Before {
@@ -208,7 +171,7 @@ pub const GLUE_PARENT: EntryId = u64::MAX;
 /// `first_index`, `first_index + 1`… of the operation, nearest first. A
 /// glue entry becomes the real one when the provider sends it (found by
 /// its DN).
-fn place_for(
+pub(super) fn place_for(
     ctx: &WriteCtx,
     view: &View<'_>,
     dn: &Dn,
@@ -282,6 +245,7 @@ fn place_for(
         }
         e.add_values("entryUUID", vec![super::random_uuid().into_bytes()]);
         let gnorm = rdns[level..].join(",");
+        let e = super::multi_provider::restore_or_glue(ctx, view, &gnorm, e)?;
         let place = if ctx.server.is_suffix(&gnorm) {
             Placement {
                 parent: 0,
@@ -307,7 +271,7 @@ fn place_for(
 
 /// Deletes of the entries `ids` and of everything below them, parents
 /// before children (the pipeline writes in reverse: children first).
-fn subtree_deletes(view: &View<'_>, ids: &[EntryId]) -> OpResult<Vec<Change>> {
+pub(super) fn subtree_deletes(view: &View<'_>, ids: &[EntryId]) -> OpResult<Vec<Change>> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for &id in ids {
@@ -328,7 +292,7 @@ fn subtree_deletes(view: &View<'_>, ids: &[EntryId]) -> OpResult<Vec<Change>> {
 }
 
 /// [`place_for`], refusing a DN another entry holds.
-fn place_for_free(
+pub(super) fn place_for_free(
     ctx: &WriteCtx,
     view: &View<'_>,
     dn: &Dn,
@@ -344,7 +308,7 @@ fn place_for_free(
 }
 
 /// A placeholder this consumer made for an ancestor outside its search.
-fn is_glue(e: &Entry) -> bool {
+pub(super) fn is_glue(e: &Entry) -> bool {
     e.get("objectClass")
         .is_some_and(|a| a.values.iter().any(|v| v.eq_ignore_ascii_case(b"glue")))
 }
@@ -360,7 +324,7 @@ impl Replicated {
     }
 
     /// The entries with these UUIDs within the consumer's base.
-    fn found_within(
+    pub(super) fn found_within(
         &self,
         ctx: &WriteCtx,
         view: &View<'_>,
@@ -410,8 +374,13 @@ impl Replicated {
             }
             found => found,
         };
-        if let (Some(id), true) = (by_uuid, server.multi_provider()) {
-            return self.plan_merge(ctx, view, before(view, id)?, after);
+        if server.multi_provider() {
+            if let Some(id) = by_uuid {
+                return self.plan_merge(ctx, view, before(view, id)?, after);
+            }
+            if let Some(changes) = self.plan_new(ctx, view, &after, at_dn)? {
+                return Ok(changes);
+            }
         }
         let (local, stale) = match by_uuid {
             // Another entry holds the new DN: a stale copy (the provider's
@@ -442,6 +411,7 @@ impl Replicated {
         let (main, glue) = match local {
             None => {
                 let (place, glue) = place_for(ctx, view, &entry.dn, &norm, 1)?;
+                self.note_restored(&after, &glue);
                 (Change::add(after, norm.clone(), place), glue)
             }
             Some(id) => {
@@ -488,92 +458,19 @@ impl Replicated {
     }
 }
 
-impl Replicated {
-    /// Multi-provider: the copy received merged with the one held,
-    /// attribute by attribute (`repl::merge`); the conflicts it resolved
-    /// are recorded once committed.
-    fn plan_merge(
-        &self,
-        ctx: &WriteCtx,
-        view: &View<'_>,
-        before: Before,
-        got: Entry,
-    ) -> OpResult<Vec<Change>> {
-        let schema = &ctx.server.schema;
-        let merged = merge::merge(&before.entry, &got);
-        let mut after = merged.entry;
-        if schema.check_entry(&mut after).is_err() {
-            // Each side valid, their mix not (an object class from one,
-            // its required attribute gone on the other): the copy with
-            // the newer change stands whole, as servers without state do.
-            let (held, new) = (entry_csn(&before.entry), entry_csn(&got));
-            let (won, lost, side, kept) = if new > held {
-                (new, held, "here", got.clone())
-            } else {
-                (held, new, "received", before.entry.clone())
-            };
-            self.resolved(Resolved {
-                dn: got.dn.to_string(),
-                what: "concurrent changes whose merge breaks the schema; the newer copy kept whole"
-                    .into(),
-                lost: None,
-                side,
-                lost_csn: lost.unwrap_or_default().to_string(),
-                won_csn: won.unwrap_or_default().to_string(),
-            });
-            after = kept;
-        } else {
-            for loss in merged.losses {
-                self.resolved(Resolved::of_loss(&after.dn, loss));
-            }
-        }
-        if same_entry(&before.entry, &after) {
-            return Ok(Vec::new());
-        }
-        let norm = schema
-            .normalize_dn(&after.dn)
-            .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{}': {e}", after.dn)))?;
-        if norm == before.norm {
-            return Ok(vec![Change::modify(before, after)]);
-        }
-        let (place, glue) = place_for_free(ctx, view, &after.dn, &norm)?;
-        let mut changes = vec![Change::rename(before, after, norm, place)];
-        changes.extend(glue);
-        Ok(changes)
-    }
-
-    fn resolved(&self, r: Resolved) {
-        if let Ok(mut c) = self.conflicts.lock() {
-            c.push(r);
-        }
-    }
-}
-
-/// The same DN and attributes, in any order.
-fn same_entry(a: &Entry, b: &Entry) -> bool {
-    let canon = |e: &Entry| {
-        let mut attrs: Vec<(String, Vec<Vec<u8>>)> = e
-            .attrs
-            .iter()
-            .map(|a| {
-                let mut v = a.values.clone();
-                v.sort();
-                (a.desc.to_ascii_lowercase(), v)
-            })
-            .collect();
-        attrs.sort();
-        attrs
-    };
-    a.dn == b.dn && canon(a) == canon(b)
-}
-
 impl WriteOp for Replicated {
     fn plan(&self, ctx: &WriteCtx, view: &View<'_>) -> OpResult<Vec<Change>> {
         if let Ok(mut c) = self.conflicts.lock() {
             c.clear();
         }
+        if let Ok(mut u) = self.unknown_deleted.lock() {
+            u.clear();
+        }
         match &self.received {
             Received::Entry(e) => self.plan_entry(ctx, view, e),
+            Received::Delete(uuids) | Received::Gone(uuids) if ctx.server.multi_provider() => {
+                self.plan_deletes(ctx, view, uuids)
+            }
             Received::Delete(uuids) => subtree_deletes(view, &self.found_within(ctx, view, uuids)?),
             Received::Gone(uuids) => {
                 let ids = self.found_within(ctx, view, uuids)?;
@@ -581,8 +478,12 @@ impl WriteOp for Replicated {
                 let mut changes = Vec::new();
                 for &id in &ids {
                     // Children staying (outside the filter, or named
-                    // present) keep their parent.
+                    // present; with multi-provider, added elsewhere) keep
+                    // their parent.
                     if view.children(id)?.iter().any(|k| !going.contains(k)) {
+                        if ctx.server.multi_provider() {
+                            self.note_kept_parent(view, id)?;
+                        }
                         continue;
                     }
                     changes.push(Change::delete(before(view, id)?));
@@ -592,6 +493,28 @@ impl WriteOp for Replicated {
             }
             Received::Cookie => Ok(Vec::new()),
         }
+    }
+
+    fn in_txn(&self, _ctx: &WriteCtx, w: &mut WriteTxn<'_>, csn: &str) -> OpResult<()> {
+        let unknown = self
+            .unknown_deleted
+            .lock()
+            .map(|u| u.clone())
+            .unwrap_or_default();
+        for uuid in unknown {
+            crate::repl::tombstones::put_unknown(w, &uuid, csn)?;
+        }
+        let lines: Vec<String> = self
+            .conflicts
+            .lock()
+            .map(|c| {
+                c.iter()
+                    .map(|r| crate::repl::conflicts::line(&r.conflict()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        crate::repl::conflicts::store(w, &lines)?;
+        Ok(())
     }
 
     fn audit(&self, ctx: &WriteCtx, _changes: &[Change]) {
@@ -605,17 +528,7 @@ impl WriteOp for Replicated {
                 repl.conflicts
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
-            ctx.server
-                .replicas
-                .conflicts
-                .record(&crate::repl::conflicts::Conflict {
-                    dn: &r.dn,
-                    what: r.what,
-                    lost: r.lost.as_ref().map(|(a, v)| (a.as_str(), v.as_slice())),
-                    side: r.side,
-                    lost_csn: &r.lost_csn,
-                    won_csn: &r.won_csn,
-                });
+            crate::repl::conflicts::log(&r.conflict());
         }
     }
 }
