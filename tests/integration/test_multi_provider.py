@@ -380,7 +380,9 @@ def soak(ring, seed, steps, log=print):
     added, deleted = {}, set()
     kills = cuts = 0
     started = time.monotonic()
+    pause = float(os.environ.get("PANDO_MP_PAUSE", "0"))
     for step in range(steps):
+        time.sleep(pause)
         for node, back in list(down.items()):
             if step >= back:
                 node.start(keep_port=True)
