@@ -476,3 +476,32 @@ def test_random_partitions_kills_and_conflicting_writes_converge(ring):
     seed = int(os.environ.get("PANDO_MP_SEED", "4533"))
     steps = int(os.environ.get("PANDO_MP_STEPS", "150"))
     soak(ring, seed, steps)
+
+
+def test_deletes_during_a_partition_are_remembered_across_restarts(ring):
+    """OpenLDAP's test078, black-box: deletes made while a server is cut
+    off reach it after both sides restart (the change log and the
+    tombstones are in the store, not in memory)."""
+    a, b, c = ring.nodes
+    for i in range(5):
+        ldif(a, "dn: uid=gone%d,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: gone%d\ncn: G\nsn: %d\n"
+             % (i, PEOPLE, i, i))
+    converge(ring)
+    for (x, y), link in ring.links.items():
+        if 3 in (x, y):
+            link.cut()
+    for i in range(5):
+        ldif(a if i % 2 else b, "dn: uid=gone%d,%s\nchangetype: delete\n" % (i, PEOPLE))
+    # Meanwhile the cut-off server changes one of them (the delete stands).
+    write(c, "uid=gone2,%s" % PEOPLE, {"description": ["changed while cut off"]})
+    for node in (a, c):
+        node.proc.send_signal(signal.SIGKILL)
+        node.proc.wait(10)
+        node.proc = None
+        node.start(keep_port=True)
+        node.admin_pw = PW
+    ring.heal_all()
+    converge(ring)
+    for node in ring.nodes:
+        assert node.search(PEOPLE, "(uid=gone*)", "1.1")[1] == [], node.name
+    assert any("uid=gone2" in r and "after it was deleted here" in r for r in conflict_records(ring))
