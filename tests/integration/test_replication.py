@@ -883,6 +883,15 @@ FAKE_CSN = "20261125000000.000001Z#000000#000#000000"
 FAKE_UUIDS = [bytes([i] * 16) for i in range(1, 4)]
 
 
+def wait_monitor(con, attr, want, timeout=30):
+    """Wait until the consumer's cn=Monitor entry shows `attr` = [want]."""
+    mon = "cn=Consumer 001,cn=Replication,cn=Monitor"
+    deadline = time.monotonic() + timeout
+    while attrs_of(con, mon).get(attr) != [want]:
+        assert time.monotonic() < deadline, "%r\n%s" % (attrs_of(con, mon), con.logs()[-3000:])
+        time.sleep(0.2)
+
+
 def fake_entry(msgid, dn, attrs, state=1, uuid=None, cookie=None, control_value=None):
     attr_list = b"".join(ber.seq(ber.octets(k), ber.set_(*[ber.octets(v) for v in vs])) for k, vs in attrs.items())
     value = control_value
@@ -971,11 +980,7 @@ def test_a_consumer_counts_and_logs_conflicts(tmp_path):
     fake = FakeProvider(scenarios)
     con = pando_consumer(tmp_path / "consumer", fake, mode="refreshOnly")
     try:
-        mon = "cn=Consumer 001,cn=Replication,cn=Monitor"
-        deadline = time.monotonic() + 30
-        while attrs_of(con, mon).get("pandoReplConflicts") != ["2"]:
-            assert time.monotonic() < deadline, "%r\n%s" % (attrs_of(con, mon), con.logs()[-3000:])
-            time.sleep(0.2)
+        wait_monitor(con, "pandoReplConflicts", "2")
         logs = con.logs(tail=20000)
         assert "received at %s is older than the copy here (%s): kept" % (older, FAKE_CSN) in logs, logs[-2000:]
         held = "'uid=kept,%s' was held here by entryUUID %s, the provider's is %s" % (
@@ -1162,11 +1167,7 @@ def test_repl_status_says_who_is_behind_and_by_how_much(tmp_path):
         assert rc == 0 and data and base64.b64decode(data.group(1)) == b"sid=000 changes=2\n", (rc, out, err)
         # The consumer asks its provider the same (every count_behind_secs)
         # and shows it in cn=Monitor and `pando stat`.
-        mon = "cn=Consumer 001,cn=Replication,cn=Monitor"
-        deadline = time.monotonic() + 15
-        while attrs_of(con, mon).get("pandoReplChangesBehind") != ["000 changes=2"]:
-            assert time.monotonic() < deadline, attrs_of(con, mon)
-            time.sleep(0.3)
+        wait_monitor(con, "pandoReplChangesBehind", "000 changes=2", timeout=15)
         r = subprocess.run([PANDO_BIN, "stat", "--url", con.ldapi_url, "--count", "1", "--interval", "0.3",
                             "--csv"], capture_output=True, text=True, timeout=30)
         header, row = [line.split(",") for line in r.stdout.splitlines()[:2]]
@@ -1492,10 +1493,7 @@ def test_a_consumer_warns_of_changes_dated_in_the_future(tmp_path):
     con = pando_consumer(tmp_path / "consumer", fake, mode="refreshOnly")
     try:
         mon = "cn=Consumer 001,cn=Replication,cn=Monitor"
-        deadline = time.monotonic() + 30
-        while attrs_of(con, mon).get("pandoReplFutureChanges") != ["1"]:
-            assert time.monotonic() < deadline, "%r\n%s" % (attrs_of(con, mon), con.logs()[-3000:])
-            time.sleep(0.2)
+        wait_monitor(con, "pandoReplFutureChanges", "1")
         logs = con.logs(tail=20000)
         assert "dated in the future" in logs and future in logs, logs[-2000:]
         assert attrs_of(con, "uid=ahead," + SUFFIX, "sn")["sn"] == ["A"]

@@ -73,11 +73,7 @@ impl Change {
 
     /// The entry's UUID (entryUUID), empty when it has none.
     pub fn uuid(&self) -> String {
-        self.entry()
-            .get("entryUUID")
-            .and_then(|a| a.values.first())
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-            .unwrap_or_default()
+        crate::ops::write::replicated::entry_uuid(self.entry()).unwrap_or_default()
     }
 
     /// The DN before a rename.

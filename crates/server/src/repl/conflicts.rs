@@ -21,18 +21,18 @@ const PREFIX: &str = "conflict:";
 const TOTAL: &str = "conflicts:total";
 
 /// One resolution.
-pub struct Conflict<'a> {
+pub struct Conflict {
     /// The entry (its DN as held or received).
-    pub dn: &'a str,
+    pub dn: String,
     /// What happened, e.g. "concurrent changes of mail".
     pub what: String,
     /// The attribute whose values were lost, with them (None: nothing to
     /// show beyond `what`).
-    pub lost: Option<(&'a str, &'a [Vec<u8>])>,
+    pub lost: Option<(String, Vec<Vec<u8>>)>,
     /// Which copy lost: "here" or "received".
-    pub side: &'a str,
-    pub lost_csn: &'a str,
-    pub won_csn: &'a str,
+    pub side: &'static str,
+    pub lost_csn: String,
+    pub won_csn: String,
 }
 
 /// Values as shown: text when printable, else base64; secrets withheld.
@@ -74,7 +74,7 @@ pub fn shown_values(attr: &str, values: &[Vec<u8>]) -> String {
 }
 
 /// The record's text.
-pub fn line(c: &Conflict<'_>) -> String {
+pub fn line(c: &Conflict) -> String {
     let lost = lost_text(c);
     let at = crate::clock::generalized_time(crate::clock::now_micros());
     let lost_at = if c.lost_csn.is_empty() {
@@ -88,8 +88,9 @@ pub fn line(c: &Conflict<'_>) -> String {
     )
 }
 
-fn lost_text(c: &Conflict<'_>) -> String {
+fn lost_text(c: &Conflict) -> String {
     c.lost
+        .as_ref()
         .map(|(attr, values)| format!("; lost {attr}: {}", shown_values(attr, values)))
         .unwrap_or_default()
 }
@@ -122,11 +123,11 @@ pub fn store(w: &mut WriteTxn<'_>, lines: &[String]) -> Result<(), StoreError> {
 }
 
 /// After the commit: the warning in the server's log.
-pub fn log(c: &Conflict<'_>) {
+pub fn log(c: &Conflict) {
     tracing::warn!(
-        entry = c.dn,
-        lost_csn = c.lost_csn,
-        won_csn = c.won_csn,
+        entry = c.dn.as_str(),
+        lost_csn = c.lost_csn.as_str(),
+        won_csn = c.won_csn.as_str(),
         loser = c.side,
         "replication conflict resolved: {}{}",
         c.what,

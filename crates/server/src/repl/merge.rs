@@ -62,11 +62,9 @@ pub struct State {
 }
 
 fn entry_csn(entry: &Entry) -> String {
-    entry
-        .get("entryCSN")
-        .and_then(|a| a.values.first())
-        .map(|v| String::from_utf8_lossy(v).into_owned())
+    crate::ops::write::replicated::entry_csn(entry)
         .unwrap_or_default()
+        .to_string()
 }
 
 impl State {
@@ -156,13 +154,16 @@ fn values_of<'e>(entry: &'e Entry, key: &str) -> &'e [Vec<u8>] {
         .map_or(&[], |a| a.values.as_slice())
 }
 
-/// Values compared as sets (their order carries no meaning).
+/// Values in a comparable order (their order carries no meaning).
+fn sorted(values: &[Vec<u8>]) -> Vec<&Vec<u8>> {
+    let mut v: Vec<&Vec<u8>> = values.iter().collect();
+    v.sort();
+    v
+}
+
+/// Values compared as sets.
 fn same_values(a: &[Vec<u8>], b: &[Vec<u8>]) -> bool {
-    let mut a: Vec<&Vec<u8>> = a.iter().collect();
-    let mut b: Vec<&Vec<u8>> = b.iter().collect();
-    a.sort();
-    b.sort();
-    a == b
+    sorted(a) == sorted(b)
 }
 
 /// A client's write on this server, stamped `csn`: the state of `after`
@@ -236,11 +237,7 @@ fn received_wins(here: &Stamp, got: &Stamp, here_vals: &[Vec<u8>], got_vals: &[V
     if got.csn != here.csn {
         return got.csn > here.csn;
     }
-    let mut a: Vec<&Vec<u8>> = here_vals.iter().collect();
-    let mut b: Vec<&Vec<u8>> = got_vals.iter().collect();
-    a.sort();
-    b.sort();
-    b > a
+    sorted(got_vals) > sorted(here_vals)
 }
 
 /// A lost change is a conflict when the winner did not overwrite it

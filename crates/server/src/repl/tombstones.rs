@@ -17,6 +17,8 @@ use base64::Engine;
 use pando_model::{Dn, Entry};
 use pando_store::{StoreError, View, WriteTxn};
 
+use crate::ops::write::replicated::{entry_csn, entry_uuid};
+
 const BY_UUID: &str = "tomb:";
 const BY_DN: &str = "tombdn:";
 const BY_CSN: &str = "tombcsn:";
@@ -32,13 +34,6 @@ pub struct Tombstone {
     pub norm: String,
     /// The entry as it was.
     pub entry: Entry,
-}
-
-fn uuid_of(entry: &Entry) -> Option<String> {
-    entry
-        .get("entryUUID")
-        .and_then(|a| a.values.first())
-        .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
 fn encode(t: &Tombstone) -> Vec<u8> {
@@ -79,14 +74,12 @@ pub fn put(
     entry: &Entry,
     deleted_at: &str,
 ) -> Result<(), StoreError> {
-    let Some(uuid) = uuid_of(entry) else {
+    let Some(uuid) = entry_uuid(entry) else {
         return Ok(());
     };
     let t = Tombstone {
         deleted_at: deleted_at.to_string(),
-        seen: crate::ops::write::replicated::entry_csn(entry)
-            .unwrap_or_default()
-            .to_string(),
+        seen: entry_csn(entry).unwrap_or_default().to_string(),
         norm: norm.to_string(),
         entry: entry.clone(),
     };
@@ -142,38 +135,38 @@ pub fn at_dn(view: &View<'_>, norm: &str) -> Result<Option<Tombstone>, StoreErro
 /// An entry now lives at `norm` (with `uuid`): what was remembered of a
 /// deleted entry there, or of that UUID, goes.
 pub fn forget(w: &mut WriteTxn<'_>, norm: &str, uuid: Option<&str>) -> Result<(), StoreError> {
-    let view = w.view();
-    let at = view
-        .meta_get(&format!("{BY_DN}{norm}"))?
-        .map(|u| String::from_utf8_lossy(&u).into_owned());
-    let mut gone: Vec<String> = Vec::new();
-    for u in at.into_iter().chain(uuid.map(str::to_string)) {
-        if let Some(t) = get(&view, &u)? {
-            gone.push(format!("{BY_CSN}{} {u}", t.deleted_at));
-            gone.push(format!("{BY_UUID}{u}"));
-        }
+    let dn_key = format!("{BY_DN}{norm}");
+    let at = w.view().meta_get(&dn_key)?;
+    if at.is_some() {
+        w.meta_delete(&dn_key)?;
     }
-    w.meta_delete(&format!("{BY_DN}{norm}"))?;
-    for key in gone {
-        w.meta_delete(&key)?;
+    let at = at.map(|u| String::from_utf8_lossy(&u).into_owned());
+    for u in at.into_iter().chain(uuid.map(str::to_string)) {
+        if let Some(t) = get(&w.view(), &u)? {
+            w.meta_delete(&format!("{BY_CSN}{} {u}", t.deleted_at))?;
+            w.meta_delete(&format!("{BY_UUID}{u}"))?;
+        }
     }
     Ok(())
 }
 
 /// Forget at most `max` entries deleted before `cutoff` (a CSN or its
-/// time prefix), oldest first.
+/// time prefix), oldest first; the expiry keys are in CSN order, so the
+/// first one not due ends it.
 pub fn expire(w: &mut WriteTxn<'_>, cutoff: &str, max: usize) -> Result<(), StoreError> {
-    let due: Vec<(String, String)> = w
-        .view()
-        .meta_scan(BY_CSN, max)?
-        .into_iter()
-        .filter_map(|(k, _)| {
-            let rest = k.strip_prefix(BY_CSN)?;
-            let (csn, uuid) = rest.split_once(' ')?;
-            (csn < cutoff).then(|| (k.clone(), uuid.to_string()))
-        })
-        .collect();
-    for (key, uuid) in due {
+    for _ in 0..max {
+        let Some((key, _)) = w.view().meta_scan(BY_CSN, 1)?.pop() else {
+            return Ok(());
+        };
+        let Some((csn, uuid)) = key.strip_prefix(BY_CSN).and_then(|r| r.split_once(' ')) else {
+            // Not one this module wrote: it would hold up every other.
+            w.meta_delete(&key)?;
+            continue;
+        };
+        if csn >= cutoff {
+            return Ok(());
+        }
+        let uuid = uuid.to_string();
         if let Some(t) = get(&w.view(), &uuid)? {
             let dn_key = format!("{BY_DN}{}", t.norm);
             // The DN record, if it still names this entry.

@@ -548,11 +548,7 @@ fn remember_deleted(w: &mut WriteTxn<'_>, c: &Change, csn: &str) -> Result<(), S
     match (&c.before, &c.after) {
         (Some(before), None) => tombstones::put(w, &before.norm, &before.entry, csn),
         (_, Some(after)) if c.after_norm.is_some() || c.before.is_none() => {
-            let uuid = after
-                .get("entryUUID")
-                .and_then(|a| a.values.first())
-                .map(|v| String::from_utf8_lossy(v).into_owned());
-            tombstones::forget(w, c.norm(), uuid.as_deref())
+            tombstones::forget(w, c.norm(), replicated::entry_uuid(after).as_deref())
         }
         _ => Ok(()),
     }

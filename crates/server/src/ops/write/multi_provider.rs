@@ -22,79 +22,60 @@
 use pando_model::Entry;
 use pando_store::{EntryId, Lookup, View};
 
-use super::replicated::{before, entry_csn, is_glue, place_for, place_for_free, Replicated};
+use super::replicated::{
+    before, entry_csn, entry_uuid, is_glue, place_for, place_for_free, Replicated,
+};
 use super::{Before, Change, WriteCtx};
 use crate::error::{LdapError, OpResult};
+use crate::repl::conflicts::Conflict;
 use crate::repl::{merge, tombstones};
 
-/// A conflict resolved while planning, recorded after the commit.
-pub(super) struct Resolved {
-    pub(super) dn: String,
-    pub(super) what: String,
-    pub(super) lost: Option<(String, Vec<Vec<u8>>)>,
-    pub(super) side: &'static str,
-    pub(super) lost_csn: String,
-    pub(super) won_csn: String,
+/// Values one side lost to a concurrent change of the other, as recorded.
+fn loss_conflict(dn: &pando_model::Dn, loss: merge::Loss) -> Conflict {
+    let side = match loss.side {
+        merge::Side::Here => "here",
+        merge::Side::Received => "received",
+    };
+    let (what, lost) = if loss.attr == "@dn" {
+        (
+            format!(
+                "concurrent renames; lost the name {}",
+                String::from_utf8_lossy(loss.values.first().map_or(&[][..], |v| v))
+            ),
+            None,
+        )
+    } else {
+        (
+            format!("concurrent changes of {}", loss.attr),
+            Some((loss.attr, loss.values)),
+        )
+    };
+    Conflict {
+        dn: dn.to_string(),
+        what,
+        lost,
+        side,
+        lost_csn: loss.lost_csn,
+        won_csn: loss.won_csn,
+    }
 }
 
-impl Resolved {
-    pub(super) fn conflict(&self) -> crate::repl::conflicts::Conflict<'_> {
-        crate::repl::conflicts::Conflict {
-            dn: &self.dn,
-            what: self.what.clone(),
-            lost: self.lost.as_ref().map(|(a, v)| (a.as_str(), v.as_slice())),
-            side: self.side,
-            lost_csn: &self.lost_csn,
-            won_csn: &self.won_csn,
-        }
-    }
-
-    fn of_loss(dn: &pando_model::Dn, loss: merge::Loss) -> Resolved {
-        let side = match loss.side {
-            merge::Side::Here => "here",
-            merge::Side::Received => "received",
-        };
-        let (what, lost) = if loss.attr == "@dn" {
-            (
-                format!(
-                    "concurrent renames; lost the name {}",
-                    String::from_utf8_lossy(loss.values.first().map_or(&[][..], |v| v))
-                ),
-                None,
-            )
-        } else {
-            (
-                format!("concurrent changes of {}", loss.attr),
-                Some((loss.attr, loss.values)),
-            )
-        };
-        Resolved {
-            dn: dn.to_string(),
-            what,
-            lost,
-            side,
-            lost_csn: loss.lost_csn,
-            won_csn: loss.won_csn,
-        }
-    }
-
-    /// A whole entry lost (to a delete, or to another entry's name).
-    fn entry_lost(
-        dn: &str,
-        what: String,
-        entry: &Entry,
-        side: &'static str,
-        lost_csn: &str,
-        won_csn: &str,
-    ) -> Resolved {
-        Resolved {
-            dn: dn.to_string(),
-            what: format!("{what}; it held {}", summary(entry)),
-            lost: None,
-            side,
-            lost_csn: lost_csn.to_string(),
-            won_csn: won_csn.to_string(),
-        }
+/// A whole entry lost (to a delete, or to another entry's name).
+fn entry_lost(
+    dn: &str,
+    what: String,
+    entry: &Entry,
+    side: &'static str,
+    lost_csn: &str,
+    won_csn: &str,
+) -> Conflict {
+    Conflict {
+        dn: dn.to_string(),
+        what: format!("{what}; it held {}", summary(entry)),
+        lost: None,
+        side,
+        lost_csn: lost_csn.to_string(),
+        won_csn: won_csn.to_string(),
     }
 }
 
@@ -116,10 +97,7 @@ fn summary(entry: &Entry) -> String {
 }
 
 fn uuid_of(e: &Entry) -> String {
-    e.get("entryUUID")
-        .and_then(|a| a.values.first())
-        .map(|v| String::from_utf8_lossy(v).into_owned())
-        .unwrap_or_default()
+    entry_uuid(e).unwrap_or_default()
 }
 
 /// The CSN an entry was added at (as far as its state tells: its base).
@@ -134,7 +112,7 @@ fn keeps_name(a: &Entry, b: &Entry) -> bool {
 }
 
 impl Replicated {
-    pub(super) fn resolved(&self, r: Resolved) {
+    pub(super) fn resolved(&self, r: Conflict) {
         if let Ok(mut c) = self.conflicts.lock() {
             c.push(r);
         }
@@ -154,7 +132,7 @@ impl Replicated {
         if let Some(t) = tombstones::get(view, &uuid)? {
             let csn = entry_csn(got).unwrap_or_default();
             if csn > t.seen.as_str() {
-                self.resolved(Resolved::entry_lost(
+                self.resolved(entry_lost(
                     &got.dn.to_string(),
                     format!(
                         "changed on another server after it was deleted here (at {}); the delete stands",
@@ -214,8 +192,7 @@ impl Replicated {
             if held_wins { "" } else { " held here" }
         );
         let side = if held_wins { "received" } else { "here" };
-        let record =
-            Resolved::entry_lost(&dn, what, loser, side, &added_at(loser), &added_at(winner));
+        let record = entry_lost(&dn, what, loser, side, &added_at(loser), &added_at(winner));
         let changes = match (held_wins, moving) {
             (true, None) => Vec::new(),
             // The held entry renamed onto the name goes.
@@ -264,7 +241,7 @@ impl Replicated {
             } else {
                 (h, g, "received", held.entry.clone())
             };
-            self.resolved(Resolved {
+            self.resolved(Conflict {
                 dn: got.dn.to_string(),
                 what: "concurrent changes whose merge breaks the schema; the newer copy kept whole"
                     .into(),
@@ -276,7 +253,7 @@ impl Replicated {
             after = kept;
         } else {
             for loss in merged.losses {
-                self.resolved(Resolved::of_loss(&after.dn, loss));
+                self.resolved(loss_conflict(&after.dn, loss));
             }
         }
         if same_entry(&held.entry, &after) {
@@ -309,14 +286,12 @@ impl Replicated {
         view: &View<'_>,
         uuids: &[String],
     ) -> OpResult<Vec<Change>> {
-        let ids = self.found_within(ctx, view, uuids)?;
+        let (ids, missing) = self.found_within(ctx, view, uuids)?;
         // Deleted before a copy reached this server (it may still come,
         // through another server): remembered, so it is not added then.
         let mut unknown = Vec::new();
-        for uuid in uuids {
-            if super::replicated::find_by_uuid(view, uuid)?.is_none()
-                && tombstones::get(view, uuid)?.is_none()
-            {
+        for uuid in missing {
+            if tombstones::get(view, uuid)?.is_none() {
                 unknown.push(uuid.clone());
             }
         }
@@ -341,7 +316,7 @@ impl Replicated {
     pub(super) fn note_kept_parent(&self, view: &View<'_>, id: EntryId) -> OpResult<()> {
         let held = before(view, id)?;
         let below = view.children(id)?.len();
-        self.resolved(Resolved {
+        self.resolved(Conflict {
             dn: held.entry.dn.to_string(),
             what: format!(
                 "deleted on another server while {below} entries were added below it here; it stays so they stay reachable"
@@ -362,7 +337,7 @@ impl Replicated {
             if is_glue(e) {
                 continue;
             }
-            self.resolved(Resolved {
+            self.resolved(Conflict {
                 dn: e.dn.to_string(),
                 what: format!(
                     "deleted here, brought back as it was: '{}' was added below it on another server",

@@ -21,7 +21,6 @@ use pando_proto::sync::Cookie;
 use pando_proto::{Ava, Filter, ResultCode, Scope};
 use pando_store::{Candidates, EntryId, Lookup, Placement, StoreError, View, WriteTxn};
 
-use super::multi_provider::Resolved;
 use super::{Before, Change, WriteCtx, WriteOp, Written};
 use crate::error::{LdapError, OpResult};
 use crate::ops;
@@ -77,7 +76,7 @@ pub(super) struct Replicated {
     pub(super) received: Received,
     /// Conflicts the plan resolved (multi-provider), recorded once the
     /// change is committed; the plan refills it each time it runs.
-    pub(super) conflicts: std::sync::Mutex<Vec<Resolved>>,
+    pub(super) conflicts: std::sync::Mutex<Vec<crate::repl::conflicts::Conflict>>,
     /// Multi-provider: UUIDs of deleted entries this server never had,
     /// remembered so a copy arriving later is not added.
     pub(super) unknown_deleted: std::sync::Mutex<Vec<String>>,
@@ -135,6 +134,12 @@ pub fn stored_cookie(view: &View<'_>, rid: u16) -> Result<Option<String>, StoreE
 pub fn entry_csn(entry: &Entry) -> Option<&str> {
     let v = entry.get("entryCSN")?.values.first()?;
     std::str::from_utf8(v).ok()
+}
+
+/// An entry's entryUUID, as text.
+pub fn entry_uuid(entry: &Entry) -> Option<String> {
+    let v = entry.get("entryUUID")?.values.first()?;
+    Some(String::from_utf8_lossy(v).into_owned())
 }
 
 /// The entry whose entryUUID is `uuid`, if any.
@@ -323,32 +328,30 @@ impl Replicated {
         }
     }
 
-    /// The entries with these UUIDs within the consumer's base.
-    pub(super) fn found_within(
+    /// The entries with these UUIDs within the consumer's base, and the
+    /// UUIDs no entry here has.
+    pub(super) fn found_within<'u>(
         &self,
         ctx: &WriteCtx,
         view: &View<'_>,
-        uuids: &[String],
-    ) -> OpResult<Vec<EntryId>> {
+        uuids: &'u [String],
+    ) -> OpResult<(Vec<EntryId>, Vec<&'u String>)> {
         let base = ctx.replicated.as_ref().map_or("", |r| r.base.as_str());
-        let mut ids = Vec::new();
+        let (mut ids, mut missing) = (Vec::new(), Vec::new());
         for uuid in uuids {
-            if let Some(id) = find_by_uuid(view, uuid)? {
-                if in_scope(base, Scope::Sub, &ops::norm_dn_of(view, id)?) {
-                    ids.push(id);
-                }
+            match find_by_uuid(view, uuid)? {
+                Some(id) if in_scope(base, Scope::Sub, &ops::norm_dn_of(view, id)?) => ids.push(id),
+                Some(_) => {}
+                None => missing.push(uuid),
             }
         }
-        Ok(ids)
+        Ok((ids, missing))
     }
 
     fn plan_entry(&self, ctx: &WriteCtx, view: &View<'_>, entry: &Entry) -> OpResult<Vec<Change>> {
         let server = &*ctx.server;
         let base = ctx.replicated.as_ref().map_or("", |r| r.base.as_str());
-        let uuid = entry
-            .get("entryUUID")
-            .and_then(|a| a.values.first())
-            .map(|v| String::from_utf8_lossy(v).into_owned())
+        let uuid = entry_uuid(entry)
             .ok_or_else(|| LdapError::protocol("a replicated entry has no entryUUID"))?;
         let norm = server
             .schema
@@ -471,9 +474,11 @@ impl WriteOp for Replicated {
             Received::Delete(uuids) | Received::Gone(uuids) if ctx.server.multi_provider() => {
                 self.plan_deletes(ctx, view, uuids)
             }
-            Received::Delete(uuids) => subtree_deletes(view, &self.found_within(ctx, view, uuids)?),
+            Received::Delete(uuids) => {
+                subtree_deletes(view, &self.found_within(ctx, view, uuids)?.0)
+            }
             Received::Gone(uuids) => {
-                let ids = self.found_within(ctx, view, uuids)?;
+                let (ids, _) = self.found_within(ctx, view, uuids)?;
                 let going: std::collections::HashSet<EntryId> = ids.iter().copied().collect();
                 let mut changes = Vec::new();
                 for &id in &ids {
@@ -507,11 +512,7 @@ impl WriteOp for Replicated {
         let lines: Vec<String> = self
             .conflicts
             .lock()
-            .map(|c| {
-                c.iter()
-                    .map(|r| crate::repl::conflicts::line(&r.conflict()))
-                    .collect()
-            })
+            .map(|c| c.iter().map(crate::repl::conflicts::line).collect())
             .unwrap_or_default();
         crate::repl::conflicts::store(w, &lines)?;
         Ok(())
@@ -528,7 +529,7 @@ impl WriteOp for Replicated {
                 repl.conflicts
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
-            crate::repl::conflicts::log(&r.conflict());
+            crate::repl::conflicts::log(&r);
         }
     }
 }
