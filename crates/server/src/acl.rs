@@ -632,6 +632,27 @@ impl<'a> Access<'a> {
         }
     }
 
+    /// Does a rule that names the entry `norm_dn` by its DN (rules covering
+    /// every entry do not count, nor those with a filter) grant the
+    /// requester `right` on it? For trees outside the data, such as
+    /// cn=accesslog, which the catch-all rules must not open.
+    pub fn named_allows(&mut self, norm_dn: &str, right: Rights) -> bool {
+        if self.bypass {
+            return true;
+        }
+        let rules = EntryRules {
+            rules: (self.acl.rules.iter().enumerate())
+                .filter(|(_, r)| {
+                    !matches!(r.target, Target::All)
+                        && r.filter.is_none()
+                        && r.target.covers(norm_dn)
+                })
+                .map(|(i, _)| i as u16)
+                .collect(),
+        };
+        self.allows(None, &rules, norm_dn, None, right)
+    }
+
     /// May the requester exercise all of `right` on `attr` (None = the
     /// entry itself) of the entry these rules were found for?
     pub fn allows(
@@ -928,6 +949,34 @@ by = [{ who = ["users", "tls"], rights = "read" }, { who = "ip:10.0.0.0/8", righ
         assert!(!a.allows(None, &r, target, Some(cn), READ));
         let r = a.entry(&schema, "dc=example,dc=com", &e);
         assert!(!a.allows(None, &r, "dc=example,dc=com", None, SEARCH));
+    }
+
+    #[test]
+    fn only_rules_naming_a_tree_open_it() {
+        let schema = Schema::standard();
+        let acl = Acl::compile(
+            &rules(
+                r#"
+[[access]]
+dn = "cn=accesslog"
+by = [{ who = "dn:cn=replicator,dc=example,dc=com", rights = "read" }]
+[[access]]
+by = [{ who = "users", rights = "read" }]
+"#,
+            ),
+            &schema,
+        )
+        .unwrap();
+        let repl = who("cn=replicator,dc=example,dc=com", Session::default());
+        let user = who("uid=a,dc=example,dc=com", Session::default());
+        let record = "reqstart=20261127000000.000000000z,cn=accesslog";
+        assert!(Access::new(&acl, &repl).named_allows("cn=accesslog", READ));
+        assert!(Access::new(&acl, &repl).named_allows(record, READ));
+        assert!(!Access::new(&acl, &repl).named_allows(record, WRITE));
+        // The catch-all rule lets users read the data, not the log.
+        assert!(!Access::new(&acl, &user).named_allows("cn=accesslog", READ));
+        let defaults = Acl::from_config(&[], &schema).unwrap();
+        assert!(!Access::new(&defaults, &repl).named_allows("cn=accesslog", READ));
     }
 
     #[test]

@@ -254,6 +254,29 @@ impl View<'_> {
         })))
     }
 
+    /// The logged changes of the operation stamped `csn`, in the order
+    /// written.
+    pub fn changes_at(&self, csn: &str) -> Result<Vec<LoggedChange>, StoreError> {
+        let Some(db) = self.changelog_db() else {
+            return Ok(Vec::new());
+        };
+        // Its keys are `csn` ‖ 0 ‖ seq ‖ uuid: at or after `csn` ‖ 0,
+        // before `csn` ‖ 1.
+        let (mut from, mut to) = (csn.as_bytes().to_vec(), csn.as_bytes().to_vec());
+        from.push(0);
+        to.push(1);
+        let range: (Bound<&[u8]>, Bound<&[u8]>) = (
+            Bound::Included(from.as_slice()),
+            Bound::Excluded(to.as_slice()),
+        );
+        db.range(self.txn, &range)?
+            .map(|item| {
+                let (k, v) = item?;
+                decode(k, v)
+            })
+            .collect()
+    }
+
     /// Per server ID, how many logged operations (distinct CSNs) are newer
     /// than `seen`'s CSN for that server ID (every one when it has none).
     /// A count is complete only if the floor is not newer than that CSN.

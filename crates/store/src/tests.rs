@@ -1232,6 +1232,11 @@ fn the_change_log_is_in_csn_order_and_purged_oldest_first() {
     // After a CSN: none of that CSN's records.
     assert_eq!(all(&store, a)[0], written[0]);
     assert!(all(&store, c).is_empty());
+    // At a CSN: that operation's records only, in order.
+    let at = |csn: &str| store.read().unwrap().view().changes_at(csn).unwrap();
+    assert_eq!(at(c)[..], [&written[2..], &tree[..]].concat()[..]);
+    assert_eq!(at(a), [written[1].clone()]);
+    assert!(at("20261125010203.000001Z").is_empty());
     let summary = store.read().unwrap().view().changelog_summary().unwrap();
     assert_eq!(summary.count, 7);
     assert_eq!(summary.oldest_csn.as_deref(), Some(a));

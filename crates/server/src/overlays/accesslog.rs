@@ -405,6 +405,12 @@ fn change_entry(c: &LoggedChange, start: String) -> Option<(String, Entry)> {
     };
     let mut deleted_old_rdn = false;
     for m in &c.mods {
+        // Multi-provider merge state is this server's own (no other
+        // server's schema knows it; a delta consumer would stop on it).
+        let base = m.desc.split(';').next().unwrap_or("");
+        if base.eq_ignore_ascii_case(crate::repl::merge::STATE_ATTR) {
+            continue;
+        }
         let op = match m.op {
             ModOp::Add => '+',
             ModOp::Delete => '-',
@@ -485,6 +491,83 @@ fn first_rdn(dn: &str) -> Option<(String, String)> {
     let d = Dn::parse(dn).ok()?;
     let ava = d.rdns.first()?.avas.first()?.clone();
     Some((ava.attr, String::from_utf8_lossy(&ava.value).into_owned()))
+}
+
+/// Whether `who` may read cn=accesslog: administrators, and those an
+/// access rule naming cn=accesslog lets read it (a delta-sync consumer's
+/// identity); rules covering every entry do not open it, as records show
+/// every value written, passwords included.
+pub fn may_read(server: &Server, who: &Identity) -> bool {
+    crate::cn_config::serve::may_see(who)
+        || crate::acl::Access::new(&server.acl, who).named_allows(SUFFIX, crate::acl::READ)
+}
+
+/// A change log record as content synchronization of cn=accesslog sends
+/// it: an entry named by its reqStart, with a UUID made from its CSN and
+/// its place in its operation (the same every time it is sent).
+pub struct SyncRecord {
+    pub csn: String,
+    pub uuid: [u8; 16],
+    pub dn: String,
+    pub entry: Entry,
+}
+
+/// A record's UUID: its CSN's microsecond (8 bytes), change count (3) and
+/// server ID (2), then its place in the operation (3).
+fn record_uuid(c: &LoggedChange) -> [u8; 16] {
+    let (micros, count) = crate::clock::parse_csn(&c.csn).unwrap_or((0, 0));
+    let sid = pando_proto::sync::csn_sid(&c.csn).unwrap_or(0);
+    let mut u = [0u8; 16];
+    u[..8].copy_from_slice(&micros.to_be_bytes());
+    u[8..11].copy_from_slice(&count.to_be_bytes()[5..]);
+    u[11..13].copy_from_slice(&sid.to_be_bytes());
+    u[13..].copy_from_slice(&c.seq.to_be_bytes()[1..]);
+    u
+}
+
+fn sync_record(log: &AccessLog, times: &mut ChangeTimes, c: LoggedChange) -> Option<SyncRecord> {
+    let start = times.next(&c);
+    if !log.shows(c.kind) {
+        return None;
+    }
+    let uuid = record_uuid(&c);
+    let (dn, entry) = change_entry(&c, start)?;
+    Some(SyncRecord {
+        csn: c.csn,
+        uuid,
+        dn,
+        entry,
+    })
+}
+
+/// The records of the changes with a CSN greater than `after` ("": all),
+/// in CSN order.
+pub fn sync_records_after<'v>(
+    view: &'v View<'_>,
+    log: &'v AccessLog,
+    after: &str,
+) -> Result<
+    impl Iterator<Item = Result<SyncRecord, pando_store::StoreError>> + 'v,
+    pando_store::StoreError,
+> {
+    let mut times = ChangeTimes::default();
+    Ok(view
+        .changes_after(after)?
+        .filter_map(move |c| c.map(|c| sync_record(log, &mut times, c)).transpose()))
+}
+
+/// The records of the operation stamped `csn`.
+pub fn sync_records_at(
+    view: &View<'_>,
+    log: &AccessLog,
+    csn: &str,
+) -> Result<Vec<SyncRecord>, pando_store::StoreError> {
+    let mut times = ChangeTimes::default();
+    Ok(view
+        .changes_at(csn)?
+        .into_iter()
+        .filter_map(|c| sync_record(log, &mut times, c))
+        .collect())
 }
 
 /// Where a search may start reading: the second of the lower bound on

@@ -24,6 +24,7 @@ mod paging;
 pub mod persistent;
 mod plan;
 mod sort;
+mod sync_log;
 pub mod sync_provider;
 pub mod translucent;
 mod virtual_tree;

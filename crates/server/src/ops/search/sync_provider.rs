@@ -104,6 +104,9 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
             0,
         );
     }
+    if super::sync_log::is_log_base(&job.server, &job.req.base) {
+        return super::sync_log::run(job, req, theirs).await;
+    }
     let persist = req.mode == SyncMode::RefreshAndPersist;
     let what = "a content synchronization search";
     let base = match settle(job, what, persist) {
@@ -204,7 +207,7 @@ fn stored_emitter(job: &SearchJob) -> Emitter<'_> {
     e
 }
 
-fn control(oid: &str, value: Vec<u8>) -> Control {
+pub(super) fn control(oid: &str, value: Vec<u8>) -> Control {
     Control {
         oid: oid.into(),
         critical: false,
@@ -212,7 +215,11 @@ fn control(oid: &str, value: Vec<u8>) -> Control {
     }
 }
 
-fn state_control(state: SyncStateKind, uuid: SyncUuid, cookie: Option<&Cookie>) -> Control {
+pub(super) fn state_control(
+    state: SyncStateKind,
+    uuid: SyncUuid,
+    cookie: Option<&Cookie>,
+) -> Control {
     let value = SyncState {
         state,
         uuid,
@@ -221,7 +228,7 @@ fn state_control(state: SyncStateKind, uuid: SyncUuid, cookie: Option<&Cookie>) 
     control(oid::SYNC_STATE, value.encode())
 }
 
-fn info_message(msg_id: i32, info: &SyncInfo, buf: &mut Vec<u8>) {
+pub(super) fn info_message(msg_id: i32, info: &SyncInfo, buf: &mut Vec<u8>) {
     LdapMessage {
         id: msg_id,
         op: ProtocolOp::IntermediateResponse {
@@ -339,15 +346,15 @@ fn is_newer(theirs: &Cookie, csn: &str) -> bool {
 
 /// Output of a refresh, sent in chunks as it grows; waits for the client
 /// (noticing Abandon) rather than buffering.
-struct Sink<'j> {
-    job: &'j SearchJob,
-    buf: Vec<u8>,
+pub(super) struct Sink<'j> {
+    pub(super) job: &'j SearchJob,
+    pub(super) buf: Vec<u8>,
 }
 
 impl Sink<'_> {
     /// Send what is buffered once it reaches a chunk (`all`: whatever
     /// there is). False: the search was abandoned or its client went.
-    fn flush(&mut self, all: bool) -> bool {
+    pub(super) fn flush(&mut self, all: bool) -> bool {
         if self.buf.is_empty() || (!all && self.buf.len() < CHUNK) {
             return !self.job.abandoned.load(Ordering::Relaxed);
         }

@@ -193,7 +193,7 @@ impl VirtualTree for ConfigTree {
 }
 
 /// cn=accesslog (`overlays::accesslog`), when the access log overlay is
-/// configured: administrators only, like cn=config.
+/// configured: administrators and those a rule naming it lets read.
 struct AccessLogTree;
 
 /// Records a search of cn=accesslog reads at most (the size limit stops
@@ -212,11 +212,11 @@ impl VirtualTree for AccessLogTree {
     }
 
     fn may_enter(&self, server: &Server, who: &Identity, _base_norm: &str) -> bool {
-        server.overlays.accesslog().is_some() && crate::cn_config::serve::may_see(who)
+        server.overlays.accesslog().is_some() && crate::overlays::accesslog::may_read(server, who)
     }
 
-    fn may_read(&self, _server: &Server, who: &Identity, _e: &VirtualEntry) -> bool {
-        crate::cn_config::serve::may_see(who)
+    fn may_read(&self, server: &Server, who: &Identity, _e: &VirtualEntry) -> bool {
+        crate::overlays::accesslog::may_read(server, who)
     }
 
     fn entries(&self, _server: &Server) -> Vec<VirtualEntry> {
@@ -240,6 +240,11 @@ impl VirtualTree for AccessLogTree {
             ),
         )
     }
+}
+
+/// Whether `base` is cn=accesslog or below it.
+pub fn in_access_log(schema: &Schema, base: &Dn) -> bool {
+    AccessLogTree.owns(schema, base)
 }
 
 /// A search whose base `tree` owns.
