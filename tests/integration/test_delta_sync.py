@@ -5,14 +5,16 @@ test043, black-box)."""
 
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 import ber
 from conftest import ADMIN_DN, PEOPLE, PUBLIC_READ, SUFFIX, Pando
-from test_replication import (HAVE_SLAPD, SlapdConsumer, changes_round, context_csn, converge, modify,
-                              sync_control, sync_done, sync_info, sync_state)
+from test_replication import (HAVE_SLAPD, SlapdConsumer, SlapdProvider, changes_round, context_csn, converge,
+                              converge_nodes, modify, pando_consumer, slapd_changes, sync_control,
+                              sync_done, sync_info, sync_state)
 
 LOG = "cn=accesslog"
 GROUPS = "ou=Groups," + SUFFIX
@@ -216,3 +218,124 @@ def test_slapd_follows_pando_with_delta_syncrepl(tmp_path):
     finally:
         consumer.stop()
         srv.stop_and_verify()
+
+
+# ------------------------------------------------------------ Pando as a delta consumer
+
+DELTA = 'syncdata = "accesslog"\nlogbase = "cn=accesslog"\nlogfilter = "%s"\ncount_behind_secs = 0\n' % LOG_FILTER
+
+
+def follows_log(con):
+    return con.logs(tail=200000).count("following the provider's log")
+
+
+def lost_step(con):
+    logs = con.logs(tail=200000)
+    return logs.count("lost step") + logs.count("asked for a reload")
+
+
+def test_pando_follows_pando_with_delta_sync(tmp_path):
+    srv = Pando(tmp_path / "provider", demo=True, config=CONFIG).start()
+    con = pando_consumer(tmp_path / "consumer", srv, extra=DELTA)
+    nodes = [srv, con]
+    try:
+        converge_nodes(nodes, log=con.logs)
+        changes_round(srv, 1)
+        # A delete with the refint changes it causes: one CSN, three records.
+        modify(srv, "dn: uid=carol,%s\nchangetype: delete\n" % PEOPLE)
+        converge_nodes(nodes, log=con.logs)
+        assert follows_log(con) >= 1 and lost_step(con) == 0, con.logs()
+        # Down while the provider changes: back from its cookie, on the log.
+        assert con.stop() == 0
+        changes_round(srv, 2)
+        con.start()
+        converge_nodes(nodes, log=con.logs)
+        assert follows_log(con) >= 1 and lost_step(con) == 0, con.logs()
+    finally:
+        con.stop_and_verify()
+        srv.stop_and_verify()
+
+
+class SlapdLogProvider(SlapdProvider):
+    """slapd with an access log database (cn=accesslog, syncprov with
+    nopresent and reloadhint) beside the data (syncprov and accesslog), as
+    OpenLDAP's test043 configures a delta-syncrepl provider."""
+
+    def __init__(self, base, purge="07+00:00 01+00:00"):
+        super().__init__(base)
+        (self.base / "log").mkdir(exist_ok=True)
+        self.purge = purge
+        self.write_conf()
+
+    def write_conf(self):
+        lines = ["include /etc/ldap/schema/%s.schema" % s for s in ("core", "cosine", "inetorgperson", "nis")]
+        lines += ["modulepath /usr/lib/ldap", "moduleload back_mdb", "moduleload syncprov", "moduleload accesslog",
+                  "pidfile %s/slapd.pid" % self.base, "argsfile %s/slapd.args" % self.base, "loglevel sync",
+                  "database mdb", 'suffix "cn=accesslog"', 'rootdn "%s"' % ADMIN_DN,
+                  "directory %s/log" % self.base, "maxsize 268435456",
+                  "index entryCSN,objectClass,reqEnd,reqResult,reqStart,reqDN eq",
+                  "overlay syncprov", "syncprov-nopresent TRUE", "syncprov-reloadhint TRUE",
+                  "database mdb", 'suffix "%s"' % SUFFIX, 'rootdn "%s"' % ADMIN_DN, "rootpw %s" % self.admin_pw,
+                  "directory %s/db" % self.base, "maxsize 268435456", "index objectClass eq",
+                  "index entryUUID,entryCSN eq", "access to * by * read",
+                  "overlay syncprov", "syncprov-checkpoint 100 1",
+                  "overlay accesslog", 'logdb "cn=accesslog"', "logops writes", "logsuccess TRUE",
+                  "logpurge %s" % self.purge]
+        (self.base / "slapd.conf").write_text("\n".join(lines) + "\n")
+
+    def load(self):
+        # The data database, by its suffix; -w writes its contextCSN.
+        return super().load("-b", SUFFIX, "-w")
+
+    def log_records(self):
+        r = subprocess.run(["ldapsearch", "-x", "-H", self.url, "-D", ADMIN_DN, "-w", self.admin_pw, "-b", LOG,
+                            "-s", "one", "-LLL", "1.1"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.count("dn: ")
+
+
+HAVE_ACCESSLOG = HAVE_SLAPD and Path("/usr/lib/ldap/accesslog.la").exists()
+
+
+@pytest.mark.skipif(not HAVE_ACCESSLOG, reason="slapd or its accesslog overlay not installed")
+def test_pando_follows_slapd_with_delta_sync(tmp_path):
+    prov = SlapdLogProvider(tmp_path / "slapd").load().start()
+    con = pando_consumer(tmp_path / "consumer", prov, extra=DELTA)
+    nodes = [prov, con]
+    try:
+        # Empty: a full refresh, then the log.
+        converge_nodes(nodes, log=con.logs)
+        slapd_changes(prov, 1)
+        converge_nodes(nodes, log=lambda: con.logs() + prov.log())
+        assert follows_log(con) >= 1 and lost_step(con) == 0, con.logs()
+        assert prov.log_records() >= 10
+        # Down while slapd changes: back from its cookie, on the log.
+        assert con.stop() == 0
+        slapd_changes(prov, 2)
+        con.start()
+        converge_nodes(nodes, log=lambda: con.logs() + prov.log())
+        assert follows_log(con) >= 1 and lost_step(con) == 0, con.logs()
+        # Down while slapd changes and purges its log: 4096, a full
+        # refresh, then the log again (OpenLDAP's test043 ends so).
+        assert con.stop() == 0
+        slapd_changes(prov, 3)
+        prov.stop()
+        prov.purge = "00:00:02 00:00:01"
+        prov.write_conf()
+        prov.start()
+        deadline = time.monotonic() + 60
+        while prov.log_records() > 0:
+            assert time.monotonic() < deadline, "slapd did not purge its log"
+            time.sleep(0.5)
+        con.start()
+        converge_nodes(nodes, timeout=60, log=lambda: con.logs() + prov.log())
+        assert lost_step(con) >= 1, con.logs()
+        r = subprocess.run(["ldapmodify", "-x", "-H", prov.url, "-D", ADMIN_DN, "-w", prov.admin_pw],
+                           input="dn: uid=s0,%s\nchangetype: modify\nreplace: description\ndescription: after\n"
+                           % PEOPLE, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        converge_nodes(nodes, log=lambda: con.logs() + prov.log())
+        assert follows_log(con) >= 1
+    finally:
+        con.stop_and_verify()
+        prov.stop()

@@ -694,7 +694,7 @@ class SlapdProvider:
     stop = SlapdConsumer.stop
     log = SlapdConsumer.log
 
-    def load(self):
+    def load(self, *slapadd_args):
         ldif = [ldif_text(SUFFIX, {"objectClass": ["top", "dcObject", "organization"], "dc": ["example"],
                                    "o": ["example"]}),
                 ldif_text(PEOPLE, {"objectClass": ["organizationalUnit"], "ou": ["People"]})]
@@ -704,7 +704,8 @@ class SlapdProvider:
                 "userPassword": ["secret%d" % i]}))
         path = self.base / "init.ldif"
         path.write_text("\n".join(ldif))
-        r = subprocess.run(["/usr/sbin/slapadd", "-q", "-f", str(self.base / "slapd.conf"), "-l", str(path)],
+        r = subprocess.run(["/usr/sbin/slapadd", "-q", "-f", str(self.base / "slapd.conf"), "-l", str(path),
+                            *slapadd_args],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         return self

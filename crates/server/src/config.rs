@@ -1334,6 +1334,12 @@ impl Config {
                     ),
                 ));
             }
+            if r.multi_provider && c.delta() {
+                return Err(err(
+                    key("syncdata"),
+                    "delta-sync (accesslog) consumers are not built for multi-provider yet: use syncdata = \"default\" with multi_provider",
+                ));
+            }
             if r.consumer[..i].iter().any(|o| o.rid == c.rid) {
                 return Err(err(key("rid"), format!("rid {} is used twice", c.rid)));
             }

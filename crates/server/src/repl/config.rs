@@ -114,6 +114,27 @@ pub struct ConsumerConfig {
     /// (`repl::lag`), in seconds (0: never).
     #[serde(default = "default_count_behind")]
     pub count_behind_secs: u64,
+    /// `default` (entries whole) or `accesslog`: delta-sync, following
+    /// the provider's access log (OpenLDAP's `syncdata=accesslog`) once a
+    /// full refresh of the data has given a cookie.
+    #[serde(default = "default_syncdata")]
+    pub syncdata: String,
+    /// Delta-sync: where the provider's log is.
+    #[serde(default = "default_logbase")]
+    pub logbase: String,
+    /// Delta-sync: which of its records are changes to apply.
+    #[serde(default = "default_logfilter")]
+    pub logfilter: String,
+}
+
+fn default_syncdata() -> String {
+    "default".into()
+}
+fn default_logbase() -> String {
+    "cn=accesslog".into()
+}
+fn default_logfilter() -> String {
+    "(&(objectClass=auditWriteObject)(reqResult=0))".into()
 }
 
 fn default_scope() -> String {
@@ -272,11 +293,31 @@ impl ConsumerConfig {
         if self.timeout_secs == 0 {
             return e("timeout_secs", "must be at least 1".into());
         }
+        if !matches!(self.syncdata.as_str(), "default" | "accesslog") {
+            return e(
+                "syncdata",
+                format!("'{}' is not default or accesslog", self.syncdata),
+            );
+        }
+        if pando_model::Dn::parse(&self.logbase).is_err() {
+            return e("logbase", format!("'{}' is not a DN", self.logbase));
+        }
+        if pando_proto::Filter::parse(&self.logfilter).is_err() {
+            return e(
+                "logfilter",
+                format!("'{}' is not a valid LDAP filter", self.logfilter),
+            );
+        }
         Ok(())
     }
 
     pub fn persist(&self) -> bool {
         self.kind == "refreshAndPersist"
+    }
+
+    /// Delta-sync (`syncdata = "accesslog"`).
+    pub fn delta(&self) -> bool {
+        self.syncdata == "accesslog"
     }
 
     /// The URL writes to the replicated subtree are referred to.

@@ -20,8 +20,16 @@
 //! naming the problem; the data and the cookie stay as they were, and the
 //! next try follows the `retry` schedule. refreshOnly sessions repeat
 //! every `interval`.
+//!
+//! Delta-sync (`syncdata = "accesslog"`, OpenLDAP's delta-syncrepl): with
+//! a cookie the session searches the provider's access log instead and
+//! applies each record to the entry it names (`repl::delta`), with the
+//! record's cookie. Without a cookie, or once the log cannot serve it
+//! (4096) or a record does not apply here, one refreshOnly session loads
+//! the data whole (as above, reload asked), and the log is followed from
+//! the cookie it ends with.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +42,7 @@ use pando_proto::{
 };
 
 use super::config::{ConsumerConfig, Retry};
+use super::delta::{self, LogRecord, Lost, RecordKind};
 use super::Replica;
 use crate::net::client::{Client, ClientError};
 use crate::ops::write::replicated::{self, apply_received, Received, ReplCtx};
@@ -100,8 +109,11 @@ fn now() -> u64 {
 enum Ended {
     /// refreshOnly: the refresh is done; wait for the interval.
     Refreshed,
-    /// The provider asked for a reload (4096).
+    /// The provider asked for a reload (4096), or a delta-sync consumer
+    /// lost step with the log.
     Reload,
+    /// Delta-sync: the full refresh is done; follow the log now.
+    ToLog,
 }
 
 /// A failed session: what went wrong, for the log and cn=Monitor.
@@ -182,8 +194,9 @@ pub(super) async fn run(server: Arc<Server>, replica: Arc<Replica>) {
                 set(replica, |s| s.phase = "idle");
                 interval
             }
+            Ok(Ended::ToLog) => continue,
             Ok(Ended::Reload) => {
-                tracing::warn!(rid = cfg.rid, provider = %cfg.provider, "the provider asked for a reload (e-syncRefreshRequired): refreshing the whole subtree");
+                tracing::warn!(rid = cfg.rid, provider = %cfg.provider, "the provider asked for a reload (e-syncRefreshRequired), or the log could not be applied: refreshing the whole subtree");
                 set(replica, |s| s.reloads += 1);
                 carry.reload = true;
                 carry.reloads_in_row += 1;
@@ -268,6 +281,14 @@ struct Session2<'a> {
     present_phase: bool,
     /// When this session last warned of a change dated in the future.
     future_warned: Option<std::time::Instant>,
+    /// Delta-sync: this session follows the provider's log.
+    log: bool,
+    /// Delta-sync: this session is the full refresh before the log.
+    fallback: bool,
+    /// Delta-sync: entries as the changes queued (and not yet answered)
+    /// leave them, by normalised DN (None: deleted), so each record is
+    /// applied to the latest state without waiting for the writer.
+    recent: HashMap<String, Option<Entry>>,
 }
 
 /// A received change whose CSN is dated more than this far past this
@@ -362,7 +383,15 @@ async fn session(
         csns: start.csns.clone(),
         delcsn: None,
     };
-    let mode = if cfg.persist() {
+    // Delta-sync follows the log from a cookie; without one (or after
+    // losing step) it refreshes the data whole first, once, as OpenLDAP's
+    // consumer does.
+    let log = cfg.delta() && !start.csns.is_empty();
+    let fallback = cfg.delta() && !log;
+    if log {
+        tracing::info!(rid = cfg.rid, provider = %cfg.provider, "following the provider's log at '{}' from {}", cfg.logbase, start.format());
+    }
+    let mode = if cfg.persist() && !fallback {
         SyncMode::RefreshAndPersist
     } else {
         SyncMode::RefreshOnly
@@ -370,33 +399,12 @@ async fn session(
     let sync = SyncRequest {
         mode,
         cookie: Some(sent.format().into_bytes()),
-        reload_hint: true,
+        reload_hint: !log,
     };
-    let mut attrs = cfg.attrs.clone();
-    let named = |attrs: &[String], a: &str| attrs.iter().any(|x| x.eq_ignore_ascii_case(a));
-    if !named(&attrs, "*") && !named(&attrs, "objectClass") {
-        attrs.push("objectClass".into());
-    }
-    if !named(&attrs, "+") {
-        for must in ["structuralObjectClass", "entryCSN", "entryUUID"] {
-            if !named(&attrs, must) {
-                attrs.push(must.into());
-            }
-        }
-    }
-    // A Pando provider's per-attribute state (multi-provider), sent only
-    // when named; other providers ignore a type they do not know.
-    attrs.push(crate::repl::merge::STATE_ATTR.into());
-    let req = SearchRequest {
-        base: cfg.search_base.clone(),
-        scope: scope_of(cfg),
-        deref: DerefAliases::Never,
-        size_limit: 0,
-        time_limit: 0,
-        types_only: false,
-        filter: Filter::parse(&cfg.filter)
-            .map_err(|_| Failed(format!("filter '{}' does not parse", cfg.filter)))?,
-        attrs,
+    let req = if log {
+        log_search(cfg)?
+    } else {
+        data_search(cfg)?
     };
     let controls = vec![
         Control {
@@ -440,6 +448,9 @@ async fn session(
         last: start,
         present_phase: false,
         future_warned: None,
+        log,
+        fallback,
+        recent: HashMap::new(),
     };
     // The state this session starts from is stored first, so a session
     // cut short starts over from it (not from a contextCSN the entries
@@ -491,7 +502,17 @@ async fn session(
                 carry.reload = false;
                 carry.reloads_in_row = 0;
                 client.unbind().await;
-                return Ok(Ended::Refreshed);
+                if s.fallback && s.last.csns.is_empty() {
+                    return Err(Failed(format!(
+                        "{} ended the refresh without a state (contextCSN) to follow its log from",
+                        cfg.provider
+                    )));
+                }
+                return Ok(if s.fallback {
+                    Ended::ToLog
+                } else {
+                    Ended::Refreshed
+                });
             }
             Some(other) => {
                 client.unbind().await;
@@ -500,6 +521,51 @@ async fn session(
             None => continue,
         }
     }
+}
+
+/// The search of the replicated data.
+fn data_search(cfg: &ConsumerConfig) -> Result<SearchRequest, Failed> {
+    let mut attrs = cfg.attrs.clone();
+    let named = |attrs: &[String], a: &str| attrs.iter().any(|x| x.eq_ignore_ascii_case(a));
+    if !named(&attrs, "*") && !named(&attrs, "objectClass") {
+        attrs.push("objectClass".into());
+    }
+    if !named(&attrs, "+") {
+        for must in ["structuralObjectClass", "entryCSN", "entryUUID"] {
+            if !named(&attrs, must) {
+                attrs.push(must.into());
+            }
+        }
+    }
+    // A Pando provider's per-attribute state (multi-provider), sent only
+    // when named; other providers ignore a type they do not know.
+    attrs.push(crate::repl::merge::STATE_ATTR.into());
+    Ok(SearchRequest {
+        base: cfg.search_base.clone(),
+        scope: scope_of(cfg),
+        deref: DerefAliases::Never,
+        size_limit: 0,
+        time_limit: 0,
+        types_only: false,
+        filter: Filter::parse(&cfg.filter)
+            .map_err(|_| Failed(format!("filter '{}' does not parse", cfg.filter)))?,
+        attrs,
+    })
+}
+
+/// Delta-sync: the search of the provider's access log.
+fn log_search(cfg: &ConsumerConfig) -> Result<SearchRequest, Failed> {
+    Ok(SearchRequest {
+        base: cfg.logbase.clone(),
+        scope: Scope::Sub,
+        deref: DerefAliases::Never,
+        size_limit: 0,
+        time_limit: 0,
+        types_only: false,
+        filter: Filter::parse(&cfg.logfilter)
+            .map_err(|_| Failed(format!("logfilter '{}' does not parse", cfg.logfilter)))?,
+        attrs: delta::RECORD_ATTRS.iter().map(|a| a.to_string()).collect(),
+    })
 }
 
 fn scope_of(cfg: &ConsumerConfig) -> Scope {
@@ -526,6 +592,12 @@ fn change_csn(last: &Cookie, new: &Cookie) -> Option<String> {
 }
 
 impl Session2<'_> {
+    /// The search runs in refreshAndPersist mode (a delta-sync consumer's
+    /// full refresh is refreshOnly).
+    fn persist_mode(&self) -> bool {
+        self.cfg.persist() && !self.fallback
+    }
+
     fn ctx(&self, cookie: Option<String>, csn: Option<String>, unlogged: bool) -> Arc<WriteCtx> {
         // Written under the configuration current now (its logs, its
         // limits), not the one the consumer started with.
@@ -671,6 +743,17 @@ impl Session2<'_> {
     /// whatever the provider did not send goes; then the cookie is stored.
     async fn end_refresh(&mut self, cookie: Option<Cookie>, deletes: bool) -> Result<(), Failed> {
         self.settle().await?;
+        if self.log {
+            // The records came with their own cookies; this one names the
+            // provider's state when the refresh ended.
+            self.recent.clear();
+            let cookie = cookie.or_else(|| self.pending_cookie.take());
+            if let Some(c) = cookie {
+                let held = self.held_with(c);
+                self.store_cookie(held, None, false).await?;
+            }
+            return Ok(());
+        }
         let cookie = cookie
             .or_else(|| self.pending_cookie.take())
             .unwrap_or_else(|| self.last.clone());
@@ -781,6 +864,9 @@ impl Session2<'_> {
                     .as_deref()
                     .map(|c| self.cookie_of(c))
                     .transpose()?;
+                if self.log {
+                    return self.on_log_record(e, cookie).await;
+                }
                 self.on_entry(e, state, cookie).await?;
                 Ok(None)
             }
@@ -809,7 +895,7 @@ impl Session2<'_> {
                         r.message
                     )));
                 }
-                if self.persisting || self.cfg.persist() {
+                if self.persisting || self.persist_mode() {
                     return Err(self.refuse("the end of a refreshAndPersist search"));
                 }
                 let done = match control(oid::SYNC_DONE) {
@@ -896,6 +982,152 @@ impl Session2<'_> {
         Ok(())
     }
 
+    /// Delta-sync: one record of the provider's log, applied to the entry
+    /// it names (with its cookie, if it carries one); `Ended::Reload` when
+    /// it cannot be: this replica lost step with the log.
+    async fn on_log_record(
+        &mut self,
+        e: pando_proto::SearchResultEntry,
+        cookie: Option<Cookie>,
+    ) -> Result<Option<Ended>, Failed> {
+        let csn_from_cookie = cookie.as_ref().and_then(|c| change_csn(&self.last, c));
+        let cookie = cookie.map(|c| self.held_with(c));
+        let rec = match delta::parse_record(&e.attrs) {
+            Ok(rec) => rec,
+            Err(why) => return Ok(Some(self.lost_step(&e.dn, &why))),
+        };
+        let csn = rec.csn.clone().or(csn_from_cookie);
+        // Held already: sent again, or older than this replica's state.
+        let sid = csn.as_deref().and_then(pando_proto::sync::csn_sid);
+        let held = sid.and_then(|sid| self.last.csn_for(sid));
+        if held.is_some_and(|t| csn.as_deref().is_some_and(|c| c <= t)) {
+            return Ok(None);
+        }
+        self.check_clock(csn.as_deref(), &rec.dn);
+        if self.recent.len() > 16 * WINDOW || rec.kind == RecordKind::ModRdn {
+            // A rename moves what is below it: read from the store.
+            self.settle().await?;
+            self.recent.clear();
+        }
+        let received = match self.change_for_record(&rec, csn.as_deref())? {
+            Ok(r) => r,
+            Err(Lost(why)) => return Ok(Some(self.lost_step(&e.dn, &why))),
+        };
+        let text = cookie.as_ref().map(Cookie::format);
+        match received {
+            Some(r) => {
+                let delay = csn.as_deref().and_then(delay_of);
+                self.apply(r, text, csn).await?;
+                set(self.replica, |s| {
+                    s.applied += 1;
+                    if let Some((sid, d)) = delay {
+                        s.delay.insert(sid, d);
+                    }
+                });
+                if let Some(c) = cookie {
+                    self.last = c;
+                }
+                if rec.kind == RecordKind::ModRdn {
+                    self.settle().await?;
+                }
+            }
+            None => {
+                if let Some(c) = cookie {
+                    self.store_cookie(c, None, false).await?;
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn lost_step(&self, record: &str, why: &str) -> Ended {
+        tracing::warn!(
+            rid = self.cfg.rid,
+            provider = %self.cfg.provider,
+            record,
+            "delta-sync lost step with the provider's log ({why}): refreshing the data whole, then following the log again"
+        );
+        Ended::Reload
+    }
+
+    /// The entry held here at `dn` (normalised `norm`), as the changes
+    /// queued leave it.
+    fn held_entry(&self, dn: &Dn, norm: &str) -> Result<Option<Entry>, Failed> {
+        if let Some(e) = self.recent.get(norm) {
+            return Ok(e.clone());
+        }
+        let rtxn = self.server.store.read()?;
+        let view = rtxn.view();
+        Ok(match view.lookup(dn)? {
+            Ok(pando_store::Lookup::Found(id)) => view.entry(id)?,
+            _ => None,
+        })
+    }
+
+    /// What a log record changes here: None when nothing (applied before,
+    /// or outside this consumer's base); Lost when it cannot apply.
+    fn change_for_record(
+        &mut self,
+        rec: &LogRecord,
+        csn: Option<&str>,
+    ) -> Result<Result<Option<Received>, Lost>, Failed> {
+        let schema = self.server.schema.clone();
+        let norm_of = |dn: &Dn| {
+            schema
+                .normalize_dn(dn)
+                .map_err(|e| self.refuse(format_args!("a log record naming '{dn}': {e}")))
+        };
+        let norm = norm_of(&rec.dn)?;
+        let base = self.replica.base.as_str();
+        let inside = |n: &str| crate::ops::norm_dn::in_scope(base, Scope::Sub, n);
+        let held = self.held_entry(&rec.dn, &norm)?;
+        let lost = |what: &str| Ok(Err(Lost(format!("'{}' {what}", rec.dn))));
+        let changed = match (rec.kind, held) {
+            _ if !inside(&norm) && rec.kind != RecordKind::ModRdn => return Ok(Ok(None)),
+            (RecordKind::Add, Some(h)) => {
+                // Added before (the record came again): done.
+                let done = csn.is_some_and(|c| replicated::entry_csn(&h).is_some_and(|t| t >= c));
+                return if done {
+                    Ok(Ok(None))
+                } else {
+                    lost("is added by the log but another entry holds its name here")
+                };
+            }
+            (RecordKind::Add, None) => match delta::added_entry(&schema, rec) {
+                Ok(e) => without_computed(e),
+                Err(l) => return Ok(Err(l)),
+            },
+            (RecordKind::Delete, None) => return Ok(Ok(None)),
+            (RecordKind::Delete, Some(h)) => {
+                let Some(uuid) = replicated::entry_uuid(&h) else {
+                    return lost("has no entryUUID here");
+                };
+                self.recent.insert(norm, None);
+                return Ok(Ok(Some(Received::Delete(vec![uuid]))));
+            }
+            (_, None) if !inside(&norm) => {
+                return lost("is renamed into the replicated subtree by the log but is not here")
+            }
+            (_, None) => return lost("is changed by the log but is not here"),
+            (_, Some(h)) => match delta::changed_entry(&schema, &h, rec) {
+                Ok(e) => e,
+                Err(l) => return Ok(Err(l)),
+            },
+        };
+        let new_norm = norm_of(&changed.dn)?;
+        if !inside(&new_norm) {
+            // Renamed out of the replicated subtree: gone from here.
+            let Some(uuid) = replicated::entry_uuid(&changed) else {
+                return lost("has no entryUUID here");
+            };
+            return Ok(Ok(Some(Received::Delete(vec![uuid]))));
+        }
+        if rec.kind != RecordKind::ModRdn {
+            self.recent.insert(new_norm, Some(changed.clone()));
+        }
+        Ok(Ok(Some(Received::Entry(changed))))
+    }
+
     fn entry(&self, e: pando_proto::SearchResultEntry, uuid: &str) -> Result<Entry, Failed> {
         let dn = Dn::parse(&e.dn).map_err(|err| {
             self.refuse(format_args!(
@@ -907,6 +1139,18 @@ impl Session2<'_> {
     }
 
     async fn on_info(&mut self, info: SyncInfo) -> Result<(), Failed> {
+        // From a log, UUIDs to delete or keep would name records, not
+        // entries (OpenLDAP's consumer would apply them to its data).
+        let names_uuids = matches!(
+            info,
+            SyncInfo::IdSet { .. } | SyncInfo::RefreshPresent { .. }
+        );
+        if self.log && names_uuids {
+            return Err(self.refuse(format_args!(
+                "UUIDs to keep or delete while following the log at '{}' (a log is never refreshed by a present phase)",
+                self.cfg.logbase
+            )));
+        }
         match info {
             SyncInfo::NewCookie(c) => {
                 let c = self.cookie_of(&c)?;
@@ -983,7 +1227,7 @@ impl Session2<'_> {
             return Ok(());
         }
         self.end_refresh(cookie, deletes).await?;
-        if self.cfg.persist() {
+        if self.persist_mode() {
             self.persisting = true;
             set(self.replica, |s| s.phase = "persist");
         }
@@ -1001,6 +1245,18 @@ fn delay_of(csn: &str) -> Option<(u16, u64)> {
     let sid = pando_proto::sync::csn_sid(csn)?;
     let (at, _) = crate::clock::parse_csn(csn).ok()?;
     Some((sid, now().saturating_sub(at)))
+}
+
+/// An entry built from a log record, without the attributes each server
+/// computes for itself.
+fn without_computed(mut entry: Entry) -> Entry {
+    entry.attrs.retain(|a| {
+        let base = a.desc.split(';').next().unwrap_or("");
+        !crate::ops::COMPUTED
+            .iter()
+            .any(|c| c.eq_ignore_ascii_case(base))
+    });
+    entry
 }
 
 /// The entry as received: computed attributes (each server computes its

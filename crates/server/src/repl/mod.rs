@@ -7,6 +7,7 @@
 pub mod config;
 pub mod conflicts;
 pub mod consumer;
+pub mod delta;
 pub mod lag;
 pub mod merge;
 pub mod tombstones;
