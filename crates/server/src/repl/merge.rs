@@ -241,10 +241,17 @@ fn received_wins(here: &Stamp, got: &Stamp, here_vals: &[Vec<u8>], got_vals: &[V
 }
 
 /// A lost change is a conflict when the winner did not overwrite it
-/// knowingly (its `prev` is older); with no `prev` known (a copy without
-/// state) it is not counted.
+/// knowingly (its `prev` is older). A winner without history (a copy
+/// set whole at its entryCSN, as OpenLDAP sends every entry) may or may
+/// not have seen the change it replaces: a change recorded here (it has
+/// a `prev`) from another server than the winner's is counted, as a
+/// possible conflict, rather than lost unseen.
 fn is_conflict(winner: &Stamp, loser: &Stamp) -> bool {
-    !winner.prev.is_empty() && loser.csn > winner.prev
+    if winner.prev.is_empty() {
+        let sid = pando_proto::sync::csn_sid;
+        return !loser.prev.is_empty() && sid(&winner.csn) != sid(&loser.csn);
+    }
+    loser.csn > winner.prev
 }
 
 /// Merge the copy held here with a copy received (see the module

@@ -479,9 +479,10 @@ fn refresh(
     };
     let finished = match phase {
         Phase::Delete => scan.delete_phase(&oldest_known, &mut matcher, &emitter, &mut sink)?,
+        // Multi-provider: the entries deleted here go first.
         _ => {
-            scan.present_phase(&ids, phase, &mut matcher, &emitter, &mut sink)?
-                && (!server.multi_provider() || scan.deleted_here(&mut sink)?)
+            (!server.multi_provider() || scan.deleted_here(&mut sink)?)
+                && scan.present_phase(&ids, phase, &mut matcher, &emitter, &mut sink)?
         }
     };
     if !finished || !sink.flush(true) {
@@ -603,17 +604,28 @@ impl Scan<'_> {
         Ok(true)
     }
 
-    /// Multi-provider, after a whole load or a present phase: the UUIDs
-    /// of the entries deleted here that this server remembers (see
-    /// `repl::tombstones`), so a consumer that holds a copy (received
-    /// from another server) deletes it; its entries this server did not
-    /// name are otherwise kept, as they may be on their way here. False:
-    /// abandoned.
+    /// Multi-provider, before a whole load or a present phase: the entries
+    /// deleted here that this server remembers (see `repl::tombstones`),
+    /// each as a `delete` naming its UUID, so a consumer that holds a copy
+    /// (received from another server) deletes it; its entries this server
+    /// did not name are otherwise kept, as they may be on their way here.
+    /// Not as syncIdSets: OpenLDAP's consumer forgets the UUIDs named
+    /// present when it deletes UUIDs named in a set, and reads a later set
+    /// of present UUIDs as deletes too. False: abandoned.
     fn deleted_here(&mut self, sink: &mut Sink<'_>) -> OpResult<bool> {
-        let uuids = crate::repl::tombstones::deleted_uuids(self.view)?;
-        let uuids: Vec<SyncUuid> = uuids.iter().filter_map(|u| uuid_bytes(u)).collect();
-        for batch in uuids.chunks(ID_SET_SIZE) {
-            sink.id_set(batch, true);
+        use crate::repl::tombstones;
+        for uuid in tombstones::deleted_uuids(self.view)? {
+            let Some(bytes) = uuid_bytes(&uuid) else {
+                continue;
+            };
+            // Its last name here; none is known for a delete received
+            // of an entry this server never had.
+            let dn = tombstones::get(self.view, &uuid)?
+                .map(|t| t.norm)
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| self.base.to_string());
+            let enc = EntryEncoder::begin(&mut sink.buf, self.job.msg_id, dn.as_bytes());
+            enc.finish_with_controls(&[state_control(SyncStateKind::Delete, bytes, None)]);
             if !sink.flush(false) {
                 return Ok(false);
             }

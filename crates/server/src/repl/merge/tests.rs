@@ -197,6 +197,36 @@ fn copies_without_state_merge_as_whole_entries_by_entry_csn() {
     }
 }
 
+#[test]
+fn a_copy_without_history_replacing_a_change_made_here_is_counted() {
+    // Changed here (server 1); OpenLDAP's newer copy (server 2) is whole
+    // at its entryCSN and lacks the change: it wins, as OpenLDAP resolves,
+    // and the value lost is on record.
+    let here = write(&base(), &[("description", &["set here"])], &csn(2, 1));
+    let theirs = entry(
+        "uid=ann,ou=People,dc=example,dc=com",
+        &[
+            ("objectClass", &["top", "inetOrgPerson"]),
+            ("uid", &["ann"]),
+            ("cn", &["Ann"]),
+            ("sn", &["A"]),
+            ("mail", &["ann@example.com"]),
+            ("telephoneNumber", &["2"]),
+        ],
+        &csn(3, 2),
+    );
+    for (h, g) in [(&here, &theirs), (&theirs, &here)] {
+        let m = merge(h, g);
+        assert!(vals(&m.entry, "description").is_empty());
+        assert_eq!(vals(&m.entry, "telephoneNumber"), ["2"]);
+        let lost: Vec<&str> = m.losses.iter().map(|l| l.attr.as_str()).collect();
+        assert_eq!(lost, ["description"], "{h:?}");
+    }
+    // Attributes set when the entry was made (no history here) are not.
+    let m = merge(&base(), &theirs);
+    assert!(m.losses.is_empty());
+}
+
 /// Servers that receive the same copies in any order end equal: merging
 /// is commutative and associative on a family of concurrent writes.
 #[test]
