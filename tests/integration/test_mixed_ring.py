@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ADMIN_DN, PEOPLE, PUBLIC_READ, SUFFIX, Pando, free_port
-from test_multi_provider import PW, Link, ssha
+from links import Link
+from test_multi_provider import PW, ssha
 from test_replication import HAVE_SLAPD, Node, SlapdProvider, attrs_of, converge_nodes, modify
 
 pytestmark = pytest.mark.skipif(not HAVE_SLAPD or not Path("/usr/lib/ldap/syncprov.la").exists(),

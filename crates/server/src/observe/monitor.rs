@@ -364,6 +364,7 @@ fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
             num("pandoReplFailures", s.failures),
             num("pandoReplConflicts", s.conflicts),
             num("pandoReplFutureChanges", s.future_changes),
+            num("pandoReplSkipped", s.skipped),
         ];
         if let Some(t) = time(s.last_connect) {
             attrs.push(attr("olmSRLastConnect", [t]));

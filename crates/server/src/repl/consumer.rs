@@ -75,6 +75,9 @@ pub struct Status {
     /// Received changes dated more than [`FUTURE_CSN_SECS`] past this
     /// server's clock.
     pub future_changes: u64,
+    /// Multi-provider: received changes already stored here, having come
+    /// through another server (not written again).
+    pub skipped: u64,
     /// Per server ID: how long after its CSN's time the last change of
     /// that server reached this consumer (persist stage), microseconds.
     pub delay: std::collections::BTreeMap<u16, u64>,
@@ -948,6 +951,14 @@ impl Session2<'_> {
         }
         let csn_from_cookie = cookie.as_ref().and_then(|c| change_csn(&self.last, c));
         let cookie = cookie.map(|c| self.held_with(c));
+        if self.came_another_way(csn_from_cookie.as_deref())? {
+            // The cookie moves with the next change written.
+            if let Some(c) = cookie {
+                self.last = c;
+            }
+            set(self.replica, |s| s.skipped += 1);
+            return Ok(());
+        }
         let text = cookie.as_ref().map(Cookie::format);
         match state.state {
             SyncStateKind::Present => return Err(self.refuse("a present entry after the refresh")),
@@ -1128,6 +1139,27 @@ impl Session2<'_> {
         Ok(Ok(Some(Received::Entry(changed))))
     }
 
+    /// Multi-provider, persist stage: whether the change stamped `csn`
+    /// is already stored here, having come through another server (each
+    /// change reaches a server by every path of the mesh). A server's
+    /// changes come on every path in their CSN order, so one not newer
+    /// than the state held for its server ID was applied; skipping it
+    /// spares a write. (Refreshes, which send entries in no CSN order,
+    /// are never skipped.)
+    fn came_another_way(&self, csn: Option<&str>) -> Result<bool, Failed> {
+        let Some(csn) = csn.filter(|_| self.server.multi_provider()) else {
+            return Ok(false);
+        };
+        let Some(sid) = pando_proto::sync::csn_sid(csn) else {
+            return Ok(false);
+        };
+        let rtxn = self.server.store.read()?;
+        let held = rtxn.view().context_csns()?;
+        Ok(held
+            .iter()
+            .any(|h| pando_proto::sync::csn_sid(h) == Some(sid) && csn <= h.as_str()))
+    }
+
     fn entry(&self, e: pando_proto::SearchResultEntry, uuid: &str) -> Result<Entry, Failed> {
         let dn = Dn::parse(&e.dn).map_err(|err| {
             self.refuse(format_args!(
@@ -1179,6 +1211,13 @@ impl Session2<'_> {
                 } else if refresh_deletes {
                     let n = uuids.len() as u64;
                     let csn = cookie.as_ref().and_then(|c| change_csn(&self.last, c));
+                    if self.came_another_way(csn.as_deref())? {
+                        if let Some(c) = cookie {
+                            self.last = self.held_with(c);
+                        }
+                        set(self.replica, |s| s.skipped += 1);
+                        return Ok(());
+                    }
                     let text = cookie.as_ref().map(Cookie::format);
                     self.apply(
                         Received::Delete(uuids.iter().map(uuid_text).collect()),

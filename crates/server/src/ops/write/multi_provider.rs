@@ -298,13 +298,28 @@ impl Replicated {
         if let Ok(mut u) = self.unknown_deleted.lock() {
             *u = unknown;
         }
+        // The delete's CSN: a change here with a greater one was made
+        // after the delete, so the deleting server had not seen it.
+        let deleted_at = ctx.replicated.as_ref().and_then(|r| r.csn.clone());
         let mut changes = Vec::new();
         for id in ids {
-            if view.children(id)?.is_empty() {
-                changes.push(Change::delete(before(view, id)?));
+            if !view.children(id)?.is_empty() {
+                self.note_kept_parent(view, id)?;
                 continue;
             }
-            self.note_kept_parent(view, id)?;
+            let held = before(view, id)?;
+            let changed = entry_csn(&held.entry).unwrap_or_default();
+            if let Some(at) = deleted_at.as_deref().filter(|at| changed > *at) {
+                self.resolved(entry_lost(
+                    &held.entry.dn.to_string(),
+                    format!("deleted on another server (at {at}) that had not seen its change here; the delete stands"),
+                    &held.entry,
+                    "here",
+                    changed,
+                    at,
+                ));
+            }
+            changes.push(Change::delete(held));
         }
         // Children first: the pipeline writes the list in reverse.
         changes.sort_by_key(|c: &Change| c.norm().matches(',').count());
