@@ -211,6 +211,7 @@ def test_bad_configuration_values_are_refused_and_change_nothing(tmp_path):
          "/nonexistent/cert.pem"),
         (DB, "replace: olcDbDirectory\nolcDbDirectory: /tmp\n", "cannot be changed"),
         (DB, "replace: pandoStoreDurability\npandoStoreDurability: sometimes\n", "pandoStoreDurability"),
+        (DB, "replace: olcMultiProvider\nolcMultiProvider: TRUE\n", "needs replication.server_id"),
     ]
     for dn, change, says in cases:
         rc, out = config_modify(srv, "dn: %s\nchangetype: modify\n%s" % (dn, change))
@@ -219,6 +220,14 @@ def test_bad_configuration_values_are_refused_and_change_nothing(tmp_path):
     assert config_read(srv) == before
     rc, out = config_modify(srv, "dn: cn=other,cn=config\nchangetype: add\nobjectClass: top\ncn: other\n")
     assert rc == 53, out
+    # Multi-provider needs a server ID: refused alone (19), taken with one.
+    rc, out = config_modify(srv, "dn: %s\nchangetype: modify\nreplace: olcMultiProvider\nolcMultiProvider: TRUE\n"
+                            % DB)
+    assert rc == 19, out
+    rc, out = config_modify(srv, "dn: cn=config\nchangetype: modify\nreplace: olcServerID\nolcServerID: 7\n\n"
+                            "dn: %s\nchangetype: modify\nreplace: olcMultiProvider\nolcMultiProvider: TRUE\n" % DB)
+    assert rc == 0, out
+    assert config_read(srv, DB, "olcMultiProvider", scope="base")[DB.lower()]["olcMultiProvider"] == ["TRUE"]
     srv.stop_and_verify()
 
 

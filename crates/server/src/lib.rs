@@ -693,13 +693,17 @@ fn print_banner(
         w!("Try:");
         w!("  ldapsearch -x -H ldap://{a} -b '{suffix}'");
         if let Some(root) = &cfg.root_dn {
-            w!(
-                "  ldapwhoami -x -H ldap://{a} -D '{root}' -y {}",
-                cfg.config
-                    .data_dir
-                    .join(bootstrap::ADMIN_PASSWORD_FILE)
-                    .display()
-            );
+            // The password file exists only while the generated password
+            // has not been put away; otherwise ask for it.
+            let file = cfg.config.data_dir.join(bootstrap::ADMIN_PASSWORD_FILE);
+            if file.exists() {
+                w!(
+                    "  ldapwhoami -x -H ldap://{a} -D '{root}' -y {}",
+                    file.display()
+                );
+            } else {
+                w!("  ldapwhoami -x -H ldap://{a} -D '{root}' -W");
+            }
         }
     }
     if let Some(Listener::Ldapi(p)) = cfg

@@ -613,6 +613,8 @@ impl Session2<'_> {
                 csn,
                 failed: self.failed.clone(),
                 unlogged,
+                // A log's records come in CSN order, each with its cookie.
+                refreshing: !self.persisting && !self.log,
                 base: self.replica.base.clone(),
                 conflicts: self.replica.conflicts.clone(),
             },

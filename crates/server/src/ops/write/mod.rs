@@ -586,9 +586,9 @@ fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResu
             // with it), so contextCSN does not move.
             None => return Ok(ctx.server.csn.next()),
         };
-        // During an initial load the state held moves with its cookie only
-        // (the entries come in no particular CSN order).
-        if !repl.unlogged {
+        // During a refresh the state held moves with its cookie only (the
+        // entries come in no particular CSN order).
+        if !repl.unlogged && !repl.refreshing {
             w.advance_context_csn(&csn)?;
         }
         return Ok(csn);
