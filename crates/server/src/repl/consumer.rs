@@ -643,6 +643,33 @@ impl Session2<'_> {
         Ok(())
     }
 
+    /// [`Self::apply`] a change that came after the refresh (or from a
+    /// log), counted as applied or deleted, with how long it took to come
+    /// when its CSN is known.
+    async fn apply_counted(
+        &mut self,
+        received: Received,
+        cookie: Option<String>,
+        csn: Option<String>,
+    ) -> Result<(), Failed> {
+        let delay = csn.as_deref().and_then(delay_of);
+        let deleted = match &received {
+            Received::Delete(uuids) => uuids.len() as u64,
+            _ => 0,
+        };
+        self.apply(received, cookie, csn).await?;
+        set(self.replica, |s| {
+            match deleted {
+                0 => s.applied += 1,
+                n => s.deleted += n,
+            }
+            if let Some((sid, d)) = delay {
+                s.delay.insert(sid, d);
+            }
+        });
+        Ok(())
+    }
+
     async fn settle_one(&mut self) -> Result<(), Failed> {
         if let Some(f) = self.queued.pop_front() {
             f.await?;
@@ -965,28 +992,15 @@ impl Session2<'_> {
         match state.state {
             SyncStateKind::Present => return Err(self.refuse("a present entry after the refresh")),
             SyncStateKind::Delete => {
-                let delay = csn_from_cookie.as_deref().and_then(delay_of);
-                self.apply(Received::Delete(vec![uuid]), text, csn_from_cookie)
+                self.apply_counted(Received::Delete(vec![uuid]), text, csn_from_cookie)
                     .await?;
-                set(self.replica, |s| {
-                    s.deleted += 1;
-                    if let Some((sid, d)) = delay {
-                        s.delay.insert(sid, d);
-                    }
-                });
             }
             SyncStateKind::Add | SyncStateKind::Modify => {
                 let entry = self.entry(e, &uuid)?;
                 let csn = csn_of(&entry);
                 self.check_clock(csn.as_deref(), &entry.dn);
-                let delay = csn.as_deref().and_then(delay_of);
-                self.apply(Received::Entry(entry), text, csn).await?;
-                set(self.replica, |s| {
-                    s.applied += 1;
-                    if let Some((sid, d)) = delay {
-                        s.delay.insert(sid, d);
-                    }
-                });
+                self.apply_counted(Received::Entry(entry), text, csn)
+                    .await?;
             }
         }
         if let Some(c) = cookie {
@@ -1029,14 +1043,7 @@ impl Session2<'_> {
         let text = cookie.as_ref().map(Cookie::format);
         match received {
             Some(r) => {
-                let delay = csn.as_deref().and_then(delay_of);
-                self.apply(r, text, csn).await?;
-                set(self.replica, |s| {
-                    s.applied += 1;
-                    if let Some((sid, d)) = delay {
-                        s.delay.insert(sid, d);
-                    }
-                });
+                self.apply_counted(r, text, csn).await?;
                 if let Some(c) = cookie {
                     self.last = c;
                 }

@@ -116,6 +116,34 @@ pub(super) fn take_place(
         })
 }
 
+/// What a synchronization search holds before its refresh: in persist
+/// mode its place among the searches that follow changes and its place
+/// on the change feed (subscribed before the refresh takes its snapshot,
+/// so no change falls between the two; one committed meanwhile may be
+/// sent twice, and consumers skip what their cookie covers); then a
+/// search thread for the refresh. Err: how the search ends instead.
+pub(super) struct Started {
+    pub(super) place: Option<tokio::sync::OwnedSemaphorePermit>,
+    pub(super) follower: Option<Follower>,
+    pub(super) thread: tokio::sync::OwnedSemaphorePermit,
+}
+
+pub(super) async fn start_following(job: &SearchJob, persist: bool) -> Result<Started, Finished> {
+    let place = match persist.then(|| take_place(&job.server)).transpose() {
+        Ok(place) => place,
+        Err(refused) => return Err(done(refused, 0)),
+    };
+    let follower = persist.then(|| Follower::new(&job.server));
+    let Some(thread) = search_thread(job).await else {
+        return Err(Finished::Abandoned);
+    };
+    Ok(Started {
+        place,
+        follower,
+        thread,
+    })
+}
+
 /// A search's place on the change feed: the committed operations it has
 /// not seen yet, and how it ends otherwise.
 pub(super) struct Follower {

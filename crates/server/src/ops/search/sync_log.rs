@@ -33,9 +33,9 @@ use pando_proto::{oid, LdapResult, ResultCode, Scope};
 
 use super::emit::Emitter;
 use super::limits::{smaller_limit, Limits};
-use super::persistent::{deliver, done, take_place, Follower};
+use super::persistent::{deliver, done, start_following, Started};
 use super::sync_provider::{control, info_message, state_control, Sink};
-use super::{emitter_for, search_thread, Finished, SearchJob, SearchOutcome, CHUNK};
+use super::{emitter_for, Finished, SearchJob, SearchOutcome, CHUNK};
 use crate::error::{LdapError, OpResult};
 use crate::overlays::accesslog::{self, SyncRecord};
 
@@ -45,15 +45,13 @@ pub async fn run(job: &Arc<SearchJob>, req: SyncRequest, theirs: Cookie) -> Fini
         return done(e.into_result(), 0);
     }
     let persist = req.mode == SyncMode::RefreshAndPersist;
-    let _place = match persist.then(|| take_place(&job.server)).transpose() {
-        Ok(place) => place,
-        Err(refused) => return done(refused, 0),
-    };
-    // Subscribed before the refresh's snapshot: no operation falls between
-    // the two (one may come twice; the consumer skips what it holds).
-    let mut follower = persist.then(|| Follower::new(&job.server));
-    let Some(slot) = search_thread(job).await else {
-        return Finished::Abandoned;
+    let Started {
+        place: _place,
+        mut follower,
+        thread: slot,
+    } = match start_following(job, persist).await {
+        Ok(started) => started,
+        Err(end) => return end,
     };
     let j = job.clone();
     let ran = tokio::task::spawn_blocking(move || {

@@ -59,9 +59,9 @@ use roaring::RoaringTreemap;
 use super::emit::Emitter;
 use super::limits::{smaller_limit, Limits};
 use super::matcher::Matcher;
-use super::persistent::{deliver, done, settle, take_place, Follower};
+use super::persistent::{deliver, done, settle, start_following, Started};
 use super::plan::{scope_candidates, Plan};
-use super::{emitter_for, search_thread, Finished, SearchJob, SearchOutcome, CHUNK};
+use super::{emitter_for, Finished, SearchJob, SearchOutcome, CHUNK};
 use crate::error::{LdapError, OpResult};
 use crate::ops::feed::{Committed, Kind};
 use crate::ops::norm_dn::{in_scope, split_rdns};
@@ -113,16 +113,13 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
         Ok(base) => Arc::new(base),
         Err(e) => return done(e.into_result(), 0),
     };
-    let _place = match persist.then(|| take_place(&job.server)).transpose() {
-        Ok(place) => place,
-        Err(refused) => return done(refused, 0),
-    };
-    // Subscribed before the refresh takes its snapshot: no change falls
-    // between the two (one committed meanwhile may be sent twice; the
-    // consumer skips what its cookie already covers).
-    let mut follower = persist.then(|| Follower::new(&job.server));
-    let Some(slot) = search_thread(job).await else {
-        return Finished::Abandoned;
+    let Started {
+        place: _place,
+        mut follower,
+        thread: slot,
+    } = match start_following(job, persist).await {
+        Ok(started) => started,
+        Err(end) => return end,
     };
     let (j, b, r) = (job.clone(), base.clone(), req.clone());
     let ran = tokio::task::spawn_blocking(move || {
