@@ -155,6 +155,11 @@ def test_who_may_follow_the_log_and_when_it_no_longer_covers_a_cookie(tmp_path):
         # present phase); a recent one is served.
         _, done = log_sync(srv, cookie=start)
         assert done["code"] == 4096 and "stale" in done["diag"], done
+        # The log's root says so, as OpenLDAP's does: minCSN per server ID.
+        rc, entries, err = srv.search(LOG, "(objectClass=*)", "contextCSN", "minCSN", scope="base")
+        root = entries[0][1]
+        assert root["contextCSN"] == context_csn(srv.url, srv.admin_dn, srv.admin_pw), root
+        assert start.split("csn=")[1] < root["minCSN"][0] < root["contextCSN"][0], (start, root)
         got, done = log_sync(srv, cookie=ctx_cookie(srv))
         assert done["code"] == 0 and got == []
         # A cookie newer than this server for its own ID: 53.

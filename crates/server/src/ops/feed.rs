@@ -27,6 +27,9 @@ use super::write::Change;
 pub struct Committed {
     pub csn: String,
     pub changes: Vec<Change>,
+    /// Applied from a consumer's refresh: its CSN may be older than
+    /// changes of its server ID committed before it.
+    pub out_of_order: bool,
 }
 
 /// What a change did to its entry.

@@ -598,6 +598,39 @@ fn seek_from(f: &pando_proto::Filter) -> String {
     }
 }
 
+/// The log's root, with the state of the log as OpenLDAP's root entry
+/// holds it: contextCSN (the newest change per server ID) and minCSN (per
+/// server ID, the log may lack changes up to it: the change log's floor).
+fn container(view: &View<'_>) -> Entry {
+    let mut e = Entry::new(Dn::parse(SUFFIX).unwrap_or(Dn { rdns: Vec::new() }));
+    e.add_values(
+        "objectClass",
+        vec![b"top".to_vec(), b"auditContainer".to_vec()],
+    );
+    e.add_values("cn", vec![b"accesslog".to_vec()]);
+    let newest = view.context_csns().unwrap_or_default();
+    let floor = view.changelog_floor().unwrap_or_default();
+    // The floor's time and count, with each server ID.
+    let min: Vec<Vec<u8>> = match floor.split('#').collect::<Vec<_>>()[..] {
+        [time, count, _, modn] => newest
+            .iter()
+            .filter_map(|c| c.split('#').nth(2))
+            .map(|sid| format!("{time}#{count}#{sid}#{modn}").into_bytes())
+            .collect(),
+        _ => Vec::new(),
+    };
+    if !newest.is_empty() {
+        e.add_values(
+            "contextCSN",
+            newest.into_iter().map(String::into_bytes).collect(),
+        );
+    }
+    if !min.is_empty() {
+        e.add_values("minCSN", min);
+    }
+    e
+}
+
 /// The entries of `cn=accesslog` a search with `base_norm`, `scope` and
 /// `filter` may return, in time order: the container and the records
 /// matching the filter, at most `limit` records (0: no limit), reading at
@@ -614,13 +647,11 @@ pub fn entries(
         return Vec::new();
     };
     let schema: &Schema = &server.schema;
-    let mut container = Entry::new(Dn::parse(SUFFIX).unwrap_or(Dn { rdns: Vec::new() }));
-    container.add_values(
-        "objectClass",
-        vec![b"top".to_vec(), b"auditContainer".to_vec()],
-    );
-    container.add_values("cn", vec![b"accesslog".to_vec()]);
-    let mut out = vec![(SUFFIX.to_string(), container)];
+    let Ok(rtxn) = server.store.read() else {
+        return Vec::new();
+    };
+    let view = rtxn.view();
+    let mut out = vec![(SUFFIX.to_string(), container(&view))];
     if scope == Scope::Base && base_norm == SUFFIX {
         return out;
     }
@@ -638,10 +669,6 @@ pub fn entries(
         None => seek_from(filter),
     };
     let compiled = schema.compile_filter(filter);
-    let Ok(rtxn) = server.store.read() else {
-        return out;
-    };
-    let view = rtxn.view();
     let mut found = 0u64;
     let mut read = 0u64;
     let mut take = |e: (String, Entry)| -> bool {

@@ -603,7 +603,11 @@ impl Session2<'_> {
 
     fn ctx(&self, cookie: Option<String>, csn: Option<String>, unlogged: bool) -> Arc<WriteCtx> {
         // Written under the configuration current now (its logs, its
-        // limits), not the one the consumer started with.
+        // limits), not the one the consumer started with. Entries of a
+        // refresh, and changes passed on without a cookie, come in no CSN
+        // order (a log's records come in CSN order, each with its cookie
+        // or before one).
+        let refreshing = !self.log && (!self.persisting || cookie.is_none());
         WriteCtx::replicated(
             &self.server.current(),
             &self.who,
@@ -613,8 +617,7 @@ impl Session2<'_> {
                 csn,
                 failed: self.failed.clone(),
                 unlogged,
-                // A log's records come in CSN order, each with its cookie.
-                refreshing: !self.persisting && !self.log,
+                refreshing,
                 base: self.replica.base.clone(),
                 conflicts: self.replica.conflicts.clone(),
             },

@@ -239,9 +239,15 @@ pub(super) fn info_message(msg_id: i32, info: &SyncInfo, buf: &mut Vec<u8>) {
 
 /// A SearchResultEntry with the DN only, telling the consumer the entry
 /// `uuid` went (or left the search).
-fn delete_message(msg_id: i32, dn: &str, uuid: SyncUuid, cookie: &Cookie, buf: &mut Vec<u8>) {
+fn delete_message(
+    msg_id: i32,
+    dn: &str,
+    uuid: SyncUuid,
+    cookie: Option<&Cookie>,
+    buf: &mut Vec<u8>,
+) {
     let enc = EntryEncoder::begin(buf, msg_id, dn.as_bytes());
-    enc.finish_with_controls(&[state_control(SyncStateKind::Delete, uuid, Some(cookie))]);
+    enc.finish_with_controls(&[state_control(SyncStateKind::Delete, uuid, cookie)]);
 }
 
 /// The entry's entryUUID as 16 bytes (None: it has none that parses).
@@ -765,6 +771,11 @@ fn persist_changes(
         delcsn: None,
         ..cookie.clone()
     };
+    // Applied here from a consumer's refresh, whose entries come in no CSN
+    // order: passed on without a cookie, so the state of the servers that
+    // receive it does not move with it (it would then say they hold the
+    // older changes of that server ID still on their way).
+    let in_order = !committed.out_of_order;
     let scope = job.req.scope;
     let touches = |c: &Change| {
         in_scope(base, scope, c.norm())
@@ -782,8 +793,13 @@ fn persist_changes(
         Ok((vec![buf], 0))
     };
     if !committed.changes.iter().any(touches) {
-        return new_cookie(cookie);
+        return if in_order {
+            new_cookie(cookie)
+        } else {
+            Ok((Vec::new(), 0))
+        };
     }
+    let cookie = in_order.then_some(cookie);
     let server = &job.server;
     let schema = &*server.schema;
     let rtxn = server.store.read()?;
@@ -808,7 +824,10 @@ fn persist_changes(
         chunks.push(buf);
     }
     if chunks.is_empty() {
-        return new_cookie(cookie);
+        return match cookie {
+            Some(cookie) => new_cookie(cookie),
+            None => Ok((Vec::new(), 0)),
+        };
     }
     Ok((chunks, entries))
 }
@@ -823,7 +842,7 @@ fn persist_change(
     matcher: &mut Matcher<'_, '_>,
     emitter: &Emitter<'_>,
     c: &Change,
-    cookie: &Cookie,
+    cookie: Option<&Cookie>,
     buf: &mut Vec<u8>,
 ) -> OpResult<bool> {
     let scope = job.req.scope;
@@ -854,7 +873,7 @@ fn persist_change(
             } else {
                 SyncStateKind::Add
             };
-            let ctl = [state_control(state, uuid, Some(cookie))];
+            let ctl = [state_control(state, uuid, cookie)];
             matcher.emit_held(emitter, id, c.norm(), &entry, &ctl, buf)?;
             return Ok(true);
         }
@@ -876,7 +895,7 @@ fn persist_descendants(
     matcher: &mut Matcher<'_, '_>,
     emitter: &Emitter<'_>,
     c: &Change,
-    cookie: &Cookie,
+    cookie: Option<&Cookie>,
     (chunks, buf): (&mut Vec<Vec<u8>>, &mut Vec<u8>),
 ) -> OpResult<u64> {
     let Some(before) = &c.before else {
@@ -918,7 +937,7 @@ fn persist_descendants(
                 true => SyncStateKind::Modify,
                 false => SyncStateKind::Add,
             };
-            let ctl = [state_control(state, uuid, Some(cookie))];
+            let ctl = [state_control(state, uuid, cookie)];
             matcher.emit_held(emitter, Some(id), &norm, &entry, &ctl, buf)?;
         } else if was_in {
             delete_message(job.msg_id, &old_dn, uuid, cookie, buf);

@@ -287,9 +287,20 @@ fn job<W: WriteOp>(
         }
         if changes.is_empty() {
             // Nothing written (a replicated cookie alone): nothing to tell.
-            return Ok((Arc::new(Committed { csn, changes }), controls));
+            return Ok((
+                Arc::new(Committed {
+                    csn,
+                    changes,
+                    out_of_order: false,
+                }),
+                controls,
+            ));
         }
-        Ok((publish(&ctx.server, w, csn, changes), controls))
+        let out_of_order = ctx.replicated.as_ref().is_some_and(|r| r.refreshing);
+        Ok((
+            publish(&ctx.server, w, csn, changes, out_of_order),
+            controls,
+        ))
     }
 }
 
@@ -452,6 +463,7 @@ fn publish(
     w: &mut WriteTxn<'_>,
     csn: String,
     changes: Vec<Change>,
+    out_of_order: bool,
 ) -> Arc<Committed> {
     let mut changes = changes;
     changes.reverse();
@@ -460,7 +472,11 @@ fn publish(
             b.bytes = None;
         }
     }
-    let committed = Arc::new(Committed { csn, changes });
+    let committed = Arc::new(Committed {
+        csn,
+        changes,
+        out_of_order,
+    });
     let (server, published) = (server.clone(), committed.clone());
     w.after_commit(move || server.feed.publish(published));
     committed

@@ -47,8 +47,9 @@ pub struct ReplCtx {
     /// import` does), so a consumer of this server that is older than the
     /// load gets a present phase.
     pub unlogged: bool,
-    /// Part of a refresh, whose entries come in no CSN order: contextCSN
-    /// moves with the refresh's cookie at its end, not with each entry
+    /// Part of a refresh, whose entries come in no CSN order (or passed on
+    /// by a provider without a cookie, being such an entry where it was
+    /// applied): contextCSN moves with the cookies, not with each entry
     /// (else it would say "in step" while older changes are still on
     /// their way, and a change coming meanwhile through another server
     /// would be taken as held).
