@@ -471,6 +471,8 @@ MODS = [
     ("modify operational", lambda c: c.modify(U % 1, {"entryUUID": [(MODIFY_REPLACE, [
         "00000000-0000-0000-0000-000000000000"])]}), [U % 1]),
     ("move below itself", lambda c: c.modify_dn(PEOPLE, "ou=Inside", new_superior=U % 1), [PEOPLE]),
+    ("modify the subschema subentry", lambda c: c.modify("cn=Subschema", {"description": [(MODIFY_REPLACE, ["x"])]}),
+     []),
 ]
 
 
@@ -517,6 +519,12 @@ def test_modifications(pair):
     (rc_o, ents_o, _), (rc_p, ents_p, _) = search_both(pair, S, "sub", "(objectClass=*)", "*")
     if ents_o != ents_p:
         problems.append("tree differs after modifications:\n" + diff(ents_o, ents_p))
+    # The root DSE (ldap3 sends no modify of the empty DN).
+    codes = [subprocess.run(["ldapmodify", "-x", "-H", srv.url, "-D", srv.admin_dn, "-w", srv.admin_pw],
+                            input="dn:\nchangetype: modify\nreplace: description\ndescription: x\n",
+                            capture_output=True, text=True, timeout=30).returncode for srv in (slapd, pando)]
+    if codes[0] != codes[1]:
+        problems.append("modify the root DSE: result slapd=%d pando=%d" % tuple(codes))
     co.unbind()
     cp.unbind()
     assert not problems, "\n".join(problems)

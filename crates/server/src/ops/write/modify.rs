@@ -28,6 +28,17 @@ pub async fn modify(ctx: Arc<WriteCtx>, req: ModifyRequest) -> OpResult<Written>
     let norm = schema
         .normalize_dn(&dn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
+    // As slapd answers both (they exist, but are made, not stored).
+    if norm.is_empty() {
+        return Err(LdapError::unwilling(
+            "modify upon the root DSE not supported",
+        ));
+    }
+    if norm == crate::ops::special::SUBSCHEMA_NORM {
+        return Err(LdapError::unwilling(
+            "modification of the subschema subentry not supported: schema is added under cn=schema,cn=config or in schema files",
+        ));
+    }
     check_value_count(server, who, req.changes.iter().map(|c| c.attr.values.len()))?;
     let mut clear = 0;
     for ch in &req.changes {
