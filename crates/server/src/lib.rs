@@ -274,7 +274,6 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         }
     }
 
-    print_banner(&server, &root_pw, &created, demo_added, tls_generated);
 
     // Change log records that expired while the server was down go now
     // (later ones go with the writes that follow them).
@@ -323,6 +322,9 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
             .listeners
             .set_metrics(&live, Some((addr, observe::prometheus::bind(addr)?)));
     }
+    // "Serving" once every listener accepts (and the password file, if
+    // one was made, exists: first-start work is done above).
+    print_banner(&server, &root_pw, &created, demo_added, tls_generated);
     // Kept to the end: the connection places and the change feed. The
     // rest of the first configuration is let go, so a changed one can close.
     let feed = server.feed.clone();
