@@ -274,7 +274,6 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         }
     }
 
-
     // Change log records that expired while the server was down go now
     // (later ones go with the writes that follow them).
     let retention = server.cfg.config.replication.clone();
