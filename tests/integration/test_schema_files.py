@@ -126,3 +126,42 @@ def test_a_bad_file_stops_the_start_naming_file_and_line(tmp_path, text, where, 
     r = subprocess.run([PANDO_BIN, "serve", "-c", str(cfg)], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "schema file %s, %s" % (bad, where) in r.stderr and what in r.stderr, r.stderr
+
+
+def test_rfc2307bis_groups_are_group_of_names_with_posix_group_added(tmp_path):
+    """`posix_schema = "rfc2307bis"`: posixGroup is auxiliary, so one group
+    entry names its members by DN (groupOfNames) and carries a gidNumber, as
+    SSSD's and nslcd's rfc2307bis modes expect; the demo's POSIX groups are
+    loaded that way. The default (RFC 2307) refuses that combination."""
+    bis = Pando(tmp_path / "bis", demo=True, config='posix_schema = "rfc2307bis"\n').start()
+    plain = Pando(tmp_path / "plain", demo=False).start()
+    group = ("cn=ops,ou=Groups," + SUFFIX,
+             {"objectClass": ["groupOfNames", "posixGroup"], "cn": ["ops"], "gidNumber": ["5001"],
+              "member": ["uid=alice,ou=People," + SUFFIX]})
+    try:
+        rc, sub, err = bis.search("cn=Subschema", "(objectClass=*)", "objectClasses", scope="base")
+        assert rc == 0, err
+        posix_group = [d for d in sub[0][1]["objectClasses"] if "NAME 'posixGroup'" in d]
+        assert len(posix_group) == 1 and "AUXILIARY" in posix_group[0], posix_group
+        assert any("NAME 'automountMap'" in d for d in sub[0][1]["objectClasses"])
+
+        rc, _, err = bis.ldap("ldapadd", input=ldif_entry(*group))
+        assert rc == 0, err
+        rc, found, err = bis.search("ou=Groups," + SUFFIX,
+                                    "(&(objectClass=posixGroup)(member=uid=alice,ou=People,%s))" % SUFFIX,
+                                    "cn", "gidNumber")
+        assert rc == 0, err
+        assert sorted(a["cn"][0] for _, a in found) == ["engineering-posix", "ops", "staff-posix"], found
+        # posixGroup alone has no structural class any more.
+        rc, _, err = bis.ldap("ldapadd", input=ldif_entry(
+            "cn=lonely,ou=Groups," + SUFFIX, {"objectClass": ["posixGroup"], "cn": ["lonely"], "gidNumber": ["7"]}))
+        assert rc == 65, (rc, err)
+
+        rc, _, err = plain.ldap("ldapadd", input=ldif_entry(
+            "ou=Groups," + SUFFIX, {"objectClass": ["organizationalUnit"], "ou": ["Groups"]}))
+        assert rc == 0, err
+        rc, _, err = plain.ldap("ldapadd", input=ldif_entry(*group))
+        assert rc == 65, "RFC 2307's posixGroup is structural; groupOfNames beside it: rc=%d %s" % (rc, err)
+    finally:
+        bis.stop_and_verify()
+        plain.stop_and_verify()

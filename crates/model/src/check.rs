@@ -313,6 +313,49 @@ mod tests {
     }
 
     #[test]
+    fn rfc2307bis_groups_are_group_of_names_with_posix_group_added() {
+        let group = |ocs: &'static [&'static str]| {
+            entry(
+                "cn=staff,ou=groups,dc=example,dc=com",
+                &[
+                    ("objectClass", ocs),
+                    ("cn", &["staff"]),
+                    ("gidNumber", &["5000"]),
+                    ("member", &["uid=ann,ou=people,dc=example,dc=com"]),
+                    ("memberUid", &["änn"]),
+                ],
+            )
+        };
+        let bis = Schema::standard_with(crate::PosixSchema::Rfc2307bis);
+        assert_eq!(
+            bis.check_entry(&mut group(&["groupOfNames", "posixGroup"])),
+            Ok("groupOfNames".to_string())
+        );
+        // posixGroup alone has no structural class; gecos takes UTF-8.
+        assert_eq!(code(bis.check_entry(&mut group(&["posixGroup"]))), 65);
+        let mut user = entry(
+            "uid=ann,ou=people,dc=example,dc=com",
+            &[
+                ("objectClass", &["account", "posixAccount"]),
+                ("uid", &["ann"]),
+                ("cn", &["Änn"]),
+                ("uidNumber", &["1"]),
+                ("gidNumber", &["5000"]),
+                ("homeDirectory", &["/home/ann"]),
+                ("gecos", &["Änn Örtel"]),
+            ],
+        );
+        assert!(bis.check_entry(&mut user).is_ok());
+        // RFC 2307: posixGroup is structural and conflicts with groupOfNames.
+        let nis = Schema::standard();
+        assert!(nis
+            .check_entry(&mut group(&["groupOfNames", "posixGroup"]))
+            .is_err());
+        assert!(nis.object_class("automountMap").is_none());
+        assert!(bis.object_class("automountMap").is_some());
+    }
+
+    #[test]
     fn valid_inet_org_person() {
         let s = Schema::standard();
         let mut e = entry(

@@ -29,6 +29,6 @@ pub use dn::{Dn, DnError, Rdn, RdnAva};
 pub use entry::{Attribute, Entry};
 pub use filter::{CompiledFilter, Ternary};
 pub use schema::{
-    AttributeType, ObjectClass, ObjectClassKind, Schema, SchemaError, SortOrder, Usage,
+    AttributeType, ObjectClass, ObjectClassKind, PosixSchema, Schema, SchemaError, SortOrder, Usage,
 };
 pub use syntax::generalized_time_seconds;

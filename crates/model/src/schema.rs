@@ -213,7 +213,7 @@ const FILES: &[(&str, &str)] = &[
         "inetorgperson.schema",
         include_str!("../schema/inetorgperson.schema"),
     ),
-    ("nis.schema", include_str!("../schema/nis.schema")),
+    (NIS_FILE, include_str!("../schema/nis.schema")),
     (
         "operational.schema",
         include_str!("../schema/operational.schema"),
@@ -226,6 +226,32 @@ const FILES: &[(&str, &str)] = &[
     ("monitor.schema", include_str!("../schema/monitor.schema")),
     ("config.schema", include_str!("../schema/config.schema")),
 ];
+
+const NIS_FILE: &str = "nis.schema";
+const RFC2307BIS: &str = include_str!("../schema/rfc2307bis.schema");
+
+/// Which definitions of the NIS classes the standard schema holds: RFC
+/// 2307's (posixGroup structural, members by `memberUid`) or RFC 2307bis's
+/// (posixGroup auxiliary beside groupOfNames, members by DN). They share
+/// OIDs, so a schema has one or the other.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PosixSchema {
+    #[default]
+    Rfc2307,
+    Rfc2307bis,
+}
+
+impl PosixSchema {
+    pub const NAMES: [&'static str; 2] = ["rfc2307", "rfc2307bis"];
+
+    pub fn parse(name: &str) -> Option<PosixSchema> {
+        match name {
+            "rfc2307" => Some(PosixSchema::Rfc2307),
+            "rfc2307bis" => Some(PosixSchema::Rfc2307bis),
+            _ => None,
+        }
+    }
+}
 
 /// Longest SUP chain followed (attribute types or object classes). Chains
 /// are acyclic by construction; this only bounds work.
@@ -490,8 +516,17 @@ impl Schema {
     /// The embedded files are part of the program and covered by tests; a
     /// failure to load them is a build defect, reported by panicking.
     pub fn standard() -> Schema {
+        Schema::standard_with(PosixSchema::Rfc2307)
+    }
+
+    /// The standard schema with the chosen NIS definitions.
+    pub fn standard_with(posix: PosixSchema) -> Schema {
         let mut s = Schema::builtin();
         for (name, text) in FILES {
+            let text = match posix {
+                PosixSchema::Rfc2307bis if *name == NIS_FILE => RFC2307BIS,
+                _ => text,
+            };
             if let Err(e) = s.add_definitions(text) {
                 panic!("built-in schema file {name} is invalid: {e}");
             }

@@ -393,10 +393,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     let (file, stored) = file_config(&args.store)?;
     let file = with_serve_options(&args, file);
     let merged = pando_server::cn_config::stored::effective(stored.as_ref(), file.clone());
-    let schema = Arc::new(pando_server::schema_files::build(
-        &merged.config.schema_files,
-        &merged.config.schema,
-    )?);
+    let schema = Arc::new(pando_server::schema_files::build(&merged.config)?);
     let resolved = merged
         .config
         .clone()
@@ -478,10 +475,7 @@ fn passwd(args: PasswdArgs) -> Result<ExitCode, String> {
 
 fn resolve(args: &StoreArgs) -> Result<(pando_server::config::Resolved, Arc<Schema>), String> {
     let cfg = load_config(args)?;
-    let schema = Arc::new(pando_server::schema_files::build(
-        &cfg.schema_files,
-        &cfg.schema,
-    )?);
+    let schema = Arc::new(pando_server::schema_files::build(&cfg)?);
     let resolved = cfg.validate(&schema).map_err(|e| e.to_string())?;
     Ok((resolved, schema))
 }

@@ -256,6 +256,28 @@ pub fn ensure_suffixes(
     Ok(created)
 }
 
+/// With RFC 2307bis a posixGroup is added to a structural group class: a
+/// demo POSIX group becomes a groupOfNames naming its members by DN too.
+fn as_rfc2307bis_group(entry: &mut Entry, suffix: &Dn) {
+    let is_posix_group = entry.get("objectClass").is_some_and(|a| {
+        a.values
+            .iter()
+            .any(|v| v.eq_ignore_ascii_case(b"posixGroup"))
+    });
+    if !is_posix_group {
+        return;
+    }
+    let members: Vec<Vec<u8>> = entry
+        .get("memberUid")
+        .map(|a| a.values.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|uid| format!("uid={},ou=People,{suffix}", String::from_utf8_lossy(&uid)).into_bytes())
+        .collect();
+    entry.add_values("objectClass", vec![b"groupOfNames".to_vec()]);
+    entry.add_values("member", members);
+}
+
 /// Load the demo tree under `suffix` (entries already present are kept).
 pub fn load_demo(
     store: &Store,
@@ -264,6 +286,10 @@ pub fn load_demo(
     csn: &CsnClock,
 ) -> Result<usize, BootstrapError> {
     let text = DEMO_LDIF.replace("dc=example,dc=com", &suffix.to_string());
+    let posix_group_is_auxiliary = store
+        .schema()
+        .object_class("posixGroup")
+        .is_some_and(|c| c.kind == pando_model::ObjectClassKind::Auxiliary);
     let mut added = 0;
     for rec in LdifReader::new(text.as_bytes(), ReaderOptions::default()) {
         let rec = rec.map_err(|e| BootstrapError::Entry(format!("demo.ldif {e}")))?;
@@ -275,6 +301,9 @@ pub fn load_demo(
         let mut entry = Entry::new(dn);
         for (a, v) in attrs {
             entry.add_values(&a, vec![v]);
+        }
+        if posix_group_is_auxiliary {
+            as_rfc2307bis_group(&mut entry, suffix);
         }
         if add_if_missing(store, entry, creator, csn, false)? {
             added += 1;

@@ -46,6 +46,10 @@ pub struct Config {
     /// Schema files added to the built-in schema at start, in order:
     /// OpenLDAP `.schema` text or `cn=schema` LDIF (see `schema_files.rs`).
     pub schema_files: Vec<PathBuf>,
+    /// The NIS schema built in: `rfc2307` (default: posixGroup structural,
+    /// members by `memberUid`) or `rfc2307bis` (posixGroup auxiliary beside
+    /// groupOfNames or groupOfMembers, members by DN; automount maps).
+    pub posix_schema: String,
     /// `[[schema]]`: schema added after the files, in order; each is an
     /// entry below cn=schema,cn=config, and changes while serving.
     pub schema: Vec<SchemaDoc>,
@@ -859,6 +863,7 @@ impl Default for Config {
             user: None,
             group: None,
             schema_files: Vec::new(),
+            posix_schema: "rfc2307".to_string(),
             schema: Vec::new(),
             indexes,
             limits: Limits::default(),

@@ -10,24 +10,26 @@
 //!
 //! Any problem stops the start with the file, the line and what is wrong.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use base64::Engine;
-use pando_model::Schema;
+use pando_model::{PosixSchema, Schema};
 
-/// The built-in schema plus `files`.
-pub fn load(files: &[PathBuf]) -> Result<Schema, String> {
-    let mut schema = Schema::standard();
-    for path in files {
+/// The built-in schema (with the NIS definitions `posix_schema` names),
+/// then `schema_files`, then the `[[schema]]` documents.
+pub fn build(cfg: &crate::config::Config) -> Result<Schema, String> {
+    let posix = PosixSchema::parse(&cfg.posix_schema).ok_or_else(|| {
+        format!(
+            "posix_schema: '{}' is not one of {}",
+            cfg.posix_schema,
+            PosixSchema::NAMES.join(", ")
+        )
+    })?;
+    let mut schema = Schema::standard_with(posix);
+    for path in &cfg.schema_files {
         add_file(&mut schema, path)?;
     }
-    Ok(schema)
-}
-
-/// The built-in schema, `files`, then the `[[schema]]` documents.
-pub fn build(files: &[PathBuf], docs: &[crate::config::SchemaDoc]) -> Result<Schema, String> {
-    let mut schema = load(files)?;
-    for (i, doc) in docs.iter().enumerate() {
+    for (i, doc) in cfg.schema.iter().enumerate() {
         add_doc(&mut schema, doc)
             .map_err(|e| format!("cn={{{i}}}{},cn=schema,cn=config: {e}", doc.name))?;
     }
@@ -168,6 +170,37 @@ fn definition(line: &str) -> Result<Option<(&'static str, String)>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
+
+    fn load(files: &[PathBuf]) -> Result<Schema, String> {
+        build(&crate::config::Config {
+            schema_files: files.to_vec(),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn posix_schema_chooses_the_nis_definitions() {
+        let with = |name: &str| {
+            build(&crate::config::Config {
+                posix_schema: name.to_string(),
+                ..Default::default()
+            })
+        };
+        let kind = |s: &Schema| s.object_class("posixGroup").unwrap().kind;
+        assert_eq!(
+            kind(&with("rfc2307").unwrap()),
+            pando_model::ObjectClassKind::Structural
+        );
+        assert_eq!(
+            kind(&with("rfc2307bis").unwrap()),
+            pando_model::ObjectClassKind::Auxiliary
+        );
+        assert_eq!(
+            with("rfc2307-bis").unwrap_err(),
+            "posix_schema: 'rfc2307-bis' is not one of rfc2307, rfc2307bis"
+        );
+    }
 
     fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
         let p = dir.join(name);

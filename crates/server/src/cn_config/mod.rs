@@ -239,6 +239,7 @@ pub const KEYS: &[Key] = &[
         Database,
         Boolean,
     ),
+    k(126, "posix_schema", "", Global, Text),
 ];
 
 /// Attribute type numbers of attributes that are not keys.

@@ -35,10 +35,11 @@ pub(super) async fn schema_for(
 ) -> Result<Arc<Schema>, Refused> {
     if desired.schema_files == current.desired.schema_files
         && desired.schema == current.desired.schema
+        && desired.posix_schema == current.desired.posix_schema
     {
         return Ok(current.schema.clone());
     }
-    let built = crate::schema_files::build(&desired.schema_files, &desired.schema)
+    let built = crate::schema_files::build(desired)
         .map(Arc::new)
         .map_err(Refused::Schema)?;
     if !relax {
