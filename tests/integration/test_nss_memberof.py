@@ -30,19 +30,13 @@ databases in /var/lib/sss. Everything below the paths in SYSTEM_PATHS is
 put back as it was (files created there removed) even when a test fails.
 """
 
-import os
 import re
-import shutil
-import signal
-import socket
-import stat
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import SUFFIX, server_with
+from sssd_env import NSSWITCH, SSSD_PATHS, Sssd, SystemFiles, run, why_not_here, with_sss
 
 PEOPLE = "ou=People," + SUFFIX
 GROUPS = "ou=Groups," + SUFFIX
@@ -51,11 +45,8 @@ SSSD_DN = "cn=sssd," + SERVICES
 SSSD_PW = "nss-reader-secret"
 DOMAIN = "pandotest"
 
-SSSD = "/usr/sbin/sssd"
-SSS_CACHE = "/usr/sbin/sss_cache"
-NSSWITCH = Path("/etc/nsswitch.conf")
 # Everything sssd or this test writes outside the test's temporary directory.
-SYSTEM_PATHS = ["/etc/nsswitch.conf", "/etc/sssd", "/var/lib/sss", "/var/log/sssd", "/run/sssd.pid"]
+SYSTEM_PATHS = SSSD_PATHS
 
 # Names no local account is likely to have: `files` is asked first.
 USERS = {"mo-nina": 70001, "mo-omar": 70002}
@@ -134,110 +125,8 @@ debug_level = 3
 # ------------------------------------------------------------------ the machine
 
 
-def running(comm):
-    """PIDs of processes whose command name is `comm`."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if (d / "comm").read_text().strip() == comm:
-                    pids.append(int(d.name))
-            except OSError:
-                pass
-    return pids
-
-
-def why_not_here():
-    """Why this machine cannot run the test, or None."""
-    if os.geteuid() != 0:
-        return "needs root: it points the system's NSS at SSSD"
-    missing = [p for p in (SSSD, SSS_CACHE) if not Path(p).exists()]
-    if not any(Path(d).glob("libsss_ldap.so") for d in ("/usr/lib/x86_64-linux-gnu/sssd", "/usr/lib64/sssd",
-                                                        "/usr/lib/sssd", "/usr/lib/aarch64-linux-gnu/sssd")):
-        missing.append("SSSD's LDAP provider")
-    if not (list(Path("/usr/lib").glob("*/libnss_sss.so.2")) or list(Path("/lib").glob("*/libnss_sss.so.2"))
-            or Path("/usr/lib64/libnss_sss.so.2").exists()):
-        missing.append("libnss_sss")
-    if missing:
-        return ("SSSD is not installed (missing %s; Debian: sssd-ldap libnss-sss sssd-tools, "
-                "which scripts/test installs)" % ", ".join(missing))
-    if running("sssd"):
-        return "an sssd is already running here: the test will not take over the machine's NSS"
-    if Path("/var/lib/sss/pipes/nss").is_socket():
-        with socket.socket(socket.AF_UNIX) as s:
-            if s.connect_ex("/var/lib/sss/pipes/nss") == 0:
-                return "something already answers on SSSD's NSS socket (socket activation?)"
-    if running("nscd") or running("unscd"):
-        return "nscd is running: it would answer from its own cache"
-    return None
-
-
 WHY_NOT = why_not_here()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
-
-
-def walk(root):
-    """root and everything below it, not following symbolic links."""
-    root = Path(root)
-    if not os.path.lexists(root):
-        return []
-    out = [root]
-    if root.is_dir() and not root.is_symlink():
-        for d, dirs, files in os.walk(root):
-            out += [Path(d) / n for n in dirs + files]
-    return out
-
-
-class SystemFiles:
-    """The files below `roots` as they are now, to put back: regular files by
-    content, mode and owner, directories by mode and owner; whatever appears
-    below the roots later is removed by restore()."""
-
-    def __init__(self, roots):
-        self.roots = roots
-        self.saved = {}
-        for p in [p for r in roots for p in walk(r)]:
-            st = os.lstat(p)
-            data = p.read_bytes() if stat.S_ISREG(st.st_mode) else None
-            self.saved[p] = (stat.S_IFMT(st.st_mode), data, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-
-    def restore(self):
-        now = [p for r in self.roots for p in walk(r)]
-        for p in sorted(now, key=lambda p: len(p.parts), reverse=True):
-            if p not in self.saved:
-                if p.is_dir() and not p.is_symlink():
-                    shutil.rmtree(p, ignore_errors=True)
-                elif os.path.lexists(p):
-                    p.unlink()
-        for p, (kind, data, mode, uid, gid) in sorted(self.saved.items(), key=lambda kv: len(kv[0].parts)):
-            if kind == stat.S_IFDIR:
-                p.mkdir(exist_ok=True)
-            elif kind == stat.S_IFREG:
-                if not p.exists() or p.read_bytes() != data:
-                    p.write_bytes(data)
-            else:
-                continue  # a socket or a link sssd left: nothing to rewrite
-            os.chown(p, uid, gid)
-            os.chmod(p, mode)
-
-
-def with_sss(text):
-    """nsswitch.conf text with `passwd` and `group` answered by files, then sss."""
-    out, done = [], set()
-    for line in text.splitlines():
-        db = line.split(":", 1)[0].strip()
-        if db in ("passwd", "group") and ":" in line and not line.lstrip().startswith("#"):
-            out.append("%s: files sss" % db)
-            done.add(db)
-        else:
-            out.append(line)
-    out += ["%s: files sss" % db for db in ("passwd", "group") if db not in done]
-    return "\n".join(out) + "\n"
-
-
-def run(*cmd, timeout=15):
-    r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
-    return r.returncode, r.stdout, r.stderr
 
 
 # ------------------------------------------------------------------ fixtures
@@ -253,75 +142,10 @@ def directory(tmp_path_factory):
     srv.stop_and_verify()
 
 
-class Sssd:
-    def __init__(self, base, port):
-        self.base = base
-        self.conf = base / "sssd.conf"
-        self.conf.write_text(sssd_conf(port))
-        self.conf.chmod(0o600)
-        self.log = base / "sssd.log"
-        self.proc = None
-
-    def start(self):
-        with open(self.log, "ab") as log:
-            # Its own process group: stop() can end the children (sssd_be,
-            # sssd_nss) should the monitor not.
-            self.proc = subprocess.Popen([SSSD, "-i", "-c", str(self.conf), "--logger=stderr"],
-                                         stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
-        deadline = time.monotonic() + 30
-        while True:
-            rc, _, _ = run("getent", "passwd", "mo-nina")
-            if rc == 0:
-                return
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("sssd did not answer for mo-nina (exit code %r):\n%s" % (self.proc.poll(), self.logs()))
-            time.sleep(0.3)
-
-    def stop(self):
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # children left behind, if any
-        except ProcessLookupError:
-            pass
-        if self.proc.poll() is None:
-            self.proc.wait(10)
-
-    def logs(self, tail=6000):
-        out = ["--- sssd ---\n" + (self.log.read_text(errors="replace")[-tail:] if self.log.exists() else "")]
-        for f in sorted(Path("/var/log/sssd").glob("*")):
-            if f.is_file() and f.stat().st_size:
-                out.append("--- %s ---\n%s" % (f, f.read_text(errors="replace")[-tail:]))
-        return "\n".join(out)
-
-    def expire(self):
-        """What an administrator does after changing groups: expire every
-        cached entry, so the next lookup goes to the directory."""
-        rc, out, err = run(SSS_CACHE, "-E")
-        assert rc == 0, "sss_cache -E failed: %s%s" % (out, err)
-
-    def groups(self, user, want, timeout=10):
-        """`id -Gn user` as a set, once it equals `want` or after `timeout` s."""
-        deadline = time.monotonic() + timeout
-        while True:
-            rc, out, err = run("id", "-Gn", user)
-            got = set(out.split()) if rc == 0 else {"<id failed: %s>" % err.strip()}
-            if got == want or time.monotonic() > deadline:
-                return got
-            time.sleep(0.3)
-
-
 @pytest.fixture(scope="module")
 def sssd(directory, tmp_path_factory):
     system = SystemFiles(SYSTEM_PATHS)
-    client = Sssd(tmp_path_factory.mktemp("sssd"), directory.port)
+    client = Sssd(tmp_path_factory.mktemp("sssd"), sssd_conf(directory.port), probe="mo-nina")
     try:
         NSSWITCH.write_text(with_sss(NSSWITCH.read_text()))
         client.start()
