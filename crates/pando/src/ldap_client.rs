@@ -132,13 +132,17 @@ impl Ldap {
     }
 
     fn send(&mut self, op: ProtocolOp) -> Result<i32, String> {
+        self.send_with(op, Vec::new())
+    }
+
+    fn send_with(
+        &mut self,
+        op: ProtocolOp,
+        controls: Vec<pando_proto::Control>,
+    ) -> Result<i32, String> {
         let id = self.next_id;
         self.next_id += 1;
-        let msg = LdapMessage {
-            id,
-            op,
-            controls: Vec::new(),
-        };
+        let msg = LdapMessage { id, op, controls };
         self.stream
             .write_all(&msg.to_bytes())
             .map_err(|e| format!("sending to the server: {e}"))?;
@@ -166,6 +170,50 @@ impl Ldap {
             }
             self.buf.extend_from_slice(&chunk[..n]);
         }
+    }
+
+    /// Send `op` with `controls`; the result code and, for a search, the
+    /// entries returned (DN, attributes).
+    pub fn request(
+        &mut self,
+        op: ProtocolOp,
+        controls: Vec<pando_proto::Control>,
+    ) -> Result<(u32, Vec<pando_proto::SearchResultEntry>), String> {
+        self.send_with(op, controls)?;
+        let mut entries = Vec::new();
+        loop {
+            match self.recv()?.op {
+                ProtocolOp::SearchResultEntry(e) => entries.push(e),
+                ProtocolOp::SearchResultReference(_) | ProtocolOp::IntermediateResponse { .. } => {}
+                ProtocolOp::SearchResultDone(r)
+                | ProtocolOp::ModifyResponse(r)
+                | ProtocolOp::AddResponse(r)
+                | ProtocolOp::DelResponse(r)
+                | ProtocolOp::ModifyDnResponse(r)
+                | ProtocolOp::CompareResponse(r) => return Ok((r.code.0 as u32, entries)),
+                ProtocolOp::BindResponse(r) => return Ok((r.result.code.0 as u32, entries)),
+                ProtocolOp::ExtendedResponse(r) => return Ok((r.result.code.0 as u32, entries)),
+                _ => return Err("unexpected response".into()),
+            }
+        }
+    }
+
+    /// A simple bind: its result code.
+    pub fn simple_bind(&mut self, dn: &str, password: &str) -> Result<u32, String> {
+        self.request(
+            ProtocolOp::BindRequest(BindRequest {
+                version: 3,
+                name: dn.to_string(),
+                auth: BindAuth::Simple(password.as_bytes().to_vec()),
+            }),
+            Vec::new(),
+        )
+        .map(|(code, _)| code)
+    }
+
+    /// Connected, not bound.
+    pub fn connect_only(url: &str) -> Result<Ldap, String> {
+        Ldap::connect(url).map(|(l, _)| l)
     }
 
     fn bind(&mut self, auth: BindAuth, name: String) -> Result<(), String> {

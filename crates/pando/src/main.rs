@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+mod acl_check;
 mod ldap_client;
+mod migrate_cmd;
 mod progress;
 mod repl_status;
 mod stat;
@@ -62,6 +64,18 @@ enum Command {
     /// The configuration kept in the data directory (changed under
     /// cn=config) merged with the file.
     Config(ConfigArgs),
+    /// Translate an OpenLDAP configuration (slapd.d or slapd.conf) into a
+    /// Pando one, with a report of what could not be translated exactly;
+    /// --verify-against compares access on slapd and Pando.
+    Migrate(migrate_cmd::MigrateArgs),
+    /// Write the manual pages (pando.1 and one per command) into a directory.
+    Man {
+        /// e.g. /usr/local/share/man/man1
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+    },
+    /// Print the shell completion script for bash, zsh, fish, elvish or powershell.
+    Completions { shell: clap_complete::Shell },
 }
 
 #[derive(clap::Args)]
@@ -367,6 +381,13 @@ fn main() -> ExitCode {
         Command::Config(ConfigArgs {
             action: ConfigAction::Export(args),
         }) => config_export(args),
+        Command::Migrate(args) => migrate_cmd::run(args),
+        Command::Man { out } => write_man_pages(&out),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "pando", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,
@@ -375,6 +396,33 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `pando.1` and `pando-<command>.1` for each command, from the CLI
+/// definition itself (so the pages never disagree with `--help`).
+fn write_man_pages(out: &std::path::Path) -> Result<ExitCode, String> {
+    use clap::CommandFactory;
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let cmd = Cli::command();
+    let mut written = Vec::new();
+    let mut page = |cmd: clap::Command, name: String| -> Result<(), String> {
+        let path = out.join(format!("{name}.1"));
+        let mut buf = Vec::new();
+        // clap names are static strings; this runs once per page and exits.
+        let title: &'static str = Box::leak(name.into_boxed_str());
+        clap_mangen::Man::new(cmd.name(title))
+            .render(&mut buf)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(&path, buf).map_err(|e| format!("{}: {e}", path.display()))?;
+        written.push(path);
+        Ok(())
+    };
+    for sub in cmd.get_subcommands() {
+        page(sub.clone(), format!("pando-{}", sub.get_name()))?;
+    }
+    page(cmd, "pando".into())?;
+    println!("wrote {} manual pages in {}", written.len(), out.display());
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `cfg` with `serve`'s command-line options.

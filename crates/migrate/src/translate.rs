@@ -1,0 +1,1302 @@
+//! The translation proper: an OpenLDAP [`Source`] → a Pando [`Config`] and
+//! a [`Report`] of everything not translated exactly.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use pando_model::{Dn, Schema};
+use pando_server::config::{AccessBy, Config, LimitsFor, OneOrMany};
+use pando_server::overlays::settings::{
+    AccesslogConfig, MemberOfConfig, OverlayConfig, PpolicyConfig, RefintConfig, UniqueConfig,
+    ValsortConfig,
+};
+
+use crate::acl::{self, DnSel, Translated};
+use crate::report::{Report, Severity};
+use crate::source::{Directive, Section, Source};
+
+/// Schema files slapd loads that Pando has built in.
+const BUILT_IN_SCHEMA: &[&str] = &["core", "cosine", "inetorgperson", "nis", "ppolicy"];
+
+/// Database types whose entries Pando serves.
+const DATA_BACKENDS: &[&str] = &["mdb", "hdb", "bdb", "wt", "ldif"];
+
+/// An access rule with where it came from.
+#[derive(Clone, Debug)]
+pub struct RuleOut {
+    pub rule: Translated,
+    pub origin: String,
+}
+
+pub struct Translation {
+    pub config: Config,
+    /// The access rules in order, each with its source (for comments).
+    pub rules: Vec<RuleOut>,
+    /// Schema files to copy beside the configuration: (name, source path).
+    pub schema_files: Vec<(String, PathBuf)>,
+    pub report: Report,
+}
+
+struct Ctx {
+    cfg: Config,
+    report: Report,
+    schema: Schema,
+}
+
+impl Ctx {
+    fn exact(&mut self) {
+        self.report.exact += 1;
+    }
+    fn note(&mut self, s: Severity, d: &Directive, why: impl Into<String>) {
+        self.report.add(s, Some(&d.origin), &d.text(), why);
+    }
+    fn bad(&mut self, d: &Directive, e: String) {
+        self.note(Severity::Dropped, d, format!("not understood: {e}"));
+    }
+}
+
+pub fn translate(src: &Source) -> Translation {
+    let mut cx = Ctx {
+        cfg: Config::default(),
+        report: Report::default(),
+        schema: Schema::standard(),
+    };
+    // Pando's own administrators are configured from the source below.
+    cx.cfg.auth.admins = Vec::new();
+    cx.cfg.suffixes = Vec::new();
+    let schema_files = schema(&mut cx, src);
+    for d in &src.modules {
+        cx.note(
+            Severity::Note,
+            d,
+            "modules are built into Pando; nothing to load",
+        );
+    }
+    global(&mut cx, &src.global);
+    let frontend = src.frontend().cloned().unwrap_or_default();
+    section_settings(&mut cx, &frontend, true);
+    let frontend_rules = rules_of(&mut cx, &frontend);
+    let log_dbs: Vec<String> = src
+        .databases
+        .iter()
+        .flat_map(|db| db.overlays.iter())
+        .filter(|o| o.name == "accesslog")
+        .flat_map(|o| {
+            o.directives
+                .iter()
+                .filter(|d| d.key == "accesslogdb" || d.key == "logdb")
+        })
+        .filter_map(|d| d.single().ok())
+        .collect();
+    let mut rules = Vec::new();
+    let data: Vec<&Section> = src
+        .databases
+        .iter()
+        .filter(|db| DATA_BACKENDS.contains(&db.kind.as_str()))
+        .collect();
+    let many = data.len() > 1;
+    for db in &src.databases {
+        match db.kind.as_str() {
+            "frontend" => {}
+            "config" => config_database(&mut cx, db),
+            "monitor" => {
+                if let Some(o) = &db.origin {
+                    cx.report.add(
+                        Severity::Note,
+                        Some(o),
+                        "database monitor",
+                        "Pando serves cn=Monitor itself (administrators read it)",
+                    );
+                }
+            }
+            k if DATA_BACKENDS.contains(&k) => {
+                let suffixes: Vec<String> =
+                    db.all("suffix").filter_map(|d| d.single().ok()).collect();
+                if suffixes
+                    .iter()
+                    .any(|s| log_dbs.iter().any(|l| same_dn(&cx.schema, l, s)))
+                {
+                    if let Some(o) = &db.origin {
+                        cx.report.add(Severity::Note, Some(o), &format!("database {k} ({})", suffixes.join(", ")),
+                            "the access log database: Pando keeps its log under cn=accesslog itself (see the accesslog overlay)");
+                    }
+                    continue;
+                }
+                rules.extend(data_database(&mut cx, db, &suffixes, &frontend_rules, many));
+            }
+            other => {
+                if let Some(o) = &db.origin {
+                    cx.report.add(
+                        Severity::Dropped,
+                        Some(o),
+                        &format!("database {other}"),
+                        format!("Pando has no '{other}' backend; its suffixes are not served"),
+                    );
+                }
+            }
+        }
+    }
+    if cx.cfg.suffixes.is_empty() {
+        cx.report.add(
+            Severity::Note,
+            None,
+            "(no data database)",
+            "no suffix found; Pando's default dc=example,dc=com is kept",
+        );
+        cx.cfg.suffixes = Config::default().suffixes;
+    }
+    if cx.cfg.auth.admins.is_empty() && cx.cfg.root_dn.is_none() {
+        cx.cfg.root_dn = Some(String::new());
+    }
+    cx.report.add(Severity::Differs, None, "add and delete rights",
+        "slapd also requires write on the parent's 'children'; Pando judges an add or delete by the rights on the entry itself (add/delete), so a subject with write on entries but not on their parent's children may add or delete here");
+    Translation {
+        config: cx.cfg,
+        rules,
+        schema_files,
+        report: cx.report,
+    }
+}
+
+fn same_dn(schema: &Schema, a: &str, b: &str) -> bool {
+    norm(schema, a) == norm(schema, b)
+}
+
+fn norm(schema: &Schema, dn: &str) -> String {
+    Dn::parse(dn)
+        .ok()
+        .and_then(|d| schema.normalize_dn(&d).ok())
+        .unwrap_or_else(|| dn.to_ascii_lowercase())
+}
+
+// ------------------------------------------------------------------- schema
+
+fn schema(cx: &mut Ctx, src: &Source) -> Vec<(String, PathBuf)> {
+    let mut out = Vec::new();
+    for s in &src.schema {
+        let name = s.name.to_ascii_lowercase();
+        let text = format!("schema {}", s.name);
+        if BUILT_IN_SCHEMA.contains(&name.as_str()) {
+            cx.report.exact += 1;
+        } else if name == "rfc2307bis" {
+            cx.cfg.posix_schema = "rfc2307bis".into();
+            cx.report.add(
+                Severity::Note,
+                Some(&s.origin),
+                &text,
+                "posix_schema = \"rfc2307bis\" (built in)",
+            );
+        } else if name == "schema" {
+            // cn=schema.ldif itself: slapd's hard-coded definitions.
+        } else {
+            // With the files accepted before it: files build on each other.
+            let mut files: Vec<PathBuf> = out
+                .iter()
+                .map(|(_, p): &(String, PathBuf)| p.clone())
+                .collect();
+            files.push(s.path.clone());
+            let file_cfg = Config {
+                schema_files: files,
+                posix_schema: cx.cfg.posix_schema.clone(),
+                ..Config::default()
+            };
+            match pando_server::schema_files::build(&file_cfg) {
+                Ok(built) => {
+                    cx.schema = built;
+                    out.push((s.name.clone(), s.path.clone()));
+                    cx.report.exact += 1;
+                }
+                Err(e) => cx.report.add(Severity::Dropped, Some(&s.origin), &text,
+                    format!("does not load into Pando's schema: {e}; entries using its definitions will not import")),
+            }
+        }
+    }
+    if out.is_empty() && cx.cfg.posix_schema != "rfc2307" {
+        let cfg = Config {
+            posix_schema: cx.cfg.posix_schema.clone(),
+            ..Config::default()
+        };
+        if let Ok(s) = pando_server::schema_files::build(&cfg) {
+            cx.schema = s;
+        }
+    }
+    out
+}
+
+// ------------------------------------------------------------------- global
+
+fn global(cx: &mut Ctx, g: &Section) {
+    for d in &g.directives {
+        if section_setting(cx, d) {
+            continue;
+        }
+        match d.key.as_str() {
+            "serverid" => match d.words().ok().and_then(|w| w.first().and_then(|n| n.parse::<u16>().ok()).map(|n| (n, w.len()))) {
+                Some((n, words)) => {
+                    cx.cfg.replication.server_id = n;
+                    if words > 1 {
+                        cx.note(Severity::Note, d, "server ID kept; the URL naming this server is not needed by Pando");
+                    } else {
+                        cx.exact();
+                    }
+                }
+                None => cx.bad(d, "not a server ID".into()),
+            },
+            "loglevel" => {
+                let v = d.value.to_ascii_lowercase();
+                let level = if v.contains("any") || v.contains("-1") || v.contains("trace") || v.contains("args") {
+                    "debug"
+                } else if v.trim() == "0" || v.contains("none") {
+                    "warn"
+                } else {
+                    "info"
+                };
+                cx.cfg.log_level = level.into();
+                cx.note(Severity::Note, d, format!("log_level = \"{level}\" (Pando logs every operation to the access log when [logs] access is set)"));
+            }
+            "threads" => match d.single().ok().and_then(|v| v.parse().ok()) {
+                Some(n) => {
+                    cx.cfg.threads = n;
+                    cx.exact();
+                }
+                None => cx.bad(d, "not a number".into()),
+            },
+            "idletimeout" => num(cx, d, |c, n| c.limits.idle_timeout = n),
+            "writetimeout" => num(cx, d, |c, n| c.limits.write_timeout = n),
+            "sockbufmaxincomingauth" => num(cx, d, |c, n| c.limits.max_pdu_bytes = n as usize),
+            "sockbufmaxincoming" => num(cx, d, |c, n| c.limits.anonymous.max_pdu_bytes = n as usize),
+            "connmaxpendingauth" => num(cx, d, |c, n| c.limits.max_ops_per_connection = n as usize),
+            "connmaxpending" => num(cx, d, |c, n| c.limits.anonymous.max_ops = n as usize),
+            "tlscertificatefile" => path(cx, d, |c, p| c.tls.cert_file = Some(p)),
+            "tlscertificatekeyfile" => path(cx, d, |c, p| c.tls.key_file = Some(p)),
+            "tlscacertificatefile" => path(cx, d, |c, p| c.tls.ca_file = Some(p)),
+            "tlsverifyclient" => {
+                let v = d.single().unwrap_or_default().to_ascii_lowercase();
+                let m = match v.as_str() {
+                    "never" => "none",
+                    "allow" | "try" => "request",
+                    "demand" | "hard" | "true" => "require",
+                    _ => {
+                        cx.bad(d, "not never/allow/try/demand".into());
+                        continue;
+                    }
+                };
+                cx.cfg.tls.client_certs = m.into();
+                if v == "allow" {
+                    cx.note(Severity::Stricter, d, "client_certs = \"request\": a certificate that fails verification ends the handshake (slapd's 'allow' would go on)");
+                } else {
+                    cx.exact();
+                }
+            }
+            "tlsprotocolmin" => {
+                let v = d.single().unwrap_or_default();
+                let (m, sev) = match v.as_str() {
+                    "3.4" => ("1.3", None),
+                    "3.3" => ("1.2", None),
+                    _ => ("1.2", Some(Severity::Stricter)),
+                };
+                cx.cfg.tls.min_version = m.into();
+                match sev {
+                    Some(s) => cx.note(s, d, "Pando accepts TLS 1.2 and 1.3 only"),
+                    None => cx.exact(),
+                }
+            }
+            "tlscacertificatepath" => cx.note(Severity::Stricter, d, "Pando reads CA certificates from one file (tls.ca_file); concatenate the directory's certificates into one PEM file"),
+            "tlsciphersuite" | "tlsdhparamfile" | "tlseccurves" | "tlscrlcheck" | "tlscrlfile" | "tlsrandfile" => {
+                cx.note(Severity::Note, d, "Pando uses rustls's safe defaults (TLS 1.2/1.3, forward-secret AEAD suites); not configurable")
+            }
+            "pidfile" | "argsfile" | "modulepath" | "gentlehup" | "toolthreads" | "listenerthreads" | "threadqueues" => {
+                cx.note(Severity::Dropped, d, "no meaning for Pando (one process, no modules)")
+            }
+            "authzregexp" => cx.note(Severity::Stricter, d, "not translated: write an [[auth.external_map]] rule for it (docs/access-control.md); until then these identities map to no entry"),
+            "authzpolicy" => cx.note(Severity::Stricter, d, "proxied authorization is granted by the 'proxy' right in access rules (docs/access-control.md)"),
+            "passwordhash" => cx.note(Severity::Note, d, "Pando hashes clear-text passwords with its [passwords] scheme (default Argon2id); existing {SSHA}, {CRYPT}… hashes keep working"),
+            "allow" | "disallow" | "require" | "security" => cx.note(Severity::Differs, d, "no direct counterpart; see [auth] require_secure_binds and the access rules' tls subject"),
+            "attributeoptions" | "sortvals" | "rootdse" | "logfile" | "logfilerotate" | "referral" | "localssf" => cx.note(Severity::Dropped, d, "no Pando counterpart"),
+            _ => cx.note(Severity::Dropped, d, "no Pando counterpart"),
+        }
+    }
+}
+
+fn num(cx: &mut Ctx, d: &Directive, set: impl FnOnce(&mut Config, u64)) {
+    match d.single().ok().and_then(|v| v.parse::<u64>().ok()) {
+        Some(n) => {
+            set(&mut cx.cfg, n);
+            cx.exact();
+        }
+        None => cx.bad(d, "not a number".into()),
+    }
+}
+
+fn path(cx: &mut Ctx, d: &Directive, set: impl FnOnce(&mut Config, PathBuf)) {
+    match d.single() {
+        Ok(p) => {
+            set(&mut cx.cfg, PathBuf::from(p));
+            cx.exact();
+        }
+        Err(e) => cx.bad(d, e),
+    }
+}
+
+/// Settings that may appear globally, in the frontend or in a database.
+/// Returns whether `d` was one of them.
+fn section_setting(cx: &mut Ctx, d: &Directive) -> bool {
+    match d.key.as_str() {
+        "sizelimit" | "timelimit" => {
+            limit_words(cx, d, None);
+            true
+        }
+        "limits" => {
+            limits(cx, d);
+            true
+        }
+        _ => false,
+    }
+}
+
+fn section_settings(cx: &mut Ctx, s: &Section, frontend: bool) {
+    for d in &s.directives {
+        if d.key == "access" {
+            continue;
+        }
+        if !section_setting(cx, d) && frontend {
+            match d.key.as_str() {
+                "passwordhash" => cx.note(Severity::Note, d, "Pando hashes clear-text passwords with its [passwords] scheme (default Argon2id); existing hashes keep working"),
+                _ => cx.note(Severity::Dropped, d, "no Pando counterpart"),
+            }
+        }
+    }
+}
+
+/// `sizelimit 500`, `sizelimit size.soft=10 size.hard=20`, `timelimit …`;
+/// into the general limits, or a `[[limits.by]]` entry.
+fn limit_words(cx: &mut Ctx, d: &Directive, into: Option<&mut LimitsFor>) {
+    let words = match d.words() {
+        Ok(w) => w,
+        Err(e) => return cx.bad(d, e),
+    };
+    let kind = if d.key == "timelimit" { "time" } else { "size" };
+    let words: Vec<String> = words
+        .into_iter()
+        .map(|w| {
+            if w.contains('=') {
+                w
+            } else {
+                format!("{kind}={w}")
+            }
+        })
+        .collect();
+    apply_limits(cx, d, &words, into);
+}
+
+fn parse_limit(v: &str) -> Option<u32> {
+    match v {
+        "unlimited" | "none" | "-1" => Some(0),
+        n => n.parse().ok(),
+    }
+}
+
+fn apply_limits(cx: &mut Ctx, d: &Directive, specs: &[String], mut into: Option<&mut LimitsFor>) {
+    let mut notes = Vec::new();
+    for spec in specs {
+        let Some((k, v)) = spec.split_once('=') else {
+            return cx.bad(d, format!("'{spec}' is not name=value"));
+        };
+        let Some(n) = parse_limit(v) else {
+            notes.push(format!("{spec}: not a number, left out"));
+            continue;
+        };
+        match (k, into.as_deref_mut()) {
+            ("size" | "size.soft", Some(f)) => f.size_limit = Some(n),
+            ("size" | "size.soft", None) => cx.cfg.limits.size_limit = n,
+            ("time" | "time.soft", Some(f)) => f.time_limit = Some(n),
+            ("time" | "time.soft", None) => cx.cfg.limits.time_limit = n,
+            ("size.unchecked", Some(f)) => f.unindexed_search_limit = Some(n as u64),
+            ("size.unchecked", None) => cx.cfg.limits.unindexed_search_limit = n as u64,
+            ("size.hard" | "time.hard", _) => notes.push(format!(
+                "{spec}: Pando has one limit per requester, the soft one (a client asking for more gets it, not up to the hard limit)"
+            )),
+            ("size.pr" | "size.prtotal", _) => notes.push(format!("{spec}: paged searches follow the same size limit in Pando")),
+            _ => notes.push(format!("{spec}: unknown limit, left out")),
+        }
+    }
+    if notes.is_empty() {
+        cx.exact();
+    } else {
+        cx.note(Severity::Stricter, d, notes.join("; "));
+    }
+}
+
+/// `limits <who> <limit>…`.
+fn limits(cx: &mut Ctx, d: &Directive) {
+    let words = match d.words() {
+        Ok(w) if w.len() >= 2 => w,
+        Ok(_) => return cx.bad(d, "needs a subject and limits".into()),
+        Err(e) => return cx.bad(d, e),
+    };
+    let who = &words[0];
+    let specs = &words[1..];
+    let subject = match who.to_ascii_lowercase().as_str() {
+        "*" => None,
+        "anonymous" => {
+            let mut f = LimitsFor {
+                who: OneOrMany::One("anonymous".into()),
+                size_limit: None,
+                time_limit: None,
+                unindexed_search_limit: None,
+            };
+            apply_limits(cx, d, specs, Some(&mut f));
+            if let Some(n) = f.size_limit {
+                cx.cfg.limits.anonymous.size_limit = n;
+            }
+            if let Some(n) = f.time_limit {
+                cx.cfg.limits.anonymous.time_limit = n;
+            }
+            return;
+        }
+        "users" => Some("users".to_string()),
+        w => {
+            let t = acl::translate(&[
+                "to".into(),
+                "*".into(),
+                "by".into(),
+                who.replace("dn.this", "dn").replace("dn.self", "dn"),
+                "read".into(),
+            ]);
+            match t {
+                Ok(t)
+                    if t.by.len() == 1
+                        && t.by[0].rights.items() == ["read"]
+                        && !w.starts_with("self") =>
+                {
+                    Some(t.by[0].who.items().join(" "))
+                }
+                _ => {
+                    cx.note(
+                        Severity::Stricter,
+                        d,
+                        "this subject has no Pando form; the general limits apply to it",
+                    );
+                    return;
+                }
+            }
+        }
+    };
+    match subject {
+        None => apply_limits(cx, d, specs, None),
+        Some(s) => {
+            let mut f = LimitsFor {
+                who: match s.split(' ').collect::<Vec<_>>().as_slice() {
+                    [one] => OneOrMany::One(one.to_string()),
+                    many => OneOrMany::Many(many.iter().map(|x| x.to_string()).collect()),
+                },
+                size_limit: None,
+                time_limit: None,
+                unindexed_search_limit: None,
+            };
+            apply_limits(cx, d, specs, Some(&mut f));
+            cx.cfg.limits.by.push(f);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- databases
+
+fn config_database(cx: &mut Ctx, db: &Section) {
+    for d in &db.directives {
+        match d.key.as_str() {
+            "rootdn" => {
+                let dn = d.single().unwrap_or_default();
+                if dn
+                    .to_ascii_lowercase()
+                    .starts_with("gidnumber=0+uidnumber=0,cn=peercred")
+                {
+                    if !cx.cfg.auth.admins.iter().any(|a| a == "ldapi-owner") {
+                        cx.cfg.auth.admins.push("ldapi-owner".into());
+                    }
+                    cx.note(Severity::Differs, d, "auth.admins = [\"ldapi-owner\"]: root (and the server's own user) over ldapi, authenticated with EXTERNAL. Pando has one administrator role for data and configuration, so this identity also administers the data, which slapd's rules may not have allowed");
+                } else {
+                    cx.note(Severity::Dropped, d, "cn=config's own root DN names no entry and cannot bind in Pando; cn=config is administered by root_dn and auth.admins");
+                }
+            }
+            "access" => cx.note(
+                Severity::Note,
+                d,
+                "cn=config is open to administrators only in Pando",
+            ),
+            _ => cx.note(
+                Severity::Dropped,
+                d,
+                "setting of the cn=config database; no Pando counterpart",
+            ),
+        }
+    }
+}
+
+fn rules_of(cx: &mut Ctx, s: &Section) -> Vec<RuleOut> {
+    let mut out = Vec::new();
+    for d in s.all("access") {
+        let words = match d.words() {
+            Ok(w) => w,
+            Err(e) => {
+                cx.note(
+                    Severity::Stricter,
+                    d,
+                    format!("cannot be read ({e}); not translated, so no one gets what it grants"),
+                );
+                continue;
+            }
+        };
+        match acl::translate(&words) {
+            Ok(mut t) => {
+                t.attrs = t.attrs.map(|list| expand_classes(cx, list));
+                if t.notes.is_empty() {
+                    cx.exact();
+                }
+                for (sev, why) in std::mem::take(&mut t.notes) {
+                    cx.note(sev, d, why);
+                }
+                out.push(RuleOut {
+                    rule: t,
+                    origin: format!("{}: {}", d.origin, d.text()),
+                });
+            }
+            Err(e) => cx.note(
+                Severity::Stricter,
+                d,
+                format!("cannot be read ({e}); not translated, so no one gets what it grants"),
+            ),
+        }
+    }
+    out
+}
+
+/// `@inetOrgPerson` → the class's attribute types.
+fn expand_classes(cx: &Ctx, list: Vec<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for a in list {
+        match a.strip_prefix('@') {
+            Some(oc) => {
+                if let Some(attrs) = cx.schema.object_class_attrs(oc) {
+                    out.extend(
+                        attrs
+                            .iter()
+                            .map(|at| at.names.first().cloned().unwrap_or_else(|| at.oid.clone())),
+                    );
+                }
+            }
+            None => out.push(a),
+        }
+    }
+    out
+}
+
+fn data_database(
+    cx: &mut Ctx,
+    db: &Section,
+    suffixes: &[String],
+    frontend: &[RuleOut],
+    many: bool,
+) -> Vec<RuleOut> {
+    for s in suffixes {
+        if !cx.cfg.suffixes.iter().any(|x| same_dn(&cx.schema, x, s)) {
+            cx.cfg.suffixes.push(s.clone());
+        }
+    }
+    let own = rules_of(cx, db);
+    for d in &db.directives {
+        if d.key == "access" || section_setting(cx, d) {
+            continue;
+        }
+        match d.key.as_str() {
+            "suffix" => cx.exact(),
+            "rootdn" => {
+                let dn = d.single().unwrap_or_default();
+                match &cx.cfg.root_dn {
+                    None => {
+                        cx.cfg.root_dn = Some(dn);
+                        cx.exact();
+                    }
+                    Some(r) if same_dn(&cx.schema, r, &dn) => cx.exact(),
+                    Some(_) => {
+                        cx.cfg.auth.admins.push(dn);
+                        cx.note(Severity::Differs, d, "a second database's root DN: added to auth.admins, administrator of every suffix here");
+                    }
+                }
+            }
+            "rootpw" => {
+                let pw = d.single().unwrap_or_default();
+                if pw.starts_with('{') && pando_server::password::is_hashed(pw.as_bytes()) {
+                    cx.cfg.root_password_hash = Some(pw);
+                    cx.exact();
+                } else if pw.starts_with('{') {
+                    cx.note(Severity::Stricter, d, "this hash scheme is not one Pando verifies; set root_password_hash with `pando passwd`");
+                } else {
+                    cx.cfg.root_password_hash = Some(pando_server::password::hash_password(pw.as_bytes()));
+                    cx.note(Severity::Note, d, "a clear-text password: stored hashed (Argon2id) in root_password_hash");
+                }
+            }
+            "index" => index(cx, d),
+            "directory" => cx.note(Severity::Note, d, "the data moves with `slapcat | pando import` (README, \"Importing\"); Pando's store is in data_dir"),
+            "maxsize" => match d.single().ok().and_then(|v| v.parse::<u64>().ok()) {
+                Some(b) => {
+                    cx.cfg.store.map_size_mb = (b >> 20).max(1);
+                    cx.exact();
+                }
+                None => cx.bad(d, "not a number".into()),
+            },
+            "checkpoint" | "envflags" | "dbnosync" | "maxreaders" | "mode" | "searchstack" | "rtxnsize" | "maxentrysize" | "multival" => {
+                cx.note(Severity::Note, d, "Pando's store needs no such setting (durability: store.durability)")
+            }
+            "syncrepl" => syncrepl(cx, d),
+            "multiprovider" | "mirrormode" => {
+                let on = matches!(d.single().unwrap_or_default().to_ascii_lowercase().as_str(), "on" | "true" | "yes" | "1");
+                cx.cfg.replication.multi_provider = on;
+                cx.exact();
+            }
+            "updateref" => {
+                let v = d.single().unwrap_or_default();
+                for c in cx.cfg.replication.consumer.iter_mut() {
+                    c.update_referral = Some(v.clone());
+                }
+                cx.exact();
+            }
+            "lastmod" | "monitoring" | "hidden" => cx.note(Severity::Note, d, "Pando always keeps operational attributes and monitors every suffix"),
+            "readonly" => cx.note(Severity::Differs, d, "Pando has no read-only switch: writes are governed by the access rules"),
+            _ => cx.note(Severity::Dropped, d, "no Pando counterpart"),
+        }
+    }
+    for o in &db.overlays {
+        overlay(cx, o, suffixes);
+    }
+    // The database's rules, then the frontend's (slapd appends them); none
+    // at all: slapd lets everyone read.
+    let mut list: Vec<RuleOut> = own;
+    list.extend(frontend.iter().cloned());
+    if list.is_empty() {
+        let origin = db
+            .origin
+            .as_ref()
+            .map(|o| o.to_string())
+            .unwrap_or_default();
+        cx.report.add(
+            Severity::Note,
+            db.origin.as_ref(),
+            &format!("database {} (no access rules)", db.kind),
+            "slapd's default: everyone reads everything; translated as `to * by * read`",
+        );
+        let t = acl::translate(&crate::source::words("to * by * read").unwrap_or_default())
+            .expect("valid rule");
+        list.push(RuleOut {
+            rule: t,
+            origin: format!("{origin}: slapd's default rule"),
+        });
+    }
+    let mut out = Vec::new();
+    for s in suffixes {
+        let scope = Translated {
+            dn: DnSel::Scoped("sub", s.clone()),
+            filter: None,
+            attrs: None,
+            by: Vec::new(),
+            falls_through: false,
+            notes: Vec::new(),
+        };
+        let mut scoped = Vec::new();
+        for r in &list {
+            if let DnSel::Regex(re) = &r.rule.dn {
+                if many {
+                    cx.report.add(Severity::Differs, None, &r.origin, format!("dn.regex {re} is matched against every suffix in Pando, not only this database's"));
+                }
+            }
+            match intersect(&cx.schema, &r.rule, &scope) {
+                Meet::Empty => {}
+                Meet::Rule(mut t) => {
+                    t.by = r.rule.by.clone();
+                    t.falls_through = r.rule.falls_through;
+                    scoped.push(RuleOut {
+                        rule: t,
+                        origin: r.origin.clone(),
+                    });
+                }
+                Meet::Unknown => scoped.push(r.clone()),
+            }
+        }
+        out.extend(expand_breaks(cx, scoped));
+    }
+    // slapd's root DN passes every rule of its database.
+    for r in &mut out {
+        r.rule.by.insert(
+            0,
+            AccessBy {
+                who: OneOrMany::One("admins".into()),
+                rights: OneOrMany::One("all".into()),
+            },
+        );
+    }
+    out
+}
+
+/// `by * break`: the rule's clauses come first in each later rule, within
+/// the breaking rule's target.
+fn expand_breaks(cx: &mut Ctx, rules: Vec<RuleOut>) -> Vec<RuleOut> {
+    let mut rest: Vec<RuleOut> = Vec::new();
+    for r in rules.into_iter().rev() {
+        if !r.rule.falls_through {
+            rest.insert(0, r);
+            continue;
+        }
+        let mut first = Vec::new();
+        for later in &rest {
+            match intersect(&cx.schema, &r.rule, &later.rule) {
+                Meet::Empty => {}
+                Meet::Rule(mut t) => {
+                    t.by = r
+                        .rule
+                        .by
+                        .iter()
+                        .cloned()
+                        .chain(later.rule.by.iter().cloned())
+                        .collect();
+                    first.push(RuleOut {
+                        rule: t,
+                        origin: format!("{} (then) {}", r.origin, later.origin),
+                    });
+                }
+                Meet::Unknown => {
+                    cx.report.add(Severity::Stricter, None, &r.origin,
+                        format!("its target and that of '{}' cannot be combined: its subjects get none there", later.origin));
+                    let mut t = later.rule.clone();
+                    t.by = r
+                        .rule
+                        .by
+                        .iter()
+                        .map(|b| AccessBy {
+                            who: b.who.clone(),
+                            rights: OneOrMany::One("none".into()),
+                        })
+                        .chain(later.rule.by.iter().cloned())
+                        .collect();
+                    first.push(RuleOut {
+                        rule: t,
+                        origin: format!("{} (then) {}", r.origin, later.origin),
+                    });
+                }
+            }
+        }
+        first.extend(rest);
+        rest = first;
+    }
+    rest
+}
+
+enum Meet {
+    Empty,
+    Rule(Translated),
+    Unknown,
+}
+
+/// The entries and attributes both targets cover, as one target.
+fn intersect(schema: &Schema, a: &Translated, b: &Translated) -> Meet {
+    let dn = match (&a.dn, &b.dn) {
+        (DnSel::Any, x) | (x, DnSel::Any) => x.clone(),
+        (DnSel::Scoped(s1, d1), DnSel::Scoped(s2, d2)) => match meet_scopes(schema, s1, d1, s2, d2)
+        {
+            Some(Some(x)) => x,
+            Some(None) => return Meet::Empty,
+            None => return Meet::Unknown,
+        },
+        (DnSel::Regex(r1), DnSel::Regex(r2)) if r1 == r2 => a.dn.clone(),
+        (DnSel::Regex(r), DnSel::Scoped("sub", d)) | (DnSel::Scoped("sub", d), DnSel::Regex(r)) => {
+            // The regex names DNs ending in the subtree: keep the regex.
+            let tail = r.trim_end_matches('$').to_ascii_lowercase();
+            if tail.ends_with(&norm(schema, d)) {
+                DnSel::Regex(r.clone())
+            } else {
+                return Meet::Unknown;
+            }
+        }
+        _ => return Meet::Unknown,
+    };
+    let filter = match (&a.filter, &b.filter) {
+        (None, f) | (f, None) => f.clone(),
+        (Some(x), Some(y)) if x == y => Some(x.clone()),
+        (Some(x), Some(y)) => Some(format!("(&{}{})", paren(x), paren(y))),
+    };
+    let attrs = match (&a.attrs, &b.attrs) {
+        (None, x) | (x, None) => x.clone(),
+        (Some(x), Some(y)) => {
+            let both: Vec<String> = x
+                .iter()
+                .filter(|n| y.iter().any(|m| m.eq_ignore_ascii_case(n)))
+                .cloned()
+                .collect();
+            if both.is_empty() {
+                return Meet::Empty;
+            }
+            Some(both)
+        }
+    };
+    if attrs.as_ref().is_some_and(|v| v.is_empty()) {
+        return Meet::Empty;
+    }
+    Meet::Rule(Translated {
+        dn,
+        filter,
+        attrs,
+        by: Vec::new(),
+        falls_through: false,
+        notes: Vec::new(),
+    })
+}
+
+fn paren(f: &str) -> String {
+    if f.starts_with('(') {
+        f.to_string()
+    } else {
+        format!("({f})")
+    }
+}
+
+/// Some(Some(region)), Some(None) = disjoint, None = no single region.
+fn meet_scopes(
+    schema: &Schema,
+    s1: &'static str,
+    d1: &str,
+    s2: &'static str,
+    d2: &str,
+) -> Option<Option<DnSel>> {
+    let (n1, n2) = (norm(schema, d1), norm(schema, d2));
+    let below =
+        |inner: &str, outer: &str| outer.is_empty() || inner.ends_with(&format!(",{outer}"));
+    let depth = |n: &str| {
+        if n.is_empty() {
+            0
+        } else {
+            n.split(',').count()
+        }
+    };
+    if n1 == n2 {
+        let both = [s1, s2];
+        let r = if s1 == s2 {
+            Some(s1)
+        } else if both.contains(&"sub") {
+            Some(if s1 == "sub" { s2 } else { s1 })
+        } else if both.contains(&"children") && both.contains(&"one") {
+            Some("one")
+        } else {
+            None
+        };
+        return Some(r.map(|s| DnSel::Scoped(s, d1.to_string())));
+    }
+    // One strictly below the other: the outer region either holds the
+    // whole inner one (sub, children), or meets it at one entry (one).
+    let (outer_s, outer_n, inner_s, inner_d, inner_n) = if below(&n2, &n1) {
+        (s1, n1, s2, d2, n2)
+    } else if below(&n1, &n2) {
+        (s2, n2, s1, d1, n1)
+    } else {
+        return Some(None);
+    };
+    match outer_s {
+        "sub" | "children" => Some(Some(DnSel::Scoped(inner_s, inner_d.to_string()))),
+        "one" if depth(&inner_n) == depth(&outer_n) + 1 => {
+            if matches!(inner_s, "base" | "sub") {
+                Some(Some(DnSel::Scoped("base", inner_d.to_string())))
+            } else {
+                Some(None)
+            }
+        }
+        "one" | "base" => Some(None),
+        _ => None,
+    }
+}
+
+fn index(cx: &mut Ctx, d: &Directive) {
+    let words = match d.words() {
+        Ok(w) if !w.is_empty() => w,
+        _ => return cx.bad(d, "needs attributes".into()),
+    };
+    let kinds_text = words.get(1).cloned().unwrap_or_else(|| "eq".into());
+    let mut kinds = Vec::new();
+    let mut notes = Vec::new();
+    for k in kinds_text.split(',') {
+        let k = k.trim().to_ascii_lowercase();
+        let p = match k.as_str() {
+            "eq" | "equality" => "eq",
+            "pres" | "present" => "pres",
+            "sub" | "substr" | "substring" | "subinitial" | "subany" | "subfinal" => "sub",
+            "approx" | "approximate" => "approx",
+            "nolang" | "nosubtypes" | "notags" => {
+                notes.push(format!("'{k}': not needed"));
+                continue;
+            }
+            other => {
+                notes.push(format!("'{other}': unknown index kind, left out"));
+                continue;
+            }
+        };
+        if !kinds.contains(&p.to_string()) {
+            kinds.push(p.to_string());
+        }
+    }
+    for a in words[0].split(',') {
+        let a = a.trim();
+        if a.eq_ignore_ascii_case("default") {
+            notes.push(
+                "'default' index kinds: Pando has no default; give the kinds on each index line"
+                    .into(),
+            );
+            continue;
+        }
+        if cx.schema.attribute(a).is_none() {
+            notes.push(format!("'{a}': unknown attribute, left out"));
+            continue;
+        }
+        let e = cx.cfg.indexes.entry(a.to_string()).or_default();
+        for k in &kinds {
+            if !e.contains(k) {
+                e.push(k.clone());
+            }
+        }
+    }
+    if notes.is_empty() {
+        cx.exact();
+    } else {
+        cx.note(Severity::Note, d, notes.join("; "));
+    }
+}
+
+/// `syncrepl rid=1 provider=ldap://… …`.
+fn syncrepl(cx: &mut Ctx, d: &Directive) {
+    let words = match d.words() {
+        Ok(w) => w,
+        Err(e) => return cx.bad(d, e),
+    };
+    let mut kv = BTreeMap::new();
+    for w in &words {
+        if let Some((k, v)) = w.split_once('=') {
+            kv.insert(k.to_ascii_lowercase(), v.to_string());
+        }
+    }
+    let mut t = toml::map::Map::new();
+    let mut notes = Vec::new();
+    let mut put = |k: &str, v: toml::Value| {
+        t.insert(k.to_string(), v);
+    };
+    for (k, v) in &kv {
+        let s = toml::Value::String(v.clone());
+        match k.as_str() {
+            "rid" => put("rid", toml::Value::Integer(v.parse().unwrap_or(0))),
+            "provider" => put("provider", s),
+            "searchbase" => put("search_base", s),
+            "scope" => put("scope", s),
+            "filter" => put("filter", s),
+            "attrs" => put("attrs", toml::Value::Array(v.split(',').map(|a| toml::Value::String(a.trim().into())).collect())),
+            "type" => put("kind", s),
+            "interval" => put("interval", s),
+            "retry" => put("retry", s),
+            "bindmethod" => put("bind_method", s),
+            "binddn" => put("bind_dn", s),
+            "credentials" => notes.push("credentials: written to a file is safer; set credentials_file (the value is not copied into the configuration)".to_string()),
+            "starttls" => put("start_tls", toml::Value::Boolean(v != "no")),
+            "tls_cacert" => put("tls_ca_file", s),
+            "tls_cert" => put("tls_cert_file", s),
+            "tls_key" => put("tls_key_file", s),
+            "keepalive" => {}
+            "timeout" => put("timeout_secs", toml::Value::Integer(v.parse().unwrap_or(10))),
+            "syncdata" => put("syncdata", s),
+            "logbase" => put("logbase", s),
+            "logfilter" => put("logfilter", s),
+            other => notes.push(format!("{other}: not translated")),
+        }
+    }
+    let parsed: Result<pando_server::repl::config::ConsumerConfig, _> =
+        toml::Value::Table(t).try_into();
+    match parsed {
+        Ok(c) => {
+            cx.cfg.replication.consumer.push(c);
+            if notes.is_empty() {
+                cx.exact();
+            } else {
+                cx.note(Severity::Note, d, notes.join("; "));
+            }
+        }
+        Err(e) => cx.bad(d, format!("{e}")),
+    }
+}
+
+// ----------------------------------------------------------------- overlays
+
+fn overlay(cx: &mut Ctx, o: &crate::source::Overlay, suffixes: &[String]) {
+    let text = format!("overlay {}", o.name);
+    let get = |k: &[&str]| {
+        o.directives
+            .iter()
+            .filter(|d| k.contains(&d.key.as_str()))
+            .collect::<Vec<_>>()
+    };
+    let values = |k: &[&str]| -> Vec<String> {
+        get(k)
+            .iter()
+            .flat_map(|d| d.words().unwrap_or_default())
+            .collect()
+    };
+    let yes = |k: &[&str]| {
+        get(k).first().is_some_and(|d| {
+            matches!(
+                d.single().unwrap_or_default().to_ascii_lowercase().as_str(),
+                "true" | "on" | "yes" | "1"
+            )
+        })
+    };
+    let known: Vec<&str>;
+    let oc = match o.name.as_str() {
+        "memberof" => {
+            known = vec![
+                "memberofgroupoc",
+                "memberofmemberad",
+                "memberofmemberofad",
+                "memberofdangling",
+                "memberofrefint",
+                "memberofdanglingerror",
+                "memberofdn",
+            ];
+            let mut m: MemberOfConfig = toml::from_str("").expect("defaults");
+            if let Some(v) = values(&["memberofgroupoc"]).first() {
+                m.group_classes = vec![v.clone()];
+            }
+            if let Some(v) = values(&["memberofmemberad"]).first() {
+                m.member_attributes = vec![v.clone()];
+            }
+            if let Some(v) = values(&["memberofmemberofad"]).first() {
+                m.memberof_attribute = v.clone();
+            }
+            match values(&["memberofdangling"]).first().map(|s| s.as_str()) {
+                None | Some("ignore") => {}
+                Some("error") => m.dangling = "error".into(),
+                Some(other) => cx.report.add(
+                    Severity::Differs,
+                    Some(&o.origin),
+                    &format!("{text}: memberof-dangling {other}"),
+                    "Pando ignores or refuses dangling members; 'drop' is kept as 'ignore'",
+                ),
+            }
+            for d in get(&["memberofrefint"]) {
+                cx.note(
+                    Severity::Note,
+                    d,
+                    "Pando's memberof always follows renames and deletes of groups and members",
+                );
+            }
+            OverlayConfig::Memberof(m)
+        }
+        "refint" => {
+            known = vec![
+                "refintattribute",
+                "refintattributes",
+                "refintnothing",
+                "refintmodifiersname",
+            ];
+            let attrs = values(&["refintattribute", "refintattributes"]);
+            let mut r: RefintConfig = toml::from_str("").expect("defaults");
+            if !attrs.is_empty() {
+                r.attributes = attrs;
+            }
+            r.nothing = values(&["refintnothing"]).first().cloned();
+            for d in get(&["refintmodifiersname"]) {
+                cx.note(
+                    Severity::Note,
+                    d,
+                    "Pando writes modifiersName of its own referential changes itself",
+                );
+            }
+            OverlayConfig::Refint(r)
+        }
+        "unique" => {
+            known = vec![
+                "uniqueuri",
+                "uniqueattribute",
+                "uniqueattributes",
+                "uniquebase",
+                "uniqueignore",
+                "uniquestrict",
+            ];
+            for d in get(&["uniqueuri"]) {
+                match unique_uri(d) {
+                    Some(u) => {
+                        cx.cfg.overlay.push(OverlayConfig::Unique(u));
+                        cx.exact();
+                    }
+                    None => cx.note(Severity::Dropped, d, "not a URI of the form [strict ]ldap:///base?attrs?sub: uniqueness is not enforced for it"),
+                }
+            }
+            let attrs = values(&["uniqueattribute", "uniqueattributes"]);
+            if attrs.is_empty() {
+                return;
+            }
+            OverlayConfig::Unique(UniqueConfig {
+                attributes: attrs,
+                base: values(&["uniquebase"]).first().cloned(),
+                strict: yes(&["uniquestrict"]),
+            })
+        }
+        "ppolicy" => {
+            known = vec![
+                "ppolicydefault",
+                "ppolicyuselockout",
+                "ppolicyhashcleartext",
+                "ppolicyforwardupdates",
+                "ppolicydisablewrite",
+                "ppolicysendnetscapecontrols",
+            ];
+            let mut p: PpolicyConfig = toml::from_str("").expect("defaults");
+            p.default_policy = values(&["ppolicydefault"]).first().cloned();
+            p.use_lockout = yes(&["ppolicyuselockout"]);
+            for d in get(&["ppolicyhashcleartext"]) {
+                cx.note(
+                    Severity::Note,
+                    d,
+                    "Pando always stores clear-text passwords hashed",
+                );
+            }
+            for d in get(&[
+                "ppolicyforwardupdates",
+                "ppolicydisablewrite",
+                "ppolicysendnetscapecontrols",
+            ]) {
+                cx.note(Severity::Dropped, d, "no Pando counterpart");
+            }
+            OverlayConfig::Ppolicy(p)
+        }
+        "accesslog" => {
+            known = vec![
+                "accesslogdb",
+                "logdb",
+                "accesslogops",
+                "logops",
+                "accesslogpurge",
+                "logpurge",
+                "accesslogsuccess",
+                "logsuccess",
+                "accesslogold",
+                "logold",
+                "accesslogoldattr",
+                "logoldattr",
+                "accesslogbase",
+                "logbase",
+            ];
+            let mut a: AccesslogConfig = toml::from_str("").expect("defaults");
+            let ops = values(&["accesslogops", "logops"]);
+            if !ops.is_empty() {
+                a.ops = ops;
+            }
+            a.success_only = yes(&["accesslogsuccess", "logsuccess"]);
+            if let Some(age) = values(&["accesslogpurge", "logpurge"]).first() {
+                // dd+hh:mm[:ss]
+                let days: u64 = age
+                    .split('+')
+                    .next()
+                    .and_then(|d| d.parse().ok())
+                    .unwrap_or(7);
+                a.purge_days = days.max(1);
+            }
+            for d in get(&["accesslogdb", "logdb"]) {
+                if !d
+                    .single()
+                    .unwrap_or_default()
+                    .eq_ignore_ascii_case("cn=accesslog")
+                {
+                    cx.note(
+                        Severity::Differs,
+                        d,
+                        "Pando's log is always at cn=accesslog",
+                    );
+                }
+            }
+            for d in get(&[
+                "accesslogold",
+                "logold",
+                "accesslogoldattr",
+                "logoldattr",
+                "accesslogbase",
+                "logbase",
+            ]) {
+                cx.note(Severity::Dropped, d, "no Pando counterpart (Pando logs old values of every changed attribute it logs)");
+            }
+            OverlayConfig::Accesslog(a)
+        }
+        "valsort" => {
+            known = vec!["valsortattr"];
+            OverlayConfig::Valsort(ValsortConfig {
+                rules: get(&["valsortattr"])
+                    .iter()
+                    .map(|d| d.value.clone())
+                    .collect(),
+            })
+        }
+        "syncprov" => {
+            cx.report.add(Severity::Note, Some(&o.origin), &text, "Pando serves content synchronization (RFC 4533) on every suffix; nothing to configure");
+            for d in &o.directives {
+                cx.note(Severity::Note, d, "Pando's change log (replication.changelog_days, changelog_max_changes) plays this part");
+            }
+            return;
+        }
+        "sssvlv" => {
+            cx.report.add(
+                Severity::Note,
+                Some(&o.origin),
+                &text,
+                "server-side sort and virtual list view are built in",
+            );
+            return;
+        }
+        other => {
+            cx.report.add(
+                Severity::Differs,
+                Some(&o.origin),
+                &text,
+                format!("Pando has no '{other}' overlay; what it did is not done"),
+            );
+            return;
+        }
+    };
+    let _ = suffixes;
+    for d in &o.directives {
+        if !known.contains(&d.key.as_str()) {
+            cx.note(Severity::Dropped, d, "no Pando counterpart");
+        }
+    }
+    cx.report.add(
+        Severity::Note,
+        Some(&o.origin),
+        &text,
+        "translated to an [[overlay]]",
+    );
+    cx.cfg.overlay.push(oc);
+}
+
+/// `[ignore ][strict ]ldap:///ou=people,dc=x?uid,mail?sub`.
+fn unique_uri(d: &Directive) -> Option<UniqueConfig> {
+    let words = d.words().ok()?;
+    let strict = words.iter().any(|w| w == "strict");
+    let uri = words.iter().find(|w| w.starts_with("ldap:///"))?;
+    let rest = &uri["ldap:///".len()..];
+    let mut parts = rest.split('?');
+    let base = parts.next().unwrap_or("");
+    let attrs: Vec<String> = parts
+        .next()
+        .unwrap_or("")
+        .split(',')
+        .filter(|a| !a.is_empty())
+        .map(String::from)
+        .collect();
+    if attrs.is_empty() {
+        return None;
+    }
+    Some(UniqueConfig {
+        attributes: attrs,
+        base: (!base.is_empty()).then(|| base.to_string()),
+        strict,
+    })
+}

@@ -1,0 +1,70 @@
+//! `pando migrate`: translate an OpenLDAP configuration, write the Pando
+//! one with its report, and optionally check the translated access rules
+//! against the running slapd (`--verify-against`, [`crate::acl_check`]).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct MigrateArgs {
+    /// The OpenLDAP configuration: a slapd.d directory (holding
+    /// cn=config.ldif) or a slapd.conf file.
+    #[arg(long, default_value = "/etc/ldap/slapd.d")]
+    pub from: PathBuf,
+    /// Where to write pando.toml, migration-report.txt and schema/.
+    #[arg(long, default_value = "pando-migrated")]
+    pub out: PathBuf,
+    /// After writing: compare what identities may do on this slapd (with
+    /// the original configuration) and on a Pando started with the
+    /// migrated one (--pando), and report every difference.
+    #[arg(long, value_name = "LDAP_URL", requires = "pando")]
+    pub verify_against: Option<String>,
+    /// The Pando server serving the migrated configuration and the same data.
+    #[arg(long, value_name = "LDAP_URL")]
+    pub pando: Option<String>,
+    /// Identities to check as, one per line: `DN<TAB>password` (a file,
+    /// keep it 0600). Anonymous is always checked.
+    #[arg(long, value_name = "FILE")]
+    pub identities: Option<PathBuf>,
+    /// Most entries probed with compares and writes per identity.
+    #[arg(long, default_value_t = 200)]
+    pub max_entries: usize,
+}
+
+pub fn run(args: MigrateArgs) -> Result<ExitCode, String> {
+    let m = pando_migrate::migrate(&args.from, &args.out)?;
+    m.write(&args.out)?;
+    let r = &m.report;
+    use pando_migrate::Severity::*;
+    println!(
+        "wrote {}/pando.toml and {}/migration-report.txt: {} translated exactly, {} notes, {} dropped, {} stricter, {} may differ",
+        args.out.display(),
+        args.out.display(),
+        r.exact,
+        r.count(Note),
+        r.count(Dropped),
+        r.count(Stricter),
+        r.count(Differs),
+    );
+    let Some(slapd) = args.verify_against else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let pando = args.pando.unwrap_or_default();
+    let identities = match &args.identities {
+        Some(f) => crate::acl_check::read_identities(f)?,
+        None => Vec::new(),
+    };
+    let found = crate::acl_check::run(
+        &slapd,
+        &pando,
+        &identities,
+        &m.config.suffixes,
+        args.max_entries,
+    )?;
+    print!("{}", found.text);
+    Ok(if found.differences == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
