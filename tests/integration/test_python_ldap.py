@@ -514,3 +514,26 @@ def test_start_tls_checks_the_certificate(tls_srv):
     tls_options(c, tls_srv.stranger)  # not the CA that issued the server's certificate
     with pytest.raises((ldap.CONNECT_ERROR, ldap.SERVER_DOWN)):
         c.start_tls_s()
+
+
+def test_an_add_takes_its_rdn_values_from_the_dn_as_slapd_does(admin):
+    """RFC 4511 4.7: the client may leave the RDN attribute out of the list;
+    the entry holds the RDN value (with any other values given)."""
+    bare = [m for m in person_modlist("w-rdn1") if m[0] != "uid"]
+    admin.add_s(pdn("w-rdn1", WRITES), bare)
+    assert read(admin, pdn("w-rdn1", WRITES))["uid"] == ["w-rdn1"]
+    other = [m for m in person_modlist("w-rdn2") if m[0] != "uid"] + [("uid", [b"someone-else"])]
+    admin.add_s(pdn("w-rdn2", WRITES), other)
+    assert sorted(read(admin, pdn("w-rdn2", WRITES))["uid"]) == ["someone-else", "w-rdn2"]
+
+
+def test_removing_the_structural_class_is_object_class_mods_prohibited(admin):
+    """RFC 4512 2.4.2 and slapd: taking inetOrgPerson away from an
+    inetOrgPerson leaves organizationalPerson structural: refused (69),
+    nothing changed."""
+    dn = pdn("w-soc", WRITES)
+    admin.add_s(dn, person_modlist("w-soc"))
+    info = failure(ldap.NO_OBJECT_CLASS_MODS, admin.modify_s, dn, [(ldap.MOD_DELETE, "objectClass", [b"inetOrgPerson"])])
+    assert info["result"] == 69 and "inetOrgPerson" in info.get("info", ""), info
+    got = read(admin, dn, ("objectClass", "structuralObjectClass"))
+    assert "inetOrgPerson" in got["objectclass"] and got["structuralobjectclass"] == ["inetOrgPerson"], got

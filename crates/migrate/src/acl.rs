@@ -494,12 +494,11 @@ pub fn translate(words: &[String]) -> Result<Translated, String> {
                         if value.contains('$') && value.matches('$').count() > 1 {
                             notes.push((Severity::Stricter, format!("to dn.regex={value}: substitutions ($1) in clauses are not supported; clauses using them get none")));
                         }
-                        DnSel::Regex(
-                            value
-                                .trim_start_matches('^')
-                                .trim_end_matches('$')
-                                .to_string(),
-                        )
+                        // slapd matches target patterns ignoring case.
+                        DnSel::Regex(format!(
+                            "(?i){}",
+                            value.trim_start_matches('^').trim_end_matches('$')
+                        ))
                     }
                 }
             } else {

@@ -240,7 +240,9 @@ impl ConfState {
     }
 
     fn push(&mut self, src: &mut Source, d: Directive) {
-        if let Some(o) = self.overlay.as_mut() {
+        // slapd hands what an overlay does not know on to its database.
+        let for_database = DATABASE_KEYS.contains(&d.key.as_str());
+        if let (Some(o), false) = (self.overlay.as_mut(), for_database) {
             o.directives.push(d);
         } else if let Some(db) = self.db.as_mut() {
             db.directives.push(d);
@@ -274,6 +276,33 @@ fn conf_lines(text: &str) -> Vec<(usize, String)> {
 }
 
 const MAX_INCLUDE_DEPTH: usize = 16;
+
+/// Database directives, which belong to the database even when written
+/// after an `overlay` line.
+const DATABASE_KEYS: &[&str] = &[
+    "access",
+    "index",
+    "limits",
+    "sizelimit",
+    "timelimit",
+    "suffix",
+    "rootdn",
+    "rootpw",
+    "directory",
+    "maxsize",
+    "checkpoint",
+    "syncrepl",
+    "multiprovider",
+    "mirrormode",
+    "updateref",
+    "readonly",
+    "lastmod",
+    "dbnosync",
+    "envflags",
+    "maxreaders",
+    "monitoring",
+    "hidden",
+];
 
 fn read_conf(
     path: &Path,

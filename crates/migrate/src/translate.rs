@@ -73,7 +73,11 @@ pub fn translate(src: &Source) -> Translation {
         );
     }
     global(&mut cx, &src.global);
-    let frontend = src.frontend().cloned().unwrap_or_default();
+    // slapd.conf's global access rules are the frontend's.
+    let mut frontend = src.frontend().cloned().unwrap_or_default();
+    frontend
+        .directives
+        .extend(src.global.all("access").cloned());
     section_settings(&mut cx, &frontend, true);
     let frontend_rules = rules_of(&mut cx, &frontend);
     let log_dbs: Vec<String> = src
@@ -227,7 +231,7 @@ fn schema(cx: &mut Ctx, src: &Source) -> Vec<(String, PathBuf)> {
 
 fn global(cx: &mut Ctx, g: &Section) {
     for d in &g.directives {
-        if section_setting(cx, d) {
+        if d.key == "access" || section_setting(cx, d) {
             continue;
         }
         match d.key.as_str() {

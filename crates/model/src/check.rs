@@ -70,10 +70,74 @@ fn base(desc: &str) -> &str {
 }
 
 impl Schema {
+    /// Is the RDN value `ava` among the entry's values (by the attribute's
+    /// equality rule)? With the attribute type.
+    fn rdn_value_present(
+        &self,
+        entry: &Entry,
+        ava: &crate::dn::RdnAva,
+    ) -> Result<(&AttributeType, bool), SchemaViolation> {
+        let at = self.attribute(&ava.attr).ok_or_else(|| {
+            SchemaViolation::new(
+                ResultCode::NAMING_VIOLATION,
+                format!("naming attribute '{}' is not defined", ava.attr),
+            )
+        })?;
+        let want = match self.normalize(at, &ava.value) {
+            Ok(k) => Some(k),
+            Err(_) if at.equality.is_none() => None,
+            Err(e) => {
+                return Err(SchemaViolation::new(
+                    ResultCode::NAMING_VIOLATION,
+                    format!("naming attribute '{}' has an invalid value: {e}", ava.attr),
+                ))
+            }
+        };
+        let found = entry
+            .attrs
+            .iter()
+            .filter(|a| {
+                self.attribute(base(&a.desc))
+                    .is_some_and(|x| x.oid == at.oid)
+            })
+            .flat_map(|a| a.values.iter())
+            .any(|v| match &want {
+                Some(k) => self.normalize(at, v).is_ok_and(|n| &n == k),
+                None => v == &ava.value,
+            });
+        Ok((at, found))
+    }
+
+    /// Add the RDN's values the entry lacks (an add request need not list
+    /// them, RFC 4511 4.7). Values that cannot be checked are left for
+    /// [`Schema::check_entry`] to report.
+    pub fn add_rdn_values(&self, entry: &mut Entry) {
+        let Some(rdn) = entry.dn.rdn().cloned() else {
+            return;
+        };
+        for ava in &rdn.avas {
+            if let Ok((at, false)) = self.rdn_value_present(entry, ava) {
+                let name = at.name().to_string();
+                entry.add_values(&name, vec![ava.value.clone()]);
+            }
+        }
+    }
+
     /// Validate a user or imported entry and canonicalise it in place (see
     /// the module docs for the rules). Returns the structural object
     /// class's primary name.
     pub fn check_entry(&self, entry: &mut Entry) -> Result<String, SchemaViolation> {
+        self.check_entry_keeping(entry, None)
+    }
+
+    /// [`Schema::check_entry`] for a modified entry whose structural class
+    /// must stay `stored`: a different one is objectClassModsProhibited,
+    /// found before the attributes are checked against it (as slapd).
+    pub fn check_entry_keeping(
+        &self,
+        entry: &mut Entry,
+        stored: Option<&str>,
+    ) -> Result<String, SchemaViolation> {
         // 1. Canonical descriptions, merged.
         let mut attrs: Vec<Attribute> = Vec::with_capacity(entry.attrs.len());
         for a in entry.attrs.drain(..) {
@@ -201,6 +265,16 @@ impl Schema {
             ));
         };
 
+        if let Some(stored) = stored.filter(|s| !most.has_name(s)) {
+            return Err(SchemaViolation::new(
+                ResultCode::OBJECT_CLASS_MODS_PROHIBITED,
+                format!(
+                    "structural object class modification from '{stored}' to '{}' not allowed",
+                    most.name()
+                ),
+            ));
+        }
+
         // 6. MUST and MAY.
         let extensible = all.iter().any(|c| c.oid == EXTENSIBLE_OBJECT);
         let mut allowed: Vec<&AttributeType> = Vec::new();
@@ -243,34 +317,7 @@ impl Schema {
         // 7. RDN values present.
         if let Some(rdn) = entry.dn.rdn() {
             for ava in &rdn.avas {
-                let at = self.attribute(&ava.attr).ok_or_else(|| {
-                    SchemaViolation::new(
-                        ResultCode::NAMING_VIOLATION,
-                        format!("naming attribute '{}' is not defined", ava.attr),
-                    )
-                })?;
-                let want = match self.normalize(at, &ava.value) {
-                    Ok(k) => Some(k),
-                    Err(_) if at.equality.is_none() => None,
-                    Err(e) => {
-                        return Err(SchemaViolation::new(
-                            ResultCode::NAMING_VIOLATION,
-                            format!("naming attribute '{}' has an invalid value: {e}", ava.attr),
-                        ))
-                    }
-                };
-                let found = entry
-                    .attrs
-                    .iter()
-                    .filter(|a| {
-                        self.attribute(base(&a.desc))
-                            .is_some_and(|x| x.oid == at.oid)
-                    })
-                    .flat_map(|a| a.values.iter())
-                    .any(|v| match &want {
-                        Some(k) => self.normalize(at, v).is_ok_and(|n| &n == k),
-                        None => v == &ava.value,
-                    });
+                let (at, found) = self.rdn_value_present(entry, ava)?;
                 if !found {
                     return Err(SchemaViolation::new(
                         ResultCode::NAMING_VIOLATION,

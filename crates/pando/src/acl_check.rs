@@ -15,7 +15,8 @@ use pando_proto::{
 
 use crate::ldap_client::Ldap;
 
-const NO_OP: &str = "1.3.6.1.4.1.4203.1.10.2";
+/// The No-Op control under the OID slapd 2.5 knows it by (Pando takes both).
+const NO_OP: &str = "1.3.6.1.4.1.4203.666.5.2";
 /// slapd's and Pando's answer to a no-op write that would have succeeded.
 const X_NO_OPERATION: u32 = 16654;
 /// Attributes probed with filters, per identity.

@@ -94,6 +94,9 @@ impl WriteOp for Add {
         if let (true, Some(rdn)) = (place.parent != 0, self.dn.rdn()) {
             entry.dn = view.dn(place.parent)?.child(rdn.clone());
         }
+        // The RDN's values belong to the entry whether or not the client
+        // listed them (RFC 4511 4.7), as slapd adds them.
+        server.schema.add_rdn_values(&mut entry);
         let structural = server.schema.check_entry(&mut entry)?;
         super::hooks::on_target(ctx, view, &self.norm, &entry)?;
         entry.remove("structuralObjectClass");

@@ -36,6 +36,16 @@ impl WriteOp for Delete {
         let id = ops::resolve_for(server, view, who, &self.dn)?;
         let target = ops::stored_entry(view, id)?;
         super::hooks::on_target(ctx, view, &self.norm, &target)?;
+        // Access first: a requester who may not delete the entry learns
+        // nothing of its children (slapd answers 50 before 66).
+        ops::require(
+            server,
+            view,
+            who,
+            &self.norm,
+            &target,
+            &[(None, acl::DELETE)],
+        )?;
         let mut targets = vec![(id, self.norm.clone())];
         if view.has_children(id)? {
             if !ctx.controls.tree_delete {

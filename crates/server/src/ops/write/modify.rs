@@ -164,7 +164,14 @@ impl WriteOp for Modify {
         // namingViolation). Schema checks apply to user attributes;
         // maintained ones ride along.
         check_invariants(schema, &old, &new)?;
-        schema.check_entry(&mut new)?;
+        // The class objectClass now makes structural must be the stored one
+        // (RFC 4512 2.4.2): removing inetOrgPerson from a person leaves
+        // organizationalPerson, a different class.
+        let stored = old
+            .get("structuralObjectClass")
+            .and_then(|a| a.values.first())
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        schema.check_entry_keeping(&mut new, stored.as_deref())?;
         let before = Before {
             id,
             entry: old,
