@@ -1418,10 +1418,11 @@ def test_consumers_and_server_id_change_over_ldap(tmp_path):
     db = "olcDatabase={1}mdb,cn=config"
     external_modify(con, "dn: %s\nchangetype: modify\nadd: pandoReplicationConsumer\n"
                          "pandoReplicationConsumer: %s\n" % (db, consumer % "refreshAndPersist"))
-    # The consumer made its own suffix entry at its first start, newer
-    # than the provider's state: the provider refuses that state and
-    # the consumer loads the subtree whole. Its contextCSN then is
-    # its own until the provider's next change.
+    # The consumer made its own suffix entry at its first start; that
+    # entry alone is not the subtree, so it loads the subtree whole (even
+    # when the provider changes something before its first request, which
+    # once made it start from its own suffix entry's CSN and skip the
+    # provider's older entries).
     modify(srv, "dn: uid=alice,%s\nchangetype: modify\nreplace: description\ndescription: first\n" % PEOPLE)
     converge_nodes([srv, con], log=con.logs)
     assert "loading the subtree whole" in con.logs(tail=100000)

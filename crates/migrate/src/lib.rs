@@ -12,7 +12,9 @@
 //! built, configuration validated, access rules compiled) before anything
 //! is written.
 
+pub mod aci;
 pub mod acl;
+pub mod dse;
 pub mod report;
 pub mod source;
 pub mod translate;
@@ -31,12 +33,39 @@ pub struct Migration {
     pub report: Report,
     /// Schema files to copy: (file name in `<out>/schema/`, source).
     pub schema_files: Vec<(String, PathBuf)>,
+    /// Files of `<out>/secrets/` (0600): (file name, content).
+    pub secrets: Vec<(String, String)>,
+}
+
+/// Debug never shows the secrets' contents.
+impl std::fmt::Debug for Migration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.secrets.iter().map(|(n, _)| n.as_str()).collect();
+        write!(
+            f,
+            "Migration {{ report: {} findings, secrets: {names:?} }}",
+            self.report.findings.len()
+        )
+    }
 }
 
 /// Read `from` and translate it; `out` is where the files will go (schema
 /// file paths in the configuration point there).
 pub fn migrate(from: &Path, out: &Path) -> Result<Migration, String> {
-    let src = source::read(from)?;
+    migrate_with(from, None, out)
+}
+
+/// [`migrate`], with 389-DS ACIs also read from a data export.
+pub fn migrate_with(
+    from: &Path,
+    acis_from: Option<&Path>,
+    out: &Path,
+) -> Result<Migration, String> {
+    let src = match acis_from {
+        Some(data) if dse::is_dse(from) => dse::read(from, Some(data))?,
+        Some(_) => return Err("--acis-from goes with a 389 Directory Server dse.ldif".into()),
+        None => source::read(from)?,
+    };
     let t = translate::translate(&src);
     let mut config = t.config;
     let schema_dir = absolute(&out.join("schema"));
@@ -49,6 +78,20 @@ pub fn migrate(from: &Path, out: &Path) -> Result<Migration, String> {
         let file = format!("{name}.{ext}");
         config.schema_files.push(schema_dir.join(&file));
         schema_files.push((file, path.clone()));
+    }
+    let secrets_dir = absolute(&out.join("secrets"));
+    let mut secrets = Vec::new();
+    for (rid, secret) in &t.secrets {
+        let name = format!("syncrepl-rid-{rid:03}");
+        for c in config
+            .replication
+            .consumer
+            .iter_mut()
+            .filter(|c| c.rid == *rid)
+        {
+            c.credentials_file = Some(secrets_dir.join(&name));
+        }
+        secrets.push((name, secret.clone()));
     }
     config.access = t.rules.iter().map(|r| r.rule.to_rule()).collect();
     // Check as `pando serve` would, against the source files (the copies
@@ -66,6 +109,7 @@ pub fn migrate(from: &Path, out: &Path) -> Result<Migration, String> {
         toml,
         report: t.report,
         schema_files,
+        secrets,
     })
 }
 
@@ -91,6 +135,17 @@ impl Migration {
             for (name, from) in &self.schema_files {
                 let to = dir.join(name);
                 std::fs::copy(from, &to).map_err(|e| io(from, e))?;
+            }
+        }
+        if !self.secrets.is_empty() {
+            let dir = out.join("secrets");
+            std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| io(&dir, e))?;
+            for (name, secret) in &self.secrets {
+                let p = dir.join(name);
+                write_private(&p, format!("{secret}\n").as_bytes()).map_err(|e| io(&p, e))?;
             }
         }
         let cfg = out.join("pando.toml");

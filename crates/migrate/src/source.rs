@@ -117,9 +117,23 @@ pub struct SchemaSource {
     pub origin: Origin,
 }
 
+/// Which server wrote the configuration.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SourceKind {
+    #[default]
+    OpenLdap,
+    /// 389 Directory Server (dse.ldif): access control is `aci` values.
+    Dirsrv,
+}
+
 /// A whole configuration.
 #[derive(Clone, Debug, Default)]
 pub struct Source {
+    pub kind: SourceKind,
+    /// 389-DS: (entry DN, aci value, where) of every ACI found.
+    pub acis: Vec<(String, String, Origin)>,
+    /// 389-DS: server-wide plugins Pando has, as overlays.
+    pub plugins: Vec<Overlay>,
     pub global: Section,
     /// In order; the frontend (`database frontend`, `olcDatabase={-1}frontend`)
     /// is among them with kind `frontend`.
@@ -202,7 +216,9 @@ pub fn words(text: &str) -> Result<Vec<String>, String> {
 /// Read `path`: a slapd.d directory (holding `cn=config.ldif`) or a
 /// slapd.conf file.
 pub fn read(path: &Path) -> Result<Source, String> {
-    if path.is_dir() {
+    if crate::dse::is_dse(path) {
+        crate::dse::read(path, None)
+    } else if path.is_dir() {
         read_slapd_d(path)
     } else {
         let mut src = Source::default();
@@ -400,15 +416,34 @@ fn schema_name(path: &Path) -> String {
 
 // ------------------------------------------------------------------ slapd.d
 
-/// One LDIF entry of a slapd.d file: DN and (attribute, value, line).
-struct LdifEntry {
-    dn: String,
-    attrs: Vec<(String, String, usize)>,
+/// One LDIF entry: DN, (attribute, value, line), and the line of its DN.
+pub struct LdifEntry {
+    pub dn: String,
+    pub attrs: Vec<(String, String, usize)>,
+    pub line: usize,
 }
 
-fn read_ldif_entry(path: &Path) -> Result<LdifEntry, String> {
+impl LdifEntry {
+    /// Values of `name` (case-insensitive).
+    pub fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.attrs
+            .iter()
+            .filter(move |(n, _, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v, _)| v.as_str())
+    }
+
+    pub fn has_class(&self, class: &str) -> bool {
+        self.values("objectClass")
+            .any(|v| v.eq_ignore_ascii_case(class))
+    }
+}
+
+/// Every entry of an LDIF file (records separated by blank lines; `#`
+/// comments, continuation lines and base64 values).
+pub fn read_ldif(path: &Path) -> Result<Vec<LdifEntry>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut lines: Vec<(usize, String)> = Vec::new();
+    // Logical lines; None marks a record boundary.
+    let mut lines: Vec<Option<(usize, String)>> = Vec::new();
     for (i, raw) in text.lines().enumerate() {
         let l = raw.trim_end_matches('\r');
         if l.starts_with('#') {
@@ -416,10 +451,10 @@ fn read_ldif_entry(path: &Path) -> Result<LdifEntry, String> {
         }
         if let Some(cont) = l.strip_prefix(' ') {
             match lines.last_mut() {
-                Some(last) => last.1.push_str(cont),
-                None => {
+                Some(Some(last)) => last.1.push_str(cont),
+                _ => {
                     return Err(format!(
-                        "{}:{}: continuation line first",
+                        "{}:{}: a continuation line with nothing to continue",
                         path.display(),
                         i + 1
                     ))
@@ -427,14 +462,15 @@ fn read_ldif_entry(path: &Path) -> Result<LdifEntry, String> {
             }
             continue;
         }
-        if l.is_empty() {
-            continue;
-        }
-        lines.push((i + 1, l.to_string()));
+        lines.push((!l.is_empty()).then(|| (i + 1, l.to_string())));
     }
-    let mut dn = None;
-    let mut attrs = Vec::new();
-    for (line, l) in lines {
+    let mut out = Vec::new();
+    let mut cur: Option<LdifEntry> = None;
+    for item in lines {
+        let Some((line, l)) = item else {
+            out.extend(cur.take());
+            continue;
+        };
         let at = |m: &str| format!("{}:{line}: {m}", path.display());
         let (name, rest) = l
             .split_once(':')
@@ -447,16 +483,34 @@ fn read_ldif_entry(path: &Path) -> Result<LdifEntry, String> {
         } else {
             rest.trim_start().to_string()
         };
-        if name.eq_ignore_ascii_case("dn") {
-            dn = Some(value);
-        } else {
-            attrs.push((name.to_string(), value, line));
+        match cur.as_mut() {
+            None if name.eq_ignore_ascii_case("dn") => {
+                cur = Some(LdifEntry {
+                    dn: value,
+                    attrs: Vec::new(),
+                    line,
+                })
+            }
+            None if name.eq_ignore_ascii_case("version") => {}
+            None => return Err(at("an entry must start with a dn: line")),
+            Some(e) => e.attrs.push((name.to_string(), value, line)),
         }
     }
-    Ok(LdifEntry {
-        dn: dn.ok_or_else(|| format!("{}: no dn: line", path.display()))?,
-        attrs,
-    })
+    out.extend(cur);
+    Ok(out)
+}
+
+/// A slapd.d file: exactly one entry.
+fn read_ldif_entry(path: &Path) -> Result<LdifEntry, String> {
+    let mut entries = read_ldif(path)?;
+    match entries.len() {
+        1 => Ok(entries.remove(0)),
+        0 => Err(format!("{}: no dn: line", path.display())),
+        n => Err(format!(
+            "{}: {n} entries where slapd.d keeps one",
+            path.display()
+        )),
+    }
 }
 
 /// Attributes every slapd.d entry carries that configure nothing.

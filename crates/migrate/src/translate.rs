@@ -34,6 +34,9 @@ pub struct Translation {
     pub rules: Vec<RuleOut>,
     /// Schema files to copy beside the configuration: (name, source path).
     pub schema_files: Vec<(String, PathBuf)>,
+    /// Replication consumers' bind passwords (replica ID, password), kept
+    /// out of the configuration text.
+    pub secrets: Vec<(u16, String)>,
     pub report: Report,
 }
 
@@ -41,6 +44,14 @@ struct Ctx {
     cfg: Config,
     report: Report,
     schema: Schema,
+    /// The source sets limits for anonymous clients itself.
+    anonymous_limits_set: bool,
+    /// Consumers' bind passwords, by replica ID.
+    secrets: Vec<(u16, String)>,
+    /// 389-DS: nsslapd-allow-anonymous-access is on (its default).
+    dirsrv_anonymous: bool,
+    /// The source is 389-DS's.
+    dirsrv: bool,
 }
 
 impl Ctx {
@@ -49,6 +60,14 @@ impl Ctx {
     }
     fn note(&mut self, s: Severity, d: &Directive, why: impl Into<String>) {
         self.report.add(s, Some(&d.origin), &d.text(), why);
+    }
+    /// Exact when `notes` is empty, else one finding listing them.
+    fn settle(&mut self, d: &Directive, s: Severity, notes: &[String]) {
+        if notes.is_empty() {
+            self.exact();
+        } else {
+            self.note(s, d, notes.join("; "));
+        }
     }
     fn bad(&mut self, d: &Directive, e: String) {
         self.note(Severity::Dropped, d, format!("not understood: {e}"));
@@ -60,6 +79,10 @@ pub fn translate(src: &Source) -> Translation {
         cfg: Config::default(),
         report: Report::default(),
         schema: Schema::standard(),
+        anonymous_limits_set: false,
+        secrets: Vec::new(),
+        dirsrv_anonymous: true,
+        dirsrv: src.kind == crate::source::SourceKind::Dirsrv,
     };
     // Pando's own administrators are configured from the source below.
     cx.cfg.auth.admins = Vec::new();
@@ -80,18 +103,7 @@ pub fn translate(src: &Source) -> Translation {
         .extend(src.global.all("access").cloned());
     section_settings(&mut cx, &frontend, true);
     let frontend_rules = rules_of(&mut cx, &frontend);
-    let log_dbs: Vec<String> = src
-        .databases
-        .iter()
-        .flat_map(|db| db.overlays.iter())
-        .filter(|o| o.name == "accesslog")
-        .flat_map(|o| {
-            o.directives
-                .iter()
-                .filter(|d| d.key == "accesslogdb" || d.key == "logdb")
-        })
-        .filter_map(|d| d.single().ok())
-        .collect();
+    let log_dbs = access_log_databases(src);
     let mut rules = Vec::new();
     let data: Vec<&Section> = src
         .databases
@@ -126,7 +138,7 @@ pub fn translate(src: &Source) -> Translation {
                     }
                     continue;
                 }
-                rules.extend(data_database(&mut cx, db, &suffixes, &frontend_rules, many));
+                rules.extend(data_database(&mut cx, src, db, &frontend_rules, many));
             }
             other => {
                 if let Some(o) = &db.origin {
@@ -140,6 +152,36 @@ pub fn translate(src: &Source) -> Translation {
             }
         }
     }
+    for o in &src.plugins {
+        overlay(&mut cx, o);
+    }
+    finish(&mut cx);
+    Translation {
+        config: cx.cfg,
+        rules,
+        schema_files,
+        secrets: cx.secrets,
+        report: cx.report,
+    }
+}
+
+/// Where accesslog overlays write: those databases are Pando's cn=accesslog.
+fn access_log_databases(src: &Source) -> Vec<String> {
+    src.databases
+        .iter()
+        .flat_map(|db| db.overlays.iter())
+        .filter(|o| o.name == "accesslog")
+        .flat_map(|o| {
+            o.directives
+                .iter()
+                .filter(|d| d.key == "accesslogdb" || d.key == "logdb")
+        })
+        .filter_map(|d| d.single().ok())
+        .collect()
+}
+
+/// What holds for the configuration as a whole, once every part is read.
+fn finish(cx: &mut Ctx) {
     if cx.cfg.suffixes.is_empty() {
         cx.report.add(
             Severity::Note,
@@ -149,17 +191,46 @@ pub fn translate(src: &Source) -> Translation {
         );
         cx.cfg.suffixes = Config::default().suffixes;
     }
+    if cx.cfg.root_dn.is_none() && cx.cfg.root_password_hash.take().is_some() {
+        cx.report.add(
+            Severity::Dropped,
+            None,
+            "rootpw",
+            "a root password with no root DN to go with it",
+        );
+    }
     if cx.cfg.auth.admins.is_empty() && cx.cfg.root_dn.is_none() {
         cx.cfg.root_dn = Some(String::new());
     }
-    cx.report.add(Severity::Differs, None, "add and delete rights",
-        "slapd also requires write on the parent's 'children'; Pando judges an add or delete by the rights on the entry itself (add/delete), so a subject with write on entries but not on their parent's children may add or delete here");
-    Translation {
-        config: cx.cfg,
-        rules,
-        schema_files,
-        report: cx.report,
+    anonymous_limits(cx);
+    if cx.cfg.tls.cert_file.is_none() {
+        let (ldaps, rest): (Vec<String>, Vec<String>) = cx
+            .cfg
+            .listen
+            .iter()
+            .cloned()
+            .partition(|l| l.starts_with("ldaps://"));
+        if !ldaps.is_empty() {
+            cx.cfg.listen = rest;
+            cx.report.add(Severity::Note, None, "TLS", format!(
+                "no certificate file: {} left out of listen until tls.cert_file and tls.key_file are set",
+                ldaps.join(", ")
+            ));
+        }
+        let d = Config::default().tls;
+        let (certs, ca) = (cx.cfg.tls.client_certs.clone(), cx.cfg.tls.ca_file.take());
+        if certs != d.client_certs || ca.is_some() {
+            cx.cfg.tls.client_certs = d.client_certs;
+            cx.report.add(Severity::Note, None, "TLS", format!(
+                "no certificate file: TLS is off until tls.cert_file and tls.key_file are set; then set client_certs = \"{certs}\"{}",
+                ca.map(|c| format!(" and ca_file = \"{}\"", c.display())).unwrap_or_default()
+            ));
+        }
     }
+    cx.report.add(Severity::Differs, None, "add and delete rights", match cx.dirsrv {
+        false => "slapd also requires write on the parent's 'children'; Pando judges an add or delete by the rights on the entry itself (add/delete), so a subject with write on entries but not on their parent's children may add or delete here",
+        true => "Pando judges an add or delete by the rule covering the entry added or deleted (add/delete rights), as the translated ACIs grant them; check with --verify-against",
+    });
 }
 
 fn same_dn(schema: &Schema, a: &str, b: &str) -> bool {
@@ -287,7 +358,7 @@ fn global(cx: &mut Ctx, g: &Section) {
                 };
                 cx.cfg.tls.client_certs = m.into();
                 if v == "allow" {
-                    cx.note(Severity::Stricter, d, "client_certs = \"request\": a certificate that fails verification ends the handshake (slapd's 'allow' would go on)");
+                    cx.note(Severity::Stricter, d, "client_certs = \"request\": a certificate that fails verification ends the handshake (the old server's 'allow' would go on)");
                 } else {
                     cx.exact();
                 }
@@ -312,6 +383,19 @@ fn global(cx: &mut Ctx, g: &Section) {
             "pidfile" | "argsfile" | "modulepath" | "gentlehup" | "toolthreads" | "listenerthreads" | "threadqueues" => {
                 cx.note(Severity::Dropped, d, "no meaning for Pando (one process, no modules)")
             }
+            "dirsrvport" | "dirsrvsecureport" | "dirsrvlistenhost" => dirsrv_listener(cx, g, d),
+            "dirsrvsecurity" => cx.note(Severity::Note, d, "LDAPS is listed in `listen` when nsslapd-security is on"),
+            "dirsrvanonymous" => {
+                cx.dirsrv_anonymous = d.value.eq_ignore_ascii_case("on");
+                cx.settle(d, Severity::Note, &[]);
+            }
+            "dirsrvsecurebinds" => {
+                cx.cfg.auth.require_secure_binds = d.value.eq_ignore_ascii_case("on");
+                cx.exact();
+            }
+            "dirsrvunmapped" => cx.note(Severity::Dropped, d, "no Pando counterpart (logging, tuning and password policy settings; Pando's password policy is the ppolicy overlay with a policy entry, docs/overlays.md)"),
+            "dirsrvagreement" => cx.note(Severity::Differs, d, "389-DS replication agreements use its own protocol, which Pando does not speak: set up Pando servers as RFC 4533 consumers or a multi-provider ring instead (docs/replication.md)"),
+            "dirsrvcertificate" => cx.note(Severity::Note, d, "389-DS keeps its certificate in an NSS database: export it and its key to PEM (pk12util, openssl pkcs12) and set tls.cert_file and tls.key_file"),
             "authzregexp" => cx.note(Severity::Stricter, d, "not translated: write an [[auth.external_map]] rule for it (docs/access-control.md); until then these identities map to no entry"),
             "authzpolicy" => cx.note(Severity::Stricter, d, "proxied authorization is granted by the 'proxy' right in access rules (docs/access-control.md)"),
             "passwordhash" => cx.note(Severity::Note, d, "Pando hashes clear-text passwords with its [passwords] scheme (default Argon2id); existing {SSHA}, {CRYPT}… hashes keep working"),
@@ -319,6 +403,54 @@ fn global(cx: &mut Ctx, g: &Section) {
             "attributeoptions" | "sortvals" | "rootdse" | "logfile" | "logfilerotate" | "referral" | "localssf" => cx.note(Severity::Dropped, d, "no Pando counterpart"),
             _ => cx.note(Severity::Dropped, d, "no Pando counterpart"),
         }
+    }
+}
+
+/// 389-DS's port, secure port and listen host: Pando's `listen`, written
+/// when the port directive is met (the host and security flag are read
+/// from the same entry).
+fn dirsrv_listener(cx: &mut Ctx, g: &Section, d: &Directive) {
+    if d.key != "dirsrvport" {
+        cx.exact();
+        return;
+    }
+    let host = g
+        .first("dirsrvlistenhost")
+        .map(|h| h.value.clone())
+        .unwrap_or_else(|| "0.0.0.0".into());
+    let mut listen = vec![
+        format!("ldap://{host}:{}", d.value.trim()),
+        "ldapi://".into(),
+    ];
+    let secure = g
+        .first("dirsrvsecurity")
+        .is_some_and(|s| s.value.eq_ignore_ascii_case("on"));
+    if let (true, Some(sp)) = (secure, g.first("dirsrvsecureport")) {
+        listen.insert(1, format!("ldaps://{host}:{}", sp.value.trim()));
+    }
+    cx.cfg.listen = listen;
+    cx.note(Severity::Note, d, "listen set from the port, secure port and listen host (ports below 1024 need root at start; see `user`)");
+}
+
+/// slapd's general limits also bind anonymous clients; Pando's
+/// `[limits.anonymous]` are lower by default. Said, not changed.
+fn anonymous_limits(cx: &mut Ctx) {
+    if cx.anonymous_limits_set {
+        return;
+    }
+    let (l, a) = (&cx.cfg.limits, &cx.cfg.limits.anonymous);
+    let lower = |anon: u32, general: u32| anon != 0 && (general == 0 || anon < general);
+    if lower(a.size_limit, l.size_limit) || lower(a.time_limit, l.time_limit) {
+        let why = format!(
+            "anonymous searches are held to Pando's [limits.anonymous] (size_limit {}, time_limit {} s), below the general limits the old server applies to them ({}, {} s); raise them if anonymous clients need more",
+            a.size_limit, a.time_limit, l.size_limit, l.time_limit
+        );
+        cx.report.add(
+            Severity::Stricter,
+            None,
+            "limits for anonymous clients",
+            why,
+        );
     }
 }
 
@@ -424,11 +556,7 @@ fn apply_limits(cx: &mut Ctx, d: &Directive, specs: &[String], mut into: Option<
             _ => notes.push(format!("{spec}: unknown limit, left out")),
         }
     }
-    if notes.is_empty() {
-        cx.exact();
-    } else {
-        cx.note(Severity::Stricter, d, notes.join("; "));
-    }
+    cx.settle(d, Severity::Stricter, &notes);
 }
 
 /// `limits <who> <limit>…`.
@@ -450,6 +578,7 @@ fn limits(cx: &mut Ctx, d: &Directive) {
                 unindexed_search_limit: None,
             };
             apply_limits(cx, d, specs, Some(&mut f));
+            cx.anonymous_limits_set = true;
             if let Some(n) = f.size_limit {
                 cx.cfg.limits.anonymous.size_limit = n;
             }
@@ -458,7 +587,7 @@ fn limits(cx: &mut Ctx, d: &Directive) {
             }
             return;
         }
-        "users" => Some("users".to_string()),
+        "users" => Some(OneOrMany::One("users".into())),
         w => {
             let t = acl::translate(&[
                 "to".into(),
@@ -473,13 +602,13 @@ fn limits(cx: &mut Ctx, d: &Directive) {
                         && t.by[0].rights.items() == ["read"]
                         && !w.starts_with("self") =>
                 {
-                    Some(t.by[0].who.items().join(" "))
+                    Some(t.by[0].who.clone())
                 }
                 _ => {
                     cx.note(
-                        Severity::Stricter,
+                        Severity::Differs,
                         d,
-                        "this subject has no Pando form; the general limits apply to it",
+                        "this subject has no Pando form; the general limits apply to it instead",
                     );
                     return;
                 }
@@ -490,10 +619,7 @@ fn limits(cx: &mut Ctx, d: &Directive) {
         None => apply_limits(cx, d, specs, None),
         Some(s) => {
             let mut f = LimitsFor {
-                who: match s.split(' ').collect::<Vec<_>>().as_slice() {
-                    [one] => OneOrMany::One(one.to_string()),
-                    many => OneOrMany::Many(many.iter().map(|x| x.to_string()).collect()),
-                },
+                who: s,
                 size_limit: None,
                 time_limit: None,
                 unindexed_search_limit: None,
@@ -554,6 +680,39 @@ fn rules_of(cx: &mut Ctx, s: &Section) -> Vec<RuleOut> {
         match acl::translate(&words) {
             Ok(mut t) => {
                 t.attrs = t.attrs.map(|list| expand_classes(cx, list));
+                if let Some(list) = &mut t.attrs {
+                    let unknown: Vec<String> = list
+                        .iter()
+                        .filter(|a| {
+                            !a.eq_ignore_ascii_case("entry") && cx.schema.attribute(a).is_none()
+                        })
+                        .cloned()
+                        .collect();
+                    list.retain(|a| !unknown.contains(a));
+                    if !unknown.is_empty() {
+                        t.notes.push((
+                            Severity::Dropped,
+                            format!(
+                                "attributes not in Pando's schema, left out of the rule (no entry holds them here): {}",
+                                unknown.join(", ")
+                            ),
+                        ));
+                    }
+                    if list.is_empty() {
+                        for (sev, why) in std::mem::take(&mut t.notes) {
+                            cx.note(sev, d, why);
+                        }
+                        // Only `children` (noted above) or only attributes
+                        // Pando lacks: nothing here for it to decide.
+                        let sev = if unknown.is_empty() {
+                            Severity::Note
+                        } else {
+                            Severity::Dropped
+                        };
+                        cx.note(sev, d, "the rule covers no attribute Pando has: left out");
+                        continue;
+                    }
+                }
                 if t.notes.is_empty() {
                     cx.exact();
                 }
@@ -597,25 +756,39 @@ fn expand_classes(cx: &Ctx, list: Vec<String>) -> Vec<String> {
 
 fn data_database(
     cx: &mut Ctx,
+    src: &Source,
     db: &Section,
-    suffixes: &[String],
     frontend: &[RuleOut],
     many: bool,
 ) -> Vec<RuleOut> {
-    for s in suffixes {
-        if !cx.cfg.suffixes.iter().any(|x| same_dn(&cx.schema, x, s)) {
-            cx.cfg.suffixes.push(s.clone());
+    let mut served = Vec::new();
+    for d in db.all("suffix") {
+        let Ok(s) = d.single() else { continue };
+        if add_suffix(cx, d, &s) {
+            served.push(s);
         }
     }
-    let own = rules_of(cx, db);
+    let suffixes = &served[..];
+    let own = match src.kind {
+        crate::source::SourceKind::OpenLdap => rules_of(cx, db),
+        crate::source::SourceKind::Dirsrv => aci_rules(cx, src, suffixes),
+    };
+    let frontend = match src.kind {
+        crate::source::SourceKind::OpenLdap => frontend,
+        crate::source::SourceKind::Dirsrv => &[],
+    };
     for d in &db.directives {
         if d.key == "access" || section_setting(cx, d) {
             continue;
         }
         match d.key.as_str() {
-            "suffix" => cx.exact(),
+            "suffix" => {}
             "rootdn" => {
                 let dn = d.single().unwrap_or_default();
+                if let Err(e) = Dn::parse(&dn) {
+                    cx.note(Severity::Dropped, d, format!("not a DN ({e}): no root DN from it"));
+                    continue;
+                }
                 match &cx.cfg.root_dn {
                     None => {
                         cx.cfg.root_dn = Some(dn);
@@ -671,13 +844,13 @@ fn data_database(
         }
     }
     for o in &db.overlays {
-        overlay(cx, o, suffixes);
+        overlay(cx, o);
     }
     // The database's rules, then the frontend's (slapd appends them); none
     // at all: slapd lets everyone read.
     let mut list: Vec<RuleOut> = own;
     list.extend(frontend.iter().cloned());
-    if list.is_empty() {
+    if list.is_empty() && src.kind == crate::source::SourceKind::OpenLdap {
         let origin = db
             .origin
             .as_ref()
@@ -739,6 +912,164 @@ fn data_database(
         );
     }
     out
+}
+
+/// 389-DS: the ACIs held in `suffixes` as rules (see [`crate::aci`]),
+/// then binds for everyone (389-DS never refuses a bind for its ACIs).
+fn aci_rules(cx: &mut Ctx, src: &Source, suffixes: &[String]) -> Vec<RuleOut> {
+    let within = |dn: &str| {
+        let n = norm(&cx.schema, dn);
+        suffixes.iter().any(|s| {
+            let s = norm(&cx.schema, s);
+            n == s || n.ends_with(&format!(",{s}"))
+        })
+    };
+    let mut acis = Vec::new();
+    for (at, text, origin) in src.acis.iter().filter(|(at, _, _)| within(at)) {
+        let shown = format!("aci: {text}");
+        match crate::aci::parse(at, text, cx.dirsrv_anonymous) {
+            Ok(a) if !within(&a.dn) => cx.report.add(
+                Severity::Dropped,
+                Some(origin),
+                &shown,
+                "its target is outside the entry's subtree; 389-DS ignores it too",
+            ),
+            Ok(mut a) => {
+                cx.report.exact += 1;
+                a.origin = origin.to_string();
+                acis.push(a);
+            }
+            Err(why) if text.contains("deny") => {
+                // A deny that does not map: everyone refused where it sits.
+                cx.report.add(
+                    Severity::Stricter,
+                    Some(origin),
+                    &shown,
+                    format!("{why}: translated as a deny of everything to everyone below {at}"),
+                );
+                acis.push(crate::aci::Aci {
+                    dn: at.clone(),
+                    scope: "sub",
+                    attrs: None,
+                    filter: None,
+                    deny: true,
+                    rights: vec!["read"],
+                    subjects: vec![vec!["*".into()]],
+                    name: String::new(),
+                    origin: origin.to_string(),
+                });
+            }
+            Err(why) => cx.report.add(
+                Severity::Stricter,
+                Some(origin),
+                &shown,
+                format!("{why}: not translated, so no one gets what it grants"),
+            ),
+        }
+    }
+    if acis.is_empty() {
+        cx.report.add(Severity::Stricter, None, "access control", "no ACI found in the suffix: only the root DN may read or write (389-DS refuses everyone else too); give the data export with --acis-from to translate its ACIs");
+    }
+    let mut unknown: Vec<String> = Vec::new();
+    let mut out: Vec<RuleOut> = Vec::new();
+    for (mut rule, used) in crate::aci::rules(&acis) {
+        if let Some(list) = rule.attrs.as_mut() {
+            let known =
+                |a: &String| a.eq_ignore_ascii_case("entry") || cx.schema.attribute(a).is_some();
+            for a in list.iter().filter(|a| !known(a)) {
+                if !unknown.contains(a) {
+                    unknown.push(a.clone());
+                }
+            }
+            list.retain(known);
+        }
+        out.push(RuleOut {
+            rule,
+            origin: used.join("\n"),
+        });
+    }
+    if !unknown.is_empty() {
+        cx.report.add(
+            Severity::Dropped,
+            None,
+            "ACI target attributes",
+            format!(
+                "not in Pando's schema, left out of the rules (no entry holds them here): {}",
+                unknown.join(", ")
+            ),
+        );
+    }
+    let binds = acl::translate(
+        &crate::source::words("to attrs=userPassword by * auth").unwrap_or_default(),
+    )
+    .expect("valid rule");
+    out.push(RuleOut {
+        rule: binds,
+        origin: "389-DS: binds are not subject to ACIs".into(),
+    });
+    out
+}
+
+/// Serve `s` (a database's suffix): false when it cannot be one. A suffix
+/// below another is served within it (slapd's subordinate and glued
+/// databases are one tree here); one above another takes its place.
+fn add_suffix(cx: &mut Ctx, d: &Directive, s: &str) -> bool {
+    let parsed = match Dn::parse(s)
+        .map_err(|e| e.to_string())
+        .and_then(|dn| cx.schema.normalize_dn(&dn))
+    {
+        Ok(n) => n,
+        Err(e) => {
+            cx.note(
+                Severity::Dropped,
+                d,
+                format!("not a DN ({e}): this database is not served"),
+            );
+            return false;
+        }
+    };
+    if parsed.is_empty() {
+        cx.note(Severity::Dropped, d, "the empty DN cannot be a suffix in Pando (it names the root DSE): this database is not served");
+        return false;
+    }
+    let within = |inner: &str, outer: &str| inner == outer || inner.ends_with(&format!(",{outer}"));
+    let existing: Vec<(usize, String)> = cx
+        .cfg
+        .suffixes
+        .iter()
+        .enumerate()
+        .map(|(i, x)| (i, norm(&cx.schema, x)))
+        .collect();
+    if let Some((_, outer)) = existing.iter().find(|(_, x)| within(&parsed, x)) {
+        if outer != &parsed {
+            cx.note(
+                Severity::Note,
+                d,
+                format!("served within the suffix {outer} (one tree in Pando)"),
+            );
+        } else {
+            cx.exact();
+        }
+        return true;
+    }
+    let below: Vec<usize> = existing
+        .iter()
+        .filter(|(_, x)| within(x, &parsed))
+        .map(|(i, _)| *i)
+        .collect();
+    for i in below.iter().rev() {
+        let gone = cx.cfg.suffixes.remove(*i);
+        cx.note(
+            Severity::Note,
+            d,
+            format!("{gone} is served within this suffix (one tree in Pando)"),
+        );
+    }
+    if below.is_empty() {
+        cx.exact();
+    }
+    cx.cfg.suffixes.push(s.to_string());
+    true
 }
 
 /// `by * break`: the rule's clauses come first in each later rule, within
@@ -964,11 +1295,7 @@ fn index(cx: &mut Ctx, d: &Directive) {
             }
         }
     }
-    if notes.is_empty() {
-        cx.exact();
-    } else {
-        cx.note(Severity::Note, d, notes.join("; "));
-    }
+    cx.settle(d, Severity::Note, &notes);
 }
 
 /// `syncrepl rid=1 provider=ldap://… …`.
@@ -996,19 +1323,49 @@ fn syncrepl(cx: &mut Ctx, d: &Directive) {
             "searchbase" => put("search_base", s),
             "scope" => put("scope", s),
             "filter" => put("filter", s),
-            "attrs" => put("attrs", toml::Value::Array(v.split(',').map(|a| toml::Value::String(a.trim().into())).collect())),
-            "type" => put("kind", s),
+            "attrs" => put(
+                "attrs",
+                toml::Value::Array(
+                    v.split(',')
+                        .map(|a| toml::Value::String(a.trim().into()))
+                        .collect(),
+                ),
+            ),
+            "type" => put("type", s),
             "interval" => put("interval", s),
             "retry" => put("retry", s),
-            "bindmethod" => put("bind_method", s),
+            "bindmethod" => {
+                let mech = kv.get("saslmech").map(|m| m.to_ascii_lowercase());
+                let m = match (v.to_ascii_lowercase().as_str(), mech.as_deref()) {
+                    ("sasl", Some("external")) => "sasl_external",
+                    ("sasl", _) => {
+                        notes.push("bindmethod=sasl: Pando's consumer binds simple or with SASL EXTERNAL; set bind_method and credentials".to_string());
+                        "simple"
+                    }
+                    _ => "simple",
+                };
+                put("bind_method", toml::Value::String(m.into()))
+            }
+            "saslmech" | "authcid" | "authzid" | "realm" | "secprops" => {}
+            "keepalive" => {
+                let idle = v
+                    .split(':')
+                    .next()
+                    .and_then(|n| n.parse::<i64>().ok())
+                    .unwrap_or(0);
+                put("keepalive_secs", toml::Value::Integer(idle))
+            }
             "binddn" => put("bind_dn", s),
-            "credentials" => notes.push("credentials: written to a file is safer; set credentials_file (the value is not copied into the configuration)".to_string()),
+            // Kept out of pando.toml: written to a 0600 file beside it.
+            "credentials" => {}
             "starttls" => put("start_tls", toml::Value::Boolean(v != "no")),
             "tls_cacert" => put("tls_ca_file", s),
             "tls_cert" => put("tls_cert_file", s),
             "tls_key" => put("tls_key_file", s),
-            "keepalive" => {}
-            "timeout" => put("timeout_secs", toml::Value::Integer(v.parse().unwrap_or(10))),
+            "timeout" => put(
+                "timeout_secs",
+                toml::Value::Integer(v.parse().unwrap_or(10)),
+            ),
             "syncdata" => put("syncdata", s),
             "logbase" => put("logbase", s),
             "logfilter" => put("logfilter", s),
@@ -1018,13 +1375,22 @@ fn syncrepl(cx: &mut Ctx, d: &Directive) {
     let parsed: Result<pando_server::repl::config::ConsumerConfig, _> =
         toml::Value::Table(t).try_into();
     match parsed {
+        Ok(c)
+            if !matches!(c.kind.as_str(), "refreshOnly" | "refreshAndPersist")
+                || !matches!(c.syncdata.as_str(), "default" | "accesslog") =>
+        {
+            cx.note(Severity::Dropped, d, format!(
+                "type={} syncdata={}: Pando follows RFC 4533 providers (refreshOnly, refreshAndPersist; whole entries or an accesslog); this consumer is not set up",
+                c.kind, c.syncdata
+            ));
+        }
         Ok(c) => {
-            cx.cfg.replication.consumer.push(c);
-            if notes.is_empty() {
-                cx.exact();
-            } else {
-                cx.note(Severity::Note, d, notes.join("; "));
+            if let Some(secret) = kv.get("credentials") {
+                cx.secrets.push((c.rid, secret.clone()));
+                notes.push("credentials: written to secrets/ beside pando.toml (0600) and named by credentials_file".into());
             }
+            cx.cfg.replication.consumer.push(c);
+            cx.settle(d, Severity::Note, &notes);
         }
         Err(e) => cx.bad(d, format!("{e}")),
     }
@@ -1032,7 +1398,7 @@ fn syncrepl(cx: &mut Ctx, d: &Directive) {
 
 // ----------------------------------------------------------------- overlays
 
-fn overlay(cx: &mut Ctx, o: &crate::source::Overlay, suffixes: &[String]) {
+fn overlay(cx: &mut Ctx, o: &crate::source::Overlay) {
     let text = format!("overlay {}", o.name);
     let get = |k: &[&str]| {
         o.directives
@@ -1265,7 +1631,6 @@ fn overlay(cx: &mut Ctx, o: &crate::source::Overlay, suffixes: &[String]) {
             return;
         }
     };
-    let _ = suffixes;
     for d in &o.directives {
         if !known.contains(&d.key.as_str()) {
             cx.note(Severity::Dropped, d, "no Pando counterpart");
@@ -1303,4 +1668,105 @@ fn unique_uri(d: &Directive) -> Option<UniqueConfig> {
         base: (!base.is_empty()).then(|| base.to_string()),
         strict,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(conf: &str) -> Translation {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("slapd.conf");
+        std::fs::write(&p, conf).unwrap();
+        translate(&crate::source::read(&p).unwrap())
+    }
+
+    fn findings(t: &Translation) -> Vec<String> {
+        t.report
+            .findings
+            .iter()
+            .map(|f| format!("{}: {}", f.severity.word(), f.why))
+            .collect()
+    }
+
+    #[test]
+    fn subordinate_databases_are_one_tree_and_bad_suffixes_are_reported() {
+        let t = run("database mdb\nsuffix \"ou=sub,dc=example,dc=com\"\n\
+                     database mdb\nsuffix \"dc=example,dc=com\"\n\
+                     database mdb\nsuffix \"\"\n\
+                     database mdb\nsuffix \"not a dn\"\n");
+        assert_eq!(t.config.suffixes, ["dc=example,dc=com"]);
+        let f = findings(&t).join("\n");
+        assert!(
+            f.contains("ou=sub,dc=example,dc=com is served within this suffix"),
+            "{f}"
+        );
+        assert!(f.contains("the empty DN cannot be a suffix"), "{f}");
+        assert!(f.contains("not a DN"), "{f}");
+    }
+
+    #[test]
+    fn syncrepl_becomes_a_consumer_without_its_password() {
+        let t = run("database mdb\nsuffix dc=x\nrootdn cn=m,dc=x\n\
+                     syncrepl rid=7 provider=ldap://10.0.0.1:389 bindmethod=simple binddn=\"cn=r,dc=x\" \
+                     credentials=s3cret searchbase=\"dc=x\" type=refreshOnly interval=00:00:05:00 \
+                     retry=\"5 5 300 +\" keepalive=240:10:30 syncdata=accesslog logbase=cn=accesslog\n");
+        let c = &t.config.replication.consumer[0];
+        assert_eq!(
+            (c.rid, c.provider.as_str(), c.kind.as_str()),
+            (7, "ldap://10.0.0.1:389", "refreshOnly")
+        );
+        assert_eq!(
+            (c.bind_dn.as_str(), c.retry.as_str(), c.keepalive_secs),
+            ("cn=r,dc=x", "5 5 300 +", 240)
+        );
+        assert!(c.credentials.is_none());
+        assert_eq!(c.syncdata, "accesslog");
+        assert_eq!(t.secrets, [(7, "s3cret".to_string())]);
+        assert!(findings(&t).join("\n").contains("written to secrets/"));
+        let t = run("database mdb\nsuffix dc=x\nsyncrepl rid=1 provider=ldap://h type=dirSync searchbase=dc=x\n");
+        assert!(t.config.replication.consumer.is_empty());
+        assert!(findings(&t)
+            .join("\n")
+            .contains("this consumer is not set up"));
+    }
+
+    #[test]
+    fn attributes_pando_lacks_are_left_out_of_rules() {
+        let t = run("database mdb\nsuffix dc=x\n\
+                     access to attrs=entryTtl by * write\n\
+                     access to attrs=cn,authzTo by users write\n\
+                     access to * by * read\n");
+        let attrs: Vec<_> = t.rules.iter().map(|r| r.rule.attrs.clone()).collect();
+        assert_eq!(attrs, [Some(vec!["cn".to_string()]), None]);
+        let f = findings(&t).join("\n");
+        assert!(
+            f.contains("left out of the rule") && f.contains("authzTo"),
+            "{f}"
+        );
+        assert!(f.contains("covers no attribute Pando has"), "{f}");
+    }
+
+    #[test]
+    fn global_rules_follow_each_database_s_and_limits_keep_dns_with_spaces() {
+        let t = run("access to * by users read by * none\n\
+                     database mdb\nsuffix dc=x\n\
+                     limits dn.exact=\"cn=Some User,dc=x\" size=10\n\
+                     access to attrs=userPassword by self write by anonymous auth\n");
+        let rules: Vec<_> = t
+            .rules
+            .iter()
+            .map(|r| (r.rule.attrs.clone(), r.rule.by.len()))
+            .collect();
+        // admins first in each; the database's rule, then the global one.
+        assert_eq!(
+            rules,
+            [(Some(vec!["userPassword".to_string()]), 3), (None, 3)]
+        );
+        assert_eq!(
+            t.config.limits.by[0].who,
+            OneOrMany::One("dn:cn=Some User,dc=x".into())
+        );
+        assert_eq!(t.config.limits.by[0].size_limit, Some(10));
+    }
 }

@@ -81,12 +81,18 @@ fn norm_dn(dn: &str) -> String {
         .join(",")
 }
 
-fn search(l: &mut Ldap, base: &str, filter: &str, attrs: &[&str]) -> Result<(u32, View), String> {
+fn search(
+    l: &mut Ldap,
+    base: &str,
+    scope: Scope,
+    filter: &str,
+    attrs: &[&str],
+) -> Result<(u32, View), String> {
     let filter = Filter::parse(filter).map_err(|e| e.to_string())?;
     let (code, entries) = l.request(
         ProtocolOp::SearchRequest(SearchRequest {
             base: base.into(),
-            scope: Scope::Sub,
+            scope,
             deref: DerefAliases::Never,
             size_limit: 0,
             time_limit: 0,
@@ -125,11 +131,14 @@ fn open(url: &str, who: Option<&Identity>) -> Result<(Ldap, u32), String> {
 struct Probe<'a> {
     out: String,
     differences: usize,
+    checks: usize,
     who: &'a str,
 }
 
 impl Probe<'_> {
+    /// One check: the two answers must be the same.
     fn same(&mut self, what: &str, slapd: &str, pando: &str) {
+        self.checks += 1;
         if slapd != pando {
             self.differences += 1;
             let _ = writeln!(
@@ -148,21 +157,76 @@ pub fn run(
     suffixes: &[String],
     max_entries: usize,
 ) -> Result<Found, String> {
-    let mut out = String::new();
-    let mut total = 0;
-    let mut checks = 0usize;
     let mut whos: Vec<Option<&Identity>> = vec![None];
     whos.extend(identities.iter().map(Some));
-    // Everything any identity sees on slapd: the entries and values to
-    // probe with.
-    let mut all = View::new();
+    let all = everything_seen(slapd, &whos, suffixes)?;
+    let entries: Vec<(&String, &Attrs)> = all.iter().take(max_entries).collect();
+    let mut filter_attrs: BTreeSet<String> = BTreeSet::new();
+    for attrs in all.values() {
+        filter_attrs.extend(attrs.keys().cloned());
+    }
+    let filter_attrs: Vec<String> = filter_attrs.into_iter().take(MAX_FILTER_ATTRS).collect();
+    let (mut out, mut total, mut checks) = (String::new(), 0, 0);
     for who in &whos {
+        let name = who.map(|i| i.dn.as_str()).unwrap_or("anonymous");
+        let mut p = Probe {
+            out: String::new(),
+            differences: 0,
+            checks: 0,
+            who: name,
+        };
+        let (mut ls, bs) = open(slapd, *who)?;
+        let (mut lp, bp) = open(pando, *who)?;
+        p.same("bind", &class(bs), &class(bp));
+        let mut both = Both {
+            slapd: &mut ls,
+            pando: &mut lp,
+        };
+        for s in suffixes {
+            reads(&mut p, &mut both, s, &entries)?;
+            filters(&mut p, &mut both, s, &filter_attrs, &entries)?;
+        }
+        writes(&mut p, &mut both, &entries)?;
+        let _ = writeln!(
+            out,
+            "as {name}: {}",
+            match p.differences {
+                0 => "no difference".to_string(),
+                n => format!("{n} difference(s)"),
+            }
+        );
+        out.push_str(&p.out);
+        total += p.differences;
+        checks += p.checks;
+    }
+    let _ = writeln!(
+        out,
+        "{checks} checks as {} identities over {} entries: {total} difference(s)",
+        whos.len(),
+        entries.len()
+    );
+    Ok(Found {
+        text: out,
+        differences: total,
+    })
+}
+
+type Attrs = BTreeMap<String, BTreeSet<String>>;
+
+/// Every entry and value any identity reads on slapd: what to probe with.
+fn everything_seen(
+    slapd: &str,
+    whos: &[Option<&Identity>],
+    suffixes: &[String],
+) -> Result<View, String> {
+    let mut all = View::new();
+    for who in whos {
         let (mut l, code) = open(slapd, *who)?;
         if code != 0 {
             continue;
         }
         for s in suffixes {
-            let (_, v) = search(&mut l, s, "(objectClass=*)", &["*"])?;
+            let (_, v) = search(&mut l, s, Scope::Sub, "(objectClass=*)", &["*"])?;
             for (dn, attrs) in v {
                 let e = all.entry(dn).or_default();
                 for (a, vals) in attrs {
@@ -171,177 +235,193 @@ pub fn run(
             }
         }
     }
-    let mut filter_attrs: BTreeSet<String> = BTreeSet::new();
-    for attrs in all.values() {
-        filter_attrs.extend(attrs.keys().cloned());
+    Ok(all)
+}
+
+/// One identity's connections to both servers.
+struct Both<'a> {
+    slapd: &'a mut Ldap,
+    pando: &'a mut Ldap,
+}
+
+impl Both<'_> {
+    fn search(
+        &mut self,
+        base: &str,
+        scope: Scope,
+        filter: &str,
+        attrs: &[&str],
+    ) -> Result<[(u32, View); 2], String> {
+        Ok([
+            search(self.slapd, base, scope, filter, attrs)?,
+            search(self.pando, base, scope, filter, attrs)?,
+        ])
     }
-    let filter_attrs: Vec<String> = filter_attrs.into_iter().take(MAX_FILTER_ATTRS).collect();
-    for who in &whos {
-        let name = who.map(|i| i.dn.as_str()).unwrap_or("anonymous");
-        let mut p = Probe {
-            out: String::new(),
-            differences: 0,
-            who: name,
-        };
-        let (mut ls, bs) = open(slapd, *who)?;
-        let (mut lp, bp) = open(pando, *who)?;
-        checks += 1;
-        p.same("bind", &class(bs), &class(bp));
-        // Reads: entries and values returned.
-        for s in suffixes {
-            let (cs, vs) = search(&mut ls, s, "(objectClass=*)", &["*"])?;
-            let (cp, vp) = search(&mut lp, s, "(objectClass=*)", &["*"])?;
-            checks += 1;
-            p.same(&format!("search of {s}"), &class(cs), &class(cp));
-            for dn in vs.keys().chain(vp.keys()).collect::<BTreeSet<_>>() {
-                checks += 1;
-                match (vs.get(dn), vp.get(dn)) {
-                    (Some(a), Some(b)) => {
-                        for at in a.keys().chain(b.keys()).collect::<BTreeSet<_>>() {
-                            let show = |v: Option<&BTreeSet<String>>| match v {
-                                None => "not returned".to_string(),
-                                Some(v) if at == "userpassword" => format!("{} value(s)", v.len()),
-                                Some(v) => format!("{:?}", v),
-                            };
-                            p.same(
-                                &format!("read {at} of {dn}"),
-                                &show(a.get(at)),
-                                &show(b.get(at)),
-                            );
-                        }
-                    }
-                    (a, b) => p.same(
-                        &format!("read {dn}"),
-                        if a.is_some() {
-                            "returned"
-                        } else {
-                            "not returned"
-                        },
-                        if b.is_some() {
-                            "returned"
-                        } else {
-                            "not returned"
-                        },
-                    ),
-                }
-            }
-            // Searches: which entries each attribute finds in a filter.
-            for at in &filter_attrs {
-                let f = format!("({at}=*)");
-                let (cs, vs) = search(&mut ls, s, &f, &["1.1"])?;
-                let (cp, vp) = search(&mut lp, s, &f, &["1.1"])?;
-                checks += 1;
-                let names = |c: u32, v: &View| format!("{} ({} entries)", class(c), v.len());
-                if vs.keys().ne(vp.keys()) || class(cs) != class(cp) {
+
+    fn request(&mut self, op: ProtocolOp, controls: Vec<Control>) -> Result<[u32; 2], String> {
+        Ok([
+            self.slapd.request(op.clone(), controls.clone())?.0,
+            self.pando.request(op, controls)?.0,
+        ])
+    }
+}
+
+const SIZE_LIMIT_EXCEEDED: u32 = 4;
+
+/// Entries and values returned: one subtree search when neither server
+/// stops it at a size limit, else entry by entry (base searches).
+fn reads(
+    p: &mut Probe,
+    both: &mut Both,
+    suffix: &str,
+    entries: &[(&String, &Attrs)],
+) -> Result<(), String> {
+    let [(cs, vs), (cp, vp)] = both.search(suffix, Scope::Sub, "(objectClass=*)", &["*"])?;
+    if cs != SIZE_LIMIT_EXCEEDED && cp != SIZE_LIMIT_EXCEEDED {
+        p.same(&format!("search of {suffix}"), &class(cs), &class(cp));
+        compare_views(p, &vs, &vp);
+        return Ok(());
+    }
+    for (dn, _) in entries.iter().filter(|(dn, _)| within(dn, suffix)) {
+        let [(_, vs), (_, vp)] = both.search(dn, Scope::Base, "(objectClass=*)", &["*"])?;
+        compare_views(p, &vs, &vp);
+    }
+    Ok(())
+}
+
+fn within(dn: &str, suffix: &str) -> bool {
+    let s = norm_dn(suffix);
+    dn == s || dn.ends_with(&format!(",{s}"))
+}
+
+fn compare_views(p: &mut Probe, vs: &View, vp: &View) {
+    for dn in vs.keys().chain(vp.keys()).collect::<BTreeSet<_>>() {
+        match (vs.get(dn), vp.get(dn)) {
+            (Some(a), Some(b)) => {
+                for at in a.keys().chain(b.keys()).collect::<BTreeSet<_>>() {
+                    let show = |v: Option<&BTreeSet<String>>| match v {
+                        None => "not returned".to_string(),
+                        Some(v) if at == "userpassword" => format!("{} value(s)", v.len()),
+                        Some(v) => format!("{v:?}"),
+                    };
                     p.same(
-                        &format!("search {f} under {s}"),
-                        &names(cs, &vs),
-                        &names(cp, &vp),
+                        &format!("read {at} of {dn}"),
+                        &show(a.get(at)),
+                        &show(b.get(at)),
                     );
                 }
             }
+            (a, b) => {
+                let shown = |x: Option<&Attrs>| {
+                    if x.is_some() {
+                        "returned"
+                    } else {
+                        "not returned"
+                    }
+                };
+                p.same(&format!("read {dn}"), shown(a), shown(b));
+            }
         }
-        // Compares and no-op writes on each entry.
-        for (dn, attrs) in all.iter().take(max_entries) {
-            for (at, vals) in attrs.iter().take(MAX_ATTRS_PER_ENTRY) {
-                let Some(v) = vals.iter().next() else {
-                    continue;
-                };
-                let cmp = |l: &mut Ldap| -> Result<u32, String> {
-                    l.request(
-                        ProtocolOp::CompareRequest(CompareRequest {
-                            dn: dn.clone(),
-                            ava: Ava {
-                                attr: at.clone(),
-                                value: v.as_bytes().to_vec(),
-                            },
-                        }),
-                        Vec::new(),
-                    )
-                    .map(|r| r.0)
-                };
-                checks += 1;
-                let (a, b) = (cmp(&mut ls)?, cmp(&mut lp)?);
-                p.same(&format!("compare {at} of {dn}"), &class(a), &class(b));
-                if at == "objectclass" {
-                    continue;
-                }
-                let modify = |l: &mut Ldap| -> Result<u32, String> {
-                    l.request(
-                        ProtocolOp::ModifyRequest(ModifyRequest {
-                            dn: dn.clone(),
-                            changes: vec![Change {
-                                op: ModOp::Replace,
-                                attr: PartialAttribute {
-                                    name: at.clone(),
-                                    values: vals.iter().map(|v| v.as_bytes().to_vec()).collect(),
-                                },
-                            }],
-                        }),
-                        no_op(),
-                    )
-                    .map(|r| r.0)
-                };
-                checks += 1;
-                let (a, b) = (modify(&mut ls)?, modify(&mut lp)?);
+    }
+}
+
+/// Which entries a presence filter on each attribute finds (what `search`
+/// rights allow): one subtree search each, entry by entry when a size
+/// limit stops one.
+fn filters(
+    p: &mut Probe,
+    both: &mut Both,
+    suffix: &str,
+    attrs: &[String],
+    entries: &[(&String, &Attrs)],
+) -> Result<(), String> {
+    for at in attrs {
+        let f = format!("({at}=*)");
+        let [(cs, vs), (cp, vp)] = both.search(suffix, Scope::Sub, &f, &["1.1"])?;
+        if cs != SIZE_LIMIT_EXCEEDED && cp != SIZE_LIMIT_EXCEEDED {
+            let names = |c: u32, v: &View| format!("{} ({} entries)", class(c), v.len());
+            if vs.keys().ne(vp.keys()) {
                 p.same(
-                    &format!("modify (no-op) {at} of {dn}"),
-                    &class(a),
-                    &class(b),
+                    &format!("search {f} under {suffix}"),
+                    &names(cs, &vs),
+                    &names(cp, &vp),
+                );
+            } else {
+                p.same(
+                    &format!("search {f} under {suffix}"),
+                    &class(cs),
+                    &class(cp),
                 );
             }
-            let add = |l: &mut Ldap| -> Result<u32, String> {
-                l.request(
-                    ProtocolOp::AddRequest(AddRequest {
-                        dn: format!("cn=pando-migrate-probe,{dn}"),
-                        attrs: vec![
-                            PartialAttribute {
-                                name: "objectClass".into(),
-                                values: vec![b"organizationalRole".to_vec()],
-                            },
-                            PartialAttribute {
-                                name: "cn".into(),
-                                values: vec![b"pando-migrate-probe".to_vec()],
-                            },
-                        ],
-                    }),
-                    no_op(),
-                )
-                .map(|r| r.0)
-            };
-            checks += 1;
-            let (a, b) = (add(&mut ls)?, add(&mut lp)?);
-            p.same(&format!("add (no-op) below {dn}"), &class(a), &class(b));
-            let del = |l: &mut Ldap| -> Result<u32, String> {
-                l.request(ProtocolOp::DelRequest(dn.clone()), no_op())
-                    .map(|r| r.0)
-            };
-            checks += 1;
-            let (a, b) = (del(&mut ls)?, del(&mut lp)?);
-            p.same(&format!("delete (no-op) {dn}"), &class(a), &class(b));
+            continue;
         }
-        let _ = writeln!(
-            out,
-            "as {name}: {}",
-            if p.differences == 0 {
-                "no difference".to_string()
-            } else {
-                format!("{} difference(s)", p.differences)
-            }
-        );
-        out.push_str(&p.out);
-        total += p.differences;
+        for (dn, _) in entries.iter().filter(|(dn, _)| within(dn, suffix)) {
+            let [(_, vs), (_, vp)] = both.search(dn, Scope::Base, &f, &["1.1"])?;
+            let found = |v: &View| if v.is_empty() { "not found" } else { "found" };
+            p.same(&format!("search {f} on {dn}"), found(&vs), found(&vp));
+        }
     }
-    let _ = writeln!(
-        out,
-        "{checks} checks as {} identities over {} entries: {total} difference(s)",
-        whos.len(),
-        all.len().min(max_entries)
-    );
-    Ok(Found {
-        text: out,
-        differences: total,
-    })
+    Ok(())
+}
+
+/// Compares of a value of each attribute, and no-op writes: a modify
+/// replacing each attribute with its own values, an add below the entry,
+/// its delete.
+fn writes(p: &mut Probe, both: &mut Both, entries: &[(&String, &Attrs)]) -> Result<(), String> {
+    for (dn, attrs) in entries {
+        for (at, vals) in attrs.iter().take(MAX_ATTRS_PER_ENTRY) {
+            let Some(v) = vals.iter().next() else {
+                continue;
+            };
+            let compare = ProtocolOp::CompareRequest(CompareRequest {
+                dn: dn.to_string(),
+                ava: Ava {
+                    attr: at.clone(),
+                    value: v.as_bytes().to_vec(),
+                },
+            });
+            let [a, b] = both.request(compare, Vec::new())?;
+            p.same(&format!("compare {at} of {dn}"), &class(a), &class(b));
+            if at == "objectclass" {
+                continue;
+            }
+            let modify = ProtocolOp::ModifyRequest(ModifyRequest {
+                dn: dn.to_string(),
+                changes: vec![Change {
+                    op: ModOp::Replace,
+                    attr: PartialAttribute {
+                        name: at.clone(),
+                        values: vals.iter().map(|v| v.as_bytes().to_vec()).collect(),
+                    },
+                }],
+            });
+            let [a, b] = both.request(modify, no_op())?;
+            p.same(
+                &format!("modify (no-op) {at} of {dn}"),
+                &class(a),
+                &class(b),
+            );
+        }
+        let value = |s: &str| vec![s.as_bytes().to_vec()];
+        let add = ProtocolOp::AddRequest(AddRequest {
+            dn: format!("cn=pando-migrate-probe,{dn}"),
+            attrs: vec![
+                PartialAttribute {
+                    name: "objectClass".into(),
+                    values: value("organizationalRole"),
+                },
+                PartialAttribute {
+                    name: "cn".into(),
+                    values: value("pando-migrate-probe"),
+                },
+            ],
+        });
+        let [a, b] = both.request(add, no_op())?;
+        p.same(&format!("add (no-op) below {dn}"), &class(a), &class(b));
+        let [a, b] = both.request(ProtocolOp::DelRequest(dn.to_string()), no_op())?;
+        p.same(&format!("delete (no-op) {dn}"), &class(a), &class(b));
+    }
+    Ok(())
 }
 
 fn no_op() -> Vec<Control> {

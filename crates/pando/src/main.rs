@@ -476,9 +476,13 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     if resolved.config.threads > 0 {
         rt.worker_threads(resolved.config.threads);
     }
+    // 8 MiB stacks: an unoptimised (debug) build overflows the 2 MiB
+    // default on its first request; release builds need far less, and the
+    // unused part costs address space only.
     let rt = rt
         .enable_all()
         .thread_name("pando-worker")
+        .thread_stack_size(8 << 20)
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     rt.block_on(pando_server::run(

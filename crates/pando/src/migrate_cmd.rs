@@ -7,10 +7,14 @@ use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct MigrateArgs {
-    /// The OpenLDAP configuration: a slapd.d directory (holding
-    /// cn=config.ldif) or a slapd.conf file.
+    /// The configuration: OpenLDAP's slapd.d directory (holding
+    /// cn=config.ldif) or slapd.conf file, or 389 Directory Server's dse.ldif.
     #[arg(long, default_value = "/etc/ldap/slapd.d")]
     pub from: PathBuf,
+    /// 389 Directory Server: a data export (db2ldif, LDIF) whose `aci`
+    /// values to translate with the dse.ldif given as --from.
+    #[arg(long, value_name = "LDIF")]
+    pub acis_from: Option<PathBuf>,
     /// Where to write pando.toml, migration-report.txt and schema/.
     #[arg(long, default_value = "pando-migrated")]
     pub out: PathBuf,
@@ -32,7 +36,7 @@ pub struct MigrateArgs {
 }
 
 pub fn run(args: MigrateArgs) -> Result<ExitCode, String> {
-    let m = pando_migrate::migrate(&args.from, &args.out)?;
+    let m = pando_migrate::migrate_with(&args.from, args.acis_from.as_deref(), &args.out)?;
     m.write(&args.out)?;
     let r = &m.report;
     use pando_migrate::Severity::*;

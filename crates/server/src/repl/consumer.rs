@@ -313,7 +313,9 @@ enum Start {
 /// The cookie to start from: the stored one; with none, the store's
 /// contextCSN when the subtree is already here (a provider's backup
 /// restored, or its export imported with entryCSN and entryUUID), so only
-/// what changed since is sent.
+/// what changed since is sent. A base entry alone is not the subtree: it
+/// is what a new server creates for its suffix, and its CSN (newer than
+/// the provider's data) would skip everything the provider held before.
 fn starting_cookie(
     server: &Server,
     cfg: &ConsumerConfig,
@@ -324,10 +326,10 @@ fn starting_cookie(
     if let Some(c) = replicated::stored_cookie(&view, cfg.rid)? {
         return Ok(Start::Stored(c));
     }
-    let here = matches!(
-        view.lookup_norm(&crate::ops::norm_dn::split_rdns(&replica.base))?,
-        pando_store::Lookup::Found(_)
-    );
+    let here = match view.lookup_norm(&crate::ops::norm_dn::split_rdns(&replica.base))? {
+        pando_store::Lookup::Found(id) => view.has_children(id)?,
+        pando_store::Lookup::Missing { .. } => false,
+    };
     let csns = view.context_csns()?;
     // With multi-provider the store's contextCSN is no cookie for one
     // provider: it holds CSNs of changes that came through the others,
@@ -336,6 +338,15 @@ fn starting_cookie(
     // says what was received from it: without a cookie, a whole load
     // (which deletes nothing the provider has not seen).
     if !here || csns.is_empty() || server.multi_provider() {
+        tracing::info!(
+            rid = cfg.rid,
+            "no cookie yet and {}: loading the subtree whole",
+            if server.multi_provider() {
+                "multi-provider"
+            } else {
+                "no replicated subtree here"
+            }
+        );
         return Ok(Start::Initial);
     }
     tracing::info!(
