@@ -1,7 +1,7 @@
 """The machine side of the SSSD tests (test_nss_memberof.py,
-test_sssd_schemas.py): whether this machine can run SSSD for a test, saving
-and putting back the system files SSSD and the tests write, pointing NSS at
-SSSD, and running sssd in the foreground as a child of the test.
+test_sssd_schemas.py): whether this machine can run SSSD for a test,
+pointing NSS at SSSD, and running sssd in the foreground as a child of the
+test (saving and putting back system files: system_files.py).
 
 SSSD has fixed paths (/var/lib/sss for its caches and sockets, the NSS and
 PAM modules talk to those sockets), so these tests need root and a machine
@@ -11,13 +11,13 @@ where no other sssd runs and no nscd caches NSS answers.
 import os
 import shutil
 import signal
-import socket
-import stat
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
+from system_files import answers, running
 
 SSSD = "/usr/sbin/sssd"
 SSS_CACHE = "/usr/sbin/sss_cache"
@@ -26,19 +26,6 @@ NSSWITCH = Path("/etc/nsswitch.conf")
 SSSD_PATHS = ["/etc/nsswitch.conf", "/etc/sssd", "/var/lib/sss", "/var/log/sssd", "/run/sssd.pid"]
 # Where the shared libraries and modules may be (multiarch or not).
 LIB_DIRS = ["/usr/lib/*", "/lib/*", "/usr/lib64", "/usr/lib", "/lib64", "/lib"]
-
-
-def running(comm):
-    """PIDs of processes whose command name is `comm`."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if (d / "comm").read_text().strip() == comm:
-                    pids.append(int(d.name))
-            except OSError:
-                pass
-    return pids
 
 
 def library(relative):
@@ -66,58 +53,11 @@ def why_not_here(pam=False):
                 "which scripts/test installs)" % (", ".join(missing), " libpam-sss pamtester" if pam else ""))
     if running("sssd"):
         return "an sssd is already running here: the test will not take over the machine's NSS"
-    if Path("/var/lib/sss/pipes/nss").is_socket():
-        with socket.socket(socket.AF_UNIX) as s:
-            if s.connect_ex("/var/lib/sss/pipes/nss") == 0:
-                return "something already answers on SSSD's NSS socket (socket activation?)"
+    if answers("/var/lib/sss/pipes/nss"):
+        return "something already answers on SSSD's NSS socket (socket activation?)"
     if running("nscd") or running("unscd"):
         return "nscd is running: it would answer from its own cache"
     return None
-
-
-def walk(root):
-    """root and everything below it, not following symbolic links."""
-    root = Path(root)
-    if not os.path.lexists(root):
-        return []
-    out = [root]
-    if root.is_dir() and not root.is_symlink():
-        for d, dirs, files in os.walk(root):
-            out += [Path(d) / n for n in dirs + files]
-    return out
-
-
-class SystemFiles:
-    """The files below `roots` as they are now, to put back: regular files by
-    content, mode and owner, directories by mode and owner; whatever appears
-    below the roots later is removed by restore()."""
-
-    def __init__(self, roots):
-        self.roots = roots
-        self.saved = {}
-        for p in [p for r in roots for p in walk(r)]:
-            st = os.lstat(p)
-            data = p.read_bytes() if stat.S_ISREG(st.st_mode) else None
-            self.saved[p] = (stat.S_IFMT(st.st_mode), data, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-
-    def restore(self):
-        now = [p for r in self.roots for p in walk(r)]
-        for p in sorted(now, key=lambda p: len(p.parts), reverse=True):
-            if p not in self.saved:
-                if p.is_dir() and not p.is_symlink():
-                    shutil.rmtree(p, ignore_errors=True)
-                elif os.path.lexists(p):
-                    p.unlink()
-        for p, (kind, data, mode, uid, gid) in sorted(self.saved.items(), key=lambda kv: len(kv[0].parts)):
-            if kind == stat.S_IFDIR:
-                p.mkdir(exist_ok=True)
-            elif kind == stat.S_IFREG:
-                if not p.exists() or p.read_bytes() != data:
-                    p.write_bytes(data)
-            else:
-                continue  # a socket or a link sssd left: nothing to rewrite
-            os.chown(p, uid, gid)
-            os.chmod(p, mode)
 
 
 def with_sss(text):

@@ -44,8 +44,6 @@ import pwd
 import re
 import shutil
 import signal
-import socket
-import stat
 import subprocess
 import time
 from pathlib import Path
@@ -53,6 +51,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SUFFIX, Pando
+from system_files import SystemFiles, answers, running
 
 PEOPLE = "ou=People," + SUFFIX
 GROUPS = "ou=Groups," + SUFFIX
@@ -195,27 +194,6 @@ def have_account(name):
         return False
 
 
-def running(comm):
-    """PIDs of processes whose command name is `comm`."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if (d / "comm").read_text().strip() == comm:
-                    pids.append(int(d.name))
-            except OSError:
-                pass
-    return pids
-
-
-def answers(path):
-    """Something accepts connections on the Unix socket `path`."""
-    if not Path(path).is_socket():
-        return False
-    with socket.socket(socket.AF_UNIX) as s:
-        return s.connect_ex(path) == 0
-
-
 def found(*patterns):
     return any(Path("/").glob(p.lstrip("/")) for p in patterns)
 
@@ -247,55 +225,6 @@ def why_not_here():
 
 WHY_NOT = why_not_here()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
-
-
-class SystemFiles:
-    """The paths in `paths` as they are now, copied into `keep` (a directory
-    of the test's), to be put back by restore(): a file by content, mode and
-    owner; a directory by mode and owner, with what appeared in it since
-    removed; a path that did not exist is removed."""
-
-    def __init__(self, paths, keep):
-        keep.mkdir()
-        self.saved = []
-        for n, p in enumerate(paths):
-            if not os.path.lexists(p):
-                self.saved.append((p, None, None, None))
-                continue
-            st = os.lstat(p)
-            if stat.S_ISDIR(st.st_mode):
-                self.saved.append((p, "dir", st, set(os.listdir(p))))
-            else:
-                copy = keep / ("%d-%s" % (n, p.name))
-                shutil.copyfile(p, copy, follow_symlinks=False)
-                self.saved.append((p, copy, st, None))
-
-    def restore(self):
-        errors = []
-        for p, copy, st, names in self.saved:
-            try:
-                if copy is None:
-                    if p.is_dir() and not p.is_symlink():
-                        shutil.rmtree(p)
-                    elif os.path.lexists(p):
-                        p.unlink()
-                    continue
-                if copy == "dir":
-                    p.mkdir(exist_ok=True)
-                    for n in set(os.listdir(p)) - names:
-                        q = p / n
-                        shutil.rmtree(q) if q.is_dir() and not q.is_symlink() else q.unlink()
-                else:
-                    if os.path.lexists(p) and (p.is_symlink() or not p.is_file()):
-                        p.unlink()
-                    shutil.copyfile(copy, p, follow_symlinks=False)
-                if not stat.S_ISLNK(st.st_mode):
-                    os.chown(p, st.st_uid, st.st_gid)
-                    os.chmod(p, stat.S_IMODE(st.st_mode))
-            except OSError as e:
-                errors.append("%s: %s" % (p, e))
-        assert not errors, "could not put system files back (copies kept in the test's temporary " \
-                           "directory): %s" % "; ".join(errors)
 
 
 def with_ldap(text):
@@ -417,7 +346,7 @@ class Nslcd:
 @pytest.fixture(scope="module")
 def nslcd(directory, tmp_path_factory):
     base = tmp_path_factory.mktemp("nslcd")
-    system = SystemFiles(SYSTEM_PATHS, base / "saved-system-files")
+    system = SystemFiles(SYSTEM_PATHS)
     daemon = Nslcd(base)
     try:
         NSLCD_CONF.write_text(nslcd_conf(directory.port))

@@ -36,7 +36,8 @@ import time
 import pytest
 
 from conftest import SUFFIX, server_with
-from sssd_env import NSSWITCH, SSSD_PATHS, Sssd, SystemFiles, run, why_not_here, with_sss
+from sssd_env import NSSWITCH, SSSD_PATHS, Sssd, run, why_not_here, with_sss
+from system_files import SystemFiles
 
 PEOPLE = "ou=People," + SUFFIX
 GROUPS = "ou=Groups," + SUFFIX

@@ -55,7 +55,8 @@ from pathlib import Path
 import pytest
 
 from conftest import SUFFIX, Pando, ldif_entry, parse_ldif
-from sssd_env import NSSWITCH, SSSD_PATHS, Sssd, SystemFiles, run, why_not_here, with_sss
+from sssd_env import NSSWITCH, SSSD_PATHS, Sssd, run, why_not_here, with_sss
+from system_files import SystemFiles
 
 PEOPLE = "ou=People," + SUFFIX
 GROUPS = "ou=Groups," + SUFFIX
