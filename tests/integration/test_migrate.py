@@ -621,3 +621,96 @@ def test_slapd_conf_frontend_rules_and_database_lines_after_overlays(tmp_path):
         assert not findings(report, "%s:%d:" % (conf, line), "dropped"), ctx
     assert not findings(report, "%s:11: index" % conf, "dropped"), ctx
     assert "slapd's default rule" not in toml, ctx
+
+
+# ------------------------------------------------------------------ 389 Directory Server
+
+DSE_389 = """dn: cn=config
+objectClass: top
+objectClass: nsslapdConfig
+cn: config
+nsslapd-port: 389
+nsslapd-sizelimit: 2000
+nsslapd-rootdn: cn=Directory Manager
+nsslapd-rootpw: {rootpw}
+nsslapd-errorlog-level: 0
+
+dn: cn=userRoot,cn=ldbm database,cn=plugins,cn=config
+objectClass: nsBackendInstance
+cn: userRoot
+nsslapd-suffix: dc=example,dc=com
+
+dn: cn=telephoneNumber,cn=index,cn=userRoot,cn=ldbm database,cn=plugins,cn=config
+objectClass: nsIndex
+cn: telephoneNumber
+nsSystemIndex: false
+nsIndexType: eq
+"""
+
+ACIS_389 = [
+    '(targetattr="cn || sn || uid || mail || objectClass")(targetfilter="(objectClass=person)")'
+    '(version 3.0; acl "anyone reads names"; allow (read, search, compare)(userdn="ldap:///anyone");)',
+    '(targetattr="telephoneNumber")(version 3.0; acl "self phone"; allow (read, search, compare, write)'
+    '(userdn="ldap:///self");)',
+    '(targetattr="*")(version 3.0; acl "editors"; allow (all) groupdn="ldap:///cn=editors,ou=Groups,dc=example,dc=com";)',
+    '(targetattr="telephoneNumber")(version 3.0; acl "no phones for bob"; deny (all)'
+    '(userdn="ldap:///uid=bob,ou=People,dc=example,dc=com");)',
+]
+
+
+def test_389_ds_configuration_and_acis_serve_as_389_ds_would(tmp_path):
+    """A 389-DS dse.ldif and a data export with ACIs: the migrated Pando
+    serves the data with the ACIs' effect (anyone reads names of people, a
+    user writes their own phone, a group edits everything, a deny wins over
+    the group), binds work (389-DS does not put them under ACIs), and the
+    report lists what had no counterpart. No 389-DS runs here: the
+    expectations are 389-DS's documented ACI semantics."""
+    dse = tmp_path / "dse.ldif"
+    dse.write_text(DSE_389.format(rootpw=ssha(ROOT_PW)))
+    people = [("uid=%s,%s" % (u, PEOPLE), {"objectClass": ["inetOrgPerson"], "uid": [u], "cn": [u.title()],
+                                           "sn": ["X"], "mail": ["%s@example.com" % u],
+                                           "telephoneNumber": ["+1 555 01%02d" % i],
+                                           "userPassword": ["%s-pw" % u]})
+              for i, u in enumerate(["alice", "bob", "carol"])]
+    data = [(SUFFIX, {"objectClass": ["domain"], "dc": ["example"], "aci": ACIS_389}),
+            (PEOPLE, {"objectClass": ["organizationalUnit"], "ou": ["People"]}),
+            ("ou=Groups," + SUFFIX, {"objectClass": ["organizationalUnit"], "ou": ["Groups"]}),
+            ("cn=editors,ou=Groups," + SUFFIX, {"objectClass": ["groupOfNames"], "cn": ["editors"],
+                                                 "member": ["uid=alice,%s" % PEOPLE, "uid=bob,%s" % PEOPLE]})] + people
+    export = tmp_path / "userRoot.ldif"
+    export.write_text("\n".join(ldif_entry(dn, a) for dn, a in data))
+    out = tmp_path / "migrated"
+    r = pando("migrate", "--from", dse, "--acis-from", export, "--out", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report, toml = (out / "migration-report.txt").read_text(), (out / "pando.toml").read_text()
+    assert 'root_dn = "cn=Directory Manager"' in toml and 'telephoneNumber = ["eq"]' in toml, toml
+    assert "nsslapd-errorlog-level" in report, report
+    # The data without the aci values (Pando's schema has no aci type).
+    plain = tmp_path / "data.ldif"
+    plain.write_text("\n".join(ldif_entry(dn, {k: v for k, v in a.items() if k != "aci"}) for dn, a in data))
+    srv = pando_with(tmp_path / "pando", out, plain, "pando-389")
+    try:
+        dn = lambda u: "uid=%s,%s" % (u, PEOPLE)  # noqa: E731
+        who = lambda u: (dn(u), "%s-pw" % u)  # noqa: E731
+        # Anyone (anonymous too) reads names of people, not phones.
+        rc, ents, err = srv.search(PEOPLE, "(uid=carol)", "cn", "telephoneNumber", auth=None)
+        assert rc == 0 and ents and ents[0][1].get("cn") == ["Carol"] and "telephoneNumber" not in ents[0][1], (ents, err)
+        # Carol reads and writes her own phone; binds work for everyone.
+        rc, ents, err = srv.search(dn("carol"), "(objectClass=*)", "telephoneNumber", scope="base", auth=who("carol"))
+        assert ents and ents[0][1].get("telephoneNumber"), (ents, err)
+        change = "dn: %s\nchangetype: modify\nreplace: telephoneNumber\ntelephoneNumber: +1 555 9999\n"
+        rc, _, err = srv.ldap("ldapmodify", input=change % dn("carol"), auth=who("carol"))
+        assert rc == 0, err
+        # ...but not alice's.
+        rc, _, err = srv.ldap("ldapmodify", input=change % dn("alice"), auth=who("carol"))
+        assert rc != 0, "carol changed alice's phone"
+        # Editors (alice) change anything; the deny keeps bob, an editor too, off phones.
+        rc, _, err = srv.ldap("ldapmodify", input=change % dn("carol"), auth=who("alice"))
+        assert rc == 0, err
+        rc, _, err = srv.ldap("ldapmodify", input=change % dn("carol"), auth=who("bob"))
+        assert rc != 0, "the deny on telephoneNumber did not hold for bob"
+        rc, _, err = srv.ldap("ldapmodify", input="dn: %s\nchangetype: modify\nreplace: sn\nsn: Y\n" % dn("carol"),
+                              auth=who("bob"))
+        assert rc == 0, err
+    finally:
+        srv.stop_and_verify()

@@ -308,12 +308,6 @@ fn lower(dn: &str) -> String {
 
 /// Does region `a` hold all of region `b`?
 fn contains(a: &Aci, b: &Aci) -> bool {
-    let (da, db) = (lower(&a.dn), lower(&b.dn));
-    let dn_ok = match a.scope {
-        "sub" => db == da || db.ends_with(&format!(",{da}")),
-        "base" => b.scope == "base" && db == da,
-        _ => db == da && b.scope == "one",
-    };
     let attrs_ok = match (&a.attrs, &b.attrs) {
         (None, _) => true,
         (Some(_), None) => false,
@@ -321,8 +315,7 @@ fn contains(a: &Aci, b: &Aci) -> bool {
             .iter()
             .all(|n| x.iter().any(|m| m.eq_ignore_ascii_case(n))),
     };
-    let filter_ok = a.filter.is_none() || a.filter == b.filter;
-    dn_ok && attrs_ok && filter_ok
+    contains_entries(a, b) && attrs_ok
 }
 
 /// May regions `a` and `b` share an entry and attribute?
@@ -339,8 +332,17 @@ fn may_meet(a: &Aci, b: &Aci) -> bool {
 }
 
 /// The Pando rules for `acis` (all in one suffix), each with the ACIs it
-/// is made of (`acl "name"` and where).
+/// is made of (`acl "name"` and where): first who may see, search from,
+/// add and delete entries, then who may do what with their attributes.
 pub fn rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
+    let mut out = entry_rules(acis);
+    out.extend(attribute_rules(acis));
+    out
+}
+
+/// Deeper targets first; attribute lists, filters and narrower scopes
+/// before broader ones.
+fn by_specificity(acis: &[Aci]) -> Vec<&Aci> {
     let mut order: Vec<&Aci> = acis.iter().collect();
     order.sort_by_key(|a| {
         (
@@ -354,9 +356,98 @@ pub fn rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
             },
         )
     });
+    order
+}
+
+/// Rights on the entry itself. In 389-DS reading any attribute shows the
+/// entry, and any entry may be a search base; in Pando the entry needs
+/// `read` to be returned and `search` to be a base, and `add`/`delete`
+/// are rights on the entry.
+fn entry_rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
+    let entry_rights = |a: &Aci| -> Vec<&'static str> {
+        let mut r = Vec::new();
+        for x in &a.rights {
+            let add: &[&'static str] = match *x {
+                "read" => &["read", "search"],
+                "search" => &["search"],
+                "compare" => &["compare"],
+                "add" => &["add"],
+                "delete" => &["delete"],
+                "proxy" => &["proxy"],
+                _ => &[],
+            };
+            for y in add {
+                if !r.contains(y) {
+                    r.push(*y);
+                }
+            }
+        }
+        r
+    };
+    let mut out = Vec::new();
+    let mut seen: Vec<(String, &'static str, Option<String>)> = Vec::new();
+    for region in by_specificity(acis) {
+        let key = (lower(&region.dn), region.scope, region.filter.clone());
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+        let (mut by, mut used) = (Vec::new(), Vec::new());
+        // Only a deny of every attribute hides the entry.
+        for d in acis
+            .iter()
+            .filter(|d| d.deny && d.attrs.is_none() && may_meet(d, region))
+        {
+            used.push(format!("deny \"{}\" ({})", d.name, d.origin));
+            for s in &d.subjects {
+                by.push(clause(s, vec!["none"]));
+            }
+        }
+        let mut allows: Vec<(&Aci, Vec<&str>)> = acis
+            .iter()
+            .filter(|a| !a.deny && contains_entries(a, region))
+            .map(|a| (a, entry_rights(a)))
+            .filter(|(_, r)| !r.is_empty())
+            .collect();
+        allows.sort_by_key(|(_, r)| std::cmp::Reverse(r.len()));
+        for (a, rights) in allows {
+            used.push(format!("allow \"{}\" ({})", a.name, a.origin));
+            for s in &a.subjects {
+                by.push(clause(s, rights.clone()));
+            }
+        }
+        by.push(clause(&["*".to_string()], vec!["search"]));
+        out.push((
+            Translated {
+                dn: DnSel::Scoped(region.scope, region.dn.clone()),
+                filter: region.filter.clone(),
+                attrs: Some(vec!["entry".into()]),
+                by,
+                falls_through: false,
+                notes: Vec::new(),
+            },
+            used,
+        ));
+    }
+    // Every other entry of the suffix: a search base for anyone.
+    out.push((
+        Translated {
+            dn: DnSel::Any,
+            filter: None,
+            attrs: Some(vec!["entry".into()]),
+            by: vec![clause(&["*".to_string()], vec!["search"])],
+            falls_through: false,
+            notes: Vec::new(),
+        },
+        vec!["389-DS: any entry may be a search base".into()],
+    ));
+    out
+}
+
+fn attribute_rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
     let mut out: Vec<(Translated, Vec<String>)> = Vec::new();
     let mut seen: Vec<(String, &'static str, Option<Vec<String>>, Option<String>)> = Vec::new();
-    for region in order {
+    for region in by_specificity(acis) {
         let key_of = |a: &Aci| (lower(&a.dn), a.scope, a.attrs.clone(), a.filter.clone());
         let key = key_of(region);
         if seen.contains(&key) {
@@ -365,8 +456,7 @@ pub fn rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
         // A deny whose own rule came earlier is there already: every
         // request in its target is answered by that rule or one before it.
         let answered = |d: &Aci| seen.contains(&key_of(d));
-        let mut by = Vec::new();
-        let mut used = Vec::new();
+        let (mut by, mut used) = (Vec::new(), Vec::new());
         for d in acis
             .iter()
             .filter(|d| d.deny && may_meet(d, region) && !answered(d))
@@ -388,15 +478,10 @@ pub fn rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
                 by.push(clause(s, a.rights.clone()));
             }
         }
-        let mut attrs = region.attrs.clone();
-        // Reading or searching any attribute of an entry finds the entry.
-        if let Some(list) = attrs.as_mut() {
-            list.push("entry".into());
-        }
         let mut t = Translated {
             dn: DnSel::Scoped(region.scope, region.dn.clone()),
             filter: region.filter.clone(),
-            attrs,
+            attrs: region.attrs.clone(),
             by,
             falls_through: false,
             notes: Vec::new(),
@@ -410,6 +495,17 @@ pub fn rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
         out.push((t, used));
     }
     out
+}
+
+/// Does `a` apply to every entry of `b`'s target (attributes aside)?
+fn contains_entries(a: &Aci, b: &Aci) -> bool {
+    let (da, db) = (lower(&a.dn), lower(&b.dn));
+    let dn_ok = match a.scope {
+        "sub" => db == da || db.ends_with(&format!(",{da}")),
+        "base" => b.scope == "base" && db == da,
+        _ => db == da && b.scope == "one",
+    };
+    dn_ok && (a.filter.is_none() || a.filter == b.filter)
 }
 
 fn clause(subjects: &[String], rights: Vec<&str>) -> AccessBy {
@@ -517,24 +613,28 @@ mod tests {
             parse(BASE, r#"(targetattr="userPassword")(version 3.0; acl "no pw"; deny (read, search, compare) userdn="ldap:///all";)"#, true).unwrap(),
         ];
         let r: Vec<Translated> = rules(&acis).into_iter().map(|(t, _)| t).collect();
-        // Deepest first: the phone rule holds its own allow and the broader read.
-        assert_eq!(
-            r[0].attrs,
-            Some(vec!["telephoneNumber".to_string(), "entry".to_string()])
-        );
-        assert_eq!(by(&r[0]), ["users=read,search,compare", "self=write"]);
+        // Entries first: ou=People's ACI region (self may use it as a base,
+        // the phone ACI does not show the entry to others), then the
+        // suffix's (users read, so they see entries), then any entry as a base.
+        assert!(r[..3]
+            .iter()
+            .all(|t| t.attrs == Some(vec!["entry".to_string()])));
+        assert_eq!(by(&r[0]), ["users=read,search,compare", "*=search"]);
+        assert_eq!(by(&r[1]), ["users=read,search,compare", "*=search"]);
+        assert_eq!(r[2].dn, DnSel::Any);
+        // Then attributes, deepest first: the phone rule holds its own
+        // allow and the broader read.
+        assert_eq!(r[3].attrs, Some(vec!["telephoneNumber".to_string()]));
+        assert_eq!(by(&r[3]), ["users=read,search,compare", "self=write"]);
         // userPassword: the deny first, binds for everyone.
+        assert_eq!(r[4].attrs, Some(vec!["userPassword".to_string()]));
         assert_eq!(
-            r[1].attrs,
-            Some(vec!["userPassword".to_string(), "entry".to_string()])
-        );
-        assert_eq!(
-            by(&r[1]),
+            by(&r[4]),
             ["users=auth", "users=auth,read,search,compare", "*=auth"]
         );
         // Everything else: userPassword was answered by the rule before.
-        assert_eq!(r[2].attrs, None);
-        assert_eq!(by(&r[2]), ["users=auth,read,search,compare", "*=auth"]);
-        assert_eq!(r.len(), 3);
+        assert_eq!(r[5].attrs, None);
+        assert_eq!(by(&r[5]), ["users=auth,read,search,compare", "*=auth"]);
+        assert_eq!(r.len(), 6);
     }
 }

@@ -367,8 +367,9 @@ dn: ou=People,dc=example,dc=com\nobjectClass: organizationalUnit\nou: People\n";
             "{report}"
         );
         assert!(report.contains("nsUniqueId"), "{report}");
-        // Rules: person attributes (read for anyone), self phone/password,
-        // the group's all, and binds for everyone.
+        // Rules: who sees entries (people, the rest, any entry as a search
+        // base), then person attributes (read for anyone), self
+        // phone/password, the group's all, and binds for everyone.
         let rules: Vec<String> = t
             .rules
             .iter()
@@ -384,8 +385,8 @@ dn: ou=People,dc=example,dc=com\nobjectClass: organizationalUnit\nou: People\n";
                 )
             })
             .collect();
-        assert_eq!(rules.len(), 4, "{rules:#?}");
-        assert!(rules[3].contains("userPassword"), "{rules:#?}");
+        assert_eq!(rules.len(), 7, "{rules:#?}");
+        assert!(rules[6].contains("userPassword"), "{rules:#?}");
         assert!(rules.iter().all(|r| r.contains("admins")), "{rules:#?}");
     }
 }

@@ -238,6 +238,10 @@ fn render_rule(rule: &pando_server::config::AccessRule) -> String {
     out
 }
 
+/// Tables that are maps, not structs: a key left out of the file is
+/// gone, not defaulted, so they are written whole when they differ.
+const WHOLE_TABLES: &[&str] = &["indexes"];
+
 /// The parts of `a` that differ from `b` (None: nothing differs).
 fn differences(a: &toml::Value, b: &toml::Value) -> Option<toml::Value> {
     match (a, b) {
@@ -247,8 +251,9 @@ fn differences(a: &toml::Value, b: &toml::Value) -> Option<toml::Value> {
                 match tb.get(k) {
                     Some(vb) => {
                         if let Some(d) = differences(va, vb) {
-                            // Tables are compared key by key; anything else whole.
-                            out.insert(k.clone(), if va.is_table() { d } else { va.clone() });
+                            // Structs are compared key by key; anything else whole.
+                            let whole = !va.is_table() || WHOLE_TABLES.contains(&k.as_str());
+                            out.insert(k.clone(), if whole { va.clone() } else { d });
                         }
                     }
                     None => {
@@ -259,5 +264,31 @@ fn differences(a: &toml::Value, b: &toml::Value) -> Option<toml::Value> {
             (!out.is_empty()).then_some(toml::Value::Table(out))
         }
         _ => (a != b).then(|| a.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_written_file_reads_back_as_the_translated_configuration() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("slapd.conf");
+        std::fs::write(
+            &conf,
+            "database mdb\nsuffix dc=x\nrootdn cn=m,dc=x\nindex telephoneNumber eq\nsizelimit 20\n\
+             access to * by users read\n\
+             overlay memberof\nsyncrepl rid=2 provider=ldap://h binddn=cn=r,dc=x credentials=pw searchbase=dc=x\n",
+        )
+        .unwrap();
+        let m = migrate(&conf, &dir.path().join("out")).unwrap();
+        let back: Config = toml::from_str(&m.toml).unwrap();
+        // Indexes are a map: written whole, Pando's defaults included.
+        assert_eq!(back.indexes, m.config.indexes);
+        assert!(
+            back.indexes.contains_key("member") && back.indexes.contains_key("telephoneNumber")
+        );
+        assert_eq!(back, m.config);
     }
 }
