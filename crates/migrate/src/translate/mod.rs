@@ -767,86 +767,98 @@ fn data_database(
             served.push(s);
         }
     }
-    let suffixes = &served[..];
-    let own = match src.kind {
-        crate::source::SourceKind::OpenLdap => rules_of(cx, db),
-        crate::source::SourceKind::Dirsrv => aci_rules(cx, src, suffixes),
-    };
-    let frontend = match src.kind {
-        crate::source::SourceKind::OpenLdap => frontend,
-        crate::source::SourceKind::Dirsrv => &[],
+    let (own, frontend) = match src.kind {
+        crate::source::SourceKind::OpenLdap => (rules_of(cx, db), frontend),
+        crate::source::SourceKind::Dirsrv => (aci_rules(cx, src, &served), &[][..]),
     };
     for d in &db.directives {
-        if d.key == "access" || section_setting(cx, d) {
-            continue;
-        }
-        match d.key.as_str() {
-            "suffix" => {}
-            "rootdn" => {
-                let dn = d.single().unwrap_or_default();
-                if let Err(e) = Dn::parse(&dn) {
-                    cx.note(Severity::Dropped, d, format!("not a DN ({e}): no root DN from it"));
-                    continue;
-                }
-                match &cx.cfg.root_dn {
-                    None => {
-                        cx.cfg.root_dn = Some(dn);
-                        cx.exact();
-                    }
-                    Some(r) if same_dn(&cx.schema, r, &dn) => cx.exact(),
-                    Some(_) => {
-                        cx.cfg.auth.admins.push(dn);
-                        cx.note(Severity::Differs, d, "a second database's root DN: added to auth.admins, administrator of every suffix here");
-                    }
-                }
-            }
-            "rootpw" => {
-                let pw = d.single().unwrap_or_default();
-                if pw.starts_with('{') && pando_server::password::is_hashed(pw.as_bytes()) {
-                    cx.cfg.root_password_hash = Some(pw);
-                    cx.exact();
-                } else if pw.starts_with('{') {
-                    cx.note(Severity::Stricter, d, "this hash scheme is not one Pando verifies; set root_password_hash with `pando passwd`");
-                } else {
-                    cx.cfg.root_password_hash = Some(pando_server::password::hash_password(pw.as_bytes()));
-                    cx.note(Severity::Note, d, "a clear-text password: stored hashed (Argon2id) in root_password_hash");
-                }
-            }
-            "index" => index(cx, d),
-            "directory" => cx.note(Severity::Note, d, "the data moves with `slapcat | pando import` (README, \"Importing\"); Pando's store is in data_dir"),
-            "maxsize" => match d.single().ok().and_then(|v| v.parse::<u64>().ok()) {
-                Some(b) => {
-                    cx.cfg.store.map_size_mb = (b >> 20).max(1);
-                    cx.exact();
-                }
-                None => cx.bad(d, "not a number".into()),
-            },
-            "checkpoint" | "envflags" | "dbnosync" | "maxreaders" | "mode" | "searchstack" | "rtxnsize" | "maxentrysize" | "multival" => {
-                cx.note(Severity::Note, d, "Pando's store needs no such setting (durability: store.durability)")
-            }
-            "syncrepl" => syncrepl(cx, d),
-            "multiprovider" | "mirrormode" => {
-                let on = matches!(d.single().unwrap_or_default().to_ascii_lowercase().as_str(), "on" | "true" | "yes" | "1");
-                cx.cfg.replication.multi_provider = on;
-                cx.exact();
-            }
-            "updateref" => {
-                let v = d.single().unwrap_or_default();
-                for c in cx.cfg.replication.consumer.iter_mut() {
-                    c.update_referral = Some(v.clone());
-                }
-                cx.exact();
-            }
-            "lastmod" | "monitoring" | "hidden" => cx.note(Severity::Note, d, "Pando always keeps operational attributes and monitors every suffix"),
-            "readonly" => cx.note(Severity::Differs, d, "Pando has no read-only switch: writes are governed by the access rules"),
-            _ => cx.note(Severity::Dropped, d, "no Pando counterpart"),
+        if d.key != "access" && !section_setting(cx, d) {
+            database_directive(cx, d);
         }
     }
     for o in &db.overlays {
         overlay(cx, o);
     }
-    // The database's rules, then the frontend's (slapd appends them); none
-    // at all: slapd lets everyone read.
+    database_rules(cx, src, db, own, frontend, &served, many)
+}
+
+/// One directive of a data database (suffix, access and limits aside).
+fn database_directive(cx: &mut Ctx, d: &Directive) {
+    match d.key.as_str() {
+        "suffix" => {}
+        "rootdn" => {
+            let dn = d.single().unwrap_or_default();
+            if let Err(e) = Dn::parse(&dn) {
+                cx.note(Severity::Dropped, d, format!("not a DN ({e}): no root DN from it"));
+                return;
+            }
+            match &cx.cfg.root_dn {
+                None => {
+                    cx.cfg.root_dn = Some(dn);
+                    cx.exact();
+                }
+                Some(r) if same_dn(&cx.schema, r, &dn) => cx.exact(),
+                Some(_) => {
+                    cx.cfg.auth.admins.push(dn);
+                    cx.note(Severity::Differs, d, "a second database's root DN: added to auth.admins, administrator of every suffix here");
+                }
+            }
+        }
+        "rootpw" => {
+            let pw = d.single().unwrap_or_default();
+            if pw.starts_with('{') && pando_server::password::is_hashed(pw.as_bytes()) {
+                cx.cfg.root_password_hash = Some(pw);
+                cx.exact();
+            } else if pw.starts_with('{') {
+                cx.note(Severity::Stricter, d, "this hash scheme is not one Pando verifies; set root_password_hash with `pando passwd`");
+            } else {
+                cx.cfg.root_password_hash = Some(pando_server::password::hash_password(pw.as_bytes()));
+                cx.note(Severity::Note, d, "a clear-text password: stored hashed (Argon2id) in root_password_hash");
+            }
+        }
+        "index" => index(cx, d),
+        "directory" => cx.note(Severity::Note, d, "the data moves with `slapcat | pando import` (README, \"Importing\"); Pando's store is in data_dir"),
+        "maxsize" => match d.single().ok().and_then(|v| v.parse::<u64>().ok()) {
+            Some(b) => {
+                cx.cfg.store.map_size_mb = (b >> 20).max(1);
+                cx.exact();
+            }
+            None => cx.bad(d, "not a number".into()),
+        },
+        "checkpoint" | "envflags" | "dbnosync" | "maxreaders" | "mode" | "searchstack" | "rtxnsize" | "maxentrysize" | "multival" => {
+            cx.note(Severity::Note, d, "Pando's store needs no such setting (durability: store.durability)")
+        }
+        "syncrepl" => syncrepl(cx, d),
+        "multiprovider" | "mirrormode" => {
+            let on = matches!(d.single().unwrap_or_default().to_ascii_lowercase().as_str(), "on" | "true" | "yes" | "1");
+            cx.cfg.replication.multi_provider = on;
+            cx.exact();
+        }
+        "updateref" => {
+            let v = d.single().unwrap_or_default();
+            for c in cx.cfg.replication.consumer.iter_mut() {
+                c.update_referral = Some(v.clone());
+            }
+            cx.exact();
+        }
+        "lastmod" | "monitoring" | "hidden" => cx.note(Severity::Note, d, "Pando always keeps operational attributes and monitors every suffix"),
+        "readonly" => cx.note(Severity::Differs, d, "Pando has no read-only switch: writes are governed by the access rules"),
+        _ => cx.note(Severity::Dropped, d, "no Pando counterpart"),
+    }
+}
+
+/// The database's rules, then the frontend's (slapd appends them), scoped
+/// to its suffixes, `break` expanded, slapd's root DN first in each; with
+/// no rules at all, slapd's default (everyone reads).
+fn database_rules(
+    cx: &mut Ctx,
+    src: &Source,
+    db: &Section,
+    own: Vec<RuleOut>,
+    frontend: &[RuleOut],
+    suffixes: &[String],
+    many: bool,
+) -> Vec<RuleOut> {
     let mut list: Vec<RuleOut> = own;
     list.extend(frontend.iter().cloned());
     if list.is_empty() && src.kind == crate::source::SourceKind::OpenLdap {
