@@ -463,12 +463,40 @@ fn is_access_word(w: &str) -> bool {
 /// Parse and translate one rule: the words after `access` (`to …`).
 /// Err: the rule cannot be read at all.
 pub fn translate(words: &[String]) -> Result<Translated, String> {
-    let mut notes = Vec::new();
-    let mut i = 0;
     match words.first() {
-        Some(w) if w.eq_ignore_ascii_case("to") => i += 1,
+        Some(w) if w.eq_ignore_ascii_case("to") => {}
         _ => return Err("a rule starts with 'to'".into()),
     }
+    let by_at = words
+        .iter()
+        .position(|w| w.eq_ignore_ascii_case("by"))
+        .ok_or("a rule needs at least one 'by' clause")?;
+    let mut notes = Vec::new();
+    let (mut t, target_wider) = target(&words[1..by_at], &mut notes)?;
+    let clauses = clauses(&words[by_at..], &mut notes)?;
+    for (alts, rights) in controls(clauses, &mut t, &mut notes) {
+        for a in alts {
+            let r = if a.deny || target_wider {
+                OneOrMany::One("none".into())
+            } else {
+                rights.clone()
+            };
+            let who = match a.subjects.as_slice() {
+                [one] => OneOrMany::One(one.clone()),
+                _ => OneOrMany::Many(a.subjects.clone()),
+            };
+            t.by.push(AccessBy { who, rights: r });
+        }
+    }
+    t.notes = notes;
+    Ok(t)
+}
+
+type Notes = Vec<(Severity, String)>;
+
+/// `<what>`: the rule's target, and whether it had to be widened (then
+/// every clause grants none).
+fn target(words: &[String], notes: &mut Notes) -> Result<(Translated, bool), String> {
     let mut t = Translated {
         dn: DnSel::Any,
         filter: None,
@@ -477,74 +505,82 @@ pub fn translate(words: &[String]) -> Result<Translated, String> {
         falls_through: false,
         notes: Vec::new(),
     };
-    // Over-approximated target: every clause grants none.
-    let mut target_wider = false;
-    while i < words.len() && !words[i].eq_ignore_ascii_case("by") {
-        let w = &words[i];
-        i += 1;
+    let mut wider = false;
+    for w in words {
         if w == "*" {
             continue;
         }
         if let Some((style, value)) = styled(w, "dn") {
-            t.dn = if style == "regex" {
-                match literal(value) {
-                    Some(dn) => DnSel::Scoped("base", dn),
-                    None if value == ".*" || value == "^.*$" => DnSel::Any,
-                    None => {
-                        if value.contains('$') && value.matches('$').count() > 1 {
-                            notes.push((Severity::Stricter, format!("to dn.regex={value}: substitutions ($1) in clauses are not supported; clauses using them get none")));
-                        }
-                        // slapd matches target patterns ignoring case.
-                        DnSel::Regex(format!(
-                            "(?i){}",
-                            value.trim_start_matches('^').trim_end_matches('$')
-                        ))
-                    }
-                }
-            } else {
-                match scope_of(style) {
-                    Some(s) => DnSel::Scoped(s, value.to_string()),
-                    None => return Err(format!("'{w}': unknown DN style '{style}'")),
-                }
-            };
+            t.dn = target_dn(w, style, value, notes)?;
         } else if let Some(f) = w.strip_prefix("filter=") {
             t.filter = Some(f.to_string());
         } else if let Some(list) = w.strip_prefix("attrs=").or_else(|| w.strip_prefix("attr=")) {
             let mut names = Vec::new();
-            for a in list.split(',') {
-                let a = a.trim();
+            for a in list.split(',').map(str::trim) {
                 if a.eq_ignore_ascii_case("children") {
                     notes.push((Severity::Note, "attrs children: Pando judges adds and deletes on the entry added or deleted (add/delete rights), not on its parent".into()));
-                    continue;
-                }
-                if a.starts_with('!') {
+                } else if a.starts_with('!') {
                     notes.push((Severity::Stricter, format!("attrs {a}: attributes outside a class have no Pando form; the rule covers every attribute and grants none")));
-                    target_wider = true;
-                    continue;
+                    wider = true;
+                } else {
+                    if a.starts_with('@') {
+                        notes.push((Severity::Note, format!("attrs {a}: listed as the class's attributes (resolved against the schema)")));
+                    }
+                    names.push(a.to_string());
                 }
-                if a.starts_with('@') {
-                    notes.push((Severity::Note, format!("attrs {a}: listed as the class's attributes (resolved against the schema)")));
-                }
-                names.push(a.to_string());
             }
-            if names.is_empty() && !target_wider {
-                // Only `children`: covers nothing Pando has.
-                t.attrs = Some(Vec::new());
-            } else if !target_wider {
+            // Only `children` leaves an empty list: it covers nothing
+            // Pando has. A widened target covers every attribute.
+            if !wider {
                 t.attrs = Some(names);
             }
         } else if w.starts_with("val") {
             notes.push((Severity::Stricter, format!("{w}: value-specific rules have no Pando form; the rule covers every value and grants none")));
-            target_wider = true;
+            wider = true;
         } else {
             return Err(format!("'{w}' is not a target (dn…=, filter=, attrs=)"));
         }
     }
-    if i >= words.len() {
-        return Err("a rule needs at least one 'by' clause".into());
+    Ok((t, wider))
+}
+
+fn target_dn(w: &str, style: &str, value: &str, notes: &mut Notes) -> Result<DnSel, String> {
+    if style != "regex" {
+        return match scope_of(style) {
+            Some(s) => Ok(DnSel::Scoped(s, value.to_string())),
+            None => Err(format!("'{w}': unknown DN style '{style}'")),
+        };
     }
-    // Clauses: by <who…> [access] [control]
-    let mut clauses: Vec<(Vec<Alt>, OneOrMany, String)> = Vec::new();
+    Ok(match literal(value) {
+        Some(dn) => DnSel::Scoped("base", dn),
+        None if value == ".*" || value == "^.*$" => DnSel::Any,
+        None => {
+            if value.matches('$').count() > 1 {
+                notes.push((Severity::Stricter, format!("to dn.regex={value}: substitutions ($1) in clauses are not supported; clauses using them get none")));
+            }
+            // slapd matches target patterns ignoring case.
+            DnSel::Regex(format!(
+                "(?i){}",
+                value.trim_start_matches('^').trim_end_matches('$')
+            ))
+        }
+    })
+}
+
+/// One `by` clause: who, rights, control (stop, continue, break).
+type Clause = (Vec<Alt>, OneOrMany, String);
+
+fn is_control(w: &str) -> bool {
+    matches!(
+        w.to_ascii_lowercase().as_str(),
+        "stop" | "continue" | "break"
+    )
+}
+
+/// `by <who…> [access] [control]`…
+fn clauses(words: &[String], notes: &mut Notes) -> Result<Vec<Clause>, String> {
+    let mut out = Vec::new();
+    let mut i = 0;
     while i < words.len() {
         if !words[i].eq_ignore_ascii_case("by") {
             return Err(format!("expected 'by', found '{}'", words[i]));
@@ -554,12 +590,9 @@ pub fn translate(words: &[String]) -> Result<Translated, String> {
         while i < words.len()
             && !words[i].eq_ignore_ascii_case("by")
             && !is_access_word(&words[i])
-            && !matches!(
-                words[i].to_ascii_lowercase().as_str(),
-                "stop" | "continue" | "break"
-            )
+            && !is_control(&words[i])
         {
-            let part = who_word(&words[i], &mut notes);
+            let part = who_word(&words[i], notes);
             who = Some(match who {
                 None => part,
                 Some(prev) => and(prev, part),
@@ -570,24 +603,27 @@ pub fn translate(words: &[String]) -> Result<Translated, String> {
         // No access given: +0 (nothing).
         let mut rights = OneOrMany::One("none".into());
         if i < words.len() && is_access_word(&words[i]) {
-            rights = rights_of(&words[i], &mut notes)
+            rights = rights_of(&words[i], notes)
                 .ok_or_else(|| format!("'{}' is not an access level", words[i]))?;
             i += 1;
         }
         let mut control = "stop".to_string();
-        if i < words.len()
-            && matches!(
-                words[i].to_ascii_lowercase().as_str(),
-                "stop" | "continue" | "break"
-            )
-        {
+        if i < words.len() && is_control(&words[i]) {
             control = words[i].to_ascii_lowercase();
             i += 1;
         }
-        clauses.push((who, rights, control));
+        out.push((who, rights, control));
     }
-    // Controls.
-    let mut out: Vec<(Vec<Alt>, OneOrMany)> = Vec::new();
+    Ok(out)
+}
+
+/// Clauses in first-match order once `break` and `continue` are settled.
+fn controls(
+    clauses: Vec<Clause>,
+    t: &mut Translated,
+    notes: &mut Notes,
+) -> Vec<(Vec<Alt>, OneOrMany)> {
+    let mut out = Vec::new();
     for (k, (who, rights, control)) in clauses.iter().enumerate() {
         let everyone = who.len() == 1 && who[0].subjects == ["*"] && !who[0].deny;
         match control.as_str() {
@@ -625,22 +661,7 @@ pub fn translate(words: &[String]) -> Result<Translated, String> {
             _ => out.push((who.clone(), rights.clone())),
         }
     }
-    for (alts, rights) in out {
-        for a in alts {
-            let r = if a.deny || target_wider {
-                OneOrMany::One("none".into())
-            } else {
-                rights.clone()
-            };
-            let who = match a.subjects.as_slice() {
-                [one] => OneOrMany::One(one.clone()),
-                _ => OneOrMany::Many(a.subjects.clone()),
-            };
-            t.by.push(AccessBy { who, rights: r });
-        }
-    }
-    t.notes = notes;
-    Ok(t)
+    out
 }
 
 #[cfg(test)]
