@@ -166,8 +166,13 @@ fn who_word(w: &str, notes: &mut Vec<(Severity, String)>) -> Vec<Alt> {
             if let Some(dn) = literal(value) {
                 return alt(&format!("dn:{dn}"));
             }
-            if value == ".*" || value == "^.*$" || value == ".+" || value == "^.+$" {
-                return alt("users");
+            // As slapd reads them: any DN at all is everyone, a non-empty
+            // one every authenticated user.
+            let bare = value.trim_start_matches('^').trim_end_matches('$');
+            match bare {
+                ".*" => return alt("*"),
+                ".+" => return alt("users"),
+                _ => {}
             }
             let sup = literal_tail(value);
             note(
@@ -732,6 +737,11 @@ mod tests {
         let t = tr("to attrs=!person by * read");
         assert_eq!(by(&t), ["*=none"]);
         assert!(t.attrs.is_none());
+        assert_eq!(by(&tr("to * by dn.regex=.* read")), ["*=read"]);
+        assert_eq!(
+            by(&tr("to * by dn.regex=^.+$ read by * none")),
+            ["users=read", "*=none"]
+        );
         let t = tr("to * by users selfwrite by * read");
         assert_eq!(by(&t), ["users=read", "*=read"]);
     }
