@@ -168,9 +168,7 @@ impl Parser<'_> {
             .strip_prefix('(')
             .ok_or("expected '(' of a target")?
             .trim_start();
-        let end = rest
-            .find(|c: char| c == '=' || c == '!')
-            .ok_or("a target without '='")?;
+        let end = rest.find(['=', '!']).ok_or("a target without '='")?;
         let keyword = rest[..end].trim().to_ascii_lowercase();
         let (op, rest) = if rest[end..].starts_with("!=") {
             ("!=", &rest[end + 2..])
@@ -444,9 +442,12 @@ fn entry_rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
     out
 }
 
+/// What makes two ACI targets the same rule: DN, scope, attributes, filter.
+type RegionKey = (String, &'static str, Option<Vec<String>>, Option<String>);
+
 fn attribute_rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
     let mut out: Vec<(Translated, Vec<String>)> = Vec::new();
-    let mut seen: Vec<(String, &'static str, Option<Vec<String>>, Option<String>)> = Vec::new();
+    let mut seen: Vec<RegionKey> = Vec::new();
     for region in by_specificity(acis) {
         let key_of = |a: &Aci| (lower(&a.dn), a.scope, a.attrs.clone(), a.filter.clone());
         let key = key_of(region);
@@ -486,9 +487,10 @@ fn attribute_rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
             falls_through: false,
             notes: Vec::new(),
         };
-        let covers_password = t.attrs.as_ref().map_or(true, |l| {
-            l.iter().any(|a| a.eq_ignore_ascii_case("userPassword"))
-        });
+        let covers_password = t
+            .attrs
+            .as_ref()
+            .is_none_or(|l| l.iter().any(|a| a.eq_ignore_ascii_case("userPassword")));
         if covers_password {
             with_auth(&mut t);
         }

@@ -151,8 +151,7 @@ fn literal_tail(re: &str) -> Option<String> {
 }
 
 /// One `who` word → subjects, and notes.
-fn who_word(w: &str, notes: &mut Vec<(Severity, String)>) -> Vec<Alt> {
-    let mut note = |s: Severity, m: String| notes.push((s, m));
+fn who_word(w: &str, notes: &mut Notes) -> Vec<Alt> {
     let lw = w.to_ascii_lowercase();
     match lw.as_str() {
         "*" => return alt("*"),
@@ -162,160 +161,207 @@ fn who_word(w: &str, notes: &mut Vec<(Severity, String)>) -> Vec<Alt> {
         _ => {}
     }
     if let Some((style, value)) = styled(w, "dn").or_else(|| styled(w, "realdn")) {
-        if style == "regex" {
-            if let Some(dn) = literal(value) {
-                return alt(&format!("dn:{dn}"));
-            }
-            // As slapd reads them: any DN at all is everyone, a non-empty
-            // one every authenticated user.
-            let bare = value.trim_start_matches('^').trim_end_matches('$');
-            match bare {
-                ".*" => return alt("*"),
-                ".+" => return alt("users"),
-                _ => {}
-            }
-            let sup = literal_tail(value);
-            note(
-                Severity::Stricter,
-                format!(
-                    "who dn.regex={value}: Pando has no regular expression subjects; {} get none here",
-                    sup.as_deref()
-                        .map(|s| format!("identities below {s}"))
-                        .unwrap_or_else(|| "all identities".into())
-                ),
-            );
-            return match sup {
-                Some(s) => deny(&format!("subtree:{s}")),
-                None => deny("*"),
-            };
-        }
-        return match scope_of(style) {
-            Some("base") => alt(&format!("dn:{value}")),
-            Some("sub") => alt(&format!("subtree:{value}")),
-            Some("children") => {
-                note(
-                    Severity::Stricter,
-                    format!("who dn.children={value}: {value} itself gets none here (Pando's subtree: includes it)"),
-                );
-                let mut v = deny(&format!("dn:{value}"));
-                v.extend(alt(&format!("subtree:{value}")));
-                v
-            }
-            Some(_) => {
-                note(
-                    Severity::Stricter,
-                    format!("who dn.{style}={value}: Pando has no one-level subject; the whole subtree gets none here"),
-                );
-                deny(&format!("subtree:{value}"))
-            }
-            None => {
-                note(
-                    Severity::Stricter,
-                    format!("who {w}: unknown style; everyone gets none here"),
-                );
-                deny("*")
-            }
-        };
+        return dn_subject(w, style, value, notes);
     }
     if lw.starts_with("group") {
-        // group[/objectClass[/attribute]][.style]=DN
-        let (head, value) = w.split_once('=').unwrap_or((w, ""));
-        let (head, style) = match head.split_once('.') {
-            Some((h, s)) => (h, s),
-            None => (head, "exact"),
-        };
-        let mut parts = head.split('/').skip(1);
-        let oc = parts.next().unwrap_or("groupOfNames").to_ascii_lowercase();
-        let attr = parts.next().unwrap_or("member").to_ascii_lowercase();
-        let known = matches!(
-            (oc.as_str(), attr.as_str()),
-            ("groupofnames", "member") | ("groupofuniquenames", "uniquemember")
-        );
-        if style == "exact" || style == "base" {
-            if known {
-                note(
-                    Severity::Differs,
-                    format!("who group={value}: Pando also counts members of groups nested in it (up to 4 levels); slapd counts direct members only"),
-                );
-                return alt(&format!("group:{value}"));
-            }
-            note(
-                Severity::Stricter,
-                format!("who {w}: Pando's group subject reads member/uniqueMember; members by {attr} get none here"),
-            );
-            return deny("users");
-        }
-        note(
-            Severity::Stricter,
-            format!("who {w}: group patterns have no Pando form; users get none here"),
-        );
-        return deny("users");
+        return group_subject(w, notes);
     }
     if let Some((style, value)) = styled(w, "peername") {
-        let addr = value
-            .strip_prefix("IP=")
-            .or_else(|| value.strip_prefix("IPv6="))
-            .unwrap_or(value);
-        if style == "ip" || style == "ipv6" || (style == "base" && value.starts_with("IP=")) {
-            // a.b.c.d[%mask][{port}]
-            let addr = addr.split('{').next().unwrap_or(addr);
-            let net = match addr.split_once('%') {
-                Some((a, mask)) => match mask_bits(mask) {
-                    Some(bits) => format!("{a}/{bits}"),
-                    None => {
-                        note(
-                            Severity::Stricter,
-                            format!("who {w}: netmask not contiguous; everyone gets none here"),
-                        );
-                        return deny("*");
-                    }
-                },
-                None => addr.to_string(),
-            };
-            return alt(&format!("ip:{net}"));
-        }
-        if style == "path" {
-            note(
-                Severity::Note,
-                format!("who {w}: any client on Pando's own ldapi socket"),
-            );
-            return alt("ldapi");
-        }
-        note(
-            Severity::Stricter,
-            format!("who {w}: only peername.ip/ipv6/path translate; everyone gets none here"),
-        );
-        return deny("*");
+        return peer_subject(w, style, value, notes);
     }
     if let Some((_, value)) = styled(w, "sockurl") {
-        if value.starts_with("ldapi") {
-            return alt("ldapi");
-        }
-        if value.starts_with("ldaps") {
-            note(
-                Severity::Note,
-                format!("who {w}: any TLS connection (LDAPS or StartTLS)"),
-            );
-            return alt("tls");
-        }
-        note(Severity::Stricter, format!("who {w}: listener URLs other than ldapi/ldaps have no Pando form; everyone gets none here"));
-        return deny("*");
+        return sockurl_subject(w, value, notes);
     }
+    if let Some(v) = ssf_subject(w, &lw, notes) {
+        return v;
+    }
+    let dnattr = lw.starts_with("dnattr");
+    notes.push((
+        Severity::Stricter,
+        format!(
+            "who {w}: no Pando form (dnattr, set, aci, domain, sasl_ssf … are not supported); {} get none here",
+            if dnattr { "users" } else { "all identities" }
+        ),
+    ));
+    deny(if dnattr { "users" } else { "*" })
+}
+
+/// `dn[.style]=…`, `realdn…`.
+fn dn_subject(w: &str, style: &str, value: &str, notes: &mut Notes) -> Vec<Alt> {
+    if style == "regex" {
+        if let Some(dn) = literal(value) {
+            return alt(&format!("dn:{dn}"));
+        }
+        // As slapd reads them: any DN at all is everyone, a non-empty
+        // one every authenticated user.
+        let bare = value.trim_start_matches('^').trim_end_matches('$');
+        match bare {
+            ".*" => return alt("*"),
+            ".+" => return alt("users"),
+            _ => {}
+        }
+        let sup = literal_tail(value);
+        notes.push((
+            Severity::Stricter,
+            format!(
+                "who dn.regex={value}: Pando has no regular expression subjects; {} get none here",
+                sup.as_deref()
+                    .map(|s| format!("identities below {s}"))
+                    .unwrap_or_else(|| "all identities".into())
+            ),
+        ));
+        return match sup {
+            Some(s) => deny(&format!("subtree:{s}")),
+            None => deny("*"),
+        };
+    }
+    match scope_of(style) {
+        Some("base") => alt(&format!("dn:{value}")),
+        Some("sub") => alt(&format!("subtree:{value}")),
+        Some("children") => {
+            notes.push((
+                Severity::Stricter,
+                format!("who dn.children={value}: {value} itself gets none here (Pando's subtree: includes it)"),
+            ));
+            let mut v = deny(&format!("dn:{value}"));
+            v.extend(alt(&format!("subtree:{value}")));
+            v
+        }
+        Some(_) => {
+            notes.push((
+                Severity::Stricter,
+                format!("who dn.{style}={value}: Pando has no one-level subject; the whole subtree gets none here"),
+            ));
+            deny(&format!("subtree:{value}"))
+        }
+        None => {
+            notes.push((
+                Severity::Stricter,
+                format!("who {w}: unknown style; everyone gets none here"),
+            ));
+            deny("*")
+        }
+    }
+}
+
+/// `group[/objectClass[/attribute]][.style]=DN`.
+fn group_subject(w: &str, notes: &mut Notes) -> Vec<Alt> {
+    let (head, value) = w.split_once('=').unwrap_or((w, ""));
+    let (head, style) = match head.split_once('.') {
+        Some((h, s)) => (h, s),
+        None => (head, "exact"),
+    };
+    let mut parts = head.split('/').skip(1);
+    let oc = parts.next().unwrap_or("groupOfNames").to_ascii_lowercase();
+    let attr = parts.next().unwrap_or("member").to_ascii_lowercase();
+    let known = matches!(
+        (oc.as_str(), attr.as_str()),
+        ("groupofnames", "member") | ("groupofuniquenames", "uniquemember")
+    );
+    if style == "exact" || style == "base" {
+        if known {
+            notes.push((
+                Severity::Differs,
+                format!("who group={value}: Pando also counts members of groups nested in it (up to 4 levels); slapd counts direct members only"),
+            ));
+            return alt(&format!("group:{value}"));
+        }
+        notes.push((
+            Severity::Stricter,
+            format!("who {w}: Pando's group subject reads member/uniqueMember; members by {attr} get none here"),
+        ));
+        return deny("users");
+    }
+    notes.push((
+        Severity::Stricter,
+        format!("who {w}: group patterns have no Pando form; users get none here"),
+    ));
+    deny("users")
+}
+
+/// `peername[.style]=…`: an address (IPv4 with `%netmask`, IPv6) or the
+/// ldapi socket's path.
+fn peer_subject(w: &str, style: &str, value: &str, notes: &mut Notes) -> Vec<Alt> {
+    let addr = value
+        .strip_prefix("IP=")
+        .or_else(|| value.strip_prefix("IPv6="))
+        .unwrap_or(value);
+    if style == "ip" || style == "ipv6" || (style == "base" && value.starts_with("IP=")) {
+        // a.b.c.d[%mask][{port}]
+        let (addr, port) = match addr.split_once('{') {
+            Some((a, p)) => (a, Some(p.trim_end_matches('}'))),
+            None => (addr, None),
+        };
+        let net = match addr.split_once('%') {
+            Some((a, mask)) => match mask_bits(mask) {
+                Some(bits) => format!("{a}/{bits}"),
+                None => {
+                    notes.push((
+                        Severity::Stricter,
+                        format!("who {w}: netmask not contiguous; everyone gets none here"),
+                    ));
+                    return deny("*");
+                }
+            },
+            None => addr.to_string(),
+        };
+        if let Some(port) = port {
+            notes.push((
+                Severity::Stricter,
+                format!("who {w}: Pando does not tell clients apart by port; clients from {net} get none here (not only from port {port})"),
+            ));
+            return deny(&format!("ip:{net}"));
+        }
+        return alt(&format!("ip:{net}"));
+    }
+    if style == "path" {
+        notes.push((
+            Severity::Note,
+            format!("who {w}: any client on Pando's own ldapi socket"),
+        ));
+        return alt("ldapi");
+    }
+    notes.push((
+        Severity::Stricter,
+        format!("who {w}: only peername.ip/ipv6/path translate; everyone gets none here"),
+    ));
+    deny("*")
+}
+
+/// `sockurl…=`: the listener the client came through.
+fn sockurl_subject(w: &str, value: &str, notes: &mut Notes) -> Vec<Alt> {
+    if value.starts_with("ldapi") {
+        return alt("ldapi");
+    }
+    if value.starts_with("ldaps") {
+        notes.push((
+            Severity::Note,
+            format!("who {w}: any TLS connection (LDAPS or StartTLS)"),
+        ));
+        return alt("tls");
+    }
+    notes.push((Severity::Stricter, format!("who {w}: listener URLs other than ldapi/ldaps have no Pando form; everyone gets none here")));
+    deny("*")
+}
+
+/// `ssf=`, `transport_ssf=`, `tls_ssf=`: slapd gives TLS its cipher
+/// strength (128 or 256) and ldapi 71.
+fn ssf_subject(w: &str, lw: &str, notes: &mut Notes) -> Option<Vec<Alt>> {
     for ssf in ["ssf", "transport_ssf", "tls_ssf"] {
         if let Some(v) = lw.strip_prefix(ssf).and_then(|r| r.strip_prefix('=')) {
             let n: u32 = v.parse().unwrap_or(u32::MAX);
             // slapd gives TLS its cipher strength (128 or 256 here) and
             // ldapi 71.
             if n > 128 {
-                note(
+                notes.push((
                     Severity::Stricter,
                     format!(
                         "who {w}: Pando has no cipher strength subject; everyone gets none here"
                     ),
-                );
-                return deny("*");
+                ));
+                return Some(deny("*"));
             }
-            note(
+            notes.push((
                 Severity::Note,
                 format!(
                     "who {w}: TLS connections{}",
@@ -325,24 +371,15 @@ fn who_word(w: &str, notes: &mut Vec<(Severity, String)>) -> Vec<Alt> {
                         ""
                     }
                 ),
-            );
+            ));
             let mut v = alt("tls");
             if n <= 71 && ssf != "tls_ssf" {
                 v.extend(alt("ldapi"));
             }
-            return v;
+            return Some(v);
         }
     }
-    note(
-        Severity::Stricter,
-        format!("who {w}: no Pando form (dnattr, set, aci, domain, sasl_ssf … are not supported); {} get none here",
-            if lw.starts_with("dnattr") { "users" } else { "all identities" }),
-    );
-    if lw.starts_with("dnattr") {
-        deny("users")
-    } else {
-        deny("*")
-    }
+    None
 }
 
 fn mask_bits(mask: &str) -> Option<u8> {
@@ -738,6 +775,10 @@ mod tests {
         assert_eq!(by(&t), ["*=none"]);
         assert!(t.attrs.is_none());
         assert_eq!(by(&tr("to * by dn.regex=.* read")), ["*=read"]);
+        assert_eq!(
+            by(&tr("to * by peername.ip=10.1.2.3{636} read by * none")),
+            ["ip:10.1.2.3=none", "*=none"]
+        );
         assert_eq!(
             by(&tr("to * by dn.regex=^.+$ read by * none")),
             ["users=read", "*=none"]

@@ -190,9 +190,9 @@ impl Ldap {
                 | ProtocolOp::AddResponse(r)
                 | ProtocolOp::DelResponse(r)
                 | ProtocolOp::ModifyDnResponse(r)
-                | ProtocolOp::CompareResponse(r) => return Ok((r.code.0 as u32, entries)),
-                ProtocolOp::BindResponse(r) => return Ok((r.result.code.0 as u32, entries)),
-                ProtocolOp::ExtendedResponse(r) => return Ok((r.result.code.0 as u32, entries)),
+                | ProtocolOp::CompareResponse(r) => return Ok((r.code.0, entries)),
+                ProtocolOp::BindResponse(r) => return Ok((r.result.code.0, entries)),
+                ProtocolOp::ExtendedResponse(r) => return Ok((r.result.code.0, entries)),
                 _ => return Err("unexpected response".into()),
             }
         }
