@@ -422,6 +422,7 @@ fn entry_rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
                 attrs: Some(vec!["entry".into()]),
                 by,
                 falls_through: false,
+                children: true,
                 notes: Vec::new(),
             },
             used,
@@ -435,6 +436,7 @@ fn entry_rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
             attrs: Some(vec!["entry".into()]),
             by: vec![clause(&["*".to_string()], vec!["search"])],
             falls_through: false,
+            children: true,
             notes: Vec::new(),
         },
         vec!["389-DS: any entry may be a search base".into()],
@@ -485,6 +487,7 @@ fn attribute_rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
             attrs: region.attrs.clone(),
             by,
             falls_through: false,
+            children: true,
             notes: Vec::new(),
         };
         let covers_password = t

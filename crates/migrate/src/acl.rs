@@ -35,6 +35,9 @@ pub struct Translated {
     /// The rule ends with `by * break`: requesters no clause above it
     /// matched go on to the following rules.
     pub falls_through: bool,
+    /// It covers slapd's `children` pseudo-attribute (who may add and
+    /// delete below an entry), which Pando has no form of.
+    pub children: bool,
     pub notes: Vec<(Severity, String)>,
 }
 
@@ -545,6 +548,7 @@ fn target(words: &[String], notes: &mut Notes) -> Result<(Translated, bool), Str
         attrs: None,
         by: Vec::new(),
         falls_through: false,
+        children: true,
         notes: Vec::new(),
     };
     let mut wider = false;
@@ -558,10 +562,13 @@ fn target(words: &[String], notes: &mut Notes) -> Result<(Translated, bool), Str
             t.filter = Some(f.to_string());
         } else if let Some(list) = w.strip_prefix("attrs=").or_else(|| w.strip_prefix("attr=")) {
             let mut names = Vec::new();
+            t.children = false;
             for a in list.split(',').map(str::trim) {
                 if a.eq_ignore_ascii_case("children") {
+                    t.children = true;
                     notes.push((Severity::Note, "attrs children: Pando judges adds and deletes on the entry added or deleted (add/delete rights), not on its parent".into()));
                 } else if a.starts_with('!') {
+                    t.children = true; // the widened target covers it too
                     notes.push((Severity::Stricter, format!("attrs {a}: attributes outside a class have no Pando form; the rule covers every attribute and grants none")));
                     wider = true;
                 } else {
@@ -609,8 +616,9 @@ fn target_dn(w: &str, style: &str, value: &str, notes: &mut Notes) -> Result<DnS
     })
 }
 
-/// One `by` clause: who, rights, control (stop, continue, break).
-type Clause = (Vec<Alt>, OneOrMany, String);
+/// One `by` clause: who, rights, control (stop, continue, break), and
+/// whether its rights add to those before (`+…`) rather than replace them.
+type Clause = (Vec<Alt>, OneOrMany, String, bool);
 
 fn is_control(w: &str) -> bool {
     matches!(
@@ -644,6 +652,7 @@ fn clauses(words: &[String], notes: &mut Notes) -> Result<Vec<Clause>, String> {
         let who = who.ok_or("a 'by' clause names no one")?;
         // No access given: +0 (nothing).
         let mut rights = OneOrMany::One("none".into());
+        let additive = i < words.len() && words[i].starts_with('+');
         if i < words.len() && is_access_word(&words[i]) {
             rights = rights_of(&words[i], notes)
                 .ok_or_else(|| format!("'{}' is not an access level", words[i]))?;
@@ -654,9 +663,42 @@ fn clauses(words: &[String], notes: &mut Notes) -> Result<Vec<Clause>, String> {
             control = words[i].to_ascii_lowercase();
             i += 1;
         }
-        out.push((who, rights, control));
+        out.push((who, rights, control, additive));
     }
     Ok(out)
+}
+
+/// Both clauses' rights together (`+` privileges after `continue`).
+fn union(a: &OneOrMany, b: &OneOrMany) -> OneOrMany {
+    let mut all = level_rights(a);
+    for r in level_rights(b) {
+        if !all.contains(&r) {
+            all.push(r);
+        }
+    }
+    if all.is_empty() {
+        OneOrMany::One("none".into())
+    } else {
+        OneOrMany::Many(all)
+    }
+}
+
+/// The single rights of a level or list.
+pub(crate) fn level_rights(r: &OneOrMany) -> Vec<String> {
+    const ORDER: &[&str] = &[
+        "auth", "compare", "search", "read", "write", "add", "delete",
+    ];
+    match r {
+        OneOrMany::One(l) => match l.as_str() {
+            "none" => Vec::new(),
+            "write" | "all" => ORDER.iter().map(|s| s.to_string()).collect(),
+            l => match ORDER.iter().position(|x| *x == l) {
+                Some(n) => ORDER[..=n].iter().map(|s| s.to_string()).collect(),
+                None => vec![l.to_string()],
+            },
+        },
+        OneOrMany::Many(v) => v.iter().filter(|x| *x != "none").cloned().collect(),
+    }
 }
 
 /// Clauses in first-match order once `break` and `continue` are settled.
@@ -666,7 +708,7 @@ fn controls(
     notes: &mut Notes,
 ) -> Vec<(Vec<Alt>, OneOrMany)> {
     let mut out = Vec::new();
-    for (k, (who, rights, control)) in clauses.iter().enumerate() {
+    for (k, (who, rights, control, _)) in clauses.iter().enumerate() {
         let everyone = who.len() == 1 && who[0].subjects == ["*"] && !who[0].deny;
         match control.as_str() {
             "break" if everyone => {
@@ -695,8 +737,13 @@ fn controls(
                     "'continue': expanded into the pairings of this clause with the later ones"
                         .into(),
                 ));
-                for (later, lrights, _) in &clauses[k + 1..] {
-                    out.push((and(who.clone(), later.clone()), lrights.clone()));
+                for (later, lrights, _, additive) in &clauses[k + 1..] {
+                    let r = if *additive {
+                        union(rights, lrights)
+                    } else {
+                        lrights.clone()
+                    };
+                    out.push((and(who.clone(), later.clone()), r));
                 }
                 out.push((who.clone(), rights.clone()));
             }
@@ -799,6 +846,12 @@ mod tests {
                 "group:cn=a,dc=x=write",
                 "*=none"
             ]
+        );
+        // `+` privileges after continue add up, as slapd's mask does.
+        let t = tr("to * by users =sc continue by group=cn=a,dc=x +rw");
+        assert_eq!(
+            by(&t)[0],
+            "users&group:cn=a,dc=x=search,compare,read,write,add,delete"
         );
         let t = tr("to * by anonymous none break by * read");
         assert_eq!(by(&t), ["anonymous=none", "*=read"]);

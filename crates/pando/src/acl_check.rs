@@ -106,14 +106,16 @@ fn search(
     for e in entries {
         let attrs = view.entry(norm_dn(&e.dn)).or_default();
         for a in e.attrs {
-            attrs
-                .entry(a.name.to_ascii_lowercase())
-                .or_default()
-                .extend(
-                    a.values
-                        .iter()
-                        .map(|v| String::from_utf8_lossy(v).into_owned()),
-                );
+            let name = a.name.to_ascii_lowercase();
+            // Class names match ignoring case: slapcat keeps them as
+            // stored, the other side may write them as defined.
+            let fold = name == "objectclass";
+            attrs.entry(name).or_default().extend(
+                a.values
+                    .iter()
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .map(|v| if fold { v.to_ascii_lowercase() } else { v }),
+            );
         }
     }
     Ok((code, view))

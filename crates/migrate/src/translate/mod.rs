@@ -51,6 +51,9 @@ struct Ctx {
     dirsrv_anonymous: bool,
     /// The source is 389-DS's.
     dirsrv: bool,
+    /// slapd's `add_content_acl on`: adding an entry also needs add on
+    /// each of its attributes, which Pando does not check.
+    add_content_acl: bool,
 }
 
 impl Ctx {
@@ -82,6 +85,7 @@ pub fn translate(src: &Source) -> Translation {
         secrets: Vec::new(),
         dirsrv_anonymous: true,
         dirsrv: src.kind == crate::source::SourceKind::Dirsrv,
+        add_content_acl: false,
     };
     // Pando's own administrators are configured from the source below.
     cx.cfg.auth.admins = Vec::new();
@@ -226,10 +230,10 @@ fn finish(cx: &mut Ctx) {
             ));
         }
     }
-    cx.report.add(Severity::Differs, None, "add and delete rights", match cx.dirsrv {
-        false => "slapd also requires write on the parent's 'children'; Pando judges an add or delete by the rights on the entry itself (add/delete), so a subject with write on entries but not on their parent's children may add or delete here",
-        true => "Pando judges an add or delete by the rule covering the entry added or deleted (add/delete rights), as the translated ACIs grant them; check with --verify-against",
-    });
+    if cx.dirsrv {
+        cx.report.add(Severity::Differs, None, "add and delete rights",
+            "Pando judges an add or delete by the rule covering the entry added or deleted (add/delete rights), as the translated ACIs grant them; check with --verify-against");
+    }
 }
 
 fn same_dn(schema: &Schema, a: &str, b: &str) -> bool {
@@ -383,6 +387,7 @@ fn global(cx: &mut Ctx, g: &Section) {
                 cx.note(Severity::Dropped, d, "no meaning for Pando (one process, no modules)")
             }
             "dirsrvport" | "dirsrvsecureport" | "dirsrvlistenhost" => dirsrv_listener(cx, g, d),
+            "addcontentacl" => add_content_acl(cx, d),
             "dirsrvsecurity" => cx.note(Severity::Note, d, "LDAPS is listed in `listen` when nsslapd-security is on"),
             "dirsrvanonymous" => {
                 cx.dirsrv_anonymous = d.value.eq_ignore_ascii_case("on");
@@ -453,6 +458,22 @@ fn anonymous_limits(cx: &mut Ctx) {
     }
 }
 
+/// `add_content_acl` (global, frontend or database): on, adding an entry
+/// also needs add on each of its attributes, which Pando does not check;
+/// the add right is then left out of every translated rule.
+fn add_content_acl(cx: &mut Ctx, d: &Directive) {
+    let on = matches!(
+        d.value.trim().to_ascii_lowercase().as_str(),
+        "on" | "true" | "yes"
+    );
+    cx.add_content_acl |= on;
+    if on {
+        cx.note(Severity::Stricter, d, "adding an entry also needs add on each of its attributes in slapd, which Pando does not check: the add right is left out of every translated rule");
+    } else {
+        cx.exact();
+    }
+}
+
 fn num(cx: &mut Ctx, d: &Directive, set: impl FnOnce(&mut Config, u64)) {
     match d.single().ok().and_then(|v| v.parse::<u64>().ok()) {
         Some(n) => {
@@ -496,6 +517,7 @@ fn section_settings(cx: &mut Ctx, s: &Section, frontend: bool) {
         }
         if !section_setting(cx, d) && frontend {
             match d.key.as_str() {
+                "addcontentacl" => add_content_acl(cx, d),
                 "passwordhash" => cx.note(Severity::Note, d, "Pando hashes clear-text passwords with its [passwords] scheme (default Argon2id); existing hashes keep working"),
                 _ => cx.note(Severity::Dropped, d, "no Pando counterpart"),
             }
@@ -697,18 +719,18 @@ fn rules_of(cx: &mut Ctx, s: &Section) -> Vec<RuleOut> {
                             ),
                         ));
                     }
-                    if list.is_empty() {
+                    // Only attributes Pando lacks: nothing here for it to
+                    // decide. (Only `children` stays until the rights to
+                    // add and delete are settled, see `children_rights`.)
+                    if list.is_empty() && !t.children {
                         for (sev, why) in std::mem::take(&mut t.notes) {
                             cx.note(sev, d, why);
                         }
-                        // Only `children` (noted above) or only attributes
-                        // Pando lacks: nothing here for it to decide.
-                        let sev = if unknown.is_empty() {
-                            Severity::Note
-                        } else {
-                            Severity::Dropped
-                        };
-                        cx.note(sev, d, "the rule covers no attribute Pando has: left out");
+                        cx.note(
+                            Severity::Dropped,
+                            d,
+                            "the rule covers no attribute Pando has: left out",
+                        );
                         continue;
                     }
                 }
@@ -786,6 +808,7 @@ fn data_database(
 fn database_directive(cx: &mut Ctx, d: &Directive) {
     match d.key.as_str() {
         "suffix" => {}
+        "addcontentacl" => add_content_acl(cx, d),
         "rootdn" => {
             let dn = d.single().unwrap_or_default();
             if let Err(e) = Dn::parse(&dn) {
@@ -888,6 +911,7 @@ fn database_rules(
             attrs: None,
             by: Vec::new(),
             falls_through: false,
+            children: true,
             notes: Vec::new(),
         };
         let mut scoped = Vec::new();
@@ -912,6 +936,16 @@ fn database_rules(
         }
         out.extend(expand_breaks(cx, scoped));
     }
+    let mut out = children_rights(cx, out);
+    if cx.add_content_acl {
+        for r in &mut out {
+            for b in &mut r.rule.by {
+                b.rights = without(&b.rights, &["add"]);
+            }
+        }
+    }
+    // Rules over `children` alone have done their part.
+    out.retain(|r| r.rule.attrs.as_ref().is_none_or(|a| !a.is_empty()));
     // slapd's root DN passes every rule of its database.
     for r in &mut out {
         r.rule.by.insert(
@@ -923,6 +957,201 @@ fn database_rules(
         );
     }
     out
+}
+
+/// `r` without the single rights `drop` (unchanged when it has none of them).
+fn without(r: &OneOrMany, drop: &[&str]) -> OneOrMany {
+    let all = acl::level_rights(r);
+    if !all.iter().any(|x| drop.contains(&x.as_str())) {
+        return r.clone();
+    }
+    let kept: Vec<String> = all
+        .into_iter()
+        .filter(|x| !drop.contains(&x.as_str()))
+        .collect();
+    if kept.is_empty() {
+        OneOrMany::One("none".into())
+    } else {
+        OneOrMany::Many(kept)
+    }
+}
+
+/// slapd lets an entry be added or deleted only with write on its parent's
+/// `children` too; Pando asks only the rule covering the entry. So a
+/// clause keeps add and delete only when, for every parent of the entries
+/// its rule covers, the rule deciding that parent's `children` gives the
+/// clause's subjects write as well (checked with the rules in their final
+/// order). Elsewhere they are taken away (stricter, reported).
+fn children_rights(cx: &mut Ctx, rules: Vec<RuleOut>) -> Vec<RuleOut> {
+    let mut out = Vec::with_capacity(rules.len());
+    for r in &rules {
+        // add and delete are rights on the entry: a rule over attributes
+        // only grants them nowhere.
+        let covers_entry = r
+            .rule
+            .attrs
+            .as_ref()
+            .is_none_or(|l| l.iter().any(|a| a.eq_ignore_ascii_case("entry")));
+        if !covers_entry {
+            out.push(r.clone());
+            continue;
+        }
+        let mut kept = r.clone();
+        // The subtree's top entry, whose parent is outside it, when only
+        // that parent's rules refuse: a rule of its own before this one.
+        let mut top: Option<RuleOut> = None;
+        let mut stripped = false;
+        for (k, b) in r.rule.by.iter().enumerate() {
+            let rights = acl::level_rights(&b.rights);
+            if !rights.iter().any(|x| x == "add" || x == "delete") {
+                continue;
+            }
+            let granted = |p: &DnSel| children_granted(&cx.schema, &rules, p, &b.who);
+            match parent_regions(&r.rule.dn) {
+                Some((outside, inside)) if inside.iter().all(granted) => {
+                    if outside.is_some_and(|o| !granted(&o)) {
+                        let head = top.get_or_insert_with(|| {
+                            let mut h = r.clone();
+                            if let DnSel::Scoped(_, d) = &r.rule.dn {
+                                h.rule.dn = DnSel::Scoped("base", d.clone());
+                            }
+                            h
+                        });
+                        head.rule.by[k].rights = without(&b.rights, &["add", "delete"]);
+                    }
+                }
+                _ => {
+                    kept.rule.by[k].rights = without(&b.rights, &["add", "delete"]);
+                    stripped = true;
+                }
+            }
+        }
+        if stripped {
+            cx.report.add(Severity::Stricter, None, &r.origin,
+                "add and delete left out for some of its subjects: slapd also needs write on the parent's 'children', and the rules deciding that here do not give it to them everywhere (grant them by hand if needed)");
+        }
+        out.extend(top);
+        out.push(kept);
+    }
+    out
+}
+
+/// The parents of the entries a target covers, as targets: the parent of
+/// a subtree's top entry (outside it; None for a suffix), then those
+/// inside. None when that has no such form (a regular expression).
+fn parent_regions(dn: &DnSel) -> Option<(Option<DnSel>, Vec<DnSel>)> {
+    let parent = |d: &str| {
+        Dn::parse(d)
+            .ok()
+            .and_then(|x| x.parent())
+            .map(|p| DnSel::Scoped("base", p.to_string()))
+    };
+    Some(match dn {
+        DnSel::Scoped("base", d) => (None, vec![parent(d)?]),
+        DnSel::Scoped("one", d) => (None, vec![DnSel::Scoped("base", d.clone())]),
+        DnSel::Scoped("children", d) => (None, vec![DnSel::Scoped("sub", d.clone())]),
+        DnSel::Scoped(_, d) => (parent(d), vec![DnSel::Scoped("sub", d.clone())]),
+        _ => return None,
+    })
+}
+
+/// May targets `a` and `b` hold a common entry? (Filters aside.)
+fn regions_meet(schema: &Schema, a: &DnSel, b: &DnSel) -> bool {
+    let (DnSel::Scoped(sa, da), DnSel::Scoped(sb, db)) = (a, b) else {
+        return true;
+    };
+    let (da, db) = (norm(schema, da), norm(schema, db));
+    let depth = |d: &str| {
+        if d.is_empty() {
+            0
+        } else {
+            d.split(',').count()
+        }
+    };
+    // Does the region (s, outer) reach into the one at `inner`?
+    let reaches = |s: &str, outer: &str, inner: &str, inner_scope: &str| {
+        if inner == outer {
+            return !matches!(
+                (s, inner_scope),
+                ("base", "children") | ("base", "one") | ("children", "base") | ("one", "base")
+            );
+        }
+        let below = outer.is_empty() || inner.ends_with(&format!(",{outer}"));
+        below
+            && match s {
+                "sub" | "children" => true,
+                "one" => depth(inner) == depth(outer) + 1 || inner_scope != "base",
+                _ => false,
+            }
+    };
+    reaches(sa, &da, &db, sb) || reaches(sb, &db, &da, sa)
+}
+
+/// Does every rule that may decide `children` on the entries of `region`
+/// (the first covering rule, whichever it is for each entry) give the
+/// subjects `who` write — with no earlier clause of it that could match
+/// them and give less?
+fn children_granted(schema: &Schema, rules: &[RuleOut], region: &DnSel, who: &OneOrMany) -> bool {
+    // A subtree is its top entry and what is below: rules may cover each.
+    let mut open: Vec<DnSel> = match region {
+        DnSel::Scoped("sub", d) => vec![
+            DnSel::Scoped("base", d.clone()),
+            DnSel::Scoped("children", d.clone()),
+        ],
+        r => vec![r.clone()],
+    };
+    for t in rules
+        .iter()
+        .filter(|t| t.rule.children && regions_meet(schema, &t.rule.dn, region))
+    {
+        if !open.iter().any(|p| regions_meet(schema, &t.rule.dn, p)) {
+            continue; // earlier rules decide all it could
+        }
+        let mut granted = false;
+        for c in &t.rule.by {
+            let rights = acl::level_rights(&c.rights);
+            if c.who == *who {
+                granted = rights.iter().any(|x| x == "write");
+                break;
+            }
+            // An earlier clause that may hold for them decides instead.
+            let anonymous_only = c.who.items() == ["anonymous"];
+            if !anonymous_only && !rights.iter().any(|x| x == "write") {
+                break;
+            }
+        }
+        if !granted {
+            return false;
+        }
+        // A rule with no filter is the first for every entry it holds:
+        // later ones never decide there.
+        if t.rule.filter.is_none() {
+            open.retain(|p| !contains_region(schema, &t.rule.dn, p));
+        }
+        if open.is_empty() {
+            return true;
+        }
+    }
+    // Some parent may be covered by no rule: slapd refuses there.
+    false
+}
+
+/// Does target `a` hold every entry of target `b`?
+fn contains_region(schema: &Schema, a: &DnSel, b: &DnSel) -> bool {
+    match (a, b) {
+        (DnSel::Any, _) => true,
+        (DnSel::Scoped(sa, da), DnSel::Scoped(sb, db)) => {
+            let (da, db) = (norm(schema, da), norm(schema, db));
+            let below = db.ends_with(&format!(",{da}")) || da.is_empty();
+            match (*sa, *sb) {
+                ("sub", _) => db == da || below,
+                ("children", _) => below || (db == da && (*sb == "children" || *sb == "one")),
+                ("base", "base") | ("one", "one") => db == da,
+                _ => false,
+            }
+        }
+        _ => false,
+    }
 }
 
 /// 389-DS: the ACIs held in `suffixes` as rules (see [`crate::aci`]),
@@ -1177,13 +1406,12 @@ fn intersect(schema: &Schema, a: &Translated, b: &Translated) -> Meet {
                 .filter(|n| y.iter().any(|m| m.eq_ignore_ascii_case(n)))
                 .cloned()
                 .collect();
-            if both.is_empty() {
-                return Meet::Empty;
-            }
             Some(both)
         }
     };
-    if attrs.as_ref().is_some_and(|v| v.is_empty()) {
+    // No attribute in common, and not both over `children`: nothing shared.
+    let children = a.children && b.children;
+    if attrs.as_ref().is_some_and(|v| v.is_empty()) && !children {
         return Meet::Empty;
     }
     Meet::Rule(Translated {
@@ -1192,6 +1420,7 @@ fn intersect(schema: &Schema, a: &Translated, b: &Translated) -> Meet {
         attrs,
         by: Vec::new(),
         falls_through: false,
+        children,
         notes: Vec::new(),
     })
 }
@@ -1440,6 +1669,58 @@ mod tests {
         );
         assert!(f.contains("the empty DN cannot be a suffix"), "{f}");
         assert!(f.contains("not a DN"), "{f}");
+    }
+
+    fn rights_of(t: &Translation) -> Vec<String> {
+        t.rules
+            .iter()
+            .map(|r| {
+                let rule = r.rule.to_rule();
+                let target = format!(
+                    "{}{}",
+                    rule.dn.unwrap_or_default(),
+                    rule.scope.map(|s| format!("/{s}")).unwrap_or_default()
+                );
+                let by: Vec<String> = r
+                    .rule
+                    .by
+                    .iter()
+                    .skip(1)
+                    .map(|b| b.rights.items().join(","))
+                    .collect();
+                format!("{target} {}", by.join(" "))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn add_and_delete_stand_only_where_the_rule_also_decides_children() {
+        // Exact: one rule over the subtree decides entries and children,
+        // except the subtree's top entry (its parent is outside).
+        let t = run("database mdb\nsuffix dc=x\n\
+                     access to attrs=userPassword by self write by * auth\n\
+                     access to dn.subtree=ou=people,dc=x by group=cn=hr,dc=x write by * read\n");
+        assert_eq!(
+            rights_of(&t),
+            [
+                "dc=x write auth",
+                "ou=people,dc=x/base auth,compare,search,read,write read",
+                "ou=people,dc=x write read",
+            ]
+        );
+        // A rule over children before it: the later rule no longer decides.
+        let t = run("database mdb\nsuffix dc=x\n\
+                     access to dn.base=ou=groups,dc=x attrs=children by * read\n\
+                     access to * by group=cn=hr,dc=x write by * read\n");
+        assert_eq!(rights_of(&t), ["dc=x auth,compare,search,read,write read"]);
+        assert!(findings(&t).join("\n").contains("add and delete left out"));
+        // add_content_acl: no add anywhere.
+        let t = run("add_content_acl on\ndatabase mdb\nsuffix dc=x\naccess to * by users write\n");
+        assert!(
+            rights_of(&t).iter().all(|r| !r.contains("add")),
+            "{:?}",
+            rights_of(&t)
+        );
     }
 
     #[test]
