@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from system_files import answers, running
+from system_files import answers, nsswitch_with, running
 
 SSSD = "/usr/sbin/sssd"
 SSS_CACHE = "/usr/sbin/sss_cache"
@@ -62,16 +62,7 @@ def why_not_here(pam=False):
 
 def with_sss(text):
     """nsswitch.conf text with `passwd` and `group` answered by files, then sss."""
-    out, done = [], set()
-    for line in text.splitlines():
-        db = line.split(":", 1)[0].strip()
-        if db in ("passwd", "group") and ":" in line and not line.lstrip().startswith("#"):
-            out.append("%s: files sss" % db)
-            done.add(db)
-        else:
-            out.append(line)
-    out += ["%s: files sss" % db for db in ("passwd", "group") if db not in done]
-    return "\n".join(out) + "\n"
+    return nsswitch_with(text, "sss")
 
 
 def run(*cmd, timeout=15, input=None, **kw):

@@ -87,3 +87,16 @@ class SystemFiles:
         assert not errors, "could not put system files back: %s" % "; ".join(errors)
 
 
+def nsswitch_with(text, service):
+    """nsswitch.conf text with `passwd` and `group` answered by files, then
+    `service` (sss, ldap)."""
+    out, done = [], set()
+    for line in text.splitlines():
+        db = line.split(":", 1)[0].strip()
+        if db in ("passwd", "group") and ":" in line and not line.lstrip().startswith("#"):
+            out.append("%s: files %s" % (db, service))
+            done.add(db)
+        else:
+            out.append(line)
+    out += ["%s: files %s" % (db, service) for db in ("passwd", "group") if db not in done]
+    return "\n".join(out) + "\n"

@@ -51,7 +51,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SUFFIX, Pando
-from system_files import SystemFiles, answers, running
+from system_files import SystemFiles, answers, nsswitch_with, running
 
 PEOPLE = "ou=People," + SUFFIX
 GROUPS = "ou=Groups," + SUFFIX
@@ -229,16 +229,7 @@ pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
 
 def with_ldap(text):
     """nsswitch.conf text with `passwd` and `group` answered by files, then ldap."""
-    out, done = [], set()
-    for line in text.splitlines():
-        db = line.split(":", 1)[0].strip()
-        if db in ("passwd", "group") and ":" in line and not line.lstrip().startswith("#"):
-            out.append("%s: files ldap" % db)
-            done.add(db)
-        else:
-            out.append(line)
-    out += ["%s: files ldap" % db for db in ("passwd", "group") if db not in done]
-    return "\n".join(out) + "\n"
+    return nsswitch_with(text, "ldap")
 
 
 def run(*cmd, input=None, timeout=20, as_user=None):
