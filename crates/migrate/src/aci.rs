@@ -416,29 +416,23 @@ fn entry_rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
         }
         by.push(clause(&["*".to_string()], vec!["search"]));
         out.push((
-            Translated {
-                dn: DnSel::Scoped(region.scope, region.dn.clone()),
-                filter: region.filter.clone(),
-                attrs: Some(vec!["entry".into()]),
+            Translated::new(
+                DnSel::Scoped(region.scope, region.dn.clone()),
+                region.filter.clone(),
+                Some(vec!["entry".into()]),
                 by,
-                falls_through: false,
-                children: true,
-                notes: Vec::new(),
-            },
+            ),
             used,
         ));
     }
     // Every other entry of the suffix: a search base for anyone.
     out.push((
-        Translated {
-            dn: DnSel::Any,
-            filter: None,
-            attrs: Some(vec!["entry".into()]),
-            by: vec![clause(&["*".to_string()], vec!["search"])],
-            falls_through: false,
-            children: true,
-            notes: Vec::new(),
-        },
+        Translated::new(
+            DnSel::Any,
+            None,
+            Some(vec!["entry".into()]),
+            vec![clause(&["*".to_string()], vec!["search"])],
+        ),
         vec!["389-DS: any entry may be a search base".into()],
     ));
     out
@@ -481,15 +475,12 @@ fn attribute_rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
                 by.push(clause(s, a.rights.clone()));
             }
         }
-        let mut t = Translated {
-            dn: DnSel::Scoped(region.scope, region.dn.clone()),
-            filter: region.filter.clone(),
-            attrs: region.attrs.clone(),
+        let mut t = Translated::new(
+            DnSel::Scoped(region.scope, region.dn.clone()),
+            region.filter.clone(),
+            region.attrs.clone(),
             by,
-            falls_through: false,
-            children: true,
-            notes: Vec::new(),
-        };
+        );
         let covers_password = t
             .attrs
             .as_ref()

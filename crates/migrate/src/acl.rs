@@ -42,6 +42,25 @@ pub struct Translated {
 }
 
 impl Translated {
+    /// A rule over `dn`, `filter` and `attrs` (None: everything) with
+    /// clauses `by`: no `break`, `children` covered as slapd would.
+    pub fn new(
+        dn: DnSel,
+        filter: Option<String>,
+        attrs: Option<Vec<String>>,
+        by: Vec<AccessBy>,
+    ) -> Translated {
+        Translated {
+            dn,
+            filter,
+            attrs,
+            by,
+            falls_through: false,
+            children: true,
+            notes: Vec::new(),
+        }
+    }
+
     pub fn to_rule(&self) -> AccessRule {
         let (dn, scope, dn_regex) = match &self.dn {
             DnSel::Any => (None, None, None),
@@ -542,15 +561,7 @@ type Notes = Vec<(Severity, String)>;
 /// `<what>`: the rule's target, and whether it had to be widened (then
 /// every clause grants none).
 fn target(words: &[String], notes: &mut Notes) -> Result<(Translated, bool), String> {
-    let mut t = Translated {
-        dn: DnSel::Any,
-        filter: None,
-        attrs: None,
-        by: Vec::new(),
-        falls_through: false,
-        children: true,
-        notes: Vec::new(),
-    };
+    let mut t = Translated::new(DnSel::Any, None, None, Vec::new());
     let mut wider = false;
     for w in words {
         if w == "*" {

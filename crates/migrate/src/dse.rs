@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use crate::source::{
-    canonical, read_ldif, Directive, LdifEntry, Origin, Overlay, Section, Source, SourceKind,
+    read_ldif, Directive, LdifEntry, Origin, Overlay, Section, Source, SourceKind,
 };
 
 /// Is `path` a dse.ldif (an LDIF file whose cn=config entry has nsslapd-
@@ -26,15 +26,8 @@ pub fn is_dse(path: &Path) -> bool {
             .unwrap_or(false)
 }
 
-fn directive(
-    path: &Path,
-    e: &LdifEntry,
-    name: &str,
-    key: &str,
-    value: &str,
-    line: usize,
-) -> Directive {
-    let _ = e;
+/// A 389-DS attribute read as the directive `key`.
+fn directive(path: &Path, name: &str, key: &str, value: &str, line: usize) -> Directive {
     Directive {
         key: key.to_string(),
         keyword: name.to_string(),
@@ -88,8 +81,7 @@ pub fn read(path: &Path, acis_from: Option<&Path>) -> Result<Source, String> {
             };
             for (n, v, line) in &e.attrs {
                 if n.eq_ignore_ascii_case("nsslapd-suffix") {
-                    db.directives
-                        .push(directive(path, e, n, "suffix", v, *line));
+                    db.directives.push(directive(path, n, "suffix", v, *line));
                 }
             }
             suffixes.push((dn, db));
@@ -102,13 +94,12 @@ pub fn read(path: &Path, acis_from: Option<&Path>) -> Result<Source, String> {
                 if n.eq_ignore_ascii_case("nsDS5ReplicaId") {
                     src.global
                         .directives
-                        .push(directive(path, e, n, "serverid", v, *line));
+                        .push(directive(path, n, "serverid", v, *line));
                 }
             }
         } else if e.has_class("nsds5replicationAgreement") {
             src.global.directives.push(directive(
                 path,
-                e,
                 "nsds5replicationAgreement",
                 "dirsrvagreement",
                 &e.dn,
@@ -133,37 +124,26 @@ pub fn read(path: &Path, acis_from: Option<&Path>) -> Result<Source, String> {
     for db in &mut src.databases {
         db.directives.extend(root.iter().cloned());
     }
-    for e in &entries {
-        for (n, v, line) in &e.attrs {
-            if n.eq_ignore_ascii_case("aci") {
-                src.acis.push((
-                    e.dn.clone(),
-                    v.clone(),
-                    Origin {
-                        path: path.to_path_buf(),
-                        line: *line,
-                    },
-                ));
-            }
-        }
-    }
+    acis_of(&entries, path, &mut src.acis);
     if let Some(data) = acis_from {
-        for e in read_ldif(data)? {
-            for (n, v, line) in &e.attrs {
-                if n.eq_ignore_ascii_case("aci") {
-                    src.acis.push((
-                        e.dn.clone(),
-                        v.clone(),
-                        Origin {
-                            path: data.to_path_buf(),
-                            line: *line,
-                        },
-                    ));
-                }
-            }
-        }
+        acis_of(&read_ldif(data)?, data, &mut src.acis);
     }
     Ok(src)
+}
+
+/// The `aci` values of `entries` (read from `path`), with where they are.
+fn acis_of(entries: &[LdifEntry], path: &Path, out: &mut Vec<(String, String, Origin)>) {
+    for e in entries {
+        for (n, v, line) in &e.attrs {
+            if n.eq_ignore_ascii_case("aci") {
+                let origin = Origin {
+                    path: path.to_path_buf(),
+                    line: *line,
+                };
+                out.push((e.dn.clone(), v.clone(), origin));
+            }
+        }
+    }
 }
 
 fn server_entry(path: &Path, e: &LdifEntry, src: &mut Source) {
@@ -174,7 +154,7 @@ fn server_entry(path: &Path, e: &LdifEntry, src: &mut Source) {
             Some((_, key)) => src
                 .global
                 .directives
-                .push(directive(path, e, n, key, v, *line)),
+                .push(directive(path, n, key, v, *line)),
             None if lower.starts_with("nsslapd-") || lower.starts_with("password") => {
                 unmapped.push(n.clone())
             }
@@ -184,7 +164,6 @@ fn server_entry(path: &Path, e: &LdifEntry, src: &mut Source) {
     if !unmapped.is_empty() {
         src.global.directives.push(directive(
             path,
-            e,
             "(server settings)",
             "dirsrvunmapped",
             &unmapped.join(", "),
@@ -214,7 +193,6 @@ fn index_entry(path: &Path, e: &LdifEntry, dn: &str, suffixes: &mut [(String, Se
     }
     db.directives.push(directive(
         path,
-        e,
         "nsIndexType",
         "index",
         &format!("{attr} {}", kinds.join(",")),
@@ -247,11 +225,10 @@ fn encryption(path: &Path, e: &LdifEntry, src: &mut Source) {
         };
         src.global
             .directives
-            .push(directive(path, e, n, key, value, *line));
+            .push(directive(path, n, key, value, *line));
     }
     src.global.directives.push(directive(
         path,
-        e,
         "cn=encryption",
         "dirsrvcertificate",
         &e.dn,
@@ -303,10 +280,9 @@ fn plugin(path: &Path, e: &LdifEntry, src: &mut Source) {
     };
     for (n, v, line) in &e.attrs {
         if let Some((_, key)) = map.iter().find(|(a, _)| a.eq_ignore_ascii_case(n)) {
-            o.directives.push(directive(path, e, n, key, v, *line));
+            o.directives.push(directive(path, n, key, v, *line));
         }
     }
-    let _ = canonical;
     src.plugins.push(o);
 }
 

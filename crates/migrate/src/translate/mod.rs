@@ -905,15 +905,7 @@ fn database_rules(
     }
     let mut out = Vec::new();
     for s in suffixes {
-        let scope = Translated {
-            dn: DnSel::Scoped("sub", s.clone()),
-            filter: None,
-            attrs: None,
-            by: Vec::new(),
-            falls_through: false,
-            children: true,
-            notes: Vec::new(),
-        };
+        let scope = Translated::new(DnSel::Scoped("sub", s.clone()), None, None, Vec::new());
         let mut scoped = Vec::new();
         for r in &list {
             if let DnSel::Regex(re) = &r.rule.dn {
@@ -1414,15 +1406,9 @@ fn intersect(schema: &Schema, a: &Translated, b: &Translated) -> Meet {
     if attrs.as_ref().is_some_and(|v| v.is_empty()) && !children {
         return Meet::Empty;
     }
-    Meet::Rule(Translated {
-        dn,
-        filter,
-        attrs,
-        by: Vec::new(),
-        falls_through: false,
-        children,
-        notes: Vec::new(),
-    })
+    let mut t = Translated::new(dn, filter, attrs, Vec::new());
+    t.children = children;
+    Meet::Rule(t)
 }
 
 fn paren(f: &str) -> String {
