@@ -381,6 +381,27 @@ def test_search_approx_loosely(pair):
     assert exact <= set(ents_p), "approx (sn~=Smyth) misses entries with sn=Smith"
 
 
+# The schema's own definitions, left out when comparing the subschema
+# subentry's other attributes (the schemas themselves differ).
+SCHEMA_CONTENT = {"attributetypes", "objectclasses", "ldapsyntaxes", "matchingrules", "matchingruleuse",
+                  "ditcontentrules", "ditstructurerules", "nameforms"}
+
+
+@pytest.mark.parametrize("attrs", ["*", "+"])
+def test_subschema_subentry_shows_what_slapd_shows(pair, attrs):
+    """cn=Subschema read with `+` carried no entryDN or subschemaSubentry
+    (issue 37, item 8); with `*` and `+` the attribute names match slapd's."""
+    names = []
+    for srv in pair:
+        r = subprocess.run(["ldapsearch", "-x", "-LLL", "-H", srv.url, "-D", srv.admin_dn, "-w", srv.admin_pw,
+                            "-b", "cn=Subschema", "-s", "base", "(objectClass=*)", attrs],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        (dn, got), = parse_ldif(r.stdout)
+        names.append({k.lower() for k in got} - SCHEMA_CONTENT)
+    assert names[1] == names[0], "slapd %s, pando %s" % tuple(sorted(n) for n in names)
+
+
 # ------------------------------------------------------------------ compares
 
 U = "uid=user%03d," + PEOPLE

@@ -130,6 +130,33 @@ def test_switches_user_after_binding():
     assert "switched to the configured user" in log
 
 
+def test_every_suggestion_of_the_start_banner_works_as_written(tmp_path):
+    """The banner's first suggestion was an anonymous search of the suffix,
+    which answers 32 by design (issue 37, item 8). Each "Try:" line is run
+    as printed, from the directory the server was started in."""
+    port = free_port()
+    out = open(tmp_path / "stdout.log", "wb")
+    proc = subprocess.Popen([PANDO_BIN, "serve", "--demo", "--listen", "ldap://127.0.0.1:%d" % port,
+                             "--listen", "ldapi://"], cwd=tmp_path, stdout=out, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while b"is serving:" not in (tmp_path / "stdout.log").read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, "pando did not start"
+            time.sleep(0.05)
+        banner = (tmp_path / "stdout.log").read_text()
+        tries = banner.split("Try:\n", 1)[1].splitlines()
+        tries = [t.strip() for t in tries if t.startswith("  ") and t.strip()]
+        assert len(tries) >= 3, banner
+        for cmd in tries:
+            r = subprocess.run(cmd, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+            assert r.returncode == 0, "%s\n-> exit %d: %s" % (cmd, r.returncode, r.stderr)
+            if "-b 'dc=example,dc=com'" in cmd:
+                assert "dn: uid=alice,ou=People,dc=example,dc=com" in r.stdout, cmd
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
 def test_unknown_user_is_a_config_error(tmp_path):
     cfg = tmp_path / "pando.toml"
     cfg.write_text('user = "no-such-user-anywhere"\n')

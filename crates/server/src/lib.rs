@@ -689,22 +689,29 @@ fn print_banner(
     if let Some(t) = &cfg.tls {
         print_tls_status(cfg, t, tls_generated);
     }
+    // How the suggestions below bind as the administrator (" -D … -y file"
+    // while the generated password file is still there, else " -D … -W");
+    // empty without a root DN.
+    let admin_bind = match &cfg.root_dn {
+        Some(root) => {
+            let file = cfg.config.data_dir.join(bootstrap::ADMIN_PASSWORD_FILE);
+            if file.exists() {
+                format!(" -D '{root}' -y {}", file.display())
+            } else {
+                format!(" -D '{root}' -W")
+            }
+        }
+        None => String::new(),
+    };
     if let Some(Listener::Tcp(a)) = cfg.listeners.iter().find(|l| matches!(l, Listener::Tcp(_))) {
         w!();
         w!("Try:");
-        w!("  ldapsearch -x -H ldap://{a} -b '{suffix}'");
-        if let Some(root) = &cfg.root_dn {
-            // The password file exists only while the generated password
-            // has not been put away; otherwise ask for it.
-            let file = cfg.config.data_dir.join(bootstrap::ADMIN_PASSWORD_FILE);
-            if file.exists() {
-                w!(
-                    "  ldapwhoami -x -H ldap://{a} -D '{root}' -y {}",
-                    file.display()
-                );
-            } else {
-                w!("  ldapwhoami -x -H ldap://{a} -D '{root}' -W");
-            }
+        // Anonymous clients read only the root DSE and the schema, so the
+        // suggestions that read data bind first.
+        w!("  ldapsearch -x -H ldap://{a} -s base -b '' namingContexts");
+        if !admin_bind.is_empty() {
+            w!("  ldapsearch -x -H ldap://{a}{admin_bind} -b '{suffix}'");
+            w!("  ldapwhoami -x -H ldap://{a}{admin_bind}");
         }
     }
     if let Some(Listener::Ldapi(p)) = cfg
@@ -728,11 +735,17 @@ fn print_banner(
         }
         for l in &cfg.listeners {
             match l {
+                Listener::Tcp(a) if admin_bind.is_empty() => {
+                    w!("  {trust} ldapsearch -x -ZZ -H ldap://{a} -s base -b '' namingContexts")
+                }
                 Listener::Tcp(a) => {
-                    w!("  {trust} ldapsearch -x -ZZ -H ldap://{a} -b '{suffix}'")
+                    w!("  {trust} ldapsearch -x -ZZ -H ldap://{a}{admin_bind} -b '{suffix}'")
+                }
+                Listener::Ldaps(a) if admin_bind.is_empty() => {
+                    w!("  {trust} ldapsearch -x -H ldaps://{a} -s base -b '' namingContexts")
                 }
                 Listener::Ldaps(a) => {
-                    w!("  {trust} ldapsearch -x -H ldaps://{a} -b '{suffix}'")
+                    w!("  {trust} ldapsearch -x -H ldaps://{a}{admin_bind} -b '{suffix}'")
                 }
                 Listener::Ldapi(_) => {}
             }

@@ -143,6 +143,9 @@ fn build_subschema(server: &Server) -> Entry {
     let stamp = crate::clock::generalized_time(loaded);
     attrs.push(attr("createTimestamp", [stamp.clone()]));
     attrs.push(attr("modifyTimestamp", [stamp]));
+    // As on every entry (and as slapd shows them here with `+`).
+    attrs.push(attr("entryDN", [SUBSCHEMA_DN]));
+    attrs.push(attr("subschemaSubentry", [SUBSCHEMA_DN]));
     let dn = Dn::parse(SUBSCHEMA_DN).unwrap_or(Dn { rdns: Vec::new() });
     Entry { dn, attrs }
 }
