@@ -88,7 +88,7 @@ impl PasswordWork {
                     if password::is_hashed(&v) {
                         v
                     } else {
-                        policy.hash(&v).into_bytes()
+                        policy.hash(password::clear_text_of(&v)).into_bytes()
                     }
                 })
                 .collect()

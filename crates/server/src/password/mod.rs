@@ -8,11 +8,11 @@
 //! | scheme                          | data                                              |
 //! |---------------------------------|---------------------------------------------------|
 //! | `{ARGON2}`                      | PHC string `$argon2id$v=19$m=..,t=..,p=..$salt$hash` |
-//! | `{SHA}` `{SHA256}` `{SHA384}` `{SHA512}` | base64(digest(pw))                       |
-//! | `{SSHA}` `{SSHA256}` `{SSHA384}` `{SSHA512}` | base64(digest(pw ‖ salt) ‖ salt)     |
+//! | `{MD5}` `{SHA}` `{SHA256}` `{SHA384}` `{SHA512}` | base64(digest(pw))               |
+//! | `{SMD5}` `{SSHA}` `{SSHA256}` `{SSHA384}` `{SSHA512}` | base64(digest(pw ‖ salt) ‖ salt) |
 //! | `{PBKDF2}` `{PBKDF2-SHA1}` `{PBKDF2-SHA256}` `{PBKDF2-SHA512}` | `iterations$salt$dk`, salt and dk in passlib's adapted base64 (`.` for `+`, no padding) or standard base64 |
 //! | `{PBKDF2_SHA256}` (389-DS, NSS era) | base64(u32 BE iterations ‖ 64-byte salt ‖ 256-byte dk) |
-//! | `{CRYPT}`                       | `$5$` sha256-crypt, `$6$` sha512-crypt, `$2a$` `$2b$` `$2y$` bcrypt |
+//! | `{CRYPT}`                       | `$5$` sha256-crypt, `$6$` sha512-crypt, `$2a$` `$2b$` `$2y$` bcrypt here; every other crypt(3) method the system's libcrypt has (md5-crypt `$1$`, yescrypt `$y$`, scrypt `$7$`, DES…) through it, see [`system_crypt`] |
 //! | `{CLEARTEXT}` `{CLEAR}` or none | the password itself                               |
 //!
 //! Scheme names match case-insensitively. Any malformed or unknown value
@@ -34,6 +34,8 @@ use rand::rngs::OsRng;
 use rand::{Rng, RngCore};
 use sha1::Sha1;
 use sha2::{Digest, Sha256, Sha384, Sha512};
+
+mod system_crypt;
 
 /// Largest argon2 memory cost accepted from a stored value (1 GiB in KiB).
 const MAX_ARGON2_M_KIB: u32 = 1 << 20;
@@ -227,6 +229,9 @@ pub fn generate_password() -> String {
 /// Digest algorithms used by the SHA, SSHA and PBKDF2 families.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Hash {
+    /// `{MD5}` and `{SMD5}` only: weak, verified so that migrated stores
+    /// keep working (and rehashed on bind where the site allows it).
+    Md5,
     Sha1,
     Sha256,
     Sha384,
@@ -243,8 +248,6 @@ enum Scheme {
     Pbkdf2Sha256Nss,
     Crypt,
     Clear,
-    /// Hashed schemes this build cannot verify but must not re-hash.
-    Unverifiable,
 }
 
 fn scheme_by_name(name: &[u8]) -> Option<Scheme> {
@@ -266,9 +269,8 @@ fn scheme_by_name(name: &[u8]) -> Option<Scheme> {
         ("CRYPT", Scheme::Crypt),
         ("CLEARTEXT", Scheme::Clear),
         ("CLEAR", Scheme::Clear),
-        // No MD5 implementation among the server's dependencies.
-        ("MD5", Scheme::Unverifiable),
-        ("SMD5", Scheme::Unverifiable),
+        ("MD5", Scheme::Sha(Hash::Md5)),
+        ("SMD5", Scheme::Ssha(Hash::Md5)),
     ];
     TABLE
         .iter()
@@ -305,11 +307,24 @@ pub fn is_hashed(stored: &[u8]) -> bool {
     }
 }
 
+/// The password an unhashed value stands for: the value itself, or what
+/// follows a `{CLEARTEXT}`/`{CLEAR}` prefix (so a client or an import that
+/// marks clear text that way gets that password hashed, not the prefix
+/// with it). Hashed values are returned unchanged.
+pub fn clear_text_of(value: &[u8]) -> &[u8] {
+    match split_scheme(value) {
+        Some((name, rest)) if scheme_by_name(name) == Some(Scheme::Clear) => rest,
+        _ => value,
+    }
+}
+
 /// Salted-digest schemes and clear text take microseconds to check;
 /// key-stretching ones (argon2, bcrypt, crypt, PBKDF2) milliseconds, by
 /// design.
 pub fn is_cheap_to_verify(stored: &[u8]) -> bool {
     const CHEAP: &[&str] = &[
+        "{MD5}",
+        "{SMD5}",
         "{SHA}",
         "{SSHA}",
         "{SHA256}",
@@ -333,7 +348,7 @@ pub fn verify_password(clear: &[u8], stored: &[u8]) -> bool {
         return clear_eq(clear, stored);
     };
     match scheme_by_name(name) {
-        None | Some(Scheme::Unverifiable) => false,
+        None => false,
         Some(Scheme::Clear) => clear_eq(clear, data),
         Some(Scheme::Argon2) => verify_argon2(clear, data),
         Some(Scheme::Sha(h)) => verify_sha(h, clear, data, false),
@@ -370,6 +385,7 @@ fn digest(h: Hash, parts: &[&[u8]]) -> Vec<u8> {
         d.finalize().to_vec()
     }
     match h {
+        Hash::Md5 => run::<md5::Md5>(parts),
         Hash::Sha1 => run::<Sha1>(parts),
         Hash::Sha256 => run::<Sha256>(parts),
         Hash::Sha384 => run::<Sha384>(parts),
@@ -379,6 +395,7 @@ fn digest(h: Hash, parts: &[&[u8]]) -> Vec<u8> {
 
 fn digest_len(h: Hash) -> usize {
     match h {
+        Hash::Md5 => 16,
         Hash::Sha1 => 20,
         Hash::Sha256 => 32,
         Hash::Sha384 => 48,
@@ -416,6 +433,7 @@ fn ab64_decode(s: &[u8]) -> Option<Vec<u8>> {
 
 fn pbkdf2_into(h: Hash, clear: &[u8], salt: &[u8], rounds: u32, out: &mut [u8]) {
     match h {
+        Hash::Md5 => pbkdf2::pbkdf2_hmac::<md5::Md5>(clear, salt, rounds, out),
         Hash::Sha1 => pbkdf2::pbkdf2_hmac::<Sha1>(clear, salt, rounds, out),
         Hash::Sha256 => pbkdf2::pbkdf2_hmac::<Sha256>(clear, salt, rounds, out),
         Hash::Sha384 => pbkdf2::pbkdf2_hmac::<Sha384>(clear, salt, rounds, out),
@@ -514,8 +532,7 @@ fn verify_crypt(clear: &[u8], data: &[u8]) -> bool {
     } else if s.starts_with("$2a$") || s.starts_with("$2b$") || s.starts_with("$2y$") {
         verify_bcrypt(clear, s)
     } else {
-        // DES, MD5-crypt, yescrypt... not supported.
-        false
+        system_crypt::verify(clear, s)
     }
 }
 
@@ -577,6 +594,12 @@ mod tests {
     const PW: &[u8] = "pässwörd 1".as_bytes();
 
     const VECTORS: &[&str] = &[
+        // slappasswd -h {MD5} / {SMD5} / {SSHA512} (pw-sha2) / {CRYPT} -c '$1$%.8s'
+        "{MD5}znS4ktpEGwD0thUjhyvGtA==",
+        "{SMD5}oe3aSoo4vna5cn+O3wCsXLsZc08=",
+        "{SSHA512}66fIP9Tyz64vlRGoc4vO699k+6+uWWGtDbFRaefIikxUpBAwdxWSAGBbKMRJQxFGUfSwGZzQ5Pj4CIUBlj4W8gozKJPgjEIf",
+        "{CRYPT}$1$HwMWikNh$BgtdkdxbpAr3aHm.yxUrd/",
+        "{CRYPT}$y$j9T$beaM/riT2bfPHZyM$oCZXu4tPQj66n9y34TGJpRJ3JcYW9IDfaqKtnoekGs0",
         "{SHA}/Hrn08gEogcgvDjo5YNQSGibZVE=",
         "{SSHA}wpSedL3OZySxml3LWqErV89KxvGhssPU5fYHGA==",
         "{SHA256}UODX5JZHe18JVwv9yvMbAoeS719Y7fwn28vMuM/OHRU=",
@@ -686,13 +709,16 @@ mod tests {
         assert!(!is_hashed(b"{UNKNOWN}abc"));
         assert!(!is_hashed(b""));
         assert!(is_hashed(b"{MD5}X03MO1qnZdYdgyfeuILPmQ=="));
+        assert_eq!(clear_text_of(b"{CLEARTEXT}secret"), b"secret");
+        assert_eq!(clear_text_of(b"{clear}secret"), b"secret");
+        assert_eq!(clear_text_of(b"secret"), b"secret");
+        assert_eq!(clear_text_of(b"{SSHA}abc"), b"{SSHA}abc");
     }
 
     #[test]
     fn unknown_and_malformed_values_are_false() {
         let bad: &[&[u8]] = &[
             b"{UNKNOWN}abc",
-            b"{MD5}X03MO1qnZdYdgyfeuILPmQ==",
             b"{SSHA}",
             b"{SSHA}!!!notbase64",
             // Exactly a SHA-1 digest: no salt.
