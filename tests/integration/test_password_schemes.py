@@ -144,3 +144,52 @@ def test_values_above_a_cost_cap_never_verify(servers):
     assert rc == 0, err
     assert bind_rc(pando.url, dn, PW) == 49
     assert pando.alive()
+
+
+def stored_password(pando, dn):
+    rc, ents, err = pando.search(dn, "userPassword", scope="base")
+    assert rc == 0, err
+    return ents[0][1]["userPassword"]
+
+
+def monitor_upgrades(pando):
+    rc, ents, err = pando.search("cn=Passwords,cn=Monitor", "pandoPasswordUpgrades", scope="base")
+    assert rc == 0, err
+    return int(ents[0][1]["pandoPasswordUpgrades"][0])
+
+
+def test_a_bind_upgrades_a_legacy_hash_to_the_configured_scheme(servers):
+    """Upgrade on bind (issue 43): the {MD5} value phpLDAPadmin wrote is
+    replaced by the configured scheme's ({ARGON2} by default) once its
+    owner binds; the password keeps working; counted in cn=Monitor; the
+    weaker value of another user stays while upgrade_on_bind is off."""
+    _, pando, _ = servers
+    legacy = slappasswd("{MD5}")
+    dn, other = "uid=legacy," + PEOPLE, "uid=kept," + PEOPLE
+    for d in (dn, other):
+        rc, _, err = pando.ldap("ldapadd", input=ldif_entry(d, {
+            "objectClass": ["inetOrgPerson"], "uid": [d[4:d.index(",")]], "cn": ["l"], "sn": ["l"],
+            "userPassword": [legacy]}))
+        assert rc == 0, err
+    before = monitor_upgrades(pando)
+    assert stored_password(pando, dn) == [legacy]
+    assert bind_rc(pando.url, dn, "another password") == 49
+    assert stored_password(pando, dn) == [legacy], "a wrong password upgraded the value"
+    assert bind_rc(pando.url, dn, PW) == 0
+    now = stored_password(pando, dn)
+    assert len(now) == 1 and now[0].startswith("{ARGON2}$argon2id$"), now
+    assert bind_rc(pando.url, dn, PW) == 0
+    assert bind_rc(pando.url, dn, "another password") == 49
+    assert monitor_upgrades(pando) == before + 1
+    # Off, over cn=config: nothing is rewritten.
+    off = "dn: cn=config\nchangetype: modify\nreplace: pandoPasswordsUpgradeOnBind\npandoPasswordsUpgradeOnBind: FALSE\n"
+    r = subprocess.run(["ldapmodify", "-Q", "-Y", "EXTERNAL", "-H", pando.ldapi_url], input=off,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    try:
+        assert bind_rc(pando.url, other, PW) == 0
+        assert stored_password(pando, other) == [legacy]
+    finally:
+        r = subprocess.run(["ldapmodify", "-Q", "-Y", "EXTERNAL", "-H", pando.ldapi_url],
+                           input=off.replace("FALSE", "TRUE"), capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr

@@ -513,6 +513,10 @@ pub struct PasswordsConfig {
     /// Clear-text userPassword values one add or modify may carry (each is
     /// one slow hash); more are refused before any is hashed.
     pub max_clear_values: usize,
+    /// After a successful simple bind against a value stored in a weaker
+    /// scheme than `scheme` (clear text, `{MD5}`, `{SSHA}`, md5-crypt…),
+    /// store the password again under `scheme` (default on).
+    pub upgrade_on_bind: bool,
 }
 
 impl Default for PasswordsConfig {
@@ -525,6 +529,7 @@ impl Default for PasswordsConfig {
             pbkdf2_iterations: 210_000,
             max_concurrent_hashes: 0,
             max_clear_values: 4,
+            upgrade_on_bind: true,
         }
     }
 }

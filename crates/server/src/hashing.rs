@@ -38,6 +38,9 @@ pub struct WorkStats {
     pub peak: AtomicU64,
     /// Slow hashes computed (hashing and verification).
     pub total: AtomicU64,
+    /// Stored values upgraded to the configured scheme at bind
+    /// (`ops::rehash`).
+    pub upgraded: AtomicU64,
 }
 
 impl PasswordWork {

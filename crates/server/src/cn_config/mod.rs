@@ -207,6 +207,7 @@ pub const KEYS: &[Key] = &[
     k(84, "passwords.pbkdf2_iterations", "", Global, Integer),
     k(85, "passwords.max_concurrent_hashes", "", Global, Integer),
     k(86, "passwords.max_clear_values", "", Global, Integer),
+    k(87, "passwords.upgrade_on_bind", "", Global, Boolean),
     k(90, "tls.cert_file", "olcTLSCertificateFile", Global, Text),
     k(91, "tls.key_file", "olcTLSCertificateKeyFile", Global, Text),
     k(92, "tls.ca_file", "olcTLSCACertificateFile", Global, Text),

@@ -11,6 +11,7 @@
 //!   cn=Overlays,cn=Monitor       overlays in order; error injection rules and how often each fired
 //!   cn=Writer,cn=Monitor         batches, largest and mean batch size, commit latency, fsyncs
 //!   cn=Logs,cn=Monitor           access-log lines dropped, write errors
+//!   cn=Passwords,cn=Monitor      slow hashes computed and running, upgrades on bind
 //! ```
 //!
 //! Attribute types are Pando's own (`pando…`, crates/model/schema/monitor.schema).
@@ -23,6 +24,7 @@
 //! (no `dn`) does not open the monitor by accident.
 
 use pando_model::{Attribute, Dn, Entry};
+use std::sync::atomic::Ordering;
 
 use super::metrics::{Latency, ProcessFigures, LATENCY_BOUNDS, OP_KINDS};
 use crate::acl::{self, Access};
@@ -312,6 +314,13 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
         logs.push(attr("pandoLogFile", files));
     }
     out.push(node("Logs", "cn=Logs,cn=Monitor", logs));
+    let h = server.passwords.stats();
+    let passwords = vec![
+        num("pandoPasswordHashes", h.total.load(Ordering::Relaxed)),
+        num("pandoInProgress", h.running.load(Ordering::Relaxed)),
+        num("pandoPasswordUpgrades", h.upgraded.load(Ordering::Relaxed)),
+    ];
+    out.push(node("Passwords", "cn=Passwords,cn=Monitor", passwords));
     out
 }
 

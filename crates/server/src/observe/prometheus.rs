@@ -483,6 +483,12 @@ pub fn render(server: &Server) -> String {
         h.running.load(std::sync::atomic::Ordering::Relaxed),
     );
     t.one(
+        "pando_password_upgrades_total",
+        "counter",
+        "Stored password values rewritten in the configured scheme after a bind (passwords.upgrade_on_bind).",
+        h.upgraded.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    t.one(
         "pando_password_hashes_peak",
         "gauge",
         "Most slow password hashes ever running at once (passwords.max_concurrent_hashes bounds it).",

@@ -73,7 +73,7 @@ pub async fn bind(
         .begin(crate::throttle::Key::new(&norm, session))
         .await?;
     let policy = server.overlays.ppolicy();
-    let (ok, account) = check_simple(
+    let (ok, account, upgrade) = check_simple(
         server,
         session,
         &req.name,
@@ -98,6 +98,12 @@ pub async fn bind(
         }
         (Some(who), verdict) => {
             attempt.succeeded();
+            // Only now, with the bind settled: an upgrade's work must not
+            // tell a right password from a wrong one where the answer
+            // does not (a locked account).
+            if let Some((clear, weak)) = upgrade {
+                super::rehash::after_bind(server, &norm, &clear, &weak).await;
+            }
             let who = who.with_session(session.clone()).with_admin_from(server);
             Ok(match verdict {
                 Some(BindVerdict::Allow {
@@ -121,9 +127,14 @@ pub async fn bind(
     }
 }
 
+/// What a bind that verified may upgrade: the clear password and the
+/// stored values in a scheme weaker than the configured one.
+type Upgrade = Option<(Vec<u8>, Vec<Vec<u8>>)>;
+
 /// Check a simple bind's password; Some(identity) when it is right, and,
 /// when the password policy is on (`want_account`) and there is an entry,
-/// its policy state and policy, read in the same snapshot.
+/// its policy state and policy, read in the same snapshot; with a right
+/// password, the values upgrade on bind may rewrite.
 async fn check_simple(
     server: &Arc<Server>,
     session: &Arc<Session>,
@@ -132,7 +143,11 @@ async fn check_simple(
     norm: &str,
     pw: Vec<u8>,
     want_account: bool,
-) -> OpResult<(Option<Identity>, Option<crate::overlays::ppolicy::Account>)> {
+) -> OpResult<(
+    Option<Identity>,
+    Option<crate::overlays::ppolicy::Account>,
+    Upgrade,
+)> {
     let who = || Identity::authenticated(name.to_string(), norm.to_string(), Arc::default());
     let mut checked_root = false;
     if !server.root_dn_norm.is_empty() && norm == server.root_dn_norm {
@@ -143,7 +158,7 @@ async fn check_simple(
                 .verify(pw.clone(), vec![hash.into_bytes()])
                 .await
             {
-                return Ok((Some(who()), None));
+                return Ok((Some(who()), None, None));
             }
             checked_root = true;
         }
@@ -233,12 +248,26 @@ async fn check_simple(
     // has no password or the password is wrong: a bind must not reveal
     // which DNs exist (with nothing stored, a decoy hash is checked).
     if stored.is_empty() && checked_root {
-        return Ok((None, account));
+        return Ok((None, account, None));
     }
     if let (true, Some(t)) = (pass_through, &translucent) {
-        return Ok((remote_bind(t, name, pw).await?.then(who), account));
+        return Ok((remote_bind(t, name, pw).await?.then(who), account, None));
     }
-    Ok((server.passwords.verify(pw, stored).await.then(who), account))
+    // Almost always empty (no allocation): values worth upgrading.
+    let weak: Vec<Vec<u8>> = if server.cfg.config.passwords.upgrade_on_bind {
+        let target = server.passwords.policy().strength();
+        stored
+            .iter()
+            .filter(|v| crate::password::strength(v) < target)
+            .cloned()
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let clear = (!weak.is_empty()).then(|| pw.clone());
+    let ok = server.passwords.verify(pw, stored).await;
+    let upgrade = clear.filter(|_| ok).map(|c| (c, weak));
+    Ok((ok.then(who), account, upgrade))
 }
 
 /// A simple bind passed to a translucent suffix's remote server: whether

@@ -10,6 +10,7 @@ pub mod feed;
 pub mod norm_dn;
 pub mod operation;
 pub mod proxy;
+pub mod rehash;
 pub mod search;
 pub mod special;
 pub mod write;

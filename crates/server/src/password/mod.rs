@@ -173,6 +173,65 @@ impl HashPolicy {
     pub fn is_slow(&self) -> bool {
         !matches!(self, HashPolicy::Ssha512)
     }
+
+    /// The [`Strength`] of the values this policy writes.
+    pub fn strength(&self) -> Strength {
+        match self {
+            HashPolicy::Ssha512 => Strength::SaltedDigest,
+            _ => Strength::KeyStretching,
+        }
+    }
+}
+
+/// How hard a stored value is to guess offline, weakest first: what
+/// upgrade on bind compares with the configured scheme's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Strength {
+    /// No scheme, `{CLEARTEXT}`.
+    Clear,
+    /// One unsalted digest (`{MD5}`, `{SHA*}`), NT, DES and BSDi crypt.
+    Digest,
+    /// One salted digest of MD5 or SHA-1 (`{SMD5}`, `{SSHA}`), md5-crypt,
+    /// SunMD5.
+    WeakSalted,
+    /// One salted SHA-2 digest (`{SSHA256}`…`{SSHA512}`).
+    SaltedDigest,
+    /// argon2, PBKDF2, bcrypt, sha-crypt, yescrypt, scrypt; and anything
+    /// unknown, which is never rewritten.
+    KeyStretching,
+}
+
+/// The [`Strength`] of a stored userPassword value.
+pub fn strength(stored: &[u8]) -> Strength {
+    let Some((name, data)) = split_scheme(stored) else {
+        return Strength::Clear;
+    };
+    match scheme_by_name(name) {
+        Some(Scheme::Clear) => Strength::Clear,
+        Some(Scheme::Sha(_)) => Strength::Digest,
+        Some(Scheme::Ssha(Hash::Md5 | Hash::Sha1)) => Strength::WeakSalted,
+        Some(Scheme::Ssha(_)) => Strength::SaltedDigest,
+        Some(Scheme::Crypt) => system_crypt::strength(data),
+        _ => Strength::KeyStretching,
+    }
+}
+
+/// A stored value's scheme as reports name it (`{SSHA}`, `{CRYPT} md5-crypt`,
+/// `clear text`), and whether this server can verify it at all (a known
+/// scheme at a cost within the caps).
+pub fn describe(stored: &[u8]) -> (String, bool) {
+    let Some((name, data)) = split_scheme(stored) else {
+        return ("clear text".into(), true);
+    };
+    let upper = String::from_utf8_lossy(name).to_ascii_uppercase();
+    match scheme_by_name(name) {
+        None => (format!("{{{upper}}}"), false),
+        Some(Scheme::Crypt) => {
+            let (method, ok) = system_crypt::method(data);
+            (format!("{{CRYPT}} {method}"), ok)
+        }
+        Some(_) => (format!("{{{upper}}}"), true),
+    }
 }
 
 /// Salt length of new PBKDF2 hashes (passlib uses 16 bytes).
@@ -713,6 +772,30 @@ mod tests {
         assert_eq!(clear_text_of(b"{clear}secret"), b"secret");
         assert_eq!(clear_text_of(b"secret"), b"secret");
         assert_eq!(clear_text_of(b"{SSHA}abc"), b"{SSHA}abc");
+    }
+
+    #[test]
+    fn strength_ranks_schemes_and_describe_names_them() {
+        assert_eq!(strength(b"secret"), Strength::Clear);
+        assert_eq!(strength(b"{CLEARTEXT}secret"), Strength::Clear);
+        assert_eq!(strength(VECTORS[0].as_bytes()), Strength::Digest); // {MD5}
+        assert_eq!(strength(VECTORS[1].as_bytes()), Strength::WeakSalted); // {SMD5}
+        assert_eq!(strength(b"{SSHA}x"), Strength::WeakSalted);
+        assert_eq!(strength(b"{SSHA512}x"), Strength::SaltedDigest);
+        assert_eq!(strength(b"{ARGON2}x"), Strength::KeyStretching);
+        assert_eq!(strength(b"{UNKNOWN}x"), Strength::KeyStretching);
+        assert!(strength(b"{SSHA}x") < HashPolicy::Ssha512.strength());
+        assert!(strength(b"{SSHA512}x") == HashPolicy::Ssha512.strength());
+        assert_eq!(describe(b"{md5}abc"), ("{MD5}".to_string(), true));
+        assert_eq!(
+            describe(b"{KERBEROS}bob"),
+            ("{KERBEROS}".to_string(), false)
+        );
+        assert_eq!(describe(b"s3cret"), ("clear text".to_string(), true));
+        assert_eq!(
+            describe(VECTORS[3].as_bytes()),
+            ("{CRYPT} md5-crypt".to_string(), true)
+        );
     }
 
     #[test]

@@ -121,6 +121,43 @@ fn sunmd5_affordable(rest: &str) -> bool {
     }
 }
 
+/// The crypt(3) method of `data` (the value after `{CRYPT}`) by name, and
+/// whether this server verifies it (here or in the parent module).
+pub(super) fn method(data: &[u8]) -> (&'static str, bool) {
+    let s = std::str::from_utf8(data).unwrap_or("");
+    const NAMED: &[(&str, &str)] = &[
+        ("$1$", "md5-crypt"),
+        ("$2a$", "bcrypt"),
+        ("$2b$", "bcrypt"),
+        ("$2y$", "bcrypt"),
+        ("$3$", "NT"),
+        ("$5$", "sha256-crypt"),
+        ("$6$", "sha512-crypt"),
+        ("$7$", "scrypt"),
+        ("$y$", "yescrypt"),
+        ("$gy$", "gost-yescrypt"),
+        ("$md5", "SunMD5"),
+        ("_", "BSDi DES"),
+    ];
+    let name = match NAMED.iter().find(|(p, _)| s.starts_with(p)) {
+        Some((_, n)) => n,
+        None if s.len() == 13 && !s.starts_with('$') => "DES",
+        None => return ("unknown method", false),
+    };
+    let here = s.starts_with("$2") || s.starts_with("$5$") || s.starts_with("$6$");
+    (name, here || affordable(s))
+}
+
+/// How hard a crypt(3) value is to guess: see [`super::Strength`].
+pub(super) fn strength(data: &[u8]) -> super::Strength {
+    use super::Strength::*;
+    match method(data).0 {
+        "DES" | "BSDi DES" | "NT" => Digest,
+        "md5-crypt" | "SunMD5" => WeakSalted,
+        _ => KeyStretching,
+    }
+}
+
 /// Verifies `clear` against the crypt(3) string `hash`.
 pub(super) fn verify(clear: &[u8], hash: &str) -> bool {
     if clear.len() > MAX_PHRASE || !affordable(hash) {
@@ -210,6 +247,19 @@ mod tests {
             assert!(!affordable(v), "{v}");
             assert!(!verify(b"x", v), "{v}");
         }
+    }
+
+    #[test]
+    fn methods_are_named_and_ranked() {
+        use super::super::Strength;
+        assert_eq!(method(VECTORS[0].as_bytes()), ("md5-crypt", true));
+        assert_eq!(method(b"DMBrswQkdh52Q"), ("DES", true));
+        assert_eq!(method(b"$6$salt$x"), ("sha512-crypt", true));
+        assert_eq!(method(b"$9$x"), ("unknown method", false));
+        assert_eq!(method(b"$y$jFT$a$b").1, false); // above the memory cap
+        assert_eq!(strength(b"DMBrswQkdh52Q"), Strength::Digest);
+        assert_eq!(strength(VECTORS[0].as_bytes()), Strength::WeakSalted);
+        assert_eq!(strength(VECTORS[2].as_bytes()), Strength::KeyStretching);
     }
 
     #[test]

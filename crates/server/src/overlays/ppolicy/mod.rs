@@ -582,6 +582,11 @@ impl Hook for PasswordPolicy {
     /// Keep the state attributes of accounts whose password the operation
     /// changes.
     fn related(&self, ctx: &WriteCtx, view: &View<'_>, changes: &mut Vec<Change>) -> OpResult<()> {
+        // An upgrade on bind stores the same password in another scheme:
+        // not a change of password.
+        if crate::ops::rehash::is_upgrade(&ctx.who) {
+            return Ok(());
+        }
         for c in changes.iter_mut() {
             let Some(after) = c.after.as_ref() else {
                 continue;
