@@ -114,6 +114,13 @@ pub struct ReplicationConfig {
     /// e-syncRefreshRequired (4096) instead of a present phase (as
     /// OpenLDAP's `syncprov-reloadhint TRUE`).
     pub refresh_required: bool,
+    /// Most logged operations one count of changes behind (Pando's
+    /// changes-behind extended operation) looks at; past them the counts
+    /// are answered as lower bounds (`changes>=n`). A count starts at the
+    /// oldest CSN it is asked about, so a consumer nearly in step costs
+    /// little; this bounds what any authenticated caller can make the
+    /// server read per call.
+    pub max_changes_counted: u64,
     /// Clients may write to the subtrees consumers keep (OpenLDAP's
     /// `olcMultiProvider`): every provider takes writes, and a received
     /// change is merged with the entry held attribute by attribute
@@ -130,6 +137,7 @@ impl Default for ReplicationConfig {
             changelog_days: 7,
             changelog_max_changes: 1_000_000,
             refresh_required: false,
+            max_changes_counted: 100_000,
             multi_provider: false,
             consumer: Vec::new(),
         }
@@ -1313,6 +1321,12 @@ impl Config {
             return Err(err(
                 "replication.multi_provider",
                 "needs replication.server_id (1-4095, unique among the providers)",
+            ));
+        }
+        if !(1..=100_000_000).contains(&r.max_changes_counted) {
+            return Err(err(
+                "replication.max_changes_counted",
+                "must be between 1 and 100000000",
             ));
         }
         if r.changelog_days > 36_500 {

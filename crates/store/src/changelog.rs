@@ -278,25 +278,45 @@ impl View<'_> {
     }
 
     /// Per server ID, how many logged operations (distinct CSNs) are newer
-    /// than `seen`'s CSN for that server ID (every one when it has none).
-    /// A count is complete only if the floor is not newer than that CSN.
+    /// than `seen`'s CSN for that server ID, looking at no more than
+    /// `max_ops` operations: the bool says whether the counts are exact.
+    /// Keys only, from the oldest CSN of `seen` on (older keys are not
+    /// newer than any of them), so a caller that is nearly current costs
+    /// little whatever the log's length. A server ID `seen` lacks is
+    /// counted from there too: its count is a lower bound (and the log's
+    /// floor bounds every count; see `changelog_floor`).
     pub fn count_changes_after(
         &self,
         seen: &BTreeMap<u16, String>,
-    ) -> Result<BTreeMap<u16, u64>, StoreError> {
+        max_ops: u64,
+    ) -> Result<(BTreeMap<u16, u64>, bool), StoreError> {
         let mut counts = BTreeMap::new();
         let Some(db) = self.changelog_db() else {
-            return Ok(counts);
+            return Ok((counts, true));
         };
-        // From the start: a server ID `seen` lacks counts whole. Keys only:
-        // each consumer asks every `count_behind_secs` (30 s by default).
+        // Keys of CSN `c` are `c` ‖ 0 ‖ …: `c` ‖ 1 sorts past all of them.
+        let from = seen.values().min().map(|c| {
+            let mut k = c.as_bytes().to_vec();
+            k.push(1);
+            k
+        });
+        let start = match &from {
+            Some(k) => Bound::Included(k.as_slice()),
+            None => Bound::Unbounded,
+        };
+        let range: (Bound<&[u8]>, Bound<&[u8]>) = (start, Bound::Unbounded);
         let mut last: Vec<u8> = Vec::new();
-        for item in db.iter(self.txn)? {
+        let mut ops = 0u64;
+        for item in db.range(self.txn, &range)? {
             let (k, _) = item?;
             let csn = &k[..k.iter().position(|&b| b == 0).unwrap_or(k.len())];
             if csn == last.as_slice() {
                 continue;
             }
+            if ops == max_ops {
+                return Ok((counts, false));
+            }
+            ops += 1;
             last.clear();
             last.extend_from_slice(csn);
             let text = std::str::from_utf8(csn).unwrap_or("");
@@ -306,7 +326,7 @@ impl View<'_> {
             }
             *counts.entry(sid).or_insert(0) += 1;
         }
-        Ok(counts)
+        Ok((counts, true))
     }
 
     pub fn changelog_summary(&self) -> Result<ChangelogSummary, StoreError> {

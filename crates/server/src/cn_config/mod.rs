@@ -232,6 +232,7 @@ pub const KEYS: &[Key] = &[
         Integer,
     ),
     k(123, "replication.refresh_required", "", Global, Boolean),
+    k(129, "replication.max_changes_counted", "", Global, Integer),
     k(124, "replication.consumer", "", Database, Tables),
     k(
         125,

@@ -337,10 +337,13 @@ fn may_read_context_csn(server: &Server, view: &View<'_>, who: &Identity) -> OpR
 /// How many logged operations per server ID are newer than the CSNs given
 /// (a replica's contextCSN values, separated by `;`): the replica's lag in
 /// changes, counted here. Answer: one line per server ID logged,
-/// `sid=001 changes=12`, or `changes>=12` when the change log no longer
-/// reaches back to the replica's CSN; every server ID given has a line.
-/// For authenticated identities that may read contextCSN (see
-/// `may_read_context_csn`).
+/// `sid=001 changes=12`, or `changes>=12` when the count is a lower bound
+/// (the change log no longer reaches back to the replica's CSN, or the
+/// count stopped at `replication.max_changes_counted` operations); every
+/// server ID given has a line. For authenticated identities that may read
+/// contextCSN (see `may_read_context_csn`); it reads the change log on a
+/// search thread, holding one of the `limits.max_search_threads` places
+/// as a search does, so counts cannot take the threads searches need.
 async fn changes_behind(
     server: &Arc<Server>,
     who: &Identity,
@@ -360,12 +363,23 @@ async fn changes_behind(
             .ok_or_else(|| LdapError::protocol(format!("'{csn}' is not a CSN")))?;
         seen.insert(sid, csn.to_string());
     }
+    let closing = || LdapError::new(ResultCode::UNAVAILABLE, "the server is shutting down");
+    let slot = server
+        .search_threads
+        .places()
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| closing())?;
+    let max = server.cfg.config.replication.max_changes_counted;
     let (server2, seen2, who2) = (server.clone(), seen.clone(), who.clone());
-    let (counts, floor) = tokio::task::spawn_blocking(move || -> OpResult<_> {
+    let (counts, exact, floor) = tokio::task::spawn_blocking(move || -> OpResult<_> {
         let rtxn = server2.store.read()?;
         let view = rtxn.view();
         may_read_context_csn(&server2, &view, &who2)?;
-        Ok((view.count_changes_after(&seen2)?, view.changelog_floor()?))
+        let (counts, exact) = view.count_changes_after(&seen2, max)?;
+        drop(slot);
+        Ok((counts, exact, view.changelog_floor()?))
     })
     .await
     .map_err(|_| LdapError::new(ResultCode::OTHER, "count task failed"))??;
@@ -375,7 +389,7 @@ async fn changes_behind(
         counts.entry(*sid).or_insert(0);
     }
     for (sid, n) in counts {
-        let complete = seen.get(&sid).is_some_and(|c| floor.as_str() <= c.as_str());
+        let complete = exact && seen.get(&sid).is_some_and(|c| floor.as_str() <= c.as_str());
         let sign = if complete { "=" } else { ">=" };
         out.push_str(&format!("sid={sid:03x} changes{sign}{n}\n"));
     }
@@ -531,5 +545,46 @@ by = [{ who = "admins", rights = "all" }, { who = "dn:cn=replica,dc=example,dc=c
         assert_eq!(err.code, ResultCode::INSUFFICIENT_ACCESS_RIGHTS);
         let err = ask(&replica, "20261125").expect_err("not a CSN");
         assert_eq!(err.code, ResultCode::PROTOCOL_ERROR, "{}", err.message);
+    }
+
+    /// A count looks at no more than `replication.max_changes_counted`
+    /// operations (from the oldest CSN asked about): past them the
+    /// counts are lower bounds, whoever asks.
+    #[test]
+    fn changes_behind_stops_at_max_changes_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path(), "[replication]\nmax_changes_counted = 2\n");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let admin = user(&server, "cn=admin,dc=example,dc=com", true);
+        let seen = {
+            let rtxn = server.store.read().unwrap();
+            rtxn.view().context_csns().unwrap().join(";")
+        };
+        for n in ["a", "b", "c"] {
+            let req = pando_proto::AddRequest {
+                dn: format!("cn={n},dc=example,dc=com"),
+                attrs: [("objectClass", "device"), ("cn", n)]
+                    .iter()
+                    .map(|(a, v)| pando_proto::PartialAttribute {
+                        name: a.to_string(),
+                        values: vec![v.as_bytes().to_vec()],
+                    })
+                    .collect(),
+            };
+            let ctx = WriteCtx::new(&server, &admin, Requested::default());
+            rt.block_on(super::super::write::add(ctx, req)).unwrap();
+        }
+        let req = ExtendedRequest {
+            name: super::super::special::CHANGES_BEHIND_EXOP.into(),
+            value: Some(seen.as_bytes().to_vec()),
+        };
+        let r = rt
+            .block_on(extended(&server, &admin, Requested::default(), req))
+            .unwrap();
+        let text = String::from_utf8(r.value.unwrap()).unwrap();
+        assert_eq!(text, "sid=000 changes>=2\n");
     }
 }

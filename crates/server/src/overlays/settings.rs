@@ -189,6 +189,10 @@ pub struct TranslucentConfig {
     /// Most entries one search reads from the remote.
     #[serde(default = "translucent_max_entries")]
     pub max_entries: u64,
+    /// Most connections to the remote at once for searches and reads
+    /// (kept between searches); searches beyond wait for one.
+    #[serde(default = "translucent_max_connections")]
+    pub max_connections: usize,
 }
 
 fn translucent_bind_method() -> String {
@@ -205,6 +209,10 @@ fn translucent_remote_writes() -> String {
 
 fn translucent_max_entries() -> u64 {
     100_000
+}
+
+fn translucent_max_connections() -> usize {
+    8
 }
 
 fn accesslog_ops() -> Vec<String> {
@@ -345,6 +353,12 @@ pub const TYPES: &[OverlayType] = &[
             ),
             s(381, "remote_writes", "pandoTranslucentRemoteWrites", Text),
             s(382, "max_entries", "pandoTranslucentMaxEntries", Integer),
+            s(
+                383,
+                "max_connections",
+                "pandoTranslucentMaxConnections",
+                Integer,
+            ),
         ],
     },
 ];

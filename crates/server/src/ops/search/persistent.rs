@@ -52,7 +52,7 @@ const CHECK_ABANDON: Duration = Duration::from_millis(100);
 
 /// An operation touching more entries than this is matched on the
 /// blocking pool, holding a search thread, as a large search is.
-const INLINE_CHANGES: usize = 8;
+pub(super) const INLINE_CHANGES: usize = 8;
 
 /// Run a persistent search until it ends (see the module header).
 pub async fn run(job: &Arc<SearchJob>) -> Finished {

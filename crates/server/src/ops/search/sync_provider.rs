@@ -174,9 +174,10 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
             Ok(c) => c,
             Err(end) => return end,
         };
-        let encoded = match persist_changes(job, &base, &committed, &mut cookie, origin) {
-            Ok(e) => e,
-            Err(e) => return done(e.into_result(), sent),
+        let encoded = match persist_off_loop(job, &base, committed, &mut cookie, origin).await {
+            Some(Ok(e)) => e,
+            Some(Err(e)) => return done(e.into_result(), sent),
+            None => return Finished::Abandoned,
         };
         for chunk in encoded.0 {
             if !deliver(job, chunk).await {
@@ -484,7 +485,7 @@ fn refresh(
         Phase::Delete => scan.delete_phase(&oldest_known, &mut matcher, &emitter, &mut sink)?,
         // Multi-provider: the entries deleted here go first.
         _ => {
-            (!server.multi_provider() || scan.deleted_here(&mut sink)?)
+            (!server.multi_provider() || scan.deleted_here(&mut matcher, &mut sink)?)
                 && scan.present_phase(&ids, phase, &mut matcher, &emitter, &mut sink)?
         }
     };
@@ -614,19 +615,48 @@ impl Scan<'_> {
     /// did not name are otherwise kept, as they may be on their way here.
     /// Not as syncIdSets: OpenLDAP's consumer forgets the UUIDs named
     /// present when it deletes UUIDs named in a set, and reads a later set
-    /// of present UUIDs as deletes too. False: abandoned.
-    fn deleted_here(&mut self, sink: &mut Sink<'_>) -> OpResult<bool> {
+    /// of present UUIDs as deletes too.
+    ///
+    /// Only the deleted entries the search would have returned are named:
+    /// a tombstone is judged as the entry it keeps, at its last name here —
+    /// within the search's base and scope, and readable by the requester
+    /// under the access rules, as a held entry is (not tested against the
+    /// filter: the entry may have matched before its last change, and a
+    /// delete of an entry the consumer does not hold is ignored). A
+    /// tombstone without a name (a delete received for an entry this
+    /// server never had) goes only to requesters who may read every entry.
+    /// False: abandoned.
+    fn deleted_here(
+        &mut self,
+        matcher: &mut Matcher<'_, '_>,
+        sink: &mut Sink<'_>,
+    ) -> OpResult<bool> {
         use crate::repl::tombstones;
+        let scope = self.job.req.scope;
+        let mut reads_every_entry = None;
         for uuid in tombstones::deleted_uuids(self.view)? {
             let Some(bytes) = uuid_bytes(&uuid) else {
                 continue;
             };
-            // Its last name here; none is known for a delete received
-            // of an entry this server never had.
-            let dn = tombstones::get(self.view, &uuid)?
-                .map(|t| t.norm)
-                .filter(|n| !n.is_empty())
-                .unwrap_or_else(|| self.base.to_string());
+            let named = tombstones::get(self.view, &uuid)?.filter(|t| !t.norm.is_empty());
+            let dn = match named {
+                Some(t) => {
+                    if !in_scope(self.base, scope, &t.norm)
+                        || !matcher.may_read_entry(&t.norm, &t.entry)
+                    {
+                        continue;
+                    }
+                    t.norm
+                }
+                None => {
+                    let every = *reads_every_entry
+                        .get_or_insert_with(|| matcher.access.reads_every_entry());
+                    if !every {
+                        continue;
+                    }
+                    self.base.to_string()
+                }
+            };
             let enc = EntryEncoder::begin(&mut sink.buf, self.job.msg_id, dn.as_bytes());
             enc.finish_with_controls(&[state_control(SyncStateKind::Delete, bytes, None)]);
             if !sink.flush(false) {
@@ -744,6 +774,50 @@ fn norm_of(schema: &pando_model::schema::Schema, dn: &str) -> Option<String> {
     Dn::parse(dn)
         .ok()
         .and_then(|d| schema.normalize_dn(&d).ok())
+}
+
+/// [`persist_changes`], on the blocking pool holding a search thread (as
+/// a large search does) when the operation moved a subtree (its
+/// descendants are walked in the store: a rename of thousands of entries
+/// would otherwise hold an async worker, and every connection served by
+/// it, for as long as each following session walks them) or changed more
+/// than a few entries (a tree delete); None: abandoned while waiting for
+/// a thread.
+async fn persist_off_loop(
+    job: &Arc<SearchJob>,
+    base: &Arc<String>,
+    committed: Arc<Committed>,
+    cookie: &mut Cookie,
+    origin: Option<u16>,
+) -> Option<OpResult<(Vec<Vec<u8>>, u64)>> {
+    if !walks_store(&committed) {
+        return Some(persist_changes(job, base, &committed, cookie, origin));
+    }
+    let slot = super::search_thread(job).await?;
+    let (j, b, mut c) = (job.clone(), base.clone(), cookie.clone());
+    let ran = tokio::task::spawn_blocking(move || {
+        let out = persist_changes(&j, &b, &committed, &mut c, origin);
+        drop(slot);
+        (out, c)
+    })
+    .await;
+    Some(match ran {
+        Ok((out, c)) => {
+            *cookie = c;
+            out
+        }
+        Err(_) => Err(LdapError::new(
+            ResultCode::OTHER,
+            "content synchronization failed unexpectedly",
+        )),
+    })
+}
+
+/// Whether [`persist_changes`] may walk many entries for `committed`: a
+/// subtree moved, or more changes than a persistent search matches inline.
+pub(super) fn walks_store(committed: &Committed) -> bool {
+    committed.changes.len() > super::persistent::INLINE_CHANGES
+        || committed.changes.iter().any(|c| c.kind() == Kind::ModDn)
 }
 
 /// The messages one committed operation gives a consumer in the persist

@@ -1,5 +1,8 @@
 //! A search whose base is in a translucent suffix (`overlays::translucent`):
 //!
+//! 0. the search right on the base is settled first ([`settle_base`]): a
+//!    requester refused it costs no remote search; one allowed then holds
+//!    a search thread's place until the end, as a large search does;
 //! 1. the local entries in scope that may match are found through the
 //!    store's indexes, as for a stored search (parts among them are left
 //!    out: alone they are not entries);
@@ -21,9 +24,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use pando_model::Entry;
+use pando_model::{Dn, Entry};
 use pando_proto::{Filter, LdapResult, ResultCode, Scope};
-use pando_store::EntryId;
+use pando_store::{EntryId, View};
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::plan::{scope_candidates, Plan};
 use super::{
@@ -90,6 +94,11 @@ async fn search(job: &Arc<SearchJob>, t: &Translucent) -> OpResult<Option<Search
     let base_norm = schema
         .normalize_dn(&base)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{}': {e}", job.req.base)))?;
+    // The search right on the base is settled before the remote is
+    // searched, so a requester refused it costs no remote work.
+    let Some((probed, _slot)) = settle_base(job, t, &base, &base_norm).await? else {
+        return Ok(None);
+    };
     let (local, types) = {
         let (j, b) = (job.clone(), base.clone());
         let max = t.max_entries;
@@ -164,6 +173,7 @@ async fn search(job: &Arc<SearchJob>, t: &Translucent) -> OpResult<Option<Search
     let remote_base = match found.entries.iter().find(|(n, _)| *n == base_norm) {
         Some((_, e)) => Some(e.clone()),
         None if found.probed_base.is_some() => found.probed_base.take(),
+        None if probed.is_some() => probed,
         None if local.base_own().is_some() || failure.is_some() => None,
         None if !content => Some(Entry::new(base.clone())),
         None => t.remote.read(schema, &job.req.base).await.map_err(|e| {
@@ -212,6 +222,107 @@ async fn search(job: &Arc<SearchJob>, t: &Translucent) -> OpResult<Option<Search
         controls: paged_done(job),
         entries: n,
     }))
+}
+
+/// Settle the search right on the base before the remote is searched:
+/// checked on the entry held here (a local entry, or the part of a remote
+/// one) or, for a base held only remotely, on its name alone — unless
+/// access rules with filters (or the assertion control) look at its
+/// content, when that one remote entry is read first (a base search reads
+/// only it anyway, and is checked with it afterwards). A requester refused
+/// is answered noSuchObject, as for a stored base, having cost no remote
+/// search. One allowed then holds one of the `limits.max_search_threads`
+/// places while the remote is searched and the entries tested, as a large
+/// search does: translucent searches hold at most that many remote
+/// answers in memory at once.
+///
+/// The remote base when it was read, and the place; None: abandoned while
+/// waiting for a place.
+async fn settle_base(
+    job: &Arc<SearchJob>,
+    t: &Translucent,
+    base: &Dn,
+    base_norm: &str,
+) -> OpResult<Option<(Option<Entry>, OwnedSemaphorePermit)>> {
+    let server = &job.server;
+    let failed = |e| {
+        LdapError::new(
+            ResultCode::OTHER,
+            format!("search failed unexpectedly: {e}"),
+        )
+    };
+    let held = {
+        let (j, b) = (job.clone(), base.clone());
+        tokio::task::spawn_blocking(move || held_base(&j, &b))
+            .await
+            .map_err(failed)??
+    };
+    let content = server.acl.reads_entries() || job.controls.assertion.is_some();
+    let own = matches!(held, Some((true, _)));
+    let probed = if own || !content || job.req.scope == Scope::Base {
+        None
+    } else {
+        match t.remote.read(&server.schema, &job.req.base).await {
+            Ok(Some(e)) => Some(e),
+            Ok(None) if held.is_none() => {
+                return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"))
+            }
+            Err(e) if held.is_none() => {
+                tracing::warn!(remote = %t.remote.endpoint.url, error = %e, "translucent: the remote server could not be read");
+                let why = t.failure_text(job.who.is_admin(), &e);
+                return Err(LdapError::new(ResultCode::UNAVAILABLE, why));
+            }
+            // The part stands in; the search reports the failure.
+            _ => None,
+        }
+    };
+    if own || !content || probed.is_some() {
+        let entry = match (held, &probed) {
+            (Some((true, e)), _) => e,
+            (Some((false, part)), Some(r)) => translucent::merge(&server.schema, r.clone(), &part),
+            (Some((false, part)), None) => part,
+            (None, Some(r)) => r.clone(),
+            (None, None) => Entry::new(base.clone()),
+        };
+        let (j, n) = (job.clone(), base_norm.to_string());
+        tokio::task::spawn_blocking(move || {
+            let rtxn = j.server.store.read()?;
+            may_search(&j, &rtxn.view(), &n, &entry)
+        })
+        .await
+        .map_err(failed)??;
+    }
+    let Some(place) = super::search_thread(job).await else {
+        return Ok(None);
+    };
+    Ok(Some((probed, place)))
+}
+
+/// The base as stored: a local entry (true) or a part (false).
+fn held_base(job: &SearchJob, base: &Dn) -> OpResult<Option<(bool, Entry)>> {
+    let rtxn = job.server.store.read()?;
+    let view = rtxn.view();
+    let rdns = crate::ops::norm_rdns(&view, base)?;
+    let pando_store::Lookup::Found(id) = view.lookup_norm(&rdns)? else {
+        return Ok(None);
+    };
+    let mut e = crate::ops::stored_entry(&view, id)?;
+    e.dn = view.dn(id)?;
+    Ok(Some((!translucent::is_part(&e), e)))
+}
+
+/// As for a stored base: searching it needs the search right on it (a
+/// refusal reads as no such object).
+fn may_search(job: &SearchJob, view: &View<'_>, norm: &str, entry: &Entry) -> OpResult<()> {
+    let server = &*job.server;
+    let mut access = Access::new(&server.acl, &job.who);
+    if !access.unrestricted() {
+        let rules = access.entry(&server.schema, norm, entry);
+        if !access.allows(Some(view), &rules, norm, None, acl::SEARCH) {
+            return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"));
+        }
+    }
+    Ok(())
 }
 
 /// What the remote is asked to return: every user attribute (the filter
@@ -324,14 +435,9 @@ fn emit(
     let schema = &*server.schema;
     let rtxn = server.store.read()?;
     let view = rtxn.view();
-    // As for a stored base: searching it needs the search right on it.
-    let mut access = Access::new(&server.acl, &job.who);
-    if !access.unrestricted() {
-        let rules = access.entry(schema, base_norm, base_entry);
-        if !access.allows(Some(&view), &rules, base_norm, None, acl::SEARCH) {
-            return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"));
-        }
-    }
+    // Checked again on the base as merged: settle_base may not have
+    // seen its remote content.
+    may_search(job, &view, base_norm, base_entry)?;
     super::hooks::before(job, Some(&view), base_norm, &mut || Ok(base_entry.clone()))?;
     let mut candidates: Vec<Candidate> = Vec::with_capacity(remote.len() + own.len());
     for (norm, r) in remote {

@@ -192,6 +192,9 @@ pub fn check(
     if t.max_entries == 0 {
         return Err(("max_entries", "must be at least 1".into()));
     }
+    if !(1..=1024).contains(&t.max_connections) {
+        return Err(("max_connections", "must be 1 to 1024".into()));
+    }
     for a in &t.local_attributes {
         if schema.attribute(a).is_none() {
             return Err((
@@ -232,7 +235,7 @@ impl Translucent {
         Translucent {
             suffix_norm,
             suffix: t.suffix.clone(),
-            remote: remote::Remote::new(endpoint, max_pdu),
+            remote: remote::Remote::new(endpoint, max_pdu, t.max_connections),
             local: t
                 .local_attributes
                 .iter()

@@ -1,14 +1,17 @@
 //! The remote server of a translucent suffix: searches and reads as the
-//! service account over a few kept connections, binds passed through on a
-//! connection of their own. What the remote sends is checked: entries
+//! service account over a pool of at most `max_connections` connections
+//! (kept between searches; a search finding every one in use waits its
+//! turn), binds passed through on a connection of their own. What the remote sends is checked: entries
 //! outside the searched scope and DNs that do not parse end the answer
 //! with an error naming the remote; more entries than allowed, or more
 //! than [`MAX_BYTES`] of values, end it early. A whole search takes at
 //! most [`WHOLE_SEARCH`] timeouts, and stops when its client abandons it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use pando_model::{Attribute, Dn, Entry, Schema};
 use pando_proto::{
@@ -17,11 +20,6 @@ use pando_proto::{
 };
 
 use crate::net::client::{Client, ClientError, Endpoint};
-
-/// Idle connections kept for the next search: as many as clients
-/// searching at once typically (a connection made past this is closed
-/// after its search, and each costs a TLS handshake and a bind).
-const KEPT: usize = 32;
 
 /// Most bytes of attribute values one search holds from the remote.
 pub const MAX_BYTES: usize = 256 << 20;
@@ -44,7 +42,21 @@ enum Failure {
 pub struct Remote {
     pub endpoint: Endpoint,
     max_pdu: usize,
+    /// Connections bound as the service account, not in use.
     idle: Mutex<Vec<Client>>,
+    /// One place per connection in use (`max_connections`). A connection
+    /// is made only when none is idle, so the idle ones and those in use
+    /// are never more than the places: the remote sees at most that many
+    /// of this server's connections (binds passed through aside).
+    places: Arc<Semaphore>,
+}
+
+/// A connection in use, with its place in the pool.
+struct Lease {
+    client: Client,
+    /// Kept from an earlier search (it may have been closed since).
+    kept: bool,
+    _place: OwnedSemaphorePermit,
 }
 
 /// A remote search's answer.
@@ -62,20 +74,41 @@ pub struct Found {
 }
 
 impl Remote {
-    pub fn new(endpoint: Endpoint, max_pdu: usize) -> Remote {
+    pub fn new(endpoint: Endpoint, max_pdu: usize, max_connections: usize) -> Remote {
         Remote {
             endpoint,
             max_pdu,
             idle: Mutex::new(Vec::new()),
+            places: Arc::new(Semaphore::new(max_connections.max(1))),
         }
     }
 
-    /// A kept connection (true), or a new one.
-    async fn take(&self) -> Result<(Client, bool), ClientError> {
-        if let Some(c) = self.idle.lock().ok().and_then(|mut v| v.pop()) {
-            return Ok((c, true));
+    /// A place in the pool (waiting at most one timeout while all are in
+    /// use), then a kept connection or a new one.
+    async fn take(&self) -> Result<Lease, ClientError> {
+        let wait = Duration::from_secs(self.endpoint.timeout_secs);
+        let place = match tokio::time::timeout(wait, self.places.clone().acquire_owned()).await {
+            Ok(Ok(p)) => p,
+            _ => {
+                return Err(ClientError(format!(
+                    "every connection to {} stayed in use for {}s (the translucent overlay's max_connections)",
+                    self.endpoint.url,
+                    wait.as_secs()
+                )))
+            }
+        };
+        if let Some(client) = self.idle.lock().ok().and_then(|mut v| v.pop()) {
+            return Ok(Lease {
+                client,
+                kept: true,
+                _place: place,
+            });
         }
-        Ok((self.fresh().await?, false))
+        Ok(Lease {
+            client: self.fresh().await?,
+            kept: false,
+            _place: place,
+        })
     }
 
     /// A new connection bound as the service account.
@@ -85,11 +118,11 @@ impl Remote {
         Ok(c)
     }
 
-    fn give_back(&self, c: Client) {
+    /// Keep the lease's connection for the next search; its place is
+    /// given back when the lease drops, after it is idle.
+    fn give_back(&self, lease: Lease) {
         if let Ok(mut v) = self.idle.lock() {
-            if v.len() < KEPT {
-                v.push(c);
-            }
+            v.push(lease.client);
         }
     }
 
@@ -103,17 +136,20 @@ impl Remote {
         q: &Query<'_>,
         abandoned: &AtomicBool,
     ) -> Result<Found, ClientError> {
-        let (mut client, kept) = self.take().await?;
-        let mut answer = self.search_within(&mut client, schema, q, abandoned).await;
-        if kept && matches!(answer, Err(Failure::Transport(_))) {
-            let mut fresh = self.fresh().await?;
-            answer = self.search_within(&mut fresh, schema, q, abandoned).await;
-            client = fresh;
+        let mut lease = self.take().await?;
+        let mut answer = self
+            .search_within(&mut lease.client, schema, q, abandoned)
+            .await;
+        if lease.kept && matches!(answer, Err(Failure::Transport(_))) {
+            lease.client = self.fresh().await?;
+            answer = self
+                .search_within(&mut lease.client, schema, q, abandoned)
+                .await;
         }
         match answer {
-            Ok(found) => {
-                if found.cut.is_none() {
-                    self.give_back(client);
+            Ok((found, read_to_end)) => {
+                if read_to_end {
+                    self.give_back(lease);
                 }
                 Ok(found)
             }
@@ -121,14 +157,15 @@ impl Remote {
         }
     }
 
-    /// [`search_on`] within [`WHOLE_SEARCH`] timeouts.
+    /// [`search_on`] within [`WHOLE_SEARCH`] timeouts; true with the
+    /// answer when it was read to its end (the connection can be kept).
     async fn search_within(
         &self,
         client: &mut Client,
         schema: &Schema,
         q: &Query<'_>,
         abandoned: &AtomicBool,
-    ) -> Result<Found, Failure> {
+    ) -> Result<(Found, bool), Failure> {
         let whole = Duration::from_secs(self.endpoint.timeout_secs) * WHOLE_SEARCH;
         match tokio::time::timeout(whole, search_on(client, schema, q, abandoned)).await {
             Ok(r) => r,
@@ -194,13 +231,14 @@ pub struct Query<'a> {
     pub max: u64,
 }
 
-/// One search on `client`.
+/// One search on `client`; true with the answer when it was read to its
+/// SearchResultDone (else the connection is left mid-answer: not kept).
 async fn search_on(
     client: &mut Client,
     schema: &Schema,
     q: &Query<'_>,
     abandoned: &AtomicBool,
-) -> Result<Found, Failure> {
+) -> Result<(Found, bool), Failure> {
     let Query {
         base,
         scope,
@@ -244,7 +282,7 @@ async fn search_on(
         if abandoned.load(Ordering::Relaxed) {
             // The rest is not read (the connection is not kept).
             found.cut = Some("abandoned".into());
-            return Ok(found);
+            return Ok((found, false));
         }
         match m.op {
             ProtocolOp::SearchResultEntry(e) => {
@@ -262,7 +300,7 @@ async fn search_on(
                     } else {
                         format!("more than {max} entries")
                     });
-                    return Ok(found);
+                    return Ok((found, false));
                 }
                 let (norm, entry) =
                     decode_entry(schema, &client.url, e).map_err(Failure::Answer)?;
@@ -299,7 +337,7 @@ async fn search_on(
                         )))
                     }
                 }
-                return Ok(found);
+                return Ok((found, true));
             }
             other => {
                 return Err(answer(format!(
