@@ -303,6 +303,8 @@ def test_consumer_password_never_read_back_and_kept_on_write_back(tmp_path):
                                           "description: two\n" % PEOPLE)
         con.start(keep_port=True)
         wait_for(lambda: has("uid=alice," + PEOPLE, "two"))
+        con.stop_and_verify()
+        provider.stop_and_verify()
     finally:
         con.stop()
         provider.stop()
@@ -311,8 +313,11 @@ def test_consumer_password_never_read_back_and_kept_on_write_back(tmp_path):
 def serve_fails(tmp_path, text):
     cfg = tmp_path / "bad.toml"
     cfg.write_text('data_dir = "%s"\n' % (tmp_path / "d") + text)
-    r = subprocess.run([PANDO_BIN, "serve", "--config", str(cfg), "--listen", "ldapi://"],
-                       capture_output=True, text=True, timeout=30)
+    try:
+        r = subprocess.run([PANDO_BIN, "serve", "--config", str(cfg), "--listen", "ldapi://"],
+                           capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return False, "it started serving"
     return r.returncode != 0, r.stderr
 
 
@@ -330,4 +335,13 @@ def test_consumer_password_in_clear_over_the_network_is_refused(tmp_path):
                               "pandoReplicationConsumer: %s\n" % (DB, table))
     assert rc == 19 and "rid 008" in out and "start_tls" in out, (rc, out)
     assert "pandoReplicationConsumer" not in config_entry(srv, DB)
+    # A lab may allow it, explicitly.
+    allowed = table.replace("}", ", allow_plaintext_password = true, timeout_secs = 1 }")
+    rc, out = ldapmodify(srv, "dn: %s\nchangetype: modify\nadd: pandoReplicationConsumer\n"
+                              "pandoReplicationConsumer: %s\n" % (DB, allowed))
+    assert rc == 0, out
+    shown = config_entry(srv, DB)["pandoReplicationConsumer"]
+    assert "allow_plaintext_password = true" in shown[0] and '"pw"' not in shown[0], shown
+    rc, out = ldapmodify(srv, "dn: %s\nchangetype: modify\ndelete: pandoReplicationConsumer\n" % DB)
+    assert rc == 0, out
     srv.stop_and_verify()

@@ -87,7 +87,8 @@ struct ConfigArgs {
 #[derive(Subcommand)]
 enum ConfigAction {
     /// Print the configuration the server would start with, as TOML (a
-    /// configuration file to keep or to start another data directory).
+    /// configuration file to keep or to start another data directory; a
+    /// consumer's inline password shows as "****": put it back).
     Export(StoreArgs),
 }
 

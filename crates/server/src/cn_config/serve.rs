@@ -227,8 +227,8 @@ async fn change(
 }
 
 /// A refused configuration as the operation's error.
-fn refused(refused: Refused) -> LdapError {
-    match refused {
+fn refused(r: Refused) -> LdapError {
+    match r {
         Refused::Schema(e) => LdapError::new(ResultCode::INVALID_ATTRIBUTE_SYNTAX, e),
         Refused::InUse(why) => LdapError::unwilling(why),
         Refused::Invalid(e) => LdapError::new(
