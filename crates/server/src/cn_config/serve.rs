@@ -216,13 +216,27 @@ async fn change(
         Kind::Delete => None,
         _ => entry_named(&now.schema, &desired, &running, target.norm),
     };
-    let read = read_entries(&now.schema, controls, before.as_ref(), after.as_ref())?;
-    if !controls.no_op {
-        audit(&now, who, &target, after.as_ref());
+    if controls.no_op {
+        let read = read_entries(&now.schema, controls, before.as_ref(), after.as_ref())?;
+        return Ok(Written {
+            controls: read,
+            no_op: true,
+        });
     }
+    audit(&now, who, &target, after.as_ref());
+    // Made: the answer says so even if an entry read cannot be encoded.
+    let read =
+        read_entries(&now.schema, controls, before.as_ref(), after.as_ref()).unwrap_or_else(|e| {
+            tracing::warn!(
+                entry = target.dn,
+                "cn=config read-entry control not returned: {}",
+                e.message
+            );
+            Vec::new()
+        });
     Ok(Written {
         controls: read,
-        no_op: controls.no_op,
+        no_op: false,
     })
 }
 
@@ -254,8 +268,8 @@ fn log_installed(installed: &crate::live::Installed, who: &Identity, dn_text: &s
 }
 
 /// The entry named `norm` of the configuration `desired` (running as
-/// `running`), as a read shows it. An entry added without its `{n}`
-/// (`olcOverlay=memberof`) is found under the position it was given.
+/// `running`), as a read shows it. An entry named without its `{n}`
+/// (`olcOverlay=memberof`, as added) is found under the `{n}` name it has.
 fn entry_named(
     schema: &Schema,
     desired: &crate::config::Config,
