@@ -87,7 +87,8 @@ struct ConfigArgs {
 #[derive(Subcommand)]
 enum ConfigAction {
     /// Print the configuration the server would start with, as TOML (a
-    /// configuration file to keep or to start another data directory).
+    /// configuration file to keep or to start another data directory; a
+    /// consumer's inline password shows as "****": put it back).
     Export(StoreArgs),
 }
 
@@ -500,7 +501,10 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
 
 fn config_export(args: StoreArgs) -> Result<ExitCode, String> {
     let cfg = load_config(&args)?;
-    print!("{}", pando_server::cn_config::stored::to_text(&cfg)?);
+    // No credential in an export (a consumer's password shows as the
+    // placeholder, which a configuration file is refused with).
+    let shown = pando_server::cn_config::shown(&cfg);
+    print!("{}", pando_server::cn_config::stored::to_text(&shown)?);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1610,13 +1610,30 @@ fn syncrepl(cx: &mut Ctx, d: &Directive) {
                 c.kind, c.syncdata
             ));
         }
-        Ok(c) => {
+        Ok(mut c) => {
             if let Some(secret) = kv.get("credentials") {
                 cx.secrets.push((c.rid, secret.clone()));
                 notes.push("credentials: written to secrets/ beside pando.toml (0600) and named by credentials_file".into());
             }
+            // Pando sends no password in clear across a network.
+            let clear = c.bind_method == "simple"
+                && c.provider.starts_with("ldap://")
+                && !c.start_tls
+                && !pando_server::net::client::is_loopback(&c.provider);
+            if clear {
+                c.start_tls = true;
+                notes.push(format!(
+                    "a simple bind over plain {} sends the password in clear: start_tls = true (or an ldaps:// provider; allow_plaintext_password = true keeps slapd's behaviour, for a lab)",
+                    c.provider
+                ));
+            }
             cx.cfg.replication.consumer.push(c);
-            cx.settle(d, Severity::Note, &notes);
+            let severity = if clear {
+                Severity::Stricter
+            } else {
+                Severity::Note
+            };
+            cx.settle(d, severity, &notes);
         }
         Err(e) => cx.bad(d, format!("{e}")),
     }
@@ -1728,6 +1745,14 @@ mod tests {
         assert_eq!(c.syncdata, "accesslog");
         assert_eq!(t.secrets, [(7, "s3cret".to_string())]);
         assert!(findings(&t).join("\n").contains("written to secrets/"));
+        // Over plain ldap:// to another host the password would go in
+        // clear: StartTLS is required (stricter, reported).
+        assert!(c.start_tls);
+        assert!(
+            findings(&t).join("\n").contains("stricter: "),
+            "{:?}",
+            findings(&t)
+        );
         let t = run("database mdb\nsuffix dc=x\nsyncrepl rid=1 provider=ldap://h type=dirSync searchbase=dc=x\n");
         assert!(t.config.replication.consumer.is_empty());
         assert!(findings(&t)

@@ -302,8 +302,29 @@ pub fn attr_of(key: &str) -> String {
     }
 }
 
-/// A configuration's keys as attribute values, per attribute name.
+/// The configuration as reads show it (cn=config, `pando config export`,
+/// the audit log): no credential in it ([`hide_credentials`]).
+///
+/// [`hide_credentials`]: crate::repl::config::hide_credentials
+pub fn shown(cfg: &Config) -> std::borrow::Cow<'_, Config> {
+    if cfg
+        .replication
+        .consumer
+        .iter()
+        .all(|c| c.credentials.is_none())
+    {
+        return std::borrow::Cow::Borrowed(cfg);
+    }
+    let mut out = cfg.clone();
+    crate::repl::config::hide_credentials(&mut out.replication.consumer);
+    std::borrow::Cow::Owned(out)
+}
+
+/// A configuration's keys as attribute values, per attribute name, as
+/// reads show them ([`shown`]).
 fn values_of(cfg: &Config) -> BTreeMap<&'static str, Vec<String>> {
+    let shown = shown(cfg);
+    let cfg = &*shown;
     let leaves = crate::live::leaves(cfg);
     let mut out: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
     for key in KEYS {
@@ -507,6 +528,12 @@ pub fn apply(desired: &Config, norm: &str, changes: &[Change]) -> Result<Config,
         touched.push(key.key);
     }
     let mut cfg = from_values(desired, &values)?;
+    // Values were read with passwords hidden: the placeholder given back
+    // keeps what is stored.
+    crate::repl::config::keep_hidden_credentials(
+        &mut cfg.replication.consumer,
+        &desired.replication.consumer,
+    );
     // No rules configured shows the built-in ones; unless changed, they
     // stay built in rather than becoming configured copies.
     if !touched.contains(&"access") {

@@ -425,3 +425,37 @@ fn bad_overlay_entries_name_the_problem() {
     let e = overlay_tree::add(&base, &dn, &norm, &[]).unwrap_err();
     assert!(e.message.contains("attributes"), "{}", e.message);
 }
+
+#[test]
+fn consumer_passwords_read_hidden_and_stay_when_given_back() {
+    let text = r#"
+suffixes = ["dc=example,dc=com"]
+[[replication.consumer]]
+rid = 3
+provider = "ldap://127.0.0.1:1389"
+search_base = "dc=example,dc=com"
+bind_dn = "cn=admin,dc=example,dc=com"
+credentials = "s3cret"
+"#;
+    let stored = Config::from_toml(text, std::path::Path::new("t.toml")).unwrap();
+    let entries = entries(&stored, &stored);
+    let shown = attr_values(&entries, DATABASE_DN, "pandoReplicationConsumer");
+    assert_eq!(shown.len(), 1);
+    assert!(!shown[0].contains("s3cret") && shown[0].contains(r#"credentials = "****""#));
+    // A change elsewhere, and the values written back as read: the
+    // stored password stays.
+    let size = change(ModOp::Replace, "olcSizeLimit", &["7"]);
+    let after = apply(&stored, CONFIG_NORM, &[size]).unwrap();
+    assert_eq!(after.replication.consumer, stored.replication.consumer);
+    let back = change(ModOp::Replace, "pandoReplicationConsumer", &[&shown[0]]);
+    let after = apply(&stored, DATABASE_NORM, &[back]).unwrap();
+    assert_eq!(after.replication.consumer, stored.replication.consumer);
+    // Another provider with the placeholder: it stays, and validation
+    // refuses it.
+    let moved = shown[0].replace("127.0.0.1:1389", "127.0.0.1:9");
+    let moved = change(ModOp::Replace, "pandoReplicationConsumer", &[&moved]);
+    let after = apply(&stored, DATABASE_NORM, &[moved]).unwrap();
+    let c = &after.replication.consumer[0];
+    assert_eq!(c.credentials.as_ref().unwrap().0, "****");
+    assert_eq!(c.check().unwrap_err().0, "credentials");
+}

@@ -119,15 +119,7 @@ impl Live {
         relax_schema: bool,
     ) -> Result<Installed, Refused> {
         let current = self.server();
-        let schema = steps::schema_for(&current, &desired, relax_schema).await?;
-        let resolved = desired
-            .clone()
-            .validate(&schema)
-            .map_err(Refused::Invalid)?;
-        steps::check_suffixes(&current, &resolved, &schema).await?;
-        let prepared = self
-            .prepare(desired.clone(), schema)
-            .map_err(Refused::NotApplied)?;
+        let prepared = self.checked(&current, &desired, relax_schema).await?;
         // The store takes the new schema and indexes in the transaction
         // that stores the configuration naming them.
         let catalog = steps::catalog_change(&current, &prepared.server);
@@ -142,6 +134,33 @@ impl Live {
             changed,
             at_next_start,
         })
+    }
+
+    /// Everything [`Live::commit`] checks and builds for `desired`, short
+    /// of storing and installing it (the No-Op control): the running
+    /// configuration it would make. What was built is dropped (listeners
+    /// bound for it close again).
+    pub async fn rehearse(&self, desired: &Config, relax_schema: bool) -> Result<Config, Refused> {
+        let current = self.server();
+        let prepared = self.checked(&current, desired, relax_schema).await?;
+        Ok(prepared.server.cfg.config.clone())
+    }
+
+    /// The checks of a change, in order, and the server it builds.
+    async fn checked(
+        &self,
+        current: &Server,
+        desired: &Config,
+        relax_schema: bool,
+    ) -> Result<Prepared, Refused> {
+        let schema = steps::schema_for(current, desired, relax_schema).await?;
+        let resolved = desired
+            .clone()
+            .validate(&schema)
+            .map_err(Refused::Invalid)?;
+        steps::check_suffixes(current, &resolved, &schema).await?;
+        self.prepare(desired.clone(), schema)
+            .map_err(Refused::NotApplied)
     }
 }
 

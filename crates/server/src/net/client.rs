@@ -123,6 +123,17 @@ pub fn check_url(url: &str) -> Result<(), ClientError> {
     host_port(url).map(|_| ())
 }
 
+/// Whether `url` names this host by a loopback address (or `localhost`):
+/// what is sent to it never crosses a network.
+pub fn is_loopback(url: &str) -> bool {
+    host_port(url).is_ok_and(|(host, _, _)| {
+        host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    })
+}
+
 /// Turn on TCP keepalive with `idle` seconds before the first probe.
 fn keepalive(stream: &TcpStream, idle: u64) {
     use std::os::fd::AsRawFd;

@@ -32,6 +32,9 @@ pub fn compare(
             .map(|(_, e)| e)
             .find(|e| schema.normalize_dn(&e.dn).is_ok_and(|n| n == norm))
             .ok_or_else(no_such)?;
+        if let Some(filter) = &controls.assertion {
+            super::assertion_on_whole_entry(schema, &entry, filter)?;
+        }
         return compare_values(schema, at, &want, &entry.attrs);
     }
     let rtxn = server.store.read()?;
@@ -69,10 +72,7 @@ pub fn compare_entry(
     )?;
     if let Some(filter) = &controls.assertion {
         if !super::assertion_holds(server, view, who, norm, entry, filter) {
-            return Err(LdapError::new(
-                ResultCode::ASSERTION_FAILED,
-                "the assertion control's filter is not true for the entry",
-            ));
+            return Err(super::assertion_failed());
         }
     }
     compare_values(schema, at, &want, &entry.attrs)

@@ -262,6 +262,29 @@ pub fn resolve_rdns_for(
     }
 }
 
+/// The answer to an operation whose assertion control (RFC 4528) is not
+/// TRUE for its target.
+pub fn assertion_failed() -> LdapError {
+    LdapError::new(
+        ResultCode::ASSERTION_FAILED,
+        "the assertion control's filter is not true for the entry",
+    )
+}
+
+/// The assertion control on an entry the requester reads whole (a
+/// cn=config entry, which only those who may read all of it see): the
+/// filter as a search of it evaluates it.
+pub fn assertion_on_whole_entry(
+    schema: &Schema,
+    entry: &Entry,
+    filter: &pando_proto::Filter,
+) -> OpResult<()> {
+    match schema.compile_filter(filter).matches(schema, entry) {
+        pando_model::Ternary::True => Ok(()),
+        _ => Err(assertion_failed()),
+    }
+}
+
 /// Whether an assertion (RFC 4528) is TRUE for `entry` (normalised DN
 /// `norm`) as the requester sees it: items on attributes it may not
 /// search evaluate to Undefined, so an assertion reveals no more than a

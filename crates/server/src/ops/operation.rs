@@ -191,24 +191,21 @@ pub async fn perform(server: &Arc<Server>, op: Operation) -> Option<Response> {
             }
         }
     };
-    // cn=config is not in the store: its own path (administrators only).
+    // cn=config is not in the store: its own path (administrators only),
+    // honouring the write controls as the write pipeline does.
     if let Some((norm, dn)) = config_target(server, &request) {
         use crate::cn_config::serve;
-        // The relax rules control lets an administrator remove schema
-        // that entries still use.
-        let relax = controls.relax;
-        let done = |r: OpResult<()>| r.map(|()| Written::default());
         return Some(match request {
             ProtocolOp::ModifyRequest(req) => written(
-                done(serve::modify(server, &who, relax, &dn, &norm, &req.changes).await),
+                serve::modify(server, &who, &controls, &dn, &norm, &req.changes).await,
                 ProtocolOp::ModifyResponse,
             ),
             ProtocolOp::AddRequest(req) => written(
-                done(serve::add(server, &who, relax, &req, &norm).await),
+                serve::add(server, &who, &controls, &req, &norm).await,
                 ProtocolOp::AddResponse,
             ),
             ProtocolOp::DelRequest(_) => written(
-                done(serve::delete(server, &who, relax, &dn, &norm).await),
+                serve::delete(server, &who, &controls, &dn, &norm).await,
                 ProtocolOp::DelResponse,
             ),
             _ => written(

@@ -18,6 +18,42 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// What configuration reads (cn=config, `pando config export`, the audit
+/// log) show in place of a consumer's inline password. Given back in a
+/// change, it stands for the password stored for the same consumer
+/// ([`keep_hidden_credentials`]).
+pub const HIDDEN_CREDENTIALS: &str = "****";
+
+/// The consumers as a configuration read shows them: inline passwords
+/// replaced by [`HIDDEN_CREDENTIALS`].
+pub fn hide_credentials(consumers: &mut [ConsumerConfig]) {
+    for c in consumers {
+        if c.credentials.is_some() {
+            c.credentials = Some(Secret(HIDDEN_CREDENTIALS.into()));
+        }
+    }
+}
+
+/// A consumer given back with the placeholder password (a tool writing
+/// back what it read) keeps the password `stored` holds for it, as long as
+/// it is the same consumer talking to the same provider as the same
+/// identity (same rid, provider and bind_dn): the stored password never
+/// goes to a host an administrator names without giving it again. Where
+/// that does not hold the placeholder stays, and validation refuses it.
+pub fn keep_hidden_credentials(consumers: &mut [ConsumerConfig], stored: &[ConsumerConfig]) {
+    for c in consumers {
+        if c.credentials.as_ref().map(|s| s.0.as_str()) != Some(HIDDEN_CREDENTIALS) {
+            continue;
+        }
+        let same = stored
+            .iter()
+            .find(|o| o.rid == c.rid && o.provider == c.provider && o.bind_dn == c.bind_dn);
+        if let Some(secret) = same.and_then(|o| o.credentials.clone()) {
+            c.credentials = Some(secret);
+        }
+    }
+}
+
 /// A duration given as seconds or as `dd:hh:mm:ss` (syncrepl's interval).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(untagged)]
@@ -90,6 +126,10 @@ pub struct ConsumerConfig {
     /// StartTLS on an ldap:// provider (refused if it fails).
     #[serde(default)]
     pub start_tls: bool,
+    /// Accept a simple bind over plain ldap:// to a host other than this
+    /// one (a lab without TLS): the password crosses the network in clear.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_plaintext_password: bool,
     /// CA certificates (PEM) the provider's certificate must chain to;
     /// unset: the system's roots.
     #[serde(default)]
@@ -264,6 +304,9 @@ impl ConsumerConfig {
                             .into(),
                     );
                 }
+                if let Some(p) = self.hidden_or_plaintext() {
+                    return Err(p);
+                }
             }
             "sasl_external" => {
                 if self.tls_cert_file.is_none() || self.tls_key_file.is_none() {
@@ -309,6 +352,37 @@ impl ConsumerConfig {
             );
         }
         Ok(())
+    }
+
+    /// A simple bind's password must be given (not the placeholder of a
+    /// read) and must not cross a network in clear: an ldaps:// provider,
+    /// StartTLS, a loopback provider (the password never leaves the host),
+    /// or the explicit `allow_plaintext_password`.
+    fn hidden_or_plaintext(&self) -> Option<(String, String)> {
+        let rid = self.rid;
+        if self.credentials.as_ref().map(|s| s.0.as_str()) == Some(HIDDEN_CREDENTIALS) {
+            return Some((
+                "credentials".into(),
+                format!(
+                    "consumer rid {rid:03}: '{HIDDEN_CREDENTIALS}' is what configuration reads show in place of the password; \
+                     it keeps the stored password only for the same rid, provider and bind_dn. Give the password (or credentials_file)"
+                ),
+            ));
+        }
+        let clear = self.provider.starts_with("ldap://")
+            && !self.start_tls
+            && !self.allow_plaintext_password
+            && !crate::net::client::is_loopback(&self.provider);
+        clear.then(|| {
+            (
+                "start_tls".into(),
+                format!(
+                    "consumer rid {rid:03}: a simple bind to {} over plain ldap:// sends the password in clear; \
+                     use an ldaps:// provider or start_tls = true (allow_plaintext_password = true accepts it, for a lab)",
+                    self.provider
+                ),
+            )
+        })
     }
 
     pub fn persist(&self) -> bool {
@@ -365,6 +439,50 @@ mod tests {
         assert_eq!(i.duration().unwrap().as_secs(), 93_784);
         assert!(Interval::Text("00:25:00:00".into()).duration().is_err());
         assert_eq!(Interval::Seconds(5).duration().unwrap().as_secs(), 5);
+    }
+
+    fn consumer(provider: &str, extra: &str) -> ConsumerConfig {
+        let text = format!(
+            "rid = 5\nprovider = \"{provider}\"\nsearch_base = \"dc=x\"\nbind_dn = \"cn=r\"\ncredentials = \"pw\"\n{extra}"
+        );
+        toml::from_str(&text).unwrap()
+    }
+
+    #[test]
+    fn a_password_crosses_a_network_only_under_tls_or_when_allowed() {
+        for ok in [
+            consumer("ldaps://db.example.com", ""),
+            consumer("ldap://db.example.com", "start_tls = true"),
+            consumer("ldap://127.0.0.1:389", ""),
+            consumer("ldap://[::1]:389", ""),
+            consumer("ldap://localhost", ""),
+            consumer("ldap://10.1.2.3", "allow_plaintext_password = true"),
+            consumer("ldap://10.1.2.3", "bind_method = \"none\""),
+        ] {
+            assert_eq!(ok.check(), Ok(()), "{}", ok.provider);
+        }
+        let (key, why) = consumer("ldap://10.1.2.3", "").check().unwrap_err();
+        assert_eq!(key, "start_tls");
+        assert!(why.contains("rid 005") && why.contains("in clear"), "{why}");
+        // The opt-out is written only when set.
+        let text = toml::to_string(&consumer("ldaps://x", "")).unwrap();
+        assert!(!text.contains("allow_plaintext_password"));
+    }
+
+    #[test]
+    fn hidden_passwords_come_back_only_for_the_same_consumer_provider_and_identity() {
+        let stored = vec![consumer("ldaps://a", "")];
+        let mut shown = stored.clone();
+        hide_credentials(&mut shown);
+        assert_eq!(shown[0].credentials.as_ref().unwrap().0, HIDDEN_CREDENTIALS);
+        let mut back = shown.clone();
+        keep_hidden_credentials(&mut back, &stored);
+        assert_eq!(back, stored);
+        let mut moved = shown.clone();
+        moved[0].provider = "ldaps://b".into();
+        keep_hidden_credentials(&mut moved, &stored);
+        assert_eq!(moved[0].credentials.as_ref().unwrap().0, HIDDEN_CREDENTIALS);
+        assert_eq!(moved[0].check().unwrap_err().0, "credentials");
     }
 
     #[test]

@@ -300,7 +300,7 @@ impl Emitter<'_> {
 /// does not let the requester read. Computed attributes are not included.
 pub(crate) fn encode_read_entry(
     schema: &Schema,
-    view: &View<'_>,
+    view: Option<&View<'_>>,
     access: Option<&mut Access<'_>>,
     norm: &str,
     dn: &str,
@@ -323,10 +323,10 @@ pub(crate) fn encode_read_entry(
                 rules: &rules,
                 norm,
             };
-            emitter.emit(Some(view), None, dn, entry, Some(guard), &[], &mut buf)?;
+            emitter.emit(view, None, dn, entry, Some(guard), &[], &mut buf)?;
         }
         None => {
-            emitter.emit(Some(view), None, dn, entry, None, &[], &mut buf)?;
+            emitter.emit(view, None, dn, entry, None, &[], &mut buf)?;
         }
     }
     Ok(buf)

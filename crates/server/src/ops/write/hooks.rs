@@ -21,7 +21,7 @@
 //! Post-commit work (the audit log) is the operation's `WriteOp::audit`.
 
 use pando_model::Entry;
-use pando_proto::{oid, Control, ResultCode};
+use pando_proto::{oid, Control};
 use pando_store::{View, WriteTxn};
 
 use super::{Change, WriteCtx};
@@ -128,10 +128,7 @@ impl Hook for Assertion {
         if crate::ops::assertion_holds(&ctx.server, view, &ctx.who, norm, entry, filter) {
             Ok(())
         } else {
-            Err(LdapError::new(
-                ResultCode::ASSERTION_FAILED,
-                "the assertion control's filter is not true for the entry",
-            ))
+            Err(crate::ops::assertion_failed())
         }
     }
 }
@@ -231,7 +228,7 @@ impl Hook for ReadEntry {
             let unrestricted = access.unrestricted();
             let value = crate::ops::search::encode_read_entry(
                 &ctx.server.schema,
-                &view,
+                Some(&view),
                 (!unrestricted).then_some(&mut access),
                 norm,
                 &entry.dn.to_string(),
