@@ -831,7 +831,11 @@ mod tests {
     fn unanchored_target_regexes_cover_what_slapd_covers() {
         // slapd finds the pattern anywhere in the DN.
         let t = tr(r#"to dn.regex="ou=people,dc=x" by * none"#);
-        for dn in ["ou=people,dc=x", "uid=a,ou=people,dc=x", "uid=a,OU=People,dc=x,dc=y"] {
+        for dn in [
+            "ou=people,dc=x",
+            "uid=a,ou=people,dc=x",
+            "uid=a,OU=People,dc=x,dc=y",
+        ] {
             assert!(covers(&t, dn), "{dn}");
         }
         assert!(!covers(&t, "ou=groups,dc=x"));

@@ -83,6 +83,15 @@ pub async fn bind(
         policy.is_some(),
     )
     .await?;
+    // Failures are written behind their answers: a right password waits
+    // for those of its account, and judges the state they leave.
+    let account = match (policy, &ok) {
+        (Some(p), Some(_)) if account.is_some() && p.has_pending(&norm) => {
+            p.settled(&norm).await;
+            p.account(server, &norm)?.or(account)
+        }
+        _ => account,
+    };
     let verdict = match (policy, account) {
         (Some(p), Some(entry)) => Some(
             p.on_bind(server, &norm, &entry, ok.is_some(), wants_policy)
