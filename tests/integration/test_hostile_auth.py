@@ -36,9 +36,11 @@ def policy(cn, **attrs):
     return ("cn=%s,%s" % (cn, POLICIES), a)
 
 
-def user(uid, pw="Initial-pw-1"):
-    return ("uid=%s,%s" % (uid, PEOPLE),
-            {"objectClass": ["inetOrgPerson"], "uid": [uid], "cn": [uid], "sn": [uid], "userPassword": [pw]})
+def user(uid, pw="Initial-pw-1", policy_cn=None):
+    a = {"objectClass": ["inetOrgPerson"], "uid": [uid], "cn": [uid], "sn": [uid], "userPassword": [pw]}
+    if policy_cn:
+        a["pwdPolicySubentry"] = ["cn=%s,%s" % (policy_cn, POLICIES)]
+    return ("uid=%s,%s" % (uid, PEOPLE), a)
 
 
 def tree(*more):
@@ -81,7 +83,8 @@ def test_a_restricted_connection_cannot_escape_through_proxied_authorization(tmp
     as the must-change account from an unrestricted connection is not
     restricted (the requester did not use the reset password)."""
     srv = server_with(tmp_path, "mustchange", PROXY_RULES + PUBLIC_READ + ppolicy_block("reset"),
-                      tree(policy("reset", pwdMustChange="TRUE"), user("fresh"), user("other")))
+                      tree(policy("reset", pwdMustChange="TRUE"), policy("plain"), user("fresh"),
+                           user("other", policy_cn="plain")))
     try:
         assert srv.search(dn("fresh"), "(objectClass=*)", "pwdReset", scope="base")[1][0][1]["pwdReset"] == ["TRUE"]
         s = ldap3.Server("127.0.0.1", port=srv.port, get_info=ldap3.NONE)
