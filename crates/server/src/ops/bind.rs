@@ -73,6 +73,9 @@ pub async fn bind(
         .begin(crate::throttle::Key::new(&norm, session))
         .await?;
     let policy = server.overlays.ppolicy();
+    // Looked at before the account is read: a failure no longer pending
+    // then was committed before the read.
+    let pending = policy.is_some_and(|p| p.has_pending(&norm));
     let (ok, account) = check_simple(
         server,
         session,
@@ -86,7 +89,7 @@ pub async fn bind(
     // Failures are written behind their answers: a right password waits
     // for those of its account, and judges the state they leave.
     let account = match (policy, &ok) {
-        (Some(p), Some(_)) if account.is_some() && p.has_pending(&norm) => {
+        (Some(p), Some(_)) if account.is_some() && (pending || p.has_pending(&norm)) => {
             p.settled(&norm).await;
             p.account(server, &norm)?.or(account)
         }
