@@ -6,13 +6,15 @@ password counted as a failed bind, cn=Monitor parts no rule names, and
 the administrator-DN traps of docs/access-control.md."""
 
 import statistics
+import subprocess
 import time
+from pathlib import Path
 
 import ldap3
 import pytest
 
 import ber
-from conftest import PUBLIC_READ, SUFFIX, Pando, server_with
+from conftest import PANDO_BIN, PUBLIC_READ, SUFFIX, Pando, ldif_entry, server_with
 from test_replication import converge_nodes, pando_consumer
 
 PEOPLE = "ou=People," + SUFFIX
@@ -255,3 +257,46 @@ by = [{ who = "admins", rights = "all" }, { who = "users", rights = "read" }]
         assert rc == 32, (rc, entries)
     finally:
         srv.stop_and_verify()
+
+
+# ------------------------------------------------------------ (f) migrate: unanchored dn.regex targets
+
+@pytest.mark.skipif(not Path("/etc/ldap/schema/core.schema").exists(), reason="no OpenLDAP schema files")
+def test_f_migrate_keeps_an_unanchored_dn_regex_covering_the_entries_below(tmp_path):
+    """slapd matches `to dn.regex` anywhere in the DN: a rule refusing
+    `ou=Secret,...` refuses the entries below it too. The translation must
+    not cover only the one DN, letting them fall through to the later
+    `to * by * read`."""
+    conf = tmp_path / "slapd.conf"
+    conf.write_text("\n".join([
+        "include /etc/ldap/schema/core.schema",
+        "database mdb",
+        'suffix "%s"' % SUFFIX,
+        'rootdn "cn=admin,%s"' % SUFFIX,
+        "directory %s" % tmp_path,
+        'access to dn.regex="ou=Secret,%s" by * none' % SUFFIX,
+        "access to * by * read",
+    ]) + "\n")
+    out = tmp_path / "out"
+    r = subprocess.run([PANDO_BIN, "migrate", "--from", str(conf), "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    secret = "ou=Secret," + SUFFIX
+    ldif = tmp_path / "data.ldif"
+    ldif.write_text("\n".join(ldif_entry(d, a) for d, a in [
+        (SUFFIX, {"objectClass": ["dcObject", "organization"], "dc": ["example"], "o": ["Example"]}),
+        (secret, {"objectClass": ["organizationalUnit"], "ou": ["Secret"]}),
+        ("cn=plans," + secret, {"objectClass": ["device"], "cn": ["plans"]}),
+        ("ou=Open," + SUFFIX, {"objectClass": ["organizationalUnit"], "ou": ["Open"]}),
+    ]))
+    srv = Pando(tmp_path / "pando", demo=False, config=(out / "pando.toml").read_text(), name="migrated")
+    r = subprocess.run([PANDO_BIN, "import", "--config", str(out / "pando.toml"), "--data-dir",
+                        str(srv.data_dir), "-f", str(ldif)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    srv.start()
+    try:
+        rc, entries, err = srv.search(SUFFIX, "(objectClass=*)", "1.1", auth=None)
+        got = sorted(d.lower() for d, _ in entries)
+        assert got == sorted([SUFFIX, "ou=open," + SUFFIX]), (rc, got, (out / "pando.toml").read_text())
+    finally:
+        srv.stop()
