@@ -20,6 +20,7 @@ from test_replication import converge_nodes, pando_consumer
 PEOPLE = "ou=People," + SUFFIX
 POLICIES = "ou=Policies," + SUFFIX
 PROXY_AUTHZ = "2.16.840.1.113730.3.4.18"
+PWD_FAILURES = "2.25.15972167931155808496075090497880241257.1.3"
 RESTRICTED = "Operations are restricted to bind/unbind/abandon/StartTLS/modify password"
 
 
@@ -125,6 +126,15 @@ def test_b_lockout_holds_across_a_provider_and_its_read_only_consumer(tmp_path):
                            user("spread")))
     con = None
     try:
+        # Forwarded failures count toward a lockout: only an identity that
+        # may write pwdFailureTime (here the administrator) may send them.
+        s = ldap3.Server("127.0.0.1", port=srv.port, get_info=ldap3.NONE)
+        u = ldap3.Connection(s, dn("spread"), "Initial-pw-1", raise_exceptions=False)
+        assert u.bind(), u.result
+        u.extended(PWD_FAILURES, ("%s\n%d" % (dn("spread"), 10)).encode())
+        assert u.result["result"] == 50, u.result
+        u.unbind()
+        assert not locked_time(srv, "spread")
         con = pando_consumer(tmp_path / "consumer", srv, tail=block)
         converge_nodes([srv, con], log=con.logs)
         assert bind_code(srv, dn("spread"), "wrong-1") == 49
