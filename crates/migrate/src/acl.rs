@@ -146,8 +146,10 @@ fn scope_of(style: &str) -> Option<&'static str> {
 
 /// A regular expression with no special character is a literal DN.
 fn literal(re: &str) -> Option<String> {
-    let body = re.strip_prefix('^').unwrap_or(re);
-    let body = body.strip_suffix('$').unwrap_or(body);
+    // slapd searches for a match anywhere in the DN: only a pattern
+    // anchored at both ends names exactly one DN.
+    let body = re.strip_prefix('^')?;
+    let body = body.strip_suffix('$').filter(|b| !b.ends_with('\\'))?;
     let mut out = String::new();
     let mut chars = body.chars();
     while let Some(c) = chars.next() {
@@ -618,13 +620,32 @@ fn target_dn(w: &str, style: &str, value: &str, notes: &mut Notes) -> Result<DnS
             if value.matches('$').count() > 1 {
                 notes.push((Severity::Stricter, format!("to dn.regex={value}: substitutions ($1) in clauses are not supported; clauses using them get none")));
             }
-            // slapd matches target patterns ignoring case.
-            DnSel::Regex(format!(
-                "(?i){}",
-                value.trim_start_matches('^').trim_end_matches('$')
-            ))
+            DnSel::Regex(anchored(value))
         }
     })
+}
+
+/// slapd's target pattern `re` as a Pando `dn_regex` covering the same
+/// DNs. slapd matches it ignoring case and anywhere in the normalised DN
+/// (regexec, unanchored); Pando anchors a `dn_regex` at both ends. So an
+/// end the pattern does not anchor gets `.*`: `ou=people,dc=x` covers
+/// `uid=a,ou=people,dc=x` in both, never only the one DN (covering less
+/// would let the entries left out fall through to later, wider rules).
+/// A pattern with alternatives keeps its own anchors inside the wrapper.
+fn anchored(re: &str) -> String {
+    let start = re.starts_with('^');
+    let end = re.ends_with('$') && !re.ends_with("\\$");
+    if re.contains('|') {
+        return format!("(?is).*(?:{re}).*");
+    }
+    let body = re.strip_prefix('^').unwrap_or(re);
+    let body = if end { &body[..body.len() - 1] } else { body };
+    match (start, end) {
+        (true, true) => format!("(?i){body}"),
+        (true, false) => format!("(?is){body}.*"),
+        (false, true) => format!("(?is).*{body}"),
+        (false, false) => format!("(?is).*{body}.*"),
+    }
 }
 
 /// One `by` clause: who, rights, control (stop, continue, break), and
@@ -793,6 +814,57 @@ mod tests {
         );
         let t = tr(r#"to dn.base="" by * read"#);
         assert_eq!(t.dn, DnSel::Scoped("base", String::new()));
+    }
+
+    /// Does the translated target cover `dn` as Pando compiles a `dn_regex`?
+    fn covers(t: &Translated, dn: &str) -> bool {
+        match &t.dn {
+            DnSel::Regex(re) => regex::Regex::new(&format!("^(?:{re})$"))
+                .unwrap()
+                .is_match(dn),
+            DnSel::Scoped("base", d) => d == dn,
+            other => panic!("unexpected target {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unanchored_target_regexes_cover_what_slapd_covers() {
+        // slapd finds the pattern anywhere in the DN.
+        let t = tr(r#"to dn.regex="ou=people,dc=x" by * none"#);
+        for dn in [
+            "ou=people,dc=x",
+            "uid=a,ou=people,dc=x",
+            "uid=a,OU=People,dc=x,dc=y",
+        ] {
+            assert!(covers(&t, dn), "{dn}");
+        }
+        assert!(!covers(&t, "ou=groups,dc=x"));
+        let t = tr(r#"to dn.regex="uid=[^,]+,ou=people,dc=x$" by * none"#);
+        assert!(covers(&t, "cn=z,uid=a,ou=people,dc=x"));
+        assert!(!covers(&t, "uid=a,ou=people,dc=x,dc=y"));
+        let t = tr(r#"to dn.regex="^ou=people" by * none"#);
+        assert!(covers(&t, "ou=people,dc=x"));
+        assert!(!covers(&t, "uid=a,ou=people,dc=x"));
+        // Alternatives keep their own anchors.
+        let t = tr(r#"to dn.regex="^cn=a|ou=b,dc=x$" by * none"#);
+        assert!(covers(&t, "cn=a,dc=y") && covers(&t, "uid=q,ou=b,dc=x"));
+        assert!(!covers(&t, "uid=q,cn=a,dc=y"));
+        // Anchored at both ends: the one DN, as before.
+        let t = tr(r#"to dn.regex="^ou=people,dc=x$" by * none"#);
+        assert_eq!(t.dn, DnSel::Scoped("base", "ou=people,dc=x".into()));
+        let t = tr(r#"to dn.regex="^uid=[^,]+,ou=people,dc=x$" by * none"#);
+        assert!(covers(&t, "uid=a,ou=people,dc=x"));
+        assert!(!covers(&t, "cn=z,uid=a,ou=people,dc=x"));
+    }
+
+    #[test]
+    fn unanchored_subject_regexes_are_not_one_dn() {
+        // `by dn.regex=uid=bad,dc=x none` refuses every identity whose DN
+        // holds it; naming only the one DN would let the others through.
+        let t = tr(r#"to * by dn.regex="uid=bad,dc=x" none by * read"#);
+        assert_eq!(by(&t)[0], "*=none");
+        let t = tr(r#"to * by dn.regex="^uid=ok,dc=x$" write by * read"#);
+        assert_eq!(by(&t)[0], "dn:uid=ok,dc=x=write");
     }
 
     #[test]

@@ -632,6 +632,22 @@ impl<'a> Access<'a> {
         }
     }
 
+    /// [`Access::entry`] with only the rules that name the entry by DN or
+    /// DN pattern (rules covering every entry left out): for trees outside
+    /// the data, such as cn=Monitor, where a catch-all rule must not open
+    /// what no rule names. Empty when no rule names it.
+    pub fn named_entry(&self, schema: &Schema, norm_dn: &str, entry: &Entry) -> EntryRules {
+        let mut out = self.entry(schema, norm_dn, entry);
+        out.rules
+            .retain(|&i| !matches!(self.acl.rules[i as usize].target, Target::All));
+        out
+    }
+
+    /// Is the set of rules empty (no rule covers the entry)?
+    pub fn is_empty(rules: &EntryRules) -> bool {
+        rules.rules.is_empty()
+    }
+
     /// Does a rule that names the entry `norm_dn` by its DN (rules covering
     /// every entry do not count, nor those with a filter) grant the
     /// requester `right` on it? For trees outside the data, such as
@@ -977,6 +993,33 @@ by = [{ who = "users", rights = "read" }]
         assert!(!Access::new(&acl, &user).named_allows("cn=accesslog", READ));
         let defaults = Acl::from_config(&[], &schema).unwrap();
         assert!(!Access::new(&defaults, &repl).named_allows("cn=accesslog", READ));
+    }
+
+    #[test]
+    fn a_rule_naming_one_monitor_entry_opens_no_other() {
+        let schema = Schema::standard();
+        let acl = Acl::compile(
+            &rules(
+                r#"
+[[access]]
+dn = "cn=connections,cn=monitor"
+scope = "base"
+by = [{ who = "users", rights = "read" }]
+[[access]]
+by = [{ who = "users", rights = "read" }]
+"#,
+            ),
+            &schema,
+        )
+        .unwrap();
+        let user = who("uid=a,dc=example,dc=com", Session::default());
+        let mut a = Access::new(&acl, &user);
+        let named = a.named_entry(&schema, "cn=connections,cn=monitor", &entry());
+        assert!(a.allows(None, &named, "cn=connections,cn=monitor", None, READ));
+        let conflicts = "cn=conflicts,cn=replication,cn=monitor";
+        let other = a.named_entry(&schema, conflicts, &entry());
+        assert!(Access::is_empty(&other));
+        assert!(!a.allows(None, &other, conflicts, None, READ));
     }
 
     #[test]

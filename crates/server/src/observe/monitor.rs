@@ -18,10 +18,12 @@
 //!
 //! Who may read it: holders of the administrator role (and break-glass).
 //! Everyone else gets noSuchObject, as for an entry they may not see,
-//! unless a configured `[[access]]` rule names the subtree (its `dn` is
-//! `cn=Monitor` or below): then the rules decide, evaluated with the
-//! monitor entry's DN like any other entry. A rule covering every entry
-//! (no `dn`) does not open the monitor by accident.
+//! unless configured `[[access]]` rules name the entry (a `dn` and scope
+//! or a `dn_regex` covering it): then those rules alone decide, evaluated
+//! with the monitor entry's DN. A rule covering every entry (no `dn`)
+//! opens no part of the monitor, also when another rule names a different
+//! part of it (a rule for `cn=Connections,cn=Monitor` leaves
+//! `cn=Conflicts,cn=Replication,cn=Monitor` closed).
 
 use pando_model::{Attribute, Dn, Entry};
 use std::sync::atomic::Ordering;
@@ -37,29 +39,14 @@ pub fn is_monitor_dn(norm: &str) -> bool {
     norm == MONITOR_NORM || norm.ends_with(",cn=monitor")
 }
 
-/// Does a configured rule name the monitor subtree?
-fn rules_name_monitor(server: &Server) -> bool {
-    server.cfg.config.access.iter().any(|r| {
-        r.dn.as_deref().is_some_and(|d| {
-            server
-                .schema
-                .normalize_dn(&Dn::parse(d).unwrap_or(Dn { rdns: Vec::new() }))
-                .is_ok_and(|n| is_monitor_dn(&n))
-        })
-    })
-}
-
 /// May `who` read the monitor entry `norm` (holding `entry`)?
 pub fn may_read(server: &Server, who: &Identity, norm: &str, entry: &Entry) -> bool {
     if who.is_admin() || who.is_break_glass() {
         return true;
     }
-    if !rules_name_monitor(server) {
-        return false;
-    }
     let mut access = Access::new(&server.acl, who);
-    let rules = access.entry(&server.schema, norm, entry);
-    access.allows(None, &rules, norm, None, acl::READ)
+    let rules = access.named_entry(&server.schema, norm, entry);
+    !Access::is_empty(&rules) && access.allows(None, &rules, norm, None, acl::READ)
 }
 
 fn attr(desc: &str, values: impl IntoIterator<Item = impl Into<Vec<u8>>>) -> Attribute {

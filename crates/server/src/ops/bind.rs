@@ -73,6 +73,9 @@ pub async fn bind(
         .begin(crate::throttle::Key::new(&norm, session))
         .await?;
     let policy = server.overlays.ppolicy();
+    // Looked at before the account is read: a failure no longer pending
+    // then was committed before the read.
+    let pending = policy.is_some_and(|p| p.has_pending(&norm));
     let (ok, account, upgrade) = check_simple(
         server,
         session,
@@ -83,6 +86,15 @@ pub async fn bind(
         policy.is_some(),
     )
     .await?;
+    // Failures are written behind their answers: a right password waits
+    // for those of its account, and judges the state they leave.
+    let account = match (policy, &ok) {
+        (Some(p), Some(_)) if account.is_some() && (pending || p.has_pending(&norm)) => {
+            p.settled(&norm).await;
+            p.account(server, &norm)?.or(account)
+        }
+        _ => account,
+    };
     let verdict = match (policy, account) {
         (Some(p), Some(entry)) => Some(
             p.on_bind(server, &norm, &entry, ok.is_some(), wants_policy)

@@ -46,6 +46,14 @@ pub async fn extended(
         }
         super::special::BACKUP_EXOP => online_backup(server, who, req.value).await,
         super::special::CHANGES_BEHIND_EXOP => changes_behind(server, who, req.value).await,
+        super::special::PWD_FAILURES_EXOP => {
+            crate::overlays::ppolicy::forwarded_failures(server, who, req.value.as_deref()).await?;
+            Ok(ExtendedResponse {
+                result: LdapResult::success(),
+                name: Some(super::special::PWD_FAILURES_EXOP.to_string()),
+                value: None,
+            })
+        }
         other => Err(LdapError::protocol(format!(
             "unsupported extended operation {other}"
         ))),
@@ -115,18 +123,30 @@ async fn passwd_modify(ctx: Arc<WriteCtx>, value: Option<&[u8]>) -> OpResult<Ext
     // are remembered: the write below only goes ahead if they are still
     // the stored ones, so a concurrent change cannot slip in between the
     // check and the write.
+    // A wrong old password is a failed password check like a failed bind:
+    // the same throttle (per DN and address) and the password policy's
+    // failure count and lockout, or this would be an unthrottled oracle.
     let checked = match req.old_password {
         None => None,
         Some(old) => {
+            let wrong = || LdapError::unwilling("the old password is wrong");
+            let key = crate::throttle::Key::new(&norm, &who.session);
+            let attempt = server.throttle.begin(key).await.map_err(|_| wrong())?;
             let stored = {
                 let rtxn = server.store.read()?;
                 let view = rtxn.view();
                 let id = super::resolve(&view, &target)?;
                 super::password_values(&view.attrs(id)?.unwrap_or_default())
             };
-            if !server.passwords.verify(old, stored.clone()).await {
-                return Err(LdapError::unwilling("the old password is wrong"));
+            let mut right = server.passwords.verify(old, stored.clone()).await;
+            if let Some(p) = server.overlays.ppolicy() {
+                right = p.on_password_check(server, &norm, right).await?;
             }
+            if !right {
+                attempt.failed().await;
+                return Err(wrong());
+            }
+            attempt.succeeded();
             Some(stored)
         }
     };

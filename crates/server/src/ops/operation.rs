@@ -59,6 +59,19 @@ impl Operation {
             Some(OpKind::Abandon | OpKind::Unbind) | None => Ok(Requested::default()),
             Some(kind) => controls::parse(kind, raw, &server.decode_limits),
         };
+        // A connection restricted to changing its password (the bound
+        // identity's, as slapd's ppolicy keeps it per connection) stays so
+        // whatever identity an operation asks to run as: proxied
+        // authorization is refused there, before it is looked at.
+        if let Ok(controls) = &parsed {
+            if who.is_restricted()
+                && (controls.proxied_authz.is_some()
+                    || !crate::overlays::ppolicy::allowed_while_restricted(&who, &request))
+            {
+                let e = crate::overlays::ppolicy::restricted(controls.ppolicy);
+                return Err(Box::new(refusal(&request, e)));
+            }
+        }
         let who = match parsed
             .as_ref()
             .ok()
@@ -68,13 +81,6 @@ impl Operation {
             None => Ok(who),
         };
         match (parsed, who) {
-            (Ok(controls), Ok(who))
-                if who.is_restricted()
-                    && !crate::overlays::ppolicy::allowed_while_restricted(&who, &request) =>
-            {
-                let e = crate::overlays::ppolicy::restricted(controls.ppolicy);
-                Err(Box::new(refusal(&request, e)))
-            }
             (Ok(controls), Ok(who)) => Ok(Operation {
                 msg_id,
                 who,

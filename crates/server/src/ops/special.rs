@@ -21,6 +21,11 @@ pub const BACKUP_EXOP: &str = "2.25.15972167931155808496075090497880241257.1.1";
 /// value = logged operations newer than them per server ID (see
 /// `ops::extended`). For authenticated identities that may read contextCSN.
 pub const CHANGES_BEHIND_EXOP: &str = "2.25.15972167931155808496075090497880241257.1.2";
+/// Failed password checks a read-only consumer forwards to its provider
+/// (password policy lockout across replicas): request value = the
+/// account's DN, a newline, and how many failures; no response value
+/// (see `overlays::ppolicy::forwarded_failures`).
+pub const PWD_FAILURES_EXOP: &str = "2.25.15972167931155808496075090497880241257.1.3";
 
 /// Extended operations this server implements (and StartTLS when a
 /// certificate is configured).
@@ -30,6 +35,7 @@ pub const SUPPORTED_EXTENSIONS: &[&str] = &[
     oid::CANCEL,
     BACKUP_EXOP,
     CHANGES_BEHIND_EXOP,
+    PWD_FAILURES_EXOP,
 ];
 /// SASL mechanisms: EXTERNAL (ldapi peer credentials, TLS client certificates).
 pub const SUPPORTED_SASL_MECHANISMS: &[&str] = &["EXTERNAL"];

@@ -3,8 +3,9 @@
 //! account's is its `pwdPolicySubentry` or the configured default.
 //!
 //! - Binds ([`PasswordPolicy::on_bind`]): a locked account is refused;
-//!   failed binds are recorded (`pwdFailureTime`) and lock the account
-//!   after `pwdMaxFailure`; an expired password is refused or allowed a
+//!   failed binds (and Password Modify's wrong old passwords) are recorded
+//!   (`pwdFailureTime`, behind the answer; by the provider on a read-only
+//!   consumer: [`failures`]) and lock the account after `pwdMaxFailure`; an expired password is refused or allowed a
 //!   grace bind; warnings and errors go in the password policy response
 //!   control. A successful bind writes only when there is state to clear
 //!   (earlier failures, an expired lock) or a grace bind to count.
@@ -17,8 +18,11 @@
 //! - A bind answered changeAfterReset restricts the connection to
 //!   changing that password ([`restricted`]).
 
+mod failures;
 pub mod policy;
 pub mod quality;
+
+pub use failures::forwarded_failures;
 
 use std::sync::Arc;
 
@@ -27,7 +31,7 @@ use pando_proto::control_values::{encode_policy_response, PolicyError, PolicyWar
 use pando_proto::{oid, Control, ProtocolOp, ResultCode};
 use pando_store::{Lookup, View};
 
-use self::policy::{is_policy, precise_time, Policy, State, LOCKED_FOR_GOOD};
+use self::policy::{is_policy, precise_time, Policy, State};
 use self::quality::Quality;
 use super::settings::PpolicyConfig;
 use crate::error::{LdapError, OpResult};
@@ -48,6 +52,13 @@ pub struct PasswordPolicy {
     /// read at: valid while no commit has happened since (binds of
     /// accounts in good standing then read no policy entry).
     cache: std::sync::Mutex<std::collections::HashMap<String, (u64, Option<Policy>)>>,
+    /// Failed password checks answered but not yet written, by account.
+    /// A failure is answered at once and written behind the answer, so a
+    /// wrong password to an existing account takes the time a missing DN
+    /// takes (nothing to write); a right password to an account with
+    /// failures pending waits for them ([`PasswordPolicy::settled`]) so
+    /// the lockout they may set is seen.
+    pending: Arc<std::sync::Mutex<std::collections::HashMap<String, failures::Pending>>>,
 }
 
 /// Policies remembered at most (a few are usual).
@@ -107,6 +118,7 @@ impl PasswordPolicy {
             use_lockout: cfg.use_lockout,
             quality: Quality::load(cfg.min_classes, cfg.banned_file.as_deref())?,
             cache: Default::default(),
+            pending: Default::default(),
         })
     }
 
@@ -226,7 +238,7 @@ impl PasswordPolicy {
         }
         if !verified {
             if p.counts_failures() {
-                record_failure(server, norm, &p).await;
+                self.queue_failure(server, norm, &p);
             }
             return Ok(BindVerdict::Refuse(invalid(None)));
         }
@@ -431,43 +443,6 @@ fn history_value(h: &[u8]) -> Option<&[u8]> {
         rest = &rest[at + 1..];
     }
     Some(rest)
-}
-
-/// Record a failed bind: failures older than the count interval go, this
-/// one is added (at most `Policy::failures_kept` are kept), and the
-/// account is locked when they reach the limit.
-async fn record_failure(server: &Arc<Server>, norm: &str, p: &Policy) {
-    let p = p.clone();
-    update(server, norm, move |e: &mut Entry| {
-        let now = now_secs();
-        let mut kept: Vec<Vec<u8>> = e
-            .values("pwdFailureTime")
-            .iter()
-            .filter(|v| {
-                p.failure_count_interval == 0
-                    || pando_model::generalized_time_seconds(v)
-                        .is_some_and(|t| t + p.failure_count_interval as i64 > now)
-            })
-            .cloned()
-            .collect();
-        kept.push(precise_time(crate::clock::now_micros()).into_bytes());
-        let max = p.failures_kept();
-        if kept.len() > max {
-            kept.drain(..kept.len() - max);
-        }
-        let count = kept.len();
-        e.remove("pwdFailureTime");
-        e.add_values("pwdFailureTime", kept);
-        if p.lockout && count >= p.max_failure as usize && e.get("pwdAccountLockedTime").is_none() {
-            let t = if p.lockout_duration == 0 {
-                LOCKED_FOR_GOOD.to_string()
-            } else {
-                crate::clock::generalized_time(crate::clock::now_micros())
-            };
-            e.add_values("pwdAccountLockedTime", vec![t.into_bytes()]);
-        }
-    })
-    .await;
 }
 
 /// Change the state attributes of the account `norm` with `edit`, in the
