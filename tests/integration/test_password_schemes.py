@@ -193,3 +193,25 @@ def test_a_bind_upgrades_a_legacy_hash_to_the_configured_scheme(servers):
         r = subprocess.run(["ldapmodify", "-Q", "-Y", "EXTERNAL", "-H", pando.ldapi_url],
                            input=off.replace("FALSE", "TRUE"), capture_output=True, text=True, timeout=30)
         assert r.returncode == 0, r.stderr
+
+
+def test_import_reports_schemes_and_what_cannot_be_verified(tmp_path):
+    """`pando import` names how many values each scheme holds, warns about
+    those no bind can verify, and counts the legacy ones."""
+    from conftest import PANDO_BIN
+    ents = [(SUFFIX, {"objectClass": ["domain"], "dc": ["example"]})]
+    vals = [slappasswd("{MD5}"), slappasswd("{SSHA}"), "{KERBEROS}bob@EXAMPLE.COM", mkpasswd("md5crypt"),
+            "{CRYPT}" + subprocess.run(["mkpasswd", "-m", "yescrypt", "-R", "11", PW], capture_output=True,
+                                       text=True).stdout.strip()]
+    ents += [("uid=u%d,%s" % (i, SUFFIX), {"objectClass": ["inetOrgPerson"], "uid": ["u%d" % i], "cn": ["u"],
+                                            "sn": ["u"], "userPassword": [v]}) for i, v in enumerate(vals)]
+    ldif = tmp_path / "in.ldif"
+    ldif.write_text("\n".join(ldif_entry(dn, a) for dn, a in ents))
+    r = subprocess.run([PANDO_BIN, "import", "--data-dir", str(tmp_path / "d"), "-f", str(ldif)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "userPassword values by scheme: {CRYPT} md5-crypt 1, {CRYPT} yescrypt 1, {KERBEROS} 1, {MD5} 1, {SSHA} 1" \
+        in r.stderr, r.stderr
+    assert "1 userPassword value(s) in {KERBEROS} cannot be verified" in r.stderr
+    assert "1 userPassword value(s) in {CRYPT} yescrypt cannot be verified" in r.stderr
+    assert "note: 3 userPassword value(s) in weak or legacy schemes" in r.stderr

@@ -821,11 +821,43 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
             None => String::new(),
         }
     );
+    print_password_schemes(&report.password_schemes);
     Ok(if report.rejected > 0 {
         ExitCode::from(2)
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The import's userPassword values by scheme, naming those no bind can
+/// verify (their users cannot log in until their passwords are set again).
+fn print_password_schemes(
+    schemes: &std::collections::BTreeMap<String, pando_server::bulk::SchemeCount>,
+) {
+    if schemes.is_empty() {
+        return;
+    }
+    let list: Vec<String> = schemes
+        .iter()
+        .map(|(s, c)| format!("{s} {}", c.values))
+        .collect();
+    eprintln!("userPassword values by scheme: {}", list.join(", "));
+    for (s, c) in schemes.iter().filter(|(_, c)| !c.verifiable) {
+        eprintln!(
+            "warning: {} userPassword value(s) in {s} cannot be verified here (unknown scheme, or a cost above the caps in docs/operations.md): those users cannot bind until their passwords are set again",
+            c.values
+        );
+    }
+    let legacy: u64 = schemes
+        .values()
+        .filter(|c| c.legacy)
+        .map(|c| c.values)
+        .sum();
+    if legacy > 0 {
+        eprintln!(
+            "note: {legacy} userPassword value(s) in weak or legacy schemes verify, and are rewritten in the configured scheme at each user's next bind ([passwords] upgrade_on_bind)"
+        );
+    }
 }
 
 fn salvage(args: SalvageArgs) -> Result<ExitCode, String> {

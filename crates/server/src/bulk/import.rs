@@ -92,6 +92,19 @@ pub struct ImportReport {
     /// Dictionary trained by this import (ID), if any.
     pub dictionary: Option<u32>,
     pub input_format: &'static str,
+    /// userPassword values by scheme (as `password::describe` names them).
+    pub password_schemes: std::collections::BTreeMap<String, SchemeCount>,
+}
+
+/// How many userPassword values an import held in one scheme.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SchemeCount {
+    pub values: u64,
+    /// This server can verify them (a known scheme within the cost caps).
+    pub verifiable: bool,
+    /// Weak or legacy (clear text, unsalted digests, MD5 or SHA-1):
+    /// rewritten at the user's next bind under `upgrade_on_bind`.
+    pub legacy: bool,
 }
 
 /// One rejected record: where it was and why.
@@ -143,6 +156,8 @@ struct Ready {
     attrs: Vec<Attribute>,
     keys: Vec<u8>,
     csn: Option<Vec<u8>>,
+    /// The schemes of its userPassword values, for the report.
+    schemes: Vec<(String, SchemeCount)>,
 }
 
 impl Ready {
@@ -236,6 +251,19 @@ fn prepare(
         .get("entryCSN")
         .and_then(|a| a.values.first())
         .cloned();
+    let schemes = crate::ops::password_values(&entry.attrs)
+        .iter()
+        .map(|v| {
+            let (name, verifiable) = crate::password::describe(v);
+            let legacy = crate::password::strength(v) <= crate::password::Strength::WeakSalted;
+            let one = SchemeCount {
+                values: 1,
+                verifiable,
+                legacy,
+            };
+            (name, one)
+        })
+        .collect();
     let mut keys = Vec::new();
     sh.store.index_keys_packed(&entry.attrs, &mut keys);
     let mut record = Vec::new();
@@ -262,6 +290,7 @@ fn prepare(
         attrs,
         keys,
         csn,
+        schemes,
     })
 }
 
@@ -449,6 +478,13 @@ impl Loader<'_, '_> {
             match self.load.add(&place, &r.record, &r.keys)? {
                 Ok(id) => {
                     self.report.entries += 1;
+                    for (scheme, one) in r.schemes.drain(..) {
+                        self.report
+                            .password_schemes
+                            .entry(scheme)
+                            .and_modify(|c| c.values += 1)
+                            .or_insert(one);
+                    }
                     if let Some(c) = r.csn.take() {
                         let sid = pando_store::csn_sid(&String::from_utf8_lossy(&c));
                         if let Some(sid) = sid {

@@ -11,7 +11,7 @@ mod import;
 pub mod input;
 
 pub use export::{export, ExportOptions};
-pub use import::{import, ImportError, ImportOptions, ImportReport, Progress, Reject};
+pub use import::{import, ImportError, ImportOptions, ImportReport, Progress, Reject, SchemeCount};
 
 use pando_store::Store;
 
