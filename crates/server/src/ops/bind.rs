@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use pando_model::{Dn, Entry};
 use pando_proto::{BindAuth, BindRequest, Control, ResultCode};
-use pando_store::{Lookup, View};
+use pando_store::{EntryId, Lookup, View};
 
 use crate::acl;
 use crate::auth::{peercred_dn, MapTarget};
@@ -102,6 +102,21 @@ pub async fn bind(
         ),
         _ => None,
     };
+    conclude(server, session, &norm, attempt, ok, verdict, upgrade).await
+}
+
+/// The bind's answer once the password and the policy have spoken: the
+/// throttle told of the outcome, an upgrade made on success, the identity
+/// restricted when the policy says so.
+async fn conclude(
+    server: &Arc<Server>,
+    session: &Arc<Session>,
+    norm: &str,
+    attempt: crate::throttle::Attempt<'_>,
+    ok: Option<Identity>,
+    verdict: Option<crate::overlays::ppolicy::BindVerdict>,
+    upgrade: Upgrade,
+) -> OpResult<(Identity, Vec<Control>)> {
     use crate::overlays::ppolicy::BindVerdict;
     match (ok, verdict) {
         (Some(_), Some(BindVerdict::Refuse(e))) | (None, Some(BindVerdict::Refuse(e))) => {
@@ -114,7 +129,7 @@ pub async fn bind(
             // tell a right password from a wrong one where the answer
             // does not (a locked account).
             if let Some((clear, weak)) = upgrade {
-                super::rehash::after_bind(server, &norm, &clear, &weak).await;
+                super::rehash::after_bind(server, norm, &clear, &weak).await;
             }
             let who = who.with_session(session.clone()).with_admin_from(server);
             Ok(match verdict {
@@ -187,29 +202,7 @@ async fn check_simple(
         let view = rtxn.view();
         match view.lookup_norm(rdns)? {
             Lookup::Found(id) => {
-                // Access rules look inside entries only when one has a
-                // filter; otherwise the password (and the password
-                // policy's state) is all a bind needs.
-                let entry = if server.acl.reads_entries() {
-                    super::stored_entry(&view, id)?
-                } else if want_account {
-                    Entry {
-                        dn: Dn { rdns: Vec::new() },
-                        attrs: view
-                            .attrs_where(id, &|d| {
-                                super::is_password(d)
-                                    || d.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("pwd"))
-                            })?
-                            .unwrap_or_default(),
-                    }
-                } else {
-                    Entry {
-                        dn: Dn { rdns: Vec::new() },
-                        attrs: view
-                            .attrs_where(id, &super::is_password)?
-                            .unwrap_or_default(),
-                    }
-                };
+                let entry = bind_entry(server, &view, id, want_account)?;
                 // Binding needs auth access to userPassword, judged for the
                 // not-yet-authenticated client over this session.
                 let anon = Identity::anonymous(session.clone());
@@ -265,21 +258,36 @@ async fn check_simple(
     if let (true, Some(t)) = (pass_through, &translucent) {
         return Ok((remote_bind(t, name, pw).await?.then(who), account, None));
     }
-    // Almost always empty (no allocation): values worth upgrading.
-    let weak: Vec<Vec<u8>> = if server.cfg.config.passwords.upgrade_on_bind {
-        let target = server.passwords.policy().strength();
-        stored
-            .iter()
-            .filter(|v| crate::password::strength(v) < target)
-            .cloned()
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let weak = super::rehash::weak_values(server, &stored);
     let clear = (!weak.is_empty()).then(|| pw.clone());
     let ok = server.passwords.verify(pw, stored).await;
     let upgrade = clear.filter(|_| ok).map(|c| (c, weak));
     Ok((ok.then(who), account, upgrade))
+}
+
+/// What a bind reads of entry `id`: the whole entry when access rules
+/// look inside entries (one has a filter); otherwise only the password
+/// and, under a password policy (`want_account`), its state attributes.
+fn bind_entry(
+    server: &Server,
+    view: &View<'_>,
+    id: EntryId,
+    want_account: bool,
+) -> OpResult<Entry> {
+    if server.acl.reads_entries() {
+        return super::stored_entry(view, id);
+    }
+    let attrs = if want_account {
+        view.attrs_where(id, &|d| {
+            super::is_password(d) || d.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("pwd"))
+        })?
+    } else {
+        view.attrs_where(id, &super::is_password)?
+    };
+    Ok(Entry {
+        dn: Dn { rdns: Vec::new() },
+        attrs: attrs.unwrap_or_default(),
+    })
 }
 
 /// A simple bind passed to a translucent suffix's remote server: whether

@@ -32,6 +32,21 @@ pub fn is_upgrade(who: &Identity) -> bool {
     who.norm().eq_ignore_ascii_case(MODIFIERS_NAME)
 }
 
+/// Of a bind's stored values, those in a weaker scheme than the configured
+/// one (none when upgrade on bind is off). Almost always empty, which
+/// allocates nothing.
+pub fn weak_values(server: &Server, stored: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    if !server.cfg.config.passwords.upgrade_on_bind {
+        return Vec::new();
+    }
+    let target = server.passwords.policy().strength();
+    stored
+        .iter()
+        .filter(|v| crate::password::strength(v) < target)
+        .cloned()
+        .collect()
+}
+
 /// After a successful bind of `norm` with `clear`: of `weak` (its stored
 /// values in a scheme weaker than the configured one), upgrade the one the
 /// password matches.
