@@ -639,7 +639,8 @@ pub struct Limits {
     pub max_persistent_searches: usize,
     /// Of those, the places only administrators and replication identities
     /// (`[[limits.by]]` with `replication = true`) may take, so a consumer
-    /// is served however many ordinary clients follow changes.
+    /// is served however many ordinary clients follow changes (as large
+    /// as the total or larger: only they hold any).
     pub persistent_search_reserve: usize,
     /// Persistent searches one connection may hold open, except
     /// administrators' and replication identities' (0 = no limit).
@@ -1311,13 +1312,13 @@ impl Config {
                 "must be at most 100000",
             ));
         }
-        if l.persistent_search_reserve > l.max_persistent_searches {
-            return Err(err(
-                "limits.persistent_search_reserve",
-                "must be at most limits.max_persistent_searches",
-            ));
-        }
+        // A reserve as large as the total (say with the total lowered to
+        // 0 or 1) leaves places to privileged requesters only: allowed.
         for (key, v) in [
+            (
+                "limits.persistent_search_reserve",
+                l.persistent_search_reserve,
+            ),
             (
                 "limits.max_persistent_searches_per_connection",
                 l.max_persistent_searches_per_connection,
@@ -1523,6 +1524,34 @@ mod tests {
         let e = check("threads = -1\n").unwrap_err();
         assert!(e.to_string().contains("test.toml:1"), "{e}");
         assert_eq!(check("threads = 1\n").unwrap().config.threads, 1);
+    }
+
+    #[test]
+    fn sort_and_persistent_search_bounds_are_checked() {
+        for (text, key) in [
+            ("max_sort_keys = 0", "limits.max_sort_keys"),
+            ("max_sort_keys = 5000", "limits.max_sort_keys"),
+            ("max_sort_memory_mb = 2000000", "limits.max_sort_memory_mb"),
+            (
+                "persistent_search_reserve = 200000",
+                "limits.persistent_search_reserve",
+            ),
+            (
+                "max_persistent_searches_per_identity = 200000",
+                "limits.max_persistent_searches_per_identity",
+            ),
+        ] {
+            let e = check(&format!("[limits]\n{text}\n")).unwrap_err();
+            assert_eq!(e.key, key);
+        }
+        // A reserve above the total leaves it to privileged requesters.
+        let r = check("[limits]\nmax_persistent_searches = 1\n").unwrap();
+        assert_eq!(r.config.limits.persistent_search_reserve, 10);
+        let by = "[[limits.by]]\nwho = \"users\"\nreplication = true\n";
+        assert_eq!(
+            check(by).unwrap().config.limits.by[0].replication,
+            Some(true)
+        );
     }
 
     #[test]
