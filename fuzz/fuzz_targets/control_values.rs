@@ -12,7 +12,9 @@ fuzz_target!(|data: &[u8]| {
     let _ = cv::decode_assertion(data, &limits);
     let _ = cv::decode_attribute_selection(data);
     let _ = cv::decode_subentries(data);
-    let _ = cv::decode_sort_request(data);
+    if let Ok(keys) = cv::decode_sort_request(data, &limits) {
+        assert!(keys.len() <= limits.max_sort_keys + 1);
+    }
     let _ = cv::decode_matched_values(data, &limits);
     let _ = cv::decode_valsort(data);
     let _ = PagedResults::decode(data);

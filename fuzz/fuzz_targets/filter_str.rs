@@ -26,6 +26,7 @@ fuzz_target!(|data: &[u8]| {
     let limits = DecodeLimits {
         max_depth: pando_proto::STRING_FILTER_MAX_DEPTH,
         max_filter_terms: usize::MAX,
+        ..DecodeLimits::default()
     };
     let mut r = pando_proto::ber::Reader::new(&ber);
     let (tag, body) = r.read_tlv().expect("own encoding is a TLV");

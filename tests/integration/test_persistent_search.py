@@ -34,6 +34,7 @@ ADD, DELETE, MODIFY, MODDN = 1, 2, 4, 8
 CONFIG = """
 [limits]
 max_persistent_searches = 4
+persistent_search_reserve = 0
 persistent_search_backlog = 16
 
 [[access]]

@@ -1121,6 +1121,12 @@ impl Schema {
             .ok_or_else(|| format!("{} has no ordering", at.name()))
     }
 
+    /// Whether the type has an ORDERING rule of its own or inherited (else
+    /// [`Schema::sort_order`] falls back to one like its EQUALITY rule).
+    pub fn has_ordering(&self, at: &AttributeType) -> bool {
+        Self::rule_of(&at.ordering).is_some()
+    }
+
     /// Bytes whose memcmp order is `order`'s order for `value`; None when
     /// the value does not fit the rule (it then sorts as if absent).
     pub fn sort_key(&self, order: SortOrder, value: &[u8]) -> Option<Vec<u8>> {

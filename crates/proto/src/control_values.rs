@@ -52,12 +52,19 @@ pub struct SortKey {
 //          attributeType   AttributeDescription,
 //          orderingRule    [0] MatchingRuleId OPTIONAL,
 //          reverseOrder    [1] BOOLEAN DEFAULT FALSE }
-pub fn decode_sort_request(value: &[u8]) -> Result<Vec<SortKey>, DecodeError> {
+//
+// At most `limits.max_sort_keys` + 1 keys are decoded: a longer list comes
+// back cut there, unread past it, so the caller can tell it is too long
+// without holding every key (the PDU limit alone lets through ~150,000).
+pub fn decode_sort_request(
+    value: &[u8],
+    limits: &DecodeLimits,
+) -> Result<Vec<SortKey>, DecodeError> {
     let mut outer = Reader::new(value);
     let mut r = outer.read_constructed(tag::SEQUENCE)?;
     outer.finish("sort request")?;
     let mut keys = Vec::new();
-    while !r.is_empty() {
+    while !r.is_empty() && keys.len() <= limits.max_sort_keys {
         let mut k = r.read_constructed(tag::SEQUENCE)?;
         let attr = k.read_str(tag::OCTET_STRING, "sort attribute")?.to_owned();
         let ordering_rule = k.read_str_opt(0x80, "ordering rule")?.map(str::to_owned);
@@ -397,7 +404,7 @@ mod tests {
             &seq(&[b"\x04\x02sn", b"\x80\x0fcaseIgnoreMatch", b"\x81\x01\xff"]),
             &seq(&[b"\x04\x02cn"]),
         ]);
-        let keys = decode_sort_request(&v).unwrap();
+        let keys = decode_sort_request(&v, &DecodeLimits::default()).unwrap();
         assert_eq!(
             keys,
             [
@@ -413,7 +420,15 @@ mod tests {
                 }
             ]
         );
-        assert!(decode_sort_request(&seq(&[])).is_err());
+        assert!(decode_sort_request(&seq(&[]), &DecodeLimits::default()).is_err());
+        // A long list is read no further than one key past the limit.
+        let one = seq(&[b"\x04\x02cn"]);
+        let many: Vec<&[u8]> = std::iter::repeat(one.as_slice()).take(1000).collect();
+        let two = DecodeLimits {
+            max_sort_keys: 2,
+            ..DecodeLimits::default()
+        };
+        assert_eq!(decode_sort_request(&seq(&many), &two).unwrap().len(), 3);
         assert_eq!(
             encode_sort_response(16, Some("sn")),
             [0x30, 0x07, 0x0a, 0x01, 0x10, 0x80, 0x02, b's', b'n']

@@ -1087,6 +1087,7 @@ mod tests {
         let big = DecodeLimits {
             max_depth: usize::MAX,
             max_filter_terms: usize::MAX,
+            ..DecodeLimits::default()
         };
         let mut b = vec![0x87, 0x01, b'a'];
         for _ in 0..HARD_MAX_DEPTH {
@@ -1114,6 +1115,7 @@ mod tests {
             &DecodeLimits {
                 max_depth: 64,
                 max_filter_terms: 100_001,
+                ..DecodeLimits::default()
             },
         )
         .unwrap();

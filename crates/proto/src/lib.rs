@@ -64,6 +64,9 @@ pub struct DecodeLimits {
     pub max_depth: usize,
     /// Maximum number of filter nodes (items and and/or/not). Default 10,000.
     pub max_filter_terms: usize,
+    /// Most keys of a server-side sort request read (RFC 2891); past it
+    /// the rest of the list is not decoded. Default 8.
+    pub max_sort_keys: usize,
 }
 
 impl Default for DecodeLimits {
@@ -71,6 +74,7 @@ impl Default for DecodeLimits {
         DecodeLimits {
             max_depth: 64,
             max_filter_terms: 10_000,
+            max_sort_keys: 8,
         }
     }
 }

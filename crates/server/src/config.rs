@@ -640,9 +640,28 @@ pub struct Limits {
     /// sort, for everyone (0 = no limit): each is held in memory with its
     /// sort keys until the sort is done.
     pub max_sort_entries: u64,
+    /// Keys one sort request may list, for everyone: every match holds
+    /// one value per key, so keys multiply what `max_sort_entries` bounds.
+    pub max_sort_keys: usize,
+    /// MiB of sort keys (with their bookkeeping) one sorted search may
+    /// hold, for everyone (0 = no limit): `max_sort_entries` bounds rows,
+    /// this bounds rows × key size.
+    pub max_sort_memory_mb: u64,
     /// Persistent searches open at once, server-wide (0 = none allowed):
     /// every committed change is matched against each of them.
     pub max_persistent_searches: usize,
+    /// Of those, the places only administrators and replication identities
+    /// (`[[limits.by]]` with `replication = true`) may take, so a consumer
+    /// is served however many ordinary clients follow changes (as large
+    /// as the total or larger: only they hold any).
+    pub persistent_search_reserve: usize,
+    /// Persistent searches one connection may hold open, except
+    /// administrators' and replication identities' (0 = no limit).
+    pub max_persistent_searches_per_connection: usize,
+    /// Persistent searches one identity may hold open over all its
+    /// connections, except administrators and replication identities
+    /// (0 = no limit).
+    pub max_persistent_searches_per_identity: usize,
     /// Committed write operations a persistent search may fall behind
     /// (its client not taking the entries) before it is ended with
     /// adminLimitExceeded; the change feed keeps at most this many
@@ -729,6 +748,10 @@ pub struct LimitsFor {
     pub size_limit: Option<u32>,
     pub time_limit: Option<u32>,
     pub unindexed_search_limit: Option<u64>,
+    /// A replication identity: may take the persistent-search places kept
+    /// in reserve and is not held to the per-connection and per-identity
+    /// persistent-search limits (administrators always are).
+    pub replication: Option<bool>,
 }
 
 impl Default for Limits {
@@ -744,7 +767,12 @@ impl Default for Limits {
             max_values_per_operation: 10_000,
             max_tree_delete: 10_000,
             max_sort_entries: 250_000,
+            max_sort_keys: 8,
+            max_sort_memory_mb: 64,
             max_persistent_searches: 100,
+            persistent_search_reserve: 10,
+            max_persistent_searches_per_connection: 4,
+            max_persistent_searches_per_identity: 16,
             persistent_search_backlog: 1024,
             max_ops_per_connection: 64,
             max_search_threads: 0,
@@ -1297,6 +1325,35 @@ impl Config {
                 "must be at most 100000",
             ));
         }
+        // A reserve as large as the total (say with the total lowered to
+        // 0 or 1) leaves places to privileged requesters only: allowed.
+        for (key, v) in [
+            (
+                "limits.persistent_search_reserve",
+                l.persistent_search_reserve,
+            ),
+            (
+                "limits.max_persistent_searches_per_connection",
+                l.max_persistent_searches_per_connection,
+            ),
+            (
+                "limits.max_persistent_searches_per_identity",
+                l.max_persistent_searches_per_identity,
+            ),
+        ] {
+            if v > 100_000 {
+                return Err(err(key, "must be at most 100000"));
+            }
+        }
+        if !(1..=1024).contains(&l.max_sort_keys) {
+            return Err(err("limits.max_sort_keys", "must be between 1 and 1024"));
+        }
+        if l.max_sort_memory_mb > 1 << 20 {
+            return Err(err(
+                "limits.max_sort_memory_mb",
+                "must be at most 1048576 (1 TiB)",
+            ));
+        }
         // The change feed's ring is allocated whole.
         if !(1..=1 << 20).contains(&l.persistent_search_backlog) {
             return Err(err(
@@ -1486,6 +1543,34 @@ mod tests {
         let e = check("threads = -1\n").unwrap_err();
         assert!(e.to_string().contains("test.toml:1"), "{e}");
         assert_eq!(check("threads = 1\n").unwrap().config.threads, 1);
+    }
+
+    #[test]
+    fn sort_and_persistent_search_bounds_are_checked() {
+        for (text, key) in [
+            ("max_sort_keys = 0", "limits.max_sort_keys"),
+            ("max_sort_keys = 5000", "limits.max_sort_keys"),
+            ("max_sort_memory_mb = 2000000", "limits.max_sort_memory_mb"),
+            (
+                "persistent_search_reserve = 200000",
+                "limits.persistent_search_reserve",
+            ),
+            (
+                "max_persistent_searches_per_identity = 200000",
+                "limits.max_persistent_searches_per_identity",
+            ),
+        ] {
+            let e = check(&format!("[limits]\n{text}\n")).unwrap_err();
+            assert_eq!(e.key, key);
+        }
+        // A reserve above the total leaves it to privileged requesters.
+        let r = check("[limits]\nmax_persistent_searches = 1\n").unwrap();
+        assert_eq!(r.config.limits.persistent_search_reserve, 10);
+        let by = "[[limits.by]]\nwho = \"users\"\nreplication = true\n";
+        assert_eq!(
+            check(by).unwrap().config.limits.by[0].replication,
+            Some(true)
+        );
     }
 
     #[test]

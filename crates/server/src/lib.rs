@@ -425,6 +425,7 @@ pub fn compile(
     let decode_limits = DecodeLimits {
         max_depth: limits.max_filter_depth,
         max_filter_terms: limits.max_filter_terms,
+        max_sort_keys: limits.max_sort_keys,
     };
     // A configured hash wins; otherwise the one the data directory keeps.
     let root_pw_hash = cfg.config.root_password_hash.clone().or(root_pw_hash);
@@ -507,6 +508,7 @@ fn new_runtime(
         subentries: Arc::new(ops::Subentries::default()),
         feed: Arc::new(ops::feed::Feed::new(limits.persistent_search_backlog)),
         persistent_searches: capacity::Capacity::new(limits.max_persistent_searches),
+        persistent_holders: Default::default(),
         replicas: Arc::new(repl::Replicas::new(&c.schema, &cfg.replication.consumer)),
         listeners: Arc::new(net::listener::Listeners::default()),
     })

@@ -69,6 +69,8 @@ pub struct Server {
     pub feed: Arc<crate::ops::feed::Feed>,
     /// Places for persistent searches (`limits.max_persistent_searches`).
     pub persistent_searches: Arc<crate::capacity::Capacity>,
+    /// Who holds those places (the per-connection and per-identity limits).
+    pub persistent_holders: Arc<crate::ops::search::PersistentHolders>,
     /// The configured replication consumers.
     pub replicas: Arc<crate::repl::Replicas>,
     /// The accept loops running (listeners change with `listen`).
@@ -92,6 +94,7 @@ pub struct Runtime {
     pub subentries: Arc<crate::ops::Subentries>,
     pub feed: Arc<crate::ops::feed::Feed>,
     pub persistent_searches: Arc<crate::capacity::Capacity>,
+    pub persistent_holders: Arc<crate::ops::search::PersistentHolders>,
     pub replicas: Arc<crate::repl::Replicas>,
     pub listeners: Arc<crate::net::listener::Listeners>,
 }
@@ -146,6 +149,7 @@ impl Server {
             subentries: rt.subentries,
             feed: rt.feed,
             persistent_searches: rt.persistent_searches,
+            persistent_holders: rt.persistent_holders,
             replicas: rt.replicas,
             listeners: rt.listeners,
             live,
@@ -175,6 +179,7 @@ impl Server {
             subentries: self.subentries.clone(),
             feed: self.feed.clone(),
             persistent_searches: self.persistent_searches.clone(),
+            persistent_holders: self.persistent_holders.clone(),
             replicas: self.replicas.clone(),
             listeners: self.listeners.clone(),
         }

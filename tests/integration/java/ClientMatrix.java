@@ -277,7 +277,9 @@ public class ClientMatrix {
         if (!sort.equals("-")) {
             for (String k : sort.split(",")) {
                 boolean reverse = k.startsWith("-");
-                keys.add(new SortKey(reverse ? k.substring(1) : k, !reverse, null));
+                // The sort is critical: name the ordering rule, as RFC 2891
+                // (and slapd) want for types without an ORDERING rule.
+                keys.add(new SortKey(reverse ? k.substring(1) : k, !reverse, "caseIgnoreOrderingMatch"));
             }
         }
         byte[] cookie = null;

@@ -15,6 +15,7 @@ import javax.naming.ldap.LdapContext;
 import javax.naming.ldap.PagedResultsControl;
 import javax.naming.ldap.PagedResultsResponseControl;
 import javax.naming.ldap.SortControl;
+import javax.naming.ldap.SortKey;
 import javax.naming.ldap.SortResponseControl;
 
 public class SortedPages {
@@ -34,7 +35,10 @@ public class SortedPages {
         int pages = 0;
         do {
             ctx.setRequestControls(new Control[] {
-                new SortControl(args[5], Control.CRITICAL),
+                // Critical: the ordering rule is named (RFC 2891; uid has
+                // no ORDERING rule of its own).
+                new SortControl(new SortKey[] {new SortKey(args[5], true, "caseIgnoreOrderingMatch")},
+                                Control.CRITICAL),
                 new PagedResultsControl(pageSize, cookie, Control.CRITICAL)
             });
             NamingEnumeration<SearchResult> results = ctx.search(args[3], args[4], sc);

@@ -597,6 +597,7 @@ fn limits(cx: &mut Ctx, d: &Directive) {
                 size_limit: None,
                 time_limit: None,
                 unindexed_search_limit: None,
+                replication: None,
             };
             apply_limits(cx, d, specs, Some(&mut f));
             cx.anonymous_limits_set = true;
@@ -644,6 +645,7 @@ fn limits(cx: &mut Ctx, d: &Directive) {
                 size_limit: None,
                 time_limit: None,
                 unindexed_search_limit: None,
+                replication: None,
             };
             apply_limits(cx, d, specs, Some(&mut f));
             cx.cfg.limits.by.push(f);

@@ -138,6 +138,23 @@ pub const KEYS: &[Key] = &[
     k(28, "limits.max_tree_delete", "", Global, Integer),
     k(29, "limits.max_sort_entries", "", Global, Integer),
     k(30, "limits.max_persistent_searches", "", Global, Integer),
+    k(150, "limits.max_sort_keys", "", Global, Integer),
+    k(151, "limits.max_sort_memory_mb", "", Global, Integer),
+    k(152, "limits.persistent_search_reserve", "", Global, Integer),
+    k(
+        153,
+        "limits.max_persistent_searches_per_connection",
+        "",
+        Global,
+        Integer,
+    ),
+    k(
+        154,
+        "limits.max_persistent_searches_per_identity",
+        "",
+        Global,
+        Integer,
+    ),
     k(31, "limits.persistent_search_backlog", "", Global, Integer),
     k(
         32,

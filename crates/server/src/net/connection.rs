@@ -347,6 +347,7 @@ impl Connection {
                     server: server.clone(),
                     who: op.who,
                     msg_id: id,
+                    conn: self.id,
                     req,
                     controls: op.controls,
                     abandoned: Arc::new(AtomicBool::new(false)),

@@ -51,11 +51,15 @@ pub const SUPPORTED: &[Supported] = &[
     Supported {
         oid: oid::SORT_REQUEST,
         applies_to: &[Search],
-        parse: |r, c, _| {
-            let keys = cv::decode_sort_request(value(c)?).map_err(|e| malformed(c, &e))?;
+        parse: |r, c, limits| {
+            let mut keys =
+                cv::decode_sort_request(value(c)?, limits).map_err(|e| malformed(c, &e))?;
+            let too_many = keys.len() > limits.max_sort_keys;
+            keys.truncate(limits.max_sort_keys);
             r.sort = Some(Sort {
                 keys,
                 critical: c.critical,
+                too_many,
             });
             Ok(())
         },
@@ -300,6 +304,9 @@ pub struct Sort {
     /// Critical: a sort that cannot be done fails the search
     /// (unavailableCriticalExtension); otherwise the entries go unsorted.
     pub critical: bool,
+    /// The request listed more than `limits.max_sort_keys` keys (`keys`
+    /// holds the first of them): the search is refused.
+    pub too_many: bool,
 }
 
 /// A virtual list view request.
@@ -435,6 +442,25 @@ mod tests {
         assert_eq!(code(parse(Modify, &[bad], &l)), ResultCode::PROTOCOL_ERROR);
         let lax = ctl(oid::DONT_USE_COPY, false, None);
         assert_eq!(code(parse(Search, &[lax], &l)), ResultCode::PROTOCOL_ERROR);
+    }
+
+    #[test]
+    fn sort_key_lists_are_cut_past_the_limit() {
+        let l = DecodeLimits {
+            max_sort_keys: 2,
+            ..DecodeLimits::default()
+        };
+        let key = [0x30, 0x04, 0x04, 0x02, b'c', b'n'];
+        let list = |n: usize| {
+            let body: Vec<u8> = key.iter().copied().cycle().take(6 * n).collect();
+            let mut v = vec![0x30, body.len() as u8];
+            v.extend(body);
+            ctl(oid::SORT_REQUEST, true, Some(v))
+        };
+        let two = parse(Search, &[list(2)], &l).unwrap().sort.unwrap();
+        assert_eq!((two.keys.len(), two.too_many), (2, false));
+        let many = parse(Search, &[list(20)], &l).unwrap().sort.unwrap();
+        assert_eq!((many.keys.len(), many.too_many), (2, true));
     }
 
     #[test]

@@ -28,6 +28,11 @@ pub(super) struct Selection {
 }
 
 impl Selection {
+    /// Each requested type is kept once, and not at all with options when
+    /// it is also requested without (that request already covers it): a
+    /// list naming `cn` 100,000 times, or `@class` as often, selects as
+    /// one naming it once, and every attribute of every entry is tested
+    /// against `named`.
     pub(super) fn new(schema: &Schema, attrs: &[String]) -> Selection {
         let mut s = Selection {
             all_user: attrs.is_empty(),
@@ -36,27 +41,37 @@ impl Selection {
             named_oids: Vec::new(),
             stored_only: false,
         };
+        let mut seen = std::collections::HashSet::new();
+        let mut classes = std::collections::HashSet::new();
         for a in attrs {
             match a.as_str() {
                 "*" => s.all_user = true,
                 "+" => s.all_oper = true,
                 "1.1" => {}
                 _ if a.starts_with('@') => {
-                    if let Some(list) = schema.object_class_attrs(&a[1..]) {
-                        for at in list {
-                            s.named.push((at.name().to_ascii_lowercase(), Vec::new()));
+                    if !classes.insert(a[1..].to_ascii_lowercase()) {
+                        continue;
+                    }
+                    for at in schema.object_class_attrs(&a[1..]).unwrap_or_default() {
+                        let want = (at.name().to_ascii_lowercase(), Vec::new());
+                        if seen.insert(want.clone()) {
+                            s.named.push(want);
                         }
                     }
                 }
                 // Unrecognised descriptions are ignored (RFC 4511 4.5.1.8).
                 _ => {
                     if let Ok((desc, at)) = schema.canonical_desc(a) {
-                        s.named
-                            .push((at.name().to_ascii_lowercase(), options_of(&desc)));
+                        let want = (at.name().to_ascii_lowercase(), options_of(&desc));
+                        if seen.insert(want.clone()) {
+                            s.named.push(want);
+                        }
                     }
                 }
             }
         }
+        s.named
+            .retain(|(n, opts)| opts.is_empty() || !seen.contains(&(n.clone(), Vec::new())));
         s.named_oids = s
             .named
             .iter()
@@ -422,4 +437,22 @@ pub(super) fn visible_children(
         }
     }
     Ok((kids.len() <= max).then_some(seen))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_requests_select_each_type_once() {
+        let schema = Schema::standard();
+        let mut attrs: Vec<String> = vec!["@inetOrgPerson".into(); 1000];
+        attrs.extend(["cn", "CN", "2.5.4.3", "cn;lang-de", "sn;x", "sn;x"].map(String::from));
+        let sel = Selection::new(&schema, &attrs);
+        let once = Selection::new(&schema, &["@inetOrgPerson".to_string()]);
+        // cn comes with the class; cn;lang-de is covered by cn; sn;x by sn.
+        assert_eq!(sel.named, once.named);
+        let tagged = Selection::new(&schema, &["sn;x".into(), "sn;x".into(), "cn".into()]);
+        assert_eq!(tagged.named.len(), 2);
+    }
 }

@@ -17,6 +17,7 @@ use pando_store::{EntryId, View};
 use tokio::sync::mpsc;
 
 mod emit;
+mod follow_places;
 pub(crate) mod hooks;
 mod limits;
 mod matcher;
@@ -34,6 +35,7 @@ use crate::error::{LdapError, OpResult};
 use crate::state::{Identity, Server};
 pub(crate) use emit::encode_read_entry;
 use emit::{Emitter, Selection};
+pub use follow_places::Holders as PersistentHolders;
 use limits::Limits;
 use matcher::Matcher;
 use paging::{paged_control, request_hash, Cookie};
@@ -48,6 +50,8 @@ pub struct SearchJob {
     pub server: Arc<Server>,
     pub who: Identity,
     pub msg_id: i32,
+    /// The connection it came on (`limits.max_persistent_searches_per_connection`).
+    pub conn: u64,
     pub req: SearchRequest,
     pub controls: super::controls::Requested,
     pub abandoned: Arc<AtomicBool>,
@@ -377,7 +381,7 @@ fn search_unhooked(
         access,
         rules: EntryRules::default(),
     };
-    let max_sort = server.cfg.config.limits.max_sort_entries;
+    let sort_bounds = sort::Bounds::of(&server.cfg.config.limits);
     let run_limits = RunLimits::new(job, &limits, started);
     Ok(match &keys {
         Some(keys) => {
@@ -389,7 +393,7 @@ fn search_unhooked(
                 keys,
                 page,
                 run_limits,
-                max_sort,
+                sort_bounds,
                 resume,
                 rtxn.generation(),
             )?;
@@ -446,11 +450,25 @@ fn sorting<'s>(job: &SearchJob, schema: &'s pando_model::Schema) -> OpResult<Sor
             "a virtual list view cannot be combined with paged results".into(),
             Vec::new(),
         ),
+        // Too many keys is a limit, as too many entries is: refused
+        // whatever the criticality (slapd refuses too, with 53).
+        (Some(s), _) if s.too_many => refused(
+            ResultCode::ADMIN_LIMIT_EXCEEDED,
+            format!(
+                "more than {} sort keys (limits.max_sort_keys)",
+                s.keys.len()
+            ),
+            vec![sort::response(ResultCode::ADMIN_LIMIT_EXCEEDED, None)],
+        ),
         (Some(s), _) => match sort::resolve(schema, s) {
             Ok(keys) => Ok(Sorting::Keys(keys)),
             Err(u) if s.critical || c.vlv.is_some() => {
                 let resp = sort::response(u.code, u.attr.as_deref());
-                let code = if s.critical {
+                // A key that cannot be ordered is inappropriateMatching
+                // itself, as slapd answers (and RFC 2891's sortResult);
+                // other critical sorts it cannot do are
+                // unavailableCriticalExtension.
+                let code = if s.critical && u.code != ResultCode::INAPPROPRIATE_MATCHING {
                     ResultCode::UNAVAILABLE_CRITICAL_EXTENSION
                 } else {
                     u.code
@@ -764,6 +782,7 @@ mod tests {
             server: server.clone(),
             who: who.clone(),
             msg_id: 1,
+            conn: 0,
             req: SearchRequest {
                 base: base.into(),
                 scope,

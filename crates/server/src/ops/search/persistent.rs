@@ -34,6 +34,7 @@ use pando_proto::{oid, Control, LdapResult, ResultCode, Scope};
 use pando_store::{EntryId, Lookup};
 use tokio::sync::broadcast::error::RecvError;
 
+use super::follow_places;
 use super::matcher::Matcher;
 use super::plan::Plan;
 use super::{
@@ -63,7 +64,7 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
         Ok(base) => Arc::new(base),
         Err(e) => return done(e.into_result(), 0),
     };
-    let _place = match take_place(&job.server) {
+    let _place = match follow_places::take(job) {
         Ok(place) => place,
         Err(refused) => return done(refused, 0),
     };
@@ -96,26 +97,6 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
     }
 }
 
-/// One of the `limits.max_persistent_searches` places for a search that
-/// follows changes (persistent or content synchronization), held while it
-/// runs; the refusal when none is free.
-pub(super) fn take_place(
-    server: &crate::state::Server,
-) -> Result<tokio::sync::OwnedSemaphorePermit, LdapResult> {
-    server
-        .persistent_searches
-        .places()
-        .clone()
-        .try_acquire_owned()
-        .map_err(|_| {
-            let message = match server.cfg.config.limits.max_persistent_searches {
-                0 => "searches that follow changes are turned off (limits.max_persistent_searches = 0)".to_string(),
-                n => format!("{n} searches that follow changes are open, the most this server allows (limits.max_persistent_searches)"),
-            };
-            LdapResult::new(ResultCode::ADMIN_LIMIT_EXCEEDED, message)
-        })
-}
-
 /// What a synchronization search holds before its refresh: in persist
 /// mode its place among the searches that follow changes and its place
 /// on the change feed (subscribed before the refresh takes its snapshot,
@@ -123,13 +104,13 @@ pub(super) fn take_place(
 /// sent twice, and consumers skip what their cookie covers); then a
 /// search thread for the refresh. Err: how the search ends instead.
 pub(super) struct Started {
-    pub(super) place: Option<tokio::sync::OwnedSemaphorePermit>,
+    pub(super) place: Option<follow_places::Place>,
     pub(super) follower: Option<Follower>,
     pub(super) thread: tokio::sync::OwnedSemaphorePermit,
 }
 
 pub(super) async fn start_following(job: &SearchJob, persist: bool) -> Result<Started, Finished> {
-    let place = match persist.then(|| take_place(&job.server)).transpose() {
+    let place = match persist.then(|| follow_places::take(job)).transpose() {
         Ok(place) => place,
         Err(refused) => return Err(done(refused, 0)),
     };

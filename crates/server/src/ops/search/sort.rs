@@ -46,9 +46,20 @@ pub(super) struct Unsortable {
 }
 
 /// The request's keys resolved: an unknown attribute is noSuchAttribute,
-/// an unknown or unusable ordering rule inappropriateMatching.
+/// an unknown or unusable ordering rule inappropriateMatching. A critical
+/// request naming no rule for a type without an ORDERING rule (`cn`) is
+/// inappropriateMatching too, as RFC 2891 and slapd have it; a
+/// non-critical one is sorted as the type's EQUALITY rule compares
+/// (address books send such sorts, and would otherwise get none).
+/// A key that repeats an earlier one (same type, rule and direction) can
+/// never change the order and is dropped.
 pub(super) fn resolve<'s>(schema: &'s Schema, sort: &Sort) -> Result<Vec<Key<'s>>, Unsortable> {
-    let mut keys = Vec::with_capacity(sort.keys.len());
+    let inappropriate = |attr: &str, why: String| Unsortable {
+        code: ResultCode::INAPPROPRIATE_MATCHING,
+        attr: Some(attr.to_string()),
+        message: format!("sort key {attr}: {why}"),
+    };
+    let mut keys: Vec<Key<'s>> = Vec::with_capacity(sort.keys.len());
     for k in &sort.keys {
         let Ok((_, at)) = schema.canonical_desc(&k.attr) else {
             return Err(Unsortable {
@@ -57,18 +68,23 @@ pub(super) fn resolve<'s>(schema: &'s Schema, sort: &Sort) -> Result<Vec<Key<'s>
                 message: format!("sort key {}: unknown attribute type", k.attr),
             });
         };
+        if sort.critical && k.ordering_rule.is_none() && !schema.has_ordering(at) {
+            let why = format!("{} has no ordering rule; name one", at.name());
+            return Err(inappropriate(&k.attr, why));
+        }
         let order = schema
             .sort_order(at, k.ordering_rule.as_deref())
-            .map_err(|why| Unsortable {
-                code: ResultCode::INAPPROPRIATE_MATCHING,
-                attr: Some(k.attr.clone()),
-                message: format!("sort key {}: {why}", k.attr),
-            })?;
-        keys.push(Key {
-            at,
-            order,
-            reverse: k.reverse,
+            .map_err(|why| inappropriate(&k.attr, why))?;
+        let seen = keys.iter().any(|o| {
+            o.at.oid == at.oid && o.order.name() == order.name() && o.reverse == k.reverse
         });
+        if !seen {
+            keys.push(Key {
+                at,
+                order,
+                reverse: k.reverse,
+            });
+        }
     }
     Ok(keys)
 }
@@ -230,8 +246,33 @@ fn vlv_response(target: u64, count: u64, code: ResultCode, req: &cv::VlvRequest)
     }
 }
 
-/// The sorted search itself (see the module header). `max`: most matches
-/// it may sort (0 = no limit); `generation`: the store content generation
+/// What one sorted search may hold while it collects (0 = no limit).
+#[derive(Clone, Copy)]
+pub(super) struct Bounds {
+    /// Matches (`limits.max_sort_entries`).
+    pub(super) entries: u64,
+    /// Bytes of rows: keys with their bookkeeping (`limits.max_sort_memory_mb`).
+    pub(super) bytes: u64,
+}
+
+impl Bounds {
+    pub(super) fn of(limits: &crate::config::Limits) -> Bounds {
+        Bounds {
+            entries: limits.max_sort_entries,
+            bytes: limits.max_sort_memory_mb.saturating_mul(1 << 20),
+        }
+    }
+}
+
+/// What a row holds in memory, as counted against [`Bounds::bytes`].
+fn row_bytes(row: &Row) -> u64 {
+    let slots = std::mem::size_of::<Row>() + row.0.len() * std::mem::size_of::<Option<Vec<u8>>>();
+    let keys: usize = row.0.iter().flatten().map(Vec::len).sum();
+    (slots + keys) as u64
+}
+
+/// The sorted search itself (see the module header). `bounds`: what it may
+/// hold while collecting; `generation`: the store content generation
 /// the snapshot holds, when known (the sorted list is then cached).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run(
@@ -242,7 +283,7 @@ pub(super) fn run(
     keys: &[Key<'_>],
     page: Page,
     limits: RunLimits,
-    max: u64,
+    bounds: Bounds,
     resume: Option<Resume>,
     generation: Option<u64>,
 ) -> OpResult<Step> {
@@ -275,7 +316,7 @@ pub(super) fn run(
     let ids = match cache_key.as_ref().and_then(|k| cache.get(k)) {
         Some(ids) => ids,
         None => {
-            let rows = match collect(job, &mut matcher, keys, &limits, max)? {
+            let rows = match collect(job, &mut matcher, keys, &limits, bounds)? {
                 Ok(rows) => rows,
                 // Abandoned: nothing more is said.
                 Err((ResultCode::CANCELED, _)) => return Ok(Step::Done(None)),
@@ -391,16 +432,18 @@ pub(super) fn run(
 }
 
 /// Every match with its sort keys, sorted; or why the sort stopped
-/// (time limit, `limits.max_sort_entries`).
+/// (time limit, `limits.max_sort_entries`, `limits.max_sort_memory_mb`).
 fn collect(
     job: &SearchJob,
     matcher: &mut Matcher<'_, '_>,
     keys: &[Key<'_>],
     limits: &RunLimits,
-    max: u64,
+    bounds: Bounds,
 ) -> OpResult<Result<Vec<Row>, (ResultCode, String)>> {
     let schema = matcher.schema;
+    let max = bounds.entries;
     let mut rows: Vec<Row> = Vec::new();
+    let mut held: u64 = 0;
     for id in matcher.plan.ids.iter() {
         if job.abandoned.load(Ordering::Relaxed) {
             return Ok(Err((ResultCode::CANCELED, "abandoned".into())));
@@ -421,7 +464,16 @@ fn collect(
             return Ok(Err((ResultCode::ADMIN_LIMIT_EXCEEDED, message)));
         }
         let mut may_read = |at: &AttributeType| matcher.may_read(&hit.norm, at);
-        rows.push((row_keys(schema, keys, &hit.entry, &mut may_read), hit.id));
+        let row = (row_keys(schema, keys, &hit.entry, &mut may_read), hit.id);
+        held = held.saturating_add(row_bytes(&row));
+        if bounds.bytes > 0 && held > bounds.bytes {
+            let message = format!(
+                "the sort keys of this search take more than {} MiB (limits.max_sort_memory_mb); narrow the search or sort by fewer or shorter keys",
+                bounds.bytes >> 20
+            );
+            return Ok(Err((ResultCode::ADMIN_LIMIT_EXCEEDED, message)));
+        }
+        rows.push(row);
     }
     rows.sort_unstable_by(|a, b| compare(keys, a, b));
     Ok(Ok(rows))
@@ -488,5 +540,67 @@ impl Matcher<'_, '_> {
             || self
                 .access
                 .allows(Some(self.view), &self.rules, norm, Some(at), acl::READ)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sort(critical: bool, keys: &[(&str, Option<&str>, bool)]) -> Sort {
+        Sort {
+            keys: keys
+                .iter()
+                .map(|(a, r, rev)| cv::SortKey {
+                    attr: a.to_string(),
+                    ordering_rule: r.map(str::to_string),
+                    reverse: *rev,
+                })
+                .collect(),
+            critical,
+            too_many: false,
+        }
+    }
+
+    #[test]
+    fn repeated_keys_are_dropped() {
+        let schema = Schema::standard();
+        let rule = Some("caseIgnoreOrderingMatch");
+        let s = sort(
+            true,
+            &[
+                ("uid", rule, false),
+                ("UID", rule, false),
+                ("0.9.2342.19200300.100.1.1", rule, false),
+                ("uid", rule, true),
+                ("uid", rule, false),
+            ],
+        );
+        let keys = resolve(&schema, &s).unwrap_or_else(|u| panic!("{}", u.message));
+        // The reverse key stays: it reads the highest value, not the lowest.
+        let kept: Vec<bool> = keys.iter().map(|k| k.reverse).collect();
+        assert_eq!(kept, [false, true]);
+    }
+
+    #[test]
+    fn critical_sorts_need_an_ordering_rule() {
+        let schema = Schema::standard();
+        let Err(u) = resolve(&schema, &sort(true, &[("cn", None, false)])) else {
+            panic!("a critical sort by cn without a rule resolved");
+        };
+        assert_eq!(u.code, ResultCode::INAPPROPRIATE_MATCHING);
+        assert_eq!(u.attr.as_deref(), Some("cn"));
+        // Named, or not critical: sorted.
+        let named = sort(true, &[("cn", Some("caseIgnoreOrderingMatch"), false)]);
+        assert!(resolve(&schema, &named).is_ok());
+        assert!(resolve(&schema, &sort(false, &[("cn", None, false)])).is_ok());
+        // A type with an ORDERING rule of its own needs none named.
+        assert!(resolve(&schema, &sort(true, &[("createTimestamp", None, false)])).is_ok());
+    }
+
+    #[test]
+    fn rows_are_counted_with_their_bookkeeping() {
+        let row: Row = (vec![Some(vec![0; 100]), None], 1);
+        assert!(row_bytes(&row) >= 100 + 2 * 24);
     }
 }
