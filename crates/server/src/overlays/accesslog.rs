@@ -281,7 +281,7 @@ impl AccessLog {
             .submit(move |w: &mut pando_store::WriteTxn<'_>| {
                 w.put_access_record(&start, &value)?;
                 if !keep_forever {
-                    w.purge_access_records(&cutoff, 16)?;
+                    w.purge_access_records(Some(&cutoff), 16)?;
                 }
                 Ok::<(), pando_store::StoreError>(())
             });
