@@ -205,7 +205,11 @@ impl OpStart {
             msgid: msg.id,
             received: Instant::now(),
             started: None,
-            request: server.logs.access.as_ref().map(|_| Request::of(&msg.op)),
+            request: server
+                .logs
+                .access
+                .as_ref()
+                .map(|_| Request::of(&server.schema, &msg.op)),
             logged,
         })
     }
