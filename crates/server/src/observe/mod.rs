@@ -197,7 +197,7 @@ impl OpStart {
         let logged = server
             .overlays
             .accesslog()
-            .and_then(|l| l.begin(conn, who, &msg.op));
+            .and_then(|l| l.begin(conn, who, &msg.op, &server.schema));
         Some(OpStart {
             kind,
             conn,
