@@ -22,6 +22,7 @@ pub mod filter;
 mod matching;
 mod prep;
 pub mod schema;
+pub mod secret;
 mod syntax;
 
 pub use check::SchemaViolation;

@@ -48,6 +48,7 @@ use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, RwTxn};
 use pando_model::{Attribute, Dn, Entry, Schema};
 use roaring::RoaringTreemap;
 
+pub use accesslog::AccessLogSize;
 pub use catalog::Catalog;
 use catalog::IndexDb;
 pub use changelog::{ChangelogSummary, LoggedChange, LoggedKind, LoggedMod, ModOp};

@@ -1641,3 +1641,52 @@ fn a_snapshot_uses_an_index_only_if_ready_on_both_sides_of_it() {
     assert!(mixed.ready_db("cn", IndexKind::Eq).is_none());
     assert!(mixed.ready_db("uidnumber", IndexKind::Eq).is_some());
 }
+
+#[test]
+fn access_log_trim_keeps_the_newest_within_both_caps() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let value = vec![b'x'; 3000];
+    store
+        .write_blocking(move |w| {
+            for i in 0..500 {
+                w.put_access_record(&format!("k{i:05}"), &value)?;
+            }
+            Ok::<_, StoreError>(())
+        })
+        .unwrap();
+    let size = |s: &Store| s.read().unwrap().view().access_log_size().unwrap();
+    assert_eq!(size(&store).records, 500);
+    // The record cap: the oldest go.
+    let gone = store
+        .write_blocking(|w| w.trim_access_records(300, u64::MAX))
+        .unwrap();
+    assert_eq!(gone, 200);
+    let first = store
+        .read()
+        .unwrap()
+        .view()
+        .access_records_from("")
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .0;
+    assert_eq!(first, "k00200");
+    // The byte cap: pages counted, so 3000-byte values take a page each.
+    let gone = store
+        .write_blocking(|w| w.trim_access_records(u64::MAX, 256 * 1024))
+        .unwrap();
+    let now = size(&store);
+    assert!(now.bytes <= 256 * 1024, "{now:?}");
+    assert_eq!(gone + now.records, 300);
+    assert!(now.records > 20, "{now:?}");
+    // Under both caps: nothing goes.
+    assert_eq!(
+        store
+            .write_blocking(|w| w.trim_access_records(1000, u64::MAX))
+            .unwrap(),
+        0
+    );
+    assert!(store.read().unwrap().view().verify().unwrap().is_empty());
+}

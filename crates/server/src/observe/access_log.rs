@@ -21,7 +21,8 @@
 
 use std::fmt::Write as _;
 
-use pando_proto::{BindAuth, ProtocolOp};
+use pando_model::Schema;
+use pando_proto::{BindAuth, Filter, ProtocolOp};
 
 use super::logfile::LogFile;
 
@@ -58,9 +59,10 @@ fn ldap(v: impl Into<String>) -> Val {
 }
 
 impl Request {
-    /// Describe a decoded request. Only DNs, scopes, filters, attribute
-    /// names, methods and OIDs: never credentials or written values.
-    pub fn of(op: &ProtocolOp) -> Request {
+    /// Describe a decoded request. Only DNs, scopes, filters (values of
+    /// secret attributes withheld), attribute names, methods and OIDs:
+    /// never credentials or written values.
+    pub fn of(schema: &Schema, op: &ProtocolOp) -> Request {
         let (tag, fields) = match op {
             ProtocolOp::BindRequest(b) => {
                 let mut f = vec![("dn", ldap(b.name.clone()))];
@@ -78,7 +80,7 @@ impl Request {
                 vec![
                     ("base", ldap(r.base.clone())),
                     ("scope", Val::Num(r.scope as u64)),
-                    ("filter", ldap(r.filter.to_string())),
+                    ("filter", ldap(shown_filter(schema, &r.filter))),
                     ("attrs", s(r.attrs.join(" "))),
                 ],
             ),
@@ -352,6 +354,69 @@ impl AccessLog {
     }
 }
 
+/// Stands for an assertion value on a secret attribute in logs.
+pub const WITHHELD: &[u8] = b"(withheld)";
+
+/// A filter's string form with the values it asserts on secret
+/// attributes (`pando_model::secret`) replaced by [`WITHHELD`]: a filter
+/// such as `(userPassword=guess)` is a password guess.
+pub fn shown_filter(schema: &Schema, f: &Filter) -> String {
+    fn hide(schema: &Schema, f: &mut Filter) {
+        let secret = |a: &str| schema.is_secret(a);
+        match f {
+            Filter::And(items) | Filter::Or(items) => {
+                items.iter_mut().for_each(|i| hide(schema, i));
+            }
+            Filter::Not(inner) => hide(schema, inner),
+            Filter::Equality(a)
+            | Filter::GreaterOrEqual(a)
+            | Filter::LessOrEqual(a)
+            | Filter::Approx(a) => {
+                if secret(&a.attr) {
+                    a.value = WITHHELD.to_vec();
+                }
+            }
+            Filter::Substrings(sf) => {
+                if secret(&sf.attr) {
+                    sf.initial = Some(WITHHELD.to_vec());
+                    sf.any.clear();
+                    sf.final_ = None;
+                }
+            }
+            // No attribute: the rule may apply to any, secrets included.
+            Filter::Extensible(m) => {
+                if m.attr.as_deref().is_none_or(secret) {
+                    m.value = WITHHELD.to_vec();
+                }
+            }
+            Filter::Present(_) => {}
+        }
+    }
+    let needs = |a: &str| schema.is_secret(a);
+    if !mentions(f, &needs) {
+        return f.to_string();
+    }
+    let mut copy = f.clone();
+    hide(schema, &mut copy);
+    copy.to_string()
+}
+
+/// Whether `f` asserts a value on an attribute `secret` holds for (or on
+/// no attribute).
+fn mentions(f: &Filter, secret: &dyn Fn(&str) -> bool) -> bool {
+    match f {
+        Filter::And(items) | Filter::Or(items) => items.iter().any(|i| mentions(i, secret)),
+        Filter::Not(inner) => mentions(inner, secret),
+        Filter::Equality(a)
+        | Filter::GreaterOrEqual(a)
+        | Filter::LessOrEqual(a)
+        | Filter::Approx(a) => secret(&a.attr),
+        Filter::Substrings(sf) => secret(&sf.attr),
+        Filter::Extensible(m) => m.attr.as_deref().is_none_or(secret),
+        Filter::Present(_) => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,7 +425,7 @@ mod tests {
     };
 
     fn line(f: Format, op: &ProtocolOp, code: Option<u32>) -> String {
-        let r = Request::of(op);
+        let r = Request::of(&Schema::standard(), op);
         f.op_line(&OpResultLine {
             time_micros: 1_763_795_000_000_123,
             conn: 5,
@@ -463,6 +528,18 @@ mod tests {
         assert!(l.contains(r#"dn="cn=a\22b\c\0ad,dc=x""#), "{l}");
         let j = line(Format::Json, &op, Some(0));
         assert!(j.contains(r#""dn":"cn=a\"b\\c\nd,dc=x""#), "{j}");
+    }
+
+    #[test]
+    fn filter_values_on_secrets_are_withheld() {
+        let s = Schema::standard();
+        let shown = |f: &str| shown_filter(&s, &pando_proto::Filter::parse(f).unwrap());
+        assert_eq!(
+            shown("(&(uid=a)(|(userPassword=guess)(sambaNTPassword=8846*)))"),
+            "(&(uid=a)(|(userPassword=\\28withheld\\29)(sambaNTPassword=\\28withheld\\29*)))"
+        );
+        assert_eq!(shown("(2.5.4.35:=x)"), "(2.5.4.35:=\\28withheld\\29)");
+        assert_eq!(shown("(uid=a*)"), "(uid=a*)");
     }
 
     #[test]

@@ -18,6 +18,10 @@
 //! modify touching userPassword is logged as a `replace` with the values
 //! the entry holds afterwards, whatever the client sent (a `delete` of a
 //! value names the clear password, which must not be written anywhere).
+//! Other secrets (`pando_model::secret`: sambaNTPassword, authPassword…)
+//! have no salted stored form: their values are withheld, the record
+//! saying in a comment which attribute and how many values, so a replay
+//! leaves them as they were.
 
 use pando_model::{Attribute, Schema};
 use pando_proto::{Change, ModOp};
@@ -39,11 +43,9 @@ pub struct Origin<'a> {
     pub op: u64,
 }
 
-fn is_password(desc: &str) -> bool {
-    desc.split(';')
-        .next()
-        .unwrap_or(desc)
-        .eq_ignore_ascii_case("userPassword")
+/// A secret other than userPassword (whose stored form is written).
+fn withheld(schema: &Schema, desc: &str) -> bool {
+    schema.is_secret(desc) && !crate::ops::names_password(schema, desc)
 }
 
 /// A change that happened, in the terms the record is written in.
@@ -78,6 +80,17 @@ struct Out {
 }
 
 impl Out {
+    /// A comment in place of a secret's values: `what` (the attribute,
+    /// or a modify's `op: attribute`) and how many values it had.
+    fn withheld(&mut self, what: &str, values: usize) {
+        let what: String = what
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+        self.buf
+            .extend_from_slice(format!("# {what}: {values} value(s) withheld\n").as_bytes());
+    }
+
     fn line(&mut self, name: &str, value: &[u8]) {
         pando_ldif::append_line(
             &mut self.buf,
@@ -136,6 +149,10 @@ pub fn format(schema: &Schema, origin: &Origin<'_>, record: &Record<'_>) -> Stri
                 if operational {
                     continue;
                 }
+                if withheld(schema, &a.desc) {
+                    o.withheld(&a.desc, a.values.len());
+                    continue;
+                }
                 for v in &a.values {
                     o.line(&a.desc, v);
                 }
@@ -154,7 +171,7 @@ pub fn format(schema: &Schema, origin: &Origin<'_>, record: &Record<'_>) -> Stri
             o.line("changetype", b"modify");
             let mut password_done = false;
             for c in changes.iter() {
-                if is_password(&c.attr.name) {
+                if crate::ops::names_password(schema, &c.attr.name) {
                     if password_done {
                         continue;
                     }
@@ -166,16 +183,17 @@ pub fn format(schema: &Schema, origin: &Origin<'_>, record: &Record<'_>) -> Stri
                     o.buf.extend_from_slice(b"-\n");
                     continue;
                 }
-                let kind: &[u8] = match c.op {
-                    ModOp::Add => b"add",
-                    ModOp::Delete => b"delete",
-                    ModOp::Replace => b"replace",
-                    ModOp::Increment => b"increment",
+                let kind = match c.op {
+                    ModOp::Add => "add",
+                    ModOp::Delete => "delete",
+                    ModOp::Replace => "replace",
+                    ModOp::Increment => "increment",
                 };
-                o.line(
-                    std::str::from_utf8(kind).unwrap_or("replace"),
-                    c.attr.name.as_bytes(),
-                );
+                if withheld(schema, &c.attr.name) {
+                    o.withheld(&format!("{kind}: {}", c.attr.name), c.attr.values.len());
+                    continue;
+                }
+                o.line(kind, c.attr.name.as_bytes());
                 for v in &c.attr.values {
                     o.line(&c.attr.name, v);
                 }
@@ -304,6 +322,54 @@ mod tests {
                 "changetype: modify\nreplace: userPassword\nuserPassword: {ARGON2}hash\n-\n\
              replace: mail\nmail: z@example.com\n-\n\n"
             ),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn other_secrets_are_withheld() {
+        let attrs = vec![
+            Attribute {
+                desc: "cn".into(),
+                values: vec![b"z".to_vec()],
+            },
+            Attribute {
+                desc: "sambaNTPassword".into(),
+                values: vec![b"8846F7EAEE8FB117AD06BDD830B7586C".to_vec()],
+            },
+        ];
+        let r = format(
+            &schema(),
+            &origin(),
+            &Record::Add {
+                dn: "cn=z,dc=example,dc=com",
+                attrs: &attrs,
+            },
+        );
+        assert!(!r.contains("8846F7"), "{r}");
+        assert!(
+            r.contains("cn: z\n# sambaNTPassword: 1 value(s) withheld\n"),
+            "{r}"
+        );
+        let changes = vec![Change {
+            op: ModOp::Replace,
+            attr: PartialAttribute {
+                name: "sambaLMPassword".into(),
+                values: vec![b"AAD3B435B51404EE".to_vec()],
+            },
+        }];
+        let r = format(
+            &schema(),
+            &origin(),
+            &Record::Modify {
+                dn: "cn=z,dc=example,dc=com",
+                changes: &changes,
+                passwords: None,
+            },
+        );
+        assert!(!r.contains("AAD3B4"), "{r}");
+        assert!(
+            r.ends_with("changetype: modify\n# replace: sambaLMPassword: 1 value(s) withheld\n\n"),
             "{r}"
         );
     }

@@ -217,7 +217,23 @@ pub struct Metrics {
     pub access_dropped: AtomicU64,
     /// Log lines that could not be written (I/O errors).
     pub log_write_errors: AtomicU64,
+    /// The in-directory access log's counters, shared with its writer jobs.
+    pub accesslog: std::sync::Arc<AccesslogCounters>,
     latency: Vec<Sharded>,
+}
+
+/// What the in-directory access log (`overlays::accesslog`) did not keep.
+/// Counters only grow.
+#[derive(Default, Debug)]
+pub struct AccesslogCounters {
+    /// Operations of anonymous clients that did not succeed: counted
+    /// here instead of stored one record each.
+    pub refused_anonymous: AtomicU64,
+    /// Records dropped because the queue to the writer was full (or the
+    /// store refused writes).
+    pub dropped: AtomicU64,
+    /// Records purged, oldest first, to keep the log within its caps.
+    pub purged: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -243,6 +259,7 @@ impl Metrics {
             pdus_out: AtomicU64::new(0),
             access_dropped: AtomicU64::new(0),
             log_write_errors: AtomicU64::new(0),
+            accesslog: Default::default(),
             latency: OP_KINDS.iter().map(|_| Sharded::new()).collect(),
         }
     }

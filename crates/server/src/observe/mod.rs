@@ -197,7 +197,7 @@ impl OpStart {
         let logged = server
             .overlays
             .accesslog()
-            .and_then(|l| l.begin(conn, who, &msg.op));
+            .and_then(|l| l.begin(conn, who, &msg.op, &server.schema));
         Some(OpStart {
             kind,
             conn,
@@ -205,7 +205,11 @@ impl OpStart {
             msgid: msg.id,
             received: Instant::now(),
             started: None,
-            request: server.logs.access.as_ref().map(|_| Request::of(&msg.op)),
+            request: server
+                .logs
+                .access
+                .as_ref()
+                .map(|_| Request::of(&server.schema, &msg.op)),
             logged,
         })
     }

@@ -289,6 +289,16 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
         num("pandoDropped", server.logs.access_dropped()),
         num("pandoWriteErrors", server.logs.write_errors()),
     ];
+    if server.overlays.accesslog().is_some() {
+        let a = &server.metrics.accesslog;
+        let l = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        logs.push(num(
+            "pandoAccessLogRefusedAnonymous",
+            l(&a.refused_anonymous),
+        ));
+        logs.push(num("pandoAccessLogDropped", l(&a.dropped)));
+        logs.push(num("pandoAccessLogPurged", l(&a.purged)));
+    }
     let files: Vec<String> = [
         server.logs.access.as_ref().map(|a| a.file.path()),
         server.logs.audit.as_ref().map(|a| a.file.path()),

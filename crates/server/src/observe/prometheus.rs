@@ -9,6 +9,7 @@
 //! of the HDR percentiles since start (`pando_operation_latency_seconds`).
 
 use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -631,6 +632,26 @@ pub fn render(server: &Server) -> String {
         "Log records that could not be written.",
         server.logs.write_errors(),
     );
+    let a = &server.metrics.accesslog;
+    for (name, help, v) in [
+        (
+            "pando_accesslog_refused_anonymous_total",
+            "Anonymous operations that did not succeed, counted instead of stored in cn=accesslog.",
+            &a.refused_anonymous,
+        ),
+        (
+            "pando_accesslog_dropped_total",
+            "cn=accesslog records dropped because the queue to the writer was full.",
+            &a.dropped,
+        ),
+        (
+            "pando_accesslog_purged_total",
+            "cn=accesslog records purged to keep the log within max_records and max_bytes.",
+            &a.purged,
+        ),
+    ] {
+        t.one(name, "counter", help, v.load(Ordering::Relaxed));
+    }
     replication(&mut t, server);
     let p = ProcessFigures::read();
     t.one(

@@ -16,8 +16,18 @@
 //! than that in one microsecond (a large tree delete) runs on into the
 //! following nanoseconds. Every reqStart has the same length, so records
 //! sort in time order as text.
+//!
+//! Stored records are bounded, as any client can make them: each one's
+//! values to `max_record_bytes` (longer values cut, marked); the whole log
+//! to `max_records` and `max_bytes`, the oldest purged first (the change
+//! log, which delta-sync reads, is never touched); anonymous operations
+//! that fail are counted, not stored. Records reach the writer through a
+//! bounded in-memory queue with at most one writer job waiting for it, so
+//! a flood costs the writer one job per batch, never one per request, and
+//! real writes and replication are not queued behind it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use pando_model::{Attribute, Dn, Entry, Schema, Ternary};
 use pando_proto::{BindAuth, DerefAliases, ProtocolOp, Scope};
@@ -76,13 +86,115 @@ pub struct AccessLog {
     ops: Ops,
     success_only: bool,
     purge_days: u64,
+    max_records: u64,
+    max_bytes: u64,
+    max_record_bytes: usize,
+    queue_records: usize,
+    queue: Arc<Queue>,
 }
 
 /// An operation being logged: its record's attributes so far.
 pub struct Pending {
     kind: OpKind,
+    /// Made by an anonymous client (a failure is then only counted).
+    anonymous: bool,
     start_micros: u64,
     attrs: Vec<(&'static str, Vec<Vec<u8>>)>,
+}
+
+/// Records waiting for the writer, as (reqStart, encoded record).
+///
+/// Invariant: when `records` is not empty, `job_queued` is set and one
+/// writer job that has not yet run will take them all. Records arriving
+/// while it waits join it.
+#[derive(Default)]
+struct Queue {
+    state: Mutex<QueueState>,
+}
+
+#[derive(Default)]
+struct QueueState {
+    records: Vec<(String, Vec<u8>)>,
+    job_queued: bool,
+}
+
+impl Queue {
+    /// Add a record unless `limit` are waiting; whether a job must be
+    /// submitted for it (none is queued yet). None: the queue is full.
+    fn push(&self, limit: usize, record: (String, Vec<u8>)) -> Option<bool> {
+        let mut q = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if q.records.len() >= limit {
+            return None;
+        }
+        q.records.push(record);
+        Some(!std::mem::replace(&mut q.job_queued, true))
+    }
+
+    /// Everything waiting; the next record needs a job of its own.
+    fn take(&self) -> Vec<(String, Vec<u8>)> {
+        let mut q = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        q.job_queued = false;
+        std::mem::take(&mut q.records)
+    }
+}
+
+/// Result codes of operations that did what was asked (compare's true
+/// and false answers included).
+fn succeeded(code: u32) -> bool {
+    matches!(code, 0 | 5 | 6)
+}
+
+/// Values beyond this many of one attribute are left out of a stored
+/// record (only reqAttr, the attributes a search asked for, has many).
+const MAX_VALUES: usize = 64;
+
+/// No value is cut shorter than this, so its start and the marker show.
+const MIN_CUT: usize = 64;
+
+/// Cut `v` to at most `level` bytes, ending in a marker with its length.
+fn cut(v: &mut Vec<u8>, level: usize) {
+    let marker = format!("...[cut, {} bytes]", v.len());
+    let mut keep = level.saturating_sub(marker.len()).min(v.len());
+    // Whole UTF-8 characters: back up over continuation bytes.
+    while keep > 0 && v.get(keep).is_some_and(|b| b & 0xC0 == 0x80) {
+        keep -= 1;
+    }
+    v.truncate(keep);
+    v.extend_from_slice(marker.as_bytes());
+}
+
+/// Bound a record's values to about `max` bytes in all: at most
+/// MAX_VALUES values per attribute, then every value longer than one
+/// length cut to it, the length being the largest at which all fit (at
+/// least MIN_CUT, so a record of many values may pass `max` by a little).
+fn fit(attrs: &mut [(&'static str, Vec<Vec<u8>>)], max: usize) {
+    for (_, values) in attrs.iter_mut() {
+        values.truncate(MAX_VALUES);
+    }
+    let total = |level: usize| -> usize {
+        attrs
+            .iter()
+            .flat_map(|(_, v)| v)
+            .map(|v| v.len().min(level))
+            .sum()
+    };
+    if total(usize::MAX) <= max {
+        return;
+    }
+    let (mut lo, mut hi) = (MIN_CUT, max.max(MIN_CUT));
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if total(mid) <= max {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    for (_, values) in attrs.iter_mut() {
+        for v in values.iter_mut().filter(|v| v.len() > lo) {
+            cut(v, lo);
+        }
+    }
 }
 
 /// Records made in one microsecond are told apart by this counter.
@@ -125,107 +237,139 @@ fn one(v: impl Into<String>) -> Vec<Vec<u8>> {
     vec![v.into().into_bytes()]
 }
 
+fn is_write(kind: OpKind) -> bool {
+    matches!(
+        kind,
+        OpKind::Add | OpKind::Delete | OpKind::Modify | OpKind::ModDn
+    )
+}
+
+/// The record's attributes describing request `op`, added to `attrs`;
+/// its object classes, reqType and target DN.
+fn request_attrs<'o>(
+    op: &'o ProtocolOp,
+    schema: &Schema,
+    attrs: &mut Vec<(&'static str, Vec<Vec<u8>>)>,
+) -> Option<(&'static [&'static str], String, &'o str)> {
+    const WRITE: &[&str] = &["auditObject", "auditWriteObject"];
+    Some(match op {
+        ProtocolOp::BindRequest(b) => {
+            attrs.push(("reqVersion", one(b.version.to_string())));
+            let method = match &b.auth {
+                BindAuth::Simple(_) => "SIMPLE".to_string(),
+                BindAuth::Sasl { mechanism, .. } => format!("SASL({mechanism})"),
+            };
+            attrs.push(("reqMethod", one(method)));
+            (&["auditObject", "auditBind"], "bind".into(), &b.name)
+        }
+        ProtocolOp::SearchRequest(s) => {
+            search_attrs(s, schema, attrs);
+            (
+                &["auditObject", "auditReadObject", "auditSearch"],
+                "search".into(),
+                &s.base,
+            )
+        }
+        ProtocolOp::CompareRequest(c) => {
+            let mut a = c.ava.attr.as_bytes().to_vec();
+            a.push(b'=');
+            // An assertion on a secret is a guess at it.
+            if schema.is_secret(&c.ava.attr) {
+                a.extend_from_slice(crate::observe::access_log::WITHHELD);
+            } else {
+                a.extend_from_slice(&c.ava.value);
+            }
+            attrs.push(("reqAssertion", vec![a]));
+            (
+                &["auditObject", "auditReadObject", "auditCompare"],
+                "compare".into(),
+                &c.dn,
+            )
+        }
+        ProtocolOp::ExtendedRequest(x) => (
+            &["auditObject", "auditExtended"],
+            format!("extended{{{}}}", x.name),
+            "",
+        ),
+        // Failed writes: what was asked, without values (they may hold
+        // credentials).
+        ProtocolOp::AddRequest(a) => (WRITE, "add".into(), &a.dn),
+        ProtocolOp::DelRequest(d) => (WRITE, "delete".into(), d),
+        ProtocolOp::ModifyRequest(m) => (WRITE, "modify".into(), &m.dn),
+        ProtocolOp::ModifyDnRequest(m) => (WRITE, "modrdn".into(), &m.dn),
+        _ => return None,
+    })
+}
+
+fn search_attrs(
+    s: &pando_proto::SearchRequest,
+    schema: &Schema,
+    attrs: &mut Vec<(&'static str, Vec<Vec<u8>>)>,
+) {
+    let scope = match s.scope {
+        Scope::Base => "base",
+        Scope::One => "one",
+        Scope::Sub => "sub",
+        Scope::Children => "subord",
+    };
+    let deref = match s.deref {
+        DerefAliases::Never => "never",
+        DerefAliases::InSearching => "searching",
+        DerefAliases::FindingBase => "finding",
+        DerefAliases::Always => "always",
+    };
+    attrs.push(("reqScope", one(scope)));
+    attrs.push(("reqDerefAliases", one(deref)));
+    attrs.push((
+        "reqAttrsOnly",
+        one(if s.types_only { "TRUE" } else { "FALSE" }),
+    ));
+    attrs.push((
+        "reqFilter",
+        one(crate::observe::access_log::shown_filter(schema, &s.filter)),
+    ));
+    if !s.attrs.is_empty() {
+        attrs.push((
+            "reqAttr",
+            s.attrs.iter().map(|a| a.as_bytes().to_vec()).collect(),
+        ));
+    }
+    attrs.push(("reqSizeLimit", one(s.size_limit.to_string())));
+    attrs.push(("reqTimeLimit", one(s.time_limit.to_string())));
+}
+
 impl AccessLog {
     pub fn new(cfg: &AccesslogConfig) -> Result<AccessLog, String> {
         Ok(AccessLog {
             ops: Ops::parse(&cfg.ops)?,
             success_only: cfg.success_only,
             purge_days: cfg.purge_days,
+            max_records: cfg.max_records,
+            max_bytes: cfg.max_bytes,
+            max_record_bytes: usize::try_from(cfg.max_record_bytes).unwrap_or(usize::MAX),
+            queue_records: usize::try_from(cfg.queue_records).unwrap_or(usize::MAX),
+            queue: Arc::default(),
         })
     }
 
     /// The start of a record for `op`, when it is logged here (successful
-    /// writes are logged by the change log).
-    pub fn begin(&self, conn: u64, who: &Identity, op: &ProtocolOp) -> Option<Box<Pending>> {
+    /// writes are logged by the change log), its values bounded.
+    pub fn begin(
+        &self,
+        conn: u64,
+        who: &Identity,
+        op: &ProtocolOp,
+        schema: &Schema,
+    ) -> Option<Box<Pending>> {
         let kind = crate::observe::kind_of(op)?;
-        if !self.ops.logs(kind) {
-            return None;
-        }
-        let is_write = matches!(
-            kind,
-            OpKind::Add | OpKind::Delete | OpKind::Modify | OpKind::ModDn
-        );
-        if is_write && self.success_only {
+        if !self.ops.logs(kind) || (is_write(kind) && self.success_only) {
             return None;
         }
         let mut attrs: Vec<(&'static str, Vec<Vec<u8>>)> = vec![
             ("reqSession", one(conn.to_string())),
             ("reqAuthzID", one(who.dn())),
         ];
-        let (class, rtype, dn): (&[&str], String, &str) = match op {
-            ProtocolOp::BindRequest(b) => {
-                attrs.push(("reqVersion", one(b.version.to_string())));
-                let method = match &b.auth {
-                    BindAuth::Simple(_) => "SIMPLE".to_string(),
-                    BindAuth::Sasl { mechanism, .. } => format!("SASL({mechanism})"),
-                };
-                attrs.push(("reqMethod", one(method)));
-                (&["auditObject", "auditBind"], "bind".into(), &b.name)
-            }
-            ProtocolOp::SearchRequest(s) => {
-                let scope = match s.scope {
-                    Scope::Base => "base",
-                    Scope::One => "one",
-                    Scope::Sub => "sub",
-                    Scope::Children => "subord",
-                };
-                let deref = match s.deref {
-                    DerefAliases::Never => "never",
-                    DerefAliases::InSearching => "searching",
-                    DerefAliases::FindingBase => "finding",
-                    DerefAliases::Always => "always",
-                };
-                attrs.push(("reqScope", one(scope)));
-                attrs.push(("reqDerefAliases", one(deref)));
-                attrs.push((
-                    "reqAttrsOnly",
-                    one(if s.types_only { "TRUE" } else { "FALSE" }),
-                ));
-                attrs.push(("reqFilter", one(s.filter.to_string())));
-                if !s.attrs.is_empty() {
-                    attrs.push((
-                        "reqAttr",
-                        s.attrs.iter().map(|a| a.as_bytes().to_vec()).collect(),
-                    ));
-                }
-                attrs.push(("reqSizeLimit", one(s.size_limit.to_string())));
-                attrs.push(("reqTimeLimit", one(s.time_limit.to_string())));
-                (
-                    &["auditObject", "auditReadObject", "auditSearch"],
-                    "search".into(),
-                    &s.base,
-                )
-            }
-            ProtocolOp::CompareRequest(c) => {
-                let mut a = c.ava.attr.as_bytes().to_vec();
-                a.push(b'=');
-                a.extend_from_slice(&c.ava.value);
-                attrs.push(("reqAssertion", vec![a]));
-                (
-                    &["auditObject", "auditReadObject", "auditCompare"],
-                    "compare".into(),
-                    &c.dn,
-                )
-            }
-            ProtocolOp::ExtendedRequest(x) => (
-                &["auditObject", "auditExtended"],
-                format!("extended{{{}}}", x.name),
-                "",
-            ),
-            // Failed writes: what was asked, without values (they may hold
-            // credentials).
-            ProtocolOp::AddRequest(a) => {
-                (&["auditObject", "auditWriteObject"], "add".into(), &a.dn)
-            }
-            ProtocolOp::DelRequest(d) => (&["auditObject", "auditWriteObject"], "delete".into(), d),
-            ProtocolOp::ModifyRequest(m) => {
-                (&["auditObject", "auditWriteObject"], "modify".into(), &m.dn)
-            }
-            ProtocolOp::ModifyDnRequest(m) => {
-                (&["auditObject", "auditWriteObject"], "modrdn".into(), &m.dn)
-            }
-            _ => return None,
-        };
+        let (class, rtype, dn) = request_attrs(op, schema, &mut attrs)?;
         attrs.push((
             "objectClass",
             class.iter().map(|c| c.as_bytes().to_vec()).collect(),
@@ -234,30 +378,36 @@ impl AccessLog {
         if !dn.is_empty() {
             attrs.push(("reqDN", one(dn)));
         }
+        fit(&mut attrs, self.max_record_bytes);
         Some(Box::new(Pending {
             kind,
+            anonymous: who.is_anonymous(),
             start_micros: crate::clock::now_micros(),
             attrs,
         }))
     }
 
     /// The operation ended with `code` (None: no response, e.g. abandoned)
-    /// having sent `entries`: its record is written, unless it is a
-    /// successful write (the change log holds it) or only successes are
-    /// logged.
+    /// having sent `entries`: its record is queued for the writer, unless
+    /// it is a successful write (the change log holds it), only successes
+    /// are logged, or an anonymous client's operation failed (counted).
     pub fn end(&self, server: &Server, p: Pending, code: Option<u32>, entries: u64) {
-        let is_write = matches!(
-            p.kind,
-            OpKind::Add | OpKind::Delete | OpKind::Modify | OpKind::ModDn
-        );
         let code = code.unwrap_or(pando_proto::ResultCode::OTHER.0);
-        if (is_write && code == 0) || (self.success_only && code != 0) {
+        if (is_write(p.kind) && code == 0) || (self.success_only && code != 0) {
+            return;
+        }
+        let counters = &server.metrics.accesslog;
+        // Anyone can send these by the thousand; a bind's failure is what
+        // an auditor looks for, and binds are throttled, so binds stay.
+        if p.anonymous && p.kind != OpKind::Bind && !succeeded(code) {
+            counters.refused_anonymous.fetch_add(1, Ordering::Relaxed);
             return;
         }
         let Pending {
             kind,
             start_micros,
             mut attrs,
+            ..
         } = p;
         let start = local_start(start_micros);
         attrs.push(("reqResult", one(code.to_string())));
@@ -265,28 +415,51 @@ impl AccessLog {
         if kind == OpKind::Search {
             attrs.push(("reqEntries", one(entries.to_string())));
         }
-        let value = encode(&attrs);
-        let cutoff = format!(
-            "{}.",
-            crate::clock::generalized_time(
-                crate::clock::now_micros().saturating_sub(self.purge_days * 86_400_000_000)
+        match self.queue.push(self.queue_records, (start, encode(&attrs))) {
+            None => {
+                counters.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(true) => self.submit(server),
+            Some(false) => {}
+        }
+    }
+
+    /// Queue the writer job that stores what is waiting, purges records
+    /// past their age and trims the log to its caps. Written after the
+    /// operations answered; records that cannot be written are logged,
+    /// counted and dropped.
+    fn submit(&self, server: &Server) {
+        let cutoff = (self.purge_days != 0).then(|| {
+            format!(
+                "{}.",
+                crate::clock::generalized_time(
+                    crate::clock::now_micros().saturating_sub(self.purge_days * 86_400_000_000)
+                )
+                .trim_end_matches('Z')
             )
-            .trim_end_matches('Z')
-        );
-        let keep_forever = self.purge_days == 0;
-        // Written by the writer, after the operation answered; a record
-        // that cannot be written is logged and dropped.
+        });
+        let (max_records, max_bytes) = (self.max_records, self.max_bytes);
+        let queue = self.queue.clone();
+        let counters = server.metrics.accesslog.clone();
+        let job_counters = counters.clone();
         let queued = server
             .store
             .submit(move |w: &mut pando_store::WriteTxn<'_>| {
-                w.put_access_record(&start, &value)?;
-                if !keep_forever {
-                    w.purge_access_records(&cutoff, 16)?;
+                let records = queue.take();
+                for (start, value) in &records {
+                    w.put_access_record(start, value)?;
                 }
+                if let Some(cutoff) = &cutoff {
+                    w.purge_access_records(Some(cutoff), records.len() + 16)?;
+                }
+                let purged = w.trim_access_records(max_records, max_bytes)?;
+                job_counters.purged.fetch_add(purged, Ordering::Relaxed);
                 Ok::<(), pando_store::StoreError>(())
             });
         if let Err(e) = queued {
-            tracing::warn!("access log record not written: {e}");
+            let lost = self.queue.take().len() as u64;
+            counters.dropped.fetch_add(lost, Ordering::Relaxed);
+            tracing::warn!("access log records not written ({lost}): {e}");
         }
     }
 
@@ -747,6 +920,44 @@ fn record_iter<'v>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_are_bounded_and_cuts_marked() {
+        let long = "é".repeat(15_000).into_bytes();
+        let mut attrs = vec![
+            ("reqType", one("search")),
+            ("reqDN", vec![long.clone()]),
+            ("reqFilter", vec![long]),
+            (
+                "reqAttr",
+                (0..500).map(|i| format!("a{i}").into_bytes()).collect(),
+            ),
+        ];
+        fit(&mut attrs, 4096);
+        let total: usize = attrs.iter().flat_map(|(_, v)| v).map(Vec::len).sum();
+        assert!(total <= 4096, "{total}");
+        assert_eq!(attrs[0].1, one("search"));
+        assert_eq!(attrs[3].1.len(), MAX_VALUES);
+        let dn = String::from_utf8(attrs[1].1[0].clone()).expect("whole characters kept");
+        assert!(
+            dn.starts_with("éé") && dn.ends_with("...[cut, 30000 bytes]"),
+            "{dn}"
+        );
+        // Small records are left as they are.
+        let mut small = vec![("reqDN", one("uid=a,dc=x"))];
+        fit(&mut small, 4096);
+        assert_eq!(small[0].1, one("uid=a,dc=x"));
+    }
+
+    #[test]
+    fn one_job_waits_for_the_queue_at_a_time() {
+        let q = Queue::default();
+        assert_eq!(q.push(2, ("a".into(), vec![])), Some(true));
+        assert_eq!(q.push(2, ("b".into(), vec![])), Some(false));
+        assert_eq!(q.push(2, ("c".into(), vec![])), None);
+        assert_eq!(q.take().len(), 2);
+        assert_eq!(q.push(2, ("d".into(), vec![])), Some(true));
+    }
 
     #[test]
     fn records_round_trip_and_starts_sort_in_time_order() {

@@ -143,6 +143,33 @@ pub struct AccesslogConfig {
     /// successful writes are the change log's and follow its retention.
     #[serde(default = "accesslog_purge_days")]
     pub purge_days: u64,
+    /// Most records stored (reads, binds, failed writes); the oldest go
+    /// first. Successful writes are the change log's and not counted.
+    #[serde(default = "accesslog_max_records")]
+    pub max_records: u64,
+    /// Most bytes (database pages) the stored records take.
+    #[serde(default = "accesslog_max_bytes")]
+    pub max_bytes: u64,
+    /// Most bytes of one stored record's values: longer values are cut,
+    /// marked as cut.
+    #[serde(default = "accesslog_max_record_bytes")]
+    pub max_record_bytes: u64,
+    /// Records waiting in memory for the writer; more are dropped (and
+    /// counted).
+    #[serde(default = "accesslog_queue_records")]
+    pub queue_records: u64,
+}
+
+impl AccesslogConfig {
+    /// Bounds of the numeric settings: (key, value, least, most).
+    pub fn bounds(&self) -> [(&'static str, u64, u64, u64); 4] {
+        [
+            ("max_records", self.max_records, 100, 1 << 32),
+            ("max_bytes", self.max_bytes, 1 << 20, 1 << 40),
+            ("max_record_bytes", self.max_record_bytes, 512, 1 << 20),
+            ("queue_records", self.queue_records, 1, 1 << 20),
+        ]
+    }
 }
 
 /// Translucency: a suffix whose entries come from a remote server, with
@@ -221,6 +248,22 @@ fn accesslog_ops() -> Vec<String> {
 
 fn accesslog_purge_days() -> u64 {
     7
+}
+
+fn accesslog_max_records() -> u64 {
+    100_000
+}
+
+fn accesslog_max_bytes() -> u64 {
+    64 << 20
+}
+
+fn accesslog_max_record_bytes() -> u64 {
+    4096
+}
+
+fn accesslog_queue_records() -> u64 {
+    2048
 }
 
 /// How a setting is written as attribute values under cn=config.
@@ -323,6 +366,15 @@ pub const TYPES: &[OverlayType] = &[
             s(360, "ops", "olcAccessLogOps", List),
             s(361, "success_only", "olcAccessLogSuccess", Boolean),
             s(362, "purge_days", "pandoAccessLogPurgeDays", Integer),
+            s(363, "max_records", "pandoAccessLogMaxRecords", Integer),
+            s(364, "max_bytes", "pandoAccessLogMaxBytes", Integer),
+            s(
+                365,
+                "max_record_bytes",
+                "pandoAccessLogMaxRecordBytes",
+                Integer,
+            ),
+            s(366, "queue_records", "pandoAccessLogQueueRecords", Integer),
         ],
     },
     OverlayType {
@@ -533,6 +585,16 @@ pub fn validate(
             }
             OverlayConfig::Accesslog(a) => {
                 super::accesslog::Ops::parse(&a.ops).map_err(|e| err(i, kind, "ops", e))?;
+                for (key, v, least, most) in a.bounds() {
+                    if !(least..=most).contains(&v) {
+                        return Err(err(
+                            i,
+                            kind,
+                            key,
+                            format!("{v} is outside {least}..={most}"),
+                        ));
+                    }
+                }
             }
             OverlayConfig::Translucent(t) => {
                 super::translucent::check(t, schema, suffixes)

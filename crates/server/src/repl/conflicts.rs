@@ -37,10 +37,8 @@ pub struct Conflict {
 
 /// Values as shown: text when printable, else base64; secrets withheld.
 pub fn shown_values(attr: &str, values: &[Vec<u8>]) -> String {
-    let secret = crate::ops::is_password(attr)
-        || ["authPassword", "pwdHistory"]
-            .iter()
-            .any(|s| attr.eq_ignore_ascii_case(s));
+    // Recorded descriptions are the schema's canonical names.
+    let secret = pando_model::secret::is_secret(attr);
     if values.is_empty() {
         return "(no values)".into();
     }
@@ -162,6 +160,17 @@ mod tests {
             shown_values("userPassword", &[b"secret".to_vec()]),
             "(1 values, not shown)"
         );
+        for secret in [
+            "sambaNTPassword",
+            "authPassword;x",
+            "pwdHistory",
+            "unicodePwd",
+        ] {
+            assert_eq!(
+                shown_values(secret, &[b"8846F7EA".to_vec()]),
+                "(1 values, not shown)"
+            );
+        }
         assert_eq!(
             shown_values("mail", &[b"a@x".to_vec(), b"b@x".to_vec()]),
             "a@x | b@x"
