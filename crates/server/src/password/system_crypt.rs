@@ -90,7 +90,7 @@ fn yescrypt_affordable(rest: &[u8]) -> bool {
     let (Some(_), Some(n_log2), Some(r)) = (itoa64(flags), itoa64(n), itoa64(r)) else {
         return false;
     };
-    n_log2 + 1 < 40 && 128 * (r + 1) << (n_log2 + 1) <= MAX_MEMORY
+    n_log2 + 1 < 40 && (128 * (r + 1)) << (n_log2 + 1) <= MAX_MEMORY
 }
 
 /// scrypt's parameters, `$7$<N:1><r:5><p:5>salt$hash`: N is 2^index, r and
