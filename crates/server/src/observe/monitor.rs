@@ -14,7 +14,10 @@
 //!   cn=Passwords,cn=Monitor      slow hashes computed and running, upgrades on bind
 //! ```
 //!
-//! Attribute types are Pando's own (`pando…`, crates/model/schema/monitor.schema).
+//! Attribute types are Pando's own (`pando…`, crates/model/schema/monitor.schema),
+//! beside slapd's back-monitor classes and attributes where tools read
+//! them; the entries slapd has that Pando's tree lacks are made in
+//! `monitor_slapd`.
 //!
 //! Who may read it: holders of the administrator role (and break-glass).
 //! Everyone else gets noSuchObject, as for an entry they may not see,

@@ -129,7 +129,7 @@ fn max_file_descriptors() -> Option<u64> {
     };
     // SAFETY: getrlimit writes one rlimit into the struct passed.
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
-    (rc == 0).then_some(lim.rlim_cur as u64)
+    (rc == 0).then_some(lim.rlim_cur)
 }
 
 fn databases(server: &Server, out: &mut Vec<(String, Entry)>) {
@@ -322,4 +322,24 @@ fn time(server: &Server, out: &mut Vec<(String, Entry)>) {
         &format!("cn=Uptime,{parent}"),
         attrs,
     ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlay_entries_follow_the_type_list() {
+        let types = crate::overlays::settings::TYPES;
+        assert_eq!(
+            overlay_dn(types[0].name),
+            format!("cn=Overlay 0,{OVERLAYS}")
+        );
+        let last = types.len() - 1;
+        assert_eq!(
+            overlay_dn(types[last].name),
+            format!("cn=Overlay {last},{OVERLAYS}")
+        );
+        assert!(max_file_descriptors().is_some_and(|n| n > 0));
+    }
 }
