@@ -164,8 +164,12 @@ fn from_monitor(m: &HashMap<String, HashMap<String, Vec<String>>>) -> Sample {
     };
     let mut buckets: HashMap<u64, f64> = HashMap::new();
     for op in ALL_OPS {
-        // Monitor RDNs are cn=Search, cn=ModDN…; DNs were lower-cased.
-        let dn = format!("cn={op},cn=operations,cn=monitor");
+        // Monitor RDNs are cn=Search, cn=Modrdn… (cn=ModDN before slapd's
+        // name was taken); DNs were lower-cased.
+        let mut dn = format!("cn={op},cn=operations,cn=monitor");
+        if *op == "moddn" && m.contains_key("cn=modrdn,cn=operations,cn=monitor") {
+            dn = "cn=modrdn,cn=operations,cn=monitor".to_string();
+        }
         s.completed.insert(op.to_string(), n(&dn, "pandocompleted"));
         if !TIMED_OPS.contains(op) {
             continue;

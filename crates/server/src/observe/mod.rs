@@ -13,6 +13,7 @@ pub mod audit;
 pub mod logfile;
 pub mod metrics;
 pub mod monitor;
+mod monitor_slapd;
 pub mod prometheus;
 
 use std::time::Instant;

@@ -14,7 +14,10 @@
 //!   cn=Passwords,cn=Monitor      slow hashes computed and running, upgrades on bind
 //! ```
 //!
-//! Attribute types are Pando's own (`pando…`, crates/model/schema/monitor.schema).
+//! Attribute types are Pando's own (`pando…`, crates/model/schema/monitor.schema),
+//! beside slapd's back-monitor classes and attributes where tools read
+//! them; the entries slapd has that Pando's tree lacks are made in
+//! `monitor_slapd`.
 //!
 //! Who may read it: holders of the administrator role (and break-glass).
 //! Everyone else gets noSuchObject, as for an entry they may not see,
@@ -49,20 +52,23 @@ pub fn may_read(server: &Server, who: &Identity, norm: &str, entry: &Entry) -> b
     !Access::is_empty(&rules) && access.allows(None, &rules, norm, None, acl::READ)
 }
 
-fn attr(desc: &str, values: impl IntoIterator<Item = impl Into<Vec<u8>>>) -> Attribute {
+pub(super) fn attr(desc: &str, values: impl IntoIterator<Item = impl Into<Vec<u8>>>) -> Attribute {
     Attribute {
         desc: desc.to_string(),
         values: values.into_iter().map(Into::into).collect(),
     }
 }
 
-fn num(desc: &str, v: u64) -> Attribute {
+pub(super) fn num(desc: &str, v: u64) -> Attribute {
     attr(desc, [v.to_string()])
 }
 
-fn node(cn: &str, dn: &str, mut attrs: Vec<Attribute>) -> (String, Entry) {
+/// A monitor entry of slapd's structural `class` (monitorContainer,
+/// monitoredObject…) carrying Pando's figures under the auxiliary
+/// pandoMonitor.
+pub(super) fn node(class: &str, cn: &str, dn: &str, mut attrs: Vec<Attribute>) -> (String, Entry) {
     let mut all = vec![
-        attr("objectClass", ["top", "pandoMonitor"]),
+        attr("objectClass", [class, "pandoMonitor"]),
         attr("cn", [cn]),
     ];
     all.append(&mut attrs);
@@ -76,10 +82,11 @@ fn node(cn: &str, dn: &str, mut attrs: Vec<Attribute>) -> (String, Entry) {
     )
 }
 
-/// Op type names as they appear in RDNs.
+/// Op type names as they appear in RDNs: slapd's, which tools read
+/// (`cn=Modrdn`, not `cn=ModDN`).
 fn title(name: &str) -> String {
     match name {
-        "moddn" => "ModDN".into(),
+        "moddn" => "Modrdn".into(),
         other => {
             let mut c = other.chars();
             match c.next() {
@@ -111,7 +118,9 @@ fn latency_attrs(l: &Latency) -> Vec<Attribute> {
 }
 
 /// `pandoIndexReady` and `pandoIndexBuilding` values.
-/// The overlays in order, and how often each error injection rule fired.
+/// The overlay types this server has (slapd's `monitoredInfo`: the overlays
+/// available, whether configured or not), the configured ones in order,
+/// and how often each error injection rule fired.
 fn overlays(server: &Server) -> Vec<Attribute> {
     let list: Vec<String> = server
         .overlays
@@ -119,7 +128,16 @@ fn overlays(server: &Server) -> Vec<Attribute> {
         .enumerate()
         .map(|(i, k)| format!("{{{i}}}{k}"))
         .collect();
-    let mut out = Vec::new();
+    let mut out = vec![
+        attr(
+            "description",
+            ["Overlay types; the configured ones in pandoOverlay."],
+        ),
+        attr(
+            "monitoredInfo",
+            crate::overlays::settings::TYPES.iter().map(|t| t.name),
+        ),
+    ];
     if !list.is_empty() {
         out.push(attr("pandoOverlay", list));
     }
@@ -165,9 +183,15 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0);
     let mut out = vec![node(
+        "monitorServer",
         "Monitor",
         "cn=Monitor",
         vec![
+            attr("description", ["The server's figures, computed when read."]),
+            attr(
+                "monitoredInfo",
+                [format!("Pando {}", env!("CARGO_PKG_VERSION"))],
+            ),
             attr(
                 "pandoVersion",
                 [format!("Pando {}", env!("CARGO_PKG_VERSION"))],
@@ -184,9 +208,11 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
         ],
     )];
     out.push(node(
+        "monitorContainer",
         "Connections",
         "cn=Connections,cn=Monitor",
         vec![
+            attr("description", ["Client connections."]),
             num("pandoCurrent", m.get(&m.conns_current)),
             num("pandoTotal", m.get(&m.conns_total)),
             num("pandoBytesIn", m.get(&m.bytes_in)),
@@ -199,9 +225,13 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
         (i + m.initiated(*k), c + m.completed(*k))
     });
     out.push(node(
+        "monitorContainer",
         "Operations",
         "cn=Operations,cn=Monitor",
         vec![
+            attr("description", ["Operations by type."]),
+            num("monitorOpInitiated", ini),
+            num("monitorOpCompleted", com),
             num("pandoInitiated", ini),
             num("pandoCompleted", com),
             num("pandoInProgress", ini.saturating_sub(com)),
@@ -212,11 +242,14 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
     for k in OP_KINDS {
         let t = title(k.name());
         let mut attrs = vec![
+            num("monitorOpInitiated", m.initiated(k)),
+            num("monitorOpCompleted", m.completed(k)),
             num("pandoInitiated", m.initiated(k)),
             num("pandoCompleted", m.completed(k)),
         ];
         attrs.extend(latency_attrs(&m.latency(k)));
-        out.push(node(&t, &format!("cn={t},cn=Operations,cn=Monitor"), attrs));
+        let dn = format!("cn={t},cn=Operations,cn=Monitor");
+        out.push(node("monitorOperation", &t, &dn, attrs));
     }
     let mut store = Vec::new();
     if let Ok(s) = server.store.stats() {
@@ -238,9 +271,24 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
     if let Some(r) = resident(server) {
         store.push(attr("pandoResidentPercent", [format!("{:.1}", r * 100.0)]));
     }
-    out.push(node("Store", "cn=Store,cn=Monitor", store));
-    out.push(node("Indexes", "cn=Indexes,cn=Monitor", indexes(server)));
-    out.push(node("Overlays", "cn=Overlays,cn=Monitor", overlays(server)));
+    out.push(node(
+        "monitoredObject",
+        "Store",
+        "cn=Store,cn=Monitor",
+        store,
+    ));
+    out.push(node(
+        "monitoredObject",
+        "Indexes",
+        "cn=Indexes,cn=Monitor",
+        indexes(server),
+    ));
+    out.push(node(
+        "monitorContainer",
+        "Overlays",
+        "cn=Overlays,cn=Monitor",
+        overlays(server),
+    ));
     let mut changes = vec![num(
         "pandoPersistentSearches",
         server.persistent_searches.in_use() as u64,
@@ -258,10 +306,16 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
             changes.push(attr("pandoChangeLogFloorCSN", [log.floor]));
         }
     }
-    out.push(node("Changes", "cn=Changes,cn=Monitor", changes));
+    out.push(node(
+        "monitoredObject",
+        "Changes",
+        "cn=Changes,cn=Monitor",
+        changes,
+    ));
     replication(server, &mut out);
     let w = server.store.writer_stats();
     out.push(node(
+        "monitoredObject",
         "Writer",
         "cn=Writer,cn=Monitor",
         vec![
@@ -310,14 +364,20 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
     if !files.is_empty() {
         logs.push(attr("pandoLogFile", files));
     }
-    out.push(node("Logs", "cn=Logs,cn=Monitor", logs));
+    out.push(node("monitoredObject", "Logs", "cn=Logs,cn=Monitor", logs));
     let h = server.passwords.stats();
     let passwords = vec![
         num("pandoPasswordHashes", h.total.load(Ordering::Relaxed)),
         num("pandoInProgress", h.running.load(Ordering::Relaxed)),
         num("pandoPasswordUpgrades", h.upgraded.load(Ordering::Relaxed)),
     ];
-    out.push(node("Passwords", "cn=Passwords,cn=Monitor", passwords));
+    out.push(node(
+        "monitoredObject",
+        "Passwords",
+        "cn=Passwords,cn=Monitor",
+        passwords,
+    ));
+    super::monitor_slapd::add(server, &mut out);
     out
 }
 
@@ -328,6 +388,7 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
 fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
     let replicas = server.replicas.list();
     out.push(node(
+        "monitoredObject",
         "Replication",
         "cn=Replication,cn=Monitor",
         vec![num("pandoReplConsumers", replicas.len() as u64)],
@@ -349,6 +410,7 @@ fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
         attrs.push(attr("pandoReplConflictRecord", recent));
     }
     out.push(node(
+        "monitoredObject",
         "Conflicts",
         "cn=Conflicts,cn=Replication,cn=Monitor",
         attrs,
@@ -400,7 +462,12 @@ fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
                 .collect();
             attrs.push(attr("pandoReplChangesBehind", values));
         }
-        let (dn, mut entry) = node(&cn, &format!("cn={cn},cn=Replication,cn=Monitor"), attrs);
+        let (dn, mut entry) = node(
+            "monitoredObject",
+            &cn,
+            &format!("cn={cn},cn=Replication,cn=Monitor"),
+            attrs,
+        );
         // Two objectClass attributes became one: the node's and this one.
         let classes: Vec<Vec<u8>> = entry
             .attrs
@@ -435,7 +502,7 @@ mod tests {
         assert!(is_monitor_dn("cn=search,cn=operations,cn=monitor"));
         assert!(!is_monitor_dn("cn=monitor,dc=example,dc=com"));
         assert!(!is_monitor_dn("cn=notmonitor"));
-        assert_eq!(title("moddn"), "ModDN");
+        assert_eq!(title("moddn"), "Modrdn");
         assert_eq!(title("search"), "Search");
     }
 }

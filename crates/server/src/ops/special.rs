@@ -103,6 +103,8 @@ fn build_root_dse(server: &Server) -> Entry {
             ),
             attr("subschemaSubentry", [SUBSCHEMA_DN]),
             attr("configContext", [crate::cn_config::CONFIG_DN]),
+            // Where tools (LAM, phpLDAPadmin) look for the monitor, as on slapd.
+            attr("monitorContext", ["cn=Monitor"]),
             attr("supportedLDAPVersion", ["3"]),
             attr("supportedControl", super::controls::supported_oids()),
             attr(
