@@ -530,20 +530,7 @@ by = [{ who = "admins", rights = "all" }, { who = "dn:cn=replica,dc=example,dc=c
         };
         let admin = user(&server, "cn=admin,dc=example,dc=com", true);
         // Through the write pipeline, which logs.
-        let write = |n: &str| {
-            let req = pando_proto::AddRequest {
-                dn: format!("cn={n},dc=example,dc=com"),
-                attrs: [("objectClass", "device"), ("cn", n)]
-                    .iter()
-                    .map(|(a, v)| pando_proto::PartialAttribute {
-                        name: a.to_string(),
-                        values: vec![v.as_bytes().to_vec()],
-                    })
-                    .collect(),
-            };
-            let ctx = WriteCtx::new(&server, &admin, Requested::default());
-            rt.block_on(super::super::write::add(ctx, req)).unwrap();
-        };
+        let write = |n: &str| add_device(&rt, &server, &admin, n);
         write("a");
         let seen = context();
         for n in ["b", "c", "d"] {
@@ -567,6 +554,22 @@ by = [{ who = "admins", rights = "all" }, { who = "dn:cn=replica,dc=example,dc=c
         assert_eq!(err.code, ResultCode::PROTOCOL_ERROR, "{}", err.message);
     }
 
+    /// Add `cn=<n>,dc=example,dc=com` (a device) through the write pipeline.
+    fn add_device(rt: &tokio::runtime::Runtime, server: &Arc<Server>, admin: &Identity, n: &str) {
+        let req = pando_proto::AddRequest {
+            dn: format!("cn={n},dc=example,dc=com"),
+            attrs: [("objectClass", "device"), ("cn", n)]
+                .iter()
+                .map(|(a, v)| pando_proto::PartialAttribute {
+                    name: a.to_string(),
+                    values: vec![v.as_bytes().to_vec()],
+                })
+                .collect(),
+        };
+        let ctx = WriteCtx::new(server, admin, Requested::default());
+        rt.block_on(super::super::write::add(ctx, req)).unwrap();
+    }
+
     /// A count looks at no more than `replication.max_changes_counted`
     /// operations (from the oldest CSN asked about): past them the
     /// counts are lower bounds, whoever asks.
@@ -584,18 +587,7 @@ by = [{ who = "admins", rights = "all" }, { who = "dn:cn=replica,dc=example,dc=c
             rtxn.view().context_csns().unwrap().join(";")
         };
         for n in ["a", "b", "c"] {
-            let req = pando_proto::AddRequest {
-                dn: format!("cn={n},dc=example,dc=com"),
-                attrs: [("objectClass", "device"), ("cn", n)]
-                    .iter()
-                    .map(|(a, v)| pando_proto::PartialAttribute {
-                        name: a.to_string(),
-                        values: vec![v.as_bytes().to_vec()],
-                    })
-                    .collect(),
-            };
-            let ctx = WriteCtx::new(&server, &admin, Requested::default());
-            rt.block_on(super::super::write::add(ctx, req)).unwrap();
+            add_device(&rt, &server, &admin, n);
         }
         let req = ExtendedRequest {
             name: super::super::special::CHANGES_BEHIND_EXOP.into(),

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use pando_proto::ResultCode;
 use pando_store::View;
 
-use super::write::{Before, Change, WriteCtx, WriteOp};
+use super::write::{Change, WriteCtx, WriteOp};
 use crate::error::{LdapError, OpResult};
 use crate::state::{Identity, Server};
 
@@ -106,32 +106,23 @@ struct Upgrade {
 
 impl WriteOp for Upgrade {
     fn plan(&self, _ctx: &WriteCtx, view: &View<'_>) -> OpResult<Vec<Change>> {
-        let dn = super::parse_dn(&self.norm)?;
-        let id = super::resolve(view, &dn)?;
-        let entry = view
-            .entry(id)?
-            .ok_or_else(|| LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"))?;
-        let mut after = entry.clone();
-        let slot = after
-            .attrs
-            .iter_mut()
-            .filter(|a| super::is_password(&a.desc))
-            .flat_map(|a| a.values.iter_mut())
-            .find(|v| **v == self.old)
-            .ok_or_else(|| {
-                LdapError::new(
-                    ResultCode::NO_SUCH_ATTRIBUTE,
-                    "the value changed since the bind",
-                )
-            })?;
-        *slot = self.new.clone();
-        let before = Before {
-            id,
-            entry,
-            norm: self.norm.clone(),
-            bytes: None,
-        };
-        Ok(vec![Change::modify(before, after)])
+        let change = Change::edit(view, &self.norm, |after| {
+            let slot = after
+                .attrs
+                .iter_mut()
+                .filter(|a| super::is_password(&a.desc))
+                .flat_map(|a| a.values.iter_mut())
+                .find(|v| **v == self.old)
+                .ok_or_else(|| {
+                    LdapError::new(
+                        ResultCode::NO_SUCH_ATTRIBUTE,
+                        "the value changed since the bind",
+                    )
+                })?;
+            *slot = self.new.clone();
+            Ok(())
+        })?;
+        Ok(vec![change])
     }
 
     fn audit(&self, _ctx: &WriteCtx, _changes: &[Change]) {}

@@ -151,6 +151,30 @@ impl Change {
         }
     }
 
+    /// The entry named `norm` (normalised), as `edit` leaves a copy of it:
+    /// the plan of the server's own one-entry changes (password policy
+    /// state, upgrade on bind).
+    pub fn edit(
+        view: &View<'_>,
+        norm: &str,
+        edit: impl FnOnce(&mut Entry) -> OpResult<()>,
+    ) -> OpResult<Change> {
+        let dn = super::parse_dn(norm)?;
+        let id = super::resolve(view, &dn)?;
+        let entry = view
+            .entry(id)?
+            .ok_or_else(|| LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"))?;
+        let mut after = entry.clone();
+        edit(&mut after)?;
+        let before = Before {
+            id,
+            entry,
+            norm: norm.to_string(),
+            bytes: None,
+        };
+        Ok(Change::modify(before, after))
+    }
+
     /// The entry `before` becomes `after`, named `norm`, at `place`.
     pub fn rename(before: Before, after: Entry, norm: String, place: Placement) -> Change {
         Change {

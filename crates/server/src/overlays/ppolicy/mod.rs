@@ -36,7 +36,7 @@ use self::quality::Quality;
 use super::settings::PpolicyConfig;
 use crate::error::{LdapError, OpResult};
 use crate::ops::write::hooks::Hook;
-use crate::ops::write::{Before, Change, WriteCtx, WriteOp};
+use crate::ops::write::{Change, WriteCtx, WriteOp};
 use crate::state::{Identity, Server};
 
 /// The DN state changes made by the overlay are stamped with (as
@@ -482,20 +482,11 @@ struct StateUpdate {
 
 impl WriteOp for StateUpdate {
     fn plan(&self, _ctx: &WriteCtx, view: &View<'_>) -> OpResult<Vec<Change>> {
-        let dn = crate::ops::parse_dn(&self.norm)?;
-        let id = crate::ops::resolve(view, &dn)?;
-        let entry = view
-            .entry(id)?
-            .ok_or_else(|| LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"))?;
-        let mut after = entry.clone();
-        (self.edit)(&mut after);
-        let before = Before {
-            id,
-            entry,
-            norm: self.norm.clone(),
-            bytes: None,
-        };
-        Ok(vec![Change::modify(before, after)])
+        let change = Change::edit(view, &self.norm, |e| {
+            (self.edit)(e);
+            Ok(())
+        })?;
+        Ok(vec![change])
     }
 
     fn audit(&self, _ctx: &WriteCtx, _changes: &[Change]) {}
