@@ -223,6 +223,10 @@ const FILES: &[(&str, &str)] = &[
         "accesslog.schema",
         include_str!("../schema/accesslog.schema"),
     ),
+    (
+        "changelog.schema",
+        include_str!("../schema/changelog.schema"),
+    ),
     ("monitor.schema", include_str!("../schema/monitor.schema")),
     ("config.schema", include_str!("../schema/config.schema")),
 ];
@@ -889,6 +893,14 @@ impl Schema {
         def.push_str(" )");
         oc.definition = def;
 
+        // A class defined again with its OID and name (dsee.schema's
+        // changeLogEntry, the built-in one the retro change log shows):
+        // the first definition stays, as for attribute types.
+        if let Some(old) = self.object_class(&oc.oid) {
+            if oc.names.first().is_some_and(|n| old.has_name(n)) {
+                return Ok(());
+            }
+        }
         let keys: Vec<String> = std::iter::once(oc.oid.clone())
             .chain(oc.names.iter().map(|n| n.to_ascii_lowercase()))
             .collect();
@@ -1697,6 +1709,23 @@ mod tests {
 #[cfg(test)]
 mod macro_tests {
     use super::*;
+
+    #[test]
+    fn a_definition_repeated_with_its_oid_and_name_keeps_the_first() {
+        let mut s = Schema::standard();
+        let before = s.object_class("changeLogEntry").unwrap().definition.clone();
+        s.add_definitions(
+            "objectclass ( 2.16.840.1.113730.3.2.1 NAME 'changeLogEntry' SUP top STRUCTURAL MUST changeNumber )\n\
+             attributetype ( 2.16.840.1.113730.3.1.5 NAME 'changeNumber' SYNTAX 1.3.6.1.4.1.1466.115.121.1.15 )\n",
+        )
+        .unwrap();
+        assert_eq!(s.object_class("changeLogEntry").unwrap().definition, before);
+        // Another name on a known OID is still refused.
+        let e = s
+            .add_definitions("objectclass ( 2.16.840.1.113730.3.2.1 NAME 'other' SUP top )\n")
+            .unwrap_err();
+        assert!(e.message.contains("already defined"), "{e}");
+    }
 
     #[test]
     fn oid_macros_expand_in_definitions() {

@@ -423,7 +423,7 @@ mod tests {
         assert!(decode_sort_request(&seq(&[]), &DecodeLimits::default()).is_err());
         // A long list is read no further than one key past the limit.
         let one = seq(&[b"\x04\x02cn"]);
-        let many: Vec<&[u8]> = std::iter::repeat(one.as_slice()).take(1000).collect();
+        let many: Vec<&[u8]> = std::iter::repeat_n(one.as_slice(), 1000).collect();
         let two = DecodeLimits {
             max_sort_keys: 2,
             ..DecodeLimits::default()

@@ -254,6 +254,17 @@ impl View<'_> {
         })))
     }
 
+    /// The logged change whose record has key `k` (see [`key`]).
+    pub(crate) fn change_by_key(&self, k: &[u8]) -> Result<Option<LoggedChange>, StoreError> {
+        let Some(db) = self.changelog_db() else {
+            return Ok(None);
+        };
+        match db.get(self.txn, k)? {
+            Some(v) => Ok(Some(decode(k, v)?)),
+            None => Ok(None),
+        }
+    }
+
     /// The logged changes of the operation stamped `csn`, in the order
     /// written.
     pub fn changes_at(&self, csn: &str) -> Result<Vec<LoggedChange>, StoreError> {
@@ -363,9 +374,21 @@ impl WriteTxn<'_> {
         // Appended at the end (this server's CSNs only grow), which fills
         // pages instead of splitting them in halves; a received change
         // older than the newest record goes in its place.
-        match db.put_with_flags(&mut self.txn, PutFlags::APPEND, &k, &v) {
-            Err(heed::Error::Mdb(heed::MdbError::KeyExist)) => db.put(&mut self.txn, &k, &v)?,
-            other => other?,
+        let new = match db.put_with_flags(&mut self.txn, PutFlags::APPEND, &k, &v) {
+            Err(heed::Error::Mdb(heed::MdbError::KeyExist)) => {
+                let new = db.get(&self.txn, &k)?.is_none();
+                db.put(&mut self.txn, &k, &v)?;
+                new
+            }
+            other => {
+                other?;
+                true
+            }
+        };
+        // A record written again (the same change received twice) keeps
+        // its number.
+        if new {
+            self.number_change(&k)?;
         }
         Ok(())
     }
@@ -416,6 +439,7 @@ impl WriteTxn<'_> {
         }
         if let Some(csn) = newest {
             self.raise_changelog_floor(&csn)?;
+            self.drop_purged_numbers(max.saturating_mul(2))?;
         }
         Ok(n)
     }

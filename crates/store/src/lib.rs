@@ -23,6 +23,7 @@
 mod accesslog;
 pub mod bulk;
 mod catalog;
+mod change_numbers;
 mod changelog;
 mod context_csn;
 mod dictionary;
@@ -305,6 +306,8 @@ pub(crate) struct Inner {
     /// The change log ([`changelog`]); None only in a read-only view of
     /// a store written before the log existed.
     changelog: Option<Db>,
+    /// Change numbers ([`change_numbers`]); None where the change log is.
+    changenumbers: Option<Db>,
     /// Records of reads, binds and failed writes ([`accesslog`]); None
     /// only in a read-only view of a store written before it existed.
     accesslog: Option<Db>,
@@ -338,6 +341,7 @@ struct Dbs {
     dn2id: Db,
     id2parent: Db,
     changelog: Option<Db>,
+    changenumbers: Option<Db>,
     accesslog: Option<Db>,
 }
 
@@ -368,6 +372,7 @@ impl Inner {
             dn2id: dbs.dn2id,
             id2parent: dbs.id2parent,
             changelog: dbs.changelog,
+            changenumbers: dbs.changenumbers,
             accesslog: dbs.accesslog,
             catalog: arc_swap::ArcSwap::from_pointee(Catalog::new(schema, indexes)),
             builds: index_build::Builds::default(),
@@ -556,6 +561,10 @@ impl Store {
             existing,
             newest.as_deref(),
         )?);
+        let changenumbers = match changelog {
+            Some(log) => Some(change_numbers::open(&env, &mut wtxn, log)?),
+            None => None,
+        };
         let accesslog = Some(accesslog::open(&env, &mut wtxn)?);
         wtxn.commit()?;
         let dbs = Dbs {
@@ -564,6 +573,7 @@ impl Store {
             dn2id,
             id2parent,
             changelog,
+            changenumbers,
             accesslog,
         };
         let inner = Arc::new(Inner::new(
@@ -686,6 +696,7 @@ impl Store {
         }
         let codec = load_codec(&rtxn, meta, opts.compression)?;
         let changelog = env.open_database::<Bytes, Bytes>(&rtxn, Some(changelog::NAME))?;
+        let changenumbers = env.open_database::<Bytes, Bytes>(&rtxn, Some(change_numbers::NAME))?;
         let accesslog = env.open_database::<Bytes, Bytes>(&rtxn, Some(accesslog::NAME))?;
         rtxn.commit()?;
         let dbs = Dbs {
@@ -694,6 +705,7 @@ impl Store {
             dn2id,
             id2parent,
             changelog,
+            changenumbers,
             accesslog,
         };
         let mut inner = Inner::new(env, dbs, indexes, schema, path, Durability::Durable, codec);
@@ -930,6 +942,9 @@ impl Store {
         add("meta".into(), &inner.meta)?;
         if let Some(db) = &inner.changelog {
             add(changelog::NAME.into(), db)?;
+        }
+        if let Some(db) = &inner.changenumbers {
+            add(change_numbers::NAME.into(), db)?;
         }
         if let Some(db) = &inner.accesslog {
             add(accesslog::NAME.into(), db)?;

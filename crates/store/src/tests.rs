@@ -1690,3 +1690,66 @@ fn access_log_trim_keeps_the_newest_within_both_caps() {
     );
     assert!(store.read().unwrap().view().verify().unwrap().is_empty());
 }
+
+#[test]
+fn change_numbers_follow_commit_order_and_survive_purges() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let (a, b, c) = (
+        "20261125010203.000001Z#000000#000#000000",
+        "20261125010203.000002Z#000000#000#000000",
+        "20261126000000.000000Z#000000#000#000000",
+    );
+    // b then c committed, then a received (older CSN, committed last),
+    // then c written again (received twice: keeps its number).
+    let written = [
+        logged(b, 0, LoggedKind::Modify, "cn=b"),
+        logged(c, 0, LoggedKind::Add, "cn=c"),
+        logged(a, 0, LoggedKind::Delete, "cn=a"),
+        logged(c, 0, LoggedKind::Add, "cn=c"),
+    ];
+    for w0 in written {
+        store.write_blocking(move |w| w.log_change(&w0)).unwrap();
+    }
+    let numbered = |store: &Store, from: u64| -> Vec<(u64, String)> {
+        let r = store.read().unwrap();
+        let v = r.view();
+        let out = v
+            .changes_from_number(from)
+            .unwrap()
+            .map(|c| c.map(|(n, c)| (n, c.dn)).unwrap())
+            .collect();
+        out
+    };
+    let range = |store: &Store| store.read().unwrap().view().change_number_range().unwrap();
+    assert_eq!(
+        numbered(&store, 0),
+        [(1, "cn=b".into()), (2, "cn=c".into()), (3, "cn=a".into())]
+    );
+    assert_eq!(numbered(&store, 3), [(3, "cn=a".to_string())]);
+    assert_eq!(range(&store), Some((1, 3)));
+    // A reader at 2 loses nothing it has not passed when the oldest CSN
+    // (a, numbered 3) goes: 3 is skipped as purged, not renumbered.
+    store
+        .write_blocking(|w| w.purge_changes("20261125010203.000002Z", u64::MAX, 10))
+        .unwrap();
+    assert_eq!(numbered(&store, 2), [(2, "cn=c".to_string())]);
+    assert_eq!(range(&store), Some((1, 2)));
+    // b goes: the front moves to 2.
+    store
+        .write_blocking(|w| w.purge_changes("20261125020000", u64::MAX, 10))
+        .unwrap();
+    assert_eq!(range(&store), Some((2, 2)));
+    // Everything goes: the next change is still 4, also after a restart.
+    store
+        .write_blocking(|w| w.purge_changes("", 0, 10))
+        .unwrap();
+    assert_eq!(range(&store), None);
+    store.close();
+    let store = open(dir.path());
+    store
+        .write_blocking(|w| w.log_change(&logged(c, 1, LoggedKind::Modify, "cn=d")))
+        .unwrap();
+    assert_eq!(numbered(&store, 0), [(4, "cn=d".to_string())]);
+    assert_consistent(&store);
+}

@@ -571,81 +571,33 @@ fn change_entry(c: &LoggedChange, start: String) -> Option<(String, Entry)> {
         attr("reqEntryUUID", &c.uuid),
         attr("entryCSN", &c.csn),
     ];
-    let mut mods: Vec<Vec<u8>> = Vec::new();
-    let (old_rdn, new_rdn) = match (&c.old_dn, c.kind) {
-        (Some(old), LoggedKind::ModDn) => (first_rdn(old), first_rdn(&c.dn)),
-        _ => (None, None),
-    };
-    let mut deleted_old_rdn = false;
-    for m in &c.mods {
-        // Multi-provider merge state is this server's own (no other
-        // server's schema knows it; a delta consumer would stop on it).
-        let base = m.desc.split(';').next().unwrap_or("");
-        if base.eq_ignore_ascii_case(crate::repl::merge::STATE_ATTR) {
-            continue;
-        }
-        let op = match m.op {
-            ModOp::Add => '+',
-            ModOp::Delete => '-',
-            ModOp::Replace => '=',
-        };
-        // A rename's RDN values are its reqNewRDN and reqDeleteOldRDN.
-        if let (Some((oa, ov)), Some((na, nv))) = (&old_rdn, &new_rdn) {
-            let base = m.desc.split(';').next().unwrap_or("");
-            let has = |v: &str| {
-                m.values
-                    .iter()
-                    .any(|x| x.eq_ignore_ascii_case(v.as_bytes()))
+    let shape = super::change_shape::of(c);
+    let mods: Vec<Vec<u8>> = shape
+        .mods
+        .iter()
+        .flat_map(|m| {
+            let op = match m.op {
+                ModOp::Add => '+',
+                ModOp::Delete => '-',
+                ModOp::Replace => '=',
             };
-            let on_old = base.eq_ignore_ascii_case(oa);
-            let on_new = base.eq_ignore_ascii_case(na);
-            match m.op {
-                ModOp::Delete if on_old && has(ov) => {
-                    deleted_old_rdn = true;
-                    continue;
-                }
-                ModOp::Add if on_new && has(nv) => continue,
-                // The attribute's values replaced by the new RDN's alone.
-                ModOp::Replace if on_new && m.values.len() == 1 && has(nv) => {
-                    deleted_old_rdn |= on_old && !has(ov);
-                    continue;
-                }
-                ModOp::Replace if on_old && !has(ov) => deleted_old_rdn = true,
-                _ => {}
-            }
-        }
-        mods.extend(req_mod(&m.desc, op, &m.values));
-    }
+            req_mod(&m.desc, op, &m.values)
+        })
+        .collect();
     if !mods.is_empty() {
         attrs.push(Attribute {
             desc: "reqMod".into(),
             values: mods,
         });
     }
-    if c.kind == LoggedKind::ModDn {
-        if let Ok(new) = Dn::parse(&c.dn) {
-            if let Some(rdn) = new.rdns.first() {
-                attrs.push(attr(
-                    "reqNewRDN",
-                    &Dn {
-                        rdns: vec![rdn.clone()],
-                    }
-                    .to_string(),
-                ));
-            }
-            let new_parent = Dn {
-                rdns: new.rdns[1.min(new.rdns.len())..].to_vec(),
-            };
-            let old_parent = Dn::parse(target).ok().map(|o| Dn {
-                rdns: o.rdns[1.min(o.rdns.len())..].to_vec(),
-            });
-            if old_parent.as_ref() != Some(&new_parent) {
-                attrs.push(attr("reqNewSuperior", &new_parent.to_string()));
-            }
+    if let Some(r) = &shape.rename {
+        attrs.push(attr("reqNewRDN", &r.new_rdn));
+        if let Some(sup) = &r.new_superior {
+            attrs.push(attr("reqNewSuperior", sup));
         }
         attrs.push(attr(
             "reqDeleteOldRDN",
-            if deleted_old_rdn { "TRUE" } else { "FALSE" },
+            if r.delete_old_rdn { "TRUE" } else { "FALSE" },
         ));
         attrs.push(attr("reqNewDN", &c.dn));
     }
@@ -657,13 +609,6 @@ fn attr(name: &str, value: &str) -> Attribute {
         desc: name.into(),
         values: vec![value.as_bytes().to_vec()],
     }
-}
-
-/// The attribute and value of a DN's first RDN (its first AVA).
-fn first_rdn(dn: &str) -> Option<(String, String)> {
-    let d = Dn::parse(dn).ok()?;
-    let ava = d.rdns.first()?.avas.first()?.clone();
-    Some((ava.attr, String::from_utf8_lossy(&ava.value).into_owned()))
 }
 
 /// Whether `who` may read cn=accesslog: administrators, and those an

@@ -11,6 +11,8 @@
 //! - each request, before it runs (`net::connection`): errors;
 //! - each operation's end (`observe::OpStart`): accesslog, whose entries
 //!   are the virtual tree `cn=accesslog`;
+//! - the virtual tree `cn=changelog` (`ops::search::virtual_tree`):
+//!   retrochangelog, which numbers the change log;
 //! - searches, compares, writes and binds below a translucent suffix
 //!   (`ops::search::translucent`, `ops::operation`, `ops::bind`):
 //!   translucent, which reads a remote server.
@@ -19,11 +21,13 @@
 //! provider's overlays made the related changes, and they arrive too.
 
 pub mod accesslog;
+pub mod change_shape;
 pub mod errors;
 pub mod memberof;
 pub mod ppolicy;
 pub mod refint;
 pub mod related;
+pub mod retro_changelog;
 pub mod settings;
 pub mod translucent;
 pub mod unique;
@@ -71,6 +75,9 @@ pub struct Overlays {
     /// Translucent suffixes, which searches, compares, writes and binds
     /// below them consult.
     translucent: Vec<Arc<translucent::Translucent>>,
+    /// The retro change log, whose entries are the virtual tree
+    /// `cn=changelog`.
+    retro_changelog: Option<Arc<retro_changelog::RetroChangelog>>,
 }
 
 impl Overlays {
@@ -85,6 +92,7 @@ impl Overlays {
         let mut translucent = Vec::new();
         let mut injected = Vec::new();
         let mut log = None;
+        let mut retro = None;
         let list = configs
             .iter()
             .map(|c| {
@@ -138,6 +146,10 @@ impl Overlays {
                             .push(Arc::new(translucent::Translucent::new(t, schema, max_pdu)));
                         (None, None)
                     }
+                    OverlayConfig::Retrochangelog(r) => {
+                        retro = Some(Arc::new(retro_changelog::RetroChangelog::new(r, schema)));
+                        (None, None)
+                    }
                 };
                 Ok(Overlay {
                     kind: c.type_name(),
@@ -152,6 +164,7 @@ impl Overlays {
             errors: injected,
             accesslog: log,
             translucent,
+            retro_changelog: retro,
         })
     }
 
@@ -173,6 +186,11 @@ impl Overlays {
     /// The access log, when configured.
     pub fn accesslog(&self) -> Option<&accesslog::AccessLog> {
         self.accesslog.as_deref()
+    }
+
+    /// The retro change log, when configured.
+    pub fn retro_changelog(&self) -> Option<&retro_changelog::RetroChangelog> {
+        self.retro_changelog.as_deref()
     }
 
     /// The fault error injection puts on `op`, if a rule fires.

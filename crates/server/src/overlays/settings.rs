@@ -19,6 +19,7 @@ pub enum OverlayConfig {
     Errors(ErrorsConfig),
     Accesslog(AccesslogConfig),
     Translucent(TranslucentConfig),
+    Retrochangelog(RetroChangelogConfig),
 }
 
 /// Referential integrity: references to an entry follow it when it is
@@ -170,6 +171,17 @@ impl AccesslogConfig {
             ("queue_records", self.queue_records, 1, 1 << 20),
         ]
     }
+}
+
+/// The retro change log: `cn=changelog`, the change log numbered, as
+/// DSEE and 389-DS serve it.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RetroChangelogConfig {
+    /// Attributes left out of the `changes` shown (a sync tool that needs
+    /// no password hashes: `["userPassword"]`).
+    #[serde(default)]
+    pub exclude_attributes: Vec<String>,
 }
 
 /// Translucency: a suffix whose entries come from a remote server, with
@@ -413,6 +425,17 @@ pub const TYPES: &[OverlayType] = &[
             ),
         ],
     },
+    OverlayType {
+        name: "retrochangelog",
+        class: "pandoRetroChangelogConfig",
+        class_n: 19,
+        settings: &[s(
+            390,
+            "exclude_attributes",
+            "pandoRetroChangelogExcludeAttribute",
+            List,
+        )],
+    },
 ];
 
 /// The type named `name` (any case).
@@ -431,6 +454,7 @@ impl OverlayConfig {
             OverlayConfig::Errors(_) => "errors",
             OverlayConfig::Accesslog(_) => "accesslog",
             OverlayConfig::Translucent(_) => "translucent",
+            OverlayConfig::Retrochangelog(_) => "retrochangelog",
         }
     }
 }
@@ -483,7 +507,10 @@ pub fn validate(
         // one ppolicy, one accesslog.
         let single = matches!(
             o,
-            OverlayConfig::Memberof(_) | OverlayConfig::Ppolicy(_) | OverlayConfig::Accesslog(_)
+            OverlayConfig::Memberof(_)
+                | OverlayConfig::Ppolicy(_)
+                | OverlayConfig::Accesslog(_)
+                | OverlayConfig::Retrochangelog(_)
         );
         if single && overlays[..i].iter().any(|p| p.type_name() == kind) {
             return Err(err(i, kind, "type", format!("one {kind} overlay at most")));
@@ -615,6 +642,12 @@ pub fn validate(
                         "suffix",
                         format!("another translucent overlay serves {}", t.suffix),
                     ));
+                }
+            }
+            OverlayConfig::Retrochangelog(r) => {
+                for a in &r.exclude_attributes {
+                    check_attr(schema, a, false)
+                        .map_err(|e| err(i, kind, "exclude_attributes", e))?;
                 }
             }
             OverlayConfig::Errors(e) => {

@@ -1,6 +1,6 @@
 //! Entries that are not in the store but are searched like stored ones:
-//! the root DSE, the subschema subentry, cn=Monitor, cn=config and
-//! cn=accesslog. Each is a [`VirtualTree`] in [`TREES`]; a
+//! the root DSE, the subschema subentry, cn=Monitor, cn=config,
+//! cn=accesslog and cn=changelog. Each is a [`VirtualTree`] in [`TREES`]; a
 //! search whose base one of them owns is answered from its entries by
 //! [`search`], with the same scope, filter, assertion, size limit and
 //! attribute selection as a stored search.
@@ -64,8 +64,14 @@ pub trait VirtualTree: Sync {
 }
 
 /// Every virtual tree, asked in this order.
-pub const TREES: &[&dyn VirtualTree] =
-    &[&RootDse, &Subschema, &Monitor, &ConfigTree, &AccessLogTree];
+pub const TREES: &[&dyn VirtualTree] = &[
+    &RootDse,
+    &Subschema,
+    &Monitor,
+    &ConfigTree,
+    &AccessLogTree,
+    &RetroChangelogTree,
+];
 
 /// The tree owning `base`, if any.
 pub fn owner(schema: &Schema, base: &Dn) -> Option<&'static dyn VirtualTree> {
@@ -85,10 +91,17 @@ impl VirtualTree for RootDse {
     }
 
     fn entries(&self, server: &Server) -> Vec<VirtualEntry> {
+        let mut entry = server.special.root_dse(server);
+        // The retro change log's range moves with every write: added
+        // to the cached entry when it is read.
+        let changelog = crate::overlays::retro_changelog::root_dse_attrs(server);
+        if !changelog.is_empty() {
+            Arc::make_mut(&mut entry).attrs.extend(changelog);
+        }
         vec![VirtualEntry {
             dn: String::new(),
             norm: String::new(),
-            entry: server.special.root_dse(server),
+            entry,
         }]
     }
 }
@@ -196,8 +209,8 @@ impl VirtualTree for ConfigTree {
 /// configured: administrators and those a rule naming it lets read.
 struct AccessLogTree;
 
-/// Records a search of cn=accesslog reads at most (the size limit stops
-/// it sooner).
+/// Records a search of cn=accesslog or cn=changelog reads at most (the
+/// size limit stops it sooner).
 const ACCESSLOG_SCAN: u64 = 200_000;
 
 impl VirtualTree for AccessLogTree {
@@ -224,10 +237,6 @@ impl VirtualTree for AccessLogTree {
     }
 
     fn entries_for(&self, server: &Server, job: &SearchJob, base_norm: &str) -> Vec<VirtualEntry> {
-        let limit = match job.req.size_limit {
-            n if n <= 0 => 0,
-            n => n as u64 + 1,
-        };
         with_norms(
             server,
             crate::overlays::accesslog::entries(
@@ -235,10 +244,63 @@ impl VirtualTree for AccessLogTree {
                 base_norm,
                 job.req.scope,
                 &job.req.filter,
-                limit,
+                search_limit(job),
                 ACCESSLOG_SCAN,
             ),
         )
+    }
+}
+
+/// cn=changelog (`overlays::retro_changelog`), when the retro change log
+/// overlay is configured: administrators and those a rule naming it lets
+/// read.
+struct RetroChangelogTree;
+
+impl VirtualTree for RetroChangelogTree {
+    fn owns(&self, schema: &Schema, base: &Dn) -> bool {
+        base.rdns.last().is_some_and(|r| {
+            r.avas.len() == 1
+                && r.avas[0].value.eq_ignore_ascii_case(b"changelog")
+                && schema
+                    .normalize_rdn(r)
+                    .is_ok_and(|n| n == crate::overlays::retro_changelog::SUFFIX)
+        })
+    }
+
+    fn may_enter(&self, server: &Server, who: &Identity, _base_norm: &str) -> bool {
+        server.overlays.retro_changelog().is_some()
+            && crate::overlays::retro_changelog::may_read(server, who)
+    }
+
+    fn may_read(&self, server: &Server, who: &Identity, _e: &VirtualEntry) -> bool {
+        crate::overlays::retro_changelog::may_read(server, who)
+    }
+
+    fn entries(&self, _server: &Server) -> Vec<VirtualEntry> {
+        Vec::new()
+    }
+
+    fn entries_for(&self, server: &Server, job: &SearchJob, base_norm: &str) -> Vec<VirtualEntry> {
+        with_norms(
+            server,
+            crate::overlays::retro_changelog::entries(
+                server,
+                base_norm,
+                job.req.scope,
+                &job.req.filter,
+                search_limit(job),
+                ACCESSLOG_SCAN,
+            ),
+        )
+    }
+}
+
+/// Entries a search of a large virtual tree makes at most: one past its
+/// size limit (0: none).
+fn search_limit(job: &SearchJob) -> u64 {
+    match job.req.size_limit {
+        n if n <= 0 => 0,
+        n => n as u64 + 1,
     }
 }
 
