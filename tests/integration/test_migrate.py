@@ -568,6 +568,33 @@ def test_unreadable_rule_is_reported_with_file_and_line(tmp_path):
     assert "# from %s:6: access to * by users read by * none" % conf in toml, toml
 
 
+def test_data_export_password_schemes_are_reported(tmp_path):
+    """`pando migrate --data` looks through the export: userPassword values
+    by scheme in the report and on the terminal, naming those no bind can
+    verify (issue 43); a broken record names its line."""
+    conf = tmp_path / "slapd.conf"
+    conf.write_text("include %s/core.schema\n\ndatabase mdb\nsuffix \"dc=example,dc=com\"\n" % SCHEMA_DIR)
+    users = [("a", "{SSHA}" + ssha("pw")[6:]), ("b", "{MD5}CY9rzUYh03PK3k6DJie09g=="),
+             ("c", "{MD5}CY9rzUYh03PK3k6DJie09g=="), ("d", "{KERBEROS}someone@REALM"), ("e", None)]
+    ldif = tmp_path / "export.ldif"
+    ldif.write_text("dn: dc=example,dc=com\nobjectClass: domain\ndc: example\n\n" + "".join(
+        "dn: cn=%s,dc=example,dc=com\nobjectClass: person\ncn: %s\nsn: s\n%s\n"
+        % (u, u, "userPassword: %s\n" % pw if pw else "") for u, pw in users))
+    r = pando("migrate", "--from", conf, "--out", tmp_path / "out", "--data", ldif)
+    assert r.returncode == 0, r.stderr
+    report = (tmp_path / "out" / "migration-report.txt").read_text()
+    for text in (report, r.stderr):
+        assert "userPassword values by scheme:" in text, text
+        assert "{MD5} 2" in text and "{SSHA} 1" in text, text
+        assert "1 userPassword value(s) in {KERBEROS} cannot be verified here" in text, text
+        assert "note: 3 userPassword value(s) in weak or legacy schemes" in text, text
+    assert "## Passwords in %s" % ldif in report, report
+    # A broken record: an error naming the file and line, exit non-zero.
+    ldif.write_text("dn: dc=example,dc=com\nobjectClass: domain\ndc:: !!not base64!!\n")
+    r = pando("migrate", "--from", conf, "--out", tmp_path / "out2", "--data", ldif)
+    assert r.returncode != 0 and str(ldif) in r.stderr and "line 3" in r.stderr, r.stderr
+
+
 def test_missing_from_path_is_an_error(tmp_path):
     missing = tmp_path / "no-such" / "slapd.conf"
     r = pando("migrate", "--from", missing, "--out", tmp_path / "out")

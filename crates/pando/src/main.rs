@@ -834,19 +834,32 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
 fn print_password_schemes(
     schemes: &std::collections::BTreeMap<String, pando_server::bulk::SchemeCount>,
 ) {
+    for line in password_scheme_lines(schemes) {
+        eprintln!("{line}");
+    }
+}
+
+/// What `pando import` and `pando migrate --data` say of the userPassword
+/// values they saw, by scheme (nothing when there were none).
+pub(crate) fn password_scheme_lines(
+    schemes: &std::collections::BTreeMap<String, pando_server::bulk::SchemeCount>,
+) -> Vec<String> {
     if schemes.is_empty() {
-        return;
+        return Vec::new();
     }
     let list: Vec<String> = schemes
         .iter()
         .map(|(s, c)| format!("{s} {}", c.values))
         .collect();
-    eprintln!("userPassword values by scheme: {}", list.join(", "));
+    let mut out = vec![format!(
+        "userPassword values by scheme: {}",
+        list.join(", ")
+    )];
     for (s, c) in schemes.iter().filter(|(_, c)| !c.verifiable) {
-        eprintln!(
+        out.push(format!(
             "warning: {} userPassword value(s) in {s} cannot be verified here (unknown scheme, or a cost above the caps in docs/operations.md): those users cannot bind until their passwords are set again",
             c.values
-        );
+        ));
     }
     let legacy: u64 = schemes
         .values()
@@ -854,10 +867,11 @@ fn print_password_schemes(
         .map(|c| c.values)
         .sum();
     if legacy > 0 {
-        eprintln!(
+        out.push(format!(
             "note: {legacy} userPassword value(s) in weak or legacy schemes verify, and are rewritten in the configured scheme at each user's next bind ([passwords] upgrade_on_bind)"
-        );
+        ));
     }
+    out
 }
 
 fn salvage(args: SalvageArgs) -> Result<ExitCode, String> {

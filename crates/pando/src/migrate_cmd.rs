@@ -15,6 +15,11 @@ pub struct MigrateArgs {
     /// values to translate with the dse.ldif given as --from.
     #[arg(long, value_name = "LDIF")]
     pub acis_from: Option<PathBuf>,
+    /// The data export (slapcat or db2ldif output) to look through: its
+    /// userPassword values counted by scheme, naming those no bind here
+    /// can verify, in the report and on the terminal. Nothing is imported.
+    #[arg(long, value_name = "LDIF")]
+    pub data: Option<PathBuf>,
     /// Where to write pando.toml, migration-report.txt and schema/.
     #[arg(long, default_value = "pando-migrated")]
     pub out: PathBuf,
@@ -50,6 +55,24 @@ pub fn run(args: MigrateArgs) -> Result<ExitCode, String> {
         r.count(Stricter),
         r.count(Differs),
     );
+    if let Some(data) = &args.data {
+        let schemes = schemes_in(data)?;
+        let text = crate::password_scheme_lines(&schemes).join("\n");
+        eprintln!("{text}");
+        let report = args.out.join("migration-report.txt");
+        let mut all =
+            std::fs::read_to_string(&report).map_err(|e| format!("{}: {e}", report.display()))?;
+        all.push_str(&format!(
+            "\n## Passwords in {}\n\n{}\n",
+            data.display(),
+            if text.is_empty() {
+                "no userPassword values"
+            } else {
+                &text
+            }
+        ));
+        std::fs::write(&report, all).map_err(|e| format!("{}: {e}", report.display()))?;
+    }
     let Some(slapd) = args.verify_against else {
         return Ok(ExitCode::SUCCESS);
     };
@@ -71,4 +94,42 @@ pub fn run(args: MigrateArgs) -> Result<ExitCode, String> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// The userPassword values of an LDIF export by scheme; a record that
+/// does not parse is an error naming its line.
+fn schemes_in(
+    path: &std::path::Path,
+) -> Result<std::collections::BTreeMap<String, pando_server::bulk::SchemeCount>, String> {
+    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let reader = pando_ldif::LdifReader::new(
+        std::io::BufReader::new(f),
+        pando_ldif::ReaderOptions::default(),
+    );
+    let mut all = std::collections::BTreeMap::new();
+    for rec in reader {
+        let rec = rec.map_err(|e| format!("{}: {e}", path.display()))?;
+        let pairs = match rec {
+            pando_ldif::Record::Content { attrs, .. } => attrs,
+            pando_ldif::Record::Change {
+                change: pando_ldif::ChangeRecord::Add(attrs),
+                ..
+            } => attrs,
+            pando_ldif::Record::Change { .. } => continue,
+        };
+        // One attribute per value: only their names and values are looked at.
+        let attrs: Vec<pando_model::Attribute> = pairs
+            .into_iter()
+            .map(|(desc, v)| pando_model::Attribute {
+                desc,
+                values: vec![v],
+            })
+            .collect();
+        for (scheme, one) in pando_server::bulk::password_schemes(&attrs) {
+            all.entry(scheme)
+                .and_modify(|c: &mut pando_server::bulk::SchemeCount| c.values += 1)
+                .or_insert(one);
+        }
+    }
+    Ok(all)
 }

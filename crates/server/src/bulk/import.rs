@@ -107,6 +107,24 @@ pub struct SchemeCount {
     pub legacy: bool,
 }
 
+/// The scheme of each userPassword value of an entry with `attrs`, for
+/// the reports of `pando import` and `pando migrate --data`.
+pub fn password_schemes(attrs: &[Attribute]) -> Vec<(String, SchemeCount)> {
+    crate::ops::password_values(attrs)
+        .iter()
+        .map(|v| {
+            let (name, verifiable) = crate::password::describe(v);
+            let legacy = crate::password::strength(v) <= crate::password::Strength::WeakSalted;
+            let one = SchemeCount {
+                values: 1,
+                verifiable,
+                legacy,
+            };
+            (name, one)
+        })
+        .collect()
+}
+
 /// One rejected record: where it was and why.
 #[derive(Debug, Clone)]
 pub struct Reject {
@@ -251,19 +269,7 @@ fn prepare(
         .get("entryCSN")
         .and_then(|a| a.values.first())
         .cloned();
-    let schemes = crate::ops::password_values(&entry.attrs)
-        .iter()
-        .map(|v| {
-            let (name, verifiable) = crate::password::describe(v);
-            let legacy = crate::password::strength(v) <= crate::password::Strength::WeakSalted;
-            let one = SchemeCount {
-                values: 1,
-                verifiable,
-                legacy,
-            };
-            (name, one)
-        })
-        .collect();
+    let schemes = password_schemes(&entry.attrs);
     let mut keys = Vec::new();
     sh.store.index_keys_packed(&entry.attrs, &mut keys);
     let mut record = Vec::new();

@@ -11,7 +11,10 @@ mod import;
 pub mod input;
 
 pub use export::{export, ExportOptions};
-pub use import::{import, ImportError, ImportOptions, ImportReport, Progress, Reject, SchemeCount};
+pub use import::{
+    import, password_schemes, ImportError, ImportOptions, ImportReport, Progress, Reject,
+    SchemeCount,
+};
 
 use pando_store::Store;
 
