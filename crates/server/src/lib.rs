@@ -502,6 +502,7 @@ fn new_runtime(
         throttle: Arc::new(throttle::BindThrottle::new(limits)),
         connections: capacity::Capacity::new(limits.max_connections),
         per_ip: net::listener::PerIpLimit::new(limits.max_connections_per_ip),
+        refusals: Default::default(),
         search_threads: capacity::Capacity::new(search_threads(limits)),
         started: SystemTime::now(),
         metrics: Arc::new(observe::metrics::Metrics::new()),

@@ -58,6 +58,8 @@ pub struct Server {
     pub connections: Arc<crate::capacity::Capacity>,
     /// Open connections per client address (`limits.max_connections_per_ip`).
     pub per_ip: Arc<crate::net::listener::PerIpLimit>,
+    /// Refused work per client address (`net::refusals`).
+    pub refusals: Arc<crate::net::refusals::Table>,
     /// Threads large searches may hold (`limits.max_search_threads`).
     pub search_threads: Arc<crate::capacity::Capacity>,
     pub started: SystemTime,
@@ -88,6 +90,7 @@ pub struct Runtime {
     pub throttle: Arc<crate::throttle::BindThrottle>,
     pub connections: Arc<crate::capacity::Capacity>,
     pub per_ip: Arc<crate::net::listener::PerIpLimit>,
+    pub refusals: Arc<crate::net::refusals::Table>,
     pub search_threads: Arc<crate::capacity::Capacity>,
     pub started: SystemTime,
     pub metrics: Arc<crate::observe::metrics::Metrics>,
@@ -143,6 +146,7 @@ impl Server {
             throttle: rt.throttle,
             connections: rt.connections,
             per_ip: rt.per_ip,
+            refusals: rt.refusals,
             search_threads: rt.search_threads,
             started: rt.started,
             metrics: rt.metrics,
@@ -173,6 +177,7 @@ impl Server {
             throttle: self.throttle.clone(),
             connections: self.connections.clone(),
             per_ip: self.per_ip.clone(),
+            refusals: self.refusals.clone(),
             search_threads: self.search_threads.clone(),
             started: self.started,
             metrics: self.metrics.clone(),

@@ -30,6 +30,7 @@ use pando_proto::{
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
+use super::refusals::Pace;
 use super::running::{FinishOnDrop, Outstanding, Running};
 use super::wire::{Event, Wire, OUTPUT_HIGH, WRITE_STALL};
 
@@ -170,6 +171,10 @@ impl Connection {
         let mut shutdown = self.shutdown.clone();
         let changed = shutdown.changed();
         tokio::pin!(changed);
+        let pace = Arc::new(Pace::new(
+            self.server.refusals.clone(),
+            self.session.peer_ip,
+        ));
         let mut ctx = Ctx {
             tx,
             write_chain: &mut write_chain,
@@ -177,6 +182,8 @@ impl Connection {
             anon_permits: &anon_permits,
             outstanding: &outstanding,
             op_seq,
+            pace: &pace,
+            frame_len: 0,
         };
         loop {
             // Handle every complete PDU already received. The input is
@@ -195,9 +202,14 @@ impl Connection {
                         let frame = &input[start..start + len];
                         start += len;
                         let pipelined = start < input.len();
+                        ctx.frame_len = len;
                         let flow = self
                             .dispatch(frame, wire, identity, &mut ctx, pipelined)
                             .await;
+                        // Refused work is paced (`net::refusals`).
+                        if let Some(w) = pace.wait() {
+                            wire.pump_while(tokio::time::sleep(w)).await;
+                        }
                         match flow {
                             Flow::Continue if wire.is_broken() => {
                                 abandon_all(&outstanding);
@@ -235,6 +247,11 @@ impl Connection {
             // life of the connection.
             if wire.input.capacity() > INPUT_KEEP && wire.input.len() < INPUT_KEEP / 4 {
                 wire.input.shrink_to(INPUT_KEEP / 4);
+            }
+            // At most one wait (MAX_WAIT) before each read, so shutdown is
+            // still noticed; each request read waits again while in debt.
+            if let Some(w) = pace.wait() {
+                wire.pump_while(tokio::time::sleep(w)).await;
             }
             match wire.turn(changed.as_mut()).await {
                 Event::Read => {}
@@ -294,13 +311,17 @@ impl Connection {
         metrics.add(&metrics.pdus_in, 1);
         let msg = match self.decode(&server, frame, wire, identity) {
             Ok(msg) => msg,
-            Err(flow) => return flow,
+            Err(flow) => {
+                ctx.pace
+                    .answered(ResultCode::PROTOCOL_ERROR.0, ctx.frame_len, false);
+                return flow;
+            }
         };
         let id = msg.id;
         *ctx.op_seq += 1;
         let mut rec = OpStart::new(&server, self.id, *ctx.op_seq, &msg, identity);
         if let Some(flow) = self.without_response(&msg.op, ctx, wire) {
-            finish(&server, rec, None, 0);
+            answered(&server, ctx, rec, None, 0, false);
             return flow;
         }
         let op = match Operation::new(&server, id, identity.clone(), msg.op, &msg.controls) {
@@ -312,20 +333,27 @@ impl Connection {
                     self.end_outstanding(ctx, wire).await;
                     self.anonymous_again(identity, wire);
                 }
-                finish(&server, rec, refused.code(), 0);
+                let write = matches!(
+                    refused.op,
+                    ProtocolOp::AddResponse(_)
+                        | ProtocolOp::DelResponse(_)
+                        | ProtocolOp::ModifyResponse(_)
+                        | ProtocolOp::ModifyDnResponse(_)
+                );
+                answered(&server, ctx, rec, refused.code(), 0, write);
                 put(&mut wire.output, id, refused.op, refused.controls);
                 return Flow::Continue;
             }
         };
         if let Some((flow, code)) = self.inject(&server, id, &op, wire, identity).await {
-            finish(&server, rec, code, 0);
+            answered(&server, ctx, rec, code, 0, is_update(&op.request));
             return flow;
         }
         let work = match op.request {
             ProtocolOp::ExtendedRequest(req) if req.name == oid::START_TLS => {
                 let (flow, code) =
                     self.start_tls(&server, id, &req, pipelined, ctx.outstanding, wire);
-                finish(&server, rec, Some(code), 0);
+                answered(&server, ctx, rec, Some(code), 0, false);
                 return flow;
             }
             ProtocolOp::ExtendedRequest(req) if req.name == oid::CANCEL => {
@@ -369,9 +397,10 @@ impl Connection {
                     Work::Search(job)
                 } else {
                     match ops::search::run_inline(job, &mut wire.output) {
-                        Ok(answered) => {
-                            let code = answered.map(|a| a.0);
-                            finish(&server, rec, code, answered.map_or(0, |a| a.1));
+                        Ok(done) => {
+                            let code = done.map(|a| a.0);
+                            let entries = done.map_or(0, |a| a.1);
+                            answered(&server, ctx, rec, code, entries, false);
                             return Flow::Continue;
                         }
                         Err(job) => Work::Search(job),
@@ -495,7 +524,7 @@ impl Connection {
         };
         let code = result.code.0;
         put(&mut wire.output, id, bind_response(result), controls);
-        finish(server, rec, Some(code), 0);
+        answered(server, ctx, rec, Some(code), 0, false);
     }
 
     /// Error injection (`overlays::errors`): the rule that fires for `op`
@@ -602,6 +631,9 @@ impl Connection {
             outstanding: ctx.outstanding.clone(),
             running,
             rec,
+            pace: ctx.pace.clone(),
+            bytes: ctx.frame_len,
+            write: order.is_some(),
         };
         tokio::spawn(async move {
             // Finished however the task ends, so no Cancel waits forever.
@@ -863,6 +895,11 @@ struct Task {
     outstanding: Outstanding,
     running: Arc<Running>,
     rec: Option<OpStart>,
+    /// Charged when the answer is a refusal, by the request's size.
+    pace: Arc<Pace>,
+    bytes: usize,
+    /// The request is a write.
+    write: bool,
 }
 
 impl Task {
@@ -906,6 +943,9 @@ impl Task {
             };
         }
         running.finish(canceled);
+        if let Some((code, _)) = answered {
+            self.pace.answered(code, self.bytes, self.write);
+        }
         finish(
             &self.server,
             self.rec.take(),
@@ -920,6 +960,22 @@ impl Task {
             }
         }
     }
+}
+
+/// Record how an operation answered on the connection's own task ended,
+/// charging a refusal to the connection's budget (`net::refusals`).
+fn answered(
+    server: &Server,
+    ctx: &Ctx<'_>,
+    rec: Option<OpStart>,
+    code: Option<u32>,
+    entries: u64,
+    write: bool,
+) {
+    if let Some(c) = code {
+        ctx.pace.answered(c, ctx.frame_len, write);
+    }
+    finish(server, rec, code, entries);
 }
 
 /// Record how an operation ended (access log, metrics).
@@ -941,6 +997,10 @@ struct Ctx<'a> {
     outstanding: &'a Outstanding,
     /// Operation numbers of this connection (access and audit logs).
     op_seq: &'a mut u64,
+    /// The connection's budget of refused work.
+    pace: &'a Arc<Pace>,
+    /// The size of the request being dispatched.
+    frame_len: usize,
 }
 
 /// A search on its own task (see `ops::search::run_to_end`), or a

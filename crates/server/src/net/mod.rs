@@ -4,6 +4,7 @@
 pub mod client;
 pub mod connection;
 pub mod listener;
+pub mod refusals;
 pub mod running;
 pub mod tls;
 pub mod wire;
