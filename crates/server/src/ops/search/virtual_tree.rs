@@ -69,8 +69,8 @@ pub const TREES: &[&dyn VirtualTree] = &[
     &Subschema,
     &Monitor,
     &ConfigTree,
-    &AccessLogTree,
-    &RetroChangelogTree,
+    &ACCESS_LOG_TREE,
+    &RETRO_CHANGELOG_TREE,
 ];
 
 /// The tree owning `base`, if any.
@@ -205,31 +205,60 @@ impl VirtualTree for ConfigTree {
     }
 }
 
-/// cn=accesslog (`overlays::accesslog`), when the access log overlay is
-/// configured: administrators and those a rule naming it lets read.
-struct AccessLogTree;
+/// A log shown as a tree (cn=accesslog, cn=changelog) when its overlay is
+/// configured: administrators and those a rule naming it lets read. Too
+/// large to make whole: a search's entries are read narrowed by its base,
+/// filter and size limit.
+struct LogTree {
+    /// The root's RDN value (one `cn`) and the root's normalised DN.
+    word: &'static [u8],
+    suffix: &'static str,
+    configured: fn(&Server) -> bool,
+    may_read: fn(&Server, &Identity) -> bool,
+    entries: LogEntries,
+}
+
+/// A log's entries for (base, scope, filter, most returned, most read).
+type LogEntries =
+    fn(&Server, &str, pando_proto::Scope, &pando_proto::Filter, u64, u64) -> Vec<(String, Entry)>;
+
+/// cn=accesslog (`overlays::accesslog`).
+const ACCESS_LOG_TREE: LogTree = LogTree {
+    word: b"accesslog",
+    suffix: crate::overlays::accesslog::SUFFIX,
+    configured: |s| s.overlays.accesslog().is_some(),
+    may_read: crate::overlays::accesslog::may_read,
+    entries: crate::overlays::accesslog::entries,
+};
+
+/// cn=changelog (`overlays::retro_changelog`).
+const RETRO_CHANGELOG_TREE: LogTree = LogTree {
+    word: b"changelog",
+    suffix: crate::overlays::retro_changelog::SUFFIX,
+    configured: |s| s.overlays.retro_changelog().is_some(),
+    may_read: crate::overlays::retro_changelog::may_read,
+    entries: crate::overlays::retro_changelog::entries,
+};
 
 /// Records a search of cn=accesslog or cn=changelog reads at most (the
 /// size limit stops it sooner).
-const ACCESSLOG_SCAN: u64 = 200_000;
+const LOG_SCAN: u64 = 200_000;
 
-impl VirtualTree for AccessLogTree {
+impl VirtualTree for LogTree {
     fn owns(&self, schema: &Schema, base: &Dn) -> bool {
         base.rdns.last().is_some_and(|r| {
             r.avas.len() == 1
-                && r.avas[0].value.eq_ignore_ascii_case(b"accesslog")
-                && schema
-                    .normalize_rdn(r)
-                    .is_ok_and(|n| n == crate::overlays::accesslog::SUFFIX)
+                && r.avas[0].value.eq_ignore_ascii_case(self.word)
+                && schema.normalize_rdn(r).is_ok_and(|n| n == self.suffix)
         })
     }
 
     fn may_enter(&self, server: &Server, who: &Identity, _base_norm: &str) -> bool {
-        server.overlays.accesslog().is_some() && crate::overlays::accesslog::may_read(server, who)
+        (self.configured)(server) && (self.may_read)(server, who)
     }
 
     fn may_read(&self, server: &Server, who: &Identity, _e: &VirtualEntry) -> bool {
-        crate::overlays::accesslog::may_read(server, who)
+        (self.may_read)(server, who)
     }
 
     fn entries(&self, _server: &Server) -> Vec<VirtualEntry> {
@@ -237,76 +266,27 @@ impl VirtualTree for AccessLogTree {
     }
 
     fn entries_for(&self, server: &Server, job: &SearchJob, base_norm: &str) -> Vec<VirtualEntry> {
+        let limit = match job.req.size_limit {
+            n if n <= 0 => 0,
+            n => n as u64 + 1,
+        };
         with_norms(
             server,
-            crate::overlays::accesslog::entries(
+            (self.entries)(
                 server,
                 base_norm,
                 job.req.scope,
                 &job.req.filter,
-                search_limit(job),
-                ACCESSLOG_SCAN,
+                limit,
+                LOG_SCAN,
             ),
         )
-    }
-}
-
-/// cn=changelog (`overlays::retro_changelog`), when the retro change log
-/// overlay is configured: administrators and those a rule naming it lets
-/// read.
-struct RetroChangelogTree;
-
-impl VirtualTree for RetroChangelogTree {
-    fn owns(&self, schema: &Schema, base: &Dn) -> bool {
-        base.rdns.last().is_some_and(|r| {
-            r.avas.len() == 1
-                && r.avas[0].value.eq_ignore_ascii_case(b"changelog")
-                && schema
-                    .normalize_rdn(r)
-                    .is_ok_and(|n| n == crate::overlays::retro_changelog::SUFFIX)
-        })
-    }
-
-    fn may_enter(&self, server: &Server, who: &Identity, _base_norm: &str) -> bool {
-        server.overlays.retro_changelog().is_some()
-            && crate::overlays::retro_changelog::may_read(server, who)
-    }
-
-    fn may_read(&self, server: &Server, who: &Identity, _e: &VirtualEntry) -> bool {
-        crate::overlays::retro_changelog::may_read(server, who)
-    }
-
-    fn entries(&self, _server: &Server) -> Vec<VirtualEntry> {
-        Vec::new()
-    }
-
-    fn entries_for(&self, server: &Server, job: &SearchJob, base_norm: &str) -> Vec<VirtualEntry> {
-        with_norms(
-            server,
-            crate::overlays::retro_changelog::entries(
-                server,
-                base_norm,
-                job.req.scope,
-                &job.req.filter,
-                search_limit(job),
-                ACCESSLOG_SCAN,
-            ),
-        )
-    }
-}
-
-/// Entries a search of a large virtual tree makes at most: one past its
-/// size limit (0: none).
-fn search_limit(job: &SearchJob) -> u64 {
-    match job.req.size_limit {
-        n if n <= 0 => 0,
-        n => n as u64 + 1,
     }
 }
 
 /// Whether `base` is cn=accesslog or below it.
 pub fn in_access_log(schema: &Schema, base: &Dn) -> bool {
-    AccessLogTree.owns(schema, base)
+    ACCESS_LOG_TREE.owns(schema, base)
 }
 
 /// A search whose base `tree` owns.
