@@ -101,16 +101,12 @@ impl CompiledMap {
     }
 }
 
+/// A value for a DN, escaped as the DN parser reads it back (RFC 4514: a
+/// trailing space and control bytes too, so a name cannot map to another
+/// entry by losing them).
 fn escape_dn_value(v: &str) -> String {
     let mut out = String::with_capacity(v.len());
-    for (i, c) in v.chars().enumerate() {
-        if matches!(c, ',' | '+' | '"' | '\\' | '<' | '>' | ';' | '=')
-            || (i == 0 && matches!(c, ' ' | '#'))
-        {
-            out.push('\\');
-        }
-        out.push(c);
-    }
+    pando_model::dn::escape_value(v.as_bytes(), &mut out);
     out
 }
 
@@ -239,6 +235,15 @@ mod tests {
         match m.apply("cn=a,b") {
             Some(MapTarget::Dn(d)) => assert_eq!(d, "cn=a\\,b,dc=x"),
             other => panic!("{other:?}"),
+        }
+        // A trailing space or a control byte stays in the value: "bob " does
+        // not become bob.
+        for (name, value) in [("cn=bob ", "bob "), ("cn=bob\u{1}", "bob\u{1}")] {
+            let Some(MapTarget::Dn(d)) = m.apply(name) else {
+                panic!("{name:?}")
+            };
+            let parsed = Dn::parse(&d).unwrap();
+            assert_eq!(parsed.rdns[0].avas[0].value, value.as_bytes(), "{d}");
         }
     }
 
