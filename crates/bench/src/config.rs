@@ -358,34 +358,13 @@ pub fn parse_mix(s: &str) -> Result<Vec<OpShare>, String> {
     Ok(out)
 }
 
-fn percent_decode(s: &str) -> Result<String, String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while let Some(&c) = b.get(i) {
-        if c == b'%' {
-            let hex = b
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| format!("bad percent escape in '{s}'"))?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(c);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| format!("'{s}' does not decode to UTF-8"))
-}
-
 /// Parses `ldap://HOST[:PORT][/]` (port 389 by default, empty host =
 /// 127.0.0.1) or `ldapi://PATH`.
 pub fn parse_url(url: &str, allow_remote: bool) -> Result<Target, String> {
     let lower = url.to_ascii_lowercase();
     if let Some(rest) = lower.strip_prefix("ldapi://").map(|_| &url[8..]) {
-        let path =
-            percent_decode(rest.trim_end_matches('/')).map_err(|e| format!("--url {url}: {e}"))?;
+        let path = pando_proto::url::percent_decode_str(rest.trim_end_matches('/'))
+            .map_err(|e| format!("--url {url}: {e}"))?;
         if path.is_empty() {
             return Err(format!(
                 "--url {url}: ldapi:// needs the socket path, percent-encoded, e.g. ldapi://%2Fvar%2Frun%2Fldapi"

@@ -491,24 +491,6 @@ fn show(bytes: &[u8]) -> String {
     }
 }
 
-fn percent_decode(s: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut i = 0;
-    while i < s.len() {
-        if s[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            let hi = (hex[0] as char).to_digit(16)?;
-            let lo = (hex[1] as char).to_digit(16)?;
-            out.push((hi * 16 + lo) as u8);
-            i += 3;
-        } else {
-            out.push(s[i]);
-            i += 1;
-        }
-    }
-    Some(out)
-}
-
 impl<'a> Parser<'a> {
     fn raw(&self, i: usize) -> &'a [u8] {
         let s = self.spans[i];
@@ -587,7 +569,7 @@ impl<'a> Parser<'a> {
                 format!("file URL \"{}\" does not name a local path", show(url)),
             ));
         };
-        let path = percent_decode(path)
+        let path = pando_proto::url::percent_decode(path)
             .and_then(|p| String::from_utf8(p).ok())
             .ok_or_else(|| LdifError::new(line, "file URL path is not valid"))?;
         let file = std::fs::File::open(&path)

@@ -47,23 +47,6 @@ pub struct Ldap {
 trait ReadWrite: Read + Write {}
 impl<T: Read + Write> ReadWrite for T {}
 
-fn percent_decode(s: &str) -> Result<String, String> {
-    let b = s.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            let h = std::str::from_utf8(&b[i + 1..i + 3]).map_err(|_| "bad %-escape")?;
-            out.push(u8::from_str_radix(h, 16).map_err(|_| "bad %-escape")?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| "socket path is not UTF-8".to_string())
-}
-
 impl Ldap {
     /// Connect to `url` and bind: simple with `dn` and the password (or
     /// the first line of `pw_file`), else SASL EXTERNAL over ldapi,
@@ -111,7 +94,7 @@ impl Ldap {
             let _ = s.set_read_timeout(timeout);
             Ok((Ldap::new(Box::new(s)), false))
         } else if let Some(rest) = url.strip_prefix("ldapi://") {
-            let path = percent_decode(rest.trim_end_matches('/'))?;
+            let path = pando_proto::url::percent_decode_str(rest.trim_end_matches('/'))?;
             let s = std::os::unix::net::UnixStream::connect(&path)
                 .map_err(|e| format!("cannot connect to {path}: {e}"))?;
             let _ = s.set_read_timeout(timeout);

@@ -33,6 +33,7 @@ mod filter;
 mod message;
 mod result;
 pub mod sync;
+pub mod url;
 
 use std::fmt;
 

@@ -978,23 +978,6 @@ fn percent_encode_path(p: &str) -> String {
     out
 }
 
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 /// Indexes kept whatever the configuration says: replication finds
 /// entries by entryUUID. (Changed entries are found through the change
 /// log: an entryCSN ordering index cost about a third of durable modify
@@ -1075,7 +1058,8 @@ impl Config {
                     };
                     Listener::Ldapi(dir.join("ldapi"))
                 } else {
-                    let p = percent_decode(rest)
+                    let p = pando_proto::url::percent_decode_str(rest)
+                        .ok()
                         .ok_or_else(|| err(&key, "bad %-escape in socket path"))?;
                     Listener::Ldapi(PathBuf::from(p))
                 }
