@@ -173,17 +173,12 @@ fn suffix_entry(schema: &Schema, dn: &Dn) -> Result<Entry, String> {
 fn stamp(entry: &mut Entry, creator: &str, csn: &CsnClock) -> String {
     let now = generalized_time(now_micros());
     let entry_csn = csn.next();
-    for (d, v) in [
-        ("creatorsName", creator.to_string()),
-        ("modifiersName", creator.to_string()),
-        ("createTimestamp", now.clone()),
-        ("modifyTimestamp", now),
-        ("entryCSN", entry_csn.clone()),
-        ("entryUUID", crate::ops::write::random_uuid()),
-    ] {
-        entry.remove(d);
-        entry.add_values(d, vec![v.into_bytes()]);
-    }
+    let stamps = crate::ops::write::Stamps {
+        who: creator,
+        csn: &entry_csn,
+        now: &now,
+    };
+    stamps.put(entry, true, |_, _| false);
     entry_csn
 }
 

@@ -252,19 +252,16 @@ fn prepare(
         .map_err(|v| format!("{} ({})", v.message, v.code.name()))?;
     // Operational attributes from the input (slapcat, pando export) are
     // kept as they are; missing ones are generated.
-    let now = generalized_time(now_micros());
-    let fill = |e: &mut Entry, d: &str, v: String| {
-        if e.get(d).is_none() {
-            e.add_values(d, vec![v.into_bytes()]);
-        }
+    if entry.get("structuralObjectClass").is_none() {
+        entry.add_values("structuralObjectClass", vec![structural.into_bytes()]);
+    }
+    let (now, csn) = (generalized_time(now_micros()), sh.csn.next());
+    let stamps = crate::ops::write::Stamps {
+        who: &sh.opts.creator,
+        csn: &csn,
+        now: &now,
     };
-    fill(&mut entry, "structuralObjectClass", structural);
-    fill(&mut entry, "entryUUID", crate::ops::write::random_uuid());
-    fill(&mut entry, "entryCSN", sh.csn.next());
-    fill(&mut entry, "createTimestamp", now.clone());
-    fill(&mut entry, "modifyTimestamp", now);
-    fill(&mut entry, "creatorsName", sh.opts.creator.clone());
-    fill(&mut entry, "modifiersName", sh.opts.creator.clone());
+    stamps.put(&mut entry, true, |name, e| e.get(name).is_some());
     let csn = entry
         .get("entryCSN")
         .and_then(|a| a.values.first())

@@ -605,6 +605,44 @@ const STAMPED: [&str; 6] = [
     "entryCSN",
 ];
 
+/// The server's own values for the [`STAMPED`] attributes of one write.
+pub(crate) struct Stamps<'a> {
+    /// creatorsName and modifiersName.
+    pub who: &'a str,
+    pub csn: &'a str,
+    /// createTimestamp and modifyTimestamp (GeneralizedTime).
+    pub now: &'a str,
+}
+
+impl Stamps<'_> {
+    /// Stamp `entry`: the creation stamps too when it is `created` (a new
+    /// entryUUID among them), the modification stamps always, except the
+    /// attributes `keep` says keep the value they have. Every caller that
+    /// writes entries stamps through here (the write pipeline, the first
+    /// start's entries, `pando import`).
+    pub(crate) fn put(
+        &self,
+        entry: &mut Entry,
+        created: bool,
+        keep: impl Fn(&str, &Entry) -> bool,
+    ) {
+        for name in STAMPED {
+            let creation = matches!(name, "createTimestamp" | "creatorsName" | "entryUUID");
+            if (creation && !created) || keep(name, entry) {
+                continue;
+            }
+            let value = match name {
+                "createTimestamp" | "modifyTimestamp" => self.now.to_string(),
+                "creatorsName" | "modifiersName" => self.who.to_string(),
+                "entryUUID" => random_uuid(),
+                _ => self.csn.to_string(),
+            };
+            entry.remove(name);
+            entry.add_values(name, vec![value.into_bytes()]);
+        }
+    }
+}
+
 /// One CSN for the whole operation: entryCSN of every entry written and
 /// the store's newest change (the replication state a backup carries);
 /// creation stamps on added entries, modification stamps on all.
@@ -643,28 +681,20 @@ fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResu
         let Some(after) = c.after.as_mut() else {
             continue;
         };
-        for name in STAMPED {
-            let created = matches!(name, "createTimestamp" | "creatorsName" | "entryUUID");
-            if created && before.is_some() {
-                continue;
+        // Under relax, a value the client set (added, or changed from what
+        // was stored) stays.
+        let given = |name: &str, after: &Entry| {
+            relaxed && {
+                let v = after.get(name).map(|a| &a.values);
+                v.is_some() && v != before.and_then(|b| b.get(name)).map(|a| &a.values)
             }
-            // Under relax, a value the client set (added, or changed from
-            // what was stored) stays.
-            if relaxed {
-                let given = after.get(name).map(|a| &a.values);
-                if given.is_some() && given != before.and_then(|b| b.get(name)).map(|a| &a.values) {
-                    continue;
-                }
-            }
-            let value = match name {
-                "createTimestamp" | "modifyTimestamp" => now.clone(),
-                "creatorsName" | "modifiersName" => ctx.who.dn().to_string(),
-                "entryUUID" => random_uuid(),
-                _ => csn.clone(),
-            };
-            after.remove(name);
-            after.add_values(name, vec![value.into_bytes()]);
-        }
+        };
+        let stamps = Stamps {
+            who: ctx.who.dn(),
+            csn: &csn,
+            now: &now,
+        };
+        stamps.put(after, before.is_none(), given);
         if multi_provider {
             crate::repl::merge::record_write(before, after, &csn);
         }
