@@ -1512,11 +1512,21 @@ fn index(cx: &mut Ctx, d: &Directive) {
             );
             continue;
         }
-        if cx.schema.attribute(a).is_none() {
+        let Some(oid) = cx.schema.attribute(a).map(|t| t.oid.clone()) else {
             notes.push(format!("'{a}': unknown attribute, left out"));
             continue;
-        }
-        let e = cx.cfg.indexes.entry(a.to_string()).or_default();
+        };
+        // One entry per attribute: a name already there in another case
+        // (389-DS writes `memberuid`, Pando's defaults `memberUid`) or
+        // another of its names takes the kinds.
+        let key = cx
+            .cfg
+            .indexes
+            .keys()
+            .find(|k| cx.schema.attribute(k).is_some_and(|t| t.oid == oid))
+            .cloned()
+            .unwrap_or_else(|| a.to_string());
+        let e = cx.cfg.indexes.entry(key).or_default();
         for k in &kinds {
             if !e.contains(k) {
                 e.push(k.clone());
