@@ -393,8 +393,15 @@ cn: memberuid\nnsSystemIndex: false\nnsIndexType: eq\nnsIndexType: pres\n"
                 )
             })
             .collect();
-        assert_eq!(rules.len(), 7, "{rules:#?}");
-        assert!(rules[6].contains("userPassword"), "{rules:#?}");
+        // Attributes one rule each where their clauses differ (userPassword
+        // also lets everyone bind), then binds, then the root DN's rest.
+        assert_eq!(rules.len(), 9, "{rules:#?}");
+        assert!(
+            rules[3].starts_with(r#"Some(["cn", "uid", "mail"])"#),
+            "{rules:#?}"
+        );
+        assert!(rules[7].contains("userPassword"), "{rules:#?}");
+        assert!(rules[8].starts_with("None"), "{rules:#?}");
         assert!(rules.iter().all(|r| r.contains("admins")), "{rules:#?}");
     }
 }

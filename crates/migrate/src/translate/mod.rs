@@ -1241,6 +1241,14 @@ fn aci_rules(cx: &mut Ctx, src: &Source, suffixes: &[String]) -> Vec<RuleOut> {
         rule: binds,
         origin: "389-DS: binds are not subject to ACIs".into(),
     });
+    // The root DN reads and writes what no ACI names (ou=Groups with no
+    // ACI of its own); Pando's administrators pass only the rules there are.
+    let rest = acl::translate(&crate::source::words("to * by * none").unwrap_or_default())
+        .expect("valid rule");
+    out.push(RuleOut {
+        rule: rest,
+        origin: "389-DS: the root DN is not subject to ACIs".into(),
+    });
     out
 }
 
