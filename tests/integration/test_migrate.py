@@ -690,8 +690,9 @@ def test_389_ds_configuration_and_acis_serve_as_389_ds_would(tmp_path):
     serves the data with the ACIs' effect (anyone reads names of people, a
     user writes their own phone, a group edits everything, a deny wins over
     the group), binds work (389-DS does not put them under ACIs), and the
-    report lists what had no counterpart. No 389-DS runs here: the
-    expectations are 389-DS's documented ACI semantics."""
+    report lists what had no counterpart. No 389-DS runs here (a real one
+    does in test_migrate_389ds.py): the expectations are 389-DS's
+    documented ACI semantics."""
     dse = tmp_path / "dse.ldif"
     dse.write_text(DSE_389.format(rootpw=ssha(ROOT_PW)))
     people = [("uid=%s,%s" % (u, PEOPLE), {"objectClass": ["inetOrgPerson"], "uid": [u], "cn": [u.title()],

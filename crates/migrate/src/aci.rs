@@ -3,14 +3,16 @@
 //!
 //! 389-DS decides differently from Pando: every ACI on the entry and its
 //! ancestors whose target covers the request applies at once; any
-//! matching `deny` refuses, else any matching `allow` grants. Pando takes
-//! the first covering rule and its first matching clause. So each ACI's
-//! target becomes one Pando rule holding, in order: a `none` clause for the
-//! subjects of every deny ACI that may touch that target (denies applied
-//! where they may not apply only refuse more), then the allow clauses of
-//! every ACI whose target contains it, the broadest rights first (a
-//! requester matching several gets one of them, never more than the
-//! union). More specific targets come first. What does not map is left
+//! matching `deny` refuses the rights it names, else any matching `allow`
+//! grants. Pando takes the first covering rule and its first matching
+//! clause. So each ACI's target becomes Pando rules, one per attribute it
+//! names (merged again where their clauses agree), holding, in order: for
+//! the subjects of every deny ACI that may touch that target (denies
+//! applied where they may not apply only refuse more), each allow's rights
+//! less the denied ones and then `none`; then the allow clauses of every
+//! ACI whose target contains it, the broadest rights first (a requester
+//! matching several gets one of them, never more than the union). More
+//! specific targets come first. What does not map is left
 //! out (an allow) or widened into a `none` for everyone (a deny), and
 //! reported. Binds are not subject to ACIs in 389-DS: every rule that
 //! covers userPassword lets everyone `auth`.
@@ -391,23 +393,25 @@ fn entry_rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
         }
         seen.push(key);
         let (mut by, mut used) = (Vec::new(), Vec::new());
-        // Only a deny of every attribute hides the entry.
-        for d in acis
+        // Only a deny of every attribute touches the entry, and only for
+        // the entry rights it names (a deny of write alone hides nothing).
+        let denies: Vec<(&Aci, Vec<&'static str>)> = acis
             .iter()
             .filter(|d| d.deny && d.attrs.is_none() && may_meet(d, region))
-        {
-            used.push(format!("deny \"{}\" ({})", d.name, d.origin));
-            for s in &d.subjects {
-                by.push(clause(s, vec!["none"]));
-            }
-        }
-        let mut allows: Vec<(&Aci, Vec<&str>)> = acis
+            .map(|d| (d, entry_rights(d)))
+            .filter(|(_, r)| !r.is_empty())
+            .collect();
+        let mut allows: Vec<(&Aci, Vec<&'static str>)> = acis
             .iter()
             .filter(|a| !a.deny && contains_entries(a, region))
             .map(|a| (a, entry_rights(a)))
             .filter(|(_, r)| !r.is_empty())
             .collect();
         allows.sort_by_key(|(_, r)| std::cmp::Reverse(r.len()));
+        for (d, _) in &denies {
+            used.push(format!("deny \"{}\" ({})", d.name, d.origin));
+        }
+        by.extend(deny_clauses(&denies, &allows));
         for (a, rights) in allows {
             used.push(format!("allow \"{}\" ({})", a.name, a.origin));
             for s in &a.subjects {
@@ -441,38 +445,98 @@ fn entry_rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
 /// What makes two ACI targets the same rule: DN, scope, attributes, filter.
 type RegionKey = (String, &'static str, Option<Vec<String>>, Option<String>);
 
+/// The regions rules are made for: each ACI's target, one attribute at a
+/// time (a rule holds the allows of every ACI naming that attribute, so
+/// ACIs whose attribute lists only overlap each keep what they grant).
+fn attribute_regions(acis: &[Aci]) -> Vec<Aci> {
+    let mut out: Vec<Aci> = Vec::new();
+    for a in acis {
+        let one = |attrs: Option<Vec<String>>| Aci { attrs, ..a.clone() };
+        let split: Vec<Aci> = match &a.attrs {
+            None => vec![one(None)],
+            Some(list) => list.iter().map(|x| one(Some(vec![x.clone()]))).collect(),
+        };
+        for r in split {
+            let key = region_key(&r);
+            if !out.iter().any(|o| region_key(o) == key) {
+                out.push(r);
+            }
+        }
+    }
+    // Deeper targets first, then attribute lists, filters and narrower
+    // scopes; ties kept together by target, so rules that end up alike can
+    // be merged.
+    out.sort_by_key(|a| {
+        (
+            std::cmp::Reverse(depth(&a.dn)),
+            a.attrs.is_none(),
+            a.filter.is_none(),
+            match a.scope {
+                "base" => 0,
+                "one" => 1,
+                _ => 2,
+            },
+            lower(&a.dn),
+            a.filter.clone(),
+        )
+    });
+    out
+}
+
+fn region_key(a: &Aci) -> RegionKey {
+    (
+        lower(&a.dn),
+        a.scope,
+        a.attrs
+            .as_ref()
+            .map(|l| l.iter().map(|x| x.to_ascii_lowercase()).collect()),
+        a.filter.clone(),
+    )
+}
+
 fn attribute_rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
     let mut out: Vec<(Translated, Vec<String>)> = Vec::new();
     let mut seen: Vec<RegionKey> = Vec::new();
-    for region in by_specificity(acis) {
-        let key_of = |a: &Aci| (lower(&a.dn), a.scope, a.attrs.clone(), a.filter.clone());
-        let key = key_of(region);
-        if seen.contains(&key) {
-            continue;
-        }
-        // A deny whose own rule came earlier is there already: every
-        // request in its target is answered by that rule or one before it.
-        let answered = |d: &Aci| seen.contains(&key_of(d));
+    for region in attribute_regions(acis) {
+        let region = &region;
+        // A deny whose own rules came earlier is there already: every
+        // request in its target is answered by those rules or ones before.
+        let answered = |d: &Aci| match (&d.attrs, &region.attrs) {
+            (None, _) => seen.contains(&region_key(d)),
+            (Some(list), here) => list
+                .iter()
+                .filter(|x| {
+                    here.as_ref()
+                        .is_none_or(|h| h.iter().any(|y| y.eq_ignore_ascii_case(x)))
+                })
+                .all(|x| {
+                    seen.contains(&region_key(&Aci {
+                        attrs: Some(vec![x.clone()]),
+                        ..(*d).clone()
+                    }))
+                }),
+        };
         let (mut by, mut used) = (Vec::new(), Vec::new());
-        for d in acis
+        let denies: Vec<(&Aci, Vec<&'static str>)> = acis
             .iter()
             .filter(|d| d.deny && may_meet(d, region) && !answered(d))
-        {
-            used.push(format!("deny \"{}\" ({})", d.name, d.origin));
-            for s in &d.subjects {
-                by.push(clause(s, vec!["none"]));
-            }
-        }
-        seen.push(key);
-        let mut allows: Vec<&Aci> = acis
+            .map(|d| (d, d.rights.clone()))
+            .collect();
+        seen.push(region_key(region));
+        let mut allows: Vec<(&Aci, Vec<&'static str>)> = acis
             .iter()
             .filter(|a| !a.deny && contains(a, region))
+            .map(|a| (a, a.rights.clone()))
             .collect();
-        allows.sort_by_key(|a| std::cmp::Reverse(a.rights.len()));
-        for a in allows {
+        allows.sort_by_key(|(a, _)| std::cmp::Reverse(a.rights.len()));
+        for (d, _) in &denies {
+            used.push(format!("deny \"{}\" ({})", d.name, d.origin));
+        }
+        by.extend(deny_clauses(&denies, &allows));
+        for (a, rights) in allows {
             used.push(format!("allow \"{}\" ({})", a.name, a.origin));
             for s in &a.subjects {
-                by.push(clause(s, a.rights.clone()));
+                by.push(clause(s, rights.clone()));
             }
         }
         let mut t = Translated::new(
@@ -488,7 +552,65 @@ fn attribute_rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
         if covers_password {
             with_auth(&mut t);
         }
+        // The same target and clauses as the rule before (another
+        // attribute of the same ACIs): one rule for both.
+        if let Some((prev, prev_used)) = out.last_mut() {
+            let same = prev.dn == t.dn
+                && prev.filter == t.filter
+                && prev.by == t.by
+                && prev.attrs.is_some()
+                && t.attrs.is_some();
+            if same {
+                if let (Some(p), Some(n)) = (prev.attrs.as_mut(), t.attrs) {
+                    p.extend(n);
+                }
+                for u in used {
+                    if !prev_used.contains(&u) {
+                        prev_used.push(u);
+                    }
+                }
+                continue;
+            }
+        }
         out.push((t, used));
+    }
+    out
+}
+
+/// The clauses for the subjects of `denies`, ahead of the allows: with
+/// each allow's subjects, what that allow grants less every right the
+/// denies refuse; then nothing (so they never reach an allow further
+/// down). 389-DS refuses only the rights a deny names: a deny of write
+/// leaves its subjects reading what they read.
+fn deny_clauses(
+    denies: &[(&Aci, Vec<&'static str>)],
+    allows: &[(&Aci, Vec<&'static str>)],
+) -> Vec<AccessBy> {
+    let refused: Vec<&str> = denies.iter().flat_map(|(_, r)| r.iter().copied()).collect();
+    let mut out = Vec::new();
+    for (d, _) in denies {
+        for s in &d.subjects {
+            for (a, rights) in allows {
+                let left: Vec<&str> = rights
+                    .iter()
+                    .copied()
+                    .filter(|r| !refused.contains(r))
+                    .collect();
+                if left.is_empty() {
+                    continue;
+                }
+                for t in &a.subjects {
+                    let mut both: Vec<String> = s.clone();
+                    for x in t {
+                        if x != "*" && !both.contains(x) {
+                            both.push(x.clone());
+                        }
+                    }
+                    out.push(clause(&both, left.clone()));
+                }
+            }
+            out.push(clause(s, vec!["none"]));
+        }
     }
     out
 }
@@ -599,6 +721,53 @@ mod tests {
         ] {
             assert!(parse(BASE, text, true).is_err(), "{text}");
         }
+    }
+
+    /// Found against a real 389-DS (tests/integration/test_migrate_389ds.py):
+    /// ACIs whose attribute lists only overlap each keep what they grant on
+    /// the shared attribute, and a deny of write leaves reading alone.
+    #[test]
+    fn overlapping_attribute_lists_and_a_deny_of_one_right() {
+        let people = "ou=People,dc=example,dc=com";
+        let acis = [
+            parse(people, r#"(targetattr="telephoneNumber || description")(version 3.0; acl "self"; allow (read, search, compare, write)(userdn="ldap:///self");)"#, true).unwrap(),
+            parse(people, r#"(targetattr="description || mail")(version 3.0; acl "helpdesk"; allow (read, search, write)(groupdn="ldap:///cn=helpdesk,dc=example,dc=com");)"#, true).unwrap(),
+            parse(people, r#"(targetattr="description")(version 3.0; acl "not dave"; deny (write)(userdn="ldap:///uid=dave,ou=People,dc=example,dc=com");)"#, true).unwrap(),
+        ];
+        let r: Vec<Translated> = rules(&acis).into_iter().map(|(t, _)| t).collect();
+        let rule = |attr: &str| {
+            r.iter()
+                .find(|t| {
+                    t.attrs
+                        .as_ref()
+                        .is_some_and(|l| l.iter().any(|a| a == attr))
+                })
+                .unwrap_or_else(|| panic!("no rule for {attr}: {r:#?}"))
+        };
+        let dave = "dn:uid=dave,ou=People,dc=example,dc=com";
+        let group = "group:cn=helpdesk,dc=example,dc=com";
+        // description: both allows; dave keeps what they give but write.
+        assert_eq!(
+            by(rule("description")),
+            [
+                format!("{dave}&self=read,search,compare"),
+                format!("{dave}&{group}=read,search"),
+                format!("{dave}=none"),
+                "self=read,search,compare,write".to_string(),
+                format!("{group}=read,search,write"),
+            ]
+        );
+        // The other attributes: their own ACI only, no deny.
+        assert_eq!(
+            by(rule("telephoneNumber")),
+            ["self=read,search,compare,write"]
+        );
+        assert_eq!(by(rule("mail")), [format!("{group}=read,search,write")]);
+        // A deny of write on attributes hides no entry.
+        assert!(r
+            .iter()
+            .filter(|t| t.attrs == Some(vec!["entry".to_string()]))
+            .all(|t| !by(t).iter().any(|c| c.contains("dave"))));
     }
 
     #[test]

@@ -309,6 +309,38 @@ aci: (targetattr=\"*\")(version 3.0; acl \"admins\"; allow (all) groupdn=\"ldap:
 aci: (targetattr != \"userPassword\")(version 3.0; acl \"not mapped\"; allow (read) userdn=\"ldap:///all\";)\n\n\
 dn: ou=People,dc=example,dc=com\nobjectClass: organizationalUnit\nou: People\n";
 
+    /// What a dse.ldif written by `dscreate` holds beside the settings:
+    /// binary values (the unique ID generator's nsState) and index entries
+    /// named in lower case (`memberuid`), where Pando's defaults say
+    /// `memberUid`.
+    #[test]
+    fn binary_values_and_index_names_in_another_case() {
+        let dir = tempfile::tempdir().unwrap();
+        let dse = dir.path().join("dse.ldif");
+        let text = format!(
+            "{DSE}\ndn: cn=uniqueid generator,cn=config\nobjectClass: extensibleObject\n\
+nsState:: gGynhQLr8QHkAeZrDK6cWgEAAAAAAAAA\ncn: uniqueid generator\n\n\
+dn: cn=memberuid,cn=index,cn=userRoot,cn=ldbm database,cn=plugins,cn=config\nobjectClass: nsIndex\n\
+cn: memberuid\nnsSystemIndex: false\nnsIndexType: eq\nnsIndexType: pres\n"
+        );
+        std::fs::write(&dse, text).unwrap();
+        let t = translate(&read(&dse, None).unwrap());
+        let memberuid: Vec<_> = t
+            .config
+            .indexes
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("memberUid"))
+            .collect();
+        assert_eq!(memberuid.len(), 1, "{:?}", t.config.indexes);
+        assert!(
+            memberuid[0].1.contains(&"pres".to_string()),
+            "{memberuid:?}"
+        );
+        // A DN is still text.
+        std::fs::write(&dse, "dn:: gGynhQLr8QHk\nobjectClass: top\n").unwrap();
+        assert!(read(&dse, None).unwrap_err().contains("DN is not UTF-8"));
+    }
+
     #[test]
     fn a_dse_ldif_and_its_acis() {
         let dir = tempfile::tempdir().unwrap();
@@ -361,8 +393,15 @@ dn: ou=People,dc=example,dc=com\nobjectClass: organizationalUnit\nou: People\n";
                 )
             })
             .collect();
-        assert_eq!(rules.len(), 7, "{rules:#?}");
-        assert!(rules[6].contains("userPassword"), "{rules:#?}");
+        // Attributes one rule each where their clauses differ (userPassword
+        // also lets everyone bind), then binds, then the root DN's rest.
+        assert_eq!(rules.len(), 9, "{rules:#?}");
+        assert!(
+            rules[3].starts_with(r#"Some(["cn", "uid", "mail"])"#),
+            "{rules:#?}"
+        );
+        assert!(rules[7].contains("userPassword"), "{rules:#?}");
+        assert!(rules[8].starts_with("None"), "{rules:#?}");
         assert!(rules.iter().all(|r| r.contains("admins")), "{rules:#?}");
     }
 }

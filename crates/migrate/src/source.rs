@@ -479,7 +479,13 @@ pub fn read_ldif(path: &Path) -> Result<Vec<LdifEntry>, String> {
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(b64.trim())
                 .map_err(|e| at(&format!("bad base64 value: {e}")))?;
-            String::from_utf8(bytes).map_err(|_| at("value is not UTF-8"))?
+            match String::from_utf8(bytes) {
+                Ok(v) => v,
+                // A DN must be text; other binary values (389-DS's nsState,
+                // a jpegPhoto in a data export) configure nothing read here.
+                Err(_) if name.eq_ignore_ascii_case("dn") => return Err(at("DN is not UTF-8")),
+                Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+            }
         } else {
             rest.trim_start().to_string()
         };

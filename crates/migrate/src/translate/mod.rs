@@ -1241,6 +1241,14 @@ fn aci_rules(cx: &mut Ctx, src: &Source, suffixes: &[String]) -> Vec<RuleOut> {
         rule: binds,
         origin: "389-DS: binds are not subject to ACIs".into(),
     });
+    // The root DN reads and writes what no ACI names (ou=Groups with no
+    // ACI of its own); Pando's administrators pass only the rules there are.
+    let rest = acl::translate(&crate::source::words("to * by * none").unwrap_or_default())
+        .expect("valid rule");
+    out.push(RuleOut {
+        rule: rest,
+        origin: "389-DS: the root DN is not subject to ACIs".into(),
+    });
     out
 }
 
@@ -1512,11 +1520,21 @@ fn index(cx: &mut Ctx, d: &Directive) {
             );
             continue;
         }
-        if cx.schema.attribute(a).is_none() {
+        let Some(oid) = cx.schema.attribute(a).map(|t| t.oid.clone()) else {
             notes.push(format!("'{a}': unknown attribute, left out"));
             continue;
-        }
-        let e = cx.cfg.indexes.entry(a.to_string()).or_default();
+        };
+        // One entry per attribute: a name already there in another case
+        // (389-DS writes `memberuid`, Pando's defaults `memberUid`) or
+        // another of its names takes the kinds.
+        let key = cx
+            .cfg
+            .indexes
+            .keys()
+            .find(|k| cx.schema.attribute(k).is_some_and(|t| t.oid == oid))
+            .cloned()
+            .unwrap_or_else(|| a.to_string());
+        let e = cx.cfg.indexes.entry(key).or_default();
         for k in &kinds {
             if !e.contains(k) {
                 e.push(k.clone());
