@@ -54,6 +54,20 @@ def small_tmpfs(path, size):
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
+def terminate(pid, grace):
+    """SIGTERM a daemon we started (slapd, ns-slapd) and wait up to
+    `grace` seconds for it to exit; SIGKILL it after that."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            os.kill(pid, 0)
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def wait_port(port, proc=None, timeout=30.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

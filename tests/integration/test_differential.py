@@ -5,7 +5,6 @@ and dropping operational attributes)."""
 
 import random
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ import ldap3
 import pytest
 from ldap3 import BASE, SUBTREE, MODIFY_ADD, MODIFY_DELETE, MODIFY_REPLACE, MODIFY_INCREMENT
 
-from conftest import ADMIN_DN, SUFFIX, Pando, free_port, ldif_entry, parse_ldif, wait_port
+from conftest import ADMIN_DN, SUFFIX, Pando, free_port, ldif_entry, parse_ldif, terminate, wait_port
 
 SLAPD = "/usr/sbin/slapd"
 SLAPADD = "/usr/sbin/slapadd"
@@ -157,15 +156,7 @@ class Slapd:
     def stop(self):
         if not self.pid:
             return
-        try:
-            import os
-            os.kill(self.pid, signal.SIGTERM)
-            for _ in range(300):
-                os.kill(self.pid, 0)
-                time.sleep(0.1)
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        terminate(self.pid, 30)
         self.pid = None
 
     def ldap(self, tool, *args, auth="admin", input=None, timeout=120):

@@ -9,17 +9,15 @@ here is a translation bug (or a check that needs its data adjusted)."""
 
 import base64
 import hashlib
-import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import PANDO_BIN, Pando, free_port, ldif_entry, wait_port
+from conftest import PANDO_BIN, Pando, free_port, ldif_entry, terminate, wait_port
 
 SLAPD = "/usr/sbin/slapd"
 SLAPADD = "/usr/sbin/slapadd"
@@ -113,15 +111,7 @@ class Slapd:
     def stop(self):
         if not self.pid:
             return
-        try:
-            os.kill(self.pid, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                os.kill(self.pid, 0)
-                time.sleep(0.05)
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        terminate(self.pid, 10)
         self.pid = None
 
 

@@ -16,14 +16,13 @@ Every difference is printed in full in the assertion message."""
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import PANDO_BIN, Pando, free_port, ldif_entry, parse_ldif, wait_port
+from conftest import PANDO_BIN, Pando, free_port, ldif_entry, parse_ldif, terminate, wait_port
 
 NS_SLAPD = "/usr/sbin/ns-slapd"
 DSCREATE = "/usr/sbin/dscreate"
@@ -172,15 +171,7 @@ class DirSrv:
     def stop(self):
         if not self.pid:
             return
-        try:
-            os.kill(self.pid, signal.SIGTERM)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                os.kill(self.pid, 0)
-                time.sleep(0.05)
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        terminate(self.pid, 30)
         self.pid = None
 
     def errors(self):

@@ -340,22 +340,26 @@ pub fn rules(acis: &[Aci]) -> Vec<(Translated, Vec<String>)> {
     out
 }
 
+/// How narrow an ACI's target is, narrowest least: deeper entries, then
+/// attribute lists, filters and narrower scopes before broader ones.
+fn specificity(a: &Aci) -> (std::cmp::Reverse<usize>, bool, bool, u8) {
+    (
+        std::cmp::Reverse(depth(&a.dn)),
+        a.attrs.is_none(),
+        a.filter.is_none(),
+        match a.scope {
+            "base" => 0,
+            "one" => 1,
+            _ => 2,
+        },
+    )
+}
+
 /// Deeper targets first; attribute lists, filters and narrower scopes
 /// before broader ones.
 fn by_specificity(acis: &[Aci]) -> Vec<&Aci> {
     let mut order: Vec<&Aci> = acis.iter().collect();
-    order.sort_by_key(|a| {
-        (
-            std::cmp::Reverse(depth(&a.dn)),
-            a.attrs.is_none(),
-            a.filter.is_none(),
-            match a.scope {
-                "base" => 0,
-                "one" => 1,
-                _ => 2,
-            },
-        )
-    });
+    order.sort_by_key(|a| specificity(a));
     order
 }
 
@@ -466,20 +470,7 @@ fn attribute_regions(acis: &[Aci]) -> Vec<Aci> {
     // Deeper targets first, then attribute lists, filters and narrower
     // scopes; ties kept together by target, so rules that end up alike can
     // be merged.
-    out.sort_by_key(|a| {
-        (
-            std::cmp::Reverse(depth(&a.dn)),
-            a.attrs.is_none(),
-            a.filter.is_none(),
-            match a.scope {
-                "base" => 0,
-                "one" => 1,
-                _ => 2,
-            },
-            lower(&a.dn),
-            a.filter.clone(),
-        )
-    });
+    out.sort_by_key(|a| (specificity(a), lower(&a.dn), a.filter.clone()));
     out
 }
 
