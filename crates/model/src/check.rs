@@ -64,11 +64,6 @@ impl std::error::Error for SchemaViolation {}
 
 const EXTENSIBLE_OBJECT: &str = "1.3.6.1.4.1.1466.101.120.111";
 
-/// Base type name of a canonical description ("cn;lang-en" → "cn").
-fn base(desc: &str) -> &str {
-    desc.split(';').next().unwrap_or(desc)
-}
-
 impl Schema {
     /// Is the RDN value `ava` among the entry's values (by the attribute's
     /// equality rule)? With the attribute type.
@@ -97,7 +92,7 @@ impl Schema {
             .attrs
             .iter()
             .filter(|a| {
-                self.attribute(base(&a.desc))
+                self.attribute(crate::desc::base(&a.desc))
                     .is_some_and(|x| x.oid == at.oid)
             })
             .flat_map(|a| a.values.iter())
@@ -285,7 +280,7 @@ impl Schema {
                 };
                 allowed.push(at);
                 let present = entry.attrs.iter().any(|a| {
-                    self.attribute(base(&a.desc))
+                    self.attribute(crate::desc::base(&a.desc))
                         .is_some_and(|x| x.oid == at.oid)
                 });
                 if !present {
@@ -333,7 +328,7 @@ impl Schema {
     }
 
     fn type_of(&self, desc: &str) -> Result<&AttributeType, SchemaViolation> {
-        self.attribute(base(desc)).ok_or_else(|| {
+        self.attribute(crate::desc::base(desc)).ok_or_else(|| {
             SchemaViolation::new(
                 ResultCode::UNDEFINED_ATTRIBUTE_TYPE,
                 format!("{desc}: attribute type undefined"),

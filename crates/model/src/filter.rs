@@ -179,7 +179,7 @@ impl Schema {
 
     fn target(&self, desc: &str) -> Option<(Target, &AttributeType)> {
         let (canon, at) = self.canonical_desc(desc).ok()?;
-        let options = canon.split(';').skip(1).map(str::to_string).collect();
+        let options = crate::desc::options(&canon).map(str::to_string).collect();
         Some((
             Target {
                 oid: at.oid.clone(),
@@ -548,19 +548,17 @@ fn target_values<'a>(
         .attrs
         .iter()
         .filter(move |a| {
-            let mut parts = a.desc.split(';');
-            let base = parts.next().unwrap_or("");
+            let base = crate::desc::base(&a.desc);
             let (Some(at), Some(want)) = (schema.attribute(base), want) else {
                 return false;
             };
             if !schema.is_subtype(at, want) {
                 return false;
             }
-            let opts: Vec<&str> = parts.collect();
             target
                 .options
                 .iter()
-                .all(|o| opts.iter().any(|x| x.eq_ignore_ascii_case(o)))
+                .all(|o| crate::desc::has_option(&a.desc, o))
         })
         .flat_map(|a| a.values.iter().map(Vec::as_slice))
 }
@@ -599,7 +597,7 @@ fn eval(node: &Node, schema: &Schema, entry: &Entry) -> Ternary {
                 .iter()
                 .filter(|a| {
                     schema
-                        .attribute(a.desc.split(';').next().unwrap_or(""))
+                        .attribute(crate::desc::base(&a.desc))
                         .is_some_and(|x| x.oid == at.oid)
                 })
                 .flat_map(|a| a.values.iter());
@@ -633,7 +631,7 @@ fn eval(node: &Node, schema: &Schema, entry: &Entry) -> Ternary {
                         .iter()
                         .filter(|a| {
                             schema
-                                .attribute(a.desc.split(';').next().unwrap_or(""))
+                                .attribute(crate::desc::base(&a.desc))
                                 .and_then(|at| at.syntax.as_deref())
                                 .is_some_and(|s| test.rule.applies_to_syntax(s))
                         })

@@ -16,6 +16,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod check;
+pub mod desc;
 pub mod dn;
 pub mod entry;
 pub mod filter;

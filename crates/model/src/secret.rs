@@ -57,7 +57,7 @@ fn secret_name(name: &str) -> bool {
 /// secret, by its name alone: for descriptions in the schema's canonical
 /// form, or where no schema is at hand.
 pub fn is_secret(desc: &str) -> bool {
-    secret_name(desc.split(';').next().unwrap_or(desc))
+    secret_name(crate::desc::base(desc))
 }
 
 impl Schema {
@@ -65,7 +65,7 @@ impl Schema {
     /// its OID, options allowed) names a secret: the type, or one it
     /// derives from, is secret by name or syntax (see the module).
     pub fn is_secret(&self, desc: &str) -> bool {
-        let base = desc.split(';').next().unwrap_or(desc);
+        let base = crate::desc::base(desc);
         if secret_name(base) {
             return true;
         }

@@ -1007,13 +1007,7 @@ pub struct DbFigures {
 fn values_of<'a>(attrs: &'a [Attribute], attr_lower: &str) -> Vec<(&'a str, &'a [Vec<u8>])> {
     attrs
         .iter()
-        .filter(|a| {
-            a.desc
-                .split(';')
-                .next()
-                .unwrap_or("")
-                .eq_ignore_ascii_case(attr_lower)
-        })
+        .filter(|a| pando_model::desc::base(&a.desc).eq_ignore_ascii_case(attr_lower))
         .map(|a| (a.desc.as_str(), a.values.as_slice()))
         .collect()
 }
@@ -1027,7 +1021,7 @@ fn attr_keys(
 ) -> BTreeSet<Vec<u8>> {
     let mut keys = BTreeSet::new();
     for a in attrs {
-        let base = a.desc.split(';').next().unwrap_or("");
+        let base = pando_model::desc::base(&a.desc);
         if !base.eq_ignore_ascii_case(attr_lower) {
             continue;
         }

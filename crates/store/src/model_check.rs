@@ -1221,12 +1221,7 @@ impl<'s> Harness<'s> {
         let cn_norm = |n: &Node| -> Vec<Vec<u8>> {
             n.attrs
                 .iter()
-                .filter(|a| {
-                    a.desc
-                        .split(';')
-                        .next()
-                        .is_some_and(|b| b.eq_ignore_ascii_case("cn"))
-                })
+                .filter(|a| pando_model::desc::base(&a.desc).eq_ignore_ascii_case("cn"))
                 .flat_map(|a| a.values.iter())
                 .filter_map(|v| schema.normalize(cn, v).ok())
                 .collect()
@@ -1394,13 +1389,7 @@ fn decode_values(input: &mut Input<'_>, desc: &str, n: usize) -> Vec<Vec<u8>> {
     (0..n)
         .map(|_| {
             let b = input.byte();
-            match desc
-                .split(';')
-                .next()
-                .unwrap_or("")
-                .to_ascii_lowercase()
-                .as_str()
-            {
+            match pando_model::desc::base(desc).to_ascii_lowercase().as_str() {
                 "uidnumber" => UID_VALUES[b as usize % UID_VALUES.len()]
                     .to_string()
                     .into_bytes(),

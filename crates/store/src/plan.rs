@@ -190,7 +190,7 @@ pub(crate) fn exact(view: &View<'_>, f: &Filter) -> bool {
 }
 
 fn resolve<'t>(view: &View<'t>, desc: &str) -> Option<(String, &'t pando_model::AttributeType)> {
-    let base = desc.split(';').next().unwrap_or(desc);
+    let base = pando_model::desc::base(desc);
     let at = view.schema().attribute(base)?;
     Some((at.name().to_ascii_lowercase(), at))
 }

@@ -51,7 +51,7 @@ pub fn export<W: Write>(store: &Store, out: &mut W, opts: &ExportOptions) -> Res
         let pairs = entry.attrs.iter().filter(|a| {
             opts.operational
                 || schema
-                    .attribute(a.desc.split(';').next().unwrap_or(""))
+                    .attribute(pando_model::desc::base(&a.desc))
                     .is_none_or(|t| !t.is_operational())
         });
         let flat = pairs.flat_map(|a| {

@@ -238,7 +238,7 @@ fn prepare(
     };
     let mut entry = Entry::new(parsed);
     for (a, v) in attrs {
-        let base = a.split(';').next().unwrap_or("");
+        let base = pando_model::desc::base(&a);
         if crate::ops::COMPUTED
             .iter()
             .any(|c| c.eq_ignore_ascii_case(base))

@@ -287,7 +287,7 @@ pub fn still_used(
                 continue;
             };
             for a in &attrs {
-                let base = a.desc.split(';').next().unwrap_or("");
+                let base = pando_model::desc::base(&a.desc);
                 if let Some(t) = gone_types
                     .iter()
                     .find(|t| t.has_name(base) || t.oid == base)

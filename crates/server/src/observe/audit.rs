@@ -141,7 +141,7 @@ pub fn format(schema: &Schema, origin: &Origin<'_>, record: &Record<'_>) -> Stri
             o.line("dn", dn.as_bytes());
             o.line("changetype", b"add");
             for a in attrs.iter() {
-                let base = a.desc.split(';').next().unwrap_or(&a.desc);
+                let base = pando_model::desc::base(&a.desc);
                 let operational = schema
                     .attribute(base)
                     .map(|t| t.is_operational())

@@ -110,7 +110,7 @@ fn compare_values(
 ) -> OpResult<ResultCode> {
     let mut present = false;
     for a in attrs {
-        let base = a.desc.split(';').next().unwrap_or("");
+        let base = pando_model::desc::base(&a.desc);
         let Some(t) = schema.attribute(base) else {
             continue;
         };

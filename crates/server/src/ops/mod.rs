@@ -117,16 +117,14 @@ pub const COMPUTED: &[&str] = &[
 
 /// `desc` is userPassword, with or without options.
 pub fn is_password(desc: &str) -> bool {
-    desc.split(';')
-        .next()
-        .is_some_and(|b| b.eq_ignore_ascii_case("userPassword"))
+    pando_model::desc::base(desc).eq_ignore_ascii_case("userPassword")
 }
 
 /// Whether a description a client sent names userPassword, by any of its
 /// names or its OID (`2.5.4.35;x` too). Stored descriptions are canonical,
 /// so [`is_password`] serves for them.
 pub fn names_password(schema: &pando_model::Schema, desc: &str) -> bool {
-    let base = desc.split(';').next().unwrap_or(desc);
+    let base = pando_model::desc::base(desc);
     schema
         .attribute(base)
         .is_some_and(|at| at.oid == USER_PASSWORD_OID)

@@ -32,7 +32,7 @@ fn first_rdn(dn: &str) -> Option<(String, String)> {
 /// Whether `m` is the RDN-value part of a rename from `old` to `new`, and
 /// whether it removed the old RDN's value.
 fn rename_part(m: &LoggedMod, old: &(String, String), new: &(String, String)) -> (bool, bool) {
-    let base = m.desc.split(';').next().unwrap_or("");
+    let base = pando_model::desc::base(&m.desc);
     let has = |v: &str| {
         m.values
             .iter()
@@ -63,7 +63,7 @@ pub fn of(c: &LoggedChange) -> Shape<'_> {
     for m in &c.mods {
         // Multi-provider merge state is this server's own (no other
         // server's schema knows it; a delta consumer would stop on it).
-        let base = m.desc.split(';').next().unwrap_or("");
+        let base = pando_model::desc::base(&m.desc);
         if base.eq_ignore_ascii_case(crate::repl::merge::STATE_ATTR) {
             continue;
         }

@@ -47,7 +47,7 @@ impl RetroChangelog {
     }
 
     fn shows(&self, schema: &Schema, desc: &str) -> bool {
-        let base = desc.split(';').next().unwrap_or("");
+        let base = pando_model::desc::base(desc);
         schema
             .attribute(base)
             .is_none_or(|t| !self.exclude.contains(&t.oid))

@@ -159,7 +159,7 @@ impl ValSort {
                 .unwrap_or_else(|| v.to_vec())
         };
         for a in entry.attrs.iter_mut() {
-            let base = a.desc.split(';').next().unwrap_or("");
+            let base = pando_model::desc::base(&a.desc);
             if !base.eq_ignore_ascii_case(&rule.attr) {
                 continue;
             }

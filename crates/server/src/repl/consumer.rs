@@ -1313,7 +1313,7 @@ fn delay_of(csn: &str) -> Option<(u16, u64)> {
 /// computes for itself.
 fn without_computed(mut entry: Entry) -> Entry {
     entry.attrs.retain(|a| {
-        let base = a.desc.split(';').next().unwrap_or("");
+        let base = pando_model::desc::base(&a.desc);
         !crate::ops::COMPUTED
             .iter()
             .any(|c| c.eq_ignore_ascii_case(base))
@@ -1327,7 +1327,7 @@ fn without_computed(mut entry: Entry) -> Entry {
 fn received_entry(dn: Dn, attrs: Vec<pando_proto::PartialAttribute>, uuid: &str) -> Entry {
     let mut entry = Entry::new(dn);
     for a in attrs {
-        let base = a.name.split(';').next().unwrap_or("");
+        let base = pando_model::desc::base(&a.name);
         let computed = crate::ops::COMPUTED
             .iter()
             .any(|c| c.eq_ignore_ascii_case(base));

@@ -179,7 +179,7 @@ fn as_applied(schema: &Schema, mods: &[Change]) -> Vec<Change> {
     mods.iter()
         .filter(|m| !(m.op == ModOp::Add && m.attr.values.is_empty()))
         .map(|m| {
-            let base = m.attr.name.split(';').next().unwrap_or("");
+            let base = pando_model::desc::base(&m.attr.name);
             let single = schema.attribute(base).is_some_and(|at| at.single_value);
             let op = if m.op == ModOp::Add && single {
                 ModOp::Replace

@@ -153,7 +153,7 @@ impl<'s> Wanted<'s> {
     }
 
     pub(super) fn keep(&self, desc: &str) -> bool {
-        let base = desc.split(';').next().unwrap_or("");
+        let base = pando_model::desc::base(desc);
         // Stored descriptions are names; an OID is decoded to be safe.
         base.starts_with(|c: char| c.is_ascii_digit())
             || self.names.iter().any(|n| n.eq_ignore_ascii_case(base))
@@ -177,8 +177,7 @@ pub(super) fn is_subtype_of(schema: &Schema, at: &AttributeType, oid: &str) -> b
 }
 
 pub(super) fn options_of(desc: &str) -> Vec<String> {
-    desc.split(';')
-        .skip(1)
+    pando_model::desc::options(desc)
         .map(|o| o.to_ascii_lowercase())
         .collect()
 }
@@ -261,7 +260,7 @@ impl Emitter<'_> {
             None => EntryEncoder::begin_bare(buf, dn.as_bytes()),
         };
         for (desc, values) in attrs {
-            let base = desc.split(';').next().unwrap_or("");
+            let base = pando_model::desc::base(desc);
             let Some(at) = self.schema.attribute(base) else {
                 continue;
             };

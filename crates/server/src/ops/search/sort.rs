@@ -120,7 +120,7 @@ fn row_keys(
                 .attrs
                 .iter()
                 .filter(|a| {
-                    let base = a.desc.split(';').next().unwrap_or("");
+                    let base = pando_model::desc::base(&a.desc);
                     schema
                         .attribute(base)
                         .is_some_and(|t| schema.is_subtype(t, k.at) && may_read(t))

@@ -4,7 +4,6 @@
 use pando_model::{Entry, Schema};
 use pando_proto::{Change, ModOp, ResultCode};
 
-use super::checks::base_of;
 use crate::error::{LdapError, OpResult};
 
 /// Apply RFC 4511 modifications to `entry` in order; all-or-nothing is
@@ -177,7 +176,7 @@ pub(super) fn has_value(
     let want = norm(value);
     entry.attrs.iter().any(|a| {
         schema
-            .attribute(base_of(&a.desc))
+            .attribute(pando_model::desc::base(&a.desc))
             .is_some_and(|t| std::ptr::eq(t, at))
             && a.values.iter().any(|v| norm(v) == want)
     })

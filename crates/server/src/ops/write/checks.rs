@@ -24,10 +24,6 @@ const MAINTAINED: &[&str] = &[
     "numSubordinates",
 ];
 
-pub(super) fn base_of(desc: &str) -> &str {
-    desc.split(';').next().unwrap_or(desc)
-}
-
 /// Refuse an add or modify carrying more than `limits.max_values_per_operation`
 /// values, unless from an administrator; checked before any schema, access
 /// or store work.
@@ -95,7 +91,7 @@ pub fn random_uuid() -> String {
 /// under the relax rules control (`relaxed`), and then only the stamps a
 /// replica or a migration must carry over, never computed attributes.
 pub(super) fn reject_maintained(schema: &Schema, desc: &str, relaxed: bool) -> OpResult<()> {
-    let Some(at) = schema.attribute(base_of(desc)) else {
+    let Some(at) = schema.attribute(pando_model::desc::base(desc)) else {
         return Ok(());
     };
     // Under relax an administrator may also set memberOf and the password

@@ -7,7 +7,6 @@ use pando_proto::{ModifyDnRequest, ResultCode};
 use pando_store::{Lookup, Placement, View};
 
 use super::changes::{check_invariants, has_value};
-use super::checks::base_of;
 use super::{Before, Change, WriteCtx, WriteOp, Written};
 use crate::acl;
 use crate::error::{LdapError, OpResult};
@@ -174,7 +173,7 @@ fn remove_old_rdn_values(schema: &pando_model::Schema, dn: &Dn, new: &mut Entry)
             .unwrap_or_else(|_| ava.value.clone());
         for a in new.attrs.iter_mut().filter(|a| {
             schema
-                .attribute(base_of(&a.desc))
+                .attribute(pando_model::desc::base(&a.desc))
                 .is_some_and(|t| std::ptr::eq(t, at))
         }) {
             a.values

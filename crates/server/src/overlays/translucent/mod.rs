@@ -289,7 +289,7 @@ pub fn is_part(e: &Entry) -> bool {
 
 /// The attribute type of a description, without options, in lower case.
 fn type_of(desc: &str) -> String {
-    desc.split(';').next().unwrap_or("").to_ascii_lowercase()
+    pando_model::desc::base(desc).to_ascii_lowercase()
 }
 
 /// The types of the entry's RDN (lower case, as written in its DN).

@@ -389,7 +389,7 @@ pub async fn modify(ctx: Arc<WriteCtx>, t: &Translucent, req: ModifyRequest) -> 
             // Every description of a touched type, as it is to be.
             let mut changes: Vec<pando_proto::Change> = Vec::new();
             for a in old.attrs.iter().chain(new_part.attrs.iter()) {
-                let ty = super::super::canonical(schema, a.desc.split(';').next().unwrap_or(""));
+                let ty = super::super::canonical(schema, pando_model::desc::base(&a.desc));
                 if !touched.iter().any(|n| n.eq_ignore_ascii_case(&ty))
                     || changes
                         .iter()
@@ -447,8 +447,7 @@ fn part_after(
     old: Option<&Entry>,
     touched: &[String],
 ) -> Entry {
-    let type_of =
-        |desc: &str| super::super::canonical(schema, desc.split(';').next().unwrap_or(""));
+    let type_of = |desc: &str| super::super::canonical(schema, pando_model::desc::base(desc));
     let is_touched = |desc: &str| {
         touched
             .iter()
