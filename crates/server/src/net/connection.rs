@@ -250,7 +250,7 @@ impl Connection {
             }
             // At most one wait (MAX_WAIT) before each read, so shutdown is
             // still noticed; each request read waits again while in debt.
-            if let Some(w) = pace.wait() {
+            if let Some(w) = pace.wait_to_read() {
                 wire.pump_while(tokio::time::sleep(w)).await;
             }
             match wire.turn(changed.as_mut()).await {
@@ -345,8 +345,10 @@ impl Connection {
                 return Flow::Continue;
             }
         };
+        // An injected fault is the operator's own choice (testing how an
+        // application copes): never paced as a refusal.
         if let Some((flow, code)) = self.inject(&server, id, &op, wire, identity).await {
-            answered(&server, ctx, rec, code, 0, is_update(&op.request));
+            finish(&server, rec, code, 0);
             return flow;
         }
         let work = match op.request {

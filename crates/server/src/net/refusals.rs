@@ -178,7 +178,18 @@ impl Pace {
         }
     }
 
-    /// How long to wait before reading more (None: read now).
+    /// How long to wait before reading more from the socket: only a
+    /// connection refused itself waits here (one that has sent nothing, or
+    /// was only served, reads at once; it is paced after each request it
+    /// sends, by [`Pace::wait`]).
+    pub fn wait_to_read(&self) -> Option<Duration> {
+        if !self.refused.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.wait()
+    }
+
+    /// How long to wait after a request before the next (None: go on).
     pub fn wait(&self) -> Option<Duration> {
         if self.served.load(Ordering::Relaxed) && !self.refused.load(Ordering::Relaxed) {
             return None;
