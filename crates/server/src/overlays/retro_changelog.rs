@@ -101,13 +101,17 @@ fn container() -> Entry {
 
 /// `changes` of an add (the attributes, one LDIF line per value) or a
 /// modify (LDIF modifications, each ended by `-`).
-fn changes_text(log: &RetroChangelog, schema: &Schema, c: &LoggedChange) -> Vec<u8> {
-    let shape = super::change_shape::of(c);
+fn changes_text(
+    log: &RetroChangelog,
+    schema: &Schema,
+    kind: LoggedKind,
+    shape: &super::change_shape::Shape<'_>,
+) -> Vec<u8> {
     let mut out = Vec::new();
     let mut scratch = Vec::new();
     for m in shape.mods.iter().filter(|m| log.shows(schema, &m.desc)) {
         let desc = m.desc.as_bytes();
-        if c.kind == LoggedKind::Add {
+        if kind == LoggedKind::Add {
             for v in &m.values {
                 pando_ldif::append_line(&mut out, &mut scratch, desc, v, None);
             }
@@ -157,7 +161,7 @@ fn change_entry(log: &RetroChangelog, schema: &Schema, n: u64, c: &LoggedChange)
     if !c.by.is_empty() {
         attrs.push(attr("changeInitiatorsName", c.by.as_str()));
     }
-    let changes = changes_text(log, schema, c);
+    let changes = changes_text(log, schema, c.kind, &shape);
     if !changes.is_empty() {
         attrs.push(attr("changes", changes));
     }
