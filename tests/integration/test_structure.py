@@ -23,12 +23,13 @@ ALLOWED = {
     "pando-proto": set(),
     "pando-model": {"pando-proto"},
     "pando-ldif": {"pando-proto"},
+    "pando-password": set(),
     "pando-store": {"pando-model", "pando-proto", "pando-ldif"},
     "pando-gen": {"pando-ldif"},
     "pando-bench": {"pando-proto"},
-    "pando-server": {"pando-proto", "pando-model", "pando-ldif", "pando-store"},
-    "pando-migrate": {"pando-proto", "pando-model", "pando-ldif", "pando-server"},
-    "pando": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-server",
+    "pando-server": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password"},
+    "pando-migrate": {"pando-proto", "pando-model", "pando-ldif", "pando-password", "pando-server"},
+    "pando": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password", "pando-server",
               "pando-gen", "pando-bench", "pando-migrate"},
 }
 

@@ -515,7 +515,7 @@ fn passwd(args: PasswdArgs) -> Result<ExitCode, String> {
             .passwords
             .policy()
             .map_err(|e| e.to_string())?,
-        None => pando_server::password::HashPolicy::default(),
+        None => pando_password::HashPolicy::default(),
     };
     let mut line = String::new();
     std::io::stdin()

@@ -7,7 +7,6 @@ use pando_model::{Dn, Entry, Schema};
 use pando_store::{Lookup, Placement, Store, StoreError};
 
 use crate::clock::{generalized_time, now_micros, CsnClock};
-use crate::password;
 
 /// Meta key holding the generated administrator password hash.
 pub const META_ROOT_HASH: &str = "root_password_hash";
@@ -94,8 +93,8 @@ pub fn root_password(
             file.display()
         )));
     }
-    let clear = password::generate_password();
-    let hash = password::hash_password(clear.as_bytes());
+    let clear = pando_password::generate_password();
+    let hash = pando_password::hash_password(clear.as_bytes());
     write_private(&pending, clear.as_bytes())?;
     // The file's name must be durable before the hash that needs it.
     pando_store::sync_dir(data_dir).map_err(|e| BootstrapError::Io(data_dir.to_path_buf(), e))?;
@@ -117,7 +116,7 @@ fn finish_pending(
     let Ok(clear) = std::fs::read(pending) else {
         return Ok(());
     };
-    if !file.exists() && password::verify_password(&clear, hash.as_bytes()) {
+    if !file.exists() && pando_password::verify_password(&clear, hash.as_bytes()) {
         rename_synced(pending, file, data_dir)
     } else {
         // Written for a hash that was never committed: worthless.

@@ -543,8 +543,8 @@ impl Default for PasswordsConfig {
 }
 
 impl PasswordsConfig {
-    pub fn policy(&self) -> Result<crate::password::HashPolicy, ConfigError> {
-        use crate::password::{Argon2Params, HashPolicy};
+    pub fn policy(&self) -> Result<pando_password::HashPolicy, ConfigError> {
+        use pando_password::{Argon2Params, HashPolicy};
         match self.scheme.to_ascii_lowercase().as_str() {
             "argon2" | "argon2id" => {
                 // Bounds keep one hash under a second and a gigabyte.
@@ -1179,7 +1179,7 @@ impl Config {
             crate::auth::compile_map(m).map_err(|e| err(&key, e))?;
         }
         if let Some(h) = &self.root_password_hash {
-            if !crate::password::is_hashed(h.as_bytes()) {
+            if !pando_password::is_hashed(h.as_bytes()) {
                 return Err(err(
                     "root_password_hash",
                     "must be a hash such as {ARGON2}… (make one with `pando passwd`), not a clear password",

@@ -15,7 +15,7 @@ use pando_proto::ResultCode;
 use tokio::sync::Semaphore;
 
 use crate::error::{LdapError, OpResult};
-use crate::password::{self, HashPolicy};
+use pando_password::HashPolicy;
 
 pub struct PasswordWork {
     policy: HashPolicy,
@@ -55,7 +55,7 @@ impl PasswordWork {
             policy,
             slots: Arc::new(Semaphore::new(n)),
             decoy: policy
-                .hash(password::generate_password().as_bytes())
+                .hash(pando_password::generate_password().as_bytes())
                 .into_bytes(),
             stats: Arc::new(WorkStats::default()),
         }
@@ -80,7 +80,7 @@ impl PasswordWork {
 
     /// The values as stored: clear-text ones hashed, hashed ones kept.
     pub async fn hash_all(&self, values: Vec<Vec<u8>>) -> OpResult<Vec<Vec<u8>>> {
-        if values.iter().all(|v| password::is_hashed(v)) {
+        if values.iter().all(|v| pando_password::is_hashed(v)) {
             return Ok(values);
         }
         let policy = self.policy;
@@ -88,10 +88,10 @@ impl PasswordWork {
             values
                 .into_iter()
                 .map(|v| {
-                    if password::is_hashed(&v) {
+                    if pando_password::is_hashed(&v) {
                         v
                     } else {
-                        policy.hash(password::clear_text_of(&v)).into_bytes()
+                        policy.hash(pando_password::clear_text_of(&v)).into_bytes()
                     }
                 })
                 .collect()
@@ -128,8 +128,8 @@ impl PasswordWork {
         } else {
             (stored, true)
         };
-        let cheap = stored.iter().all(|s| password::is_cheap_to_verify(s));
-        let check = move || stored.iter().any(|s| password::verify_password(&clear, s));
+        let cheap = stored.iter().all(|s| pando_password::is_cheap_to_verify(s));
+        let check = move || stored.iter().any(|s| pando_password::verify_password(&clear, s));
         if cheap {
             return check() && real;
         }
@@ -159,7 +159,7 @@ impl PasswordWork {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::password::Argon2Params;
+    use pando_password::Argon2Params;
 
     /// Cheap argon2 parameters: the tests are about the bound, not the cost.
     fn small() -> HashPolicy {
@@ -219,8 +219,8 @@ mod tests {
                 HashPolicy::Ssha512 => "{SSHA512}",
             };
             assert!(out[0].starts_with(prefix.as_bytes()), "{policy:?}");
-            assert!(password::verify_password(b"new", &out[0]), "{policy:?}");
-            assert!(!password::verify_password(b"old", &out[0]), "{policy:?}");
+            assert!(pando_password::verify_password(b"new", &out[0]), "{policy:?}");
+            assert!(!pando_password::verify_password(b"old", &out[0]), "{policy:?}");
         }
     }
 }

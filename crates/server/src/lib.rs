@@ -18,7 +18,6 @@ pub mod net;
 pub mod observe;
 pub mod ops;
 pub mod overlays;
-pub mod password;
 pub mod privileges;
 pub mod repl;
 pub mod schema_files;

@@ -831,13 +831,13 @@ fn database_directive(cx: &mut Ctx, d: &Directive) {
         }
         "rootpw" => {
             let pw = d.single().unwrap_or_default();
-            if pw.starts_with('{') && pando_server::password::is_hashed(pw.as_bytes()) {
+            if pw.starts_with('{') && pando_password::is_hashed(pw.as_bytes()) {
                 cx.cfg.root_password_hash = Some(pw);
                 cx.exact();
             } else if pw.starts_with('{') {
                 cx.note(Severity::Stricter, d, "this hash scheme is not one Pando verifies; set root_password_hash with `pando passwd`");
             } else {
-                cx.cfg.root_password_hash = Some(pando_server::password::hash_password(pw.as_bytes()));
+                cx.cfg.root_password_hash = Some(pando_password::hash_password(pw.as_bytes()));
                 cx.note(Severity::Note, d, "a clear-text password: stored hashed (Argon2id) in root_password_hash");
             }
         }

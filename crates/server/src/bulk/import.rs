@@ -113,8 +113,8 @@ pub fn password_schemes(attrs: &[Attribute]) -> Vec<(String, SchemeCount)> {
     crate::ops::password_values(attrs)
         .iter()
         .map(|v| {
-            let (name, verifiable) = crate::password::describe(v);
-            let legacy = crate::password::strength(v) <= crate::password::Strength::WeakSalted;
+            let (name, verifiable) = pando_password::describe(v);
+            let legacy = pando_password::strength(v) <= pando_password::Strength::WeakSalted;
             let one = SchemeCount {
                 values: 1,
                 verifiable,

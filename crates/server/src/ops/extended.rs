@@ -14,7 +14,6 @@ use super::controls::Requested;
 use super::write::{Before, Change, WriteCtx, WriteOp};
 use crate::acl;
 use crate::error::{LdapError, OpResult};
-use crate::password;
 use crate::state::{Identity, Server};
 
 pub async fn extended(
@@ -116,7 +115,7 @@ async fn passwd_modify(ctx: Arc<WriteCtx>, value: Option<&[u8]>) -> OpResult<Ext
     let new_clear = match req.new_password {
         Some(p) if !p.is_empty() => p,
         Some(_) => return Err(LdapError::unwilling("the new password is empty")),
-        None => password::generate_password().into_bytes(),
+        None => pando_password::generate_password().into_bytes(),
     };
     // Check the old password (if given) against what is stored; like every
     // slow hash, through the server's bounded queue. The values checked
@@ -497,7 +496,7 @@ mod tests {
             .unwrap();
         assert_eq!(r.result.code, ResultCode::SUCCESS);
         let pw = super::super::password_values(&stored(&server, person));
-        assert!(pw.len() == 1 && password::verify_password(b"s3cret", &pw[0]));
+        assert!(pw.len() == 1 && pando_password::verify_password(b"s3cret", &pw[0]));
     }
 
     /// The lag in changes is counted per server ID from the change log,

@@ -1,6 +1,6 @@
 //! Upgrade on bind: a simple bind whose password matched a value stored in
 //! a weaker scheme than the configured one (clear text, `{MD5}`, `{SSHA}`,
-//! md5-crypt… see [`crate::password::Strength`]) stores the same password again
+//! md5-crypt… see [`pando_password::Strength`]) stores the same password again
 //! under the configured scheme, before the bind is answered. Sites that
 //! migrate from a store full of legacy hashes get them replaced as their
 //! users log in, with no password reset. `[passwords] upgrade_on_bind =
@@ -42,7 +42,7 @@ pub fn weak_values(server: &Server, stored: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let target = server.passwords.policy().strength();
     stored
         .iter()
-        .filter(|v| crate::password::strength(v) < target)
+        .filter(|v| pando_password::strength(v) < target)
         .cloned()
         .collect()
 }

@@ -61,7 +61,7 @@ impl Cookie {
             return None;
         }
         let (body, mac) = b.split_at(COOKIE_BODY);
-        if !crate::password::ct_eq(&cookie_mac(body), mac) {
+        if !pando_password::ct_eq(&cookie_mac(body), mac) {
             return None;
         }
         let n = |i: usize| {

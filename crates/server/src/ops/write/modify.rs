@@ -115,7 +115,7 @@ async fn check_policy(
             "the password policy allows one password value",
         ));
     }
-    let clear = (!crate::password::is_hashed(new[0])).then_some(new[0].as_slice());
+    let clear = (!pando_password::is_hashed(new[0])).then_some(new[0].as_slice());
     p.check_change(
         &ctx.server,
         &ctx.who,

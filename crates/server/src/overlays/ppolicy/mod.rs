@@ -418,7 +418,7 @@ impl PasswordPolicy {
                 "the password policy allows one password value",
             ));
         }
-        let clear = !crate::password::is_hashed(&values[0]);
+        let clear = !pando_password::is_hashed(&values[0]);
         match (clear, p.check_quality) {
             (true, q) if q > 0 => self
                 .quality

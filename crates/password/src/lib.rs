@@ -1,4 +1,8 @@
-//! userPassword storage schemes.
+//! userPassword storage schemes (the crate `pando-password`).
+//!
+//! The lowest layer beside the protocol: hashing and verifying only. It
+//! must not touch the store, configuration, sessions or the network; the
+//! server decides which scheme and when (see `pando_server::hashing`).
 //!
 //! A stored value is `{SCHEME}data` (the RFC 2307 / RFC 3112 convention) or,
 //! with no scheme prefix, the password in clear. New passwords are hashed with
@@ -420,7 +424,7 @@ pub fn verify_password(clear: &[u8], stored: &[u8]) -> bool {
 
 /// Equality whose running time depends only on the lengths. Lengths compared
 /// here are digest sizes fixed by the scheme, so they reveal nothing.
-pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }
