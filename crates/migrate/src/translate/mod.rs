@@ -1639,7 +1639,7 @@ fn syncrepl(cx: &mut Ctx, d: &Directive) {
             let clear = c.bind_method == "simple"
                 && c.provider.starts_with("ldap://")
                 && !c.start_tls
-                && !pando_server::net::client::is_loopback(&c.provider);
+                && !pando_proto::url::is_loopback(&c.provider);
             if clear {
                 c.start_tls = true;
                 notes.push(format!(

@@ -92,46 +92,13 @@ pub struct Client {
 
 /// `host:port` of an ldap:// or ldaps:// URL, and whether it is LDAPS.
 fn host_port(url: &str) -> Result<(String, u16, bool), ClientError> {
-    let (rest, tls) = match (url.strip_prefix("ldaps://"), url.strip_prefix("ldap://")) {
-        (Some(r), _) => (r, true),
-        (_, Some(r)) => (r, false),
-        _ => return fail(format!("'{url}' is not an ldap:// or ldaps:// URL")),
-    };
-    let hostport = rest.split('/').next().unwrap_or("");
-    let default = if tls { 636 } else { 389 };
-    let (host, port) = match hostport.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || hostport.starts_with('[') => {
-            let port = p
-                .parse()
-                .map_err(|_| ClientError(format!("'{url}': bad port '{p}'")))?;
-            (h.trim_matches(|c| c == '[' || c == ']').to_string(), port)
-        }
-        _ => (
-            hostport.trim_matches(|c| c == '[' || c == ']').to_string(),
-            default,
-        ),
-    };
-    if host.is_empty() {
-        return fail(format!("'{url}' names no host"));
-    }
-    Ok((host, port, tls))
+    pando_proto::url::host_port(url).map_err(ClientError)
 }
 
 /// Whether `url` is an ldap:// or ldaps:// URL naming a host (and a valid
 /// port, when it names one).
 pub fn check_url(url: &str) -> Result<(), ClientError> {
     host_port(url).map(|_| ())
-}
-
-/// Whether `url` names this host by a loopback address (or `localhost`):
-/// what is sent to it never crosses a network.
-pub fn is_loopback(url: &str) -> bool {
-    host_port(url).is_ok_and(|(host, _, _)| {
-        host.eq_ignore_ascii_case("localhost")
-            || host
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback())
-    })
 }
 
 /// Turn on TCP keepalive with `idle` seconds before the first probe.
@@ -435,26 +402,3 @@ impl Client {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_name_host_port_and_tls() {
-        assert_eq!(
-            host_port("ldap://127.0.0.1:3389").unwrap(),
-            ("127.0.0.1".into(), 3389, false)
-        );
-        assert_eq!(
-            host_port("ldaps://ldap.example.com/").unwrap(),
-            ("ldap.example.com".into(), 636, true)
-        );
-        assert_eq!(
-            host_port("ldap://[::1]:389").unwrap(),
-            ("::1".into(), 389, false)
-        );
-        assert!(host_port("http://x").is_err());
-        assert!(host_port("ldap://:389").is_err());
-        assert!(host_port("ldap://h:port").is_err());
-    }
-}

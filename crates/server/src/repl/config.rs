@@ -372,7 +372,7 @@ impl ConsumerConfig {
         let clear = self.provider.starts_with("ldap://")
             && !self.start_tls
             && !self.allow_plaintext_password
-            && !crate::net::client::is_loopback(&self.provider);
+            && !pando_proto::url::is_loopback(&self.provider);
         clear.then(|| {
             (
                 "start_tls".into(),
