@@ -25,18 +25,19 @@ ALLOWED = {
     "pando-ldif": {"pando-proto"},
     "pando-password": set(),
     "pando-store": {"pando-model", "pando-proto", "pando-ldif"},
+    "pando-config": {"pando-proto", "pando-model", "pando-store", "pando-password"},
     "pando-gen": {"pando-ldif"},
     "pando-bench": {"pando-proto"},
-    "pando-server": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password"},
-    "pando-migrate": {"pando-proto", "pando-model", "pando-ldif", "pando-password", "pando-server"},
-    "pando": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password", "pando-server",
+    "pando-server": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password", "pando-config"},
+    "pando-migrate": {"pando-proto", "pando-model", "pando-ldif", "pando-password", "pando-config", "pando-server"},
+    "pando": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password", "pando-config", "pando-server",
               "pando-gen", "pando-bench", "pando-migrate"},
 }
 
 # Most files in one circle of imports, per crate directory (issue 38's
 # goal is 3 everywhere; the server's is where the redesign starts).
 CEILING = {
-    "server": 55,
+    "server": 48,
     "migrate": 6,
     "model": 3,
     "store": 2,

@@ -17,7 +17,7 @@
 //! reported. Binds are not subject to ACIs in 389-DS: every rule that
 //! covers userPassword lets everyone `auth`.
 
-use pando_server::config::{AccessBy, OneOrMany};
+use pando_config::{AccessBy, OneOrMany};
 
 use crate::acl::{DnSel, Translated};
 

@@ -11,7 +11,7 @@
 //! of its target. `break` to the following rules is expanded in
 //! [`crate::translate`].
 
-use pando_server::config::{AccessBy, AccessRule, OneOrMany};
+use pando_config::{AccessBy, AccessRule, OneOrMany};
 
 use crate::report::Severity;
 

@@ -363,7 +363,7 @@ cn: memberuid\nnsSystemIndex: false\nnsIndexType: eq\nnsIndexType: pres\n"
         assert_eq!(c.indexes["uid"], ["eq", "sub", "pres"]);
         assert!(!c.indexes.contains_key("entryrdn"));
         assert!(
-            matches!(&c.overlay[..], [pando_server::overlays::settings::OverlayConfig::Memberof(m)] if m.member_attributes == ["uniqueMember"])
+            matches!(&c.overlay[..], [pando_config::overlay::OverlayConfig::Memberof(m)] if m.member_attributes == ["uniqueMember"])
         );
         let report = t.report.to_string();
         assert!(

@@ -21,7 +21,8 @@ pub mod translate;
 
 use std::path::{Path, PathBuf};
 
-use pando_server::config::Config;
+use pando_config::Config;
+use pando_server::settings::Validate;
 
 pub use report::{Report, Severity};
 
@@ -98,7 +99,7 @@ pub fn migrate_with(
     // do not exist yet).
     let mut check = config.clone();
     check.schema_files = t.schema_files.iter().map(|(_, p)| p.clone()).collect();
-    let schema = pando_server::schema_files::build(&check)?;
+    let schema = pando_config::schema_files::build(&check)?;
     check
         .clone()
         .validate(&schema)
@@ -199,8 +200,8 @@ fn render(cfg: &Config, rules: &[translate::RuleOut], from: &Path) -> Result<Str
 
 /// One `[[access]]` table with its clauses inline, as docs/access-control.md
 /// writes them.
-fn render_rule(rule: &pando_server::config::AccessRule) -> String {
-    use pando_server::config::OneOrMany;
+fn render_rule(rule: &pando_config::AccessRule) -> String {
+    use pando_config::OneOrMany;
     let s = |v: &str| toml::Value::String(v.to_string()).to_string();
     let many = |v: &OneOrMany| match v {
         OneOrMany::One(x) => s(x),

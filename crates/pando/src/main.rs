@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use pando_server::settings::Validate;
+
 mod acl_check;
 mod ldap_client;
 mod migrate_cmd;
@@ -13,8 +15,8 @@ mod repl_status;
 mod stat;
 
 use clap::{Parser, Subcommand};
+use pando_config::Config;
 use pando_model::Schema;
-use pando_server::config::Config;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -442,7 +444,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     let (file, stored) = file_config(&args.store)?;
     let file = with_serve_options(&args, file);
     let merged = pando_server::cn_config::stored::effective(stored.as_ref(), file.clone());
-    let schema = Arc::new(pando_server::schema_files::build(&merged.config)?);
+    let schema = Arc::new(pando_config::schema_files::build(&merged.config)?);
     let resolved = merged
         .config
         .clone()
@@ -529,9 +531,9 @@ fn passwd(args: PasswdArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn resolve(args: &StoreArgs) -> Result<(pando_server::config::Resolved, Arc<Schema>), String> {
+fn resolve(args: &StoreArgs) -> Result<(pando_config::Resolved, Arc<Schema>), String> {
     let cfg = load_config(args)?;
-    let schema = Arc::new(pando_server::schema_files::build(&cfg)?);
+    let schema = Arc::new(pando_config::schema_files::build(&cfg)?);
     let resolved = cfg.validate(&schema).map_err(|e| e.to_string())?;
     Ok((resolved, schema))
 }
@@ -598,7 +600,7 @@ fn verify(args: VerifyArgs) -> Result<ExitCode, String> {
 /// With the memberof overlay configured: entries whose memberOf is not
 /// exactly the groups that list them.
 fn memberof_problems(
-    resolved: &pando_server::config::Resolved,
+    resolved: &pando_config::Resolved,
     schema: &Schema,
     view: &pando_store::View<'_>,
 ) -> Result<Vec<String>, String> {
@@ -995,7 +997,7 @@ fn export(args: ExportArgs) -> Result<ExitCode, String> {
 /// locked (`stop_first`: what the lock error says to do), a store that a
 /// failed import left incomplete refused.
 fn open_stopped(
-    resolved: &pando_server::config::Resolved,
+    resolved: &pando_config::Resolved,
     schema: &Arc<Schema>,
     stop_first: &str,
 ) -> Result<(pando_server::datadir::DirLock, pando_store::Store), String> {

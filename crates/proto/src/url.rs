@@ -43,9 +43,7 @@ pub fn host_port(url: &str) -> Result<(String, u16, bool), String> {
     let default = if tls { 636 } else { 389 };
     let (host, port) = match hostport.rsplit_once(':') {
         Some((h, p)) if !h.ends_with(']') || hostport.starts_with('[') => {
-            let port = p
-                .parse()
-                .map_err(|_| format!("'{url}': bad port '{p}'"))?;
+            let port = p.parse().map_err(|_| format!("'{url}': bad port '{p}'"))?;
             (h.trim_matches(|c| c == '[' || c == ']').to_string(), port)
         }
         _ => (

@@ -23,8 +23,8 @@ use pando_store::{Candidates, EntryId, Lookup, View};
 use regex::Regex;
 use roaring::RoaringTreemap;
 
-use crate::config::{AccessRule, OneOrMany};
 use crate::state::Identity;
+use pando_config::{AccessRule, OneOrMany};
 
 /// A set of rights, one bit each.
 pub type Rights = u8;
@@ -147,7 +147,7 @@ pub struct Acl {
 /// The rules used when none are configured.
 pub fn default_rules() -> Vec<AccessRule> {
     // One right name is a level (cumulative); a list is exactly those rights.
-    let by = |who: &str, rights: &[&str]| crate::config::AccessBy {
+    let by = |who: &str, rights: &[&str]| pando_config::AccessBy {
         who: OneOrMany::One(who.to_string()),
         rights: match rights {
             [level] => OneOrMany::One(level.to_string()),
@@ -872,8 +872,8 @@ fn settle_subjects(subjects: &[Subject], who: &Identity) -> Settled {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{AccessBy, Config};
     use crate::state::{PeerCred, Session};
+    use pando_config::{AccessBy, Config};
     use std::path::Path;
     use std::sync::Arc;
 

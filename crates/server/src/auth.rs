@@ -7,8 +7,8 @@
 use pando_model::{Dn, Schema};
 use regex::Regex;
 
-use crate::config::{AuthConfig, ExternalMap, LDAPI_OWNER};
 use crate::state::{PeerCred, Session};
+use pando_config::{AuthConfig, ExternalMap, LDAPI_OWNER};
 
 /// The authorization DN of an ldapi peer, as OpenLDAP forms it.
 pub fn peercred_dn(c: PeerCred) -> String {

@@ -129,7 +129,11 @@ impl PasswordWork {
             (stored, true)
         };
         let cheap = stored.iter().all(|s| pando_password::is_cheap_to_verify(s));
-        let check = move || stored.iter().any(|s| pando_password::verify_password(&clear, s));
+        let check = move || {
+            stored
+                .iter()
+                .any(|s| pando_password::verify_password(&clear, s))
+        };
         if cheap {
             return check() && real;
         }
@@ -219,8 +223,14 @@ mod tests {
                 HashPolicy::Ssha512 => "{SSHA512}",
             };
             assert!(out[0].starts_with(prefix.as_bytes()), "{policy:?}");
-            assert!(pando_password::verify_password(b"new", &out[0]), "{policy:?}");
-            assert!(!pando_password::verify_password(b"old", &out[0]), "{policy:?}");
+            assert!(
+                pando_password::verify_password(b"new", &out[0]),
+                "{policy:?}"
+            );
+            assert!(
+                !pando_password::verify_password(b"old", &out[0]),
+                "{policy:?}"
+            );
         }
     }
 }

@@ -9,7 +9,6 @@ pub mod bulk;
 pub mod capacity;
 pub mod clock;
 pub mod cn_config;
-pub mod config;
 pub mod datadir;
 pub mod error;
 pub mod hashing;
@@ -20,7 +19,7 @@ pub mod ops;
 pub mod overlays;
 pub mod privileges;
 pub mod repl;
-pub mod schema_files;
+pub mod settings;
 pub mod state;
 pub mod throttle;
 
@@ -34,13 +33,13 @@ use tokio::sync::watch;
 
 use crate::bootstrap::RootPassword;
 use crate::clock::CsnClock;
-use crate::config::{Listener, Resolved};
 use crate::state::Server;
+use pando_config::{Listener, Resolved};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Re-reads the configuration file (plus command-line overrides) on SIGHUP.
-pub type Reloader = Arc<dyn Fn() -> Result<config::Config, String> + Send + Sync>;
+pub type Reloader = Arc<dyn Fn() -> Result<pando_config::Config, String> + Send + Sync>;
 
 #[derive(Clone, Default)]
 pub struct ServeOptions {
@@ -50,7 +49,7 @@ pub struct ServeOptions {
     /// The configuration file as read (with command-line options): kept
     /// in the store beside the configuration run with, so the next start
     /// and SIGHUP see which keys the operator edited.
-    pub file: Option<config::Config>,
+    pub file: Option<pando_config::Config>,
 }
 
 /// Why `serve` will not start on the store, and what the operator can do.
@@ -454,7 +453,7 @@ pub fn compile(
 /// The suffixes whose entries this server makes: all but those a
 /// consumer replicates whole (their entries come from the provider, with
 /// its UUID and CSN).
-pub fn own_suffixes(cfg: &config::Resolved, schema: &Schema) -> Vec<Dn> {
+pub fn own_suffixes(cfg: &pando_config::Resolved, schema: &Schema) -> Vec<Dn> {
     let replicated: Vec<String> = cfg
         .config
         .replication
@@ -478,10 +477,10 @@ pub fn own_suffixes(cfg: &config::Resolved, schema: &Schema) -> Vec<Dn> {
 
 /// Threads large searches may hold under `limits` (0: four per core, at
 /// least 8).
-pub fn search_threads(limits: &config::Limits) -> usize {
+pub fn search_threads(limits: &pando_config::Limits) -> usize {
     match limits.max_search_threads {
         0 => (4 * std::thread::available_parallelism().map_or(1, |n| n.get()))
-            .clamp(8, config::MAX_SEARCH_THREADS),
+            .clamp(8, pando_config::MAX_SEARCH_THREADS),
         n => n,
     }
 }
@@ -761,7 +760,7 @@ fn print_banner(
 
 /// The TLS lines of the banner: which certificate, whether it was just
 /// generated, where StartTLS is offered and what is asked of clients.
-fn print_tls_status(cfg: &config::Resolved, t: &config::TlsSettings, generated: bool) {
+fn print_tls_status(cfg: &pando_config::Resolved, t: &pando_config::TlsSettings, generated: bool) {
     if t.self_signed {
         let dir = t.cert_file.parent().unwrap_or(&t.cert_file);
         if generated {
@@ -791,15 +790,15 @@ fn print_tls_status(cfg: &config::Resolved, t: &config::TlsSettings, generated: 
         println!("  StartTLS is offered on the ldap:// listeners");
     }
     let min = match t.min_version {
-        config::TlsVersion::V1_2 => "1.2",
-        config::TlsVersion::V1_3 => "1.3",
+        pando_config::TlsVersion::V1_2 => "1.2",
+        pando_config::TlsVersion::V1_3 => "1.3",
     };
     let certs = match (t.client_certs, &t.ca_file) {
-        (config::ClientCerts::None, _) | (_, None) => "not asked for".to_string(),
-        (config::ClientCerts::Request, Some(ca)) => {
+        (pando_config::ClientCerts::None, _) | (_, None) => "not asked for".to_string(),
+        (pando_config::ClientCerts::Request, Some(ca)) => {
             format!("requested, checked against {}", ca.display())
         }
-        (config::ClientCerts::Require, Some(ca)) => {
+        (pando_config::ClientCerts::Require, Some(ca)) => {
             format!("required, checked against {}", ca.display())
         }
     };

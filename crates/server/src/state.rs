@@ -8,7 +8,7 @@ use pando_proto::DecodeLimits;
 use pando_store::Store;
 
 use crate::clock::CsnClock;
-use crate::config::Resolved;
+use pando_config::Resolved;
 
 /// Everything operations share, for one configuration. Immutable: a
 /// configuration change builds a new `Server` (see [`crate::live`]) that
@@ -18,7 +18,7 @@ pub struct Server {
     pub cfg: Resolved,
     /// The configuration as stored (cn=config shows it): `cfg.config`
     /// except for keys the server takes only at its next start.
-    pub desired: Arc<crate::config::Config>,
+    pub desired: Arc<pando_config::Config>,
     pub schema: Arc<Schema>,
     /// Normalised root DN: the administrator identity.
     pub root_dn_norm: String,
@@ -30,7 +30,7 @@ pub struct Server {
     pub auth: crate::auth::AuthPolicy,
     pub acl: crate::acl::Acl,
     /// `[[limits.by]]`, compiled.
-    pub limits_by: Vec<(crate::acl::Who, crate::config::LimitsFor)>,
+    pub limits_by: Vec<(crate::acl::Who, pando_config::LimitsFor)>,
     /// The certificate and TLS settings when `[tls]` is configured: serves
     /// ldaps:// listeners and StartTLS. Reloaded on SIGHUP.
     pub tls: Option<Arc<crate::net::tls::TlsContext>>,
@@ -106,7 +106,7 @@ pub struct Runtime {
 /// failing, if it must) before anything changes.
 pub struct Compiled {
     pub cfg: Resolved,
-    pub desired: Arc<crate::config::Config>,
+    pub desired: Arc<pando_config::Config>,
     pub schema: Arc<Schema>,
     pub root_dn_norm: String,
     pub root_pw_hash: Option<String>,
@@ -114,7 +114,7 @@ pub struct Compiled {
     pub decode_limits: DecodeLimits,
     pub auth: crate::auth::AuthPolicy,
     pub acl: crate::acl::Acl,
-    pub limits_by: Vec<(crate::acl::Who, crate::config::LimitsFor)>,
+    pub limits_by: Vec<(crate::acl::Who, pando_config::LimitsFor)>,
     pub tls: Option<Arc<crate::net::tls::TlsContext>>,
     pub passwords: Arc<crate::hashing::PasswordWork>,
     pub logs: Arc<crate::observe::Logs>,

@@ -17,9 +17,9 @@ use tokio::time::Instant;
 
 use pando_proto::ResultCode;
 
-use crate::config::Limits;
 use crate::error::LdapError;
 use crate::state::Session;
+use pando_config::Limits;
 
 /// Most records kept per table; beyond it, expired ones are purged and, if
 /// that is not enough, the oldest half is dropped.

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use pando_config::{AccessBy, Config, LimitsFor, OneOrMany};
 use pando_model::{Dn, Schema};
-use pando_server::config::{AccessBy, Config, LimitsFor, OneOrMany};
 
 use crate::acl::{self, DnSel, Translated};
 
@@ -278,7 +278,7 @@ fn schema(cx: &mut Ctx, src: &Source) -> Vec<(String, PathBuf)> {
                 posix_schema: cx.cfg.posix_schema.clone(),
                 ..Config::default()
             };
-            match pando_server::schema_files::build(&file_cfg) {
+            match pando_config::schema_files::build(&file_cfg) {
                 Ok(built) => {
                     cx.schema = built;
                     out.push((s.name.clone(), s.path.clone()));
@@ -294,7 +294,7 @@ fn schema(cx: &mut Ctx, src: &Source) -> Vec<(String, PathBuf)> {
             posix_schema: cx.cfg.posix_schema.clone(),
             ..Config::default()
         };
-        if let Ok(s) = pando_server::schema_files::build(&cfg) {
+        if let Ok(s) = pando_config::schema_files::build(&cfg) {
             cx.schema = s;
         }
     }
@@ -1618,7 +1618,7 @@ fn syncrepl(cx: &mut Ctx, d: &Directive) {
             other => notes.push(format!("{other}: not translated")),
         }
     }
-    let parsed: Result<pando_server::repl::config::ConsumerConfig, _> =
+    let parsed: Result<pando_config::consumer::ConsumerConfig, _> =
         toml::Value::Table(t).try_into();
     match parsed {
         Ok(c)

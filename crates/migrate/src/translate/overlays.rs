@@ -2,7 +2,7 @@
 //! `[[overlay]]` tables: memberof, refint, unique, ppolicy, accesslog,
 //! valsort; syncprov and sssvlv are built in; the rest is reported.
 
-use pando_server::overlays::settings::{
+use pando_config::overlay::{
     AccesslogConfig, MemberOfConfig, OverlayConfig, PpolicyConfig, RefintConfig, UniqueConfig,
     ValsortConfig,
 };

@@ -32,8 +32,8 @@ use std::collections::BTreeMap;
 use pando_model::{Dn, Entry};
 use pando_proto::{Change, ModOp, ResultCode};
 
-use crate::config::{AccessRule, Config};
 use crate::error::LdapError;
+use pando_config::{AccessRule, Config};
 
 pub const CONFIG_DN: &str = "cn=config";
 pub const CONFIG_NORM: &str = "cn=config";
@@ -322,7 +322,7 @@ pub fn attr_of(key: &str) -> String {
 /// The configuration as reads show it (cn=config, `pando config export`,
 /// the audit log): no credential in it ([`hide_credentials`]).
 ///
-/// [`hide_credentials`]: crate::repl::config::hide_credentials
+/// [`hide_credentials`]: pando_config::consumer::hide_credentials
 pub fn shown(cfg: &Config) -> std::borrow::Cow<'_, Config> {
     if cfg
         .replication
@@ -333,7 +333,7 @@ pub fn shown(cfg: &Config) -> std::borrow::Cow<'_, Config> {
         return std::borrow::Cow::Borrowed(cfg);
     }
     let mut out = cfg.clone();
-    crate::repl::config::hide_credentials(&mut out.replication.consumer);
+    pando_config::consumer::hide_credentials(&mut out.replication.consumer);
     std::borrow::Cow::Owned(out)
 }
 
@@ -547,7 +547,7 @@ pub fn apply(desired: &Config, norm: &str, changes: &[Change]) -> Result<Config,
     let mut cfg = from_values(desired, &values)?;
     // Values were read with passwords hidden: the placeholder given back
     // keeps what is stored.
-    crate::repl::config::keep_hidden_credentials(
+    pando_config::consumer::keep_hidden_credentials(
         &mut cfg.replication.consumer,
         &desired.replication.consumer,
     );

@@ -9,9 +9,9 @@ use pando_model::{Dn, Entry};
 use pando_proto::{Change, ModOp, PartialAttribute, ResultCode};
 
 use super::{change_values, split_ordinal, DATABASE_DN, DATABASE_NORM};
-use crate::config::Config;
 use crate::error::LdapError;
-use crate::overlays::settings::{overlay_type, OverlayConfig, OverlayType, SettingForm, TYPES};
+use pando_config::overlay::{overlay_type, OverlayConfig, OverlayType, SettingForm, TYPES};
+use pando_config::Config;
 
 /// Whether `norm` names an overlay entry (or would).
 pub fn is_overlay(norm: &str) -> bool {

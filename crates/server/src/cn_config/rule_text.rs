@@ -16,7 +16,7 @@
 //! Values holding spaces or quotes are written in double quotes (`\"` and
 //! `\\` inside). [`format`] writes what [`parse`] reads back unchanged.
 
-use crate::config::{AccessBy, AccessRule, OneOrMany};
+use pando_config::{AccessBy, AccessRule, OneOrMany};
 
 /// Words that are a rights level on their own.
 const LEVELS: &[&str] = &[

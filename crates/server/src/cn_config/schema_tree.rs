@@ -8,8 +8,8 @@ use pando_model::{Dn, Entry, Schema};
 use pando_proto::{Change, PartialAttribute, ResultCode};
 
 use super::{change_values, split_ordinal};
-use crate::config::{Config, SchemaDoc};
 use crate::error::LdapError;
+use pando_config::{Config, SchemaDoc};
 
 pub const SCHEMA_DN: &str = "cn=schema,cn=config";
 pub const SCHEMA_NORM: &str = "cn=schema,cn=config";

@@ -172,7 +172,7 @@ async fn change(
     who: &Identity,
     controls: &Requested,
     target: Target<'_>,
-    make: impl FnOnce(&crate::config::Config) -> OpResult<crate::config::Config>,
+    make: impl FnOnce(&pando_config::Config) -> OpResult<pando_config::Config>,
 ) -> OpResult<Written> {
     if !may_see(who) {
         return Err(no_such_object());
@@ -272,8 +272,8 @@ fn log_installed(installed: &crate::live::Installed, who: &Identity, dn_text: &s
 /// (`olcOverlay=memberof`, as added) is found under the `{n}` name it has.
 fn entry_named(
     schema: &Schema,
-    desired: &crate::config::Config,
-    running: &crate::config::Config,
+    desired: &pando_config::Config,
+    running: &pando_config::Config,
     norm: &str,
 ) -> Option<Entry> {
     let made = super::entries(desired, running);

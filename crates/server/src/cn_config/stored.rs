@@ -17,7 +17,7 @@
 
 use std::path::Path;
 
-use crate::config::Config;
+use pando_config::Config;
 
 pub const META_CONFIG: &str = "config";
 pub const META_CONFIG_FILE: &str = "config.file";

@@ -369,7 +369,7 @@ fn overlays_are_added_changed_ordered_and_removed_as_entries() {
     )
     .unwrap();
     match &cfg.overlay[1] {
-        crate::overlays::OverlayConfig::Refint(r) => {
+        pando_config::OverlayConfig::Refint(r) => {
             assert_eq!(r.attributes, ["member"]);
             assert_eq!(r.nothing.as_deref(), Some("cn=nobody"));
         }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::Config;
+use pando_config::Config;
 
 /// Configuration keys (as in the TOML file, `section.key`) whose new
 /// values are only taken at the next start: what they size or open is

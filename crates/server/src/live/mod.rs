@@ -25,8 +25,9 @@ use pando_model::Schema;
 
 pub use keys::{at_next_start, changed_keys, leaves, with_keys_from, AT_NEXT_START};
 
-use crate::config::{Config, Listener};
+use crate::settings::Validate;
 use crate::state::Server;
+use pando_config::{Config, Listener};
 
 pub struct Live {
     current: ArcSwap<Server>,
@@ -73,7 +74,7 @@ pub enum Refused {
     /// a suffix that holds entries.
     InUse(String),
     /// It does not validate.
-    Invalid(crate::config::ConfigError),
+    Invalid(pando_config::ConfigError),
     /// It validates but cannot be applied (a certificate, a port, a file).
     NotApplied(String),
     /// It could not be stored.

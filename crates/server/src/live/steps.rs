@@ -8,8 +8,8 @@ use std::sync::Arc;
 use pando_model::{Dn, Schema};
 
 use super::Refused;
-use crate::config::{Config, Resolved};
 use crate::state::Server;
+use pando_config::{Config, Resolved};
 
 /// Run the store check `f` on the blocking pool: its refusal (`Some`)
 /// becomes [`Refused::InUse`].
@@ -39,7 +39,7 @@ pub(super) async fn schema_for(
     {
         return Ok(current.schema.clone());
     }
-    let built = crate::schema_files::build(desired)
+    let built = pando_config::schema_files::build(desired)
         .map(Arc::new)
         .map_err(Refused::Schema)?;
     if !relax {

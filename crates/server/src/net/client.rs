@@ -19,7 +19,7 @@ use rustls::pki_types::{PrivateKeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::repl::config::Secret;
+use pando_config::consumer::Secret;
 
 /// Where and how to connect and bind: built from a consumer's or an
 /// overlay's settings.
@@ -88,6 +88,25 @@ pub struct Client {
     limits: DecodeLimits,
     /// What the peer is called in messages.
     pub url: String,
+}
+
+/// How a consumer reaches and binds to its provider.
+impl From<&pando_config::consumer::ConsumerConfig> for Endpoint {
+    fn from(c: &pando_config::consumer::ConsumerConfig) -> Endpoint {
+        Endpoint {
+            url: c.provider.clone(),
+            bind_method: c.bind_method.clone(),
+            bind_dn: c.bind_dn.clone(),
+            credentials: c.credentials.clone(),
+            credentials_file: c.credentials_file.clone(),
+            start_tls: c.start_tls,
+            tls_ca_file: c.tls_ca_file.clone(),
+            tls_cert_file: c.tls_cert_file.clone(),
+            tls_key_file: c.tls_key_file.clone(),
+            keepalive_secs: c.keepalive_secs,
+            timeout_secs: c.timeout_secs,
+        }
+    }
 }
 
 /// `host:port` of an ldap:// or ldaps:// URL, and whether it is LDAPS.
@@ -401,4 +420,3 @@ impl Client {
         let _ = self.stream.shutdown().await;
     }
 }
-

@@ -20,7 +20,7 @@ use tokio_rustls::server::TlsStream;
 use x509_parser::asn1_rs::{Any, Class, Tag};
 use x509_parser::x509::{AttributeTypeAndValue, X509Name};
 
-use crate::config::{ClientCerts, TlsSettings, TlsVersion};
+use pando_config::{ClientCerts, TlsSettings, TlsVersion};
 
 /// Longest a TLS handshake may take (ldaps accept or StartTLS): clients
 /// that connect and say nothing must not hold connection slots for long.

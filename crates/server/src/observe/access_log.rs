@@ -26,11 +26,7 @@ use pando_proto::{BindAuth, Filter, ProtocolOp};
 
 use super::logfile::LogFile;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    Text,
-    Json,
-}
+pub use pando_config::LogFormat as Format;
 
 /// A field value of a log line.
 #[derive(Clone, Debug, PartialEq)]
@@ -223,110 +219,108 @@ fn secs6(us: u64) -> String {
     format!("{}.{:06}", us / 1_000_000, us % 1_000_000)
 }
 
-impl Format {
-    pub fn op_line(self, l: &OpResultLine<'_>) -> String {
-        let mut out = String::with_capacity(256);
-        let time = crate::clock::rfc3339_micros(l.time_micros);
-        match self {
-            Format::Text => {
-                let _ = write!(
-                    out,
-                    "{time} conn={} op={} msgid={} {}",
-                    l.conn, l.op, l.msgid, l.request.tag
-                );
-                for (k, v) in &l.request.fields {
-                    let _ = write!(out, " {k}=");
-                    match v {
-                        Val::Str(x) => quote_text(&mut out, x),
-                        Val::Ldap(x) => quote_ldap_text(&mut out, x),
-                        Val::Num(n) => {
-                            let _ = write!(out, "{n}");
-                        }
+pub fn op_line(format: Format, l: &OpResultLine<'_>) -> String {
+    let mut out = String::with_capacity(256);
+    let time = crate::clock::rfc3339_micros(l.time_micros);
+    match format {
+        Format::Text => {
+            let _ = write!(
+                out,
+                "{time} conn={} op={} msgid={} {}",
+                l.conn, l.op, l.msgid, l.request.tag
+            );
+            for (k, v) in &l.request.fields {
+                let _ = write!(out, " {k}=");
+                match v {
+                    Val::Str(x) => quote_text(&mut out, x),
+                    Val::Ldap(x) => quote_ldap_text(&mut out, x),
+                    Val::Num(n) => {
+                        let _ = write!(out, "{n}");
                     }
-                }
-                if let Some(code) = l.code {
-                    let _ = write!(
-                        out,
-                        " RESULT tag={} err={code} nentries={} etime={} qtime={}",
-                        result_tag(l.request.tag),
-                        l.nentries,
-                        secs6(l.etime_us),
-                        secs6(l.qtime_us)
-                    );
                 }
             }
-            Format::Json => {
-                out.push_str("{\"time\":");
-                quote_json(&mut out, &time);
+            if let Some(code) = l.code {
                 let _ = write!(
                     out,
-                    ",\"conn\":{},\"op\":{},\"msgid\":{},\"type\":\"{}\"",
-                    l.conn, l.op, l.msgid, l.request.tag
+                    " RESULT tag={} err={code} nentries={} etime={} qtime={}",
+                    result_tag(l.request.tag),
+                    l.nentries,
+                    secs6(l.etime_us),
+                    secs6(l.qtime_us)
                 );
-                for (k, v) in &l.request.fields {
-                    let _ = write!(out, ",\"{k}\":");
-                    match v {
-                        Val::Str(x) | Val::Ldap(x) => quote_json(&mut out, x),
-                        Val::Num(n) => {
-                            let _ = write!(out, "{n}");
-                        }
-                    }
-                }
-                if let Some(code) = l.code {
-                    let _ = write!(
-                        out,
-                        ",\"tag\":{},\"err\":{code},\"nentries\":{},\"etime_us\":{},\"qtime_us\":{}",
-                        result_tag(l.request.tag),
-                        l.nentries,
-                        l.etime_us,
-                        l.qtime_us
-                    );
-                }
-                out.push('}');
             }
         }
-        out.push('\n');
-        out
+        Format::Json => {
+            out.push_str("{\"time\":");
+            quote_json(&mut out, &time);
+            let _ = write!(
+                out,
+                ",\"conn\":{},\"op\":{},\"msgid\":{},\"type\":\"{}\"",
+                l.conn, l.op, l.msgid, l.request.tag
+            );
+            for (k, v) in &l.request.fields {
+                let _ = write!(out, ",\"{k}\":");
+                match v {
+                    Val::Str(x) | Val::Ldap(x) => quote_json(&mut out, x),
+                    Val::Num(n) => {
+                        let _ = write!(out, "{n}");
+                    }
+                }
+            }
+            if let Some(code) = l.code {
+                let _ = write!(
+                    out,
+                    ",\"tag\":{},\"err\":{code},\"nentries\":{},\"etime_us\":{},\"qtime_us\":{}",
+                    result_tag(l.request.tag),
+                    l.nentries,
+                    l.etime_us,
+                    l.qtime_us
+                );
+            }
+            out.push('}');
+        }
     }
+    out.push('\n');
+    out
+}
 
-    /// `ACCEPT` (open) or `closed` line of a connection.
-    pub fn conn_line(self, time_micros: u64, conn: u64, event: ConnEvent<'_>) -> String {
-        let time = crate::clock::rfc3339_micros(time_micros);
-        let mut out = String::with_capacity(128);
-        match (self, event) {
-            (Format::Text, ConnEvent::Accept { peer, tls }) => {
-                let _ = write!(out, "{time} conn={conn} ACCEPT from ");
-                if peer.starts_with('/') || peer.is_empty() || peer.starts_with("ldapi") {
-                    let _ = write!(out, "PATH=");
-                    quote_text(&mut out, peer);
-                } else {
-                    let _ = write!(out, "IP={peer}");
-                }
-                if tls {
-                    out.push_str(" tls=1");
-                }
+/// `ACCEPT` (open) or `closed` line of a connection.
+pub fn conn_line(format: Format, time_micros: u64, conn: u64, event: ConnEvent<'_>) -> String {
+    let time = crate::clock::rfc3339_micros(time_micros);
+    let mut out = String::with_capacity(128);
+    match (format, event) {
+        (Format::Text, ConnEvent::Accept { peer, tls }) => {
+            let _ = write!(out, "{time} conn={conn} ACCEPT from ");
+            if peer.starts_with('/') || peer.is_empty() || peer.starts_with("ldapi") {
+                let _ = write!(out, "PATH=");
+                quote_text(&mut out, peer);
+            } else {
+                let _ = write!(out, "IP={peer}");
             }
-            (Format::Text, ConnEvent::Closed { reason }) => {
-                let _ = write!(out, "{time} conn={conn} closed ({reason})");
-            }
-            (Format::Json, ConnEvent::Accept { peer, tls }) => {
-                out.push_str("{\"time\":");
-                quote_json(&mut out, &time);
-                let _ = write!(out, ",\"conn\":{conn},\"type\":\"ACCEPT\",\"peer\":");
-                quote_json(&mut out, peer);
-                let _ = write!(out, ",\"tls\":{tls}}}");
-            }
-            (Format::Json, ConnEvent::Closed { reason }) => {
-                out.push_str("{\"time\":");
-                quote_json(&mut out, &time);
-                let _ = write!(out, ",\"conn\":{conn},\"type\":\"CLOSED\",\"reason\":");
-                quote_json(&mut out, reason);
-                out.push('}');
+            if tls {
+                out.push_str(" tls=1");
             }
         }
-        out.push('\n');
-        out
+        (Format::Text, ConnEvent::Closed { reason }) => {
+            let _ = write!(out, "{time} conn={conn} closed ({reason})");
+        }
+        (Format::Json, ConnEvent::Accept { peer, tls }) => {
+            out.push_str("{\"time\":");
+            quote_json(&mut out, &time);
+            let _ = write!(out, ",\"conn\":{conn},\"type\":\"ACCEPT\",\"peer\":");
+            quote_json(&mut out, peer);
+            let _ = write!(out, ",\"tls\":{tls}}}");
+        }
+        (Format::Json, ConnEvent::Closed { reason }) => {
+            out.push_str("{\"time\":");
+            quote_json(&mut out, &time);
+            let _ = write!(out, ",\"conn\":{conn},\"type\":\"CLOSED\",\"reason\":");
+            quote_json(&mut out, reason);
+            out.push('}');
+        }
     }
+    out.push('\n');
+    out
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -343,14 +337,16 @@ pub struct AccessLog {
 
 impl AccessLog {
     pub fn op(&self, l: &OpResultLine<'_>) {
-        self.file.write(self.format.op_line(l));
+        self.file.write(op_line(self.format, l));
     }
 
     pub fn conn(&self, conn: u64, event: ConnEvent<'_>) {
-        self.file.write(
-            self.format
-                .conn_line(crate::clock::now_micros(), conn, event),
-        );
+        self.file.write(conn_line(
+            self.format,
+            crate::clock::now_micros(),
+            conn,
+            event,
+        ));
     }
 }
 
@@ -426,17 +422,20 @@ mod tests {
 
     fn line(f: Format, op: &ProtocolOp, code: Option<u32>) -> String {
         let r = Request::of(&Schema::standard(), op);
-        f.op_line(&OpResultLine {
-            time_micros: 1_763_795_000_000_123,
-            conn: 5,
-            op: 2,
-            msgid: 3,
-            request: &r,
-            code,
-            nentries: 1,
-            etime_us: 123,
-            qtime_us: 4,
-        })
+        op_line(
+            f,
+            &OpResultLine {
+                time_micros: 1_763_795_000_000_123,
+                conn: 5,
+                op: 2,
+                msgid: 3,
+                request: &r,
+                code,
+                nentries: 1,
+                etime_us: 123,
+                qtime_us: 4,
+            },
+        )
     }
 
     #[test]
@@ -569,7 +568,8 @@ mod tests {
 
     #[test]
     fn connection_lines() {
-        let t = Format::Text.conn_line(
+        let t = conn_line(
+            Format::Text,
             0,
             7,
             ConnEvent::Accept {
@@ -581,7 +581,7 @@ mod tests {
             t,
             "1970-01-01T00:00:00.000000Z conn=7 ACCEPT from IP=127.0.0.1:5555\n"
         );
-        let c = Format::Text.conn_line(0, 7, ConnEvent::Closed { reason: "unbind" });
+        let c = conn_line(Format::Text, 0, 7, ConnEvent::Closed { reason: "unbind" });
         assert_eq!(c, "1970-01-01T00:00:00.000000Z conn=7 closed (unbind)\n");
         let u = line(Format::Text, &ProtocolOp::UnbindRequest, None);
         assert!(u.ends_with("msgid=3 UNBIND\n"), "{u}");

@@ -24,11 +24,7 @@ use std::time::Duration;
 /// between writes.
 const BUSY_PAUSE: Duration = Duration::from_millis(10);
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnFull {
-    Drop,
-    Block,
-}
+pub use pando_config::OnFull;
 
 #[derive(Clone, Debug)]
 pub struct LogFileOptions {

@@ -135,7 +135,7 @@ fn overlays(server: &Server) -> Vec<Attribute> {
         ),
         attr(
             "monitoredInfo",
-            crate::overlays::settings::TYPES.iter().map(|t| t.name),
+            pando_config::overlay::TYPES.iter().map(|t| t.name),
         ),
     ];
     if !list.is_empty() {

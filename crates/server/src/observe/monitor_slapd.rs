@@ -23,8 +23,8 @@
 use pando_model::{Attribute, Entry};
 
 use super::monitor::{attr, node, num};
-use crate::config::Listener;
 use crate::state::Server;
+use pando_config::Listener;
 
 const BACKENDS: &str = "cn=Backends,cn=Monitor";
 const DATABASES: &str = "cn=Databases,cn=Monitor";
@@ -194,7 +194,7 @@ fn databases(server: &Server, out: &mut Vec<(String, Entry)>) {
 
 /// The DN of an overlay type's entry under cn=Overlays.
 fn overlay_dn(kind: &str) -> String {
-    let n = crate::overlays::settings::TYPES
+    let n = pando_config::overlay::TYPES
         .iter()
         .position(|t| t.name == kind)
         .unwrap_or(0);
@@ -205,7 +205,7 @@ fn overlay_dn(kind: &str) -> String {
 /// at the database when it is configured.
 fn overlays(server: &Server, out: &mut Vec<(String, Entry)>) {
     let kinds: Vec<&str> = server.overlays.kinds().collect();
-    for (n, t) in crate::overlays::settings::TYPES.iter().enumerate() {
+    for (n, t) in pando_config::overlay::TYPES.iter().enumerate() {
         let cn = format!("Overlay {n}");
         let mut attrs = vec![
             attr("monitoredInfo", [t.name]),
@@ -330,7 +330,7 @@ mod tests {
 
     #[test]
     fn overlay_entries_follow_the_type_list() {
-        let types = crate::overlays::settings::TYPES;
+        let types = pando_config::overlay::TYPES;
         assert_eq!(
             overlay_dn(types[0].name),
             format!("cn=Overlay 0,{OVERLAYS}")

@@ -376,6 +376,7 @@ pub(crate) mod test_server {
 
     use pando_model::{Dn, Entry, Schema};
 
+    use crate::settings::Validate;
     use crate::state::{Identity, Server};
 
     /// The server for `dir` with the configuration `extra` (TOML after
@@ -403,7 +404,7 @@ pub(crate) mod test_server {
     pub fn bare_live(dir: &Path, extra: &str) -> Arc<crate::live::Live> {
         let schema = Arc::new(Schema::standard());
         let toml = format!("data_dir = {:?}\n{extra}", dir.display().to_string());
-        let cfg = crate::config::Config::from_toml(&toml, Path::new("t.toml"))
+        let cfg = pando_config::Config::from_toml(&toml, Path::new("t.toml"))
             .unwrap()
             .validate(&schema)
             .unwrap();

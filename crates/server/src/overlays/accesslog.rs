@@ -33,9 +33,9 @@ use pando_model::{Attribute, Dn, Entry, Schema, Ternary};
 use pando_proto::{BindAuth, DerefAliases, ProtocolOp, Scope};
 use pando_store::{LoggedChange, LoggedKind, ModOp, View};
 
-use super::settings::AccesslogConfig;
 use crate::observe::metrics::OpKind;
 use crate::state::{Identity, Server};
+use pando_config::overlay::AccesslogConfig;
 
 pub const SUFFIX: &str = "cn=accesslog";
 

@@ -18,10 +18,10 @@ use pando_proto::ResultCode;
 use pando_store::View;
 
 use super::related::{self, after_mut};
-use super::settings::MemberOfConfig;
 use crate::error::{LdapError, OpResult};
 use crate::ops::write::hooks::Hook;
 use crate::ops::write::{Change, WriteCtx};
+use pando_config::overlay::MemberOfConfig;
 
 pub struct MemberOf {
     classes: Vec<String>,

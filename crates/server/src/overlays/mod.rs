@@ -28,7 +28,7 @@ pub mod ppolicy;
 pub mod refint;
 pub mod related;
 pub mod retro_changelog;
-pub mod settings;
+mod rules;
 pub mod translucent;
 pub mod unique;
 pub mod valsort;
@@ -37,7 +37,8 @@ use std::sync::Arc;
 
 use pando_model::Schema;
 
-pub use settings::OverlayConfig;
+pub use pando_config::OverlayConfig;
+pub use rules::check_rules;
 
 use crate::ops::search::hooks::SearchHook;
 use crate::ops::write::hooks::Hook;

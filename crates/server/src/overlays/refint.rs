@@ -8,10 +8,10 @@ use pando_model::Schema;
 use pando_store::View;
 
 use super::related::{self, after_mut, Move};
-use super::settings::RefintConfig;
 use crate::error::{LdapError, OpResult};
 use crate::ops::write::hooks::Hook;
 use crate::ops::write::{Change, WriteCtx};
+use pando_config::overlay::RefintConfig;
 
 pub struct Refint {
     /// Attribute names as the schema spells them.

@@ -24,8 +24,8 @@ use pando_model::{Attribute, Dn, Entry, Schema, Ternary};
 use pando_proto::{Filter, Scope};
 use pando_store::{LoggedChange, LoggedKind, ModOp};
 
-use super::settings::RetroChangelogConfig;
 use crate::state::{Identity, Server};
+use pando_config::overlay::RetroChangelogConfig;
 
 /// The tree's root, normalised (and as shown).
 pub const SUFFIX: &str = "cn=changelog";

@@ -12,6 +12,7 @@ use crate::error::OpResult;
 use crate::ops::controls::Requested;
 use crate::ops::test_server::{server, user};
 use crate::ops::write::{self, WriteCtx};
+use crate::settings::Validate;
 use crate::state::Server;
 
 const BASE: &str = "dc=example,dc=com";
@@ -261,7 +262,7 @@ fn unique_needs_an_equality_index() {
         "data_dir = {:?}\n[[overlay]]\ntype = \"unique\"\nattributes = [\"telephoneNumber\"]\n",
         dir.path().display().to_string()
     );
-    let e = crate::config::Config::from_toml(&toml, std::path::Path::new("t.toml"))
+    let e = pando_config::Config::from_toml(&toml, std::path::Path::new("t.toml"))
         .unwrap()
         .validate(&schema)
         .expect_err("telephoneNumber is not indexed");

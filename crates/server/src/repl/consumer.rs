@@ -41,13 +41,13 @@ use pando_proto::{
     oid, Control, DerefAliases, Filter, LdapMessage, ProtocolOp, ResultCode, Scope, SearchRequest,
 };
 
-use super::config::{ConsumerConfig, Retry};
 use super::delta::{self, LogRecord, Lost, RecordKind};
 use super::Replica;
 use crate::net::client::{Client, ClientError};
 use crate::ops::write::replicated::{self, apply_received, Received, ReplCtx};
 use crate::ops::write::WriteCtx;
 use crate::state::{Identity, Server, Session};
+use pando_config::consumer::{ConsumerConfig, Retry};
 
 /// How a consumer is doing (cn=Monitor, `pando stat`).
 #[derive(Clone, Debug, Default)]
@@ -369,7 +369,7 @@ async fn session(
     replica: &Replica,
     carry: &mut Carry,
 ) -> Result<Ended, Failed> {
-    let endpoint = cfg.endpoint();
+    let endpoint = crate::net::client::Endpoint::from(cfg);
     let mut client = Client::connect(&endpoint, server.cfg.config.limits.max_pdu_bytes).await?;
     client.bind(&endpoint).await?;
     set(replica, |s| {

@@ -76,7 +76,7 @@ pub async fn follow(server: Arc<Server>, replica: Arc<super::Replica>) {
             _ => continue, // nothing stored yet: the initial load runs
         };
         let asked = async {
-            let endpoint = cfg.endpoint();
+            let endpoint = crate::net::client::Endpoint::from(&cfg);
             let mut client =
                 Client::connect(&endpoint, server.cfg.config.limits.max_pdu_bytes).await?;
             client.bind(&endpoint).await?;

@@ -4,7 +4,6 @@
 //! variant (`ops::search::sync_provider`); the received changes are applied
 //! by `ops::write::replicated`.
 
-pub mod config;
 pub mod conflicts;
 pub mod consumer;
 pub mod delta;
@@ -26,7 +25,7 @@ use crate::state::Server;
 pub struct Replica {
     pub rid: u16,
     /// Its configuration (a changed one is a new `Replica`).
-    pub cfg: config::ConsumerConfig,
+    pub cfg: pando_config::consumer::ConsumerConfig,
     /// The normalised search base.
     pub base: String,
     /// Where clients' writes to the subtree are referred.
@@ -47,7 +46,7 @@ pub struct Replicas {
 }
 
 impl Replica {
-    fn new(schema: &Schema, c: &config::ConsumerConfig) -> Replica {
+    fn new(schema: &Schema, c: &pando_config::consumer::ConsumerConfig) -> Replica {
         Replica {
             rid: c.rid,
             cfg: c.clone(),
@@ -108,7 +107,7 @@ impl Replica {
 
 impl Replicas {
     /// From the validated configuration (search bases were checked then).
-    pub fn new(schema: &Schema, consumers: &[config::ConsumerConfig]) -> Replicas {
+    pub fn new(schema: &Schema, consumers: &[pando_config::consumer::ConsumerConfig]) -> Replicas {
         Replicas {
             list: ArcSwap::from_pointee(
                 consumers
@@ -138,7 +137,8 @@ impl Replicas {
     pub async fn follow_configuration(&self, server: &Arc<Server>) {
         let wanted = &server.cfg.config.replication.consumer;
         let old = self.list();
-        let kept = |c: &config::ConsumerConfig| old.iter().find(|r| r.cfg == *c).cloned();
+        let kept =
+            |c: &pando_config::consumer::ConsumerConfig| old.iter().find(|r| r.cfg == *c).cloned();
         let new: Vec<Arc<Replica>> = wanted
             .iter()
             .map(|c| kept(c).unwrap_or_else(|| Arc::new(Replica::new(&server.schema, c))))

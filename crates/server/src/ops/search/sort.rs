@@ -256,7 +256,7 @@ pub(super) struct Bounds {
 }
 
 impl Bounds {
-    pub(super) fn of(limits: &crate::config::Limits) -> Bounds {
+    pub(super) fn of(limits: &pando_config::Limits) -> Bounds {
         Bounds {
             entries: limits.max_sort_entries,
             bytes: limits.max_sort_memory_mb.saturating_mul(1 << 20),

@@ -59,7 +59,11 @@ pub(super) fn check_password_values(
     clear: usize,
     values: &[Vec<u8>],
 ) -> OpResult<usize> {
-    let clear = clear + values.iter().filter(|v| !pando_password::is_hashed(v)).count();
+    let clear = clear
+        + values
+            .iter()
+            .filter(|v| !pando_password::is_hashed(v))
+            .count();
     let max = server.cfg.config.passwords.max_clear_values;
     if clear > max {
         return Err(LdapError::new(
@@ -67,7 +71,8 @@ pub(super) fn check_password_values(
             format!("userPassword: at most {max} clear-text values per operation"),
         ));
     }
-    let costly = |v: &Vec<u8>| pando_password::is_hashed(v) && !pando_password::is_cheap_to_verify(v);
+    let costly =
+        |v: &Vec<u8>| pando_password::is_hashed(v) && !pando_password::is_cheap_to_verify(v);
     if !who.is_admin() && values.iter().any(costly) {
         return Err(LdapError::new(
             ResultCode::CONSTRAINT_VIOLATION,

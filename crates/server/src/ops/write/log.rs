@@ -6,8 +6,8 @@ use pando_model::{Attribute, Entry};
 use pando_store::{LoggedChange, LoggedKind, LoggedMod, ModOp, StoreError, WriteTxn};
 
 use super::Change;
-use crate::config::ReplicationConfig;
 use crate::ops::feed::Kind;
+use pando_config::ReplicationConfig;
 
 /// On each write, up to this many records past their retention are
 /// removed (so they go at least as fast as they come).

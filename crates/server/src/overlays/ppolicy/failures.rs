@@ -171,7 +171,7 @@ impl PasswordPolicy {
 /// when the provider is unreachable or refuses: the in-memory throttle
 /// still holds here.
 async fn forward_failures(server: &Arc<Server>, r: &crate::repl::Replica, norm: &str, n: usize) {
-    let endpoint = r.cfg.endpoint();
+    let endpoint = crate::net::client::Endpoint::from(&r.cfg);
     let sent = async {
         let max_pdu = server.cfg.config.limits.max_pdu_bytes;
         let mut client = crate::net::client::Client::connect(&endpoint, max_pdu).await?;

@@ -33,11 +33,11 @@ use pando_store::{Lookup, View};
 
 use self::policy::{is_policy, precise_time, Policy, State};
 use self::quality::Quality;
-use super::settings::PpolicyConfig;
 use crate::error::{LdapError, OpResult};
 use crate::ops::write::hooks::Hook;
 use crate::ops::write::{Change, WriteCtx, WriteOp};
 use crate::state::{Identity, Server};
+use pando_config::overlay::PpolicyConfig;
 
 /// The DN state changes made by the overlay are stamped with (as
 /// slapd's refint names its own changes).

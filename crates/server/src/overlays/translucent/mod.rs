@@ -31,9 +31,9 @@ use pando_model::{Attribute, Dn, Entry, Schema};
 use pando_proto::{Ava, Filter};
 use pando_store::Candidates;
 
-use super::settings::TranslucentConfig;
 use crate::error::OpResult;
 use crate::net::client::Endpoint;
+use pando_config::overlay::TranslucentConfig;
 
 /// Object classes of a local part that are bookkeeping, not shown.
 const PART_CLASSES: &[&str] = &["top", "glue", "extensibleObject"];

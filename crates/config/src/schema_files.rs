@@ -17,7 +17,7 @@ use pando_model::{PosixSchema, Schema};
 
 /// The built-in schema (with the NIS definitions `posix_schema` names),
 /// then `schema_files`, then the `[[schema]]` documents.
-pub fn build(cfg: &crate::config::Config) -> Result<Schema, String> {
+pub fn build(cfg: &crate::Config) -> Result<Schema, String> {
     let posix = PosixSchema::parse(&cfg.posix_schema).ok_or_else(|| {
         format!(
             "posix_schema: '{}' is not one of {}",
@@ -38,7 +38,7 @@ pub fn build(cfg: &crate::config::Config) -> Result<Schema, String> {
 
 /// One document's definitions, in the order slapd applies an entry's:
 /// macros, syntaxes, attribute types, object classes.
-pub fn add_doc(schema: &mut Schema, doc: &crate::config::SchemaDoc) -> Result<(), String> {
+pub fn add_doc(schema: &mut Schema, doc: &crate::SchemaDoc) -> Result<(), String> {
     for (keyword, attr, values) in [
         (
             "objectidentifier",
@@ -173,7 +173,7 @@ mod tests {
     use std::path::PathBuf;
 
     fn load(files: &[PathBuf]) -> Result<Schema, String> {
-        build(&crate::config::Config {
+        build(&crate::Config {
             schema_files: files.to_vec(),
             ..Default::default()
         })
@@ -182,7 +182,7 @@ mod tests {
     #[test]
     fn posix_schema_chooses_the_nis_definitions() {
         let with = |name: &str| {
-            build(&crate::config::Config {
+            build(&crate::Config {
                 posix_schema: name.to_string(),
                 ..Default::default()
             })

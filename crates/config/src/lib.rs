@@ -1,9 +1,12 @@
-//! The bootstrap configuration: a typed model read from TOML.
+//! The configuration (the crate `pando-config`): a typed model read from
+//! TOML and shown under cn=config.
 //!
 //! Every field has a default, so `pando serve` runs with no file at all. The
-//! model is plain data with one `validate` step that names the offending key
-//! in every error; the same types are meant to be exposed under `cn=config`
-//! later, so nothing here depends on TOML beyond `serde`.
+//! model is plain data with one `validate_values` step that names the
+//! offending key in every error. This crate sits below everything that runs
+//! a request: it must not name sessions, access rules compiled, operations,
+//! overlays' code, replication's code or the network. The rule languages
+//! those layers compile are checked by them (`pando_server::settings`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -12,6 +15,12 @@ use std::path::{Path, PathBuf};
 use pando_model::{Dn, Schema};
 use pando_store::{Durability, IndexKind, IndexSpec};
 use serde::{Deserialize, Serialize};
+
+pub mod consumer;
+pub mod overlay;
+pub mod schema_files;
+
+pub use overlay::OverlayConfig;
 
 pub const DEFAULT_SUFFIX: &str = "dc=example,dc=com";
 pub const DEFAULT_LDAP_URL: &str = "ldap://127.0.0.1:3389";
@@ -72,7 +81,7 @@ pub struct Config {
     /// `[replication]`: this server's ID, the change log, the provider.
     pub replication: ReplicationConfig,
     /// `[[overlay]]`: overlays, in the order they run (docs/overlays.md).
-    pub overlay: Vec<crate::overlays::OverlayConfig>,
+    pub overlay: Vec<OverlayConfig>,
 }
 
 /// One `[[schema]]` document: definitions in RFC 4512 form, as the
@@ -127,7 +136,7 @@ pub struct ReplicationConfig {
     /// (`repl::merge`). Needs a `server_id`.
     pub multi_provider: bool,
     /// `[[replication.consumer]]`: subtrees kept in step with providers.
-    pub consumer: Vec<crate::repl::config::ConsumerConfig>,
+    pub consumer: Vec<consumer::ConsumerConfig>,
 }
 
 impl Default for ReplicationConfig {
@@ -183,11 +192,26 @@ impl Default for LogsConfig {
     }
 }
 
+/// How access-log lines are written (`[logs] format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// What a log file does when its writer falls behind (`[logs] on_full`):
+/// drop lines (counted) or make the operation wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnFull {
+    Drop,
+    Block,
+}
+
 impl LogsConfig {
-    pub fn format(&self) -> Result<crate::observe::access_log::Format, ConfigError> {
+    pub fn format(&self) -> Result<LogFormat, ConfigError> {
         match self.access_format.as_str() {
-            "text" => Ok(crate::observe::access_log::Format::Text),
-            "json" => Ok(crate::observe::access_log::Format::Json),
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
             o => Err(err(
                 "logs.access_format",
                 format!("'{o}' is not one of text, json"),
@@ -195,10 +219,10 @@ impl LogsConfig {
         }
     }
 
-    pub fn on_full(&self) -> Result<crate::observe::logfile::OnFull, ConfigError> {
+    pub fn on_full(&self) -> Result<OnFull, ConfigError> {
         match self.on_full.as_str() {
-            "drop" => Ok(crate::observe::logfile::OnFull::Drop),
-            "block" => Ok(crate::observe::logfile::OnFull::Block),
+            "drop" => Ok(OnFull::Drop),
+            "block" => Ok(OnFull::Block),
             o => Err(err(
                 "logs.on_full",
                 format!("'{o}' is not one of drop, block"),
@@ -1022,8 +1046,12 @@ impl Config {
         Config::from_toml(&text, path)
     }
 
-    /// Check every value against the schema and resolve listeners and DNs.
-    pub fn validate(mut self, schema: &Schema) -> Result<Resolved, ConfigError> {
+    /// Check every value this crate can judge against the schema, and
+    /// resolve listeners and DNs. The rule languages (access rules, the
+    /// `who` of `limits.by`, external maps, overlay rules) and the service
+    /// account are judged by the layers that compile them: callers use
+    /// `pando_server::settings::Validate`, which runs this first.
+    pub fn validate_values(mut self, schema: &Schema) -> Result<Resolved, ConfigError> {
         if self.data_dir.as_os_str().is_empty() {
             return Err(err("data_dir", "must not be empty"));
         }
@@ -1161,23 +1189,6 @@ impl Config {
                     .map_err(|e| err("auth.break_glass", e))?;
             }
         }
-        crate::acl::Acl::compile(&self.access, schema).map_err(|(i, key, e)| {
-            err(
-                format!(
-                    "access[{i}]{}",
-                    if key.is_empty() {
-                        String::new()
-                    } else {
-                        format!(".{key}")
-                    }
-                ),
-                e,
-            )
-        })?;
-        for (i, m) in self.auth.external_map.iter().enumerate() {
-            let key = format!("auth.external_map[{i}]");
-            crate::auth::compile_map(m).map_err(|e| err(&key, e))?;
-        }
         if let Some(h) = &self.root_password_hash {
             if !pando_password::is_hashed(h.as_bytes()) {
                 return Err(err(
@@ -1200,18 +1211,6 @@ impl Config {
         }
         if self.group.is_some() && self.user.is_none() {
             return Err(err("group", "needs user to be set too"));
-        }
-        if let Some(u) = &self.user {
-            crate::privileges::resolve(u, self.group.as_deref()).map_err(|e| {
-                err(
-                    if e.starts_with("group") {
-                        "group"
-                    } else {
-                        "user"
-                    },
-                    e,
-                )
-            })?;
         }
         let mut indexes = Vec::new();
         for (attr, kinds) in &self.indexes {
@@ -1277,10 +1276,6 @@ impl Config {
                 "limits.max_connections",
                 "must be between 1 and 1000000",
             ));
-        }
-        for (i, b) in l.by.iter().enumerate() {
-            crate::acl::Who::parse(&b.who.items(), schema)
-                .map_err(|e| err(format!("limits.by[{i}].who"), e))?;
         }
         // Each is a blocking thread (tokio keeps 512) and an LMDB reader
         // (1024 in all): at most half the threads, leaving the rest to
@@ -1440,7 +1435,7 @@ impl Config {
         if self.store.max_write_batch == 0 {
             return Err(err("store.max_write_batch", "must be at least 1"));
         }
-        crate::overlays::settings::validate(&self.overlay, schema, &self.indexes, &suffixes)?;
+        overlay::validate(&self.overlay, schema, &self.indexes)?;
         Ok(Resolved {
             config: self,
             listeners,
@@ -1479,7 +1474,7 @@ mod tests {
 
     fn check(toml: &str) -> Result<Resolved, ConfigError> {
         let c = Config::from_toml(toml, Path::new("test.toml"))?;
-        c.validate(&Schema::standard())
+        c.validate_values(&Schema::standard())
     }
 
     #[test]
@@ -1638,7 +1633,7 @@ mod tests {
         )
         .unwrap();
         c.tls.self_signed = true;
-        let t = c.validate(&Schema::standard()).unwrap().tls.unwrap();
+        let t = c.validate_values(&Schema::standard()).unwrap().tls.unwrap();
         assert!(t.self_signed);
         assert_eq!(t.cert_file, PathBuf::from("/var/lib/pando/tls/cert.pem"));
         assert_eq!(t.key_file, PathBuf::from("/var/lib/pando/tls/key.pem"));
@@ -1649,7 +1644,7 @@ mod tests {
         )
         .unwrap();
         c.tls.self_signed = true;
-        let t = c.validate(&Schema::standard()).unwrap().tls.unwrap();
+        let t = c.validate_values(&Schema::standard()).unwrap().tls.unwrap();
         assert!(!t.self_signed);
         assert_eq!(t.cert_file, PathBuf::from("c.pem"));
     }

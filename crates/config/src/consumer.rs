@@ -400,23 +400,6 @@ impl ConsumerConfig {
             .clone()
             .unwrap_or_else(|| self.provider.clone())
     }
-
-    /// How to reach and bind to the provider.
-    pub fn endpoint(&self) -> crate::net::client::Endpoint {
-        crate::net::client::Endpoint {
-            url: self.provider.clone(),
-            bind_method: self.bind_method.clone(),
-            bind_dn: self.bind_dn.clone(),
-            credentials: self.credentials.clone(),
-            credentials_file: self.credentials_file.clone(),
-            start_tls: self.start_tls,
-            tls_ca_file: self.tls_ca_file.clone(),
-            tls_cert_file: self.tls_cert_file.clone(),
-            tls_key_file: self.tls_key_file.clone(),
-            keepalive_secs: self.keepalive_secs,
-            timeout_secs: self.timeout_secs,
-        }
-    }
 }
 
 #[cfg(test)]
