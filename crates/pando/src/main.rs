@@ -772,7 +772,7 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
         // or with none configured to the local administrator's ldapi identity.
         creator: match &resolved.root_dn {
             Some(d) => d.to_string(),
-            None => pando_server::auth::peercred_dn(pando_server::state::PeerCred {
+            None => pando_access::auth::peercred_dn(pando_access::PeerCred {
                 // SAFETY: geteuid/getegid have no preconditions.
                 uid: unsafe { libc::geteuid() },
                 gid: unsafe { libc::getegid() },
@@ -1019,7 +1019,7 @@ fn memberof_rebuild(args: StoreArgs) -> Result<ExitCode, String> {
     let live = pando_server::build_server(resolved, schema, store.clone(), csn, None, None)
         .map_err(|e| e.to_string())?;
     let server = live.server();
-    let admin = pando_server::state::Identity::authenticated(
+    let admin = pando_access::Identity::authenticated(
         server.root_dn_norm.clone(),
         server.root_dn_norm.clone(),
         Default::default(),

@@ -1,8 +1,6 @@
 //! Pando's server: configuration, the LDAP operations, and the network
 //! frontend. `run` starts everything and returns after a clean shutdown.
 
-pub mod acl;
-pub mod auth;
 pub mod backup;
 pub mod bootstrap;
 pub mod bulk;
@@ -260,7 +258,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     // on, its members get their memberOf now (only when this start loaded
     // it: other stored entries are left to `pando memberof rebuild`).
     if demo_added.is_some_and(|n| n > 0) && overlays::memberof::configured(&server).is_some() {
-        let who = state::Identity::authenticated(
+        let who = pando_access::Identity::authenticated(
             server.root_dn_norm.clone(),
             server.root_dn_norm.clone(),
             Default::default(),
@@ -403,15 +401,15 @@ pub fn compile(
             .map_err(|e| format!("root_dn: {e}"))?,
         None => String::new(),
     };
-    let auth = auth::AuthPolicy::new(&cfg.config.auth, &schema)?;
-    let acl = acl::Acl::from_config(&cfg.config.access, &schema)
+    let auth = pando_access::auth::AuthPolicy::new(&cfg.config.auth, &schema)?;
+    let acl = pando_access::acl::Acl::from_config(&cfg.config.access, &schema)
         .map_err(|(i, k, e)| format!("access[{i}].{k}: {e}"))?;
     let limits_by = cfg
         .config
         .limits
         .by
         .iter()
-        .map(|b| acl::Who::parse(&b.who.items(), &schema).map(|w| (w, b.clone())))
+        .map(|b| pando_access::acl::Who::parse(&b.who.items(), &schema).map(|w| (w, b.clone())))
         .collect::<Result<Vec<_>, _>>()?;
     let suffixes = cfg
         .suffixes

@@ -31,7 +31,7 @@ fn error(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
 
 fn check_rules(resolved: &Resolved, schema: &Schema) -> Result<(), ConfigError> {
     let cfg = &resolved.config;
-    crate::acl::Acl::compile(&cfg.access, schema).map_err(|(i, key, e)| {
+    pando_access::acl::Acl::compile(&cfg.access, schema).map_err(|(i, key, e)| {
         let key = if key.is_empty() {
             format!("access[{i}]")
         } else {
@@ -40,7 +40,8 @@ fn check_rules(resolved: &Resolved, schema: &Schema) -> Result<(), ConfigError> 
         error(key, e)
     })?;
     for (i, m) in cfg.auth.external_map.iter().enumerate() {
-        crate::auth::compile_map(m).map_err(|e| error(format!("auth.external_map[{i}]"), e))?;
+        pando_access::auth::compile_map(m)
+            .map_err(|e| error(format!("auth.external_map[{i}]"), e))?;
     }
     if let Some(u) = &cfg.user {
         crate::privileges::resolve(u, cfg.group.as_deref()).map_err(|e| {
@@ -53,7 +54,7 @@ fn check_rules(resolved: &Resolved, schema: &Schema) -> Result<(), ConfigError> 
         })?;
     }
     for (i, b) in cfg.limits.by.iter().enumerate() {
-        crate::acl::Who::parse(&b.who.items(), schema)
+        pando_access::acl::Who::parse(&b.who.items(), schema)
             .map_err(|e| error(format!("limits.by[{i}].who"), e))?;
     }
     crate::overlays::check_rules(&cfg.overlay, schema, &resolved.suffixes)

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use pando_proto::ResultCode;
 
 use crate::error::LdapError;
-use crate::state::Session;
+use pando_access::Session;
 use pando_config::Limits;
 
 /// Most records kept per table; beyond it, expired ones are purged and, if

@@ -353,7 +353,7 @@ fn values_of(cfg: &Config) -> BTreeMap<&'static str, Vec<String>> {
                 .collect(),
             // No rules configured means the built-in ones: shown as such,
             // so the entry says which rules are in force.
-            Rules if cfg.access.is_empty() => crate::acl::default_rules()
+            Rules if cfg.access.is_empty() => pando_access::acl::default_rules()
                 .iter()
                 .map(rule_text::format)
                 .collect(),

@@ -12,7 +12,8 @@ use crate::error::{LdapError, OpResult};
 use crate::live::Refused;
 use crate::ops::controls::Requested;
 use crate::ops::write::Written;
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::Identity;
 
 /// The normalised DN when `dn` names cn=config or an entry below it.
 pub fn under_config(schema: &Schema, dn: &Dn) -> Option<String> {

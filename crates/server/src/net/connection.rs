@@ -38,7 +38,8 @@ use crate::error::LdapError;
 use crate::observe::{self, OpStart};
 use crate::ops;
 use crate::ops::operation::{is_update, Operation};
-use crate::state::{Identity, Server, Session};
+use crate::state::Server;
+use pando_access::{Identity, Session};
 
 /// Messages from operations on other tasks queued for the connection.
 const RESPONSE_QUEUE: usize = 16;

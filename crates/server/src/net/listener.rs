@@ -13,7 +13,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, Semaphore};
 
 use super::connection::Connection;
-use crate::state::{PeerCred, Session};
+use pando_access::{PeerCred, Session};
 use pando_config::Listener;
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);

@@ -20,11 +20,12 @@ use std::time::Instant;
 
 use pando_proto::{LdapMessage, ProtocolOp};
 
-use crate::state::{Identity, Server};
+use crate::state::Server;
 use access_log::{AccessLog, ConnEvent, OpResultLine, Request};
 use audit::AuditLog;
 use logfile::{LogFile, LogFileOptions, OnFull};
 use metrics::OpKind;
+use pando_access::Identity;
 use pando_config::LogsConfig;
 
 /// Changes the level of the process's log (stderr) while serving.

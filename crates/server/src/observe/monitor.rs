@@ -32,8 +32,9 @@ use pando_model::{Attribute, Dn, Entry};
 use std::sync::atomic::Ordering;
 
 use super::metrics::{Latency, ProcessFigures, LATENCY_BOUNDS, OP_KINDS};
-use crate::acl::{self, Access};
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::acl::{self, Access};
+use pando_access::Identity;
 
 pub const MONITOR_NORM: &str = "cn=monitor";
 

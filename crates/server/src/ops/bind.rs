@@ -6,10 +6,11 @@ use pando_model::{Dn, Entry};
 use pando_proto::{BindAuth, BindRequest, Control, ResultCode};
 use pando_store::{EntryId, Lookup, View};
 
-use crate::acl;
-use crate::auth::{peercred_dn, MapTarget};
 use crate::error::{LdapError, OpResult};
-use crate::state::{Identity, Server, Session};
+use crate::state::Server;
+use pando_access::acl;
+use pando_access::auth::{peercred_dn, MapTarget};
+use pando_access::{Identity, Session};
 
 /// Authenticate; the new identity on success, with the response controls
 /// (the password policy's, when `wants_policy`). Failed binds leave the
@@ -131,7 +132,9 @@ async fn conclude(
             if let Some((clear, weak)) = upgrade {
                 super::rehash::after_bind(server, norm, &clear, &weak).await;
             }
-            let who = who.with_session(session.clone()).with_admin_from(server);
+            let who = who
+                .with_session(session.clone())
+                .with_admin_from(&server.root_dn_norm, &server.auth);
             Ok(match verdict {
                 Some(BindVerdict::Allow {
                     controls,
@@ -393,7 +396,8 @@ fn external(
             ));
         }
     }
-    Ok(Identity::authenticated(dn, norm, session.clone()).with_admin_from(server))
+    Ok(Identity::authenticated(dn, norm, session.clone())
+        .with_admin_from(&server.root_dn_norm, &server.auth))
 }
 
 /// The DN of the single entry under `base` matching `filter`; None when

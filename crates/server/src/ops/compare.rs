@@ -6,7 +6,8 @@ use pando_proto::{CompareRequest, ResultCode};
 
 use super::controls::Requested;
 use crate::error::{LdapError, OpResult};
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::Identity;
 
 /// compareTrue / compareFalse as a successful result code.
 /// With the assertion control (RFC 4528), the entry must match it first
@@ -68,7 +69,7 @@ pub fn compare_entry(
         who,
         norm,
         entry,
-        &[(Some(at), crate::acl::COMPARE)],
+        &[(Some(at), pando_access::acl::COMPARE)],
     )?;
     if let Some(filter) = &controls.assertion {
         if !super::assertion_holds(server, view, who, norm, entry, filter) {

@@ -12,9 +12,10 @@ use pando_store::View;
 
 use super::controls::Requested;
 use super::write::{Before, Change, WriteCtx, WriteOp};
-use crate::acl;
 use crate::error::{LdapError, OpResult};
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::acl;
+use pando_access::Identity;
 
 pub async fn extended(
     server: &Arc<Server>,

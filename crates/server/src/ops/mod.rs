@@ -21,10 +21,11 @@ use pando_model::{AttributeType, Dn, Entry, Schema};
 use pando_proto::ResultCode;
 use pando_store::{Candidates, EntryId, Lookup, View};
 
-use crate::acl::{self, Access, EntryRules, Rights};
+use pando_access::acl::{self, Access, EntryRules, Rights};
 
 use crate::error::{LdapError, OpResult};
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::Identity;
 
 /// Most distinct search bases remembered; past it the cache starts over.
 const BASE_CACHE_MAX: usize = 4096;
@@ -377,7 +378,8 @@ pub(crate) mod test_server {
     use pando_model::{Dn, Entry, Schema};
 
     use crate::settings::Validate;
-    use crate::state::{Identity, Server};
+    use crate::state::Server;
+    use pando_access::Identity;
 
     /// The server for `dir` with the configuration `extra` (TOML after
     /// `data_dir`), its suffix dc=example,dc=com created. Not from inside

@@ -11,7 +11,8 @@ use pando_proto::{Control, ExtendedResponse, LdapResult, ProtocolOp, ResultCode}
 use super::controls::{self, OpKind, Requested};
 use super::write::{WriteCtx, Written};
 use crate::error::{LdapError, OpResult};
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::Identity;
 
 /// One request, ready to run.
 pub struct Operation {

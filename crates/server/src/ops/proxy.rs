@@ -24,9 +24,10 @@ use pando_model::Dn;
 use pando_proto::{Ava, Filter, ResultCode};
 use pando_store::{Lookup, View};
 
-use crate::acl::{self, Access};
 use crate::error::{LdapError, OpResult};
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::acl::{self, Access};
+use pando_access::Identity;
 
 /// The identity `who` asks to act as, if it may.
 pub fn assume(server: &Server, who: &Identity, authz: &str) -> OpResult<Identity> {
@@ -73,7 +74,8 @@ pub fn assume(server: &Server, who: &Identity, authz: &str) -> OpResult<Identity
             return Err(refuse("no proxy right on the entry"));
         }
     }
-    let target = Identity::authenticated(dn, norm, who.session.clone()).with_admin_from(server);
+    let target = Identity::authenticated(dn, norm, who.session.clone())
+        .with_admin_from(&server.root_dn_norm, &server.auth);
     if (target.is_admin() && !who.is_admin()) || (target.is_break_glass() && !who.is_break_glass())
     {
         return Err(refuse("the identity holds a role the requester does not"));

@@ -22,7 +22,8 @@ use pando_store::View;
 
 use super::write::{Change, WriteCtx, WriteOp};
 use crate::error::{LdapError, OpResult};
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::Identity;
 
 /// The identity that writes upgraded values (modifiersName).
 pub const MODIFIERS_NAME: &str = "cn=Password Upgrade";

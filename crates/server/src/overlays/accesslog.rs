@@ -34,7 +34,8 @@ use pando_proto::{BindAuth, DerefAliases, ProtocolOp, Scope};
 use pando_store::{LoggedChange, LoggedKind, ModOp, View};
 
 use crate::observe::metrics::OpKind;
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::Identity;
 use pando_config::overlay::AccesslogConfig;
 
 pub const SUFFIX: &str = "cn=accesslog";
@@ -617,7 +618,8 @@ fn attr(name: &str, value: &str) -> Attribute {
 /// every value written, passwords included.
 pub fn may_read(server: &Server, who: &Identity) -> bool {
     crate::cn_config::serve::may_see(who)
-        || crate::acl::Access::new(&server.acl, who).named_allows(SUFFIX, crate::acl::READ)
+        || pando_access::acl::Access::new(&server.acl, who)
+            .named_allows(SUFFIX, pando_access::acl::READ)
 }
 
 /// A change log record as content synchronization of cn=accesslog sends

@@ -344,7 +344,7 @@ pub fn configured(server: &crate::state::Server) -> Option<MemberOf> {
 /// Returns how many entries changed.
 pub async fn rebuild(
     server: &std::sync::Arc<crate::state::Server>,
-    who: &crate::state::Identity,
+    who: &pando_access::Identity,
 ) -> OpResult<usize> {
     let Some(m) = configured(server) else {
         return Err(LdapError::unwilling("no memberof overlay is configured"));

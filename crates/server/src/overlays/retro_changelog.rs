@@ -24,7 +24,8 @@ use pando_model::{Attribute, Dn, Entry, Schema, Ternary};
 use pando_proto::{Filter, Scope};
 use pando_store::{LoggedChange, LoggedKind, ModOp};
 
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::Identity;
 use pando_config::overlay::RetroChangelogConfig;
 
 /// The tree's root, normalised (and as shown).
@@ -59,7 +60,8 @@ impl RetroChangelog {
 /// do not open it).
 pub fn may_read(server: &Server, who: &Identity) -> bool {
     crate::cn_config::serve::may_see(who)
-        || crate::acl::Access::new(&server.acl, who).named_allows(SUFFIX, crate::acl::READ)
+        || pando_access::acl::Access::new(&server.acl, who)
+            .named_allows(SUFFIX, pando_access::acl::READ)
 }
 
 fn attr(name: &str, value: impl Into<Vec<u8>>) -> Attribute {

@@ -46,7 +46,8 @@ use super::Replica;
 use crate::net::client::{Client, ClientError};
 use crate::ops::write::replicated::{self, apply_received, Received, ReplCtx};
 use crate::ops::write::WriteCtx;
-use crate::state::{Identity, Server, Session};
+use crate::state::Server;
+use pando_access::{Identity, Session};
 use pando_config::consumer::{ConsumerConfig, Retry};
 
 /// How a consumer is doing (cn=Monitor, `pando stat`).

@@ -8,10 +8,10 @@ use pando_proto::EntryEncoder;
 use pando_store::{EntryId, View};
 
 use super::hooks::EntryStep;
-use crate::acl::{self, Access, EntryRules};
 use crate::error::OpResult;
 use crate::ops::special::SUBSCHEMA_DN;
 use crate::ops::COMPUTED;
+use pando_access::acl::{self, Access, EntryRules};
 
 /// Which attributes a search returns (RFC 4511 4.5.1.8, RFC 3673, RFC 4529).
 pub(super) struct Selection {

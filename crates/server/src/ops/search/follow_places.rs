@@ -26,7 +26,8 @@ use pando_proto::{LdapResult, ResultCode};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::SearchJob;
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::Identity;
 
 /// Live places of ordinary requesters, by connection and by identity.
 #[derive(Default)]

@@ -2,7 +2,8 @@
 
 use pando_store::View;
 
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::Identity;
 
 /// The stricter of two limits where 0 means unlimited.
 pub(super) fn smaller_limit(a: u32, b: u32) -> u32 {

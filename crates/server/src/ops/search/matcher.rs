@@ -9,8 +9,8 @@ use pando_store::{EntryId, View};
 
 use super::emit::{computed_value, Emitter, Guard};
 use super::plan::Plan;
-use crate::acl::{self, Access, EntryRules};
 use crate::error::OpResult;
+use pando_access::acl::{self, Access, EntryRules};
 
 /// A candidate that matched: its DN (as stored and normalised) and what
 /// was decoded of it (nothing on the `no_decode` and `raw` paths).

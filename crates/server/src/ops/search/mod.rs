@@ -30,15 +30,16 @@ pub mod sync_provider;
 pub mod translucent;
 mod virtual_tree;
 
-use crate::acl::{self, Access, EntryRules};
 use crate::error::{LdapError, OpResult};
-use crate::state::{Identity, Server};
+use crate::state::Server;
 pub(crate) use emit::encode_read_entry;
 use emit::{Emitter, Selection};
 pub use follow_places::Holders as PersistentHolders;
 use limits::Limits;
 use matcher::Matcher;
 use paging::{paged_control, request_hash, Cookie};
+use pando_access::acl::{self, Access, EntryRules};
+use pando_access::Identity;
 pub(crate) use plan::types_in_filter;
 use plan::{Plan, PlanInput};
 pub use sort::SortCache;

@@ -41,11 +41,11 @@ use super::{
     check_base, emitter_for, run_to_end, search_thread, virtual_tree, Finished, SearchJob,
     SearchOutcome,
 };
-use crate::acl::Access;
 use crate::error::{LdapError, OpResult};
 use crate::ops::feed::{Committed, Kind};
 use crate::ops::norm_dn::in_scope;
 use crate::ops::write::Change;
+use pando_access::acl::Access;
 
 /// How often a persistent search with no changes to send looks for
 /// Abandon and Cancel.

@@ -27,9 +27,9 @@ use super::emit::Emitter;
 use super::matcher::Matcher;
 use super::paging::{paged_control, Cookie};
 use super::{flush, send_or_hold, Out, Page, Resume, RunLimits, SearchJob, SearchOutcome, Step};
-use crate::acl;
 use crate::error::OpResult;
 use crate::ops::controls::{Sort, Vlv};
+use pando_access::acl;
 
 /// One sort key, resolved against the schema.
 pub(super) struct Key<'s> {

@@ -33,10 +33,10 @@ use super::plan::{scope_candidates, Plan};
 use super::{
     emitter_for, flush, paged_done, Finished, Matcher, Out, Path, SearchJob, SearchOutcome, CHUNK,
 };
-use crate::acl::{self, Access};
 use crate::error::{LdapError, OpResult};
 use crate::overlays::translucent::remote::{Found, Query};
 use crate::overlays::translucent::{self, Relaxed, Translucent};
+use pando_access::acl::{self, Access};
 
 /// What the store holds at the base and in the search's scope.
 struct Local {

@@ -15,7 +15,8 @@ use super::{flush, paged_done, Out, SearchJob, SearchOutcome, Step};
 use crate::error::{LdapError, OpResult};
 use crate::observe::monitor;
 use crate::ops::special::{SUBSCHEMA_DN, SUBSCHEMA_NORM};
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::Identity;
 
 /// An entry of a virtual tree: DN as returned, normalised DN, content.
 pub struct VirtualEntry {

@@ -8,9 +8,9 @@ use pando_store::View;
 
 use super::checks::{check_password_values, check_value_count, placement_for, reject_maintained};
 use super::{Change, WriteCtx, WriteOp, Written};
-use crate::acl;
 use crate::error::{LdapError, OpResult};
 use crate::ops::names_password;
+use pando_access::acl;
 
 struct Add {
     dn_text: String,

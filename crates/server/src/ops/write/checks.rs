@@ -6,7 +6,8 @@ use pando_proto::ResultCode;
 use pando_store::{Lookup, Placement, View};
 
 use crate::error::{LdapError, OpResult};
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::Identity;
 
 /// Attributes the server maintains; clients may not set them.
 const MAINTAINED: &[&str] = &[

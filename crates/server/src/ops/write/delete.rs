@@ -7,9 +7,9 @@ use pando_proto::ResultCode;
 use pando_store::View;
 
 use super::{Before, Change, WriteCtx, WriteOp, Written};
-use crate::acl;
 use crate::error::{LdapError, OpResult};
 use crate::ops;
+use pando_access::acl;
 
 struct Delete {
     dn: Dn,

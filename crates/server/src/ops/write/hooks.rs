@@ -25,9 +25,9 @@ use pando_proto::{oid, Control};
 use pando_store::{View, WriteTxn};
 
 use super::{Change, WriteCtx};
-use crate::acl::{self, Access};
 use crate::error::{LdapError, OpResult};
 use crate::ops::controls::ReadEntry as ReadRequest;
+use pando_access::acl::{self, Access};
 
 pub trait Hook: Sync {
     fn on_target(

@@ -54,7 +54,8 @@ pub use rename::modify_dn;
 use super::controls::Requested;
 use super::feed::Committed;
 use crate::error::{LdapError, OpResult};
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::Identity;
 
 /// Who writes, and with which controls; shared with the writer thread.
 pub struct WriteCtx {

@@ -9,9 +9,9 @@ use pando_store::View;
 use super::changes::{apply_changes, check_invariants};
 use super::checks::{check_password_values, check_value_count, reject_maintained};
 use super::{Before, Change, WriteCtx, WriteOp, Written};
-use crate::acl;
 use crate::error::{LdapError, OpResult};
 use crate::ops::{self, names_password};
+use pando_access::acl;
 
 struct Modify {
     dn_text: String,

@@ -8,9 +8,9 @@ use pando_store::{Lookup, Placement, View};
 
 use super::changes::{check_invariants, has_value};
 use super::{Before, Change, WriteCtx, WriteOp, Written};
-use crate::acl;
 use crate::error::{LdapError, OpResult};
 use crate::ops;
+use pando_access::acl;
 
 struct Rename {
     req: ModifyDnRequest,

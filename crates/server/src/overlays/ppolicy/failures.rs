@@ -13,7 +13,8 @@ use pando_store::Lookup;
 use super::policy::{precise_time, Policy, State, LOCKED_FOR_GOOD};
 use super::{now_secs, update, Account, PasswordPolicy};
 use crate::error::{LdapError, OpResult};
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::Identity;
 
 /// An account's failures waiting to be written by its one writer task.
 pub(super) struct Pending {
@@ -251,7 +252,7 @@ pub async fn forwarded_failures(
             who,
             &norm,
             &entry,
-            &[(at, crate::acl::WRITE)],
+            &[(at, pando_access::acl::WRITE)],
         )?;
         let policy = pp.policy_cached(&view, rtxn.generation(), &entry)?;
         (entry, policy)

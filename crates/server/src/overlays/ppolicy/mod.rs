@@ -36,7 +36,8 @@ use self::quality::Quality;
 use crate::error::{LdapError, OpResult};
 use crate::ops::write::hooks::Hook;
 use crate::ops::write::{Change, WriteCtx, WriteOp};
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::Identity;
 use pando_config::overlay::PpolicyConfig;
 
 /// The DN state changes made by the overlay are stamped with (as

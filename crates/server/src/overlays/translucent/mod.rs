@@ -249,7 +249,7 @@ impl Translucent {
 
     /// Whether the entry named `norm` (normalised) is in this suffix.
     pub fn covers(&self, norm: &str) -> bool {
-        norm == self.suffix_norm || crate::acl::is_below(norm, &self.suffix_norm)
+        norm == self.suffix_norm || pando_access::acl::is_below(norm, &self.suffix_norm)
     }
 
     /// The attributes clients may set here on remote entries (canonical

@@ -23,7 +23,8 @@ use super::{is_part, is_part_class, merge, Translucent};
 use crate::error::{LdapError, OpResult};
 use crate::ops::controls::Requested;
 use crate::ops::write::{self, WriteCtx, Written};
-use crate::state::{Identity, Server};
+use crate::state::Server;
+use pando_access::Identity;
 
 /// What the store holds under a name below a translucent suffix.
 pub enum Stored {
@@ -188,7 +189,7 @@ fn require(
     who: &Identity,
     dn: &Dn,
     entry: &Entry,
-    right: crate::acl::Rights,
+    right: pando_access::acl::Rights,
 ) -> OpResult<()> {
     let norm = server
         .schema
@@ -238,7 +239,7 @@ pub async fn add(ctx: Arc<WriteCtx>, t: &Translucent, req: AddRequest) -> OpResu
                 })
                 .collect(),
         };
-        require(&server, &ctx.who, &dn, &entry, crate::acl::ADD)?;
+        require(&server, &ctx.who, &dn, &entry, pando_access::acl::ADD)?;
         make_parents(&server, t, &ctx.who, &dn).await?;
     }
     write::add(ctx, req).await
@@ -291,8 +292,20 @@ pub async fn modify_dn(
     if t.covers(&new_norm) {
         refuse_remote_name(t, &ctx.server, &ctx.who, &new_dn.to_string()).await?;
         if req.new_superior.is_some() {
-            require(&ctx.server, &ctx.who, &dn, &current, crate::acl::DELETE)?;
-            require(&ctx.server, &ctx.who, &new_dn, &current, crate::acl::ADD)?;
+            require(
+                &ctx.server,
+                &ctx.who,
+                &dn,
+                &current,
+                pando_access::acl::DELETE,
+            )?;
+            require(
+                &ctx.server,
+                &ctx.who,
+                &new_dn,
+                &current,
+                pando_access::acl::ADD,
+            )?;
             make_parts_from(&ctx.server, t, &ctx.who, new_parent).await?;
         }
     }
@@ -362,7 +375,7 @@ pub async fn modify(ctx: Arc<WriteCtx>, t: &Translucent, req: ModifyRequest) -> 
         let mut checks = Vec::with_capacity(req.changes.len());
         for ch in &req.changes {
             let (_, at) = schema.canonical_desc(&ch.attr.name)?;
-            checks.push((Some(at), crate::acl::WRITE));
+            checks.push((Some(at), pando_access::acl::WRITE));
         }
         crate::ops::require(&server, &view, &ctx.who, &norm, &before, &checks)?;
         if let Some(filter) = &controls.assertion {

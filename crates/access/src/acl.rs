@@ -23,7 +23,7 @@ use pando_store::{Candidates, EntryId, Lookup, View};
 use regex::Regex;
 use roaring::RoaringTreemap;
 
-use crate::state::Identity;
+use crate::Identity;
 use pando_config::{AccessRule, OneOrMany};
 
 /// A set of rights, one bit each.
@@ -872,7 +872,7 @@ fn settle_subjects(subjects: &[Subject], who: &Identity) -> Settled {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{PeerCred, Session};
+    use crate::{PeerCred, Session};
     use pando_config::{AccessBy, Config};
     use std::path::Path;
     use std::sync::Arc;

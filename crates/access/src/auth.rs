@@ -7,7 +7,7 @@
 use pando_model::{Dn, Schema};
 use regex::Regex;
 
-use crate::state::{PeerCred, Session};
+use crate::{PeerCred, Session};
 use pando_config::{AuthConfig, ExternalMap, LDAPI_OWNER};
 
 /// The authorization DN of an ldapi peer, as OpenLDAP forms it.
