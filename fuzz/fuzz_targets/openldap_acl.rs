@@ -25,7 +25,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let rule = t.to_rule();
-    if let Err((_, key, why)) = pando_server::acl::Acl::compile(&[rule.clone()], schema()) {
+    if let Err((_, key, why)) = pando_access::acl::Acl::compile(&[rule.clone()], schema()) {
         // DNs, regular expressions, filters and attribute names come from
         // the input and may be invalid; rights and subject words may not.
         assert!(

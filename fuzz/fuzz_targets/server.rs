@@ -12,7 +12,8 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use pando_proto::{frame_length, DecodeLimits, LdapMessage};
 use pando_server::net::connection::Connection;
-use pando_server::state::{PeerCred, Session};
+use pando_access::{PeerCred, Session};
+use pando_server::settings::Validate;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 struct Harness {
@@ -41,7 +42,7 @@ fn harness() -> &'static Harness {
             dir.display().to_string()
         );
         let schema = Arc::new(pando_model::Schema::standard());
-        let cfg = pando_server::config::Config::from_toml(&toml, std::path::Path::new("fuzz.toml"))
+        let cfg = pando_config::Config::from_toml(&toml, std::path::Path::new("fuzz.toml"))
             .expect("config")
             .validate(&schema)
             .expect("valid config");
@@ -51,7 +52,7 @@ fn harness() -> &'static Harness {
             &pando_server::store_options(&cfg),
         )
         .expect("store");
-        let csn = pando_server::clock::CsnClock::new(0);
+        let csn = pando_store::clock::CsnClock::new(0);
         let creator = "cn=admin,dc=example,dc=com";
         pando_server::bootstrap::ensure_suffixes(&store, &cfg.suffixes, creator, &csn)
             .expect("suffix");

@@ -27,19 +27,20 @@ ALLOWED = {
     "pando-store": {"pando-model", "pando-proto", "pando-ldif"},
     "pando-config": {"pando-proto", "pando-model", "pando-store", "pando-password"},
     "pando-access": {"pando-proto", "pando-model", "pando-store", "pando-config"},
+    "pando-observe": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-config"},
     "pando-gen": {"pando-ldif"},
     "pando-bench": {"pando-proto"},
     "pando-server": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password", "pando-config",
-                     "pando-access"},
+                     "pando-access", "pando-observe"},
     "pando-migrate": {"pando-proto", "pando-model", "pando-ldif", "pando-password", "pando-config", "pando-server"},
-    "pando": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password", "pando-config", "pando-access", "pando-server",
+    "pando": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password", "pando-config", "pando-access", "pando-observe", "pando-server",
               "pando-gen", "pando-bench", "pando-migrate"},
 }
 
 # Most files in one circle of imports, per crate directory (issue 38's
 # goal is 3 everywhere; the server's is where the redesign starts).
 CEILING = {
-    "server": 45,
+    "server": 44,
     "migrate": 6,
     "model": 3,
     "store": 2,

@@ -33,6 +33,23 @@ pub fn is_type(schema: &Schema, desc: &str, name: &str) -> bool {
     }
 }
 
+/// `desc` is userPassword, with or without options.
+pub fn is_password(desc: &str) -> bool {
+    base(desc).eq_ignore_ascii_case("userPassword")
+}
+
+/// Whether a description a client sent names userPassword, by any of its
+/// names or its OID (`2.5.4.35;x` too). Stored descriptions are canonical,
+/// so [`is_password`] serves for them.
+pub fn names_password(schema: &Schema, desc: &str) -> bool {
+    let base = base(desc);
+    schema
+        .attribute(base)
+        .is_some_and(|at| at.oid == USER_PASSWORD_OID)
+}
+
+const USER_PASSWORD_OID: &str = "2.5.4.35";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -327,7 +327,7 @@ fn with_data_dir(args: &StoreArgs, mut cfg: Config) -> Config {
 
 /// Log to stderr at `level` (PANDO_LOG, when set, wins). The returned
 /// setter changes the level while serving (None when PANDO_LOG is set).
-fn init_logging(level: &str) -> Option<pando_server::observe::LevelSetter> {
+fn init_logging(level: &str) -> Option<pando_observe::LevelSetter> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let from_env = tracing_subscriber::EnvFilter::try_from_env("PANDO_LOG").ok();
@@ -461,7 +461,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
         reload
     });
     if let Some(setter) = init_logging(&resolved.config.log_level) {
-        pando_server::observe::on_log_level(setter);
+        pando_observe::on_log_level(setter);
     }
     if !merged.from_file.is_empty() {
         tracing::info!(
@@ -1015,7 +1015,7 @@ fn memberof_rebuild(args: StoreArgs) -> Result<ExitCode, String> {
     let (resolved, schema) = resolve(&args)?;
     let (_lock, store) = open_stopped(&resolved, &schema, "stop the server first")?;
     let sid = resolved.config.replication.server_id;
-    let csn = pando_server::clock::clock_for_store(&store, sid);
+    let csn = pando_store::clock::clock_for_store(&store, sid);
     let live = pando_server::build_server(resolved, schema, store.clone(), csn, None, None)
         .map_err(|e| e.to_string())?;
     let server = live.server();

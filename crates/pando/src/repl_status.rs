@@ -41,8 +41,8 @@ fn sid(csn: &str) -> Option<u16> {
 
 /// Seconds from `older` to `newer` (CSN times).
 fn seconds_between(older: &str, newer: &str) -> Option<f64> {
-    let (a, _) = pando_server::clock::parse_csn(older).ok()?;
-    let (b, _) = pando_server::clock::parse_csn(newer).ok()?;
+    let (a, _) = pando_store::clock::parse_csn(older).ok()?;
+    let (b, _) = pando_store::clock::parse_csn(newer).ok()?;
     Some(b.saturating_sub(a) as f64 / 1e6)
 }
 

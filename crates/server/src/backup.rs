@@ -146,7 +146,7 @@ pub fn backup_store(store: &Store, dest: &Path) -> Result<BackupReport, String> 
         backup_format: BACKUP_FORMAT,
         store_format: FORMAT_VERSION,
         pando_version: env!("CARGO_PKG_VERSION").to_string(),
-        created: crate::clock::generalized_time(crate::clock::now_micros()),
+        created: pando_store::clock::generalized_time(pando_store::clock::now_micros()),
         entries,
         suffixes,
         context_csn: context_csn.iter().max().cloned(),

@@ -6,7 +6,7 @@ use pando_ldif::{LdifReader, ReaderOptions, Record};
 use pando_model::{Dn, Entry, Schema};
 use pando_store::{Lookup, Placement, Store, StoreError};
 
-use crate::clock::{generalized_time, now_micros, CsnClock};
+use pando_store::clock::{generalized_time, now_micros, CsnClock};
 
 /// Meta key holding the generated administrator password hash.
 pub const META_ROOT_HASH: &str = "root_password_hash";

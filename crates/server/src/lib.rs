@@ -5,7 +5,6 @@ pub mod backup;
 pub mod bootstrap;
 pub mod bulk;
 pub mod capacity;
-pub mod clock;
 pub mod cn_config;
 pub mod datadir;
 pub mod error;
@@ -30,9 +29,9 @@ use pando_store::{Store, StoreOptions};
 use tokio::sync::watch;
 
 use crate::bootstrap::RootPassword;
-use crate::clock::CsnClock;
 use crate::state::Server;
 use pando_config::{Listener, Resolved};
+use pando_store::clock::CsnClock;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -171,7 +170,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     }
     // One clock for the whole run, bootstrap included, resumed after the
     // newest CSN the store records so CSNs never go back across restarts.
-    let csn = clock::clock_for_store(&store, cfg.config.replication.server_id);
+    let csn = pando_store::clock::clock_for_store(&store, cfg.config.replication.server_id);
     let root_dn_text = cfg
         .root_dn
         .as_ref()
@@ -377,7 +376,7 @@ pub fn build_server(
         cfg.config.passwords.policy()?,
         cfg.config.passwords.max_concurrent_hashes,
     ));
-    let logs = Arc::new(observe::Logs::open(&cfg.config.logs)?);
+    let logs = Arc::new(pando_observe::Logs::open(&cfg.config.logs)?);
     let compiled = compile(cfg, schema, root_pw_hash, tls, passwords, logs)?;
     let runtime = new_runtime(&compiled, store, csn)?;
     Ok(live::Live::new(|weak| {
@@ -393,7 +392,7 @@ pub fn compile(
     root_pw_hash: Option<String>,
     tls: Option<Arc<net::tls::TlsContext>>,
     passwords: Arc<hashing::PasswordWork>,
-    logs: Arc<observe::Logs>,
+    logs: Arc<pando_observe::Logs>,
 ) -> Result<state::Compiled, BoxError> {
     let root_dn_norm = match &cfg.root_dn {
         Some(d) => schema
@@ -501,7 +500,7 @@ fn new_runtime(
         refusals: Default::default(),
         search_threads: capacity::Capacity::new(search_threads(limits)),
         started: SystemTime::now(),
-        metrics: Arc::new(observe::metrics::Metrics::new()),
+        metrics: Arc::new(pando_observe::metrics::Metrics::new()),
         subentries: Arc::new(ops::Subentries::default()),
         feed: Arc::new(ops::feed::Feed::new(limits.persistent_search_backlog)),
         persistent_searches: capacity::Capacity::new(limits.max_persistent_searches),

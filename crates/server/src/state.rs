@@ -7,8 +7,8 @@ use pando_model::{Dn, Schema};
 use pando_proto::DecodeLimits;
 use pando_store::Store;
 
-use crate::clock::CsnClock;
 use pando_config::Resolved;
+use pando_store::clock::CsnClock;
 
 /// Everything operations share, for one configuration. Immutable: a
 /// configuration change builds a new `Server` (see [`crate::live`]) that
@@ -46,7 +46,7 @@ pub struct Server {
     pub passwords: Arc<crate::hashing::PasswordWork>,
     /// Access and audit logs (`[logs]`; the same files while `[logs]` is
     /// unchanged); reopened on SIGHUP.
-    pub logs: Arc<crate::observe::Logs>,
+    pub logs: Arc<pando_observe::Logs>,
     /// `[[overlay]]`, compiled, in order.
     pub overlays: Arc<crate::overlays::Overlays>,
 
@@ -64,7 +64,7 @@ pub struct Server {
     pub search_threads: Arc<crate::capacity::Capacity>,
     pub started: SystemTime,
     /// Counters and latency histograms (cn=Monitor, /metrics).
-    pub metrics: Arc<crate::observe::metrics::Metrics>,
+    pub metrics: Arc<pando_observe::metrics::Metrics>,
     /// Whether the store may hold subentries (RFC 3672).
     pub subentries: Arc<crate::ops::Subentries>,
     /// Every committed change, in commit order (persistent searches).
@@ -93,7 +93,7 @@ pub struct Runtime {
     pub refusals: Arc<crate::net::refusals::Table>,
     pub search_threads: Arc<crate::capacity::Capacity>,
     pub started: SystemTime,
-    pub metrics: Arc<crate::observe::metrics::Metrics>,
+    pub metrics: Arc<pando_observe::metrics::Metrics>,
     pub subentries: Arc<crate::ops::Subentries>,
     pub feed: Arc<crate::ops::feed::Feed>,
     pub persistent_searches: Arc<crate::capacity::Capacity>,
@@ -117,7 +117,7 @@ pub struct Compiled {
     pub limits_by: Vec<(pando_access::acl::Who, pando_config::LimitsFor)>,
     pub tls: Option<Arc<crate::net::tls::TlsContext>>,
     pub passwords: Arc<crate::hashing::PasswordWork>,
-    pub logs: Arc<crate::observe::Logs>,
+    pub logs: Arc<pando_observe::Logs>,
     pub overlays: Arc<crate::overlays::Overlays>,
 }
 

@@ -25,6 +25,7 @@ pub mod bulk;
 mod catalog;
 mod change_numbers;
 mod changelog;
+pub mod clock;
 mod context_csn;
 mod dictionary;
 mod dn_cache;

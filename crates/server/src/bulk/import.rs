@@ -38,7 +38,7 @@ use pando_store::{Durability, EntryId, Lookup, Placement, Store, StoreError, Wri
 
 use super::input::{self, Chunk};
 use super::META_IMPORTING;
-use crate::clock::{generalized_time, now_micros, CsnClock};
+use pando_store::clock::{generalized_time, now_micros, CsnClock};
 
 /// Bytes of input per chunk handed to a worker.
 const CHUNK_BYTES: usize = 512 << 10;
@@ -569,7 +569,7 @@ pub fn import(
         store,
         schema: store.schema().clone(),
         // Entries without an entryCSN get one after the store's newest.
-        csn: crate::clock::clock_for_store(store, opts.server_id),
+        csn: pando_store::clock::clock_for_store(store, opts.server_id),
         opts,
         suffixes,
         dict: OnceLock::new(),

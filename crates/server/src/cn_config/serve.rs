@@ -330,7 +330,7 @@ fn read_entries(
 /// may hold a credential (a consumer's password) is logged as a replace
 /// with the values a read shows afterwards, never with what was sent.
 fn audit(server: &Server, who: &Identity, target: &Target<'_>, after: Option<&Entry>) {
-    use crate::observe::audit::Record;
+    use pando_observe::audit::Record;
     match &target.kind {
         Kind::Add(entry) => crate::observe::audit(
             server,

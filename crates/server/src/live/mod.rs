@@ -276,7 +276,7 @@ impl Live {
         let logs = if resolved.config.logs == old.cfg.config.logs {
             old.logs.clone()
         } else {
-            Arc::new(crate::observe::Logs::open(&resolved.config.logs)?)
+            Arc::new(pando_observe::Logs::open(&resolved.config.logs)?)
         };
         let mut compiled = crate::compile(
             resolved,
@@ -327,7 +327,7 @@ impl Live {
                 .resize(limits.max_persistent_searches);
         }
         if old.cfg.config.log_level != p.server.cfg.config.log_level {
-            crate::observe::set_log_level(&p.server.cfg.config.log_level);
+            pando_observe::set_log_level(&p.server.cfg.config.log_level);
         }
         let listeners = p.server.listeners.clone();
         let installed = self.install(p.server);

@@ -939,7 +939,7 @@ impl Task {
                 }
                 Work::Op(op) => {
                     let server = self.server.clone();
-                    observe::OP
+                    pando_observe::OP
                         .scope(ctx, run_op(server, op, running.stop.clone(), tx))
                         .await
                 }

@@ -235,13 +235,15 @@ fn describe_leaf(der: &CertificateDer<'_>, file: &Path) {
         return;
     };
     let v = cert.validity();
-    let until = crate::clock::generalized_time(v.not_after.timestamp().max(0) as u64 * 1_000_000);
+    let until =
+        pando_store::clock::generalized_time(v.not_after.timestamp().max(0) as u64 * 1_000_000);
     let subject = name_to_dn(cert.subject());
     if v.is_valid() {
         tracing::info!(file = %file.display(), %subject, valid_until = %until, "TLS certificate");
     } else {
-        let from =
-            crate::clock::generalized_time(v.not_before.timestamp().max(0) as u64 * 1_000_000);
+        let from = pando_store::clock::generalized_time(
+            v.not_before.timestamp().max(0) as u64 * 1_000_000,
+        );
         tracing::warn!(file = %file.display(), %subject, valid_from = %from, valid_until = %until,
             "the TLS server certificate is not valid now; clients will refuse it");
     }
@@ -285,7 +287,7 @@ fn generate_self_signed() -> Result<(String, String), rcgen::Error> {
         "Pando self-signed certificate (localhost)",
     );
     // `generalized_time` gives YYYYmmdd… in UTC; today 00:00 is in the past.
-    let today = crate::clock::generalized_time(crate::clock::now_micros());
+    let today = pando_store::clock::generalized_time(pando_store::clock::now_micros());
     let field = |r: std::ops::Range<usize>| today.get(r).and_then(|t| t.parse::<u16>().ok());
     if let (Some(y), Some(m), Some(d)) = (field(0..4), field(4..6), field(6..8)) {
         let d = d.min(28) as u8; // no 29 February ten years on

@@ -31,10 +31,10 @@
 use pando_model::{Attribute, Dn, Entry};
 use std::sync::atomic::Ordering;
 
-use super::metrics::{Latency, ProcessFigures, LATENCY_BOUNDS, OP_KINDS};
 use crate::state::Server;
 use pando_access::acl::{self, Access};
 use pando_access::Identity;
+use pando_observe::metrics::{Latency, ProcessFigures, LATENCY_BOUNDS, OP_KINDS};
 
 pub const MONITOR_NORM: &str = "cn=monitor";
 
@@ -197,7 +197,10 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
                 "pandoVersion",
                 [format!("Pando {}", env!("CARGO_PKG_VERSION"))],
             ),
-            attr("pandoStartTime", [crate::clock::generalized_time(started)]),
+            attr(
+                "pandoStartTime",
+                [pando_store::clock::generalized_time(started)],
+            ),
             num("pandoUptime", m.uptime_secs()),
             num("pandoThreads", p.threads),
             num("pandoCpuMicros", p.cpu_micros),
@@ -416,7 +419,7 @@ fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
         "cn=Conflicts,cn=Replication,cn=Monitor",
         attrs,
     ));
-    let time = |t: Option<u64>| t.map(crate::clock::generalized_time);
+    let time = |t: Option<u64>| t.map(pando_store::clock::generalized_time);
     for r in replicas.iter() {
         let Some(s) = r.snapshot() else {
             continue;

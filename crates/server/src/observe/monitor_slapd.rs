@@ -275,7 +275,7 @@ fn threads(out: &mut Vec<(String, Entry)>) {
         parent,
         vec![attr("description", ["Threads."])],
     ));
-    let open = super::metrics::ProcessFigures::read().threads;
+    let open = pando_observe::metrics::ProcessFigures::read().threads;
     let attrs = vec![
         attr("monitoredInfo", [open.to_string()]),
         attr("description", ["Threads of the process"]),
@@ -302,11 +302,14 @@ fn time(server: &Server, out: &mut Vec<(String, Entry)>) {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0);
-    let stamps = [("Start", started), ("Current", crate::clock::now_micros())];
+    let stamps = [
+        ("Start", started),
+        ("Current", pando_store::clock::now_micros()),
+    ];
     for (cn, t) in stamps {
         let attrs = vec![attr(
             "monitorTimestamp",
-            [crate::clock::generalized_time(t)],
+            [pando_store::clock::generalized_time(t)],
         )];
         out.push(node(
             "monitoredObject",

@@ -17,8 +17,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use super::metrics::{ProcessFigures, LATENCY_BOUNDS, OP_KINDS};
 use crate::state::Server;
+use pando_observe::metrics::{ProcessFigures, LATENCY_BOUNDS, OP_KINDS};
 
 /// Longest request head accepted.
 const MAX_REQUEST: usize = 8192;
@@ -185,7 +185,7 @@ fn replication(t: &mut Text, server: &Server) {
             for csn in csns {
                 let (Some(sid), Ok((us, _))) = (
                     pando_proto::sync::csn_sid(&csn),
-                    crate::clock::parse_csn(&csn),
+                    pando_store::clock::parse_csn(&csn),
                 ) else {
                     continue;
                 };

@@ -282,10 +282,11 @@ fn bind_entry(
     }
     let attrs = if want_account {
         view.attrs_where(id, &|d| {
-            super::is_password(d) || d.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("pwd"))
+            pando_model::desc::is_password(d)
+                || d.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("pwd"))
         })?
     } else {
-        view.attrs_where(id, &super::is_password)?
+        view.attrs_where(id, &pando_model::desc::is_password)?
     };
     Ok(Entry {
         dn: Dn { rdns: Vec::new() },

@@ -20,7 +20,7 @@ use crate::error::{LdapError, OpResult};
 
 /// What an operation is, for deciding which controls apply (the kinds the
 /// metrics count; Abandon and Unbind take no controls).
-pub use crate::observe::metrics::OpKind;
+pub use pando_observe::metrics::OpKind;
 use OpKind::*;
 
 /// Updates that change an entry in place or by name.

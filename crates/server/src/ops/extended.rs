@@ -97,7 +97,9 @@ async fn passwd_modify(ctx: Arc<WriteCtx>, value: Option<&[u8]>) -> OpResult<Ext
                 // password is refused before a hash is spent on it (the
                 // writer checks again on the entry as it then is).
                 let mut with_pw = entry;
-                with_pw.attrs.retain(|a| !super::is_password(&a.desc));
+                with_pw
+                    .attrs
+                    .retain(|a| !pando_model::desc::is_password(&a.desc));
                 with_pw.attrs.push(Attribute {
                     desc: "userPassword".into(),
                     values: vec![b"{SSHA}placeholder".to_vec()],
@@ -252,7 +254,8 @@ impl WriteOp for SetPassword {
             ));
         }
         let mut new = old.clone();
-        new.attrs.retain(|a| !super::is_password(&a.desc));
+        new.attrs
+            .retain(|a| !pando_model::desc::is_password(&a.desc));
         new.attrs.push(Attribute {
             desc: "userPassword".into(),
             values: vec![self.hashed.clone()],
@@ -282,7 +285,7 @@ impl WriteOp for SetPassword {
         crate::observe::audit(
             &ctx.server,
             &ctx.who,
-            crate::observe::audit::Record::Modify {
+            pando_observe::audit::Record::Modify {
                 dn: &self.target.to_string(),
                 changes: std::slice::from_ref(&change),
                 passwords: Some(std::slice::from_ref(&self.hashed)),
@@ -377,7 +380,7 @@ async fn changes_behind(
         .unwrap_or("");
     let mut seen = std::collections::BTreeMap::new();
     for csn in text.split(';').filter(|c| !c.is_empty()) {
-        let sid = crate::clock::parse_csn(csn)
+        let sid = pando_store::clock::parse_csn(csn)
             .ok()
             .and(pando_store::csn_sid(csn))
             .ok_or_else(|| LdapError::protocol(format!("'{csn}' is not a CSN")))?;

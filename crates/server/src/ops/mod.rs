@@ -116,22 +116,7 @@ pub const COMPUTED: &[&str] = &[
     "contextCSN",
 ];
 
-/// `desc` is userPassword, with or without options.
-pub fn is_password(desc: &str) -> bool {
-    pando_model::desc::base(desc).eq_ignore_ascii_case("userPassword")
-}
-
-/// Whether a description a client sent names userPassword, by any of its
-/// names or its OID (`2.5.4.35;x` too). Stored descriptions are canonical,
-/// so [`is_password`] serves for them.
-pub fn names_password(schema: &pando_model::Schema, desc: &str) -> bool {
-    let base = pando_model::desc::base(desc);
-    schema
-        .attribute(base)
-        .is_some_and(|at| at.oid == USER_PASSWORD_OID)
-}
-
-const USER_PASSWORD_OID: &str = "2.5.4.35";
+use pando_model::desc::is_password;
 
 /// Every userPassword value, whatever its options, in stored order.
 pub fn password_values(attrs: &[pando_model::Attribute]) -> Vec<Vec<u8>> {
@@ -416,7 +401,7 @@ pub(crate) mod test_server {
             &crate::store_options(&cfg),
         )
         .unwrap();
-        let csn = crate::clock::clock_for_store(&store, 0);
+        let csn = pando_store::clock::clock_for_store(&store, 0);
         crate::build_server(cfg, schema, store, csn, None, None).unwrap()
     }
 

@@ -56,7 +56,7 @@ impl Operation {
         request: ProtocolOp,
         raw: &[Control],
     ) -> Result<Operation, Box<Response>> {
-        let parsed = match crate::observe::kind_of(&request) {
+        let parsed = match pando_observe::kind_of(&request) {
             Some(OpKind::Abandon | OpKind::Unbind) | None => Ok(Requested::default()),
             Some(kind) => controls::parse(kind, raw, &server.decode_limits),
         };

@@ -111,7 +111,7 @@ impl WriteOp for Upgrade {
             let slot = after
                 .attrs
                 .iter_mut()
-                .filter(|a| super::is_password(&a.desc))
+                .filter(|a| pando_model::desc::is_password(&a.desc))
                 .flat_map(|a| a.values.iter_mut())
                 .find(|v| **v == self.old)
                 .ok_or_else(|| {

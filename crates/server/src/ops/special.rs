@@ -148,7 +148,7 @@ fn build_subschema(server: &Server) -> Entry {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0);
-    let stamp = crate::clock::generalized_time(loaded);
+    let stamp = pando_store::clock::generalized_time(loaded);
     attrs.push(attr("createTimestamp", [stamp.clone()]));
     attrs.push(attr("modifyTimestamp", [stamp]));
     // As on every entry (and as slapd shows them here with `+`).

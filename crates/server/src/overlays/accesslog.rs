@@ -33,10 +33,10 @@ use pando_model::{Attribute, Dn, Entry, Schema, Ternary};
 use pando_proto::{BindAuth, DerefAliases, ProtocolOp, Scope};
 use pando_store::{LoggedChange, LoggedKind, ModOp, View};
 
-use crate::observe::metrics::OpKind;
 use crate::state::Server;
 use pando_access::Identity;
 use pando_config::overlay::AccesslogConfig;
+use pando_observe::metrics::OpKind;
 
 pub const SUFFIX: &str = "cn=accesslog";
 
@@ -203,7 +203,7 @@ static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 
 /// A time in nanoseconds since the epoch as reqStart text.
 fn nanos_text(nanos: u64) -> String {
-    let secs = crate::clock::generalized_time(nanos / 1000);
+    let secs = pando_store::clock::generalized_time(nanos / 1000);
     format!(
         "{}.{:09}Z",
         secs.trim_end_matches('Z'),
@@ -227,7 +227,9 @@ impl ChangeTimes {
     /// The reqStart of the next record, `c`: its CSN's microsecond, or
     /// the nanosecond after the previous record's when that is later.
     fn next(&mut self, c: &LoggedChange) -> String {
-        let micros = crate::clock::parse_csn(&c.csn).map(|(m, _)| m).unwrap_or(0);
+        let micros = pando_store::clock::parse_csn(&c.csn)
+            .map(|(m, _)| m)
+            .unwrap_or(0);
         let at = (micros * 1000).max(self.last + 1);
         self.last = at;
         nanos_text(at)
@@ -276,7 +278,7 @@ fn request_attrs<'o>(
             a.push(b'=');
             // An assertion on a secret is a guess at it.
             if schema.is_secret(&c.ava.attr) {
-                a.extend_from_slice(crate::observe::access_log::WITHHELD);
+                a.extend_from_slice(pando_observe::access_log::WITHHELD);
             } else {
                 a.extend_from_slice(&c.ava.value);
             }
@@ -327,7 +329,7 @@ fn search_attrs(
     ));
     attrs.push((
         "reqFilter",
-        one(crate::observe::access_log::shown_filter(schema, &s.filter)),
+        one(pando_observe::access_log::shown_filter(schema, &s.filter)),
     ));
     if !s.attrs.is_empty() {
         attrs.push((
@@ -362,7 +364,7 @@ impl AccessLog {
         op: &ProtocolOp,
         schema: &Schema,
     ) -> Option<Box<Pending>> {
-        let kind = crate::observe::kind_of(op)?;
+        let kind = pando_observe::kind_of(op)?;
         if !self.ops.logs(kind) || (is_write(kind) && self.success_only) {
             return None;
         }
@@ -383,7 +385,7 @@ impl AccessLog {
         Some(Box::new(Pending {
             kind,
             anonymous: who.is_anonymous(),
-            start_micros: crate::clock::now_micros(),
+            start_micros: pando_store::clock::now_micros(),
             attrs,
         }))
     }
@@ -412,7 +414,10 @@ impl AccessLog {
         } = p;
         let start = local_start(start_micros);
         attrs.push(("reqResult", one(code.to_string())));
-        attrs.push(("reqEnd", one(nanos_text(crate::clock::now_micros() * 1000))));
+        attrs.push((
+            "reqEnd",
+            one(nanos_text(pando_store::clock::now_micros() * 1000)),
+        ));
         if kind == OpKind::Search {
             attrs.push(("reqEntries", one(entries.to_string())));
         }
@@ -433,8 +438,9 @@ impl AccessLog {
         let cutoff = (self.purge_days != 0).then(|| {
             format!(
                 "{}.",
-                crate::clock::generalized_time(
-                    crate::clock::now_micros().saturating_sub(self.purge_days * 86_400_000_000)
+                pando_store::clock::generalized_time(
+                    pando_store::clock::now_micros()
+                        .saturating_sub(self.purge_days * 86_400_000_000)
                 )
                 .trim_end_matches('Z')
             )
@@ -635,7 +641,7 @@ pub struct SyncRecord {
 /// A record's UUID: its CSN's microsecond (8 bytes), change count (3) and
 /// server ID (2), then its place in the operation (3).
 fn record_uuid(c: &LoggedChange) -> [u8; 16] {
-    let (micros, count) = crate::clock::parse_csn(&c.csn).unwrap_or((0, 0));
+    let (micros, count) = pando_store::clock::parse_csn(&c.csn).unwrap_or((0, 0));
     let sid = pando_proto::sync::csn_sid(&c.csn).unwrap_or(0);
     let mut u = [0u8; 16];
     u[..8].copy_from_slice(&micros.to_be_bytes());

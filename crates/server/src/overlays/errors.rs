@@ -28,7 +28,7 @@ use pando_model::{Dn, Schema};
 use pando_proto::{ProtocolOp, ResultCode};
 
 use super::related::within;
-use crate::observe::metrics::OpKind;
+use pando_observe::metrics::OpKind;
 
 enum Target {
     Any,
@@ -238,7 +238,7 @@ impl Errors {
 
     /// The first rule that fires for `op`, counted and logged.
     pub fn pick(&self, schema: &Schema, op: &ProtocolOp) -> Option<Fault<'_>> {
-        let kind = crate::observe::kind_of(op)?;
+        let kind = pando_observe::kind_of(op)?;
         let norm = target_dn(op).map(|d| {
             Dn::parse(d)
                 .ok()

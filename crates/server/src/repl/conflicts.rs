@@ -74,7 +74,7 @@ pub fn shown_values(attr: &str, values: &[Vec<u8>]) -> String {
 /// The record's text.
 pub fn line(c: &Conflict) -> String {
     let lost = lost_text(c);
-    let at = crate::clock::generalized_time(crate::clock::now_micros());
+    let at = pando_store::clock::generalized_time(pando_store::clock::now_micros());
     let lost_at = if c.lost_csn.is_empty() {
         String::new()
     } else {
@@ -99,7 +99,7 @@ pub fn store(w: &mut WriteTxn<'_>, lines: &[String]) -> Result<(), StoreError> {
     if lines.is_empty() {
         return Ok(());
     }
-    let newest_first = u64::MAX - crate::clock::now_micros();
+    let newest_first = u64::MAX - pando_store::clock::now_micros();
     for (i, line) in lines.iter().enumerate() {
         // Within one transaction the last resolved is listed first.
         let key = format!("{PREFIX}{newest_first:020}:{:04}", 9999 - i.min(9999));

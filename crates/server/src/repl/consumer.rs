@@ -106,7 +106,7 @@ pub fn start_all(server: &Arc<Server>) {
 }
 
 fn now() -> u64 {
-    crate::clock::now_micros()
+    pando_store::clock::now_micros()
 }
 
 /// How a session ended without an error.
@@ -703,10 +703,10 @@ impl Session2<'_> {
     /// Count, and warn of, a received change dated in the future (see
     /// [`FUTURE_CSN_SECS`]).
     fn check_clock(&mut self, csn: Option<&str>, dn: &Dn) {
-        let Some(Ok((at, _))) = csn.map(crate::clock::parse_csn) else {
+        let Some(Ok((at, _))) = csn.map(pando_store::clock::parse_csn) else {
             return;
         };
-        let now = crate::clock::now_micros();
+        let now = pando_store::clock::now_micros();
         if at <= now + FUTURE_CSN_SECS * 1_000_000 {
             return;
         }
@@ -1306,7 +1306,7 @@ fn csn_of(entry: &Entry) -> Option<String> {
 /// server's clock) its CSN's time was, microseconds.
 fn delay_of(csn: &str) -> Option<(u16, u64)> {
     let sid = pando_proto::sync::csn_sid(csn)?;
-    let (at, _) = crate::clock::parse_csn(csn).ok()?;
+    let (at, _) = pando_store::clock::parse_csn(csn).ok()?;
     Some((sid, now().saturating_sub(at)))
 }
 

@@ -9,8 +9,8 @@ use pando_store::View;
 use super::checks::{check_password_values, check_value_count, placement_for, reject_maintained};
 use super::{Change, WriteCtx, WriteOp, Written};
 use crate::error::{LdapError, OpResult};
-use crate::ops::names_password;
 use pando_access::acl;
+use pando_model::desc::names_password;
 
 struct Add {
     dn_text: String,
@@ -109,7 +109,7 @@ impl WriteOp for Add {
             crate::observe::audit(
                 &ctx.server,
                 &ctx.who,
-                crate::observe::audit::Record::Add {
+                pando_observe::audit::Record::Add {
                     dn: &self.dn_text,
                     attrs: &after.attrs,
                 },

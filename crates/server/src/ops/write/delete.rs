@@ -120,7 +120,7 @@ impl WriteOp for Delete {
             crate::observe::audit(
                 &ctx.server,
                 &ctx.who,
-                crate::observe::audit::Record::Delete {
+                pando_observe::audit::Record::Delete {
                     dn: &b.entry.dn.to_string(),
                 },
             );

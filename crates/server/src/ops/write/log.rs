@@ -65,8 +65,8 @@ pub fn purge_up_to(
 
 /// Records older than this (a CSN prefix) have expired.
 pub fn cutoff(days: u64) -> String {
-    let now = crate::clock::now_micros();
-    crate::clock::csn_floor(now.saturating_sub(days.saturating_mul(86_400_000_000)))
+    let now = pando_store::clock::now_micros();
+    pando_store::clock::csn_floor(now.saturating_sub(days.saturating_mul(86_400_000_000)))
 }
 
 fn all_added(e: &Entry) -> Vec<LoggedMod> {

@@ -674,7 +674,7 @@ fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResu
     }
     let csn = ctx.server.csn.next();
     w.advance_context_csn(&csn)?;
-    let now = crate::clock::generalized_time(crate::clock::now_micros());
+    let now = pando_store::clock::generalized_time(pando_store::clock::now_micros());
     let relaxed = ctx.relaxed();
     let multi_provider = ctx.server.multi_provider();
     for c in changes.iter_mut() {

@@ -10,8 +10,9 @@ use super::changes::{apply_changes, check_invariants};
 use super::checks::{check_password_values, check_value_count, reject_maintained};
 use super::{Before, Change, WriteCtx, WriteOp, Written};
 use crate::error::{LdapError, OpResult};
-use crate::ops::{self, names_password};
+use crate::ops;
 use pando_access::acl;
+use pando_model::desc::names_password;
 
 struct Modify {
     dn_text: String,
@@ -201,7 +202,7 @@ impl WriteOp for Modify {
         crate::observe::audit(
             &ctx.server,
             &ctx.who,
-            crate::observe::audit::Record::Modify {
+            pando_observe::audit::Record::Modify {
                 dn: &self.dn_text,
                 changes: &self.changes,
                 passwords: passwords.as_deref(),

@@ -147,7 +147,7 @@ impl WriteOp for Rename {
         crate::observe::audit(
             &ctx.server,
             &ctx.who,
-            crate::observe::audit::Record::ModDn {
+            pando_observe::audit::Record::ModDn {
                 dn: &self.req.dn,
                 new_rdn: &self.req.new_rdn,
                 delete_old_rdn: self.req.delete_old_rdn,

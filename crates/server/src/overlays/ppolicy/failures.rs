@@ -32,7 +32,7 @@ impl PasswordPolicy {
     /// Record a failed password check of `norm` behind the answer: queued
     /// for the account's writer task, started when none runs.
     pub(super) fn queue_failure(&self, server: &Arc<Server>, norm: &str, p: &Policy) {
-        let now = crate::clock::now_micros();
+        let now = pando_store::clock::now_micros();
         let Ok(mut m) = self.pending.lock() else {
             return;
         };
@@ -265,7 +265,7 @@ pub async fn forwarded_failures(
     }
     // Only the newest failures_kept are kept: a larger count adds nothing.
     let count = count.min(p.failures_kept());
-    let now = crate::clock::now_micros();
+    let now = pando_store::clock::now_micros();
     let times = (0..count as u64).map(|i| now + i).collect();
     tracing::info!(account = %norm, from = who.dn(), count, "failed binds forwarded by a replica");
     record_failures(server, &norm, &p, times).await;
@@ -304,7 +304,7 @@ async fn record_failures(server: &Arc<Server>, norm: &str, p: &Policy, times: Ve
             let t = if p.lockout_duration == 0 {
                 LOCKED_FOR_GOOD.to_string()
             } else {
-                crate::clock::generalized_time(crate::clock::now_micros())
+                pando_store::clock::generalized_time(pando_store::clock::now_micros())
             };
             e.add_values("pwdAccountLockedTime", vec![t.into_bytes()]);
         }

@@ -92,7 +92,7 @@ fn refusal(code: ResultCode, msg: String, why: PolicyError, wants: bool) -> Ldap
 }
 
 fn now_secs() -> i64 {
-    (crate::clock::now_micros() / 1_000_000) as i64
+    (pando_store::clock::now_micros() / 1_000_000) as i64
 }
 
 /// The outcome of a bind under a policy.
@@ -270,7 +270,7 @@ impl PasswordPolicy {
                     e.remove("pwdAccountLockedTime");
                 }
                 if grace_used {
-                    let t = precise_time(crate::clock::now_micros());
+                    let t = precise_time(pando_store::clock::now_micros());
                     e.add_values("pwdGraceUseTime", vec![t.into_bytes()]);
                 }
             })
@@ -513,7 +513,7 @@ pub fn allowed_while_restricted(who: &Identity, request: &ProtocolOp) -> bool {
             own && m
                 .changes
                 .iter()
-                .all(|c| crate::ops::is_password(&c.attr.name))
+                .all(|c| pando_model::desc::is_password(&c.attr.name))
         }
         _ => false,
     }
@@ -571,7 +571,7 @@ impl Hook for PasswordPolicy {
                 continue;
             };
             let own = ctx.who.norm() == c.norm();
-            let micros = crate::clock::now_micros();
+            let micros = pando_store::clock::now_micros();
             let reset_asked = after.get("pwdReset").map(|a| &a.values)
                 != c.before
                     .as_ref()
@@ -584,7 +584,7 @@ impl Hook for PasswordPolicy {
             if !after_pw.is_empty() {
                 after.add_values(
                     "pwdChangedTime",
-                    vec![crate::clock::generalized_time(micros).into_bytes()],
+                    vec![pando_store::clock::generalized_time(micros).into_bytes()],
                 );
             }
             for a in ["pwdFailureTime", "pwdGraceUseTime", "pwdAccountLockedTime"] {
@@ -597,7 +597,7 @@ impl Hook for PasswordPolicy {
                 }
             }
             if p.in_history > 0 && !before_pw.is_empty() {
-                let stamp = crate::clock::generalized_time(micros);
+                let stamp = pando_store::clock::generalized_time(micros);
                 let mut history: Vec<Vec<u8>> = after.values("pwdHistory").to_vec();
                 for old in &before_pw {
                     let mut v = format!("{stamp}#1.3.6.1.4.1.1466.115.121.1.40#{}#", old.len())

@@ -186,7 +186,7 @@ impl State {
 /// GeneralizedTime with microseconds, `YYYYMMDDHHMMSS.ffffffZ`: failure
 /// and grace times are multi-valued and must differ within a second.
 pub fn precise_time(micros: u64) -> String {
-    let secs = crate::clock::generalized_time(micros);
+    let secs = pando_store::clock::generalized_time(micros);
     format!("{}.{:06}Z", secs.trim_end_matches('Z'), micros % 1_000_000)
 }
 

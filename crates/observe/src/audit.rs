@@ -26,7 +26,7 @@
 use pando_model::{Attribute, Schema};
 use pando_proto::{Change, ModOp};
 
-use super::logfile::LogFile;
+use crate::logfile::LogFile;
 
 pub struct AuditLog {
     pub file: LogFile,
@@ -45,7 +45,7 @@ pub struct Origin<'a> {
 
 /// A secret other than userPassword (whose stored form is written).
 fn withheld(schema: &Schema, desc: &str) -> bool {
-    schema.is_secret(desc) && !crate::ops::names_password(schema, desc)
+    schema.is_secret(desc) && !pando_model::desc::names_password(schema, desc)
 }
 
 /// A change that happened, in the terms the record is written in.
@@ -130,7 +130,7 @@ pub fn format(schema: &Schema, origin: &Origin<'_>, record: &Record<'_>) -> Stri
     o.buf.extend_from_slice(
         format!(
             "# {} {who}{by} conn={} op={}\n",
-            crate::clock::rfc3339_micros(origin.time_micros),
+            pando_store::clock::rfc3339_micros(origin.time_micros),
             origin.conn,
             origin.op
         )
@@ -171,7 +171,7 @@ pub fn format(schema: &Schema, origin: &Origin<'_>, record: &Record<'_>) -> Stri
             o.line("changetype", b"modify");
             let mut password_done = false;
             for c in changes.iter() {
-                if crate::ops::names_password(schema, &c.attr.name) {
+                if pando_model::desc::names_password(schema, &c.attr.name) {
                     if password_done {
                         continue;
                     }

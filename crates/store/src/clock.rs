@@ -1,4 +1,6 @@
-//! Timestamps and change sequence numbers for operational attributes.
+//! Timestamps and change sequence numbers (CSNs) for operational
+//! attributes: the clock that makes them resumes after the newest CSN the
+//! store records, so they keep increasing across restarts.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -248,7 +250,7 @@ pub fn parse_csn(csn: &str) -> Result<(u64, u64), BadCsn> {
 /// meanwhile, and a change made here is newer than every one it follows. A stored CSN that cannot be
 /// read does not stop the server (it is replication metadata, not data):
 /// it is logged and the clock starts from the wall clock.
-pub fn clock_for_store(store: &pando_store::Store, sid: u16) -> CsnClock {
+pub fn clock_for_store(store: &crate::Store, sid: u16) -> CsnClock {
     let clock = CsnClock::new(sid);
     let stored = store.read().and_then(|r| r.view().newest_csn());
     match stored {
@@ -338,10 +340,10 @@ mod tests {
     #[test]
     fn a_clock_for_a_store_resumes_after_its_context_csn() {
         let dir = tempfile::tempdir().unwrap();
-        let store = pando_store::Store::open(
+        let store = crate::Store::open(
             dir.path(),
             std::sync::Arc::new(pando_model::Schema::standard()),
-            &pando_store::StoreOptions::default(),
+            &crate::StoreOptions::default(),
         )
         .unwrap();
         let put = |v: &'static [u8]| {

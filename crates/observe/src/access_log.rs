@@ -24,7 +24,7 @@ use std::fmt::Write as _;
 use pando_model::Schema;
 use pando_proto::{BindAuth, Filter, ProtocolOp};
 
-use super::logfile::LogFile;
+use crate::logfile::LogFile;
 
 pub use pando_config::LogFormat as Format;
 
@@ -221,7 +221,7 @@ fn secs6(us: u64) -> String {
 
 pub fn op_line(format: Format, l: &OpResultLine<'_>) -> String {
     let mut out = String::with_capacity(256);
-    let time = crate::clock::rfc3339_micros(l.time_micros);
+    let time = pando_store::clock::rfc3339_micros(l.time_micros);
     match format {
         Format::Text => {
             let _ = write!(
@@ -286,7 +286,7 @@ pub fn op_line(format: Format, l: &OpResultLine<'_>) -> String {
 
 /// `ACCEPT` (open) or `closed` line of a connection.
 pub fn conn_line(format: Format, time_micros: u64, conn: u64, event: ConnEvent<'_>) -> String {
-    let time = crate::clock::rfc3339_micros(time_micros);
+    let time = pando_store::clock::rfc3339_micros(time_micros);
     let mut out = String::with_capacity(128);
     match (format, event) {
         (Format::Text, ConnEvent::Accept { peer, tls }) => {
@@ -343,7 +343,7 @@ impl AccessLog {
     pub fn conn(&self, conn: u64, event: ConnEvent<'_>) {
         self.file.write(conn_line(
             self.format,
-            crate::clock::now_micros(),
+            pando_store::clock::now_micros(),
             conn,
             event,
         ));

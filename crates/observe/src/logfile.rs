@@ -158,7 +158,7 @@ fn open_append(path: &Path, mode: u32) -> Result<File, String> {
 
 /// Days since the epoch, UTC.
 fn today() -> u64 {
-    crate::clock::now_micros() / 86_400_000_000
+    pando_store::clock::now_micros() / 86_400_000_000
 }
 
 struct Writer {
@@ -260,7 +260,7 @@ impl Writer {
     fn reopen(&mut self, rotate: bool) {
         self.flush();
         if rotate {
-            let stamp = crate::clock::generalized_time(crate::clock::now_micros());
+            let stamp = pando_store::clock::generalized_time(pando_store::clock::now_micros());
             let mut aside = self.opts.path.as_os_str().to_owned();
             aside.push(format!(".{}", stamp.trim_end_matches('Z')));
             let mut aside = PathBuf::from(aside);
