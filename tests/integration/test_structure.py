@@ -28,12 +28,13 @@ ALLOWED = {
     "pando-config": {"pando-proto", "pando-model", "pando-store", "pando-password"},
     "pando-access": {"pando-proto", "pando-model", "pando-store", "pando-config"},
     "pando-observe": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-config"},
+    "pando-client": {"pando-proto", "pando-config"},
     "pando-gen": {"pando-ldif"},
     "pando-bench": {"pando-proto"},
     "pando-server": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password", "pando-config",
-                     "pando-access", "pando-observe"},
+                     "pando-access", "pando-observe", "pando-client"},
     "pando-migrate": {"pando-proto", "pando-model", "pando-ldif", "pando-password", "pando-config", "pando-server"},
-    "pando": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password", "pando-config", "pando-access", "pando-observe", "pando-server",
+    "pando": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password", "pando-config", "pando-access", "pando-observe", "pando-client", "pando-server",
               "pando-gen", "pando-bench", "pando-migrate"},
 }
 

@@ -133,7 +133,7 @@ pub struct ReplicationConfig {
     /// Clients may write to the subtrees consumers keep (OpenLDAP's
     /// `olcMultiProvider`): every provider takes writes, and a received
     /// change is merged with the entry held attribute by attribute
-    /// (`repl::merge`). Needs a `server_id`.
+    /// (`ops::write::merge`). Needs a `server_id`.
     pub multi_provider: bool,
     /// `[[replication.consumer]]`: subtrees kept in step with providers.
     pub consumer: Vec<consumer::ConsumerConfig>,

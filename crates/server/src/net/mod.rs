@@ -1,7 +1,6 @@
 //! The network frontend: listeners and per-connection protocol handling;
 //! and the client the server talks to other servers with.
 
-pub mod client;
 pub mod connection;
 pub mod listener;
 pub mod refusals;

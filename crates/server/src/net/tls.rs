@@ -162,7 +162,7 @@ impl TlsContext {
 /// Build a rustls server configuration from the files named in `s`.
 fn build(s: &TlsSettings) -> Result<Arc<ServerConfig>, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let chain = read_certs(&s.cert_file, "tls.cert_file")?;
+    let chain = pando_client::read_certs(&s.cert_file, "tls.cert_file")?;
     let key = PrivateKeyDer::from_pem_file(&s.key_file).map_err(|e| {
         // The PEM parser's messages never quote key material, but only the
         // I/O error is worth passing on.
@@ -183,7 +183,7 @@ fn build(s: &TlsSettings) -> Result<Arc<ServerConfig>, String> {
         (ClientCerts::None, _) | (_, None) => WebPkiClientVerifier::no_client_auth(),
         (mode, Some(ca_file)) => {
             let mut roots = RootCertStore::empty();
-            for c in read_certs(ca_file, "tls.ca_file")? {
+            for c in pando_client::read_certs(ca_file, "tls.ca_file")? {
                 roots.add(c).map_err(|e| {
                     format!(
                         "config key 'tls.ca_file': {}: unusable CA certificate: {e}",
@@ -213,19 +213,6 @@ fn build(s: &TlsSettings) -> Result<Arc<ServerConfig>, String> {
             )
         })?;
     Ok(Arc::new(config))
-}
-
-/// Every CERTIFICATE block of a PEM file (at least one).
-pub(crate) fn read_certs(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let fail = |why: String| format!("config key '{key}': {}: {why}", path.display());
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| fail(e.to_string()))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| fail(e.to_string()))?;
-    if certs.is_empty() {
-        return Err(fail("no PEM CERTIFICATE found".into()));
-    }
-    Ok(certs)
 }
 
 /// Log the certificate's subject and validity; warn when it is not valid now.

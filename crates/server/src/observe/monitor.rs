@@ -403,9 +403,10 @@ fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
         .ok()
         .and_then(|r| {
             let view = r.view();
-            let total = crate::repl::conflicts::total(&view).ok()?;
+            let total = crate::ops::write::conflicts::total(&view).ok()?;
             let recent =
-                crate::repl::conflicts::recent(&view, crate::repl::conflicts::LISTED).ok()?;
+                crate::ops::write::conflicts::recent(&view, crate::ops::write::conflicts::LISTED)
+                    .ok()?;
             Some((total, recent))
         })
         .unwrap_or_default();

@@ -43,11 +43,11 @@ use pando_proto::{
 
 use super::delta::{self, LogRecord, Lost, RecordKind};
 use super::Replica;
-use crate::net::client::{Client, ClientError};
 use crate::ops::write::replicated::{self, apply_received, Received, ReplCtx};
 use crate::ops::write::WriteCtx;
 use crate::state::Server;
 use pando_access::{Identity, Session};
+use pando_client::{Client, ClientError};
 use pando_config::consumer::{ConsumerConfig, Retry};
 
 /// How a consumer is doing (cn=Monitor, `pando stat`).
@@ -370,7 +370,7 @@ async fn session(
     replica: &Replica,
     carry: &mut Carry,
 ) -> Result<Ended, Failed> {
-    let endpoint = crate::net::client::Endpoint::from(cfg);
+    let endpoint = pando_client::Endpoint::from(cfg);
     let mut client = Client::connect(&endpoint, server.cfg.config.limits.max_pdu_bytes).await?;
     client.bind(&endpoint).await?;
     set(replica, |s| {
@@ -554,7 +554,7 @@ fn data_search(cfg: &ConsumerConfig) -> Result<SearchRequest, Failed> {
     }
     // A Pando provider's per-attribute state (multi-provider), sent only
     // when named; other providers ignore a type they do not know.
-    attrs.push(crate::repl::merge::STATE_ATTR.into());
+    attrs.push(crate::ops::write::merge::STATE_ATTR.into());
     Ok(SearchRequest {
         base: cfg.search_base.clone(),
         scope: scope_of(cfg),

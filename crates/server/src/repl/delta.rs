@@ -238,7 +238,7 @@ pub fn changed_entry(schema: &Schema, held: &Entry, rec: &LogRecord) -> Result<E
         ))
     };
     let mut e = held.clone();
-    e.remove(crate::repl::merge::STATE_ATTR);
+    e.remove(crate::ops::write::merge::STATE_ATTR);
     if rec.kind == RecordKind::ModRdn {
         let new_rdn = rec.new_rdn.as_ref().and_then(|r| r.rdns.first()).cloned();
         let new_rdn = new_rdn.ok_or_else(|| Lost("a rename without a new RDN".into()))?;

@@ -15,10 +15,10 @@ use std::time::Duration;
 use pando_proto::sync::Cookie;
 
 use super::consumer::set;
-use crate::net::client::Client;
 use crate::ops::special::CHANGES_BEHIND_EXOP;
 use crate::ops::write::replicated;
 use crate::state::Server;
+use pando_client::Client;
 
 /// Changes a consumer lacks for one server ID, as its provider counted
 /// them.
@@ -76,7 +76,7 @@ pub async fn follow(server: Arc<Server>, replica: Arc<super::Replica>) {
             _ => continue, // nothing stored yet: the initial load runs
         };
         let asked = async {
-            let endpoint = crate::net::client::Endpoint::from(&cfg);
+            let endpoint = pando_client::Endpoint::from(&cfg);
             let mut client =
                 Client::connect(&endpoint, server.cfg.config.limits.max_pdu_bytes).await?;
             client.bind(&endpoint).await?;

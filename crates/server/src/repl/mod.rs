@@ -1,15 +1,12 @@
 //! Replication, the consumer's side (RFC 4533 with OpenLDAP's
 //! conventions): the task that keeps a subtree in step with a provider
-//! (`consumer`, talking through `net::client`). The provider's side is a search
+//! (`consumer`, talking through `pando_client`). The provider's side is a search
 //! variant (`ops::search::sync_provider`); the received changes are applied
 //! by `ops::write::replicated`.
 
-pub mod conflicts;
 pub mod consumer;
 pub mod delta;
 pub mod lag;
-pub mod merge;
-pub mod tombstones;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

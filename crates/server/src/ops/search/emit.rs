@@ -91,7 +91,7 @@ impl Selection {
         // attribute type it does not know).
         let named_only = at
             .name()
-            .eq_ignore_ascii_case(crate::repl::merge::STATE_ATTR);
+            .eq_ignore_ascii_case(crate::ops::write::merge::STATE_ATTR);
         let by_wildcard = if at.is_operational() {
             self.all_oper
         } else {

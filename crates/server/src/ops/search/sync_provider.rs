@@ -583,7 +583,7 @@ impl Scan<'_> {
             // newer than the cookie makes it changed.
             let changed = phase == Phase::Initial
                 || entry_csn(&entry).is_none_or(|c| is_newer(self.theirs, c))
-                || crate::repl::merge::State::of(&entry)
+                || crate::ops::write::merge::State::of(&entry)
                     .csns()
                     .any(|c| !c.is_empty() && is_newer(self.theirs, c));
             let Some(entry) = matcher.test_held(Some(id), &norm, entry)? else {
@@ -609,7 +609,7 @@ impl Scan<'_> {
     }
 
     /// Multi-provider, before a whole load or a present phase: the entries
-    /// deleted here that this server remembers (see `repl::tombstones`),
+    /// deleted here that this server remembers (see `ops::write::tombstones`),
     /// each as a `delete` naming its UUID, so a consumer that holds a copy
     /// (received from another server) deletes it; its entries this server
     /// did not name are otherwise kept, as they may be on their way here.
@@ -631,7 +631,7 @@ impl Scan<'_> {
         matcher: &mut Matcher<'_, '_>,
         sink: &mut Sink<'_>,
     ) -> OpResult<bool> {
-        use crate::repl::tombstones;
+        use crate::ops::write::tombstones;
         let scope = self.job.req.scope;
         let mut reads_every_entry = None;
         for uuid in tombstones::deleted_uuids(self.view)? {

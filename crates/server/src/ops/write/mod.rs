@@ -29,13 +29,16 @@
 mod add;
 mod changes;
 mod checks;
+pub mod conflicts;
 mod delete;
 pub mod hooks;
 pub mod log;
+pub mod merge;
 mod modify;
 mod multi_provider;
 mod rename;
 pub mod replicated;
+pub mod tombstones;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -573,7 +576,7 @@ fn apply(
     log::purge(w, &ctx.server.cfg.config.replication)?;
     if multi_provider {
         let days = ctx.server.cfg.config.replication.changelog_days;
-        crate::repl::tombstones::expire(w, &log::cutoff(days), 16)?;
+        crate::ops::write::tombstones::expire(w, &log::cutoff(days), 16)?;
     }
     if let Some(repl) = &ctx.replicated {
         replicated::store_cookie(w, repl)?;
@@ -581,11 +584,11 @@ fn apply(
     Ok((csn, controls))
 }
 
-/// Multi-provider: a deleted entry is remembered (`repl::tombstones`);
+/// Multi-provider: a deleted entry is remembered (`ops::write::tombstones`);
 /// an entry written at a name, or with a UUID, that was deleted makes
 /// that memory go.
 fn remember_deleted(w: &mut WriteTxn<'_>, c: &Change, csn: &str) -> Result<(), StoreError> {
-    use crate::repl::tombstones;
+    use crate::ops::write::tombstones;
     match (&c.before, &c.after) {
         (Some(before), None) => tombstones::put(w, &before.norm, &before.entry, csn),
         (_, Some(after)) if c.after_norm.is_some() || c.before.is_none() => {
@@ -697,7 +700,7 @@ fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResu
         };
         stamps.put(after, before.is_none(), given);
         if multi_provider {
-            crate::repl::merge::record_write(before, after, &csn);
+            crate::ops::write::merge::record_write(before, after, &csn);
         }
     }
     Ok(csn)

@@ -5,7 +5,7 @@
 //! same entries:
 //!
 //! - **the same entry** (same entryUUID): merged attribute by attribute,
-//!   the newer change winning (`repl::merge`);
+//!   the newer change winning (`ops::write::merge`);
 //! - **an entry deleted here**: the delete stands; a change the deleting
 //!   server had not seen is recorded as lost;
 //! - **two entries at one name** (added, or renamed onto it, on two
@@ -15,9 +15,9 @@
 //! - **a delete of an entry that has entries below it here** (added on
 //!   another server before the delete reached it): the entry stays; a
 //!   server that deleted it brings it back, as it was, when an entry below
-//!   it arrives (`repl::tombstones`);
+//!   it arrives (`ops::write::tombstones`);
 //!
-//! and each resolution is recorded once committed (`repl::conflicts`).
+//! and each resolution is recorded once committed (`ops::write::conflicts`).
 
 use pando_model::Entry;
 use pando_store::{EntryId, Lookup, View};
@@ -27,8 +27,8 @@ use super::replicated::{
 };
 use super::{Before, Change, WriteCtx};
 use crate::error::{LdapError, OpResult};
-use crate::repl::conflicts::Conflict;
-use crate::repl::{merge, tombstones};
+use crate::ops::write::conflicts::Conflict;
+use crate::ops::write::{merge, tombstones};
 
 /// Values one side lost to a concurrent change of the other, as recorded.
 fn loss_conflict(dn: &pando_model::Dn, loss: merge::Loss) -> Conflict {
@@ -89,7 +89,7 @@ fn summary(entry: &Entry) -> String {
             format!(
                 "{}: {}",
                 a.desc,
-                crate::repl::conflicts::shown_values(&a.desc, &a.values)
+                crate::ops::write::conflicts::shown_values(&a.desc, &a.values)
             )
         })
         .collect();
@@ -220,7 +220,7 @@ impl Replicated {
     }
 
     /// Multi-provider: the copy received merged with the one held,
-    /// attribute by attribute (`repl::merge`).
+    /// attribute by attribute (`ops::write::merge`).
     pub(super) fn plan_merge(
         &self,
         ctx: &WriteCtx,

@@ -83,7 +83,7 @@ pub(super) struct Replicated {
     pub(super) received: Received,
     /// Conflicts the plan resolved (multi-provider), recorded once the
     /// change is committed; the plan refills it each time it runs.
-    pub(super) conflicts: std::sync::Mutex<Vec<crate::repl::conflicts::Conflict>>,
+    pub(super) conflicts: std::sync::Mutex<Vec<crate::ops::write::conflicts::Conflict>>,
     /// Multi-provider: UUIDs of deleted entries this server never had,
     /// remembered so a copy arriving later is not added.
     pub(super) unknown_deleted: std::sync::Mutex<Vec<String>>,
@@ -514,14 +514,14 @@ impl WriteOp for Replicated {
             .map(|u| u.clone())
             .unwrap_or_default();
         for uuid in unknown {
-            crate::repl::tombstones::put_unknown(w, &uuid, csn)?;
+            crate::ops::write::tombstones::put_unknown(w, &uuid, csn)?;
         }
         let lines: Vec<String> = self
             .conflicts
             .lock()
-            .map(|c| c.iter().map(crate::repl::conflicts::line).collect())
+            .map(|c| c.iter().map(crate::ops::write::conflicts::line).collect())
             .unwrap_or_default();
-        crate::repl::conflicts::store(w, &lines)?;
+        crate::ops::write::conflicts::store(w, &lines)?;
         Ok(())
     }
 
@@ -536,7 +536,7 @@ impl WriteOp for Replicated {
                 repl.conflicts
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
-            crate::repl::conflicts::log(&r);
+            crate::ops::write::conflicts::log(&r);
         }
     }
 }

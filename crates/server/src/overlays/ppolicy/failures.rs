@@ -172,10 +172,10 @@ impl PasswordPolicy {
 /// when the provider is unreachable or refuses: the in-memory throttle
 /// still holds here.
 async fn forward_failures(server: &Arc<Server>, r: &crate::repl::Replica, norm: &str, n: usize) {
-    let endpoint = crate::net::client::Endpoint::from(&r.cfg);
+    let endpoint = pando_client::Endpoint::from(&r.cfg);
     let sent = async {
         let max_pdu = server.cfg.config.limits.max_pdu_bytes;
-        let mut client = crate::net::client::Client::connect(&endpoint, max_pdu).await?;
+        let mut client = pando_client::Client::connect(&endpoint, max_pdu).await?;
         client.bind(&endpoint).await?;
         let value = format!("{norm}\n{n}").into_bytes();
         let answer = client

@@ -32,7 +32,7 @@ use pando_proto::{Ava, Filter};
 use pando_store::Candidates;
 
 use crate::error::OpResult;
-use crate::net::client::Endpoint;
+use pando_client::Endpoint;
 use pando_config::overlay::TranslucentConfig;
 
 /// Object classes of a local part that are bookkeeping, not shown.
@@ -139,7 +139,7 @@ pub fn check(
             ),
         ));
     }
-    crate::net::client::check_url(&t.uri).map_err(|e| ("uri", e.0))?;
+    pando_client::check_url(&t.uri).map_err(|e| ("uri", e.0))?;
     match t.bind_method.as_str() {
         "none" => {}
         "simple" => {
@@ -262,7 +262,7 @@ impl Translucent {
     /// What a client is told when the remote failed: the failure itself
     /// for administrators (it may name the service account); others are
     /// pointed at the server's log, where it is too.
-    pub fn failure_text(&self, admin: bool, e: &crate::net::client::ClientError) -> String {
+    pub fn failure_text(&self, admin: bool, e: &pando_client::ClientError) -> String {
         if admin {
             format!("the remote server of {} failed: {e}", self.suffix)
         } else {

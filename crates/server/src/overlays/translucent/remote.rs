@@ -19,7 +19,7 @@ use pando_proto::{
     SearchRequest,
 };
 
-use crate::net::client::{Client, ClientError, Endpoint};
+use pando_client::{Client, ClientError, Endpoint};
 
 /// Most bytes of attribute values one search holds from the remote.
 pub const MAX_BYTES: usize = 256 << 20;

@@ -54,7 +54,7 @@ pub fn stored(server: &Server, dn: &Dn) -> OpResult<Stored> {
     }
 }
 
-fn remote_failed(t: &Translucent, who: &Identity, e: crate::net::client::ClientError) -> LdapError {
+fn remote_failed(t: &Translucent, who: &Identity, e: pando_client::ClientError) -> LdapError {
     tracing::warn!(remote = %t.remote.endpoint.url, error = %e, "translucent: the remote server could not be read");
     LdapError::new(ResultCode::UNAVAILABLE, t.failure_text(who.is_admin(), &e))
 }

@@ -1,10 +1,14 @@
-//! A small LDAP client for the server talking to another server (a
-//! replication consumer to its provider, translucency to its remote):
+//! A small LDAP client (the crate `pando-client`) for the server talking
+//! to another server (a replication consumer to its provider, translucency
+//! to its remote, password-policy failures forwarded to a provider):
 //! connect (plain, LDAPS or StartTLS, checking the peer's certificate),
 //! bind (simple or SASL EXTERNAL), send requests and read responses, on
 //! the server's own codec. Every wait is bounded by the endpoint's
 //! timeout; what the peer sends is decoded as strictly as a client's
 //! requests are, within the server's message size limit.
+//!
+//! Beside the operations, below everything that uses it: it must not name
+//! the server's state, operations, overlays or replication.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -159,7 +163,7 @@ fn tls_connector(cfg: &Endpoint) -> Result<tokio_rustls::TlsConnector, ClientErr
         .tls_ca_file
         .clone()
         .unwrap_or_else(|| "/etc/ssl/certs/ca-certificates.crt".into());
-    for c in crate::net::tls::read_certs(&ca, "tls_ca_file").map_err(ClientError)? {
+    for c in read_certs(&ca, "tls_ca_file").map_err(ClientError)? {
         roots
             .add(c)
             .map_err(|e| ClientError(format!("{}: unusable CA certificate: {e}", ca.display())))?;
@@ -171,7 +175,7 @@ fn tls_connector(cfg: &Endpoint) -> Result<tokio_rustls::TlsConnector, ClientErr
         .with_root_certificates(roots);
     let config = match (&cfg.tls_cert_file, &cfg.tls_key_file) {
         (Some(cert), Some(key)) => {
-            let chain = crate::net::tls::read_certs(cert, "tls_cert_file").map_err(ClientError)?;
+            let chain = read_certs(cert, "tls_cert_file").map_err(ClientError)?;
             let key = PrivateKeyDer::from_pem_file(key).map_err(|_| {
                 ClientError(format!("{}: no usable PEM private key", key.display()))
             })?;
@@ -419,4 +423,20 @@ impl Client {
         let _ = self.send(ProtocolOp::UnbindRequest, Vec::new()).await;
         let _ = self.stream.shutdown().await;
     }
+}
+
+/// Every CERTIFICATE block of a PEM file (at least one).
+pub fn read_certs(
+    path: &std::path::Path,
+    key: &str,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    let fail = |why: String| format!("config key '{key}': {}: {why}", path.display());
+    let certs = rustls::pki_types::CertificateDer::pem_file_iter(path)
+        .map_err(|e| fail(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| fail(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(fail("no PEM CERTIFICATE found".into()));
+    }
+    Ok(certs)
 }
