@@ -48,6 +48,12 @@ CEILING = {
 }
 DEFAULT_CEILING = 1
 
+# Functions longer than this many lines (non-test code, declaration to
+# closing brace) are counted; their number may only go down (issue 38:
+# none outside declarative tables).
+LONG_FUNCTION = 100
+LONG_FUNCTIONS_CEILING = 48
+
 
 def code_of(text):
     i = text.find("#[cfg(test)]")
@@ -147,6 +153,53 @@ def test_no_circle_of_imports_grows():
         if size > ceiling:
             grown.append("%s: %d files (ceiling %d): %s" % (crate, size, ceiling, ", ".join(circle)))
     assert not grown, "a circle of imports grew:\n" + "\n".join(grown)
+
+
+FN_START = re.compile(r"\s*(pub(\([^)]*\))?\s+)?(async\s+)?(const\s+)?(unsafe\s+)?fn\s+(\w+)")
+
+
+def long_functions(path, limit=LONG_FUNCTION):
+    """(name, lines) of each function in `path` longer than `limit` lines,
+    braces counted outside strings, characters and comments."""
+    lines = code_of(path.read_text(errors="replace")).split("\n")
+    out = []
+    for i, line in enumerate(lines):
+        m = FN_START.match(line)
+        if not m or line.rstrip().endswith(";"):
+            continue
+        depth, started = 0, False
+        for j in range(i, len(lines)):
+            s = re.sub(r'"(\\.|[^"\\])*"', '""', lines[j])
+            s = re.sub(r"'(\\.|[^'\\])'", "''", s).split("//")[0]
+            for ch in s:
+                if ch == "{":
+                    depth, started = depth + 1, True
+                elif ch == "}":
+                    depth -= 1
+            if started and depth <= 0:
+                break
+        if j - i + 1 > limit:
+            out.append((m.group(6), j - i + 1))
+    return out
+
+
+def test_long_functions_only_go_down():
+    found = []
+    for src in sorted(CRATES.glob("*/src")):
+        for p in sorted(src.rglob("*.rs")):
+            if p.name == "tests.rs" or "tests" in p.relative_to(src).parts[:-1]:
+                continue
+            found += ["%s %s (%d lines)" % (p.relative_to(CRATES), n, k) for n, k in long_functions(p)]
+    assert len(found) <= LONG_FUNCTIONS_CEILING, (
+        "%d functions over %d lines (ceiling %d): split the new ones\n%s"
+        % (len(found), LONG_FUNCTION, LONG_FUNCTIONS_CEILING, "\n".join(found)))
+
+
+def test_the_length_measure(tmp_path):
+    p = tmp_path / "a.rs"
+    body = "    let s = \"{\";\n" * 101
+    p.write_text("pub fn long() {\n" + body + "}\nfn short() { }\n")
+    assert long_functions(p) == [("long", 103)]
 
 
 def test_the_checker_sees_a_circle(tmp_path):

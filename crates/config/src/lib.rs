@@ -1052,12 +1052,79 @@ impl Config {
     /// account are judged by the layers that compile them: callers use
     /// `pando_server::settings::Validate`, which runs this first.
     pub fn validate_values(mut self, schema: &Schema) -> Result<Resolved, ConfigError> {
+        self.check_process()?;
+        let listeners = self.resolve_listeners()?;
+        let tls = self.tls.resolve(&self.data_dir)?;
+        self.logs.validate()?;
+        self.metrics.addr()?;
+        if tls.is_none() {
+            if let Some(i) = listeners
+                .iter()
+                .position(|l| matches!(l, Listener::Ldaps(_)))
+            {
+                return Err(err(
+                    "tls.cert_file",
+                    format!(
+                        "listen[{i}] '{}' needs a certificate: set tls.cert_file and tls.key_file (or serve with --tls-self-signed)",
+                        self.listen[i]
+                    ),
+                ));
+            }
+        }
+        let suffixes = self.resolve_suffixes(schema)?;
+        let root_dn = self.resolve_root(schema)?;
+        let indexes = self.resolve_indexes(schema)?;
+        self.limits.validate()?;
+        if let Some(days) = self.store.keep_tombstones_days {
+            if days > 36_500 {
+                return Err(err(
+                    "store.keep_tombstones_days",
+                    "must be at most 36500 (100 years)",
+                ));
+            }
+            self.replication.changelog_days = days;
+        }
+        self.replication.validate(schema, &self.suffixes)?;
+        self.check_store_and_passwords()?;
+        overlay::validate(&self.overlay, schema, &self.indexes)?;
+        Ok(Resolved {
+            config: self,
+            listeners,
+            suffixes,
+            root_dn,
+            indexes,
+            tls,
+        })
+    }
+
+    /// The process: data directory, threads, log level, service account.
+    fn check_process(&self) -> Result<(), ConfigError> {
         if self.data_dir.as_os_str().is_empty() {
             return Err(err("data_dir", "must not be empty"));
         }
         if self.threads > 1024 {
             return Err(err("threads", "at most 1024 (0 = one per CPU)"));
         }
+        if !matches!(
+            self.log_level.as_str(),
+            "error" | "warn" | "info" | "debug" | "trace"
+        ) {
+            return Err(err(
+                "log_level",
+                format!(
+                    "'{}' is not one of error, warn, info, debug, trace",
+                    self.log_level
+                ),
+            ));
+        }
+        if self.group.is_some() && self.user.is_none() {
+            return Err(err("group", "needs user to be set too"));
+        }
+        Ok(())
+    }
+
+    /// `listen`, each URL resolved to a listener, none twice.
+    fn resolve_listeners(&self) -> Result<Vec<Listener>, ConfigError> {
         if self.listen.is_empty() {
             return Err(err("listen", "at least one listener is needed"));
         }
@@ -1105,23 +1172,11 @@ impl Config {
             }
             listeners.push(l);
         }
-        let tls = self.tls.resolve(&self.data_dir)?;
-        self.logs.validate()?;
-        self.metrics.addr()?;
-        if tls.is_none() {
-            if let Some(i) = listeners
-                .iter()
-                .position(|l| matches!(l, Listener::Ldaps(_)))
-            {
-                return Err(err(
-                    "tls.cert_file",
-                    format!(
-                        "listen[{i}] '{}' needs a certificate: set tls.cert_file and tls.key_file (or serve with --tls-self-signed)",
-                        self.listen[i]
-                    ),
-                ));
-            }
-        }
+        Ok(listeners)
+    }
+
+    /// `suffixes`, parsed, normalisable, none inside another.
+    fn resolve_suffixes(&self, schema: &Schema) -> Result<Vec<Dn>, ConfigError> {
         if self.suffixes.is_empty() {
             return Err(err("suffixes", "at least one suffix is needed"));
         }
@@ -1145,6 +1200,12 @@ impl Config {
             norms.push(n);
             suffixes.push(dn);
         }
+        Ok(suffixes)
+    }
+
+    /// The root DN (None for `root_dn = ""`), its password hash, and the
+    /// administrators and break-glass identity of `[auth]`.
+    fn resolve_root(&self, schema: &Schema) -> Result<Option<Dn>, ConfigError> {
         let root_dn_text = match &self.root_dn {
             Some(d) => d.clone(),
             None => format!("cn=admin,{}", self.suffixes[0]),
@@ -1197,21 +1258,12 @@ impl Config {
                 ));
             }
         }
-        if !matches!(
-            self.log_level.as_str(),
-            "error" | "warn" | "info" | "debug" | "trace"
-        ) {
-            return Err(err(
-                "log_level",
-                format!(
-                    "'{}' is not one of error, warn, info, debug, trace",
-                    self.log_level
-                ),
-            ));
-        }
-        if self.group.is_some() && self.user.is_none() {
-            return Err(err("group", "needs user to be set too"));
-        }
+        Ok(root_dn)
+    }
+
+    /// `[indexes]`, each kind one the attribute's matching rules allow,
+    /// with the indexes replication needs added.
+    fn resolve_indexes(&self, schema: &Schema) -> Result<Vec<IndexSpec>, ConfigError> {
         let mut indexes = Vec::new();
         for (attr, kinds) in &self.indexes {
             let key = format!("indexes.{attr}");
@@ -1256,7 +1308,40 @@ impl Config {
                 }),
             }
         }
-        let l = &self.limits;
+        Ok(indexes)
+    }
+
+    /// `[store]` and `[passwords]`.
+    fn check_store_and_passwords(&self) -> Result<(), ConfigError> {
+        if self.store.map_size_mb != 0 && self.store.map_size_mb < 16 {
+            return Err(err(
+                "store.map_size_mb",
+                "must be 0 (unbounded) or at least 16",
+            ));
+        }
+        self.store.durability()?;
+        self.passwords.policy()?;
+        if self.passwords.max_concurrent_hashes > 1024 {
+            return Err(err(
+                "passwords.max_concurrent_hashes",
+                "must be at most 1024",
+            ));
+        }
+        if self.passwords.max_clear_values == 0 {
+            return Err(err("passwords.max_clear_values", "must be at least 1"));
+        }
+        self.store.compression()?;
+        if self.store.max_write_batch == 0 {
+            return Err(err("store.max_write_batch", "must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+impl Limits {
+    /// Every bound of `[limits]` within what the server can honour.
+    fn validate(&self) -> Result<(), ConfigError> {
+        let l = self;
         if l.max_pdu_bytes < 1024 || l.max_pdu_bytes > 1 << 30 {
             return Err(err(
                 "limits.max_pdu_bytes",
@@ -1340,16 +1425,25 @@ impl Config {
                 "must be between 1 and 1048576",
             ));
         }
-        if let Some(days) = self.store.keep_tombstones_days {
-            if days > 36_500 {
-                return Err(err(
-                    "store.keep_tombstones_days",
-                    "must be at most 36500 (100 years)",
-                ));
-            }
-            self.replication.changelog_days = days;
+        let a = &l.anonymous;
+        if a.max_pdu_bytes < 1024 {
+            return Err(err(
+                "limits.anonymous.max_pdu_bytes",
+                "must be at least 1024",
+            ));
         }
-        let r = &self.replication;
+        if a.max_ops == 0 {
+            return Err(err("limits.anonymous.max_ops", "must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+impl ReplicationConfig {
+    /// `[replication]` and each consumer, whose base must lie within one
+    /// of `suffixes`.
+    fn validate(&self, schema: &Schema, suffixes: &[String]) -> Result<(), ConfigError> {
+        let r = self;
         if r.server_id > 4095 {
             return Err(err("replication.server_id", "must be between 0 and 4095"));
         }
@@ -1379,7 +1473,7 @@ impl Config {
             let norm = schema
                 .normalize_dn(&base)
                 .map_err(|e| err(key("search_base"), format!("'{}': {e}", c.search_base)))?;
-            let inside = self.suffixes.iter().any(|s| {
+            let inside = suffixes.iter().any(|s| {
                 Dn::parse(s)
                     .ok()
                     .and_then(|d| schema.normalize_dn(&d).ok())
@@ -1404,46 +1498,7 @@ impl Config {
                 return Err(err(key("rid"), format!("rid {} is used twice", c.rid)));
             }
         }
-        let a = &l.anonymous;
-        if a.max_pdu_bytes < 1024 {
-            return Err(err(
-                "limits.anonymous.max_pdu_bytes",
-                "must be at least 1024",
-            ));
-        }
-        if a.max_ops == 0 {
-            return Err(err("limits.anonymous.max_ops", "must be at least 1"));
-        }
-        if self.store.map_size_mb != 0 && self.store.map_size_mb < 16 {
-            return Err(err(
-                "store.map_size_mb",
-                "must be 0 (unbounded) or at least 16",
-            ));
-        }
-        self.store.durability()?;
-        self.passwords.policy()?;
-        if self.passwords.max_concurrent_hashes > 1024 {
-            return Err(err(
-                "passwords.max_concurrent_hashes",
-                "must be at most 1024",
-            ));
-        }
-        if self.passwords.max_clear_values == 0 {
-            return Err(err("passwords.max_clear_values", "must be at least 1"));
-        }
-        self.store.compression()?;
-        if self.store.max_write_batch == 0 {
-            return Err(err("store.max_write_batch", "must be at least 1"));
-        }
-        overlay::validate(&self.overlay, schema, &self.indexes)?;
-        Ok(Resolved {
-            config: self,
-            listeners,
-            suffixes,
-            root_dn,
-            indexes,
-            tls,
-        })
+        Ok(())
     }
 }
 

@@ -489,10 +489,10 @@ pub fn is_dn_syntax(at: &pando_model::AttributeType) -> bool {
     )
 }
 
-/// Check every overlay's settings against the schema, the indexes and
-/// the server's suffixes. The rule languages of the overlays (errors and
-/// valsort rules, accesslog operation lists, the password quality file, a
-/// translucent overlay's remote) are judged by the overlays themselves
+/// Check every overlay's settings against the schema and the indexes.
+/// The rule languages of the overlays (errors and valsort rules, accesslog
+/// operation lists, the password quality file, a translucent overlay's
+/// remote) are judged by the overlays themselves
 /// (`pando_server::overlays::check_rules`).
 pub fn validate(
     overlays: &[OverlayConfig],
@@ -507,7 +507,7 @@ pub fn validate(
     for (i, o) in overlays.iter().enumerate() {
         let kind = o.type_name();
         // One memberof (it lists every group class and member attribute),
-        // one ppolicy, one accesslog.
+        // one ppolicy, one accesslog, one retro change log.
         let single = matches!(
             o,
             OverlayConfig::Memberof(_)
@@ -518,147 +518,139 @@ pub fn validate(
         if single && overlays[..i].iter().any(|p| p.type_name() == kind) {
             return Err(err(i, kind, "type", format!("one {kind} overlay at most")));
         }
-        match o {
-            OverlayConfig::Refint(r) => {
-                if r.attributes.is_empty() {
-                    return Err(err(i, kind, "attributes", "name at least one attribute"));
-                }
-                for a in &r.attributes {
-                    check_attr(schema, a, true).map_err(|e| err(i, kind, "attributes", e))?;
-                }
-                if let Some(n) = &r.nothing {
-                    let dn = Dn::parse(n)
-                        .map_err(|e| err(i, kind, "nothing", format!("'{n}' is not a DN: {e}")))?;
-                    schema
-                        .normalize_dn(&dn)
-                        .map_err(|e| err(i, kind, "nothing", e))?;
-                }
+        let checked = match o {
+            OverlayConfig::Refint(r) => check_refint(r, schema),
+            OverlayConfig::Unique(u) => check_unique(u, schema, &eq_indexed),
+            OverlayConfig::Memberof(m) => check_memberof(m, schema),
+            OverlayConfig::Ppolicy(p) => check_ppolicy(p, schema),
+            OverlayConfig::Accesslog(a) => check_accesslog(a),
+            OverlayConfig::Translucent(t) => check_translucent(t, &overlays[..i], schema),
+            OverlayConfig::Retrochangelog(r) => r
+                .exclude_attributes
+                .iter()
+                .try_for_each(|a| check_attr(schema, a, false))
+                .map_err(|e| ("exclude_attributes", e)),
+            OverlayConfig::Errors(e) if e.rules.is_empty() => {
+                Err(("rules", "name at least one rule".into()))
             }
-            OverlayConfig::Unique(u) => {
-                if u.attributes.is_empty() {
-                    return Err(err(i, kind, "attributes", "name at least one attribute"));
-                }
-                for a in &u.attributes {
-                    check_attr(schema, a, false).map_err(|e| err(i, kind, "attributes", e))?;
-                    let at = schema.attribute(a).map(|t| t.name().to_string());
-                    let name = at.as_deref().unwrap_or(a);
-                    if !eq_indexed(name) && !eq_indexed(a) {
-                        return Err(err(
-                            i,
-                            kind,
-                            "attributes",
-                            format!("'{a}' needs an equality index (indexes: {a} = [\"eq\"], or olcDbIndex: {a} eq): each write looks its values up"),
-                        ));
-                    }
-                }
-                if let Some(b) = &u.base {
-                    let dn = Dn::parse(b)
-                        .map_err(|e| err(i, kind, "base", format!("'{b}' is not a DN: {e}")))?;
-                    schema
-                        .normalize_dn(&dn)
-                        .map_err(|e| err(i, kind, "base", e))?;
-                }
+            OverlayConfig::Valsort(v) if v.rules.is_empty() => {
+                Err(("rules", "name at least one rule".into()))
             }
-            OverlayConfig::Memberof(m) => {
-                if m.group_classes.is_empty() || m.member_attributes.is_empty() {
-                    return Err(err(
-                        i,
-                        kind,
-                        "group_classes",
-                        "name at least one group class and one member attribute",
-                    ));
-                }
-                for c in &m.group_classes {
-                    if schema.object_class(c).is_none() {
-                        return Err(err(
-                            i,
-                            kind,
-                            "group_classes",
-                            format!("'{c}' is not an object class of the schema"),
-                        ));
-                    }
-                }
-                for a in &m.member_attributes {
-                    check_attr(schema, a, true)
-                        .map_err(|e| err(i, kind, "member_attributes", e))?;
-                }
-                check_attr(schema, &m.memberof_attribute, true)
-                    .map_err(|e| err(i, kind, "memberof_attribute", e))?;
-                if !matches!(m.dangling.as_str(), "ignore" | "error") {
-                    return Err(err(
-                        i,
-                        kind,
-                        "dangling",
-                        format!("'{}' is not ignore or error", m.dangling),
-                    ));
-                }
-            }
-            OverlayConfig::Ppolicy(p) => {
-                if let Some(d) = &p.default_policy {
-                    let dn = Dn::parse(d).map_err(|e| {
-                        err(i, kind, "default_policy", format!("'{d}' is not a DN: {e}"))
-                    })?;
-                    schema
-                        .normalize_dn(&dn)
-                        .map_err(|e| err(i, kind, "default_policy", e))?;
-                }
-                if p.min_classes > 4 {
-                    return Err(err(
-                        i,
-                        kind,
-                        "min_classes",
-                        format!("{} is more than the 4 classes there are", p.min_classes),
-                    ));
-                }
-            }
-            OverlayConfig::Accesslog(a) => {
-                for (key, v, least, most) in a.bounds() {
-                    if !(least..=most).contains(&v) {
-                        return Err(err(
-                            i,
-                            kind,
-                            key,
-                            format!("{v} is outside {least}..={most}"),
-                        ));
-                    }
-                }
-            }
-            OverlayConfig::Translucent(t) => {
-                let norm = |o: &OverlayConfig| match o {
-                    OverlayConfig::Translucent(t) => Dn::parse(&t.suffix)
-                        .ok()
-                        .and_then(|d| schema.normalize_dn(&d).ok()),
-                    _ => None,
-                };
-                if overlays[..i]
-                    .iter()
-                    .any(|p| norm(p).is_some() && norm(p) == norm(o))
-                {
-                    return Err(err(
-                        i,
-                        kind,
-                        "suffix",
-                        format!("another translucent overlay serves {}", t.suffix),
-                    ));
-                }
-            }
-            OverlayConfig::Retrochangelog(r) => {
-                for a in &r.exclude_attributes {
-                    check_attr(schema, a, false)
-                        .map_err(|e| err(i, kind, "exclude_attributes", e))?;
-                }
-            }
-            OverlayConfig::Errors(e) => {
-                if e.rules.is_empty() {
-                    return Err(err(i, kind, "rules", "name at least one rule"));
-                }
-            }
-            OverlayConfig::Valsort(v) => {
-                if v.rules.is_empty() {
-                    return Err(err(i, kind, "rules", "name at least one rule"));
-                }
-            }
+            OverlayConfig::Errors(_) | OverlayConfig::Valsort(_) => Ok(()),
+        };
+        checked.map_err(|(key, e)| err(i, kind, key, e))?;
+    }
+    Ok(())
+}
+
+/// A failed check: the setting's key and the problem.
+type Checked = Result<(), (&'static str, String)>;
+
+/// `text` is a DN the schema can normalise.
+fn check_dn(schema: &Schema, key: &'static str, text: &str) -> Checked {
+    let dn = Dn::parse(text).map_err(|e| (key, format!("'{text}' is not a DN: {e}")))?;
+    schema.normalize_dn(&dn).map_err(|e| (key, e))?;
+    Ok(())
+}
+
+fn check_refint(r: &RefintConfig, schema: &Schema) -> Checked {
+    if r.attributes.is_empty() {
+        return Err(("attributes", "name at least one attribute".into()));
+    }
+    for a in &r.attributes {
+        check_attr(schema, a, true).map_err(|e| ("attributes", e))?;
+    }
+    match &r.nothing {
+        Some(n) => check_dn(schema, "nothing", n),
+        None => Ok(()),
+    }
+}
+
+fn check_unique(u: &UniqueConfig, schema: &Schema, eq_indexed: &dyn Fn(&str) -> bool) -> Checked {
+    if u.attributes.is_empty() {
+        return Err(("attributes", "name at least one attribute".into()));
+    }
+    for a in &u.attributes {
+        check_attr(schema, a, false).map_err(|e| ("attributes", e))?;
+        let at = schema.attribute(a).map(|t| t.name().to_string());
+        let name = at.as_deref().unwrap_or(a);
+        if !eq_indexed(name) && !eq_indexed(a) {
+            return Err((
+                "attributes",
+                format!("'{a}' needs an equality index (indexes: {a} = [\"eq\"], or olcDbIndex: {a} eq): each write looks its values up"),
+            ));
         }
+    }
+    match &u.base {
+        Some(b) => check_dn(schema, "base", b),
+        None => Ok(()),
+    }
+}
+
+fn check_memberof(m: &MemberOfConfig, schema: &Schema) -> Checked {
+    if m.group_classes.is_empty() || m.member_attributes.is_empty() {
+        return Err((
+            "group_classes",
+            "name at least one group class and one member attribute".into(),
+        ));
+    }
+    for c in &m.group_classes {
+        if schema.object_class(c).is_none() {
+            return Err((
+                "group_classes",
+                format!("'{c}' is not an object class of the schema"),
+            ));
+        }
+    }
+    for a in &m.member_attributes {
+        check_attr(schema, a, true).map_err(|e| ("member_attributes", e))?;
+    }
+    check_attr(schema, &m.memberof_attribute, true).map_err(|e| ("memberof_attribute", e))?;
+    if !matches!(m.dangling.as_str(), "ignore" | "error") {
+        return Err((
+            "dangling",
+            format!("'{}' is not ignore or error", m.dangling),
+        ));
+    }
+    Ok(())
+}
+
+fn check_ppolicy(p: &PpolicyConfig, schema: &Schema) -> Checked {
+    if let Some(d) = &p.default_policy {
+        check_dn(schema, "default_policy", d)?;
+    }
+    if p.min_classes > 4 {
+        return Err((
+            "min_classes",
+            format!("{} is more than the 4 classes there are", p.min_classes),
+        ));
+    }
+    Ok(())
+}
+
+fn check_accesslog(a: &AccesslogConfig) -> Checked {
+    for (key, v, least, most) in a.bounds() {
+        if !(least..=most).contains(&v) {
+            return Err((key, format!("{v} is outside {least}..={most}")));
+        }
+    }
+    Ok(())
+}
+
+/// One translucent overlay per suffix (`before`: the overlays listed
+/// before this one).
+fn check_translucent(t: &TranslucentConfig, before: &[OverlayConfig], schema: &Schema) -> Checked {
+    let norm = |s: &str| Dn::parse(s).ok().and_then(|d| schema.normalize_dn(&d).ok());
+    let mine = norm(&t.suffix);
+    let taken = before.iter().any(|p| match p {
+        OverlayConfig::Translucent(o) => mine.is_some() && norm(&o.suffix) == mine,
+        _ => false,
+    });
+    if taken {
+        return Err((
+            "suffix",
+            format!("another translucent overlay serves {}", t.suffix),
+        ));
     }
     Ok(())
 }

@@ -108,10 +108,76 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     // process with the default action.
     let signals = Signals::install()?;
     raise_fd_limit();
-    // Listeners first: binding ports below 1024 may need root, which is
-    // given up right after, before any data file is opened or created. The
-    // data directory (home of the ldapi socket) is made and handed to the
-    // service account first.
+    let bound = bind_then_drop_privileges(&cfg)?;
+    let data_dir = cfg.config.data_dir.clone();
+    let _lock = datadir::lock(&data_dir)?;
+    // The generated certificate (`--tls-self-signed`) is made on the first
+    // start and reused after; configured files are only read.
+    let tls_generated = match &cfg.tls {
+        Some(t) if t.self_signed => net::tls::ensure_self_signed(&t.cert_file, &t.key_file)?,
+        _ => false,
+    };
+    let tls = match &cfg.tls {
+        Some(t) => Some(Arc::new(net::tls::TlsContext::load(t.clone())?)),
+        None => None,
+    };
+    let store = open_store(&cfg, &schema, &data_dir).await?;
+    bulk::check_complete(&store)?;
+    if cfg.config.store.warm_start {
+        datadir::warm_in_background(store_dir(&data_dir).join("data.mdb"));
+    }
+    // One clock for the whole run, bootstrap included, resumed after the
+    // newest CSN the store records so CSNs never go back across restarts.
+    let csn = pando_store::clock::clock_for_store(&store, cfg.config.replication.server_id);
+    let (root_pw, created, demo_added, csn) =
+        first_start(&cfg, &schema, &store, csn, opts.demo).await?;
+    // The configuration run with, and the file it came from, are stored
+    // (see cn_config::stored): changes over LDAP build on them.
+    if let Some(file) = &opts.file {
+        if let Err(e) =
+            cn_config::stored::save(&store, &cfg.config, Some(file), Default::default()).await
+        {
+            tracing::error!("{e}; changes under cn=config will not persist");
+        }
+    }
+    // First-start work is done and durable: the configured mode from now on.
+    store.set_durability(store_options(&cfg).durability);
+    if tls.is_none()
+        && matches!(&bound, Bound::Systemd(b) if b.iter().any(|b| matches!(b, net::listener::Bound::Ldaps(_))))
+    {
+        return Err("an LDAPS socket was passed by systemd but [tls] has no certificate".into());
+    }
+    let live = build_server(
+        cfg,
+        schema,
+        store.clone(),
+        csn,
+        root_pw.as_ref().map(|p| p.hash().to_string()),
+        tls,
+    )?;
+    let server = live.server();
+    after_start(&server, &store, demo_added).await;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let connections = server.connections.clone();
+    start_listeners(&live, &server, bound, stop_rx)?;
+    // "Serving" once every listener accepts (and the password file, if
+    // one was made, exists: first-start work is done above).
+    print_banner(&server, &root_pw, &created, demo_added, tls_generated);
+    // Kept to the end: the connection places and the change feed. The
+    // rest of the first configuration is let go, so a changed one can close.
+    let feed = server.feed.clone();
+    drop(server);
+
+    signals.wait_for_stop(&live, opts.reload.as_ref()).await;
+    shut_down(live, store, feed, connections, stop_tx).await
+}
+
+/// Listeners first: binding ports below 1024 may need root, which is
+/// given up right after, before any data file is opened or created. The
+/// data directory (home of the ldapi socket) is made and handed to the
+/// service account first.
+fn bind_then_drop_privileges(cfg: &Resolved) -> Result<Bound, BoxError> {
     let target = match &cfg.config.user {
         Some(u) => Some(privileges::resolve(u, cfg.config.group.as_deref())?),
         None => None,
@@ -138,18 +204,18 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         ),
         None => {}
     }
-    let data_dir = cfg.config.data_dir.clone();
-    let _lock = datadir::lock(&data_dir)?;
-    // The generated certificate (`--tls-self-signed`) is made on the first
-    // start and reused after; configured files are only read.
-    let tls_generated = match &cfg.tls {
-        Some(t) if t.self_signed => net::tls::ensure_self_signed(&t.cert_file, &t.key_file)?,
-        _ => false,
-    };
-    let tls = match &cfg.tls {
-        Some(t) => Some(Arc::new(net::tls::TlsContext::load(t.clone())?)),
-        None => None,
-    };
+    Ok(bound)
+}
+
+/// The store, opened durable whatever the configured mode: first-start
+/// work is written durably, so a cut during it leaves a store that is
+/// whole; the configured mode applies after it.
+async fn open_store(
+    cfg: &Resolved,
+    schema: &Arc<Schema>,
+    data_dir: &std::path::Path,
+) -> Result<Store, BoxError> {
+    let data_dir = data_dir.to_path_buf();
     let store = {
         let dir = store_dir(&data_dir);
         let schema = schema.clone();
@@ -158,19 +224,26 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         // a store that is whole; the configured mode applies after it.
         let so = StoreOptions {
             durability: pando_store::Durability::Durable,
-            ..store_options(&cfg)
+            ..store_options(cfg)
         };
         tokio::task::spawn_blocking(move || Store::open(&dir, schema, &so))
             .await?
             .map_err(|e| refused_store(&data_dir, &e))?
     };
-    bulk::check_complete(&store)?;
-    if cfg.config.store.warm_start {
-        datadir::warm_in_background(store_dir(&data_dir).join("data.mdb"));
-    }
-    // One clock for the whole run, bootstrap included, resumed after the
-    // newest CSN the store records so CSNs never go back across restarts.
-    let csn = pando_store::clock::clock_for_store(&store, cfg.config.replication.server_id);
+    Ok(store)
+}
+
+/// First-start work: the root password, the suffixes this server holds,
+/// the demo tree with `--demo`. Returns the root password (None without
+/// a root DN), the suffixes created, the demo entries added (None: the
+/// store was not new) and the clock.
+async fn first_start(
+    cfg: &Resolved,
+    schema: &Schema,
+    store: &Store,
+    csn: CsnClock,
+    demo: bool,
+) -> Result<(Option<RootPassword>, Vec<String>, Option<usize>, CsnClock), BoxError> {
     let root_dn_text = cfg
         .root_dn
         .as_ref()
@@ -178,18 +251,17 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         .unwrap_or_default();
     // A multi-provider started with --demo makes the suffix and the demo
     // tree the others copy (they start empty; one node seeds them).
-    let own = if opts.demo && cfg.config.replication.multi_provider {
+    let own = if demo && cfg.config.replication.multi_provider {
         cfg.suffixes.clone()
     } else {
-        own_suffixes(&cfg, &schema)
+        own_suffixes(cfg, schema)
     };
     let (root_pw, created, demo_added, csn) = {
         let store = store.clone();
-        let data_dir = data_dir.clone();
+        let data_dir = cfg.config.data_dir.clone();
         let configured = cfg.config.root_password_hash.clone();
         let suffixes = cfg.suffixes.clone();
         let creator = root_dn_text.clone();
-        let demo = opts.demo;
         let root_dn_set = cfg.root_dn.is_some();
         tokio::task::spawn_blocking(move || -> Result<_, BoxError> {
             // No root DN, no root password: administration goes through
@@ -228,42 +300,24 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         })
         .await??
     };
-    // The configuration run with, and the file it came from, are stored
-    // (see cn_config::stored): changes over LDAP build on them.
-    if let Some(file) = &opts.file {
-        if let Err(e) =
-            cn_config::stored::save(&store, &cfg.config, Some(file), Default::default()).await
-        {
-            tracing::error!("{e}; changes under cn=config will not persist");
-        }
-    }
-    // First-start work is done and durable: the configured mode from now on.
-    store.set_durability(store_options(&cfg).durability);
-    if tls.is_none()
-        && matches!(&bound, Bound::Systemd(b) if b.iter().any(|b| matches!(b, net::listener::Bound::Ldaps(_))))
-    {
-        return Err("an LDAPS socket was passed by systemd but [tls] has no certificate".into());
-    }
-    let live = build_server(
-        cfg,
-        schema,
-        store.clone(),
-        csn,
-        root_pw.as_ref().map(|p| p.hash().to_string()),
-        tls,
-    )?;
-    let server = live.server();
+    Ok((root_pw, created, demo_added, csn))
+}
+
+/// After the first configuration is running: memberOf on a demo tree this
+/// start loaded, the change log records that expired while down, the
+/// replication consumers.
+async fn after_start(server: &Arc<Server>, store: &Store, demo_added: Option<usize>) {
     // The demo tree is written around the write pipeline: with memberof
     // on, its members get their memberOf now (only when this start loaded
     // it: other stored entries are left to `pando memberof rebuild`).
-    if demo_added.is_some_and(|n| n > 0) && overlays::memberof::configured(&server).is_some() {
+    if demo_added.is_some_and(|n| n > 0) && overlays::memberof::configured(server).is_some() {
         let who = pando_access::Identity::authenticated(
             server.root_dn_norm.clone(),
             server.root_dn_norm.clone(),
             Default::default(),
         )
         .with_roles(true, false);
-        match overlays::memberof::rebuild(&server, &who).await {
+        match overlays::memberof::rebuild(server, &who).await {
             Ok(n) => tracing::info!("memberOf set on {n} entries of the demo tree"),
             Err(e) => tracing::warn!("memberOf not set on the demo tree: {}", e.message),
         }
@@ -285,12 +339,18 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     }
     // Consumers run until the server closes (they follow the feed's
     // closing signal).
-    repl::consumer::start_all(&server);
+    repl::consumer::start_all(server);
+}
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let connections = server.connections.clone();
-    // Sockets bound from `listen` are paired with their listener (they
-    // can be removed later); systemd's are not.
+/// Every listener accepting (sockets bound from `listen` are paired with
+/// their listener, so they can be removed later; systemd's are not), and
+/// the metrics listener.
+fn start_listeners(
+    live: &Arc<live::Live>,
+    server: &Arc<Server>,
+    bound: Bound,
+    stop_rx: watch::Receiver<bool>,
+) -> Result<(), BoxError> {
     let paired: Vec<(Option<Listener>, net::listener::Bound)> = match bound {
         Bound::Configured(b) => server
             .cfg
@@ -303,9 +363,9 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         Bound::Systemd(b) => b.into_iter().map(|b| (None, b)).collect(),
     };
     server.listeners.start(
-        &live,
+        live,
         net::listener::AcceptCtx {
-            conn_limit: connections.places().clone(),
+            conn_limit: server.connections.places().clone(),
             per_ip: server.per_ip.clone(),
             shutdown: stop_rx.clone(),
         },
@@ -314,17 +374,20 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     if let Some(addr) = server.cfg.config.metrics.addr()? {
         server
             .listeners
-            .set_metrics(&live, Some((addr, observe::prometheus::bind(addr)?)));
+            .set_metrics(live, Some((addr, observe::prometheus::bind(addr)?)));
     }
-    // "Serving" once every listener accepts (and the password file, if
-    // one was made, exists: first-start work is done above).
-    print_banner(&server, &root_pw, &created, demo_added, tls_generated);
-    // Kept to the end: the connection places and the change feed. The
-    // rest of the first configuration is let go, so a changed one can close.
-    let feed = server.feed.clone();
-    drop(server);
+    Ok(())
+}
 
-    signals.wait_for_stop(&live, opts.reload.as_ref()).await;
+/// Stop accepting, end persistent searches, let connections finish (10 s
+/// at most), then close the logs and the store.
+async fn shut_down(
+    live: Arc<live::Live>,
+    store: Store,
+    feed: Arc<ops::feed::Feed>,
+    connections: Arc<capacity::Capacity>,
+    stop_tx: watch::Sender<bool>,
+) -> Result<(), BoxError> {
     tracing::info!("shutting down: no new connections; finishing operations in progress");
     let _ = stop_tx.send(true);
     // Persistent searches end now (with `unavailable`), not at the drain's end.

@@ -18,7 +18,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::state::Server;
-use pando_observe::metrics::{ProcessFigures, LATENCY_BOUNDS, OP_KINDS};
+use pando_observe::metrics::{Metrics, ProcessFigures, LATENCY_BOUNDS, OP_KINDS};
 
 /// Longest request head accepted.
 const MAX_REQUEST: usize = 8192;
@@ -296,10 +296,21 @@ fn per_sid_gauge(
 
 /// The whole exposition.
 pub fn render(server: &Server) -> String {
-    let m = &server.metrics;
     let mut t = Text {
         out: String::with_capacity(16 * 1024),
     };
+    connections(&mut t, &server.metrics);
+    operations(&mut t, &server.metrics);
+    work(&mut t, server);
+    store(&mut t, server);
+    logs(&mut t, server);
+    replication(&mut t, server);
+    process(&mut t);
+    t.out
+}
+
+/// Version, uptime, connections, bytes and messages.
+fn connections(t: &mut Text, m: &Metrics) {
     t.family("pando_info", "gauge", "Server version.");
     t.sample(
         "pando_info",
@@ -360,6 +371,10 @@ pub fn render(server: &Server) -> String {
     ] {
         t.one(name, "counter", help, m.get(v));
     }
+}
+
+/// Operations by type: counts and latency.
+fn operations(t: &mut Text, m: &Metrics) {
     t.one(
         "pando_operation_wait_seconds_total",
         "counter",
@@ -399,6 +414,11 @@ pub fn render(server: &Server) -> String {
         "Operations received and not yet finished.",
         ini.saturating_sub(com),
     );
+    latency(t, m);
+}
+
+/// Operation latency by type: histogram, percentiles and maximum.
+fn latency(t: &mut Text, m: &Metrics) {
     let lat: Vec<_> = OP_KINDS.iter().map(|k| (k.name(), m.latency(*k))).collect();
     t.family(
         "pando_operation_duration_seconds",
@@ -470,6 +490,10 @@ pub fn render(server: &Server) -> String {
             secs(l.max),
         );
     }
+}
+
+/// Password hashing, search threads and the writer.
+fn work(t: &mut Text, server: &Server) {
     let h = server.passwords.stats();
     t.one(
         "pando_password_hashes_total",
@@ -544,6 +568,10 @@ pub fn render(server: &Server) -> String {
         "fsyncs of the database.",
         w.syncs,
     );
+}
+
+/// The store's size, readers and databases.
+fn store(t: &mut Text, server: &Server) {
     if let Ok(s) = server.store.stats() {
         t.one(
             "pando_store_entries",
@@ -620,6 +648,10 @@ pub fn render(server: &Server) -> String {
             format!("{r:.4}"),
         );
     }
+}
+
+/// Log files and cn=accesslog.
+fn logs(t: &mut Text, server: &Server) {
     t.one(
         "pando_access_log_dropped_total",
         "counter",
@@ -652,7 +684,10 @@ pub fn render(server: &Server) -> String {
     ] {
         t.one(name, "counter", help, v.load(Ordering::Relaxed));
     }
-    replication(&mut t, server);
+}
+
+/// The process: CPU, memory, threads, I/O.
+fn process(t: &mut Text) {
     let p = ProcessFigures::read();
     t.one(
         "process_cpu_seconds_total",
@@ -696,7 +731,6 @@ pub fn render(server: &Server) -> String {
         "write() system calls of the server process (/proc/self/io syscw).",
         p.syscw,
     );
-    t.out
 }
 
 #[cfg(test)]
