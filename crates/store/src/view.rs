@@ -1,0 +1,536 @@
+//! Reading the store (`View`, shared by read and write transactions):
+//! entries, DNs, children, indexes and candidate sets, the change log.
+//! Nothing here writes.
+
+use super::*;
+
+/// The values of attribute `attr_lower` (any options) in stored order.
+pub(crate) fn values_of<'a>(
+    attrs: &'a [Attribute],
+    attr_lower: &str,
+) -> Vec<(&'a str, &'a [Vec<u8>])> {
+    attrs
+        .iter()
+        .filter(|a| pando_model::desc::base(&a.desc).eq_ignore_ascii_case(attr_lower))
+        .map(|a| (a.desc.as_str(), a.values.as_slice()))
+        .collect()
+}
+
+/// The keys that the values of `attr_lower` in `attrs` produce for `kind`.
+pub(crate) fn attr_keys(
+    schema: &Schema,
+    attrs: &[Attribute],
+    attr_lower: &str,
+    kind: IndexKind,
+) -> BTreeSet<Vec<u8>> {
+    let mut keys = BTreeSet::new();
+    for a in attrs {
+        let base = pando_model::desc::base(&a.desc);
+        if !base.eq_ignore_ascii_case(attr_lower) {
+            continue;
+        }
+        if let Some(at) = schema.attribute(base) {
+            for v in &a.values {
+                index::keys_for(schema, at, kind, v, &mut keys);
+            }
+        }
+    }
+    keys
+}
+
+impl<'t> View<'t> {
+    pub fn schema(&self) -> &'t Schema {
+        &self.catalog.schema
+    }
+
+    /// Resolve `dn` (already split into normalised RDNs, leftmost first).
+    pub fn lookup_norm(&self, norm_rdns: &[String]) -> Result<Lookup, StoreError> {
+        // A cached ID may have been learnt by a newer snapshot of the same
+        // generation, holding entries added since this one was taken (see
+        // `dn_cache`): it counts only if this snapshot holds the entry too.
+        if let Some(id) = dn_cache::id_of(self.dn_snapshot, norm_rdns) {
+            if self.holds(id)? {
+                return Ok(Lookup::Found(id));
+            }
+        }
+        // A known parent (a user's bind DN under ou=People): one lookup. A
+        // child found in this snapshot's dn2id is in it; on a miss the
+        // parent is the matched entry only if this snapshot holds it.
+        if let Some((rdn, up)) = norm_rdns.split_first() {
+            if let Some(parent) = dn_cache::id_of(self.dn_snapshot, up) {
+                match self.inner.dn2id.get(self.txn, &dn2id_key(parent, rdn))? {
+                    Some(v) => return Ok(Lookup::Found(id_from(v)?)),
+                    None if self.holds(parent)? => {
+                        return Ok(Lookup::Missing {
+                            matched: Some(parent),
+                        })
+                    }
+                    None => {}
+                }
+            }
+        }
+        let found = lookup_in(self.inner, self.txn, norm_rdns)?;
+        if let Lookup::Found(id) = found {
+            dn_cache::remember_id(self.dn_snapshot, norm_rdns, id);
+        }
+        Ok(found)
+    }
+
+    /// Whether entry `id` is in this snapshot (its id2parent record, the
+    /// smallest of its records, is).
+    pub(crate) fn holds(&self, id: EntryId) -> Result<bool, StoreError> {
+        Ok(self.inner.id2parent.get(self.txn, &id_bytes(id))?.is_some())
+    }
+
+    /// Normalise each RDN of `dn` with the schema.
+    pub fn normalize_rdns(&self, dn: &Dn) -> Result<Vec<String>, String> {
+        dn.rdns
+            .iter()
+            .map(|r| self.catalog.schema.normalize_rdn(r))
+            .collect()
+    }
+
+    pub fn lookup(&self, dn: &Dn) -> Result<Result<Lookup, String>, StoreError> {
+        match self.normalize_rdns(dn) {
+            Ok(n) => self.lookup_norm(&n).map(Ok),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    pub fn placement(&self, id: EntryId) -> Result<Option<Placement>, StoreError> {
+        match self.inner.id2parent.get(self.txn, &id_bytes(id))? {
+            Some(v) => decode_placement(id, v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Parent ID (None for a suffix entry or a missing one), reading only
+    /// the first field of the id2parent record.
+    pub fn parent_of(&self, id: EntryId) -> Result<Option<EntryId>, StoreError> {
+        match self.inner.id2parent.get(self.txn, &id_bytes(id))? {
+            Some(v) if v.len() >= 8 => Ok(Some(id_from(&v[..8])?).filter(|&p| p != 0)),
+            Some(_) => Err(StoreError::Corrupt(format!(
+                "id2parent record {id} is malformed"
+            ))),
+            None => Ok(None),
+        }
+    }
+
+    /// The DN of `id` as stored and normalised (empty for a missing entry).
+    /// Parents' DNs come from (and go to) the thread's [`dn_cache`].
+    pub fn dn_pair(&self, id: EntryId) -> Result<(String, String), StoreError> {
+        if let Some(n) = dn_cache::node(self.dn_snapshot, id) {
+            return Ok((n.dn, n.norm));
+        }
+        match self.placement(id)? {
+            Some(p) => self.dn_pair_of(&p),
+            None => Ok((String::new(), String::new())),
+        }
+    }
+
+    /// [`View::dn_pair`] of the entry placed at `p` (read by the caller).
+    pub fn dn_pair_of(&self, p: &Placement) -> Result<(String, String), StoreError> {
+        self.dn_below(p, 0)
+    }
+
+    /// The DN of the entry placed at `p`: its RDN before its parent's DN,
+    /// formatted from the cached parent when there is one. `depth`: parents
+    /// walked so far.
+    pub(crate) fn dn_below(
+        &self,
+        p: &Placement,
+        depth: u32,
+    ) -> Result<(String, String), StoreError> {
+        let join = |n: &dn_cache::Node| {
+            (
+                format!("{},{}", p.rdn, n.dn),
+                format!("{},{}", p.norm_rdn, n.norm),
+            )
+        };
+        if p.parent != 0 {
+            if let Some(pair) = dn_cache::with_node(self.dn_snapshot, p.parent, join) {
+                return Ok(pair);
+            }
+            if let Some(parent) = self.learn_node(p.parent, depth)? {
+                return Ok(join(&parent));
+            }
+        }
+        Ok((p.rdn.clone(), p.norm_rdn.clone()))
+    }
+
+    /// Read what [`View::dn_pair`] needs of a parent that is not cached, and
+    /// remember it for the next time.
+    pub(crate) fn learn_node(
+        &self,
+        id: EntryId,
+        depth: u32,
+    ) -> Result<Option<dn_cache::Node>, StoreError> {
+        // Depth is bounded by the DN length limit; this also stops a
+        // corrupted parent cycle.
+        if depth >= 1024 {
+            return Err(StoreError::Corrupt(format!(
+                "parent chain of entry {id} does not end"
+            )));
+        }
+        let Some(p) = self.placement(id)? else {
+            return Ok(None);
+        };
+        let (dn, norm) = self.dn_below(&p, depth + 1)?;
+        let node = dn_cache::Node {
+            parent: p.parent,
+            dn,
+            norm,
+        };
+        dn_cache::remember(self.dn_snapshot, id, node.clone());
+        Ok(Some(node))
+    }
+
+    /// The entry's DN as stored (RDNs as given when added or renamed).
+    pub fn dn_string(&self, id: EntryId) -> Result<String, StoreError> {
+        let mut out = String::new();
+        let mut cur = id;
+        // Depth is bounded by the DN length limit; the counter also stops a
+        // corrupted parent cycle from looping forever.
+        for _ in 0..1024 {
+            let p = self.placement(cur)?.ok_or_else(|| {
+                StoreError::Corrupt(format!("entry {cur} has no id2parent record"))
+            })?;
+            if !out.is_empty() {
+                out.push(',');
+            }
+            out.push_str(&p.rdn);
+            if p.parent == 0 {
+                return Ok(out);
+            }
+            cur = p.parent;
+        }
+        Err(StoreError::Corrupt(format!(
+            "parent chain of entry {id} does not end"
+        )))
+    }
+
+    pub fn dn(&self, id: EntryId) -> Result<Dn, StoreError> {
+        let s = self.dn_string(id)?;
+        Dn::parse(&s)
+            .map_err(|e| StoreError::Corrupt(format!("stored DN '{s}' of entry {id}: {e}")))
+    }
+
+    /// The stored (possibly compressed) record of entry `id`.
+    pub fn entry_bytes(&self, id: EntryId) -> Result<Option<&'t [u8]>, StoreError> {
+        Ok(self.inner.id2entry.get(self.txn, &id_bytes(id))?)
+    }
+
+    /// The attributes in a record read with [`View::entry_bytes`].
+    pub fn decode_attrs(&self, id: EntryId, bytes: &[u8]) -> Result<Vec<Attribute>, StoreError> {
+        Ok(self
+            .inner
+            .codec
+            .decode(id, Dn { rdns: vec![] }, bytes)?
+            .attrs)
+    }
+
+    /// Only the attributes of entry `id` whose description `keep` accepts.
+    pub fn attrs_where(
+        &self,
+        id: EntryId,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Result<Option<Vec<Attribute>>, StoreError> {
+        match self.entry_bytes(id)? {
+            Some(b) => Ok(Some(
+                self.inner
+                    .codec
+                    .decode_where(id, Dn { rdns: vec![] }, b, Some(keep))?
+                    .attrs,
+            )),
+            None => Ok(None),
+        }
+    }
+
+    /// Run `f` on entry `id`'s attributes borrowed from the store, without
+    /// copying them; None when there is no such entry.
+    pub fn with_raw_attrs<R>(
+        &self,
+        id: EntryId,
+        f: impl FnOnce(entry_codec::RawAttrs<'_>) -> R,
+    ) -> Result<Option<R>, StoreError> {
+        match self.entry_bytes(id)? {
+            Some(b) => Ok(Some(self.inner.codec.with_raw(id, b, f)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The entry without its DN resolved (cheaper when the DN is not needed).
+    pub fn attrs(&self, id: EntryId) -> Result<Option<Vec<Attribute>>, StoreError> {
+        match self.entry_bytes(id)? {
+            Some(b) => Ok(Some(self.decode_attrs(id, b)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn entry(&self, id: EntryId) -> Result<Option<Entry>, StoreError> {
+        match self.entry_bytes(id)? {
+            Some(b) => {
+                let dn = self.dn(id)?;
+                Ok(Some(self.inner.codec.decode(id, dn, b)?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Immediate children, in key order.
+    pub fn children(&self, id: EntryId) -> Result<Vec<EntryId>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.inner.dn2id.prefix_iter(self.txn, &id_bytes(id))? {
+            out.push(id_from(item?.1)?);
+        }
+        Ok(out)
+    }
+
+    /// The first `max` children of `id` (in dn2id order, by RDN), for
+    /// callers that must bound their work on a large parent.
+    pub fn children_up_to(&self, id: EntryId, max: usize) -> Result<Vec<EntryId>, StoreError> {
+        let mut out = Vec::new();
+        for item in self
+            .inner
+            .dn2id
+            .prefix_iter(self.txn, &id_bytes(id))?
+            .take(max)
+        {
+            out.push(id_from(item?.1)?);
+        }
+        Ok(out)
+    }
+
+    pub fn has_children(&self, id: EntryId) -> Result<bool, StoreError> {
+        Ok(self
+            .inner
+            .dn2id
+            .prefix_iter(self.txn, &id_bytes(id))?
+            .next()
+            .transpose()?
+            .is_some())
+    }
+
+    pub fn count_children(&self, id: EntryId) -> Result<u64, StoreError> {
+        let mut n = 0;
+        for item in self.inner.dn2id.prefix_iter(self.txn, &id_bytes(id))? {
+            item?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// `id` and all its descendants. Stops with `None` once more than `limit`
+    /// IDs were found (the caller decides whether that is an error).
+    pub fn subtree(&self, id: EntryId, limit: u64) -> Result<Option<RoaringTreemap>, StoreError> {
+        let mut set = RoaringTreemap::new();
+        set.insert(id);
+        let mut stack = vec![id];
+        while let Some(cur) = stack.pop() {
+            for item in self.inner.dn2id.prefix_iter(self.txn, &id_bytes(cur))? {
+                let child = id_from(item?.1)?;
+                set.insert(child);
+                if set.len() > limit {
+                    return Ok(None);
+                }
+                stack.push(child);
+            }
+        }
+        Ok(Some(set))
+    }
+
+    /// True when `id` is `ancestor` or below it.
+    pub fn is_within(&self, id: EntryId, ancestor: EntryId) -> Result<bool, StoreError> {
+        let mut cur = id;
+        for _ in 0..1024 {
+            if cur == ancestor {
+                return Ok(true);
+            }
+            let up = match dn_cache::parent(self.dn_snapshot, cur) {
+                Some(p) => Some(p).filter(|&p| p != 0),
+                None => self.parent_of(cur)?,
+            };
+            match up {
+                Some(p) => cur = p,
+                None => return Ok(false),
+            }
+        }
+        Err(StoreError::Corrupt(format!(
+            "parent chain of entry {id} does not end"
+        )))
+    }
+
+    /// Number of entries in the store.
+    pub fn entry_count(&self) -> Result<u64, StoreError> {
+        Ok(self.inner.id2entry.len(self.txn)?)
+    }
+
+    /// IDs of the suffix entries (parent 0).
+    pub fn roots(&self) -> Result<Vec<EntryId>, StoreError> {
+        self.children(0)
+    }
+
+    pub fn meta_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .inner
+            .meta
+            .get(self.txn, key.as_bytes())?
+            .map(|v| v.to_vec()))
+    }
+
+    /// The first `max` meta records whose keys start with `prefix`, in key
+    /// order.
+    pub fn meta_scan(
+        &self,
+        prefix: &str,
+        max: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.inner.meta.prefix_iter(self.txn, prefix.as_bytes())? {
+            if out.len() == max {
+                break;
+            }
+            let (k, v) = item?;
+            out.push((String::from_utf8_lossy(k).into_owned(), v.to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Candidate IDs for a filter from the indexes (see [`plan`]).
+    pub fn candidates(&self, filter: &pando_proto::Filter) -> Result<Candidates, StoreError> {
+        plan::candidates(self, filter)
+    }
+
+    /// The candidates of `filter` are exactly the entries it matches (see
+    /// `plan::exact`): a caller may skip testing them.
+    pub fn candidates_are_exact(&self, filter: &pando_proto::Filter) -> bool {
+        plan::exact(self, filter)
+    }
+
+    pub(crate) fn posting(&self, db: &Db, key: &[u8]) -> Result<RoaringTreemap, StoreError> {
+        match db.get(self.txn, key)? {
+            Some(v) => index::decode_posting(v).map_err(StoreError::Corrupt),
+            None => Ok(RoaringTreemap::new()),
+        }
+    }
+
+    /// The index (attribute, kind) if the planner may use it.
+    pub(crate) fn index_db(&self, attr_lower: &str, kind: IndexKind) -> Option<&'t Db> {
+        self.catalog.ready_db(attr_lower, kind)
+    }
+
+    /// The keys that `attrs` produce in the index (attr, kind).
+    pub(crate) fn keys_of(
+        &self,
+        attrs: &[Attribute],
+        attr_lower: &str,
+        kind: IndexKind,
+    ) -> BTreeSet<Vec<u8>> {
+        attr_keys(&self.catalog.schema, attrs, attr_lower, kind)
+    }
+
+    /// Every (index name, key) pair `attrs` produce: used by `verify`.
+    pub fn all_index_keys(&self, attrs: &[Attribute]) -> Vec<(String, Vec<u8>)> {
+        let mut out = Vec::new();
+        for (attr, idx) in self.catalog.ready() {
+            for k in self.keys_of(attrs, attr, idx.kind) {
+                out.push((index::db_name(attr, idx.kind), k));
+            }
+        }
+        out
+    }
+
+    /// Walk every store invariant; returns a list of problems (empty = consistent).
+    pub fn verify(&self) -> Result<Vec<String>, StoreError> {
+        let mut problems = Vec::new();
+        let mut ids = RoaringTreemap::new();
+        let mut expected: HashMap<(String, Vec<u8>), RoaringTreemap> = HashMap::new();
+        for item in self.inner.id2entry.iter(self.txn)? {
+            let (k, v) = item?;
+            let id = id_from(k)?;
+            ids.insert(id);
+            let attrs = match self.decode_attrs(id, v) {
+                Ok(a) => a,
+                Err(e) => {
+                    problems.push(e.to_string());
+                    continue;
+                }
+            };
+            match self.placement(id)? {
+                None => problems.push(format!("entry {id} has no id2parent record")),
+                Some(p) => {
+                    match self
+                        .inner
+                        .dn2id
+                        .get(self.txn, &dn2id_key(p.parent, &p.norm_rdn))?
+                    {
+                        Some(v) if id_from(v)? == id => {}
+                        _ => problems.push(format!("entry {id} ({}) is missing from dn2id", p.rdn)),
+                    }
+                    if p.parent != 0
+                        && self
+                            .inner
+                            .id2entry
+                            .get(self.txn, &id_bytes(p.parent))?
+                            .is_none()
+                    {
+                        problems.push(format!("entry {id} has a dangling parent {}", p.parent));
+                    }
+                }
+            }
+            for key in self.all_index_keys(&attrs) {
+                expected.entry(key).or_default().insert(id);
+            }
+        }
+        for item in self.inner.dn2id.iter(self.txn)? {
+            let (_, v) = item?;
+            let id = id_from(v)?;
+            if !ids.contains(id) {
+                problems.push(format!(
+                    "dn2id names entry {id}, which has no id2entry record"
+                ));
+            }
+        }
+        for item in self.inner.id2parent.iter(self.txn)? {
+            let (k, _) = item?;
+            let id = id_from(k)?;
+            if !ids.contains(id) {
+                problems.push(format!("id2parent has a record for missing entry {id}"));
+            }
+        }
+        for (attr, idx) in self.catalog.ready() {
+            let name = index::db_name(attr, idx.kind);
+            let mut seen = HashSet::new();
+            for item in idx.db.iter(self.txn)? {
+                let (k, v) = item?;
+                let got = index::decode_posting(v)
+                    .map_err(|e| StoreError::Corrupt(format!("{name}: {e}")))?;
+                let want = expected
+                    .get(&(name.clone(), k.to_vec()))
+                    .cloned()
+                    .unwrap_or_default();
+                if got != want {
+                    problems.push(format!(
+                        "{name}: key {:?} lists {} IDs, entries produce {} (extra {:?}, missing {:?})",
+                        String::from_utf8_lossy(k),
+                        got.len(),
+                        want.len(),
+                        (&got - &want).iter().take(5).collect::<Vec<_>>(),
+                        (&want - &got).iter().take(5).collect::<Vec<_>>()
+                    ));
+                }
+                seen.insert(k.to_vec());
+            }
+            for ((n, k), set) in &expected {
+                if n == &name && !seen.contains(k) {
+                    problems.push(format!(
+                        "{name}: key {:?} is missing (entries {:?})",
+                        String::from_utf8_lossy(k),
+                        set.iter().take(5).collect::<Vec<_>>()
+                    ));
+                }
+            }
+        }
+        Ok(problems)
+    }
+}

@@ -1,0 +1,214 @@
+//! Changing the store inside a write job (`WriteTxn`): entries, their DN
+//! records and index postings kept in step. Only the writer thread runs these.
+
+use super::*;
+
+impl<'e> WriteTxn<'e> {
+    /// Run `f` on the writer thread once this job's changes are committed
+    /// (durably, as the durability mode says), before any job of the batch
+    /// is answered. Jobs' callbacks run in the order the jobs committed, so
+    /// whatever `f` publishes is in commit order. Dropped unrun when the
+    /// job or its batch is rolled back.
+    pub fn after_commit(&mut self, f: impl FnOnce() + Send + 'static) {
+        self.after_commit.push(Box::new(move |_: &Inner| f()));
+    }
+
+    /// [`WriteTxn::after_commit`] for the store's own steps.
+    pub(crate) fn after_commit_inner(&mut self, f: impl FnOnce(&Inner) + Send + 'static) {
+        self.after_commit.push(Box::new(f));
+    }
+
+    pub fn view(&self) -> View<'_> {
+        // A writer sees its own uncommitted changes: no cached DNs.
+        View {
+            txn: &self.txn,
+            inner: self.inner,
+            catalog: &self.catalog,
+            dn_snapshot: None,
+        }
+    }
+
+    pub fn meta_delete(&mut self, key: &str) -> Result<(), StoreError> {
+        self.inner.meta.delete(&mut self.txn, key.as_bytes())?;
+        Ok(())
+    }
+
+    pub fn meta_put(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        Ok(self.inner.meta.put(&mut self.txn, key.as_bytes(), value)?)
+    }
+
+    pub(crate) fn allocate_id(&mut self) -> Result<EntryId, StoreError> {
+        let next = match self.inner.meta.get(&self.txn, META_NEXT_ID)? {
+            Some(v) => id_from(v)?,
+            None => return Err(StoreError::Corrupt("meta has no next_id".into())),
+        };
+        self.inner
+            .meta
+            .put(&mut self.txn, META_NEXT_ID, &id_bytes(next + 1))?;
+        Ok(next)
+    }
+
+    /// Store a new entry under `place`. The caller has checked that the parent
+    /// exists and that no sibling has the same normalised RDN.
+    pub fn add(&mut self, place: &Placement, attrs: &[Attribute]) -> Result<EntryId, StoreError> {
+        let id = self.insert_records(place, attrs)?;
+        self.update_indexes(id, &[], attrs)?;
+        Ok(id)
+    }
+
+    /// id2entry, id2parent and dn2id records of a new entry (no indexes).
+    pub(crate) fn insert_records(
+        &mut self,
+        place: &Placement,
+        attrs: &[Attribute],
+    ) -> Result<EntryId, StoreError> {
+        let key = dn2id_key(place.parent, &place.norm_rdn);
+        if self.inner.dn2id.get(&self.txn, &key)?.is_some() {
+            return Err(StoreError::Corrupt(format!(
+                "dn2id already holds '{}'",
+                place.rdn
+            )));
+        }
+        let id = self.allocate_id()?;
+        let mut buf = Vec::new();
+        self.inner.codec.encode(attrs, &mut buf);
+        self.inner
+            .id2entry
+            .put(&mut self.txn, &id_bytes(id), &buf)?;
+        self.inner
+            .id2parent
+            .put(&mut self.txn, &id_bytes(id), &encode_placement(place))?;
+        self.inner.dn2id.put(&mut self.txn, &key, &id_bytes(id))?;
+        Ok(id)
+    }
+
+    /// Replace the attributes of entry `id` (`old` must be what is stored).
+    pub fn replace(
+        &mut self,
+        id: EntryId,
+        old: &[Attribute],
+        new: &[Attribute],
+    ) -> Result<(), StoreError> {
+        let mut buf = Vec::new();
+        self.inner.codec.encode(new, &mut buf);
+        self.inner
+            .id2entry
+            .put(&mut self.txn, &id_bytes(id), &buf)?;
+        self.update_indexes(id, old, new)
+    }
+
+    /// Remove leaf entry `id` (`old` must be what is stored).
+    pub fn delete(&mut self, id: EntryId, old: &[Attribute]) -> Result<(), StoreError> {
+        self.inner.dn_generation.changing();
+        if self.view().has_children(id)? {
+            return Err(StoreError::Corrupt(format!(
+                "delete of entry {id}, which has children"
+            )));
+        }
+        let place = self
+            .view()
+            .placement(id)?
+            .ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no id2parent record")))?;
+        self.inner
+            .dn2id
+            .delete(&mut self.txn, &dn2id_key(place.parent, &place.norm_rdn))?;
+        self.inner.id2parent.delete(&mut self.txn, &id_bytes(id))?;
+        self.inner.id2entry.delete(&mut self.txn, &id_bytes(id))?;
+        self.update_indexes(id, old, &[])
+    }
+
+    /// Give entry `id` a new parent and/or RDN. Descendants are untouched:
+    /// their DNs derive from this record.
+    ///
+    /// The caller has checked that the new DN is free and that the new
+    /// parent is not the entry or below it; as `add` does for its DN, the
+    /// store refuses all the same rather than let a caller's bug corrupt
+    /// the tree: a taken dn2id key would be overwritten (its entry lost
+    /// from dn2id), and a move below itself would cut the subtree off from
+    /// every suffix in a parent cycle.
+    pub fn rename(&mut self, id: EntryId, to: &Placement) -> Result<(), StoreError> {
+        self.inner.dn_generation.changing();
+        let from = self
+            .view()
+            .placement(id)?
+            .ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no id2parent record")))?;
+        let key = dn2id_key(to.parent, &to.norm_rdn);
+        // The entry's own key is free for it: a change of case only.
+        if let Some(v) = self.inner.dn2id.get(&self.txn, &key)? {
+            if id_from(v)? != id {
+                return Err(StoreError::Corrupt(format!(
+                    "dn2id already holds '{}'",
+                    to.rdn
+                )));
+            }
+        }
+        if to.parent != 0 && self.view().is_within(to.parent, id)? {
+            return Err(StoreError::Corrupt(format!(
+                "move of entry {id} below itself"
+            )));
+        }
+        self.inner
+            .dn2id
+            .delete(&mut self.txn, &dn2id_key(from.parent, &from.norm_rdn))?;
+        self.inner.dn2id.put(&mut self.txn, &key, &id_bytes(id))?;
+        self.inner
+            .id2parent
+            .put(&mut self.txn, &id_bytes(id), &encode_placement(to))?;
+        Ok(())
+    }
+
+    pub(crate) fn update_indexes(
+        &mut self,
+        id: EntryId,
+        old: &[Attribute],
+        new: &[Attribute],
+    ) -> Result<(), StoreError> {
+        // Building indexes too (see `index_build`).
+        let catalog = self.catalog.clone();
+        for (attr, dbs) in &catalog.indexes {
+            // Most modifications leave most indexed attributes alone: when
+            // the values are the same, so are the keys.
+            if !old.is_empty() && !new.is_empty() && values_of(old, attr) == values_of(new, attr) {
+                continue;
+            }
+            for idx in dbs {
+                let (before, after) = {
+                    let view = self.view();
+                    (
+                        view.keys_of(old, attr, idx.kind),
+                        view.keys_of(new, attr, idx.kind),
+                    )
+                };
+                for k in before.difference(&after) {
+                    self.change_posting(&idx.db, k, id, false)?;
+                }
+                for k in after.difference(&before) {
+                    self.change_posting(&idx.db, k, id, true)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn change_posting(
+        &mut self,
+        db: &Db,
+        key: &[u8],
+        id: EntryId,
+        add: bool,
+    ) -> Result<(), StoreError> {
+        let mut set = self.view().posting(db, key)?;
+        let changed = if add { set.insert(id) } else { set.remove(id) };
+        if !changed {
+            return Ok(());
+        }
+        if set.is_empty() {
+            db.delete(&mut self.txn, key)?;
+        } else {
+            let mut buf = Vec::new();
+            index::encode_posting(&set, &mut buf);
+            db.put(&mut self.txn, key, &buf)?;
+        }
+        Ok(())
+    }
+}
