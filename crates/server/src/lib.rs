@@ -688,6 +688,23 @@ fn print_banner(
     // Written in one piece: a reader waiting for "is serving:" (a test,
     // a supervisor) sees the whole banner at once.
     let mut banner = String::new();
+    banner_status(&mut banner, server, pw, created, demo_added, tls_generated);
+    banner_suggestions(&mut banner, &server.cfg);
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(banner.as_bytes());
+    let _ = out.flush();
+}
+
+/// What is serving, where, and how the administrator signs in.
+fn banner_status(
+    banner: &mut String,
+    server: &Server,
+    pw: &Option<RootPassword>,
+    created: &[String],
+    demo_added: Option<usize>,
+    tls_generated: bool,
+) {
     macro_rules! w {
         () => { banner.push('\n') };
         ($($arg:tt)*) => {{
@@ -696,11 +713,6 @@ fn print_banner(
         }};
     }
     let cfg = &server.cfg;
-    let suffix = cfg
-        .suffixes
-        .first()
-        .map(|d| d.to_string())
-        .unwrap_or_default();
     w!("Pando {} is serving:", env!("CARGO_PKG_VERSION"));
     for l in &cfg.listeners {
         w!("  {}", l.url());
@@ -750,6 +762,22 @@ fn print_banner(
     if let Some(t) = &cfg.tls {
         print_tls_status(cfg, t, tls_generated);
     }
+}
+
+/// Commands to try, for the listeners configured.
+fn banner_suggestions(banner: &mut String, cfg: &Resolved) {
+    macro_rules! w {
+        () => { banner.push('\n') };
+        ($($arg:tt)*) => {{
+            use std::fmt::Write as _;
+            let _ = writeln!(banner, $($arg)*);
+        }};
+    }
+    let suffix = cfg
+        .suffixes
+        .first()
+        .map(|d| d.to_string())
+        .unwrap_or_default();
     // How the suggestions below bind as the administrator (" -D … -y file"
     // while the generated password file is still there, else " -D … -W");
     // empty without a root DN.
@@ -812,10 +840,6 @@ fn print_banner(
             }
         }
     }
-    use std::io::Write as _;
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(banner.as_bytes());
-    let _ = out.flush();
 }
 
 /// The TLS lines of the banner: which certificate, whether it was just

@@ -34,7 +34,7 @@ use std::sync::atomic::Ordering;
 use crate::state::Server;
 use pando_access::acl::{self, Access};
 use pando_access::Identity;
-use pando_observe::metrics::{Latency, ProcessFigures, LATENCY_BOUNDS, OP_KINDS};
+use pando_observe::metrics::{Latency, Metrics, ProcessFigures, LATENCY_BOUNDS, OP_KINDS};
 
 pub const MONITOR_NORM: &str = "cn=monitor";
 
@@ -177,13 +177,39 @@ fn indexes(server: &Server) -> Vec<Attribute> {
 /// Every monitor entry with its DN, parents before children.
 pub fn entries(server: &Server) -> Vec<(String, Entry)> {
     let m = &server.metrics;
+    let mut out = vec![server_node(m), connections_node(m)];
+    operation_nodes(m, &mut out);
+    out.push(store_node(server));
+    out.push(node(
+        "monitoredObject",
+        "Indexes",
+        "cn=Indexes,cn=Monitor",
+        indexes(server),
+    ));
+    out.push(node(
+        "monitorContainer",
+        "Overlays",
+        "cn=Overlays,cn=Monitor",
+        overlays(server),
+    ));
+    out.push(changes_node(server));
+    replication(server, &mut out);
+    out.push(writer_node(server));
+    out.push(logs_node(server));
+    out.push(passwords_node(server));
+    super::monitor_slapd::add(server, &mut out);
+    out
+}
+
+/// `cn=Monitor` itself: version, start, the process's figures.
+fn server_node(m: &Metrics) -> (String, Entry) {
     let p = ProcessFigures::read();
     let started = m
         .started
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0);
-    let mut out = vec![node(
+    node(
         "monitorServer",
         "Monitor",
         "cn=Monitor",
@@ -210,8 +236,12 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
             num("pandoReadSyscalls", p.syscr),
             num("pandoWriteSyscalls", p.syscw),
         ],
-    )];
-    out.push(node(
+    )
+}
+
+/// `cn=Connections`: connections, bytes and messages.
+fn connections_node(m: &Metrics) -> (String, Entry) {
+    node(
         "monitorContainer",
         "Connections",
         "cn=Connections,cn=Monitor",
@@ -224,7 +254,11 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
             num("pandoPdusIn", m.get(&m.pdus_in)),
             num("pandoPdusOut", m.get(&m.pdus_out)),
         ],
-    ));
+    )
+}
+
+/// `cn=Operations` and one entry per operation type.
+fn operation_nodes(m: &Metrics, out: &mut Vec<(String, Entry)>) {
     let (ini, com) = OP_KINDS.iter().fold((0, 0), |(i, c), k| {
         (i + m.initiated(*k), c + m.completed(*k))
     });
@@ -255,6 +289,10 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
         let dn = format!("cn={t},cn=Operations,cn=Monitor");
         out.push(node("monitorOperation", &t, &dn, attrs));
     }
+}
+
+/// `cn=Store`: size, map, readers, databases, page cache.
+fn store_node(server: &Server) -> (String, Entry) {
     let mut store = Vec::new();
     if let Ok(s) = server.store.stats() {
         store.push(num("pandoEntries", s.entries));
@@ -275,24 +313,11 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
     if let Some(r) = resident(server) {
         store.push(attr("pandoResidentPercent", [format!("{:.1}", r * 100.0)]));
     }
-    out.push(node(
-        "monitoredObject",
-        "Store",
-        "cn=Store,cn=Monitor",
-        store,
-    ));
-    out.push(node(
-        "monitoredObject",
-        "Indexes",
-        "cn=Indexes,cn=Monitor",
-        indexes(server),
-    ));
-    out.push(node(
-        "monitorContainer",
-        "Overlays",
-        "cn=Overlays,cn=Monitor",
-        overlays(server),
-    ));
+    node("monitoredObject", "Store", "cn=Store,cn=Monitor", store)
+}
+
+/// `cn=Changes`: persistent searches and the change log.
+fn changes_node(server: &Server) -> (String, Entry) {
     let mut changes = vec![num(
         "pandoPersistentSearches",
         server.persistent_searches.in_use() as u64,
@@ -310,15 +335,18 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
             changes.push(attr("pandoChangeLogFloorCSN", [log.floor]));
         }
     }
-    out.push(node(
+    node(
         "monitoredObject",
         "Changes",
         "cn=Changes,cn=Monitor",
         changes,
-    ));
-    replication(server, &mut out);
+    )
+}
+
+/// `cn=Writer`: batches, commits, durability.
+fn writer_node(server: &Server) -> (String, Entry) {
     let w = server.store.writer_stats();
-    out.push(node(
+    node(
         "monitoredObject",
         "Writer",
         "cn=Writer,cn=Monitor",
@@ -342,7 +370,11 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
                 [format!("{:?}", server.store.durability())],
             ),
         ],
-    ));
+    )
+}
+
+/// `cn=Logs`: log files, drops and errors, cn=accesslog's counts.
+fn logs_node(server: &Server) -> (String, Entry) {
     let mut logs = vec![
         num("pandoDropped", server.logs.access_dropped()),
         num("pandoWriteErrors", server.logs.write_errors()),
@@ -368,21 +400,23 @@ pub fn entries(server: &Server) -> Vec<(String, Entry)> {
     if !files.is_empty() {
         logs.push(attr("pandoLogFile", files));
     }
-    out.push(node("monitoredObject", "Logs", "cn=Logs,cn=Monitor", logs));
+    node("monitoredObject", "Logs", "cn=Logs,cn=Monitor", logs)
+}
+
+/// `cn=Passwords`: slow hashes and upgrades.
+fn passwords_node(server: &Server) -> (String, Entry) {
     let h = server.passwords.stats();
     let passwords = vec![
         num("pandoPasswordHashes", h.total.load(Ordering::Relaxed)),
         num("pandoInProgress", h.running.load(Ordering::Relaxed)),
         num("pandoPasswordUpgrades", h.upgraded.load(Ordering::Relaxed)),
     ];
-    out.push(node(
+    node(
         "monitoredObject",
         "Passwords",
         "cn=Passwords,cn=Monitor",
         passwords,
-    ));
-    super::monitor_slapd::add(server, &mut out);
-    out
+    )
 }
 
 /// Share of the database file in the page cache.
