@@ -173,15 +173,22 @@ fn translucent_target(
 
 /// Run an add, delete, modify, modify DN, compare or extended operation.
 /// None for requests this does not run (searches and binds have their own
-/// paths).
+/// paths). The target decides the tree: cn=config (not in the store; its
+/// own path, administrators only, honouring the write controls as the
+/// write pipeline does), a translucent suffix, or the store.
 pub async fn perform(server: &Arc<Server>, op: Operation) -> Option<Response> {
-    let Operation {
-        who,
-        request,
-        controls,
-        ..
-    } = op;
-    let written = |r: OpResult<Written>, mk: fn(LdapResult) -> ProtocolOp| match r {
+    if let Some((norm, dn)) = config_target(server, &op.request) {
+        return Some(on_config(server, op, &norm, &dn).await);
+    }
+    if let Some(t) = translucent_target(server, &op.request) {
+        return on_translucent(server, op, &t).await;
+    }
+    on_store(server, op).await
+}
+
+/// The response to a write: success, No-Op's result, or the error.
+fn written(r: OpResult<Written>, mk: fn(LdapResult) -> ProtocolOp) -> Response {
+    match r {
         Ok(w) if w.no_op => Response {
             op: mk(LdapResult::new(ResultCode::NO_OPERATION, "")),
             controls: w.controls,
@@ -197,60 +204,91 @@ pub async fn perform(server: &Arc<Server>, op: Operation) -> Option<Response> {
                 controls,
             }
         }
+    }
+}
+
+/// The response to a compare.
+fn compared(r: OpResult<ResultCode>) -> Response {
+    let result = match r {
+        Ok(code) => LdapResult::new(code, ""),
+        Err(e) => e.into_result(),
     };
-    // cn=config is not in the store: its own path (administrators only),
-    // honouring the write controls as the write pipeline does.
-    if let Some((norm, dn)) = config_target(server, &request) {
-        use crate::cn_config::serve;
-        return Some(match request {
-            ProtocolOp::ModifyRequest(req) => written(
-                serve::modify(server, &who, &controls, &dn, &norm, &req.changes).await,
-                ProtocolOp::ModifyResponse,
-            ),
-            ProtocolOp::AddRequest(req) => written(
-                serve::add(server, &who, &controls, &req, &norm).await,
-                ProtocolOp::AddResponse,
-            ),
-            ProtocolOp::DelRequest(_) => written(
-                serve::delete(server, &who, &controls, &dn, &norm).await,
-                ProtocolOp::DelResponse,
-            ),
-            _ => written(
-                Err(serve::refuse_other_writes(&who, "renamed")),
-                ProtocolOp::ModifyDnResponse,
-            ),
-        });
+    Response {
+        op: ProtocolOp::CompareResponse(result),
+        controls: Vec::new(),
     }
-    if let Some(t) = translucent_target(server, &request) {
-        use crate::overlays::translucent::write as tw;
-        let ctx = WriteCtx::new(server, &who, controls.clone());
-        return Some(match request {
-            ProtocolOp::AddRequest(req) => {
-                written(tw::add(ctx, &t, req).await, ProtocolOp::AddResponse)
-            }
-            ProtocolOp::DelRequest(dn) => {
-                written(tw::delete(ctx, &t, dn).await, ProtocolOp::DelResponse)
-            }
-            ProtocolOp::ModifyRequest(req) => {
-                written(tw::modify(ctx, &t, req).await, ProtocolOp::ModifyResponse)
-            }
-            ProtocolOp::ModifyDnRequest(req) => written(
-                tw::modify_dn(ctx, &t, req).await,
-                ProtocolOp::ModifyDnResponse,
-            ),
-            ProtocolOp::CompareRequest(req) => {
-                let result = match tw::compare(server, &t, &who, &controls, &req).await {
-                    Ok(code) => LdapResult::new(code, ""),
-                    Err(e) => e.into_result(),
-                };
-                Response {
-                    op: ProtocolOp::CompareResponse(result),
-                    controls: Vec::new(),
-                }
-            }
-            _ => return None,
-        });
+}
+
+/// A write under cn=config.
+async fn on_config(server: &Arc<Server>, op: Operation, norm: &str, dn: &str) -> Response {
+    use crate::cn_config::serve;
+    let Operation {
+        who,
+        request,
+        controls,
+        ..
+    } = op;
+    match request {
+        ProtocolOp::ModifyRequest(req) => written(
+            serve::modify(server, &who, &controls, dn, norm, &req.changes).await,
+            ProtocolOp::ModifyResponse,
+        ),
+        ProtocolOp::AddRequest(req) => written(
+            serve::add(server, &who, &controls, &req, norm).await,
+            ProtocolOp::AddResponse,
+        ),
+        ProtocolOp::DelRequest(_) => written(
+            serve::delete(server, &who, &controls, dn, norm).await,
+            ProtocolOp::DelResponse,
+        ),
+        _ => written(
+            Err(serve::refuse_other_writes(&who, "renamed")),
+            ProtocolOp::ModifyDnResponse,
+        ),
     }
+}
+
+/// A write or compare below a translucent suffix.
+async fn on_translucent(
+    server: &Arc<Server>,
+    op: Operation,
+    t: &Arc<crate::overlays::translucent::Translucent>,
+) -> Option<Response> {
+    use crate::overlays::translucent::write as tw;
+    let Operation {
+        who,
+        request,
+        controls,
+        ..
+    } = op;
+    let ctx = WriteCtx::new(server, &who, controls.clone());
+    Some(match request {
+        ProtocolOp::AddRequest(req) => written(tw::add(ctx, t, req).await, ProtocolOp::AddResponse),
+        ProtocolOp::DelRequest(dn) => {
+            written(tw::delete(ctx, t, dn).await, ProtocolOp::DelResponse)
+        }
+        ProtocolOp::ModifyRequest(req) => {
+            written(tw::modify(ctx, t, req).await, ProtocolOp::ModifyResponse)
+        }
+        ProtocolOp::ModifyDnRequest(req) => written(
+            tw::modify_dn(ctx, t, req).await,
+            ProtocolOp::ModifyDnResponse,
+        ),
+        ProtocolOp::CompareRequest(req) => {
+            compared(tw::compare(server, t, &who, &controls, &req).await)
+        }
+        _ => return None,
+    })
+}
+
+/// An operation on the store.
+async fn on_store(server: &Arc<Server>, op: Operation) -> Option<Response> {
+    let Operation {
+        who,
+        request,
+        controls,
+        ..
+    } = op;
     Some(match request {
         ProtocolOp::AddRequest(req) => {
             let ctx = WriteCtx::new(server, &who, controls);
@@ -286,14 +324,7 @@ pub async fn perform(server: &Arc<Server>, op: Operation) -> Option<Response> {
                     "compare failed unexpectedly",
                 ))
             });
-            let result = match r {
-                Ok(code) => LdapResult::new(code, ""),
-                Err(e) => e.into_result(),
-            };
-            Response {
-                op: ProtocolOp::CompareResponse(result),
-                controls: Vec::new(),
-            }
+            compared(r)
         }
         ProtocolOp::ExtendedRequest(req) => {
             let r = super::extended::extended(server, &who, controls, req).await;
