@@ -389,6 +389,49 @@ async fn session(
         Start::Initial => None,
     };
     let start = Cookie::parse(stored.as_deref().unwrap_or("").as_bytes()).unwrap_or_default();
+    let (req, controls, log, fallback) = sync_search(server, cfg, &start)?;
+    let id = client
+        .send(ProtocolOp::SearchRequest(req), controls)
+        .await?;
+    let session_who = replication_identity(cfg.rid);
+    let mut s = Session2 {
+        server,
+        cfg,
+        replica,
+        who: session_who,
+        queued: VecDeque::new(),
+        persisting: false,
+        failed: Arc::default(),
+        initial: start.csns.is_empty(),
+        present: HashSet::new(),
+        pending_deletes: Vec::new(),
+        pending_cookie: None,
+        last: start,
+        present_phase: false,
+        future_warned: None,
+        log,
+        fallback,
+        recent: HashMap::new(),
+    };
+    // The state this session starts from is stored first, so a session
+    // cut short starts over from it (not from a contextCSN the entries
+    // received so far moved).
+    let first = Cookie {
+        rid: Some(cfg.rid),
+        ..s.last.clone()
+    };
+    s.store_cookie(first, None, false).await?;
+    follow(&mut s, client, id, carry).await
+}
+
+/// The sync search for a session starting at `start`: the request, its
+/// controls, whether it follows the provider's log (delta-sync from a
+/// cookie) and whether it is delta-sync's fallback refresh of the data.
+fn sync_search(
+    server: &Server,
+    cfg: &ConsumerConfig,
+    start: &Cookie,
+) -> Result<(SearchRequest, Vec<Control>, bool, bool), Failed> {
     // Always a cookie, with at least the rid (OpenLDAP's providers echo
     // the rid they are given, and only that).
     let sid = server.cfg.config.replication.server_id;
@@ -433,11 +476,14 @@ async fn session(
             value: None,
         },
     ];
-    let id = client
-        .send(ProtocolOp::SearchRequest(req), controls)
-        .await?;
-    let name = format!("cn=replication rid={:03}", cfg.rid);
-    let session_who = Identity::authenticated(
+    Ok((req, controls, log, fallback))
+}
+
+/// Who a consumer's changes are written as: an administrator to whom
+/// access rules do not apply (the provider's rules decided what it sent).
+fn replication_identity(rid: u16) -> Identity {
+    let name = format!("cn=replication rid={rid:03}");
+    Identity::authenticated(
         name.clone(),
         name,
         Arc::new(Session {
@@ -447,34 +493,18 @@ async fn session(
             client_cert_dn: None,
         }),
     )
-    .with_roles(true, true);
-    let mut s = Session2 {
-        server,
-        cfg,
-        replica,
-        who: session_who,
-        queued: VecDeque::new(),
-        persisting: false,
-        failed: Arc::default(),
-        initial: start.csns.is_empty(),
-        present: HashSet::new(),
-        pending_deletes: Vec::new(),
-        pending_cookie: None,
-        last: start,
-        present_phase: false,
-        future_warned: None,
-        log,
-        fallback,
-        recent: HashMap::new(),
-    };
-    // The state this session starts from is stored first, so a session
-    // cut short starts over from it (not from a contextCSN the entries
-    // received so far moved).
-    let first = Cookie {
-        rid: Some(cfg.rid),
-        ..s.last.clone()
-    };
-    s.store_cookie(first, None, false).await?;
+    .with_roles(true, true)
+}
+
+/// Read the provider's messages until the session ends: apply each, keep
+/// the cookie, settle what is queued while the provider is quiet.
+async fn follow(
+    s: &mut Session2<'_>,
+    mut client: Client,
+    id: i32,
+    carry: &mut Carry,
+) -> Result<Ended, Failed> {
+    let (cfg, replica) = (s.cfg, s.replica);
     let timeout = Duration::from_secs(cfg.timeout_secs);
     loop {
         // In the persist stage the provider may be quiet for long; the
