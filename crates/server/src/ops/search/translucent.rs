@@ -114,35 +114,7 @@ async fn search(job: &Arc<SearchJob>, t: &Translucent) -> OpResult<Option<Search
     let asked = if local.base_own().is_some() && scope == Scope::Base {
         Ok(Found::default())
     } else {
-        let mut types: Vec<String> = types.to_vec();
-        for ty in t.local_types() {
-            if !types.contains(ty) {
-                types.push(ty.clone());
-            }
-        }
-        let all = Filter::Present("objectClass".into());
-        let (scope, filter) = match translucent::relax(schema, &job.req.filter, &types) {
-            Relaxed::Filter(f) => (scope, f),
-            Relaxed::All => (scope, all),
-            // Nothing there can match: only the base is read (below).
-            Relaxed::None => (Scope::Base, all),
-        };
-        let attrs = remote_attrs(job);
-        let q = Query {
-            base: &job.req.base,
-            scope,
-            filter: &filter,
-            attrs: &attrs,
-            max: t.max_entries,
-        };
-        let asked = t.remote.search(schema, &q, &job.abandoned).await;
-        asked.map(|mut f| {
-            if scope != job.req.scope {
-                // Only the base was read, for itself (below).
-                f.probed_base = f.entries.pop().map(|(_, e)| e);
-            }
-            f
-        })
+        ask_remote(job, t, &types).await
     };
     if job.abandoned.load(Ordering::Relaxed) {
         return Ok(None);
@@ -199,14 +171,64 @@ async fn search(job: &Arc<SearchJob>, t: &Translucent) -> OpResult<Option<Search
     let Some((n, limited)) = sent else {
         return Ok(None);
     };
-    let result = if let Some(r) = limited {
-        r
-    } else if let Some(why) = failure {
+    let result = limited.unwrap_or_else(|| outcome(t, failure, found.cut));
+    Ok(Some(SearchOutcome {
+        result,
+        controls: paged_done(job),
+        entries: n,
+    }))
+}
+
+/// Search the remote for what the client asked: its filter relaxed to what
+/// the remote can decide (the attributes held here are tested after
+/// merging), the attributes the client and the local parts need.
+async fn ask_remote(
+    job: &Arc<SearchJob>,
+    t: &Translucent,
+    types: &[String],
+) -> Result<Found, pando_client::ClientError> {
+    let schema = &*job.server.schema;
+    let scope = job.req.scope;
+    let mut types: Vec<String> = types.to_vec();
+    for ty in t.local_types() {
+        if !types.contains(ty) {
+            types.push(ty.clone());
+        }
+    }
+    let all = Filter::Present("objectClass".into());
+    let (scope, filter) = match translucent::relax(schema, &job.req.filter, &types) {
+        Relaxed::Filter(f) => (scope, f),
+        Relaxed::All => (scope, all),
+        // Nothing there can match: only the base is read (below).
+        Relaxed::None => (Scope::Base, all),
+    };
+    let attrs = remote_attrs(job);
+    let q = Query {
+        base: &job.req.base,
+        scope,
+        filter: &filter,
+        attrs: &attrs,
+        max: t.max_entries,
+    };
+    let asked = t.remote.search(schema, &q, &job.abandoned).await;
+    asked.map(|mut f| {
+        if scope != job.req.scope {
+            // Only the base was read, for itself (below).
+            f.probed_base = f.entries.pop().map(|(_, e)| e);
+        }
+        f
+    })
+}
+
+/// The search's result when no limit ended it: the remote's failure (only
+/// entries held here were sent), its cut, or success.
+fn outcome(t: &Translucent, failure: Option<String>, cut: Option<String>) -> LdapResult {
+    if let Some(why) = failure {
         LdapResult::new(
             ResultCode::UNAVAILABLE,
             format!("{why}: only entries held here were returned"),
         )
-    } else if let Some(why) = found.cut {
+    } else if let Some(why) = cut {
         LdapResult::new(
             ResultCode::ADMIN_LIMIT_EXCEEDED,
             format!(
@@ -216,12 +238,7 @@ async fn search(job: &Arc<SearchJob>, t: &Translucent) -> OpResult<Option<Search
         )
     } else {
         LdapResult::success()
-    };
-    Ok(Some(SearchOutcome {
-        result,
-        controls: paged_done(job),
-        entries: n,
-    }))
+    }
 }
 
 /// Settle the search right on the base before the remote is searched:
