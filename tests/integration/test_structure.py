@@ -41,7 +41,7 @@ ALLOWED = {
 # Most files in one circle of imports, per crate directory (issue 38's
 # goal is 3 everywhere; the server's is where the redesign starts).
 CEILING = {
-    "server": 44,
+    "server": 43,
     "migrate": 6,
     "model": 3,
     "store": 2,

@@ -441,8 +441,9 @@ pub fn build_server(
     ));
     let logs = Arc::new(pando_observe::Logs::open(&cfg.config.logs)?);
     let compiled = compile(cfg, schema, root_pw_hash, tls, passwords, logs)?;
-    let runtime = new_runtime(&compiled, store, csn)?;
     Ok(live::Live::new(|weak| {
+        let tree = Arc::new(cn_config::serve::Tree { live: weak.clone() });
+        let runtime = new_runtime(&compiled, store, csn, tree);
         Server::assemble(compiled, runtime, weak)
     }))
 }
@@ -551,10 +552,11 @@ fn new_runtime(
     c: &state::Compiled,
     store: Store,
     csn: CsnClock,
-) -> Result<state::Runtime, BoxError> {
+    config_tree: Arc<dyn ops::config_tree::ConfigTree>,
+) -> state::Runtime {
     let cfg = &c.cfg.config;
     let limits = &cfg.limits;
-    Ok(state::Runtime {
+    state::Runtime {
         store,
         csn: Arc::new(csn),
         throttle: Arc::new(throttle::BindThrottle::new(limits)),
@@ -570,7 +572,8 @@ fn new_runtime(
         persistent_holders: Default::default(),
         replicas: Arc::new(repl::Replicas::new(&c.schema, &cfg.replication.consumer)),
         listeners: Arc::new(net::listener::Listeners::default()),
-    })
+        config_tree,
+    }
 }
 
 /// Each connection is a file descriptor: lift the soft limit to the hard one

@@ -11,7 +11,7 @@ use pando_config::Resolved;
 use pando_store::clock::CsnClock;
 
 /// Everything operations share, for one configuration. Immutable: a
-/// configuration change builds a new `Server` (see [`crate::live`]) that
+/// configuration change builds a new `Server` (see the live configuration, `live`) that
 /// shares the runtime handles (store, counters, feed, listeners) of the old one.
 pub struct Server {
     // Compiled from the configuration.
@@ -77,8 +77,11 @@ pub struct Server {
     pub replicas: Arc<crate::repl::Replicas>,
     /// The accept loops running (listeners change with `listen`).
     pub listeners: Arc<crate::net::listener::Listeners>,
-    /// Where the current configuration is found (to change it).
-    pub live: Weak<crate::live::Live>,
+    /// cn=config, served by the configuration layer (its entries, its
+    /// changes applied to the running configuration).
+    pub config_tree: Arc<dyn crate::ops::config_tree::ConfigTree>,
+    /// Where the current configuration is found.
+    pub live: Weak<dyn Current>,
 }
 
 /// The part of a [`Server`] that outlives configuration changes: handles
@@ -100,6 +103,13 @@ pub struct Runtime {
     pub persistent_holders: Arc<crate::ops::search::PersistentHolders>,
     pub replicas: Arc<crate::repl::Replicas>,
     pub listeners: Arc<crate::net::listener::Listeners>,
+    pub config_tree: Arc<dyn crate::ops::config_tree::ConfigTree>,
+}
+
+/// The configuration running now, whichever it is: tasks that outlive a
+/// configuration (replication consumers) ask it for the current server.
+pub trait Current: Send + Sync {
+    fn server(&self) -> Arc<Server>;
 }
 
 /// The part of a [`Server`] compiled from one configuration: made (and
@@ -122,7 +132,7 @@ pub struct Compiled {
 }
 
 impl Server {
-    pub fn assemble(c: Compiled, rt: Runtime, live: Weak<crate::live::Live>) -> Server {
+    pub fn assemble(c: Compiled, rt: Runtime, live: Weak<dyn Current>) -> Server {
         Server {
             cfg: c.cfg,
             desired: c.desired,
@@ -156,6 +166,7 @@ impl Server {
             persistent_holders: rt.persistent_holders,
             replicas: rt.replicas,
             listeners: rt.listeners,
+            config_tree: rt.config_tree,
             live,
         }
     }
@@ -187,6 +198,7 @@ impl Server {
             persistent_holders: self.persistent_holders.clone(),
             replicas: self.replicas.clone(),
             listeners: self.listeners.clone(),
+            config_tree: self.config_tree.clone(),
         }
     }
 }

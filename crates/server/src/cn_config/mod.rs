@@ -35,8 +35,7 @@ use pando_proto::{Change, ModOp, ResultCode};
 use crate::error::LdapError;
 use pando_config::{AccessRule, Config};
 
-pub const CONFIG_DN: &str = "cn=config";
-pub const CONFIG_NORM: &str = "cn=config";
+pub use crate::ops::config_tree::{CONFIG_DN, CONFIG_NORM};
 pub const DATABASE_DN: &str = "olcDatabase={1}mdb,cn=config";
 pub const DATABASE_NORM: &str = "olcdatabase={1}mdb,cn=config";
 /// OID arc of the configuration schema: attribute types `.1.N`, object

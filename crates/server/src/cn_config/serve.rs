@@ -2,33 +2,77 @@
 //! else it does not exist (noSuchObject), so filters and compares cannot
 //! reveal anything of it.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use pando_model::{Dn, Entry, Schema};
-use pando_proto::{oid, Change, Control, ModOp, PartialAttribute, ResultCode};
+use pando_model::{Entry, Schema};
+use pando_proto::{oid, Change, Control, ModOp, PartialAttribute, ProtocolOp, ResultCode};
 
-use super::{apply, attr_of, overlay_tree, schema_tree, stored, CONFIG_NORM};
+use super::{apply, attr_of, overlay_tree, schema_tree, stored};
 use crate::error::{LdapError, OpResult};
-use crate::live::Refused;
+use crate::live::{Live, Refused};
+pub use crate::ops::config_tree::{may_see, under_config};
+use crate::ops::config_tree::{Answer, ConfigTree};
 use crate::ops::controls::Requested;
+use crate::ops::operation::{written, Operation};
 use crate::ops::write::Written;
 use crate::state::Server;
 use pando_access::Identity;
 
-/// The normalised DN when `dn` names cn=config or an entry below it.
-pub fn under_config(schema: &Schema, dn: &Dn) -> Option<String> {
-    // Only a last RDN of `cn=config` can be: others skip the normalising.
-    let last = dn.rdns.last()?;
-    if last.avas.len() != 1 || !last.avas[0].value.eq_ignore_ascii_case(b"config") {
-        return None;
-    }
-    let norm = schema.normalize_dn(dn).ok()?;
-    (norm == CONFIG_NORM || norm.ends_with(",cn=config")).then_some(norm)
+/// cn=config as the operations reach it (`ops::config_tree`): its entries
+/// for the configuration a server runs with, and writes applied to the
+/// running configuration through `live`.
+pub struct Tree {
+    pub live: Weak<Live>,
 }
 
-/// Who may read and change the configuration.
-pub fn may_see(who: &Identity) -> bool {
-    who.is_admin() || who.is_break_glass()
+impl ConfigTree for Tree {
+    fn entries(&self, server: &Server) -> Vec<(String, Entry)> {
+        super::entries(&server.desired, &server.cfg.config)
+    }
+
+    fn write<'a>(
+        &'a self,
+        server: &'a Arc<Server>,
+        op: Operation,
+        norm: String,
+        dn: String,
+    ) -> Answer<'a> {
+        Box::pin(async move {
+            let Operation {
+                who,
+                request,
+                controls,
+                ..
+            } = op;
+            match request {
+                ProtocolOp::ModifyRequest(req) => written(
+                    modify(
+                        server,
+                        &self.live,
+                        &who,
+                        &controls,
+                        &dn,
+                        &norm,
+                        &req.changes,
+                    )
+                    .await,
+                    ProtocolOp::ModifyResponse,
+                ),
+                ProtocolOp::AddRequest(req) => written(
+                    add(&self.live, &who, &controls, &req, &norm).await,
+                    ProtocolOp::AddResponse,
+                ),
+                ProtocolOp::DelRequest(_) => written(
+                    delete(&self.live, &who, &controls, &dn, &norm).await,
+                    ProtocolOp::DelResponse,
+                ),
+                _ => written(
+                    Err(refuse_other_writes(&who, "renamed")),
+                    ProtocolOp::ModifyDnResponse,
+                ),
+            }
+        })
+    }
 }
 
 fn no_such_object() -> LdapError {
@@ -48,6 +92,7 @@ pub fn refuse_other_writes(who: &Identity, what: &str) -> LdapError {
 /// A modify of the configuration entry `norm`.
 pub async fn modify(
     server: &Arc<Server>,
+    live: &Weak<Live>,
     who: &Identity,
     controls: &Requested,
     dn_text: &str,
@@ -60,7 +105,7 @@ pub async fn modify(
         kind: Kind::Modify(changes),
     };
     let permissive = controls.permissive_modify;
-    change(server, who, controls, target, |desired| {
+    change(live, who, controls, target, |desired| {
         let tolerated;
         let changes = if permissive {
             let entry = entry_named(&server.schema, desired, desired, norm);
@@ -83,7 +128,7 @@ pub async fn modify(
 /// An add below cn=config: a schema document (`ldapadd -f x.ldif`) or
 /// an overlay.
 pub async fn add(
-    server: &Arc<Server>,
+    live: &Weak<Live>,
     who: &Identity,
     controls: &Requested,
     req: &pando_proto::AddRequest,
@@ -103,7 +148,7 @@ pub async fn add(
         norm,
         kind: Kind::Add(entry),
     };
-    change(server, who, controls, target, |desired| {
+    change(live, who, controls, target, |desired| {
         if overlay {
             overlay_tree::add(desired, &dn, norm, &req.attrs)
         } else {
@@ -115,7 +160,7 @@ pub async fn add(
 
 /// A delete below cn=config: a schema document or an overlay.
 pub async fn delete(
-    server: &Arc<Server>,
+    live: &Weak<Live>,
     who: &Identity,
     controls: &Requested,
     dn_text: &str,
@@ -130,7 +175,7 @@ pub async fn delete(
         norm,
         kind: Kind::Delete,
     };
-    change(server, who, controls, target, |desired| {
+    change(live, who, controls, target, |desired| {
         if overlay {
             overlay_tree::delete(desired, norm)
         } else {
@@ -169,7 +214,7 @@ enum Kind<'a> {
 /// noOperation; pre-read and post-read of the entry. Changes are
 /// serialised; a refused change changes nothing.
 async fn change(
-    server: &Arc<Server>,
+    live: &Weak<Live>,
     who: &Identity,
     controls: &Requested,
     target: Target<'_>,
@@ -178,8 +223,7 @@ async fn change(
     if !may_see(who) {
         return Err(no_such_object());
     }
-    let live = server
-        .live
+    let live = live
         .upgrade()
         .ok_or_else(|| LdapError::new(ResultCode::UNAVAILABLE, "the server is shutting down"))?;
     let _changing = live.changing().await;
@@ -441,6 +485,7 @@ fn tolerant(changes: &[Change], entry: Option<&Entry>) -> Vec<Change> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pando_model::Dn;
 
     fn change(op: ModOp, name: &str, values: &[&str]) -> Change {
         Change {

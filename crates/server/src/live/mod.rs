@@ -34,15 +34,24 @@ pub struct Live {
     /// Held while a change is validated, stored and installed: two changes
     /// never build on the same old configuration.
     changing: tokio::sync::Mutex<()>,
+    /// This `Live` (its listeners are given it).
+    me: std::sync::Weak<Live>,
+}
+
+impl crate::state::Current for Live {
+    fn server(&self) -> Arc<Server> {
+        Live::server(self)
+    }
 }
 
 impl Live {
     /// A `Live` whose first server is made by `first`, which gets the
     /// handle its servers keep to find the current one.
     pub fn new(first: impl FnOnce(std::sync::Weak<Live>) -> Server) -> Arc<Live> {
-        Arc::new_cyclic(|weak| Live {
+        Arc::new_cyclic(|weak: &std::sync::Weak<Live>| Live {
             current: ArcSwap::from_pointee(first(weak.clone())),
             changing: tokio::sync::Mutex::new(()),
+            me: weak.clone(),
         })
     }
 
@@ -331,7 +340,7 @@ impl Live {
         }
         let listeners = p.server.listeners.clone();
         let installed = self.install(p.server);
-        if let Some(live) = installed.live.upgrade() {
+        if let Some(live) = self.me.upgrade() {
             for (l, b) in p.bound {
                 listeners.spawn(&live, Some(l), b);
             }

@@ -135,7 +135,7 @@ fn max_file_descriptors() -> Option<u64> {
 fn databases(server: &Server, out: &mut Vec<(String, Entry)>) {
     let suffixes: Vec<String> = server.suffixes.iter().map(|(d, _)| d.to_string()).collect();
     let mut contexts = suffixes.clone();
-    contexts.push(crate::cn_config::CONFIG_DN.to_string());
+    contexts.push(crate::ops::config_tree::CONFIG_DN.to_string());
     out.push(node(
         "monitorContainer",
         "Databases",
@@ -158,7 +158,7 @@ fn databases(server: &Server, out: &mut Vec<(String, Entry)>) {
             boolean("readOnly", *name == "monitor"),
         ];
         match *name {
-            "config" => attrs.push(attr("namingContexts", [crate::cn_config::CONFIG_DN])),
+            "config" => attrs.push(attr("namingContexts", [crate::ops::config_tree::CONFIG_DN])),
             "monitor" => attrs.push(attr("monitorContext", ["cn=Monitor"])),
             _ => {
                 attrs.push(attr("namingContexts", suffixes.clone()));

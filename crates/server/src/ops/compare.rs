@@ -22,12 +22,12 @@ pub fn compare(
     let dn = super::parse_dn(&req.dn)?;
     let (at, want) = assertion(schema, req)?;
     // cn=config (administrators only): its entries are made, not stored.
-    if let Some(norm) = crate::cn_config::serve::under_config(schema, &dn) {
+    if let Some(norm) = super::config_tree::under_config(schema, &dn) {
         let no_such = || LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object");
-        if !crate::cn_config::serve::may_see(who) {
+        if !super::config_tree::may_see(who) {
             return Err(no_such());
         }
-        let entries = crate::cn_config::entries(&server.desired, &server.cfg.config);
+        let entries = server.config_tree.entries(server);
         let entry = entries
             .into_iter()
             .map(|(_, e)| e)

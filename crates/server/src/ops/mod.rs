@@ -4,6 +4,7 @@
 
 pub mod bind;
 pub mod compare;
+pub mod config_tree;
 pub mod controls;
 pub mod extended;
 pub mod feed;

@@ -158,7 +158,7 @@ fn config_target(server: &Server, request: &ProtocolOp) -> Option<(String, Strin
         return None;
     }
     let parsed = pando_model::Dn::parse(dn).ok()?;
-    let norm = crate::cn_config::serve::under_config(&server.schema, &parsed)?;
+    let norm = super::config_tree::under_config(&server.schema, &parsed)?;
     Some((norm, dn.clone()))
 }
 
@@ -178,7 +178,8 @@ fn translucent_target(
 /// write pipeline does), a translucent suffix, or the store.
 pub async fn perform(server: &Arc<Server>, op: Operation) -> Option<Response> {
     if let Some((norm, dn)) = config_target(server, &op.request) {
-        return Some(on_config(server, op, &norm, &dn).await);
+        let tree = server.config_tree.clone();
+        return Some(tree.write(server, op, norm, dn).await);
     }
     if let Some(t) = translucent_target(server, &op.request) {
         return on_translucent(server, op, &t).await;
@@ -187,7 +188,7 @@ pub async fn perform(server: &Arc<Server>, op: Operation) -> Option<Response> {
 }
 
 /// The response to a write: success, No-Op's result, or the error.
-fn written(r: OpResult<Written>, mk: fn(LdapResult) -> ProtocolOp) -> Response {
+pub fn written(r: OpResult<Written>, mk: fn(LdapResult) -> ProtocolOp) -> Response {
     match r {
         Ok(w) if w.no_op => Response {
             op: mk(LdapResult::new(ResultCode::NO_OPERATION, "")),
@@ -216,35 +217,6 @@ fn compared(r: OpResult<ResultCode>) -> Response {
     Response {
         op: ProtocolOp::CompareResponse(result),
         controls: Vec::new(),
-    }
-}
-
-/// A write under cn=config.
-async fn on_config(server: &Arc<Server>, op: Operation, norm: &str, dn: &str) -> Response {
-    use crate::cn_config::serve;
-    let Operation {
-        who,
-        request,
-        controls,
-        ..
-    } = op;
-    match request {
-        ProtocolOp::ModifyRequest(req) => written(
-            serve::modify(server, &who, &controls, dn, norm, &req.changes).await,
-            ProtocolOp::ModifyResponse,
-        ),
-        ProtocolOp::AddRequest(req) => written(
-            serve::add(server, &who, &controls, &req, norm).await,
-            ProtocolOp::AddResponse,
-        ),
-        ProtocolOp::DelRequest(_) => written(
-            serve::delete(server, &who, &controls, dn, norm).await,
-            ProtocolOp::DelResponse,
-        ),
-        _ => written(
-            Err(serve::refuse_other_writes(&who, "renamed")),
-            ProtocolOp::ModifyDnResponse,
-        ),
     }
 }
 

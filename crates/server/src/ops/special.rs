@@ -102,7 +102,7 @@ fn build_root_dse(server: &Server) -> Entry {
                 server.suffixes.iter().map(|(d, _)| d.to_string()),
             ),
             attr("subschemaSubentry", [SUBSCHEMA_DN]),
-            attr("configContext", [crate::cn_config::CONFIG_DN]),
+            attr("configContext", [super::config_tree::CONFIG_DN]),
             // Where tools (LAM, phpLDAPadmin) look for the monitor, as on slapd.
             attr("monitorContext", ["cn=Monitor"]),
             attr("supportedLDAPVersion", ["3"]),

@@ -623,7 +623,7 @@ fn attr(name: &str, value: &str) -> Attribute {
 /// identity); rules covering every entry do not open it, as records show
 /// every value written, passwords included.
 pub fn may_read(server: &Server, who: &Identity) -> bool {
-    crate::cn_config::serve::may_see(who)
+    crate::ops::config_tree::may_see(who)
         || pando_access::acl::Access::new(&server.acl, who)
             .named_allows(SUFFIX, pando_access::acl::READ)
 }

@@ -187,22 +187,19 @@ struct ConfigTree;
 
 impl VirtualTree for ConfigTree {
     fn owns(&self, schema: &Schema, base: &Dn) -> bool {
-        crate::cn_config::serve::under_config(schema, base).is_some()
+        crate::ops::config_tree::under_config(schema, base).is_some()
     }
 
     fn may_enter(&self, _server: &Server, who: &Identity, _base_norm: &str) -> bool {
-        crate::cn_config::serve::may_see(who)
+        crate::ops::config_tree::may_see(who)
     }
 
     fn may_read(&self, _server: &Server, who: &Identity, _e: &VirtualEntry) -> bool {
-        crate::cn_config::serve::may_see(who)
+        crate::ops::config_tree::may_see(who)
     }
 
     fn entries(&self, server: &Server) -> Vec<VirtualEntry> {
-        with_norms(
-            server,
-            crate::cn_config::entries(&server.desired, &server.cfg.config),
-        )
+        with_norms(server, server.config_tree.entries(server))
     }
 }
 

@@ -1,0 +1,57 @@
+//! The cn=config tree as the operations see it: where it is, who may see
+//! it, and the trait through which they read and change it. The tree
+//! itself (its entries, and applying a change to the running
+//! configuration) is `cn_config`'s, given to the server when it is
+//! assembled; the operations name no configuration code.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use pando_access::Identity;
+use pando_model::{Dn, Entry, Schema};
+
+use super::operation::{Operation, Response};
+use crate::state::Server;
+
+/// The tree's root as clients write it.
+pub const CONFIG_DN: &str = "cn=config";
+/// The tree's root, normalised.
+pub const CONFIG_NORM: &str = "cn=config";
+
+/// The normalised DN when `dn` names cn=config or an entry below it.
+pub fn under_config(schema: &Schema, dn: &Dn) -> Option<String> {
+    // Only a last RDN of `cn=config` can be: others skip the normalising.
+    let last = dn.rdns.last()?;
+    if last.avas.len() != 1 || !last.avas[0].value.eq_ignore_ascii_case(b"config") {
+        return None;
+    }
+    let norm = schema.normalize_dn(dn).ok()?;
+    (norm == CONFIG_NORM || norm.ends_with(",cn=config")).then_some(norm)
+}
+
+/// Who may read and change the configuration: to anyone else the tree
+/// does not exist.
+pub fn may_see(who: &Identity) -> bool {
+    who.is_admin() || who.is_break_glass()
+}
+
+/// A write's answer, on its way.
+pub type Answer<'a> = Pin<Box<dyn Future<Output = Response> + Send + 'a>>;
+
+/// The cn=config tree.
+pub trait ConfigTree: Send + Sync {
+    /// Every entry of the tree with its DN, for the configuration `server`
+    /// runs with.
+    fn entries(&self, server: &Server) -> Vec<(String, Entry)>;
+
+    /// Run a write (add, delete, modify, modify DN) aimed at the entry
+    /// `dn` (normalised `norm`) of the tree.
+    fn write<'a>(
+        &'a self,
+        server: &'a Arc<Server>,
+        op: Operation,
+        norm: String,
+        dn: String,
+    ) -> Answer<'a>;
+}
