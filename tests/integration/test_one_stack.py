@@ -34,7 +34,7 @@ def refused(c, what):
 
 
 def every_operation(c):
-    """Each operation type once per tree it can be aimed at; (what, ok)."""
+    """Each operation type once per tree it can be aimed at, each refused."""
     for base in TARGETS:
         c.search(base, "(objectClass=*)", search_scope=ldap3.BASE, attributes=["*", "+"])
         refused(c, "search " + base)

@@ -964,11 +964,18 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-fn err(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
-    ConfigError {
-        key: key.into(),
-        problem: problem.into(),
+impl ConfigError {
+    /// The error for configuration key `key` (dotted, `""` for the file).
+    pub fn new(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+        ConfigError {
+            key: key.into(),
+            problem: problem.into(),
+        }
     }
+}
+
+fn err(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError::new(key, problem)
 }
 
 /// A listener, resolved.

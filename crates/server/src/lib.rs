@@ -256,7 +256,7 @@ async fn first_start(
     } else {
         own_suffixes(cfg, schema)
     };
-    let (root_pw, created, demo_added, csn) = {
+    {
         let store = store.clone();
         let data_dir = cfg.config.data_dir.clone();
         let configured = cfg.config.root_password_hash.clone();
@@ -298,9 +298,8 @@ async fn first_start(
             };
             Ok((pw, created, demo_added, csn))
         })
-        .await??
-    };
-    Ok((root_pw, created, demo_added, csn))
+        .await?
+    }
 }
 
 /// After the first configuration is running: memberOf on a demo tree this

@@ -22,13 +22,6 @@ impl Validate for Config {
     }
 }
 
-fn error(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
-    ConfigError {
-        key: key.into(),
-        problem: problem.into(),
-    }
-}
-
 fn check_rules(resolved: &Resolved, schema: &Schema) -> Result<(), ConfigError> {
     let cfg = &resolved.config;
     pando_access::acl::Acl::compile(&cfg.access, schema).map_err(|(i, key, e)| {
@@ -37,11 +30,11 @@ fn check_rules(resolved: &Resolved, schema: &Schema) -> Result<(), ConfigError> 
         } else {
             format!("access[{i}].{key}")
         };
-        error(key, e)
+        ConfigError::new(key, e)
     })?;
     for (i, m) in cfg.auth.external_map.iter().enumerate() {
         pando_access::auth::compile_map(m)
-            .map_err(|e| error(format!("auth.external_map[{i}]"), e))?;
+            .map_err(|e| ConfigError::new(format!("auth.external_map[{i}]"), e))?;
     }
     if let Some(u) = &cfg.user {
         crate::privileges::resolve(u, cfg.group.as_deref()).map_err(|e| {
@@ -50,12 +43,12 @@ fn check_rules(resolved: &Resolved, schema: &Schema) -> Result<(), ConfigError> 
             } else {
                 "user"
             };
-            error(key, e)
+            ConfigError::new(key, e)
         })?;
     }
     for (i, b) in cfg.limits.by.iter().enumerate() {
         pando_access::acl::Who::parse(&b.who.items(), schema)
-            .map_err(|e| error(format!("limits.by[{i}].who"), e))?;
+            .map_err(|e| ConfigError::new(format!("limits.by[{i}].who"), e))?;
     }
     crate::overlays::check_rules(&cfg.overlay, schema, &resolved.suffixes)
 }

@@ -10,7 +10,7 @@ use pando_proto::{oid, Change, Control, ModOp, PartialAttribute, ProtocolOp, Res
 use super::{apply, attr_of, overlay_tree, schema_tree, stored};
 use crate::error::{LdapError, OpResult};
 use crate::live::{Live, Refused};
-pub use crate::ops::config_tree::{may_see, under_config};
+use crate::ops::config_tree::may_see;
 use crate::ops::config_tree::{Answer, ConfigTree};
 use crate::ops::controls::Requested;
 use crate::ops::operation::{written, Operation};

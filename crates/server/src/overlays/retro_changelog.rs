@@ -59,7 +59,7 @@ impl RetroChangelog {
 /// access rule naming cn=changelog lets read (rules covering every entry
 /// do not open it).
 pub fn may_read(server: &Server, who: &Identity) -> bool {
-    crate::cn_config::serve::may_see(who)
+    crate::ops::config_tree::may_see(who)
         || pando_access::acl::Access::new(&server.acl, who)
             .named_allows(SUFFIX, pando_access::acl::READ)
 }
