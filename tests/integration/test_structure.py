@@ -41,7 +41,7 @@ ALLOWED = {
 # Most files in one circle of imports, per crate directory (issue 38's
 # goal is 3 everywhere; the server's is where the redesign starts).
 CEILING = {
-    "server": 43,
+    "server": 28,
     "migrate": 6,
     "model": 3,
     "store": 2,
@@ -52,7 +52,7 @@ DEFAULT_CEILING = 1
 # closing brace) are counted; their number may only go down (issue 38:
 # none outside declarative tables).
 LONG_FUNCTION = 100
-LONG_FUNCTIONS_CEILING = 43
+LONG_FUNCTIONS_CEILING = 39
 
 
 def code_of(text):

@@ -29,6 +29,7 @@ use pando_store::{Store, StoreOptions};
 use tokio::sync::watch;
 
 use crate::bootstrap::RootPassword;
+use crate::net::frontend::Serving;
 use crate::state::Server;
 use pando_config::{Listener, Resolved};
 use pando_store::clock::CsnClock;
@@ -159,7 +160,6 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     after_start(&server, &store, demo_added).await;
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let connections = server.connections.clone();
     start_listeners(&live, &server, bound, stop_rx)?;
     // "Serving" once every listener accepts (and the password file, if
     // one was made, exists: first-start work is done above).
@@ -170,7 +170,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     drop(server);
 
     signals.wait_for_stop(&live, opts.reload.as_ref()).await;
-    shut_down(live, store, feed, connections, stop_tx).await
+    shut_down(live, store, feed, stop_tx).await
 }
 
 /// Listeners first: binding ports below 1024 may need root, which is
@@ -361,19 +361,21 @@ fn start_listeners(
             .collect(),
         Bound::Systemd(b) => b.into_iter().map(|b| (None, b)).collect(),
     };
-    server.listeners.start(
-        live,
+    let frontend = live.frontend();
+    let serving: Arc<dyn Serving> = live.clone();
+    frontend.listeners.start(
+        &serving,
         net::listener::AcceptCtx {
-            conn_limit: server.connections.places().clone(),
-            per_ip: server.per_ip.clone(),
+            conn_limit: frontend.connections.places().clone(),
+            per_ip: frontend.per_ip.clone(),
             shutdown: stop_rx.clone(),
         },
         paired,
     );
     if let Some(addr) = server.cfg.config.metrics.addr()? {
-        server
+        frontend
             .listeners
-            .set_metrics(live, Some((addr, observe::prometheus::bind(addr)?)));
+            .set_metrics(&serving, Some((addr, observe::prometheus::bind(addr)?)));
     }
     Ok(())
 }
@@ -384,14 +386,14 @@ async fn shut_down(
     live: Arc<live::Live>,
     store: Store,
     feed: Arc<ops::feed::Feed>,
-    connections: Arc<capacity::Capacity>,
     stop_tx: watch::Sender<bool>,
 ) -> Result<(), BoxError> {
     tracing::info!("shutting down: no new connections; finishing operations in progress");
     let _ = stop_tx.send(true);
     // Persistent searches end now (with `unavailable`), not at the drain's end.
     feed.close();
-    live.server().listeners.join_all().await;
+    let connections = live.frontend().connections.clone();
+    live.frontend().listeners.join_all().await;
     // Every live connection holds one permit until its task ends.
     let all = u32::try_from(connections.size()).unwrap_or(u32::MAX);
     let drain = connections.places().acquire_many(all);
@@ -439,8 +441,9 @@ pub fn build_server(
         cfg.config.passwords.max_concurrent_hashes,
     ));
     let logs = Arc::new(pando_observe::Logs::open(&cfg.config.logs)?);
-    let compiled = compile(cfg, schema, root_pw_hash, tls, passwords, logs)?;
-    Ok(live::Live::new(|weak| {
+    let frontend = net::frontend::Frontend::new(&cfg.config.limits, tls);
+    let compiled = compile(cfg, schema, root_pw_hash, passwords, logs)?;
+    Ok(live::Live::new(frontend, |weak| {
         let tree = Arc::new(cn_config::serve::Tree { live: weak.clone() });
         let runtime = new_runtime(&compiled, store, csn, tree);
         Server::assemble(compiled, runtime, weak)
@@ -453,7 +456,6 @@ pub fn compile(
     cfg: Resolved,
     schema: Arc<Schema>,
     root_pw_hash: Option<String>,
-    tls: Option<Arc<net::tls::TlsContext>>,
     passwords: Arc<hashing::PasswordWork>,
     logs: Arc<pando_observe::Logs>,
 ) -> Result<state::Compiled, BoxError> {
@@ -493,7 +495,14 @@ pub fn compile(
         limits.max_pdu_bytes,
     )?);
     Ok(state::Compiled {
+        remotes: overlays.remotes(),
+        policy: overlays.policy(),
         overlays,
+        trees: vec![
+            Arc::new(observe::monitor::Tree),
+            Arc::new(overlays::log_tree::ACCESS_LOG_TREE),
+            Arc::new(overlays::log_tree::RETRO_CHANGELOG_TREE),
+        ],
         desired: Arc::new(cfg.config.clone()),
         cfg,
         schema,
@@ -504,7 +513,6 @@ pub fn compile(
         auth,
         acl,
         limits_by,
-        tls,
         passwords,
         logs,
     })
@@ -559,9 +567,6 @@ fn new_runtime(
         store,
         csn: Arc::new(csn),
         throttle: Arc::new(throttle::BindThrottle::new(limits)),
-        connections: capacity::Capacity::new(limits.max_connections),
-        per_ip: net::listener::PerIpLimit::new(limits.max_connections_per_ip),
-        refusals: Default::default(),
         search_threads: capacity::Capacity::new(search_threads(limits)),
         started: SystemTime::now(),
         metrics: Arc::new(pando_observe::metrics::Metrics::new()),
@@ -570,7 +575,6 @@ fn new_runtime(
         persistent_searches: capacity::Capacity::new(limits.max_persistent_searches),
         persistent_holders: Default::default(),
         replicas: Arc::new(repl::Replicas::new(&c.schema, &cfg.replication.consumer)),
-        listeners: Arc::new(net::listener::Listeners::default()),
         config_tree,
     }
 }
@@ -634,7 +638,7 @@ async fn apply_reload(live: &live::Live, reload: Option<&Reloader>) {
     let server = live.server();
     // Certificate files are re-read whether or not there is a configuration
     // file (a renewed certificate under the same names, or the self-signed one).
-    if let Some(tls) = &server.tls {
+    if let Some(tls) = live.frontend().tls() {
         tls.reload();
     }
     server.logs.reopen();

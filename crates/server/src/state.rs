@@ -12,7 +12,7 @@ use pando_store::clock::CsnClock;
 
 /// Everything operations share, for one configuration. Immutable: a
 /// configuration change builds a new `Server` (see the live configuration, `live`) that
-/// shares the runtime handles (store, counters, feed, listeners) of the old one.
+/// shares the runtime handles (store, counters, feed) of the old one.
 pub struct Server {
     // Compiled from the configuration.
     pub cfg: Resolved,
@@ -31,9 +31,6 @@ pub struct Server {
     pub acl: pando_access::acl::Acl,
     /// `[[limits.by]]`, compiled.
     pub limits_by: Vec<(pando_access::acl::Who, pando_config::LimitsFor)>,
-    /// The certificate and TLS settings when `[tls]` is configured: serves
-    /// ldaps:// listeners and StartTLS. Reloaded on SIGHUP.
-    pub tls: Option<Arc<crate::net::tls::TlsContext>>,
     /// Search bases as sent → parsed and normalised (a few distinct bases
     /// take most searches).
     pub base_cache: crate::ops::BaseCache,
@@ -49,17 +46,18 @@ pub struct Server {
     pub logs: Arc<pando_observe::Logs>,
     /// `[[overlay]]`, compiled, in order.
     pub overlays: Arc<crate::overlays::Overlays>,
+    /// Trees searched like stored entries that other layers make
+    /// (cn=Monitor, the logs); see `ops::search::virtual_tree`.
+    pub trees: Vec<Arc<dyn crate::ops::search::virtual_tree::VirtualTree>>,
+    /// Suffixes another server holds (`ops::remote`).
+    pub remotes: Vec<Arc<dyn crate::ops::remote::RemoteTree>>,
+    /// The password policy, when one is configured (`ops::policy`).
+    pub policy: Option<Arc<dyn crate::ops::policy::PasswordPolicy>>,
 
     // What outlives configurations ([`Runtime`]).
     pub store: Store,
     pub csn: Arc<CsnClock>,
     pub throttle: Arc<crate::throttle::BindThrottle>,
-    /// Open connections (`limits.max_connections`).
-    pub connections: Arc<crate::capacity::Capacity>,
-    /// Open connections per client address (`limits.max_connections_per_ip`).
-    pub per_ip: Arc<crate::net::listener::PerIpLimit>,
-    /// Refused work per client address (`net::refusals`).
-    pub refusals: Arc<crate::net::refusals::Table>,
     /// Threads large searches may hold (`limits.max_search_threads`).
     pub search_threads: Arc<crate::capacity::Capacity>,
     pub started: SystemTime,
@@ -75,8 +73,6 @@ pub struct Server {
     pub persistent_holders: Arc<crate::ops::search::PersistentHolders>,
     /// The configured replication consumers.
     pub replicas: Arc<crate::repl::Replicas>,
-    /// The accept loops running (listeners change with `listen`).
-    pub listeners: Arc<crate::net::listener::Listeners>,
     /// cn=config, served by the configuration layer (its entries, its
     /// changes applied to the running configuration).
     pub config_tree: Arc<dyn crate::ops::config_tree::ConfigTree>,
@@ -91,9 +87,6 @@ pub struct Runtime {
     pub store: Store,
     pub csn: Arc<CsnClock>,
     pub throttle: Arc<crate::throttle::BindThrottle>,
-    pub connections: Arc<crate::capacity::Capacity>,
-    pub per_ip: Arc<crate::net::listener::PerIpLimit>,
-    pub refusals: Arc<crate::net::refusals::Table>,
     pub search_threads: Arc<crate::capacity::Capacity>,
     pub started: SystemTime,
     pub metrics: Arc<pando_observe::metrics::Metrics>,
@@ -102,7 +95,6 @@ pub struct Runtime {
     pub persistent_searches: Arc<crate::capacity::Capacity>,
     pub persistent_holders: Arc<crate::ops::search::PersistentHolders>,
     pub replicas: Arc<crate::repl::Replicas>,
-    pub listeners: Arc<crate::net::listener::Listeners>,
     pub config_tree: Arc<dyn crate::ops::config_tree::ConfigTree>,
 }
 
@@ -125,10 +117,13 @@ pub struct Compiled {
     pub auth: pando_access::auth::AuthPolicy,
     pub acl: pando_access::acl::Acl,
     pub limits_by: Vec<(pando_access::acl::Who, pando_config::LimitsFor)>,
-    pub tls: Option<Arc<crate::net::tls::TlsContext>>,
     pub passwords: Arc<crate::hashing::PasswordWork>,
     pub logs: Arc<pando_observe::Logs>,
     pub overlays: Arc<crate::overlays::Overlays>,
+    pub trees: Vec<Arc<dyn crate::ops::search::virtual_tree::VirtualTree>>,
+    /// Suffixes another server holds (`ops::remote`).
+    pub remotes: Vec<Arc<dyn crate::ops::remote::RemoteTree>>,
+    pub policy: Option<Arc<dyn crate::ops::policy::PasswordPolicy>>,
 }
 
 impl Server {
@@ -144,19 +139,18 @@ impl Server {
             auth: c.auth,
             acl: c.acl,
             limits_by: c.limits_by,
-            tls: c.tls,
             passwords: c.passwords,
             logs: c.logs,
             overlays: c.overlays,
+            trees: c.trees,
+            remotes: c.remotes,
+            policy: c.policy,
             base_cache: Default::default(),
             special: Default::default(),
             sorted: Default::default(),
             store: rt.store,
             csn: rt.csn,
             throttle: rt.throttle,
-            connections: rt.connections,
-            per_ip: rt.per_ip,
-            refusals: rt.refusals,
             search_threads: rt.search_threads,
             started: rt.started,
             metrics: rt.metrics,
@@ -165,7 +159,6 @@ impl Server {
             persistent_searches: rt.persistent_searches,
             persistent_holders: rt.persistent_holders,
             replicas: rt.replicas,
-            listeners: rt.listeners,
             config_tree: rt.config_tree,
             live,
         }
@@ -186,9 +179,6 @@ impl Server {
             store: self.store.clone(),
             csn: self.csn.clone(),
             throttle: self.throttle.clone(),
-            connections: self.connections.clone(),
-            per_ip: self.per_ip.clone(),
-            refusals: self.refusals.clone(),
             search_threads: self.search_threads.clone(),
             started: self.started,
             metrics: self.metrics.clone(),
@@ -197,7 +187,6 @@ impl Server {
             persistent_searches: self.persistent_searches.clone(),
             persistent_holders: self.persistent_holders.clone(),
             replicas: self.replicas.clone(),
-            listeners: self.listeners.clone(),
             config_tree: self.config_tree.clone(),
         }
     }

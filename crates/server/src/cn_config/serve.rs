@@ -376,7 +376,7 @@ fn read_entries(
 fn audit(server: &Server, who: &Identity, target: &Target<'_>, after: Option<&Entry>) {
     use pando_observe::audit::Record;
     match &target.kind {
-        Kind::Add(entry) => crate::observe::audit(
+        Kind::Add(entry) => crate::ops::audit::write(
             server,
             who,
             Record::Add {
@@ -384,10 +384,10 @@ fn audit(server: &Server, who: &Identity, target: &Target<'_>, after: Option<&En
                 attrs: &entry.attrs,
             },
         ),
-        Kind::Delete => crate::observe::audit(server, who, Record::Delete { dn: target.dn }),
+        Kind::Delete => crate::ops::audit::write(server, who, Record::Delete { dn: target.dn }),
         Kind::Modify(changes) => {
             let logged = without_secrets(changes, after);
-            crate::observe::audit(
+            crate::ops::audit::write(
                 server,
                 who,
                 Record::Modify {

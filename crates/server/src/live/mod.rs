@@ -25,6 +25,7 @@ use pando_model::Schema;
 
 pub use keys::{at_next_start, changed_keys, leaves, with_keys_from, AT_NEXT_START};
 
+use crate::net::frontend::{Frontend, Serving};
 use crate::settings::Validate;
 use crate::state::Server;
 use pando_config::{Config, Listener};
@@ -36,6 +37,14 @@ pub struct Live {
     changing: tokio::sync::Mutex<()>,
     /// This `Live` (its listeners are given it).
     me: std::sync::Weak<Live>,
+    /// The network frontend's runtime (TLS, connection places, listeners).
+    frontend: Frontend,
+}
+
+impl Serving for Live {
+    fn frontend(&self) -> &Frontend {
+        &self.frontend
+    }
 }
 
 impl crate::state::Current for Live {
@@ -47,11 +56,15 @@ impl crate::state::Current for Live {
 impl Live {
     /// A `Live` whose first server is made by `first`, which gets the
     /// handle its servers keep to find the current one.
-    pub fn new(first: impl FnOnce(std::sync::Weak<Live>) -> Server) -> Arc<Live> {
+    pub fn new(
+        frontend: Frontend,
+        first: impl FnOnce(std::sync::Weak<Live>) -> Server,
+    ) -> Arc<Live> {
         Arc::new_cyclic(|weak: &std::sync::Weak<Live>| Live {
             current: ArcSwap::from_pointee(first(weak.clone())),
             changing: tokio::sync::Mutex::new(()),
             me: weak.clone(),
+            frontend,
         })
     }
 
@@ -177,6 +190,8 @@ impl Live {
 /// A configuration compiled and ready to install: nothing has changed yet.
 struct Prepared {
     server: Server,
+    /// The TLS context new connections use.
+    tls: Option<Arc<crate::net::tls::TlsContext>>,
     durability: pando_store::Durability,
     /// Listeners added, already bound (dropped, and closed, if this is
     /// never installed), and listeners removed.
@@ -220,7 +235,7 @@ impl Live {
                 .iter()
                 .filter(|l| !old.cfg.listeners.contains(l))
                 .collect();
-            let mut refused_by_os = !old.listeners.managed();
+            let mut refused_by_os = !self.frontend.listeners.managed();
             for l in added {
                 match crate::net::listener::bind_one(l) {
                     Ok(b) => bound.push((l.clone(), b)),
@@ -248,16 +263,7 @@ impl Live {
                     .collect();
             }
         }
-        let tls = if resolved.tls == old.cfg.tls {
-            old.tls.clone()
-        } else {
-            match &resolved.tls {
-                Some(t) => Some(Arc::new(
-                    crate::net::tls::TlsContext::load(t.clone()).map_err(|e| e.to_string())?,
-                )),
-                None => None,
-            }
-        };
+        let tls = self.tls_for(&resolved, &old)?;
         let metrics = if resolved.config.metrics == old.cfg.config.metrics {
             None
         } else {
@@ -287,18 +293,13 @@ impl Live {
         } else {
             Arc::new(pando_observe::Logs::open(&resolved.config.logs)?)
         };
-        let mut compiled = crate::compile(
-            resolved,
-            schema,
-            old.root_pw_hash.clone(),
-            tls,
-            passwords,
-            logs,
-        )
-        .map_err(|e| e.to_string())?;
+        let mut compiled =
+            crate::compile(resolved, schema, old.root_pw_hash.clone(), passwords, logs)
+                .map_err(|e| e.to_string())?;
         compiled.desired = Arc::new(new);
         Ok(Prepared {
             server: Server::assemble(compiled, old.runtime(), old.live.clone()),
+            tls,
             durability,
             bound,
             unbound,
@@ -306,6 +307,24 @@ impl Live {
             at_next_start: later,
             changed: now,
         })
+    }
+
+    /// The TLS context `resolved` makes: the running one when `[tls]` is
+    /// unchanged, else its files loaded now.
+    fn tls_for(
+        &self,
+        resolved: &pando_config::Resolved,
+        old: &Server,
+    ) -> Result<Option<Arc<crate::net::tls::TlsContext>>, String> {
+        if resolved.tls == old.cfg.tls {
+            return Ok(self.frontend.tls());
+        }
+        match &resolved.tls {
+            Some(t) => crate::net::tls::TlsContext::load(t.clone())
+                .map(|c| Some(Arc::new(c)))
+                .map_err(|e| e.to_string()),
+            None => Ok(None),
+        }
     }
 
     /// Install what [`Live::prepare`] made, with the side effects that
@@ -329,8 +348,7 @@ impl Live {
         let limits = &p.server.cfg.config.limits;
         if old.cfg.config.limits != *limits {
             old.throttle.set_limits(limits);
-            old.connections.resize(limits.max_connections);
-            old.per_ip.set_max(limits.max_connections_per_ip);
+            self.frontend.set_limits(limits);
             old.search_threads.resize(crate::search_threads(limits));
             old.persistent_searches
                 .resize(limits.max_persistent_searches);
@@ -338,9 +356,11 @@ impl Live {
         if old.cfg.config.log_level != p.server.cfg.config.log_level {
             pando_observe::set_log_level(&p.server.cfg.config.log_level);
         }
-        let listeners = p.server.listeners.clone();
+        self.frontend.set_tls(p.tls);
+        let listeners = &self.frontend.listeners;
         let installed = self.install(p.server);
         if let Some(live) = self.me.upgrade() {
+            let live: Arc<dyn Serving> = live;
             for (l, b) in p.bound {
                 listeners.spawn(&live, Some(l), b);
             }

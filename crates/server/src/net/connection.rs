@@ -52,7 +52,7 @@ pub struct Connection {
     /// hold for the whole connection (limits per connection, timeouts).
     pub server: Arc<Server>,
     /// The current configuration, taken by each operation when it starts.
-    pub live: Arc<crate::live::Live>,
+    pub live: Arc<dyn crate::net::frontend::Serving>,
     pub id: u64,
     pub peer: String,
     /// Transport facts; replaced when StartTLS completes.
@@ -137,7 +137,7 @@ impl Connection {
         S: AsyncRead + AsyncWrite + Unpin,
     {
         // Present: StartTLS is refused without it.
-        let tls = self.live.server().tls.clone()?;
+        let tls = self.live.frontend().tls()?;
         match tls.accept(stream).await {
             Ok(h) => {
                 self.session = Arc::new(Session {
@@ -173,7 +173,7 @@ impl Connection {
         let changed = shutdown.changed();
         tokio::pin!(changed);
         let pace = Arc::new(Pace::new(
-            self.server.refusals.clone(),
+            self.live.frontend().refusals.clone(),
             self.session.peer_ip,
         ));
         let mut ctx = Ctx {
@@ -354,8 +354,7 @@ impl Connection {
         }
         let work = match op.request {
             ProtocolOp::ExtendedRequest(req) if req.name == oid::START_TLS => {
-                let (flow, code) =
-                    self.start_tls(&server, id, &req, pipelined, ctx.outstanding, wire);
+                let (flow, code) = self.start_tls(id, &req, pipelined, ctx.outstanding, wire);
                 answered(&server, ctx, rec, Some(code), 0, false);
                 return flow;
             }
@@ -392,10 +391,7 @@ impl Connection {
                 // that reads a translucent suffix's remote server.
                 if job.controls.persistent.is_some()
                     || job.controls.sync.is_some()
-                    || server
-                        .overlays
-                        .translucent_for(&server.schema, &job.req.base)
-                        .is_some()
+                    || ops::remote::serving(&server, &job.req.base).is_some()
                 {
                     Work::Search(job)
                 } else {
@@ -666,7 +662,6 @@ impl Connection {
     /// reading and the handshake begins.
     fn start_tls<S>(
         &self,
-        server: &Server,
         id: i32,
         req: &ExtendedRequest,
         pipelined: bool,
@@ -683,7 +678,7 @@ impl Connection {
             Some(LdapError::protocol(
                 "StartTLS is not offered over ldapi (the socket is local)",
             ))
-        } else if server.tls.is_none() {
+        } else if self.live.frontend().tls().is_none() {
             Some(LdapError::protocol(
                 "StartTLS is not available: no TLS certificate is configured",
             ))
@@ -1011,10 +1006,7 @@ struct Ctx<'a> {
 async fn run_search(job: ops::search::SearchJob, tx: &mpsc::Sender<Vec<u8>>) -> Answered {
     let id = job.msg_id;
     let job = Arc::new(job);
-    let translucent = job
-        .server
-        .overlays
-        .translucent_for(&job.server.schema, &job.req.base);
+    let translucent = ops::remote::serving(&job.server, &job.req.base);
     let finished = if let Some(t) = translucent {
         if job.controls.persistent.is_some() || job.controls.sync.is_some() {
             let e = LdapError::unwilling(
@@ -1026,7 +1018,7 @@ async fn run_search(job: ops::search::SearchJob, tx: &mpsc::Sender<Vec<u8>>) -> 
                 entries: 0,
             })
         } else {
-            ops::search::translucent::run(&job, &t).await
+            t.search(&job).await
         }
     } else if job.controls.persistent.is_some() {
         ops::search::persistent::run(&job).await

@@ -177,7 +177,7 @@ impl Listeners {
     /// or None for sockets from systemd).
     pub fn start(
         &self,
-        live: &Arc<crate::live::Live>,
+        live: &Arc<dyn crate::net::frontend::Serving>,
         ctx: AcceptCtx,
         bound: Vec<(Option<Listener>, Bound)>,
     ) {
@@ -201,7 +201,12 @@ impl Listeners {
     }
 
     /// Accept on `b` too.
-    pub fn spawn(&self, live: &Arc<crate::live::Live>, l: Option<Listener>, b: Bound) {
+    pub fn spawn(
+        &self,
+        live: &Arc<dyn crate::net::frontend::Serving>,
+        l: Option<Listener>,
+        b: Bound,
+    ) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let Some(ctx) = st.ctx.clone() else { return };
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -230,7 +235,7 @@ impl Listeners {
     /// of any earlier one; None turns it off. (After [`Listeners::start`].)
     pub fn set_metrics(
         &self,
-        live: &Arc<crate::live::Live>,
+        live: &Arc<dyn crate::net::frontend::Serving>,
         endpoint: Option<(std::net::SocketAddr, TcpListener)>,
     ) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -360,7 +365,7 @@ pub fn from_systemd() -> std::io::Result<Option<Vec<Bound>>> {
 /// number of connections).
 async fn serve(
     bound: Bound,
-    live: Arc<crate::live::Live>,
+    live: Arc<dyn crate::net::frontend::Serving>,
     ctx: AcceptCtx,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -436,7 +441,7 @@ async fn serve(
 /// Handshake (bounded by the TLS handshake timeout, and holding the
 /// connection's slots meanwhile), then serve LDAP over TLS.
 async fn run_ldaps(mut conn: Connection, s: tokio::net::TcpStream) {
-    let Some(tls) = conn.live.server().tls.clone() else {
+    let Some(tls) = conn.live.frontend().tls() else {
         // Configuration validation makes ldaps listeners need [tls].
         tracing::error!(conn = conn.id, "ldaps connection but TLS is not configured");
         return;

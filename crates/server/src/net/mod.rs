@@ -2,6 +2,7 @@
 //! and the client the server talks to other servers with.
 
 pub mod connection;
+pub mod frontend;
 pub mod listener;
 pub mod refusals;
 pub mod running;

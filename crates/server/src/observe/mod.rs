@@ -20,7 +20,7 @@ use crate::state::Server;
 use pando_access::Identity;
 use pando_observe::access_log::{ConnEvent, OpResultLine, Request};
 use pando_observe::metrics::OpKind;
-use pando_observe::{audit, kind_of, OpCtx, OP};
+use pando_observe::{kind_of, OpCtx};
 
 pub fn conn_opened(server: &Server, conn: u64, peer: &str, tls: bool) {
     server.metrics.conn_opened();
@@ -126,26 +126,4 @@ impl OpStart {
             });
         }
     }
-}
-
-/// Record a committed change in the audit log (when configured).
-pub fn audit(server: &Server, who: &Identity, record: audit::Record<'_>) {
-    let Some(a) = &server.logs.audit else { return };
-    let ctx = OP.try_with(|c| *c).unwrap_or_default();
-    a.write(
-        &server.schema,
-        &audit::Origin {
-            time_micros: pando_store::clock::now_micros(),
-            who: who.dn(),
-            proxied_by: who.proxy_requester(),
-            conn: ctx.conn,
-            op: ctx.op,
-        },
-        &record,
-    );
-}
-
-/// Is the audit log on? (Callers skip copying data for it otherwise.)
-pub fn auditing(server: &Server) -> bool {
-    server.logs.audit.is_some()
 }

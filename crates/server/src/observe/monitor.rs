@@ -28,9 +28,10 @@
 //! part of it (a rule for `cn=Connections,cn=Monitor` leaves
 //! `cn=Conflicts,cn=Replication,cn=Monitor` closed).
 
-use pando_model::{Attribute, Dn, Entry};
+use pando_model::{Attribute, Dn, Entry, Schema};
 use std::sync::atomic::Ordering;
 
+use crate::ops::search::virtual_tree::{with_norms, VirtualEntry, VirtualTree};
 use crate::state::Server;
 use pando_access::acl::{self, Access};
 use pando_access::Identity;
@@ -423,6 +424,33 @@ fn passwords_node(server: &Server) -> (String, Entry) {
 /// `cn=Replication,cn=Monitor`, `cn=Conflicts` below it (multi-provider
 /// resolutions, newest first), and one `cn=Consumer NNN` per consumer,
 /// with OpenLDAP's olmSR* names where they exist.
+/// cn=Conflicts,cn=Replication,cn=Monitor: how many conflict records the
+/// store holds, and the newest.
+fn conflicts_node(server: &Server) -> (String, Entry) {
+    use crate::ops::write::conflicts;
+    let (total, recent) = server
+        .store
+        .read()
+        .ok()
+        .and_then(|r| {
+            let view = r.view();
+            let total = conflicts::total(&view).ok()?;
+            let recent = conflicts::recent(&view, conflicts::LISTED).ok()?;
+            Some((total, recent))
+        })
+        .unwrap_or_default();
+    let mut attrs = vec![num("pandoReplConflicts", total)];
+    if !recent.is_empty() {
+        attrs.push(attr("pandoReplConflictRecord", recent));
+    }
+    node(
+        "monitoredObject",
+        "Conflicts",
+        "cn=Conflicts,cn=Replication,cn=Monitor",
+        attrs,
+    )
+}
+
 fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
     let replicas = server.replicas.list();
     out.push(node(
@@ -431,29 +459,7 @@ fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
         "cn=Replication,cn=Monitor",
         vec![num("pandoReplConsumers", replicas.len() as u64)],
     ));
-    let (total, recent) = server
-        .store
-        .read()
-        .ok()
-        .and_then(|r| {
-            let view = r.view();
-            let total = crate::ops::write::conflicts::total(&view).ok()?;
-            let recent =
-                crate::ops::write::conflicts::recent(&view, crate::ops::write::conflicts::LISTED)
-                    .ok()?;
-            Some((total, recent))
-        })
-        .unwrap_or_default();
-    let mut attrs = vec![num("pandoReplConflicts", total)];
-    if !recent.is_empty() {
-        attrs.push(attr("pandoReplConflictRecord", recent));
-    }
-    out.push(node(
-        "monitoredObject",
-        "Conflicts",
-        "cn=Conflicts,cn=Replication,cn=Monitor",
-        attrs,
-    ));
+    out.push(conflicts_node(server));
     let time = |t: Option<u64>| t.map(pando_store::clock::generalized_time);
     for r in replicas.iter() {
         let Some(s) = r.snapshot() else {
@@ -543,5 +549,42 @@ mod tests {
         assert!(!is_monitor_dn("cn=notmonitor"));
         assert_eq!(title("moddn"), "Modrdn");
         assert_eq!(title("search"), "Search");
+    }
+}
+
+/// cn=Monitor as a tree searches read (`ops::search::virtual_tree`): made per search, each entry returned
+/// only to those who may read it.
+pub struct Tree;
+
+impl VirtualTree for Tree {
+    // Only a last RDN of one `cn` value can name it: others skip the
+    // normalising.
+    fn owns(&self, schema: &Schema, base: &Dn) -> bool {
+        base.rdns
+            .last()
+            .filter(|r| {
+                r.avas.len() == 1
+                    && schema
+                        .attribute(&r.avas[0].attr)
+                        .is_some_and(|t| t.has_name("cn"))
+            })
+            .and_then(|r| schema.normalize_rdn(r).ok())
+            .is_some_and(|r| r == MONITOR_NORM)
+    }
+
+    fn may_enter(&self, server: &Server, who: &Identity, base_norm: &str) -> bool {
+        let probe = Entry {
+            dn: Dn { rdns: Vec::new() },
+            attrs: Vec::new(),
+        };
+        may_read(server, who, base_norm, &probe)
+    }
+
+    fn may_read(&self, server: &Server, who: &Identity, e: &VirtualEntry) -> bool {
+        may_read(server, who, &e.norm, &e.entry)
+    }
+
+    fn entries(&self, server: &Server) -> Vec<VirtualEntry> {
+        with_norms(server, entries(server))
     }
 }

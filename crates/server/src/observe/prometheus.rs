@@ -37,7 +37,7 @@ pub fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, String> {
 /// moved or was turned off).
 pub async fn serve(
     listener: TcpListener,
-    live: Arc<crate::live::Live>,
+    live: Arc<dyn crate::state::Current>,
     mut shutdown: watch::Receiver<bool>,
     mut stop: watch::Receiver<bool>,
 ) {

@@ -73,7 +73,7 @@ pub async fn bind(
         .throttle
         .begin(crate::throttle::Key::new(&norm, session))
         .await?;
-    let policy = server.overlays.ppolicy();
+    let policy = server.policy.as_deref();
     // Looked at before the account is read: a failure no longer pending
     // then was committed before the read.
     let pending = policy.is_some_and(|p| p.has_pending(&norm));
@@ -87,18 +87,9 @@ pub async fn bind(
         policy.is_some(),
     )
     .await?;
-    // Failures are written behind their answers: a right password waits
-    // for those of its account, and judges the state they leave.
-    let account = match (policy, &ok) {
-        (Some(p), Some(_)) if account.is_some() && (pending || p.has_pending(&norm)) => {
-            p.settled(&norm).await;
-            p.account(server, &norm)?.or(account)
-        }
-        _ => account,
-    };
     let verdict = match (policy, account) {
-        (Some(p), Some(entry)) => Some(
-            p.on_bind(server, &norm, &entry, ok.is_some(), wants_policy)
+        (Some(p), Some(account)) => Some(
+            p.judge_bind(server, &norm, account, pending, ok.is_some(), wants_policy)
                 .await?,
         ),
         _ => None,
@@ -115,10 +106,10 @@ async fn conclude(
     norm: &str,
     attempt: crate::throttle::Attempt<'_>,
     ok: Option<Identity>,
-    verdict: Option<crate::overlays::ppolicy::BindVerdict>,
+    verdict: Option<super::policy::BindVerdict>,
     upgrade: Upgrade,
 ) -> OpResult<(Identity, Vec<Control>)> {
-    use crate::overlays::ppolicy::BindVerdict;
+    use super::policy::BindVerdict;
     match (ok, verdict) {
         (Some(_), Some(BindVerdict::Refuse(e))) | (None, Some(BindVerdict::Refuse(e))) => {
             attempt.failed().await;
@@ -173,11 +164,7 @@ async fn check_simple(
     norm: &str,
     pw: Vec<u8>,
     want_account: bool,
-) -> OpResult<(
-    Option<Identity>,
-    Option<crate::overlays::ppolicy::Account>,
-    Upgrade,
-)> {
+) -> OpResult<(Option<Identity>, Option<super::policy::Account>, Upgrade)> {
     let who = || Identity::authenticated(name.to_string(), norm.to_string(), Arc::default());
     let mut checked_root = false;
     if !server.root_dn_norm.is_empty() && norm == server.root_dn_norm {
@@ -196,7 +183,7 @@ async fn check_simple(
     }
     // Below a translucent suffix, a password not held here may be the
     // remote server's to check.
-    let translucent = server.overlays.translucent_for(&server.schema, name);
+    let translucent = super::remote::serving(server, name);
     let mut pass_through = false;
     // One indexed lookup: cheaper inline than a handoff to a blocking thread.
     let mut account = None;
@@ -217,17 +204,16 @@ async fn check_simple(
                 } else {
                     Vec::new()
                 };
-                if let (true, Some(pp)) = (want_account, server.overlays.ppolicy()) {
-                    let policy = pp.policy_cached(&view, rtxn.generation(), &entry)?;
-                    account = Some(crate::overlays::ppolicy::Account { entry, policy });
+                if let (true, Some(pp)) = (want_account, &server.policy) {
+                    account = Some(pp.account(&view, rtxn.generation(), entry)?);
                 }
                 // The local part of a remote entry, holding no password
                 // the requester may bind with: the remote checks it.
-                if translucent.is_some() && allowed && stored.is_empty() {
+                if let (Some(t), true, true) = (&translucent, allowed, stored.is_empty()) {
                     let classes = view
                         .attrs_where(id, &|d| d.eq_ignore_ascii_case("objectClass"))?
                         .unwrap_or_default();
-                    pass_through = crate::overlays::translucent::is_part(&Entry {
+                    pass_through = t.is_part(&Entry {
                         dn: Dn { rdns: Vec::new() },
                         attrs: classes,
                     });
@@ -259,7 +245,7 @@ async fn check_simple(
         return Ok((None, account, None));
     }
     if let (true, Some(t)) = (pass_through, &translucent) {
-        return Ok((remote_bind(t, name, pw).await?.then(who), account, None));
+        return Ok((t.bind(name, pw).await?.then(who), account, None));
     }
     let weak = super::rehash::weak_values(server, &stored);
     let clear = (!weak.is_empty()).then(|| pw.clone());
@@ -292,43 +278,6 @@ fn bind_entry(
         dn: Dn { rdns: Vec::new() },
         attrs: attrs.unwrap_or_default(),
     })
-}
-
-/// A simple bind passed to a translucent suffix's remote server: whether
-/// it accepted the password.
-async fn remote_bind(
-    t: &crate::overlays::translucent::Translucent,
-    name: &str,
-    pw: Vec<u8>,
-) -> OpResult<bool> {
-    let e = &t.remote.endpoint;
-    if !e.start_tls && !e.url.starts_with("ldaps://") {
-        return Err(LdapError::new(
-            ResultCode::UNAVAILABLE,
-            format!(
-                "the password of this entry is checked by the remote server of {}, and passwords are sent there only over TLS (start_tls or an ldaps:// uri)",
-                t.suffix
-            ),
-        ));
-    }
-    match t.remote.bind_as(name, pw).await {
-        Ok(r) if r.code == ResultCode::SUCCESS => Ok(true),
-        Ok(r) if r.code == ResultCode::INVALID_CREDENTIALS => Ok(false),
-        Ok(r) => {
-            tracing::warn!(remote = %t.remote.endpoint.url, code = r.code.0, "translucent: the remote server refused a bind");
-            Ok(false)
-        }
-        Err(e) => {
-            tracing::warn!(remote = %t.remote.endpoint.url, error = %e, "translucent: the remote server could not check a password");
-            Err(LdapError::new(
-                ResultCode::UNAVAILABLE,
-                format!(
-                    "the remote server of {} could not check the password (the server's log says why)",
-                    t.suffix
-                ),
-            ))
-        }
-    }
 }
 
 /// SASL EXTERNAL: the identity the transport established — the peer's Unix

@@ -47,7 +47,11 @@ pub async fn extended(
         super::special::BACKUP_EXOP => online_backup(server, who, req.value).await,
         super::special::CHANGES_BEHIND_EXOP => changes_behind(server, who, req.value).await,
         super::special::PWD_FAILURES_EXOP => {
-            crate::overlays::ppolicy::forwarded_failures(server, who, req.value.as_deref()).await?;
+            let (dn, count) = super::policy::failures_request(req.value.as_deref())?;
+            let Some(p) = &server.policy else {
+                return Err(LdapError::unwilling("the password policy overlay is off"));
+            };
+            p.forwarded_failures(server, who, dn, count).await?;
             Ok(ExtendedResponse {
                 result: LdapResult::success(),
                 name: Some(super::special::PWD_FAILURES_EXOP.to_string()),
@@ -141,7 +145,7 @@ async fn passwd_modify(ctx: Arc<WriteCtx>, value: Option<&[u8]>) -> OpResult<Ext
                 super::password_values(&view.attrs(id)?.unwrap_or_default())
             };
             let mut right = server.passwords.verify(old, stored.clone()).await;
-            if let Some(p) = server.overlays.ppolicy() {
+            if let Some(p) = &server.policy {
                 right = p.on_password_check(server, &norm, right).await?;
             }
             if !right {
@@ -152,7 +156,7 @@ async fn passwd_modify(ctx: Arc<WriteCtx>, value: Option<&[u8]>) -> OpResult<Ext
             Some(stored)
         }
     };
-    if let Some(p) = server.overlays.ppolicy() {
+    if let Some(p) = &server.policy {
         // A generated password is the server's own: not quality-checked.
         let clear = (!generated).then_some(new_clear.as_slice());
         p.check_change(
@@ -282,7 +286,7 @@ impl WriteOp for SetPassword {
                 values: Vec::new(),
             },
         };
-        crate::observe::audit(
+        crate::ops::audit::write(
             &ctx.server,
             &ctx.who,
             pando_observe::audit::Record::Modify {

@@ -2,6 +2,7 @@
 //! the caller's identity (a copy fixed when it started) and its request, and
 //! returns an LDAP result; searches also stream entries to the connection.
 
+pub mod audit;
 pub mod bind;
 pub mod compare;
 pub mod config_tree;
@@ -10,8 +11,10 @@ pub mod extended;
 pub mod feed;
 pub mod norm_dn;
 pub mod operation;
+pub mod policy;
 pub mod proxy;
 pub mod rehash;
+pub mod remote;
 pub mod search;
 pub mod special;
 pub mod write;

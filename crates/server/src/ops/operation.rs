@@ -67,9 +67,9 @@ impl Operation {
         if let Ok(controls) = &parsed {
             if who.is_restricted()
                 && (controls.proxied_authz.is_some()
-                    || !crate::overlays::ppolicy::allowed_while_restricted(&who, &request))
+                    || !super::policy::allowed_while_restricted(&who, &request))
             {
-                let e = crate::overlays::ppolicy::restricted(controls.ppolicy);
+                let e = super::policy::restricted(controls.ppolicy);
                 return Err(Box::new(refusal(&request, e)));
             }
         }
@@ -162,27 +162,26 @@ fn config_target(server: &Server, request: &ProtocolOp) -> Option<(String, Strin
     Some((norm, dn.clone()))
 }
 
-/// The translucent overlay serving the entry a write or compare names.
-fn translucent_target(
+/// The remote tree serving the entry a write or compare names.
+fn remote_target(
     server: &Server,
     request: &ProtocolOp,
-) -> Option<Arc<crate::overlays::translucent::Translucent>> {
-    let dn = target_dn(request, true)?;
-    server.overlays.translucent_for(&server.schema, dn)
+) -> Option<Arc<dyn super::remote::RemoteTree>> {
+    super::remote::serving(server, target_dn(request, true)?)
 }
 
 /// Run an add, delete, modify, modify DN, compare or extended operation.
 /// None for requests this does not run (searches and binds have their own
 /// paths). The target decides the tree: cn=config (not in the store; its
 /// own path, administrators only, honouring the write controls as the
-/// write pipeline does), a translucent suffix, or the store.
+/// write pipeline does), a remote tree (`remote`), or the store.
 pub async fn perform(server: &Arc<Server>, op: Operation) -> Option<Response> {
     if let Some((norm, dn)) = config_target(server, &op.request) {
         let tree = server.config_tree.clone();
         return Some(tree.write(server, op, norm, dn).await);
     }
-    if let Some(t) = translucent_target(server, &op.request) {
-        return on_translucent(server, op, &t).await;
+    if let Some(t) = remote_target(server, &op.request) {
+        return t.perform(server, op).await;
     }
     on_store(server, op).await
 }
@@ -209,7 +208,7 @@ pub fn written(r: OpResult<Written>, mk: fn(LdapResult) -> ProtocolOp) -> Respon
 }
 
 /// The response to a compare.
-fn compared(r: OpResult<ResultCode>) -> Response {
+pub fn compared(r: OpResult<ResultCode>) -> Response {
     let result = match r {
         Ok(code) => LdapResult::new(code, ""),
         Err(e) => e.into_result(),
@@ -218,39 +217,6 @@ fn compared(r: OpResult<ResultCode>) -> Response {
         op: ProtocolOp::CompareResponse(result),
         controls: Vec::new(),
     }
-}
-
-/// A write or compare below a translucent suffix.
-async fn on_translucent(
-    server: &Arc<Server>,
-    op: Operation,
-    t: &Arc<crate::overlays::translucent::Translucent>,
-) -> Option<Response> {
-    use crate::overlays::translucent::write as tw;
-    let Operation {
-        who,
-        request,
-        controls,
-        ..
-    } = op;
-    let ctx = WriteCtx::new(server, &who, controls.clone());
-    Some(match request {
-        ProtocolOp::AddRequest(req) => written(tw::add(ctx, t, req).await, ProtocolOp::AddResponse),
-        ProtocolOp::DelRequest(dn) => {
-            written(tw::delete(ctx, t, dn).await, ProtocolOp::DelResponse)
-        }
-        ProtocolOp::ModifyRequest(req) => {
-            written(tw::modify(ctx, t, req).await, ProtocolOp::ModifyResponse)
-        }
-        ProtocolOp::ModifyDnRequest(req) => written(
-            tw::modify_dn(ctx, t, req).await,
-            ProtocolOp::ModifyDnResponse,
-        ),
-        ProtocolOp::CompareRequest(req) => {
-            compared(tw::compare(server, t, &who, &controls, &req).await)
-        }
-        _ => return None,
-    })
 }
 
 /// An operation on the store.

@@ -24,7 +24,7 @@ pub const CHANGES_BEHIND_EXOP: &str = "2.25.159721679311558084960750904978802412
 /// Failed password checks a read-only consumer forwards to its provider
 /// (password policy lockout across replicas): request value = the
 /// account's DN, a newline, and how many failures; no response value
-/// (see `overlays::ppolicy::forwarded_failures`).
+/// (see `policy::PasswordPolicy::forwarded_failures`).
 pub const PWD_FAILURES_EXOP: &str = "2.25.15972167931155808496075090497880241257.1.3";
 
 /// Extended operations this server implements (and StartTLS when a
@@ -112,7 +112,7 @@ fn build_root_dse(server: &Server) -> Entry {
                 SUPPORTED_EXTENSIONS
                     .iter()
                     .copied()
-                    .chain(server.tls.is_some().then_some(oid::START_TLS)),
+                    .chain(server.cfg.tls.is_some().then_some(oid::START_TLS)),
             ),
             attr(
                 "supportedSASLMechanisms",

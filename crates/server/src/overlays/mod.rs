@@ -23,6 +23,7 @@
 pub mod accesslog;
 pub mod change_shape;
 pub mod errors;
+pub mod log_tree;
 pub mod memberof;
 pub mod ppolicy;
 pub mod refint;
@@ -169,19 +170,19 @@ impl Overlays {
         })
     }
 
-    /// The translucent overlay serving the entry named `dn`, if any.
-    pub fn translucent_for(
-        &self,
-        schema: &Schema,
-        dn: &str,
-    ) -> Option<Arc<translucent::Translucent>> {
-        if self.translucent.is_empty() {
-            return None;
-        }
-        let norm = pando_model::Dn::parse(dn)
-            .ok()
-            .and_then(|d| schema.normalize_dn(&d).ok())?;
-        self.translucent.iter().find(|t| t.covers(&norm)).cloned()
+    /// The translucent suffixes, as the trees the operations reach them by.
+    pub fn remotes(&self) -> Vec<Arc<dyn crate::ops::remote::RemoteTree>> {
+        self.translucent
+            .iter()
+            .map(|t| t.clone() as Arc<dyn crate::ops::remote::RemoteTree>)
+            .collect()
+    }
+
+    /// The password policy, as the operations consult it.
+    pub fn policy(&self) -> Option<Arc<dyn crate::ops::policy::PasswordPolicy>> {
+        self.ppolicy
+            .clone()
+            .map(|p| p as Arc<dyn crate::ops::policy::PasswordPolicy>)
     }
 
     /// The access log, when configured.

@@ -303,30 +303,3 @@ pub fn dn_values(schema: &Schema, entry: &Entry, attrs: &[String]) -> Vec<(Strin
     }
     out
 }
-
-/// After the overlays: drop the modifies they added that change nothing,
-/// and check the schema of those that do (an entry they changed must
-/// still be valid: a group left without members is not).
-pub fn finish(schema: &Schema, changes: &mut Vec<Change>, first_added: usize) -> OpResult<()> {
-    let mut i = first_added;
-    while i < changes.len() {
-        let c = &changes[i];
-        let unchanged =
-            matches!((&c.before, &c.after), (Some(b), Some(a)) if b.entry.attrs == a.attrs);
-        if unchanged {
-            changes.remove(i);
-            continue;
-        }
-        if let Some(after) = changes[i].after.as_mut() {
-            let dn = after.dn.to_string();
-            schema.check_entry(after).map_err(|e| {
-                LdapError::new(
-                    e.code,
-                    format!("this change would leave {dn} invalid: {}", e.message),
-                )
-            })?;
-        }
-        i += 1;
-    }
-    Ok(())
-}

@@ -183,7 +183,7 @@ pub(super) fn options_of(desc: &str) -> Vec<String> {
 }
 
 /// Build the output of one entry into `buf`.
-pub(super) struct Emitter<'a> {
+pub struct Emitter<'a> {
     pub(super) schema: &'a Schema,
     pub(super) sel: Selection,
     pub(super) types_only: bool,
@@ -197,7 +197,7 @@ pub(super) struct Emitter<'a> {
 
 /// Access decisions for the entry being emitted: only attributes the
 /// requester may read go out.
-pub(super) struct Guard<'g, 'a> {
+pub struct Guard<'g, 'a> {
     pub(super) access: &'g mut Access<'a>,
     pub(super) rules: &'g EntryRules,
     pub(super) norm: &'g str,
@@ -213,7 +213,7 @@ impl Guard<'_, '_> {
 impl Emitter<'_> {
     /// Encode a decoded entry, after the hooks' steps.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn emit(
+    pub fn emit(
         &self,
         view: Option<&View<'_>>,
         id: Option<EntryId>,

@@ -43,7 +43,7 @@ enum Holder {
 }
 
 /// A place held while the search runs; given back when dropped.
-pub(super) struct Place {
+pub struct Place {
     _permit: OwnedSemaphorePermit,
     /// Where this place is counted (ordinary requesters only).
     counted: Option<(Arc<Holders>, [Holder; 2])>,

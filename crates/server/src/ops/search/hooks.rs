@@ -67,7 +67,7 @@ fn all(job: &SearchJob) -> impl Iterator<Item = &dyn SearchHook> {
 
 /// Every hook's `before`, in order; `load` reads the base entry, only
 /// when a hook wants it.
-pub(super) fn before(
+pub fn before(
     job: &SearchJob,
     view: Option<&View<'_>>,
     norm: &str,
@@ -91,7 +91,7 @@ pub(super) fn entry_steps(job: &SearchJob) -> Vec<EntryStep> {
 }
 
 /// Every hook's `after`, in order.
-pub(super) fn after(job: &SearchJob, path: Path, outcome: &mut SearchOutcome) {
+pub fn after(job: &SearchJob, path: Path, outcome: &mut SearchOutcome) {
     for hook in all(job) {
         hook.after(job, path, outcome);
     }

@@ -6,7 +6,7 @@ use crate::state::Server;
 use pando_access::Identity;
 
 /// The stricter of two limits where 0 means unlimited.
-pub(super) fn smaller_limit(a: u32, b: u32) -> u32 {
+pub fn smaller_limit(a: u32, b: u32) -> u32 {
     match (a, b) {
         (0, x) | (x, 0) => x,
         (a, b) => a.min(b),
@@ -15,16 +15,16 @@ pub(super) fn smaller_limit(a: u32, b: u32) -> u32 {
 
 /// Search limits for one requester (0 = unlimited; unindexed: most
 /// entries an unindexed search may examine).
-pub(super) struct Limits {
-    pub(super) size: u32,
-    pub(super) time: u32,
-    pub(super) unindexed: u64,
+pub struct Limits {
+    pub size: u32,
+    pub time: u32,
+    pub unindexed: u64,
 }
 
 impl Limits {
     /// The first `[[limits.by]]` matching the requester, over the general
     /// limits (administrators: none).
-    pub(super) fn for_requester(server: &Server, who: &Identity, view: &View<'_>) -> Limits {
+    pub fn for_requester(server: &Server, who: &Identity, view: &View<'_>) -> Limits {
         let l = &server.cfg.config.limits;
         let base = if who.is_admin() || who.is_break_glass() {
             Limits {

@@ -21,7 +21,7 @@ pub(super) struct Hit {
     pub(super) entry: Entry,
 }
 
-pub(super) struct Matcher<'a, 's> {
+pub struct Matcher<'a, 's> {
     pub(super) schema: &'s Schema,
     pub(super) view: &'a View<'a>,
     pub(super) plan: &'a Plan<'s>,
@@ -41,7 +41,7 @@ impl<'a, 's> Matcher<'a, 's> {
     /// entries `plan` (for entries held in memory, or a refresh's own
     /// candidates) decides how; `base`: the search base's ID (0 when
     /// scopes are checked on DNs).
-    pub(super) fn for_job(
+    pub fn for_job(
         job: &'a super::SearchJob,
         view: &'a View<'a>,
         plan: &'a Plan<'s>,
@@ -133,7 +133,7 @@ impl<'a, 's> Matcher<'a, 's> {
     /// visible to the requester and matching the filter as it may see it?
     /// `id`: where it is stored now, if it still is (computed attributes
     /// are taken from there). The caller has checked the scope.
-    pub(super) fn test_held(
+    pub fn test_held(
         &mut self,
         id: Option<EntryId>,
         norm: &str,
@@ -148,7 +148,7 @@ impl<'a, 's> Matcher<'a, 's> {
 
     /// Whether the requester may read the entry `norm` (its rules are then
     /// the ones an emit of it uses).
-    pub(super) fn may_read_entry(&mut self, norm: &str, entry: &Entry) -> bool {
+    pub fn may_read_entry(&mut self, norm: &str, entry: &Entry) -> bool {
         if self.access.unrestricted() {
             return true;
         }
@@ -160,7 +160,7 @@ impl<'a, 's> Matcher<'a, 's> {
 
     /// Encode an entry [`Matcher::test_held`] (or [`Matcher::may_read_entry`]) passed, its message carrying
     /// `controls`.
-    pub(super) fn emit_held(
+    pub fn emit_held(
         &mut self,
         emitter: &Emitter<'_>,
         id: Option<EntryId>,

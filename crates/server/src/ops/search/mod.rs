@@ -16,19 +16,17 @@ use pando_proto::{Control, LdapMessage, LdapResult, ProtocolOp, ResultCode, Sear
 use pando_store::{EntryId, View};
 use tokio::sync::mpsc;
 
-mod emit;
-mod follow_places;
-pub(crate) mod hooks;
-mod limits;
-mod matcher;
+pub mod emit;
+pub mod follow_places;
+pub mod hooks;
+pub mod limits;
+pub mod matcher;
 mod paging;
 pub mod persistent;
-mod plan;
+pub mod plan;
 mod sort;
-mod sync_log;
 pub mod sync_provider;
-pub mod translucent;
-mod virtual_tree;
+pub mod virtual_tree;
 
 use crate::error::{LdapError, OpResult};
 use crate::state::Server;
@@ -45,7 +43,7 @@ use plan::{Plan, PlanInput};
 pub use sort::SortCache;
 
 /// Flush streamed entries to the connection in chunks of about this size.
-const CHUNK: usize = 32 * 1024;
+pub const CHUNK: usize = 32 * 1024;
 
 pub struct SearchJob {
     pub server: Arc<Server>,
@@ -72,7 +70,7 @@ pub const INLINE_CANDIDATES: u64 = 8;
 
 /// Where entries go: straight to the connection (blocking thread), or into
 /// a buffer the async caller sends afterwards (inline).
-enum Out<'a> {
+pub enum Out<'a> {
     Channel(&'a mpsc::Sender<Vec<u8>>),
     Buffer(&'a mut Vec<u8>),
 }
@@ -198,7 +196,7 @@ pub async fn run_to_end(job: &Arc<SearchJob>) -> Finished {
 /// One of the `limits.max_search_threads` places for work on the blocking
 /// pool; while waiting (keeping its place in the queue) the search still
 /// notices Abandon and Cancel. None: abandoned, or the server is closing.
-async fn search_thread(job: &SearchJob) -> Option<tokio::sync::OwnedSemaphorePermit> {
+pub async fn search_thread(job: &SearchJob) -> Option<tokio::sync::OwnedSemaphorePermit> {
     let wait = job.server.search_threads.places().clone().acquire_owned();
     tokio::pin!(wait);
     loop {
@@ -244,7 +242,7 @@ pub fn run_inline(job: SearchJob, out: &mut Vec<u8>) -> Result<Option<(u32, u64)
 
 /// The controls a finished search answers with: an empty paged results
 /// cookie when paging was asked for.
-fn paged_done(job: &SearchJob) -> Vec<Control> {
+pub fn paged_done(job: &SearchJob) -> Vec<Control> {
     if job.controls.paged.is_some() {
         vec![paged_control(0, Vec::new())]
     } else {
@@ -270,7 +268,7 @@ fn search(
 
 /// The way a search went, for the hooks' `after`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Path {
+pub enum Path {
     /// Answered before any entry was looked at (a control's refusal, a
     /// paged search abandoned with size 0).
     Refused,
@@ -300,7 +298,7 @@ fn search_unhooked(
     let cached = server.base_cache.get(schema, &req.base)?;
     let (base, base_norm_rdns) = (&cached.0, &cached.1);
     let emitter = emitter_for(job);
-    if let Some(tree) = virtual_tree::owner(schema, base) {
+    if let Some(tree) = virtual_tree::owner(server, base) {
         // Their few entries are not sorted: a critical sort or any VLV is
         // refused, a non-critical sort answered unwillingToPerform (by
         // the sort response hook).
@@ -409,7 +407,7 @@ fn search_unhooked(
 
 /// How the search's entries are encoded: its attribute selection,
 /// typesOnly, message ID and the search hooks' per-entry steps.
-fn emitter_for(job: &SearchJob) -> Emitter<'_> {
+pub fn emitter_for(job: &SearchJob) -> Emitter<'_> {
     let schema = &*job.server.schema;
     Emitter {
         schema,
@@ -716,7 +714,7 @@ fn stream(
     Ok(ended(ResultCode::SUCCESS, "", sent_now))
 }
 
-fn flush(out: &mut Out<'_>, buf: &mut Vec<u8>) -> OpResult<()> {
+pub fn flush(out: &mut Out<'_>, buf: &mut Vec<u8>) -> OpResult<()> {
     if buf.is_empty() {
         return Ok(());
     }

@@ -103,13 +103,13 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
 /// so no change falls between the two; one committed meanwhile may be
 /// sent twice, and consumers skip what their cookie covers); then a
 /// search thread for the refresh. Err: how the search ends instead.
-pub(super) struct Started {
-    pub(super) place: Option<follow_places::Place>,
-    pub(super) follower: Option<Follower>,
-    pub(super) thread: tokio::sync::OwnedSemaphorePermit,
+pub struct Started {
+    pub place: Option<follow_places::Place>,
+    pub follower: Option<Follower>,
+    pub thread: tokio::sync::OwnedSemaphorePermit,
 }
 
-pub(super) async fn start_following(job: &SearchJob, persist: bool) -> Result<Started, Finished> {
+pub async fn start_following(job: &SearchJob, persist: bool) -> Result<Started, Finished> {
     let place = match persist.then(|| follow_places::take(job)).transpose() {
         Ok(place) => place,
         Err(refused) => return Err(done(refused, 0)),
@@ -127,7 +127,7 @@ pub(super) async fn start_following(job: &SearchJob, persist: bool) -> Result<St
 
 /// A search's place on the change feed: the committed operations it has
 /// not seen yet, and how it ends otherwise.
-pub(super) struct Follower {
+pub struct Follower {
     feed: tokio::sync::broadcast::Receiver<Arc<Committed>>,
     closing: tokio::sync::watch::Receiver<bool>,
     tick: tokio::time::Interval,
@@ -148,11 +148,7 @@ impl Follower {
     /// cancelled (no answer), `unavailable` at shutdown, adminLimitExceeded
     /// when it fell more than the feed's ring behind. `sent`: entries sent
     /// so far, for the answer.
-    pub(super) async fn next(
-        &mut self,
-        job: &SearchJob,
-        sent: u64,
-    ) -> Result<Arc<Committed>, Finished> {
+    pub async fn next(&mut self, job: &SearchJob, sent: u64) -> Result<Arc<Committed>, Finished> {
         let limits = &job.server.cfg.config.limits;
         loop {
             let next = tokio::select! {
@@ -193,7 +189,7 @@ impl Follower {
 /// (bounded by the connection's write-rate rule; the feed keeps the
 /// backlog meanwhile) but not past an Abandon or Cancel. False: the
 /// search is over.
-pub(super) async fn deliver(job: &SearchJob, chunk: Vec<u8>) -> bool {
+pub async fn deliver(job: &SearchJob, chunk: Vec<u8>) -> bool {
     loop {
         match tokio::time::timeout(CHECK_ABANDON, job.out.reserve()).await {
             Ok(Ok(permit)) => {
@@ -207,7 +203,7 @@ pub(super) async fn deliver(job: &SearchJob, chunk: Vec<u8>) -> bool {
     }
 }
 
-pub(super) fn done(result: LdapResult, entries: u64) -> Finished {
+pub fn done(result: LdapResult, entries: u64) -> Finished {
     Finished::Done(SearchOutcome {
         result,
         controls: Vec::new(),
@@ -241,7 +237,7 @@ pub(super) fn settle(job: &SearchJob, what: &str, needs_auth: bool) -> OpResult<
         ));
     }
     let cached = server.base_cache.get(&server.schema, &job.req.base)?;
-    if virtual_tree::owner(&server.schema, &cached.0).is_some() {
+    if virtual_tree::owner(server, &cached.0).is_some() {
         return Err(LdapError::new(
             ResultCode::UNWILLING_TO_PERFORM,
             format!("the root DSE, cn=Subschema and cn=Monitor cannot be the base of {what}"),

@@ -10,7 +10,7 @@ use crate::error::{LdapError, OpResult};
 use crate::ops::COMPUTED;
 
 /// Call `f` with the attribute description of every item of a filter.
-pub(super) fn for_each_filter_attr(filter: &Filter, f: &mut dyn FnMut(&str)) {
+pub fn for_each_filter_attr(filter: &Filter, f: &mut dyn FnMut(&str)) {
     match filter {
         Filter::And(v) | Filter::Or(v) => v.iter().for_each(|g| for_each_filter_attr(g, f)),
         Filter::Not(g) => for_each_filter_attr(g, f),
@@ -64,7 +64,7 @@ pub(crate) fn types_in_filter<'s>(
 }
 
 /// Candidate IDs within the scope, ascending.
-pub(super) fn scope_candidates(
+pub fn scope_candidates(
     view: &View<'_>,
     limit: u64,
     base: EntryId,
@@ -102,7 +102,7 @@ pub(super) fn scope_candidates(
 
 /// How a search over the store runs, decided once before the first
 /// candidate: which entries to look at, and which of the fast paths apply.
-pub(super) struct Plan<'s> {
+pub struct Plan<'s> {
     /// Candidate IDs, ascending.
     pub(super) ids: RoaringTreemap,
     /// The scope each candidate must still be checked against (index
@@ -219,7 +219,7 @@ impl<'s> Plan<'s> {
 impl<'s> Plan<'s> {
     /// The plan for testing entries held in memory (a persistent search's
     /// changes): no candidates, every entry decoded and tested.
-    pub(super) fn for_held_entries(schema: &'s Schema, filter: &Filter) -> Plan<'s> {
+    pub fn for_held_entries(schema: &'s Schema, filter: &Filter) -> Plan<'s> {
         let mut needed_computed = Vec::new();
         computed_in_filter(filter, &mut needed_computed);
         let mut filter_types = Vec::new();

@@ -104,8 +104,12 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
             0,
         );
     }
-    if super::sync_log::is_log_base(&job.server, &job.req.base) {
-        return super::sync_log::run(job, req, theirs).await;
+    // A tree that synchronizes its own entries (the access log) does so.
+    let base = pando_model::Dn::parse(&job.req.base).ok();
+    if let Some(tree) = base.and_then(|b| super::virtual_tree::owner(&job.server, &b)) {
+        if let Some(sync) = tree.synchronize(job, req.clone(), theirs.clone()) {
+            return sync.await;
+        }
     }
     let persist = req.mode == SyncMode::RefreshAndPersist;
     let what = "a content synchronization search";
@@ -205,7 +209,7 @@ fn stored_emitter(job: &SearchJob) -> Emitter<'_> {
     e
 }
 
-pub(super) fn control(oid: &str, value: Vec<u8>) -> Control {
+pub fn control(oid: &str, value: Vec<u8>) -> Control {
     Control {
         oid: oid.into(),
         critical: false,
@@ -213,11 +217,7 @@ pub(super) fn control(oid: &str, value: Vec<u8>) -> Control {
     }
 }
 
-pub(super) fn state_control(
-    state: SyncStateKind,
-    uuid: SyncUuid,
-    cookie: Option<&Cookie>,
-) -> Control {
+pub fn state_control(state: SyncStateKind, uuid: SyncUuid, cookie: Option<&Cookie>) -> Control {
     let value = SyncState {
         state,
         uuid,
@@ -226,7 +226,7 @@ pub(super) fn state_control(
     control(oid::SYNC_STATE, value.encode())
 }
 
-pub(super) fn info_message(msg_id: i32, info: &SyncInfo, buf: &mut Vec<u8>) {
+pub fn info_message(msg_id: i32, info: &SyncInfo, buf: &mut Vec<u8>) {
     LdapMessage {
         id: msg_id,
         op: ProtocolOp::IntermediateResponse {
@@ -350,15 +350,15 @@ fn is_newer(theirs: &Cookie, csn: &str) -> bool {
 
 /// Output of a refresh, sent in chunks as it grows; waits for the client
 /// (noticing Abandon) rather than buffering.
-pub(super) struct Sink<'j> {
-    pub(super) job: &'j SearchJob,
-    pub(super) buf: Vec<u8>,
+pub struct Sink<'j> {
+    pub job: &'j SearchJob,
+    pub buf: Vec<u8>,
 }
 
 impl Sink<'_> {
     /// Send what is buffered once it reaches a chunk (`all`: whatever
     /// there is). False: the search was abandoned or its client went.
-    pub(super) fn flush(&mut self, all: bool) -> bool {
+    pub fn flush(&mut self, all: bool) -> bool {
         if self.buf.is_empty() || (!all && self.buf.len() < CHUNK) {
             return !self.job.abandoned.load(Ordering::Relaxed);
         }

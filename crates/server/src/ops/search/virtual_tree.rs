@@ -1,19 +1,24 @@
 //! Entries that are not in the store but are searched like stored ones:
 //! the root DSE, the subschema subentry, cn=Monitor, cn=config,
-//! cn=accesslog and cn=changelog. Each is a [`VirtualTree`] in [`TREES`]; a
-//! search whose base one of them owns is answered from its entries by
-//! [`search`], with the same scope, filter, assertion, size limit and
-//! attribute selection as a stored search.
+//! cn=accesslog and cn=changelog. Each is a [`VirtualTree`]: the root DSE,
+//! the subschema entry and cn=config are the operations' own ([`BUILT_IN`]);
+//! the others are given by the layers that make them (cn=Monitor by
+//! observability, the logs by their overlays) in `Server::trees`. A search
+//! whose base one of them owns is answered from its entries by [`search`],
+//! with the same scope, filter, assertion, size limit and attribute
+//! selection as a stored search.
+//!
+//! Must not name any tree's maker: this file knows trees only by the trait.
 
 use std::sync::Arc;
 
-use pando_model::{Dn, Entry, Schema, Ternary};
+use pando_model::{Attribute, Dn, Entry, Schema, Ternary};
+use pando_proto::sync::{Cookie, SyncRequest};
 use pando_proto::{LdapResult, ResultCode, Scope};
 
 use super::emit::Emitter;
-use super::{flush, paged_done, Out, SearchJob, SearchOutcome, Step};
+use super::{flush, paged_done, Finished, Out, SearchJob, SearchOutcome, Step};
 use crate::error::{LdapError, OpResult};
-use crate::observe::monitor;
 use crate::ops::special::{SUBSCHEMA_DN, SUBSCHEMA_NORM};
 use crate::state::Server;
 use pando_access::Identity;
@@ -25,7 +30,7 @@ pub struct VirtualEntry {
     pub entry: Arc<Entry>,
 }
 
-pub trait VirtualTree: Sync {
+pub trait VirtualTree: Send + Sync {
     /// Whether this tree holds the entry named `base` (or would, were it
     /// to exist: a missing entry below cn=Monitor is noSuchObject here).
     fn owns(&self, schema: &Schema, base: &Dn) -> bool;
@@ -51,6 +56,24 @@ pub trait VirtualTree: Sync {
     /// The entries, now.
     fn entries(&self, server: &Server) -> Vec<VirtualEntry>;
 
+    /// A content synchronization (RFC 4533) based at this tree, when the
+    /// tree serves one itself (the access log, for delta-sync consumers);
+    /// None: refused as for any virtual tree.
+    fn synchronize<'a>(
+        &self,
+        _job: &'a Arc<SearchJob>,
+        _req: SyncRequest,
+        _theirs: Cookie,
+    ) -> Option<Synchronizing<'a>> {
+        None
+    }
+
+    /// Attributes this tree adds to the root DSE when it is read (a log
+    /// naming its range).
+    fn root_dse_attrs(&self, _server: &Server) -> Vec<Attribute> {
+        Vec::new()
+    }
+
     /// The entries a search may return: all of them, unless the tree is
     /// too large to make whole and narrows them by the search itself
     /// (every entry given is still checked for scope and filter).
@@ -64,19 +87,28 @@ pub trait VirtualTree: Sync {
     }
 }
 
-/// Every virtual tree, asked in this order.
-pub const TREES: &[&dyn VirtualTree] = &[
-    &RootDse,
-    &Subschema,
-    &Monitor,
-    &ConfigTree,
-    &ACCESS_LOG_TREE,
-    &RETRO_CHANGELOG_TREE,
-];
+/// A synchronization search running to its end.
+pub type Synchronizing<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Finished> + Send + 'a>>;
 
-/// The tree owning `base`, if any.
-pub fn owner(schema: &Schema, base: &Dn) -> Option<&'static dyn VirtualTree> {
-    TREES.iter().copied().find(|t| t.owns(schema, base))
+/// The operations' own trees, asked first.
+const BUILT_IN: &[&dyn VirtualTree] = &[&RootDse, &Subschema, &ConfigTree];
+
+/// The tree owning `base`, if any: the built-in ones, then those the
+/// server was given.
+pub fn owner<'s>(server: &'s Server, base: &Dn) -> Option<&'s dyn VirtualTree> {
+    let schema = &server.schema;
+    BUILT_IN
+        .iter()
+        .copied()
+        .find(|t| t.owns(schema, base))
+        .or_else(|| {
+            server
+                .trees
+                .iter()
+                .map(|t| &**t)
+                .find(|t| t.owns(schema, base))
+        })
 }
 
 /// The root DSE (RFC 4512 5.1): public, base scope only.
@@ -93,11 +125,15 @@ impl VirtualTree for RootDse {
 
     fn entries(&self, server: &Server) -> Vec<VirtualEntry> {
         let mut entry = server.special.root_dse(server);
-        // The retro change log's range moves with every write: added
-        // to the cached entry when it is read.
-        let changelog = crate::overlays::retro_changelog::root_dse_attrs(server);
-        if !changelog.is_empty() {
-            Arc::make_mut(&mut entry).attrs.extend(changelog);
+        // A log's range moves with every write: added to the cached entry
+        // when it is read.
+        let extra: Vec<Attribute> = server
+            .trees
+            .iter()
+            .flat_map(|t| t.root_dse_attrs(server))
+            .collect();
+        if !extra.is_empty() {
+            Arc::make_mut(&mut entry).attrs.extend(extra);
         }
         vec![VirtualEntry {
             dn: String::new(),
@@ -129,46 +165,9 @@ impl VirtualTree for Subschema {
     }
 }
 
-/// cn=Monitor (`observe::monitor`): made per search, each entry returned
-/// only to those who may read it.
-struct Monitor;
-
-impl VirtualTree for Monitor {
-    // Only a last RDN of one `cn` value can name it: others skip the
-    // normalising.
-    fn owns(&self, schema: &Schema, base: &Dn) -> bool {
-        base.rdns
-            .last()
-            .filter(|r| {
-                r.avas.len() == 1
-                    && schema
-                        .attribute(&r.avas[0].attr)
-                        .is_some_and(|t| t.has_name("cn"))
-            })
-            .and_then(|r| schema.normalize_rdn(r).ok())
-            .is_some_and(|r| r == monitor::MONITOR_NORM)
-    }
-
-    fn may_enter(&self, server: &Server, who: &Identity, base_norm: &str) -> bool {
-        let probe = Entry {
-            dn: Dn { rdns: Vec::new() },
-            attrs: Vec::new(),
-        };
-        monitor::may_read(server, who, base_norm, &probe)
-    }
-
-    fn may_read(&self, server: &Server, who: &Identity, e: &VirtualEntry) -> bool {
-        monitor::may_read(server, who, &e.norm, &e.entry)
-    }
-
-    fn entries(&self, server: &Server) -> Vec<VirtualEntry> {
-        with_norms(server, monitor::entries(server))
-    }
-}
-
 /// Made entries with their normalised DNs (one that does not normalise is
 /// left out).
-fn with_norms(server: &Server, made: Vec<(String, Entry)>) -> Vec<VirtualEntry> {
+pub fn with_norms(server: &Server, made: Vec<(String, Entry)>) -> Vec<VirtualEntry> {
     made.into_iter()
         .filter_map(|(dn, entry)| {
             let norm = server.schema.normalize_dn(&entry.dn).ok()?;
@@ -201,90 +200,6 @@ impl VirtualTree for ConfigTree {
     fn entries(&self, server: &Server) -> Vec<VirtualEntry> {
         with_norms(server, server.config_tree.entries(server))
     }
-}
-
-/// A log shown as a tree (cn=accesslog, cn=changelog) when its overlay is
-/// configured: administrators and those a rule naming it lets read. Too
-/// large to make whole: a search's entries are read narrowed by its base,
-/// filter and size limit.
-struct LogTree {
-    /// The root's RDN value (one `cn`) and the root's normalised DN.
-    word: &'static [u8],
-    suffix: &'static str,
-    configured: fn(&Server) -> bool,
-    may_read: fn(&Server, &Identity) -> bool,
-    entries: LogEntries,
-}
-
-/// A log's entries for (base, scope, filter, most returned, most read).
-type LogEntries =
-    fn(&Server, &str, pando_proto::Scope, &pando_proto::Filter, u64, u64) -> Vec<(String, Entry)>;
-
-/// cn=accesslog (`overlays::accesslog`).
-const ACCESS_LOG_TREE: LogTree = LogTree {
-    word: b"accesslog",
-    suffix: crate::overlays::accesslog::SUFFIX,
-    configured: |s| s.overlays.accesslog().is_some(),
-    may_read: crate::overlays::accesslog::may_read,
-    entries: crate::overlays::accesslog::entries,
-};
-
-/// cn=changelog (`overlays::retro_changelog`).
-const RETRO_CHANGELOG_TREE: LogTree = LogTree {
-    word: b"changelog",
-    suffix: crate::overlays::retro_changelog::SUFFIX,
-    configured: |s| s.overlays.retro_changelog().is_some(),
-    may_read: crate::overlays::retro_changelog::may_read,
-    entries: crate::overlays::retro_changelog::entries,
-};
-
-/// Records a search of cn=accesslog or cn=changelog reads at most (the
-/// size limit stops it sooner).
-const LOG_SCAN: u64 = 200_000;
-
-impl VirtualTree for LogTree {
-    fn owns(&self, schema: &Schema, base: &Dn) -> bool {
-        base.rdns.last().is_some_and(|r| {
-            r.avas.len() == 1
-                && r.avas[0].value.eq_ignore_ascii_case(self.word)
-                && schema.normalize_rdn(r).is_ok_and(|n| n == self.suffix)
-        })
-    }
-
-    fn may_enter(&self, server: &Server, who: &Identity, _base_norm: &str) -> bool {
-        (self.configured)(server) && (self.may_read)(server, who)
-    }
-
-    fn may_read(&self, server: &Server, who: &Identity, _e: &VirtualEntry) -> bool {
-        (self.may_read)(server, who)
-    }
-
-    fn entries(&self, _server: &Server) -> Vec<VirtualEntry> {
-        Vec::new()
-    }
-
-    fn entries_for(&self, server: &Server, job: &SearchJob, base_norm: &str) -> Vec<VirtualEntry> {
-        let limit = match job.req.size_limit {
-            n if n <= 0 => 0,
-            n => n as u64 + 1,
-        };
-        with_norms(
-            server,
-            (self.entries)(
-                server,
-                base_norm,
-                job.req.scope,
-                &job.req.filter,
-                limit,
-                LOG_SCAN,
-            ),
-        )
-    }
-}
-
-/// Whether `base` is cn=accesslog or below it.
-pub fn in_access_log(schema: &Schema, base: &Dn) -> bool {
-    ACCESS_LOG_TREE.owns(schema, base)
 }
 
 /// A search whose base `tree` owns.

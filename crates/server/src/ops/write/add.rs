@@ -44,7 +44,7 @@ pub async fn add(ctx: Arc<WriteCtx>, req: AddRequest) -> OpResult<Written> {
         }
         entry.add_values(&a.name, a.values);
     }
-    if let Some(p) = server.overlays.ppolicy() {
+    if let Some(p) = &server.policy {
         p.check_add(server, who, &entry, ctx.controls.ppolicy)?;
     }
     let mut op = Add {
@@ -106,7 +106,7 @@ impl WriteOp for Add {
 
     fn audit(&self, ctx: &WriteCtx, changes: &[Change]) {
         if let Some(after) = changes.first().and_then(|c| c.after.as_ref()) {
-            crate::observe::audit(
+            crate::ops::audit::write(
                 &ctx.server,
                 &ctx.who,
                 pando_observe::audit::Record::Add {

@@ -117,7 +117,7 @@ impl WriteOp for Delete {
     fn audit(&self, ctx: &WriteCtx, changes: &[Change]) {
         // In the order deleted: children first.
         for b in changes.iter().filter_map(|c| c.before.as_ref()) {
-            crate::observe::audit(
+            crate::ops::audit::write(
                 &ctx.server,
                 &ctx.who,
                 pando_observe::audit::Record::Delete {

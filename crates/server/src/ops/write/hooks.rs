@@ -20,7 +20,7 @@
 //! ([`all`]). An error from any of them undoes the whole operation.
 //! Post-commit work (the audit log) is the operation's `WriteOp::audit`.
 
-use pando_model::Entry;
+use pando_model::{Entry, Schema};
 use pando_proto::{oid, Control};
 use pando_store::{View, WriteTxn};
 
@@ -85,7 +85,7 @@ pub fn on_target(ctx: &WriteCtx, view: &View<'_>, norm: &str, entry: &Entry) -> 
 }
 
 /// Every hook's `related`, in order, then the changes they added checked
-/// (`overlays::related::finish`). A received change has none: its
+/// ([`finish`]). A received change has none: its
 /// provider sends what its own overlays changed.
 pub fn related(ctx: &WriteCtx, view: &View<'_>, changes: &mut Vec<Change>) -> OpResult<()> {
     if ctx.replicated.is_some() || ctx.server.overlays.is_empty() {
@@ -106,7 +106,34 @@ pub fn related(ctx: &WriteCtx, view: &View<'_>, changes: &mut Vec<Change>) -> Op
             i += 1;
         }
     }
-    crate::overlays::related::finish(&ctx.server.schema, changes, first_added)
+    finish(&ctx.server.schema, changes, first_added)
+}
+
+/// After the overlays: drop the modifies they added that change nothing,
+/// and check the schema of those that do (an entry they changed must
+/// still be valid: a group left without members is not).
+fn finish(schema: &Schema, changes: &mut Vec<Change>, first_added: usize) -> OpResult<()> {
+    let mut i = first_added;
+    while i < changes.len() {
+        let c = &changes[i];
+        let unchanged =
+            matches!((&c.before, &c.after), (Some(b), Some(a)) if b.entry.attrs == a.attrs);
+        if unchanged {
+            changes.remove(i);
+            continue;
+        }
+        if let Some(after) = changes[i].after.as_mut() {
+            let dn = after.dn.to_string();
+            schema.check_entry(after).map_err(|e| {
+                LdapError::new(
+                    e.code,
+                    format!("this change would leave {dn} invalid: {}", e.message),
+                )
+            })?;
+        }
+        i += 1;
+    }
+    Ok(())
 }
 
 /// RFC 4528: the operation goes ahead only if the assertion is TRUE for

@@ -57,8 +57,8 @@ pub async fn modify(ctx: Arc<WriteCtx>, req: ModifyRequest) -> OpResult<Written>
             clear = check_password_values(server, who, clear, &ch.attr.values)?;
         }
     }
-    if let Some(p) = server.overlays.ppolicy() {
-        check_policy(&ctx, p, &norm, &req.changes).await?;
+    if let Some(p) = &server.policy {
+        check_policy(&ctx, &**p, &norm, &req.changes).await?;
     }
     let mut op = Modify {
         dn_text: req.dn,
@@ -91,7 +91,7 @@ pub async fn modify(ctx: Arc<WriteCtx>, req: ModifyRequest) -> OpResult<Written>
 /// values as sent (before hashing).
 async fn check_policy(
     ctx: &WriteCtx,
-    p: &crate::overlays::ppolicy::PasswordPolicy,
+    p: &dyn crate::ops::policy::PasswordPolicy,
     norm: &str,
     changes: &[pando_proto::Change],
 ) -> OpResult<()> {
@@ -183,7 +183,7 @@ impl WriteOp for Modify {
     }
 
     fn audit(&self, ctx: &WriteCtx, changes: &[Change]) {
-        if !crate::observe::auditing(&ctx.server) {
+        if !crate::ops::audit::on(&ctx.server) {
             return;
         }
         // userPassword is logged as the values stored after the change.
@@ -199,7 +199,7 @@ impl WriteOp for Modify {
                 .map(|e| ops::password_values(&e.attrs))
                 .unwrap_or_default()
         });
-        crate::observe::audit(
+        crate::ops::audit::write(
             &ctx.server,
             &ctx.who,
             pando_observe::audit::Record::Modify {

@@ -144,7 +144,7 @@ impl WriteOp for Rename {
     }
 
     fn audit(&self, ctx: &WriteCtx, _changes: &[Change]) {
-        crate::observe::audit(
+        crate::ops::audit::write(
             &ctx.server,
             &ctx.who,
             pando_observe::audit::Record::ModDn {

@@ -212,24 +212,12 @@ async fn forward_failures(server: &Arc<Server>, r: &crate::repl::Replica, norm: 
 /// nobody else may force. Accounts without a policy counting failures, or
 /// already locked, take nothing.
 pub async fn forwarded_failures(
+    pp: &PasswordPolicy,
     server: &Arc<Server>,
     who: &Identity,
-    value: Option<&[u8]>,
+    dn: &str,
+    count: usize,
 ) -> OpResult<()> {
-    let malformed = || LdapError::protocol("the request value must be '<account DN>\\n<count>'");
-    let text = value
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .ok_or_else(malformed)?;
-    let (dn, count) = text.split_once('\n').ok_or_else(malformed)?;
-    let count: usize = count
-        .trim()
-        .parse()
-        .ok()
-        .filter(|n| *n > 0)
-        .ok_or_else(malformed)?;
-    let Some(pp) = server.overlays.ppolicy() else {
-        return Err(LdapError::unwilling("the password policy overlay is off"));
-    };
     if who.is_anonymous() {
         return Err(LdapError::access(
             "forwarding failed binds needs an authenticated identity",

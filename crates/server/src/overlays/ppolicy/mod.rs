@@ -21,19 +21,19 @@
 mod failures;
 pub mod policy;
 pub mod quality;
-
-pub use failures::forwarded_failures;
+mod seam;
 
 use std::sync::Arc;
 
 use pando_model::{Dn, Entry, Schema};
-use pando_proto::control_values::{encode_policy_response, PolicyError, PolicyWarning};
-use pando_proto::{oid, Control, ProtocolOp, ResultCode};
+use pando_proto::control_values::{PolicyError, PolicyWarning};
+use pando_proto::ResultCode;
 use pando_store::{Lookup, View};
 
 use self::policy::{is_policy, precise_time, Policy, State};
 use self::quality::Quality;
 use crate::error::{LdapError, OpResult};
+pub use crate::ops::policy::{refusal, response, BindVerdict};
 use crate::ops::write::hooks::Hook;
 use crate::ops::write::{Change, WriteCtx, WriteOp};
 use crate::state::Server;
@@ -72,38 +72,8 @@ pub struct Account {
     pub policy: Option<Policy>,
 }
 
-/// The password policy response control.
-pub fn response(warning: Option<PolicyWarning>, error: Option<PolicyError>) -> Control {
-    Control {
-        oid: oid::PASSWORD_POLICY.to_string(),
-        critical: false,
-        value: Some(encode_policy_response(warning, error)),
-    }
-}
-
-/// `e`, with the response control saying `why` when the client asked.
-fn refusal(code: ResultCode, msg: String, why: PolicyError, wants: bool) -> LdapError {
-    let e = LdapError::new(code, msg);
-    if wants {
-        e.with_control(response(None, Some(why)))
-    } else {
-        e
-    }
-}
-
 fn now_secs() -> i64 {
     (pando_store::clock::now_micros() / 1_000_000) as i64
-}
-
-/// The outcome of a bind under a policy.
-pub enum BindVerdict {
-    /// The bind succeeds: its response controls, and whether the
-    /// connection is restricted to changing the password.
-    Allow {
-        controls: Vec<Control>,
-        restricted: bool,
-    },
-    Refuse(LdapError),
 }
 
 impl PasswordPolicy {
@@ -288,6 +258,25 @@ impl PasswordPolicy {
         })
     }
 
+    /// The account `target` and its policy, read now; None when it does
+    /// not exist or no policy governs it.
+    fn governed(&self, server: &Server, target: &str) -> OpResult<Option<(Entry, Policy)>> {
+        let rtxn = server.store.read()?;
+        let view = rtxn.view();
+        let Ok(parsed) = Dn::parse(target) else {
+            return Ok(None);
+        };
+        let Ok(rdns) = view.normalize_rdns(&parsed) else {
+            return Ok(None);
+        };
+        let entry = match view.lookup_norm(&rdns)? {
+            Lookup::Found(id) => view.entry(id)?,
+            Lookup::Missing { .. } => None,
+        };
+        let Some(entry) = entry else { return Ok(None) };
+        Ok(self.policy_for(&view, &entry)?.map(|p| (entry, p)))
+    }
+
     /// Checks of a password change of the account `target` to `new` (clear
     /// text, or None when the client sent it hashed), made before it is
     /// hashed; `old_given`: the change names the old password.
@@ -303,24 +292,9 @@ impl PasswordPolicy {
         if who.is_admin() && who.norm() != target {
             return Ok(());
         }
-        let (entry, policy) = {
-            let rtxn = server.store.read()?;
-            let view = rtxn.view();
-            let Ok(parsed) = Dn::parse(target) else {
-                return Ok(());
-            };
-            let Ok(rdns) = view.normalize_rdns(&parsed) else {
-                return Ok(());
-            };
-            let entry = match view.lookup_norm(&rdns)? {
-                Lookup::Found(id) => view.entry(id)?,
-                Lookup::Missing { .. } => None,
-            };
-            let Some(entry) = entry else { return Ok(()) };
-            let policy = self.policy_for(&view, &entry)?;
-            (entry, policy)
+        let Some((entry, p)) = self.governed(server, target)? else {
+            return Ok(());
         };
-        let Some(p) = policy else { return Ok(()) };
         let own = who.norm() == target;
         if own && !p.allow_user_change {
             return Err(refusal(
@@ -491,42 +465,6 @@ impl WriteOp for StateUpdate {
     }
 
     fn audit(&self, _ctx: &WriteCtx, _changes: &[Change]) {}
-}
-
-/// Whether a request may run on a connection restricted to changing its
-/// password (after a bind answered changeAfterReset): bind, unbind,
-/// abandon, StartTLS, WhoAmI, Password Modify, and a modify of the
-/// account's own userPassword only.
-pub fn allowed_while_restricted(who: &Identity, request: &ProtocolOp) -> bool {
-    match request {
-        ProtocolOp::BindRequest(_) | ProtocolOp::UnbindRequest | ProtocolOp::AbandonRequest(_) => {
-            true
-        }
-        ProtocolOp::ExtendedRequest(x) => {
-            [oid::START_TLS, oid::PASSWD_MODIFY, oid::WHOAMI].contains(&x.name.as_str())
-        }
-        ProtocolOp::ModifyRequest(m) => {
-            let own = Dn::parse(&m.dn)
-                .map(|d| d.to_string().eq_ignore_ascii_case(who.dn()))
-                .unwrap_or(false)
-                || m.dn.eq_ignore_ascii_case(who.dn());
-            own && m
-                .changes
-                .iter()
-                .all(|c| pando_model::desc::is_password(&c.attr.name))
-        }
-        _ => false,
-    }
-}
-
-/// The refusal of a request on a restricted connection.
-pub fn restricted(wants: bool) -> LdapError {
-    refusal(
-        ResultCode::INSUFFICIENT_ACCESS_RIGHTS,
-        "Operations are restricted to bind/unbind/abandon/StartTLS/modify password".into(),
-        PolicyError::ChangeAfterReset,
-        wants,
-    )
 }
 
 impl Hook for PasswordPolicy {

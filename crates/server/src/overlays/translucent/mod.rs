@@ -22,6 +22,8 @@
 //! access rules.
 
 pub mod remote;
+mod search;
+mod tree;
 pub mod write;
 
 use std::collections::HashSet;

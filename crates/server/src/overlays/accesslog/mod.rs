@@ -26,6 +26,8 @@
 //! a flood costs the writer one job per batch, never one per request, and
 //! real writes and replication are not queued behind it.
 
+pub mod sync;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 

@@ -1,4 +1,4 @@
-//! A search whose base is in a translucent suffix (`overlays::translucent`):
+//! A search whose base is in a translucent suffix:
 //!
 //! 0. the search right on the base is settled first ([`settle_base`]): a
 //!    requester refused it costs no remote search; one allowed then holds
@@ -29,13 +29,15 @@ use pando_proto::{Filter, LdapResult, ResultCode, Scope};
 use pando_store::{EntryId, View};
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::plan::{scope_candidates, Plan};
-use super::{
-    emitter_for, flush, paged_done, Finished, Matcher, Out, Path, SearchJob, SearchOutcome, CHUNK,
-};
+use super::remote::{Found, Query};
+use super::{Relaxed, Translucent};
 use crate::error::{LdapError, OpResult};
-use crate::overlays::translucent::remote::{Found, Query};
-use crate::overlays::translucent::{self, Relaxed, Translucent};
+use crate::ops::search::matcher::Matcher;
+use crate::ops::search::plan::{scope_candidates, Plan};
+use crate::ops::search::{
+    emitter_for, flush, paged_done, Finished, Out, Path, SearchJob, SearchOutcome, CHUNK,
+};
+use crate::overlays::translucent;
 use pando_access::acl::{self, Access};
 
 /// What the store holds at the base and in the search's scope.
@@ -75,7 +77,7 @@ pub async fn run(job: &Arc<SearchJob>, t: &Translucent) -> Finished {
         },
     };
     // Unsorted, as a virtual tree's: a non-critical sort says so.
-    super::hooks::after(job, Path::VirtualTree, &mut outcome);
+    crate::ops::search::hooks::after(job, Path::VirtualTree, &mut outcome);
     Finished::Done(outcome)
 }
 
@@ -309,7 +311,7 @@ async fn settle_base(
         .await
         .map_err(failed)??;
     }
-    let Some(place) = super::search_thread(job).await else {
+    let Some(place) = crate::ops::search::search_thread(job).await else {
         return Ok(None);
     };
     Ok(Some((probed, place)))
@@ -352,7 +354,7 @@ fn remote_attrs(job: &SearchJob) -> Vec<String> {
             attrs.push(a.clone());
         }
     }
-    super::plan::for_each_filter_attr(&job.req.filter, &mut |a: &str| {
+    crate::ops::search::plan::for_each_filter_attr(&job.req.filter, &mut |a: &str| {
         if !attrs.iter().any(|x| x.eq_ignore_ascii_case(a)) {
             attrs.push(a.to_string());
         }
@@ -455,7 +457,7 @@ fn emit(
     // Checked again on the base as merged: settle_base may not have
     // seen its remote content.
     may_search(job, &view, base_norm, base_entry)?;
-    super::hooks::before(job, Some(&view), base_norm, &mut || Ok(base_entry.clone()))?;
+    crate::ops::search::hooks::before(job, Some(&view), base_norm, &mut || Ok(base_entry.clone()))?;
     let mut candidates: Vec<Candidate> = Vec::with_capacity(remote.len() + own.len());
     for (norm, r) in remote {
         let rdns = crate::ops::norm_rdns(&view, &r.dn)?;
@@ -476,7 +478,7 @@ fn emit(
         candidates.push((norm, None, e));
     }
     candidates.extend(own.into_iter().map(|(n, id, e)| (n, Some(id), e)));
-    let limits = super::limits::Limits::for_requester(server, &job.who, &view);
+    let limits = crate::ops::search::limits::Limits::for_requester(server, &job.who, &view);
     let smallest = |a: u64, b: u64| match (a, b) {
         (0, b) => b,
         (a, 0) => a,

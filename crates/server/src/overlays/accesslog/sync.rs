@@ -1,7 +1,7 @@
 //! Content synchronization of cn=accesslog: the provider's side of
 //! OpenLDAP's delta-syncrepl (`syncdata=accesslog`), as a slapd consumer
 //! drives it. The log holds the change log's records in OpenLDAP's
-//! accesslog schema (`overlays::accesslog`); this serves them the way
+//! accesslog schema (`accesslog`); this serves them the way
 //! OpenLDAP's syncprov serves its log database (`syncprov-nopresent`,
 //! `syncprov-reloadhint`):
 //!
@@ -31,12 +31,12 @@ use pando_proto::sync::{
 };
 use pando_proto::{oid, LdapResult, ResultCode, Scope};
 
-use super::emit::Emitter;
-use super::limits::{smaller_limit, Limits};
-use super::persistent::{deliver, done, start_following, Started};
-use super::sync_provider::{control, info_message, state_control, Sink};
-use super::{emitter_for, Finished, SearchJob, SearchOutcome, CHUNK};
 use crate::error::{LdapError, OpResult};
+use crate::ops::search::emit::Emitter;
+use crate::ops::search::limits::{smaller_limit, Limits};
+use crate::ops::search::persistent::{deliver, done, start_following, Started};
+use crate::ops::search::sync_provider::{control, info_message, state_control, Sink};
+use crate::ops::search::{emitter_for, Finished, SearchJob, SearchOutcome, CHUNK};
 use crate::overlays::accesslog::{self, SyncRecord};
 
 /// Run a synchronization search of cn=accesslog (its base) until it ends.
@@ -113,12 +113,6 @@ pub async fn run(job: &Arc<SearchJob>, req: SyncRequest, theirs: Cookie) -> Fini
         }
         sent += n;
     }
-}
-
-/// Whether a search based at `base` reads cn=accesslog.
-pub fn is_log_base(server: &crate::state::Server, base: &str) -> bool {
-    pando_model::Dn::parse(base)
-        .is_ok_and(|b| super::virtual_tree::in_access_log(&server.schema, &b))
 }
 
 /// What makes a synchronization of the log impossible: no log, a

@@ -1,0 +1,171 @@
+//! The password policy as the operations consult it: binds, password
+//! changes (modify, add, Password Modify) and failed binds forwarded by
+//! replicas ask the configured policy (the ppolicy overlay) through
+//! [`PasswordPolicy`]; a connection restricted to changing its password
+//! (after a bind answered changeAfterReset) is held to that here, for
+//! every operation.
+//!
+//! Must not name the overlay that implements the trait.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use pando_model::{Dn, Entry};
+use pando_proto::control_values::{encode_policy_response, PolicyError, PolicyWarning};
+use pando_proto::{oid, Control, ProtocolOp, ResultCode};
+use pando_store::View;
+
+use super::remote::Running;
+use crate::error::{LdapError, OpResult};
+use crate::state::Server;
+use pando_access::Identity;
+
+/// An account being bound, as the policy read it in the bind's snapshot
+/// (its state and its policy); only the policy looks inside.
+pub type Account = Box<dyn Any + Send + Sync>;
+
+/// The outcome of a bind under a policy.
+pub enum BindVerdict {
+    /// The bind succeeds: its response controls, and whether the
+    /// connection is restricted to changing the password.
+    Allow {
+        controls: Vec<Control>,
+        restricted: bool,
+    },
+    Refuse(LdapError),
+}
+
+pub trait PasswordPolicy: Send + Sync {
+    /// Whether failures of the account `norm` wait to be written (looked
+    /// at before a bind reads the account).
+    fn has_pending(&self, norm: &str) -> bool;
+
+    /// The account `entry` (holding at least its password and pwd*
+    /// attributes), read in a bind's snapshot, with its policy.
+    fn account(&self, view: &View<'_>, generation: Option<u64>, entry: Entry) -> OpResult<Account>;
+
+    /// The verdict on a bind to `norm` whose password was `verified` or
+    /// not; `pending`: failures were waiting when the bind began.
+    fn judge_bind<'a>(
+        &'a self,
+        server: &'a Arc<Server>,
+        norm: &'a str,
+        account: Account,
+        pending: bool,
+        verified: bool,
+        wants: bool,
+    ) -> Running<'a, OpResult<BindVerdict>>;
+
+    /// A check of the password of `norm` made outside a bind (Password
+    /// Modify's old password), `verified` or not: whether it counts as
+    /// right.
+    fn on_password_check<'a>(
+        &'a self,
+        server: &'a Arc<Server>,
+        norm: &'a str,
+        verified: bool,
+    ) -> Running<'a, OpResult<bool>>;
+
+    /// Checks of a password change of the account `target` to `new` (clear
+    /// text, or None when sent hashed), before it is hashed; `old_given`:
+    /// the change names the old password.
+    #[allow(clippy::too_many_arguments)]
+    fn check_change<'a>(
+        &'a self,
+        server: &'a Arc<Server>,
+        who: &'a Identity,
+        target: &'a str,
+        new: Option<&'a [u8]>,
+        old_given: bool,
+        wants: bool,
+    ) -> Running<'a, OpResult<()>>;
+
+    /// Checks of a new entry's password, before it is hashed.
+    fn check_add(
+        &self,
+        server: &Arc<Server>,
+        who: &Identity,
+        entry: &Entry,
+        wants: bool,
+    ) -> OpResult<()>;
+
+    /// `count` failed binds of the account `dn` a replica forwards.
+    fn forwarded_failures<'a>(
+        &'a self,
+        server: &'a Arc<Server>,
+        who: &'a Identity,
+        dn: &'a str,
+        count: usize,
+    ) -> Running<'a, OpResult<()>>;
+}
+
+/// The value of a forwarded-failures request: `<account DN>\n<count>`.
+pub fn failures_request(value: Option<&[u8]>) -> OpResult<(&str, usize)> {
+    let malformed = || LdapError::protocol("the request value must be '<account DN>\\n<count>'");
+    let text = value
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .ok_or_else(malformed)?;
+    let (dn, count) = text.split_once('\n').ok_or_else(malformed)?;
+    let count: usize = count
+        .trim()
+        .parse()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(malformed)?;
+    Ok((dn, count))
+}
+
+/// The password policy response control.
+pub fn response(warning: Option<PolicyWarning>, error: Option<PolicyError>) -> Control {
+    Control {
+        oid: oid::PASSWORD_POLICY.to_string(),
+        critical: false,
+        value: Some(encode_policy_response(warning, error)),
+    }
+}
+
+/// `e`, with the response control saying `why` when the client asked.
+pub fn refusal(code: ResultCode, msg: String, why: PolicyError, wants: bool) -> LdapError {
+    let e = LdapError::new(code, msg);
+    if wants {
+        e.with_control(response(None, Some(why)))
+    } else {
+        e
+    }
+}
+
+/// Whether a request may run on a connection restricted to changing its
+/// password (after a bind answered changeAfterReset): bind, unbind,
+/// abandon, StartTLS, WhoAmI, Password Modify, and a modify of the
+/// account's own userPassword only.
+pub fn allowed_while_restricted(who: &Identity, request: &ProtocolOp) -> bool {
+    match request {
+        ProtocolOp::BindRequest(_) | ProtocolOp::UnbindRequest | ProtocolOp::AbandonRequest(_) => {
+            true
+        }
+        ProtocolOp::ExtendedRequest(x) => {
+            [oid::START_TLS, oid::PASSWD_MODIFY, oid::WHOAMI].contains(&x.name.as_str())
+        }
+        ProtocolOp::ModifyRequest(m) => {
+            let own = Dn::parse(&m.dn)
+                .map(|d| d.to_string().eq_ignore_ascii_case(who.dn()))
+                .unwrap_or(false)
+                || m.dn.eq_ignore_ascii_case(who.dn());
+            own && m
+                .changes
+                .iter()
+                .all(|c| pando_model::desc::is_password(&c.attr.name))
+        }
+        _ => false,
+    }
+}
+
+/// The refusal of a request on a restricted connection.
+pub fn restricted(wants: bool) -> LdapError {
+    refusal(
+        ResultCode::INSUFFICIENT_ACCESS_RIGHTS,
+        "Operations are restricted to bind/unbind/abandon/StartTLS/modify password".into(),
+        PolicyError::ChangeAfterReset,
+        wants,
+    )
+}
