@@ -29,19 +29,22 @@ ALLOWED = {
     "pando-access": {"pando-proto", "pando-model", "pando-store", "pando-config"},
     "pando-observe": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-config"},
     "pando-client": {"pando-proto", "pando-config"},
+    "pando-ops": {"pando-proto", "pando-model", "pando-store", "pando-password", "pando-config", "pando-access",
+                  "pando-observe"},
     "pando-gen": {"pando-ldif"},
     "pando-bench": {"pando-proto"},
     "pando-server": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password", "pando-config",
-                     "pando-access", "pando-observe", "pando-client"},
+                     "pando-access", "pando-observe", "pando-client", "pando-ops"},
     "pando-migrate": {"pando-proto", "pando-model", "pando-ldif", "pando-password", "pando-config", "pando-server"},
     "pando": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password", "pando-config", "pando-access", "pando-observe", "pando-client", "pando-server",
               "pando-gen", "pando-bench", "pando-migrate"},
 }
 
 # Most files in one circle of imports, per crate directory (issue 38's
-# goal is 3 everywhere; the server's is where the redesign starts).
+# goal is 3 everywhere; the operations' is where the redesign goes on).
 CEILING = {
-    "server": 28,
+    "server": 3,
+    "ops": 25,
     "migrate": 6,
     "model": 3,
     "store": 2,

@@ -1,24 +1,25 @@
 //! Pando's server: configuration, the LDAP operations, and the network
 //! frontend. `run` starts everything and returns after a clean shutdown.
 
-pub mod backup;
 pub mod bootstrap;
 pub mod bulk;
-pub mod capacity;
 pub mod cn_config;
-pub mod datadir;
-pub mod error;
-pub mod hashing;
 pub mod live;
 pub mod net;
 pub mod observe;
-pub mod ops;
 pub mod overlays;
 pub mod privileges;
 pub mod repl;
 pub mod settings;
-pub mod state;
-pub mod throttle;
+
+/// The operations and their state (`pando-ops`).
+pub use pando_ops as ops;
+pub use pando_ops::{capacity, error, hashing, state, throttle};
+
+#[cfg(test)]
+mod ops_tests;
+#[cfg(test)]
+mod test_server;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -72,10 +73,8 @@ fn refused_store(data_dir: &std::path::Path, e: &pando_store::StoreError) -> Str
     format!("cannot serve the store in {}: {e}. {advice}", dir.display())
 }
 
-/// Directory holding the LMDB files inside the data directory.
-pub fn store_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
-    data_dir.join("db")
-}
+pub use pando_store::datadir::store_dir;
+pub use pando_store::{backup, datadir};
 
 pub fn store_options(cfg: &Resolved) -> StoreOptions {
     let st = &cfg.config.store;
@@ -497,12 +496,10 @@ pub fn compile(
     Ok(state::Compiled {
         remotes: overlays.remotes(),
         policy: overlays.policy(),
-        overlays,
-        trees: vec![
-            Arc::new(observe::monitor::Tree),
-            Arc::new(overlays::log_tree::ACCESS_LOG_TREE),
-            Arc::new(overlays::log_tree::RETRO_CHANGELOG_TREE),
-        ],
+        layers: Arc::new(overlays.layers()),
+        trees: std::iter::once(Arc::new(observe::monitor::Tree) as Arc<_>)
+            .chain(overlays.trees())
+            .collect(),
         desired: Arc::new(cfg.config.clone()),
         cfg,
         schema,

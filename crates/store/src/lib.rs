@@ -25,17 +25,21 @@
 //! `store.rs` (opening, transactions, statistics), `view.rs` (reading),
 //! `write_txn.rs` (changing entries with their DN records and postings),
 //! `keys.rs` (DN database layouts), `options.rs`, `error.rs`; the indexes,
-//! the planner, the change log and the writer have their own files. The
-//! store knows nothing above the data model: not sessions, access rules,
+//! the planner, the change log and the writer have their own files; so do
+//! the data directory's layout and lock (`datadir`) and hot backups of the
+//! store with their manifest (`backup`). The store knows nothing above the
+//! data model: not sessions, access rules,
 //! operations or the network.
 
 mod accesslog;
+pub mod backup;
 pub mod bulk;
 mod catalog;
 mod change_numbers;
 mod changelog;
 pub mod clock;
 mod context_csn;
+pub mod datadir;
 mod dictionary;
 mod dn_cache;
 pub mod entry_codec;

@@ -99,7 +99,9 @@ pub(super) async fn follow(server: &Arc<Server>, before: &Server) {
         );
     }
     if old.consumer != new.consumer {
-        server.replicas.follow_configuration(server).await;
+        crate::repl::Replicas::of(server)
+            .follow_configuration(server)
+            .await;
     }
     if server.cfg.suffixes != before.cfg.suffixes {
         make_suffix_entries(server, before).await;

@@ -538,15 +538,14 @@ impl Connection {
         wire: &mut Wire<S>,
         identity: &mut Identity,
     ) -> Option<(Flow, Option<u32>)> {
-        let fault = server.overlays.fault(&server.schema, &op.request)?;
-        let rule = fault.rule;
+        let rule = server.layers.fault(&server.schema, &op.request)?;
         if let Some(d) = rule.delay {
             let _ = wire.pump_while(tokio::time::sleep(d)).await;
         }
         if rule.disconnect {
             return Some((Flow::Close("error injection"), None));
         }
-        let (code, text) = rule.result.clone()?;
+        let (code, text) = rule.result?;
         if matches!(op.request, ProtocolOp::BindRequest(_)) {
             self.anonymous_again(identity, wire);
         }

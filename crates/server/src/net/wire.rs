@@ -345,7 +345,7 @@ mod tests {
 
     /// A server over a store in `dir` (only its metrics and limits are used).
     fn server(dir: &std::path::Path) -> Arc<Server> {
-        crate::ops::test_server::bare(dir, "")
+        crate::test_server::bare(dir, "")
     }
 
     #[tokio::test(start_paused = true)]

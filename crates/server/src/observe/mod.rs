@@ -48,7 +48,7 @@ pub struct OpStart {
     /// Described only when the access log is on.
     request: Option<Request>,
     /// The in-directory access log's record, when it logs this operation.
-    logged: Option<Box<crate::overlays::accesslog::Pending>>,
+    logged: Option<crate::ops::layers::Begun>,
 }
 
 impl OpStart {
@@ -64,8 +64,9 @@ impl OpStart {
         let kind = kind_of(&msg.op)?;
         server.metrics.op_initiated(kind);
         let logged = server
-            .overlays
-            .accesslog()
+            .layers
+            .op_log
+            .as_ref()
             .and_then(|l| l.begin(conn, who, &msg.op, &server.schema));
         Some(OpStart {
             kind,
@@ -109,8 +110,8 @@ impl OpStart {
         if code.is_some() {
             m.add(&m.pdus_out, 1 + entries);
         }
-        if let (Some(log), Some(p)) = (server.overlays.accesslog(), self.logged) {
-            log.end(server, *p, code, entries);
+        if let (Some(log), Some(p)) = (&server.layers.op_log, self.logged) {
+            log.end(server, p, code, entries);
         }
         if let (Some(a), Some(r)) = (&server.logs.access, &self.request) {
             a.op(&OpResultLine {

@@ -125,8 +125,9 @@ fn latency_attrs(l: &Latency) -> Vec<Attribute> {
 /// and how often each error injection rule fired.
 fn overlays(server: &Server) -> Vec<Attribute> {
     let list: Vec<String> = server
-        .overlays
-        .kinds()
+        .layers
+        .kinds
+        .iter()
         .enumerate()
         .map(|(i, k)| format!("{{{i}}}{k}"))
         .collect();
@@ -143,7 +144,7 @@ fn overlays(server: &Server) -> Vec<Attribute> {
     if !list.is_empty() {
         out.push(attr("pandoOverlay", list));
     }
-    let rules = server.overlays.injection_counts();
+    let rules = server.layers.injection_counts();
     if !rules.is_empty() {
         out.push(attr("pandoErrorInjected", rules));
     }
@@ -380,7 +381,7 @@ fn logs_node(server: &Server) -> (String, Entry) {
         num("pandoDropped", server.logs.access_dropped()),
         num("pandoWriteErrors", server.logs.write_errors()),
     ];
-    if server.overlays.accesslog().is_some() {
+    if server.layers.op_log.is_some() {
         let a = &server.metrics.accesslog;
         let l = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         logs.push(num(
@@ -452,7 +453,7 @@ fn conflicts_node(server: &Server) -> (String, Entry) {
 }
 
 fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
-    let replicas = server.replicas.list();
+    let replicas = crate::repl::Replicas::of(server).list();
     out.push(node(
         "monitoredObject",
         "Replication",

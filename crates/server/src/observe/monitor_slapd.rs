@@ -146,8 +146,8 @@ fn databases(server: &Server, out: &mut Vec<(String, Entry)>) {
             attr("monitorContext", ["cn=Monitor"]),
         ],
     ));
-    let shadow = !server.replicas.list().is_empty();
-    let kinds: Vec<&str> = server.overlays.kinds().collect();
+    let shadow = !crate::repl::Replicas::of(server).list().is_empty();
+    let kinds: Vec<&str> = server.layers.kinds.clone();
     for (i, name) in BACKEND_NAMES.iter().enumerate() {
         let cn = format!("Database {i}");
         let dn = format!("cn={cn},{DATABASES}");
@@ -204,7 +204,7 @@ fn overlay_dn(kind: &str) -> String {
 /// One entry per overlay type (as slapd lists those available), pointing
 /// at the database when it is configured.
 fn overlays(server: &Server, out: &mut Vec<(String, Entry)>) {
-    let kinds: Vec<&str> = server.overlays.kinds().collect();
+    let kinds: Vec<&str> = server.layers.kinds.clone();
     for (n, t) in pando_config::overlay::TYPES.iter().enumerate() {
         let cn = format!("Overlay {n}");
         let mut attrs = vec![

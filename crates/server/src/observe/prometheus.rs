@@ -197,8 +197,7 @@ fn replication(t: &mut Text, server: &Server) {
             }
         }
     }
-    let statuses: Vec<(u16, crate::repl::consumer::Status)> = server
-        .replicas
+    let statuses: Vec<(u16, crate::repl::consumer::Status)> = crate::repl::Replicas::of(server)
         .list()
         .iter()
         .filter_map(|r| r.snapshot().map(|s| (r.rid, s)))

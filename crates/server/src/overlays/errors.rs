@@ -267,6 +267,25 @@ impl Errors {
     }
 }
 
+/// Error injection as the operations consult it (`ops::layers`).
+impl crate::ops::layers::Faults for Errors {
+    fn pick(&self, schema: &Schema, request: &ProtocolOp) -> Option<crate::ops::layers::Fault> {
+        let rule = Errors::pick(self, schema, request)?.rule;
+        Some(crate::ops::layers::Fault {
+            delay: rule.delay,
+            disconnect: rule.disconnect,
+            result: rule.result.clone(),
+        })
+    }
+
+    fn counts(&self) -> Vec<String> {
+        self.rules
+            .iter()
+            .map(|r| format!("injected={} {}", r.injected.load(Ordering::Relaxed), r.text))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,76 +6,141 @@ use std::sync::Arc;
 
 use pando_model::{Attribute, Dn, Entry, Schema};
 use pando_proto::sync::{Cookie, SyncRequest};
+use pando_proto::{Filter, Scope};
 
+use super::accesslog::{self, AccessLog};
+use super::retro_changelog::{self, RetroChangelog};
 use crate::ops::search::virtual_tree::{with_norms, Synchronizing, VirtualEntry, VirtualTree};
 use crate::ops::search::SearchJob;
 use crate::state::Server;
 use pando_access::Identity;
 
-/// A log shown as a tree (cn=accesslog, cn=changelog) when its overlay is
-/// configured: administrators and those a rule naming it lets read. Too
-/// large to make whole: a search's entries are read narrowed by its base,
-/// filter and size limit.
-pub struct LogTree {
+/// A log as its tree reads it.
+pub trait Log: Send + Sync + 'static {
     /// The root's RDN value (one `cn`) and the root's normalised DN.
-    word: &'static [u8],
-    suffix: &'static str,
-    configured: fn(&Server) -> bool,
-    may_read: fn(&Server, &Identity) -> bool,
-    entries: LogEntries,
+    const WORD: &'static [u8];
+    const SUFFIX: &'static str;
+
+    /// Whether `who` may read the log.
+    fn may_read(server: &Server, who: &Identity) -> bool;
+
+    /// The entries for (base, scope, filter, most returned, most read).
+    fn entries(
+        &self,
+        server: &Server,
+        base_norm: &str,
+        scope: Scope,
+        filter: &Filter,
+        limit: u64,
+        scan: u64,
+    ) -> Vec<(String, Entry)>;
+
     /// What the log adds to the root DSE.
-    root_dse: fn(&Server) -> Vec<Attribute>,
-    /// Its content synchronization, if it serves one.
-    sync: Option<Sync>,
+    fn root_dse_attrs(&self, _server: &Server) -> Vec<Attribute> {
+        Vec::new()
+    }
+
+    /// Its content synchronization, if it serves one (`log`: None when
+    /// the overlay is not configured).
+    fn synchronize<'a>(
+        _log: Option<Arc<Self>>,
+        _job: &'a Arc<SearchJob>,
+        _req: SyncRequest,
+        _theirs: Cookie,
+    ) -> Option<Synchronizing<'a>> {
+        None
+    }
 }
 
-type Sync = for<'a> fn(&'a Arc<SearchJob>, SyncRequest, Cookie) -> Synchronizing<'a>;
+impl Log for AccessLog {
+    const WORD: &'static [u8] = b"accesslog";
+    const SUFFIX: &'static str = accesslog::SUFFIX;
 
-/// A log's entries for (base, scope, filter, most returned, most read).
-type LogEntries =
-    fn(&Server, &str, pando_proto::Scope, &pando_proto::Filter, u64, u64) -> Vec<(String, Entry)>;
+    fn may_read(server: &Server, who: &Identity) -> bool {
+        accesslog::may_read(server, who)
+    }
 
-/// cn=accesslog (`accesslog`).
-pub const ACCESS_LOG_TREE: LogTree = LogTree {
-    word: b"accesslog",
-    suffix: super::accesslog::SUFFIX,
-    configured: |s| s.overlays.accesslog().is_some(),
-    may_read: super::accesslog::may_read,
-    entries: super::accesslog::entries,
-    root_dse: |_| Vec::new(),
-    sync: Some(|job, req, theirs| Box::pin(super::accesslog::sync::run(job, req, theirs))),
-};
+    fn entries(
+        &self,
+        server: &Server,
+        base_norm: &str,
+        scope: Scope,
+        filter: &Filter,
+        limit: u64,
+        scan: u64,
+    ) -> Vec<(String, Entry)> {
+        accesslog::entries(self, server, base_norm, scope, filter, limit, scan)
+    }
 
-/// cn=changelog (`retro_changelog`).
-pub const RETRO_CHANGELOG_TREE: LogTree = LogTree {
-    word: b"changelog",
-    suffix: super::retro_changelog::SUFFIX,
-    configured: |s| s.overlays.retro_changelog().is_some(),
-    may_read: super::retro_changelog::may_read,
-    entries: super::retro_changelog::entries,
-    root_dse: super::retro_changelog::root_dse_attrs,
-    sync: None,
-};
+    fn synchronize<'a>(
+        log: Option<Arc<Self>>,
+        job: &'a Arc<SearchJob>,
+        req: SyncRequest,
+        theirs: Cookie,
+    ) -> Option<Synchronizing<'a>> {
+        Some(Box::pin(accesslog::sync::run(job, req, theirs, log)))
+    }
+}
+
+impl Log for RetroChangelog {
+    const WORD: &'static [u8] = b"changelog";
+    const SUFFIX: &'static str = retro_changelog::SUFFIX;
+
+    fn may_read(server: &Server, who: &Identity) -> bool {
+        retro_changelog::may_read(server, who)
+    }
+
+    fn entries(
+        &self,
+        server: &Server,
+        base_norm: &str,
+        scope: Scope,
+        filter: &Filter,
+        limit: u64,
+        scan: u64,
+    ) -> Vec<(String, Entry)> {
+        retro_changelog::entries(self, server, base_norm, scope, filter, limit, scan)
+    }
+
+    fn root_dse_attrs(&self, server: &Server) -> Vec<Attribute> {
+        retro_changelog::root_dse_attrs(server)
+    }
+}
+
+/// A log shown as a tree: administrators and those a rule naming it lets
+/// read; noSuchObject to everyone when its overlay is not configured. Too
+/// large to make whole: a search's entries are read narrowed by its base,
+/// filter and size limit.
+pub struct LogTree<L: Log> {
+    log: Option<Arc<L>>,
+}
+
+impl<L: Log> LogTree<L> {
+    /// The tree of `log` (None: not configured).
+    pub fn new(log: Option<Arc<L>>) -> LogTree<L> {
+        LogTree { log }
+    }
+}
 
 /// Records a search of cn=accesslog or cn=changelog reads at most (the
 /// size limit stops it sooner).
 const LOG_SCAN: u64 = 200_000;
 
-impl VirtualTree for LogTree {
+impl<L: Log> VirtualTree for LogTree<L> {
     fn owns(&self, schema: &Schema, base: &Dn) -> bool {
         base.rdns.last().is_some_and(|r| {
             r.avas.len() == 1
-                && r.avas[0].value.eq_ignore_ascii_case(self.word)
-                && schema.normalize_rdn(r).is_ok_and(|n| n == self.suffix)
+                && r.avas[0].value.eq_ignore_ascii_case(L::WORD)
+                && schema.normalize_rdn(r).is_ok_and(|n| n == L::SUFFIX)
         })
     }
 
     fn may_enter(&self, server: &Server, who: &Identity, _base_norm: &str) -> bool {
-        (self.configured)(server) && (self.may_read)(server, who)
+        self.log.is_some() && L::may_read(server, who)
     }
 
     fn may_read(&self, server: &Server, who: &Identity, _e: &VirtualEntry) -> bool {
-        (self.may_read)(server, who)
+        L::may_read(server, who)
     }
 
     fn entries(&self, _server: &Server) -> Vec<VirtualEntry> {
@@ -83,7 +148,9 @@ impl VirtualTree for LogTree {
     }
 
     fn root_dse_attrs(&self, server: &Server) -> Vec<Attribute> {
-        (self.root_dse)(server)
+        self.log
+            .as_ref()
+            .map_or_else(Vec::new, |l| l.root_dse_attrs(server))
     }
 
     fn synchronize<'a>(
@@ -92,29 +159,25 @@ impl VirtualTree for LogTree {
         req: SyncRequest,
         theirs: Cookie,
     ) -> Option<Synchronizing<'a>> {
-        self.sync.map(|run| run(job, req, theirs))
+        L::synchronize(self.log.clone(), job, req, theirs)
     }
 
     fn entries_for(&self, server: &Server, job: &SearchJob, base_norm: &str) -> Vec<VirtualEntry> {
+        let Some(log) = &self.log else {
+            return Vec::new();
+        };
         let limit = match job.req.size_limit {
             n if n <= 0 => 0,
             n => n as u64 + 1,
         };
-        with_norms(
+        let made = log.entries(
             server,
-            (self.entries)(
-                server,
-                base_norm,
-                job.req.scope,
-                &job.req.filter,
-                limit,
-                LOG_SCAN,
-            ),
-        )
+            base_norm,
+            job.req.scope,
+            &job.req.filter,
+            limit,
+            LOG_SCAN,
+        );
+        with_norms(server, made)
     }
-}
-
-/// Whether `base` is cn=accesslog or below it.
-pub fn in_access_log(schema: &Schema, base: &Dn) -> bool {
-    ACCESS_LOG_TREE.owns(schema, base)
 }

@@ -41,8 +41,11 @@ use pando_model::Schema;
 pub use pando_config::OverlayConfig;
 pub use rules::check_rules;
 
+use crate::ops::layers::Layers;
 use crate::ops::search::hooks::SearchHook;
+use crate::ops::search::virtual_tree::VirtualTree;
 use crate::ops::write::hooks::Hook;
+use log_tree::LogTree;
 
 /// An attribute's name as the schema spells it (the name given when the
 /// schema does not know it: settings were checked, so only in tests).
@@ -185,65 +188,32 @@ impl Overlays {
             .map(|p| p as Arc<dyn crate::ops::policy::PasswordPolicy>)
     }
 
-    /// The access log, when configured.
-    pub fn accesslog(&self) -> Option<&accesslog::AccessLog> {
-        self.accesslog.as_deref()
+    /// What the operations run of the overlays: their types in order,
+    /// their hooks, error injection and the access log (`ops::layers`).
+    pub fn layers(&self) -> Layers {
+        Layers {
+            kinds: self.list.iter().map(|o| o.kind).collect(),
+            write: self.list.iter().filter_map(|o| o.write.clone()).collect(),
+            search: self.list.iter().filter_map(|o| o.search.clone()).collect(),
+            faults: self
+                .errors
+                .iter()
+                .map(|e| e.clone() as Arc<dyn crate::ops::layers::Faults>)
+                .collect(),
+            op_log: self
+                .accesslog
+                .clone()
+                .map(|l| l as Arc<dyn crate::ops::layers::OpLog>),
+        }
     }
 
-    /// The retro change log, when configured.
-    pub fn retro_changelog(&self) -> Option<&retro_changelog::RetroChangelog> {
-        self.retro_changelog.as_deref()
-    }
-
-    /// The fault error injection puts on `op`, if a rule fires.
-    pub fn fault(
-        &self,
-        schema: &Schema,
-        op: &pando_proto::ProtocolOp,
-    ) -> Option<errors::Fault<'_>> {
-        self.errors.iter().find_map(|e| e.pick(schema, op))
-    }
-
-    /// Each error injection rule with how often it fired (cn=Monitor).
-    pub fn injection_counts(&self) -> Vec<String> {
-        self.errors
-            .iter()
-            .flat_map(|e| e.rules.iter())
-            .map(|r| {
-                format!(
-                    "injected={} {}",
-                    r.injected.load(std::sync::atomic::Ordering::Relaxed),
-                    r.text
-                )
-            })
-            .collect()
-    }
-
-    /// The password policy overlay, when configured.
-    pub fn ppolicy(&self) -> Option<&ppolicy::PasswordPolicy> {
-        self.ppolicy.as_deref()
-    }
-
-    /// The write hooks, in the configured order.
-    pub fn write_hooks(&self) -> impl Iterator<Item = &dyn Hook> {
-        self.list
-            .iter()
-            .filter_map(|o| o.write.as_deref().map(|h| h as &dyn Hook))
-    }
-
-    /// The search hooks, in the configured order.
-    pub(crate) fn search_hooks(&self) -> impl Iterator<Item = &dyn SearchHook> {
-        self.list
-            .iter()
-            .filter_map(|o| o.search.as_deref().map(|h| h as &dyn SearchHook))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.list.is_empty()
-    }
-
-    pub fn kinds(&self) -> impl Iterator<Item = &'static str> + '_ {
-        self.list.iter().map(|o| o.kind)
+    /// The logs' trees (cn=accesslog, cn=changelog), present whether or
+    /// not their overlay is configured.
+    pub fn trees(&self) -> Vec<Arc<dyn VirtualTree>> {
+        vec![
+            Arc::new(LogTree::new(self.accesslog.clone())),
+            Arc::new(LogTree::new(self.retro_changelog.clone())),
+        ]
     }
 }
 

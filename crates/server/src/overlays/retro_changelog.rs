@@ -74,9 +74,6 @@ fn attr(name: &str, value: impl Into<Vec<u8>>) -> Attribute {
 /// The root DSE's attributes naming the log and its range (0 and 0 when
 /// it is empty, as 389-DS shows an empty log), when the overlay is on.
 pub fn root_dse_attrs(server: &Server) -> Vec<Attribute> {
-    if server.overlays.retro_changelog().is_none() {
-        return Vec::new();
-    }
     let range = server
         .store
         .read()
@@ -210,6 +207,7 @@ fn bounds(f: &Filter) -> (u64, u64) {
 /// matching the filter, at most `limit` changes (0: no limit), reading at
 /// most `scan`.
 pub fn entries(
+    log: &RetroChangelog,
     server: &Server,
     base_norm: &str,
     scope: Scope,
@@ -217,9 +215,6 @@ pub fn entries(
     limit: u64,
     scan: u64,
 ) -> Vec<(String, Entry)> {
-    let Some(log) = server.overlays.retro_changelog() else {
-        return Vec::new();
-    };
     let schema: &Schema = &server.schema;
     let mut out = vec![(SUFFIX.to_string(), container())];
     if scope == Scope::Base && base_norm == SUFFIX {

@@ -10,10 +10,10 @@ use pando_proto::{
 use super::related;
 use crate::error::OpResult;
 use crate::ops::controls::Requested;
-use crate::ops::test_server::{server, user};
 use crate::ops::write::{self, WriteCtx};
 use crate::settings::Validate;
 use crate::state::Server;
+use crate::test_server::{server, user};
 
 const BASE: &str = "dc=example,dc=com";
 
@@ -409,7 +409,7 @@ fn dn_values_compare_normalised_and_keep_a_uid_part() {
 fn memberof_disagreements_are_found_and_rebuilt_through_the_pipeline() {
     let f = Fixture::new(MEMBEROF);
     // Written around the pipeline (as an import would): no memberOf.
-    crate::ops::test_server::add(
+    crate::test_server::add(
         &f.server,
         &group("old"),
         &[

@@ -102,7 +102,7 @@ const WINDOW: usize = 256;
 
 /// Start every configured consumer; each runs until the server closes.
 pub fn start_all(server: &Arc<Server>) {
-    server.replicas.start_all(server);
+    super::Replicas::of(server).start_all(server);
 }
 
 fn now() -> u64 {

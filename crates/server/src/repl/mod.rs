@@ -159,11 +159,34 @@ impl Replicas {
         }
     }
 
+    /// The consumers of `server` (created with it by `Replicas::new`).
+    pub fn of(server: &Server) -> &Replicas {
+        server
+            .replicas
+            .as_any()
+            .downcast_ref()
+            .expect("the server's replicas are replication's consumers")
+    }
+
     /// The consumer whose subtree holds the entry `norm` (a normalised DN).
     pub fn holding(&self, norm: &str) -> Option<Arc<Replica>> {
         self.list()
             .iter()
             .find(|r| crate::ops::norm_dn::in_scope(&r.base, pando_proto::Scope::Sub, norm))
             .cloned()
+    }
+}
+
+/// The consumers as the operations see them (`ops::replicas`).
+impl crate::ops::replicas::Replicas for Replicas {
+    fn holding(&self, norm: &str) -> Option<crate::ops::replicas::Held> {
+        Replicas::holding(self, norm).map(|r| crate::ops::replicas::Held {
+            rid: r.rid,
+            referral: r.referral.clone(),
+        })
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

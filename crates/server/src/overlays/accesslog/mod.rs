@@ -764,6 +764,7 @@ fn container(view: &View<'_>) -> Entry {
 /// matching the filter, at most `limit` records (0: no limit), reading at
 /// most `scan` records.
 pub fn entries(
+    log: &AccessLog,
     server: &Server,
     base_norm: &str,
     scope: Scope,
@@ -771,9 +772,6 @@ pub fn entries(
     limit: u64,
     scan: u64,
 ) -> Vec<(String, Entry)> {
-    let Some(log) = server.overlays.accesslog() else {
-        return Vec::new();
-    };
     let schema: &Schema = &server.schema;
     let Ok(rtxn) = server.store.read() else {
         return Vec::new();
@@ -870,6 +868,32 @@ fn record_iter<'v>(
         .flatten()
         .filter_map(Result::ok)
         .filter_map(|(k, v)| Some((k.clone(), record_entry(&k, decode(&v)?)?)))
+}
+
+/// The access log as the operations tell it of each operation
+/// (`ops::layers`).
+impl crate::ops::layers::OpLog for AccessLog {
+    fn begin(
+        &self,
+        conn: u64,
+        who: &Identity,
+        request: &ProtocolOp,
+        schema: &Schema,
+    ) -> Option<crate::ops::layers::Begun> {
+        AccessLog::begin(self, conn, who, request, schema).map(|p| p as crate::ops::layers::Begun)
+    }
+
+    fn end(
+        &self,
+        server: &Server,
+        begun: crate::ops::layers::Begun,
+        code: Option<u32>,
+        entries: u64,
+    ) {
+        if let Ok(p) = begun.downcast::<Pending>() {
+            AccessLog::end(self, server, *p, code, entries);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -40,10 +40,17 @@ use crate::ops::search::{emitter_for, Finished, SearchJob, SearchOutcome, CHUNK}
 use crate::overlays::accesslog::{self, SyncRecord};
 
 /// Run a synchronization search of cn=accesslog (its base) until it ends.
-pub async fn run(job: &Arc<SearchJob>, req: SyncRequest, theirs: Cookie) -> Finished {
-    if let Err(e) = check(job) {
-        return done(e.into_result(), 0);
-    }
+/// `log`: the access log, None when the overlay is not configured.
+pub async fn run(
+    job: &Arc<SearchJob>,
+    req: SyncRequest,
+    theirs: Cookie,
+    log: Option<Arc<accesslog::AccessLog>>,
+) -> Finished {
+    let log = match check(job, log) {
+        Ok(log) => log,
+        Err(e) => return done(e.into_result(), 0),
+    };
     let persist = req.mode == SyncMode::RefreshAndPersist;
     let Started {
         place: _place,
@@ -53,9 +60,9 @@ pub async fn run(job: &Arc<SearchJob>, req: SyncRequest, theirs: Cookie) -> Fini
         Ok(started) => started,
         Err(end) => return end,
     };
-    let j = job.clone();
+    let (j, l) = (job.clone(), log.clone());
     let ran = tokio::task::spawn_blocking(move || {
-        let out = refresh(&j, &theirs);
+        let out = refresh(&j, &l, &theirs);
         drop(slot);
         out
     })
@@ -102,7 +109,7 @@ pub async fn run(job: &Arc<SearchJob>, req: SyncRequest, theirs: Cookie) -> Fini
         if committed.csn.is_empty() {
             continue;
         }
-        let (chunks, n) = match persist_operation(job, &cookie, &committed.csn, origin) {
+        let (chunks, n) = match persist_operation(job, &log, &cookie, &committed.csn, origin) {
             Ok(out) => out,
             Err(e) => return done(e.into_result(), sent),
         };
@@ -117,11 +124,16 @@ pub async fn run(job: &Arc<SearchJob>, req: SyncRequest, theirs: Cookie) -> Fini
 
 /// What makes a synchronization of the log impossible: no log, a
 /// requester who may not read it, a base other than the log's root.
-fn check(job: &SearchJob) -> OpResult<()> {
+fn check(
+    job: &SearchJob,
+    log: Option<Arc<accesslog::AccessLog>>,
+) -> OpResult<Arc<accesslog::AccessLog>> {
     let server = &job.server;
     let c = &job.controls;
-    if server.overlays.accesslog().is_none() || !accesslog::may_read(server, &job.who) {
-        return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"));
+    let no_such = || LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object");
+    let log = log.ok_or_else(no_such)?;
+    if !accesslog::may_read(server, &job.who) {
+        return Err(no_such());
     }
     if c.paged.is_some() || c.sort.is_some() || c.vlv.is_some() || c.persistent.is_some() {
         return Err(LdapError::new(
@@ -137,12 +149,16 @@ fn check(job: &SearchJob) -> OpResult<()> {
             "a content synchronization of the access log searches its records: base cn=accesslog, scope one or sub",
         ));
     }
-    Ok(())
+    Ok(log)
 }
 
 /// The refresh on a blocking thread: the records the cookie lacks, then
 /// this server's state (None: abandoned).
-fn refresh(job: &SearchJob, theirs: &Cookie) -> OpResult<Option<(u64, Cookie)>> {
+fn refresh(
+    job: &SearchJob,
+    log: &accesslog::AccessLog,
+    theirs: &Cookie,
+) -> OpResult<Option<(u64, Cookie)>> {
     let server = &job.server;
     let own_sid = server.cfg.config.replication.server_id;
     let rtxn = server.store.read()?;
@@ -158,9 +174,6 @@ fn refresh(job: &SearchJob, theirs: &Cookie) -> OpResult<Option<(u64, Cookie)>> 
     };
     let Some(from) = from else {
         return Ok(Some((0, cookie)));
-    };
-    let Some(log) = server.overlays.accesslog() else {
-        return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"));
     };
     let limits = Limits::for_requester(server, &job.who, &view);
     let size = smaller_limit(limits.size, job.req.size_limit.max(0) as u32);
@@ -318,6 +331,7 @@ impl<'j> Sender<'j> {
 /// made by the consumer's own server (`origin`) are not sent back.
 fn persist_operation(
     job: &SearchJob,
+    log: &accesslog::AccessLog,
     cookie: &Cookie,
     csn: &str,
     origin: Option<u16>,
@@ -326,12 +340,6 @@ fn persist_operation(
         return Ok((Vec::new(), 0));
     }
     let server = &job.server;
-    let Some(log) = server.overlays.accesslog() else {
-        return Err(LdapError::new(
-            ResultCode::UNAVAILABLE,
-            "the access log was turned off",
-        ));
-    };
     let records = {
         let rtxn = server.store.read()?;
         accesslog::sync_records_at(&rtxn.view(), log, csn)?

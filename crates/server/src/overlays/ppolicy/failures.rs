@@ -66,7 +66,7 @@ impl PasswordPolicy {
                     }
                     std::mem::take(&mut e.times)
                 };
-                match server.replicas.holding(&norm) {
+                match crate::repl::Replicas::of(&server).holding(&norm) {
                     Some(r) if !server.multi_provider() => {
                         forward_failures(&server, &r, &norm, times.len()).await
                     }

@@ -260,21 +260,10 @@ impl PasswordPolicy {
 
     /// The account `target` and its policy, read now; None when it does
     /// not exist or no policy governs it.
-    fn governed(&self, server: &Server, target: &str) -> OpResult<Option<(Entry, Policy)>> {
-        let rtxn = server.store.read()?;
-        let view = rtxn.view();
-        let Ok(parsed) = Dn::parse(target) else {
-            return Ok(None);
-        };
-        let Ok(rdns) = view.normalize_rdns(&parsed) else {
-            return Ok(None);
-        };
-        let entry = match view.lookup_norm(&rdns)? {
-            Lookup::Found(id) => view.entry(id)?,
-            Lookup::Missing { .. } => None,
-        };
-        let Some(entry) = entry else { return Ok(None) };
-        Ok(self.policy_for(&view, &entry)?.map(|p| (entry, p)))
+    fn governed(&self, server: &Arc<Server>, target: &str) -> OpResult<Option<(Entry, Policy)>> {
+        Ok(self
+            .account(server, target)?
+            .and_then(|a| a.policy.map(|p| (a.entry, p))))
     }
 
     /// Checks of a password change of the account `target` to `new` (clear

@@ -1,0 +1,219 @@
+//! Shared server state and the identity of a connection.
+
+use std::sync::{Arc, Weak};
+use std::time::SystemTime;
+
+use pando_model::{Dn, Schema};
+use pando_proto::DecodeLimits;
+use pando_store::Store;
+
+use pando_config::Resolved;
+use pando_store::clock::CsnClock;
+
+/// Everything operations share, for one configuration. Immutable: a
+/// configuration change builds a new `Server` (see the live configuration, `live`) that
+/// shares the runtime handles (store, counters, feed) of the old one.
+pub struct Server {
+    // Compiled from the configuration.
+    pub cfg: Resolved,
+    /// The configuration as stored (cn=config shows it): `cfg.config`
+    /// except for keys the server takes only at its next start.
+    pub desired: Arc<pando_config::Config>,
+    pub schema: Arc<Schema>,
+    /// Normalised root DN: the administrator identity.
+    pub root_dn_norm: String,
+    /// Hash of the administrator password; None = no password bind for it.
+    pub root_pw_hash: Option<String>,
+    /// Configured suffixes with their normalised forms.
+    pub suffixes: Vec<(Dn, String)>,
+    pub decode_limits: DecodeLimits,
+    pub auth: pando_access::auth::AuthPolicy,
+    pub acl: pando_access::acl::Acl,
+    /// `[[limits.by]]`, compiled.
+    pub limits_by: Vec<(pando_access::acl::Who, pando_config::LimitsFor)>,
+    /// Search bases as sent → parsed and normalised (a few distinct bases
+    /// take most searches).
+    pub base_cache: crate::BaseCache,
+    /// The root DSE and the subschema entry, built once per configuration.
+    pub special: crate::special::SpecialEntries,
+    /// Sorted search results kept while the store does not change.
+    pub sorted: crate::search::SortCache,
+    /// Password hashing and bind verification, bounded (`[passwords]`;
+    /// its figures carry over a change).
+    pub passwords: Arc<crate::hashing::PasswordWork>,
+    /// Access and audit logs (`[logs]`; the same files while `[logs]` is
+    /// unchanged); reopened on SIGHUP.
+    pub logs: Arc<pando_observe::Logs>,
+    /// `[[overlay]]`, compiled, in order, as the operations run them.
+    pub layers: Arc<crate::layers::Layers>,
+    /// Trees searched like stored entries that other layers make
+    /// (cn=Monitor, the logs); see `ops::search::virtual_tree`.
+    pub trees: Vec<Arc<dyn crate::search::virtual_tree::VirtualTree>>,
+    /// Suffixes another server holds (`ops::remote`).
+    pub remotes: Vec<Arc<dyn crate::remote::RemoteTree>>,
+    /// The password policy, when one is configured (`ops::policy`).
+    pub policy: Option<Arc<dyn crate::policy::PasswordPolicy>>,
+
+    // What outlives configurations ([`Runtime`]).
+    pub store: Store,
+    pub csn: Arc<CsnClock>,
+    pub throttle: Arc<crate::throttle::BindThrottle>,
+    /// Threads large searches may hold (`limits.max_search_threads`).
+    pub search_threads: Arc<crate::capacity::Capacity>,
+    pub started: SystemTime,
+    /// Counters and latency histograms (cn=Monitor, /metrics).
+    pub metrics: Arc<pando_observe::metrics::Metrics>,
+    /// Whether the store may hold subentries (RFC 3672).
+    pub subentries: Arc<crate::Subentries>,
+    /// Every committed change, in commit order (persistent searches).
+    pub feed: Arc<crate::feed::Feed>,
+    /// Places for persistent searches (`limits.max_persistent_searches`).
+    pub persistent_searches: Arc<crate::capacity::Capacity>,
+    /// Who holds those places (the per-connection and per-identity limits).
+    pub persistent_holders: Arc<crate::search::PersistentHolders>,
+    /// The configured replication consumers.
+    pub replicas: Arc<dyn crate::replicas::Replicas>,
+    /// cn=config, served by the configuration layer (its entries, its
+    /// changes applied to the running configuration).
+    pub config_tree: Arc<dyn crate::config_tree::ConfigTree>,
+    /// Where the current configuration is found.
+    pub live: Weak<dyn Current>,
+}
+
+/// The part of a [`Server`] that outlives configuration changes: handles
+/// cloned into every new `Server`.
+#[derive(Clone)]
+pub struct Runtime {
+    pub store: Store,
+    pub csn: Arc<CsnClock>,
+    pub throttle: Arc<crate::throttle::BindThrottle>,
+    pub search_threads: Arc<crate::capacity::Capacity>,
+    pub started: SystemTime,
+    pub metrics: Arc<pando_observe::metrics::Metrics>,
+    pub subentries: Arc<crate::Subentries>,
+    pub feed: Arc<crate::feed::Feed>,
+    pub persistent_searches: Arc<crate::capacity::Capacity>,
+    pub persistent_holders: Arc<crate::search::PersistentHolders>,
+    pub replicas: Arc<dyn crate::replicas::Replicas>,
+    pub config_tree: Arc<dyn crate::config_tree::ConfigTree>,
+}
+
+/// The configuration running now, whichever it is: tasks that outlive a
+/// configuration (replication consumers) ask it for the current server.
+pub trait Current: Send + Sync {
+    fn server(&self) -> Arc<Server>;
+}
+
+/// The part of a [`Server`] compiled from one configuration: made (and
+/// failing, if it must) before anything changes.
+pub struct Compiled {
+    pub cfg: Resolved,
+    pub desired: Arc<pando_config::Config>,
+    pub schema: Arc<Schema>,
+    pub root_dn_norm: String,
+    pub root_pw_hash: Option<String>,
+    pub suffixes: Vec<(Dn, String)>,
+    pub decode_limits: DecodeLimits,
+    pub auth: pando_access::auth::AuthPolicy,
+    pub acl: pando_access::acl::Acl,
+    pub limits_by: Vec<(pando_access::acl::Who, pando_config::LimitsFor)>,
+    pub passwords: Arc<crate::hashing::PasswordWork>,
+    pub logs: Arc<pando_observe::Logs>,
+    pub layers: Arc<crate::layers::Layers>,
+    pub trees: Vec<Arc<dyn crate::search::virtual_tree::VirtualTree>>,
+    /// Suffixes another server holds (`ops::remote`).
+    pub remotes: Vec<Arc<dyn crate::remote::RemoteTree>>,
+    pub policy: Option<Arc<dyn crate::policy::PasswordPolicy>>,
+}
+
+impl Server {
+    pub fn assemble(c: Compiled, rt: Runtime, live: Weak<dyn Current>) -> Server {
+        Server {
+            cfg: c.cfg,
+            desired: c.desired,
+            schema: c.schema,
+            root_dn_norm: c.root_dn_norm,
+            root_pw_hash: c.root_pw_hash,
+            suffixes: c.suffixes,
+            decode_limits: c.decode_limits,
+            auth: c.auth,
+            acl: c.acl,
+            limits_by: c.limits_by,
+            passwords: c.passwords,
+            logs: c.logs,
+            layers: c.layers,
+            trees: c.trees,
+            remotes: c.remotes,
+            policy: c.policy,
+            base_cache: Default::default(),
+            special: Default::default(),
+            sorted: Default::default(),
+            store: rt.store,
+            csn: rt.csn,
+            throttle: rt.throttle,
+            search_threads: rt.search_threads,
+            started: rt.started,
+            metrics: rt.metrics,
+            subentries: rt.subentries,
+            feed: rt.feed,
+            persistent_searches: rt.persistent_searches,
+            persistent_holders: rt.persistent_holders,
+            replicas: rt.replicas,
+            config_tree: rt.config_tree,
+            live,
+        }
+    }
+
+    /// The configuration current now: this one, or the one that replaced
+    /// it (for tasks that outlive configurations, such as consumers).
+    pub fn current(self: &Arc<Self>) -> Arc<Server> {
+        match self.live.upgrade() {
+            Some(live) => live.server(),
+            None => self.clone(),
+        }
+    }
+
+    /// The handles a new configuration's `Server` shares with this one.
+    pub fn runtime(&self) -> Runtime {
+        Runtime {
+            store: self.store.clone(),
+            csn: self.csn.clone(),
+            throttle: self.throttle.clone(),
+            search_threads: self.search_threads.clone(),
+            started: self.started,
+            metrics: self.metrics.clone(),
+            subentries: self.subentries.clone(),
+            feed: self.feed.clone(),
+            persistent_searches: self.persistent_searches.clone(),
+            persistent_holders: self.persistent_holders.clone(),
+            replicas: self.replicas.clone(),
+            config_tree: self.config_tree.clone(),
+        }
+    }
+}
+
+impl Server {
+    /// Threads large searches hold now.
+    pub fn search_threads_busy(&self) -> u64 {
+        self.search_threads.in_use() as u64
+    }
+}
+
+impl Server {
+    /// Normalised suffix that `norm_dn` is within, if any (RDN by RDN: an
+    /// escaped comma in an RDN does not end it).
+    pub fn suffix_of(&self, norm_dn: &str) -> Option<&(Dn, String)> {
+        self.suffixes
+            .iter()
+            .find(|(_, s)| crate::norm_dn::in_scope(s, pando_proto::Scope::Sub, norm_dn))
+    }
+
+    /// Every provider takes writes (`replication.multi_provider`).
+    pub fn multi_provider(&self) -> bool {
+        self.cfg.config.replication.multi_provider
+    }
+
+    pub fn is_suffix(&self, norm_dn: &str) -> bool {
+        self.suffixes.iter().any(|(_, s)| s == norm_dn)
+    }
+}

@@ -1,0 +1,702 @@
+//! The write pipeline: add, delete, modify, modify DN and Password Modify
+//! (RFC 4511 4.6–4.9, RFC 4525, RFC 3062) all pass through [`run`].
+//!
+//! ```text
+//! parse + normalise + request checks    (each operation's file; no store access)
+//! slow work (password hashing)          (after access is settled on a snapshot)
+//! ── plan ── on the writer's view, or on a snapshot the writer confirms
+//!    WriteOp::plan: resolve, access, compute the new entry, check the schema
+//!    Hook::check, every hook in order    (assertion, read-entry access)
+//! ── in the writer's transaction ──
+//!    Hook::related                       (overlays: changes to other
+//!                                         entries; uniqueness)
+//!    stamp: one CSN; timestamps, names, UUID; contextCSN
+//!    Hook::in_txn                        (pre-read / post-read values)
+//!    write to the store; a change log record for each entry
+//!    no-op control: roll back here, answer noOperation
+//! ── commit (group commit, per the durability mode) ──
+//!    on the writer thread: publish to the change feed (commit order)
+//!    WriteOp::audit                     (post-commit: the audit log)
+//! ```
+//!
+//! Everything that depends on stored state runs on the state that is
+//! committed: a failing operation changes nothing, and a concurrent change
+//! cannot slip between a check and the write. Modify plans on a snapshot
+//! outside the writer (the writer only confirms that the entries it read
+//! are byte-for-byte unchanged, else the operation is planned again), so
+//! the single writer's time per modify stays short.
+
+mod add;
+mod changes;
+mod checks;
+pub mod conflicts;
+mod delete;
+pub mod hooks;
+pub mod log;
+pub mod merge;
+mod modify;
+mod multi_provider;
+mod rename;
+pub mod replicated;
+pub mod tombstones;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use pando_model::Entry;
+use pando_proto::{Control, ResultCode};
+use pando_store::{EntryId, Placement, StoreError, View, WriteTxn};
+
+pub use add::add;
+pub use changes::{apply_changes, check_invariants};
+pub use checks::random_uuid;
+pub use delete::delete;
+pub use modify::modify;
+pub use rename::modify_dn;
+
+use super::controls::Requested;
+use super::feed::Committed;
+use crate::error::{LdapError, OpResult};
+use crate::state::Server;
+use pando_access::Identity;
+
+/// Who writes, and with which controls; shared with the writer thread.
+pub struct WriteCtx {
+    pub server: Arc<Server>,
+    pub who: Identity,
+    pub controls: Requested,
+    /// A change a replication consumer received (None: a client's).
+    pub replicated: Option<replicated::ReplCtx>,
+}
+
+impl WriteCtx {
+    pub fn new(server: &Arc<Server>, who: &Identity, controls: Requested) -> Arc<WriteCtx> {
+        Arc::new(WriteCtx {
+            server: server.clone(),
+            who: who.clone(),
+            controls,
+            replicated: None,
+        })
+    }
+
+    /// The context of a change consumer `repl.rid` received.
+    pub fn replicated(
+        server: &Arc<Server>,
+        who: &Identity,
+        repl: replicated::ReplCtx,
+    ) -> Arc<WriteCtx> {
+        Arc::new(WriteCtx {
+            server: server.clone(),
+            who: who.clone(),
+            controls: Requested::default(),
+            replicated: Some(repl),
+        })
+    }
+
+    /// The relax rules control is in force: an administrator may set the
+    /// attributes the server otherwise maintains.
+    pub fn relaxed(&self) -> bool {
+        self.controls.relax && self.who.is_admin()
+    }
+}
+
+/// The entry an operation changes, as stored before it.
+pub struct Before {
+    pub id: EntryId,
+    /// With its DN.
+    pub entry: Entry,
+    /// Its normalised DN.
+    pub norm: String,
+    /// The stored record, when the change was planned on a snapshot: the
+    /// writer goes ahead only if the record is still exactly this.
+    pub bytes: Option<Vec<u8>>,
+}
+
+/// One entry's change, worked out before it is written.
+pub struct Change {
+    /// None for an add.
+    pub before: Option<Before>,
+    /// The entry as it will be, with its (new) DN; None for a delete.
+    pub after: Option<Entry>,
+    /// The normalised DN afterwards (add, rename); None: unchanged.
+    pub after_norm: Option<String>,
+    /// Where the entry goes (add, rename); None: where it is.
+    pub place: Option<Placement>,
+}
+
+impl Change {
+    /// A new entry, named `norm`, stored at `place`.
+    pub fn add(entry: Entry, norm: String, place: Placement) -> Change {
+        Change {
+            before: None,
+            after: Some(entry),
+            after_norm: Some(norm),
+            place: Some(place),
+        }
+    }
+
+    /// The entry `before` goes.
+    pub fn delete(before: Before) -> Change {
+        Change {
+            before: Some(before),
+            after: None,
+            after_norm: None,
+            place: None,
+        }
+    }
+
+    /// The entry `before` becomes `after` where it is.
+    pub fn modify(before: Before, after: Entry) -> Change {
+        Change {
+            before: Some(before),
+            after: Some(after),
+            after_norm: None,
+            place: None,
+        }
+    }
+
+    /// The entry named `norm` (normalised), as `edit` leaves a copy of it:
+    /// the plan of the server's own one-entry changes (password policy
+    /// state, upgrade on bind).
+    pub fn edit(
+        view: &View<'_>,
+        norm: &str,
+        edit: impl FnOnce(&mut Entry) -> OpResult<()>,
+    ) -> OpResult<Change> {
+        let dn = super::parse_dn(norm)?;
+        let id = super::resolve(view, &dn)?;
+        let entry = view
+            .entry(id)?
+            .ok_or_else(|| LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"))?;
+        let mut after = entry.clone();
+        edit(&mut after)?;
+        let before = Before {
+            id,
+            entry,
+            norm: norm.to_string(),
+            bytes: None,
+        };
+        Ok(Change::modify(before, after))
+    }
+
+    /// The entry `before` becomes `after`, named `norm`, at `place`.
+    pub fn rename(before: Before, after: Entry, norm: String, place: Placement) -> Change {
+        Change {
+            before: Some(before),
+            after: Some(after),
+            after_norm: Some(norm),
+            place: Some(place),
+        }
+    }
+
+    /// The normalised DN the change is known by afterwards.
+    pub fn norm(&self) -> &str {
+        self.after_norm
+            .as_deref()
+            .or(self.before.as_ref().map(|b| b.norm.as_str()))
+            .unwrap_or("")
+    }
+}
+
+/// One write operation, as the pipeline runs it.
+pub trait WriteOp: Send + Sync + 'static {
+    /// Plan on a read snapshot, outside the writer (see the module header).
+    const ON_SNAPSHOT: bool = false;
+
+    /// Work out the changes on `view`: resolve the target, check access,
+    /// compute the new entries, check the schema. The first change is the
+    /// operation's target; others (a tree delete's subtree) follow.
+    fn plan(&self, ctx: &WriteCtx, view: &View<'_>) -> OpResult<Vec<Change>>;
+
+    /// After the changes are written, in the same transaction: what the
+    /// operation keeps besides entries (none by default).
+    fn in_txn(&self, _ctx: &WriteCtx, _w: &mut WriteTxn<'_>, _csn: &str) -> OpResult<()> {
+        Ok(())
+    }
+
+    /// After the commit: the audit log.
+    fn audit(&self, ctx: &WriteCtx, changes: &[Change]);
+}
+
+/// What a successful write answers with.
+#[derive(Debug, Default)]
+pub struct Written {
+    /// Response controls (pre-read, post-read).
+    pub controls: Vec<Control>,
+    /// The no-op control was honoured: nothing was committed, and the
+    /// result is noOperation.
+    pub no_op: bool,
+}
+
+/// How a job on the writer thread ends other than by committing. Any of
+/// these rolls back the operation's nested transaction.
+enum Stop {
+    Failed(LdapError),
+    /// The no-op control: everything was done, nothing is kept.
+    NoOp(Vec<Control>),
+    /// A snapshot-planned entry changed before the writer got to it.
+    Replan,
+}
+
+impl From<LdapError> for Stop {
+    fn from(e: LdapError) -> Self {
+        Stop::Failed(e)
+    }
+}
+
+impl From<StoreError> for Stop {
+    fn from(e: StoreError) -> Self {
+        Stop::Failed(e.into())
+    }
+}
+
+/// How many times a snapshot-planned write is planned again when its
+/// entry keeps changing under it.
+const MAX_REPLANS: usize = 64;
+
+/// Checks of the request's controls that need no store access.
+fn check_controls(ctx: &WriteCtx) -> OpResult<()> {
+    if ctx.controls.relax && !ctx.who.is_admin() {
+        return Err(LdapError::access(
+            "the relax rules control is only for administrators",
+        ));
+    }
+    Ok(())
+}
+
+/// What a job on the writer thread gives back when it commits.
+type Committing = (Arc<Committed>, Vec<Control>);
+
+/// The writer's job for `op`: plan (or confirm what was planned on a
+/// snapshot), apply, publish.
+fn job<W: WriteOp>(
+    ctx: Arc<WriteCtx>,
+    op: Arc<W>,
+    planned: Option<Vec<Change>>,
+) -> impl FnOnce(&mut WriteTxn<'_>) -> Result<Committing, Stop> + Send + 'static {
+    move |w: &mut WriteTxn<'_>| {
+        // Received changes are queued in order: once one fails, the ones
+        // after it (and their cookies) must not be written.
+        let failed = ctx.replicated.as_ref().map(|r| r.failed.clone());
+        if failed.as_ref().is_some_and(|f| f.load(Ordering::Relaxed)) {
+            return Err(Stop::Failed(LdapError::new(
+                ResultCode::OTHER,
+                "not applied: an earlier change of this replication session failed",
+            )));
+        }
+        let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut changes = match planned {
+                Some(changes) => confirm(w, changes)?,
+                None => plan_and_check(&ctx, &*op, &w.view())?,
+            };
+            if ctx.replicated.is_none() && !ctx.server.multi_provider() {
+                refer_replicated(&ctx.server, &changes)?;
+            }
+            hooks::related(&ctx, &w.view(), &mut changes)?;
+            let (csn, controls) = apply(&ctx, w, &mut changes)?;
+            op.in_txn(&ctx, w, &csn)?;
+            Ok((changes, csn, controls))
+        }));
+        let ended = match ended {
+            Ok(ended) => ended,
+            Err(panic) => {
+                if let Some(f) = &failed {
+                    f.store(true, Ordering::Relaxed);
+                }
+                std::panic::resume_unwind(panic)
+            }
+        };
+        if let (Err(Stop::Failed(_)), Some(f)) = (&ended, &failed) {
+            f.store(true, Ordering::Relaxed);
+        }
+        let (changes, csn, controls) = ended?;
+        if ctx.controls.no_op {
+            return Err(Stop::NoOp(controls));
+        }
+        if changes.is_empty() {
+            // Nothing written (a replicated cookie alone): nothing to tell.
+            return Ok((
+                Arc::new(Committed {
+                    csn,
+                    changes,
+                    out_of_order: false,
+                }),
+                controls,
+            ));
+        }
+        let out_of_order = ctx.replicated.as_ref().is_some_and(|r| r.refreshing);
+        Ok((
+            publish(&ctx.server, w, csn, changes, out_of_order),
+            controls,
+        ))
+    }
+}
+
+/// How a job ended, as the operation answers.
+fn answer<W: WriteOp>(
+    ctx: &WriteCtx,
+    op: &W,
+    ended: Result<Committing, Stop>,
+) -> Option<OpResult<Written>> {
+    Some(match ended {
+        Ok((committed, controls)) => {
+            op.audit(ctx, &committed.changes);
+            train_dictionary_when_due(&ctx.server);
+            Ok(Written {
+                controls,
+                no_op: false,
+            })
+        }
+        Err(Stop::NoOp(controls)) => Ok(Written {
+            controls,
+            no_op: true,
+        }),
+        Err(Stop::Failed(e)) => Err(e),
+        Err(Stop::Replan) => return None,
+    })
+}
+
+/// Writes between two looks at whether the store needs a compression
+/// dictionary (`pando_store::Store::train_dictionary_if_missing`).
+const DICTIONARY_CHECK_EVERY: u64 = 1024;
+
+/// A store filled over LDAP (a consumer's initial load, ldapadd) gets the
+/// dictionary `pando import` would have trained, once it holds enough
+/// entries; trained on the blocking pool, off every write's path.
+fn train_dictionary_when_due(server: &Arc<Server>) {
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let codec = server.store.codec();
+    if codec.level().is_none() || codec.current_dict().is_some() {
+        return;
+    }
+    if !WRITES
+        .fetch_add(1, Ordering::Relaxed)
+        .is_multiple_of(DICTIONARY_CHECK_EVERY)
+    {
+        return;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let store = server.store.clone();
+    rt.spawn_blocking(move || match store.train_dictionary_if_missing() {
+        Ok(Some(id)) => tracing::info!(dictionary = id, "trained a compression dictionary on the entries written so far: entries written from now on use it"),
+        Ok(None) => {}
+        Err(e) => tracing::warn!("training a compression dictionary failed: {e}"),
+    });
+}
+
+/// Run a write through the pipeline (see the module header).
+pub async fn run<W: WriteOp>(ctx: Arc<WriteCtx>, op: Arc<W>) -> OpResult<Written> {
+    let server = ctx.server.clone();
+    for _ in 0..MAX_REPLANS {
+        let planned = if W::ON_SNAPSHOT {
+            let rtxn = server.store.read()?;
+            Some(plan_and_check(&ctx, &*op, &rtxn.view())?)
+        } else {
+            None
+        };
+        let ended = server
+            .store
+            .write(job(ctx.clone(), op.clone(), planned))
+            .await;
+        if let Some(answered) = answer(&ctx, &*op, ended) {
+            return answered;
+        }
+    }
+    Err(LdapError::new(
+        ResultCode::BUSY,
+        "the entry kept changing under this operation; try again",
+    ))
+}
+
+/// Queue `op` (planned on the writer's view) now, in call order with
+/// other queued writes, so a caller can have many in flight and still
+/// know they are applied in order; the future gives its answer.
+pub fn queue<W: WriteOp>(
+    ctx: Arc<WriteCtx>,
+    op: Arc<W>,
+) -> impl std::future::Future<Output = OpResult<Written>> + Send + 'static {
+    debug_assert!(!W::ON_SNAPSHOT);
+    let queued = ctx.server.store.submit(job(ctx.clone(), op.clone(), None));
+    async move {
+        let ended = match queued {
+            Ok(rx) => rx
+                .await
+                .unwrap_or(Err(Stop::Failed(StoreError::Closed.into()))),
+            Err(stop) => Err(stop),
+        };
+        answer(&ctx, &*op, ended).unwrap_or_else(|| {
+            Err(LdapError::new(
+                ResultCode::OTHER,
+                "a queued write cannot be planned again",
+            ))
+        })
+    }
+}
+
+/// Plan, then run every hook's check on the same view.
+pub(super) fn plan_and_check<W: WriteOp>(
+    ctx: &WriteCtx,
+    op: &W,
+    view: &View<'_>,
+) -> OpResult<Vec<Change>> {
+    let changes = op.plan(ctx, view)?;
+    for hook in hooks::all(ctx) {
+        hook.check(ctx, view, &changes)?;
+    }
+    Ok(changes)
+}
+
+/// A client's change to a subtree a consumer keeps is referred to the
+/// provider (the consumer applies only what the provider sends).
+fn refer_replicated(server: &Server, changes: &[Change]) -> OpResult<()> {
+    for c in changes {
+        let names = [Some(c.norm()), c.before.as_ref().map(|b| b.norm.as_str())];
+        if let Some(r) = names
+            .into_iter()
+            .flatten()
+            .find_map(|n| server.replicas.holding(n))
+        {
+            return Err(LdapError::referral(
+                r.referral.clone(),
+                format!(
+                    "this subtree is a replica (consumer rid {:03}); write to the provider",
+                    r.rid
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The writer's side of a snapshot-planned write: every entry read must
+/// still be stored exactly as it was read.
+fn confirm(w: &WriteTxn<'_>, changes: Vec<Change>) -> Result<Vec<Change>, Stop> {
+    let view = w.view();
+    for b in changes.iter().filter_map(|c| c.before.as_ref()) {
+        if let Some(bytes) = &b.bytes {
+            if view.entry_bytes(b.id)? != Some(bytes.as_slice()) {
+                return Err(Stop::Replan);
+            }
+        }
+    }
+    Ok(changes)
+}
+
+/// The changes as the change feed will carry them, in the order written,
+/// published once they are committed.
+fn publish(
+    server: &Arc<Server>,
+    w: &mut WriteTxn<'_>,
+    csn: String,
+    changes: Vec<Change>,
+    out_of_order: bool,
+) -> Arc<Committed> {
+    let mut changes = changes;
+    changes.reverse();
+    for c in &mut changes {
+        if let Some(b) = c.before.as_mut() {
+            b.bytes = None;
+        }
+    }
+    let committed = Arc::new(Committed {
+        csn,
+        changes,
+        out_of_order,
+    });
+    let (server, published) = (server.clone(), committed.clone());
+    w.after_commit(move || server.feed.publish(published));
+    committed
+}
+
+/// In the writer's transaction: stamp, run the hooks, write. Returns the
+/// operation's CSN and the response controls the hooks made.
+fn apply(
+    ctx: &WriteCtx,
+    w: &mut WriteTxn<'_>,
+    changes: &mut [Change],
+) -> Result<(String, Vec<Control>), Stop> {
+    let csn = stamp(ctx, w, changes)?;
+    let mut controls = Vec::new();
+    for hook in hooks::all(ctx) {
+        hook.in_txn(ctx, w, changes, &mut controls)?;
+    }
+    // In reverse: a tree delete lists its subtree in pre-order, and
+    // children go before their parents. A replicated add may hang below
+    // an entry added by a later change of the list (glue): its parent
+    // names that change (`replicated::GLUE_PARENT - index`).
+    let mut added: Vec<(usize, EntryId)> = Vec::new();
+    let count = changes.len();
+    let multi_provider = ctx.server.multi_provider();
+    for (seq, (index, c)) in changes.iter_mut().enumerate().rev().enumerate() {
+        if let Some(place) = c.place.as_mut() {
+            if place.parent > replicated::GLUE_PARENT - count as u64 {
+                let wanted = (replicated::GLUE_PARENT - place.parent) as usize;
+                place.parent = added
+                    .iter()
+                    .find(|(i, _)| *i == wanted)
+                    .map(|(_, id)| *id)
+                    .ok_or_else(|| {
+                        LdapError::new(ResultCode::OTHER, "malformed write plan (glue)")
+                    })?;
+            }
+        }
+        if !ctx.replicated.as_ref().is_some_and(|r| r.unlogged) {
+            let by = if ctx.replicated.is_some() {
+                ""
+            } else {
+                ctx.who.dn()
+            };
+            log::log(w, &csn, seq as u32, c, by)?;
+        }
+        if c.after.as_ref().is_some_and(crate::is_subentry) {
+            ctx.server.subentries.written();
+        }
+        if multi_provider {
+            remember_deleted(w, c, &csn)?;
+        }
+        match (&c.before, &c.after, &c.place) {
+            (None, Some(after), Some(place)) => {
+                added.push((index, w.add(place, &after.attrs)?));
+            }
+            (Some(before), None, _) => {
+                w.delete(before.id, &before.entry.attrs)?;
+            }
+            (Some(before), Some(after), place) => {
+                if let Some(place) = place {
+                    w.rename(before.id, place)?;
+                }
+                w.replace(before.id, &before.entry.attrs, &after.attrs)?;
+            }
+            // An add always has a place; nothing else is planned.
+            _ => return Err(LdapError::new(ResultCode::OTHER, "malformed write plan").into()),
+        }
+    }
+    log::purge(w, &ctx.server.cfg.config.replication)?;
+    if multi_provider {
+        let days = ctx.server.cfg.config.replication.changelog_days;
+        crate::write::tombstones::expire(w, &log::cutoff(days), 16)?;
+    }
+    if let Some(repl) = &ctx.replicated {
+        replicated::store_cookie(w, repl)?;
+    }
+    Ok((csn, controls))
+}
+
+/// Multi-provider: a deleted entry is remembered (`ops::write::tombstones`);
+/// an entry written at a name, or with a UUID, that was deleted makes
+/// that memory go.
+fn remember_deleted(w: &mut WriteTxn<'_>, c: &Change, csn: &str) -> Result<(), StoreError> {
+    use crate::write::tombstones;
+    match (&c.before, &c.after) {
+        (Some(before), None) => tombstones::put(w, &before.norm, &before.entry, csn),
+        (_, Some(after)) if c.after_norm.is_some() || c.before.is_none() => {
+            tombstones::forget(w, c.norm(), replicated::entry_uuid(after).as_deref())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Attributes the server maintains on every entry it writes. Under the
+/// relax rules control an administrator's values for them are kept.
+const STAMPED: [&str; 6] = [
+    "createTimestamp",
+    "creatorsName",
+    "entryUUID",
+    "modifyTimestamp",
+    "modifiersName",
+    "entryCSN",
+];
+
+/// The server's own values for the [`STAMPED`] attributes of one write.
+pub struct Stamps<'a> {
+    /// creatorsName and modifiersName.
+    pub who: &'a str,
+    pub csn: &'a str,
+    /// createTimestamp and modifyTimestamp (GeneralizedTime).
+    pub now: &'a str,
+}
+
+impl Stamps<'_> {
+    /// Stamp `entry`: the creation stamps too when it is `created` (a new
+    /// entryUUID among them), the modification stamps always, except the
+    /// attributes `keep` says keep the value they have. Every caller that
+    /// writes entries stamps through here (the write pipeline, the first
+    /// start's entries, `pando import`).
+    pub fn put(&self, entry: &mut Entry, created: bool, keep: impl Fn(&str, &Entry) -> bool) {
+        for name in STAMPED {
+            let creation = matches!(name, "createTimestamp" | "creatorsName" | "entryUUID");
+            if (creation && !created) || keep(name, entry) {
+                continue;
+            }
+            let value = match name {
+                "createTimestamp" | "modifyTimestamp" => self.now.to_string(),
+                "creatorsName" | "modifiersName" => self.who.to_string(),
+                "entryUUID" => random_uuid(),
+                _ => self.csn.to_string(),
+            };
+            entry.remove(name);
+            entry.add_values(name, vec![value.into_bytes()]);
+        }
+    }
+}
+
+/// One CSN for the whole operation: entryCSN of every entry written and
+/// the store's newest change (the replication state a backup carries);
+/// creation stamps on added entries, modification stamps on all.
+fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResult<String> {
+    // A replicated change keeps the provider's CSN and stamps: the entries
+    // are written as received.
+    if let Some(repl) = &ctx.replicated {
+        let csn = match &repl.csn {
+            Some(csn) => {
+                // A change of this server's own coming back (multi-provider)
+                // must not let the clock issue older CSNs later.
+                let _ = ctx.server.csn.resume_after(csn);
+                csn.clone()
+            }
+            // Only the cookie moves: no CSN of this server is spent.
+            None if changes.is_empty() => return Ok(String::new()),
+            // A delete phase names no CSN: the change log gets one of this
+            // server's, but the state held is what the cookie says (stored
+            // with it), so contextCSN does not move.
+            None => return Ok(ctx.server.csn.next()),
+        };
+        // During a refresh the state held moves with its cookie only (the
+        // entries come in no particular CSN order).
+        if !repl.unlogged && !repl.refreshing {
+            w.advance_context_csn(&csn)?;
+        }
+        return Ok(csn);
+    }
+    let csn = ctx.server.csn.next();
+    w.advance_context_csn(&csn)?;
+    let now = pando_store::clock::generalized_time(pando_store::clock::now_micros());
+    let relaxed = ctx.relaxed();
+    let multi_provider = ctx.server.multi_provider();
+    for c in changes.iter_mut() {
+        let before = c.before.as_ref().map(|b| &b.entry);
+        let Some(after) = c.after.as_mut() else {
+            continue;
+        };
+        // Under relax, a value the client set (added, or changed from what
+        // was stored) stays.
+        let given = |name: &str, after: &Entry| {
+            relaxed && {
+                let v = after.get(name).map(|a| &a.values);
+                v.is_some() && v != before.and_then(|b| b.get(name)).map(|a| &a.values)
+            }
+        };
+        let stamps = Stamps {
+            who: ctx.who.dn(),
+            csn: &csn,
+            now: &now,
+        };
+        stamps.put(after, before.is_none(), given);
+        if multi_provider {
+            crate::write::merge::record_write(before, after, &csn);
+        }
+    }
+    Ok(csn)
+}
