@@ -14,6 +14,8 @@ pub struct Held {
     pub rid: u16,
     /// Where clients' writes to it are referred.
     pub referral: String,
+    /// The consumer's settings (its provider, how it binds there).
+    pub cfg: pando_config::consumer::ConsumerConfig,
 }
 
 pub trait Replicas: Send + Sync {

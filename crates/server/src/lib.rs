@@ -7,7 +7,6 @@ pub mod cn_config;
 pub mod live;
 pub mod net;
 pub mod observe;
-pub mod overlays;
 pub mod privileges;
 pub mod repl;
 pub mod settings;
@@ -15,9 +14,13 @@ pub mod settings;
 /// The operations and their state (`pando-ops`).
 pub use pando_ops as ops;
 pub use pando_ops::{capacity, error, hashing, state, throttle};
+/// The overlays (`pando-overlays`).
+pub use pando_overlays as overlays;
 
 #[cfg(test)]
 mod ops_tests;
+#[cfg(test)]
+mod overlays_tests;
 #[cfg(test)]
 mod test_server;
 

@@ -183,6 +183,7 @@ impl crate::ops::replicas::Replicas for Replicas {
         Replicas::holding(self, norm).map(|r| crate::ops::replicas::Held {
             rid: r.rid,
             referral: r.referral.clone(),
+            cfg: r.cfg.clone(),
         })
     }
 

@@ -12,9 +12,9 @@ use pando_store::Lookup;
 
 use super::policy::{precise_time, Policy, State, LOCKED_FOR_GOOD};
 use super::{now_secs, update, Account, PasswordPolicy};
-use crate::error::{LdapError, OpResult};
-use crate::state::Server;
 use pando_access::Identity;
+use pando_ops::error::{LdapError, OpResult};
+use pando_ops::state::Server;
 
 /// An account's failures waiting to be written by its one writer task.
 pub(super) struct Pending {
@@ -66,7 +66,7 @@ impl PasswordPolicy {
                     }
                     std::mem::take(&mut e.times)
                 };
-                match crate::repl::Replicas::of(&server).holding(&norm) {
+                match server.replicas.holding(&norm) {
                     Some(r) if !server.multi_provider() => {
                         forward_failures(&server, &r, &norm, times.len()).await
                     }
@@ -171,7 +171,12 @@ impl PasswordPolicy {
 /// account there; the lock comes back with replication. Not sent (logged)
 /// when the provider is unreachable or refuses: the in-memory throttle
 /// still holds here.
-async fn forward_failures(server: &Arc<Server>, r: &crate::repl::Replica, norm: &str, n: usize) {
+async fn forward_failures(
+    server: &Arc<Server>,
+    r: &pando_ops::replicas::Held,
+    norm: &str,
+    n: usize,
+) {
     let endpoint = pando_client::Endpoint::from(&r.cfg);
     let sent = async {
         let max_pdu = server.cfg.config.limits.max_pdu_bytes;
@@ -179,7 +184,7 @@ async fn forward_failures(server: &Arc<Server>, r: &crate::repl::Replica, norm: 
         client.bind(&endpoint).await?;
         let value = format!("{norm}\n{n}").into_bytes();
         let answer = client
-            .extended(crate::ops::special::PWD_FAILURES_EXOP, value)
+            .extended(pando_ops::special::PWD_FAILURES_EXOP, value)
             .await;
         client.unbind().await;
         answer
@@ -203,7 +208,7 @@ async fn forward_failures(server: &Arc<Server>, r: &crate::repl::Replica, norm: 
     }
 }
 
-/// A consumer's forwarded failures ([`crate::ops::special::PWD_FAILURES_EXOP`]):
+/// A consumer's forwarded failures ([`pando_ops::special::PWD_FAILURES_EXOP`]):
 /// `<account DN>\n<count>` (a count above the policy's kept failures
 /// counts as that many). Recorded as failed binds made now (this
 /// server's clock, not the consumer's), durably before the answer. The
@@ -223,7 +228,7 @@ pub async fn forwarded_failures(
             "forwarding failed binds needs an authenticated identity",
         ));
     }
-    let parsed = crate::ops::parse_dn(dn)?;
+    let parsed = pando_ops::parse_dn(dn)?;
     let norm = server
         .schema
         .normalize_dn(&parsed)
@@ -231,10 +236,10 @@ pub async fn forwarded_failures(
     let (entry, policy) = {
         let rtxn = server.store.read()?;
         let view = rtxn.view();
-        let id = crate::ops::resolve_for(server, &view, who, &parsed)?;
-        let entry = crate::ops::stored_entry(&view, id)?;
+        let id = pando_ops::resolve_for(server, &view, who, &parsed)?;
+        let entry = pando_ops::stored_entry(&view, id)?;
         let at = server.schema.attribute("pwdFailureTime");
-        crate::ops::require(
+        pando_ops::require(
             server,
             &view,
             who,

@@ -35,10 +35,10 @@ use pando_model::{Attribute, Dn, Entry, Schema, Ternary};
 use pando_proto::{BindAuth, DerefAliases, ProtocolOp, Scope};
 use pando_store::{LoggedChange, LoggedKind, ModOp, View};
 
-use crate::state::Server;
 use pando_access::Identity;
 use pando_config::overlay::AccesslogConfig;
 use pando_observe::metrics::OpKind;
+use pando_ops::state::Server;
 
 pub const SUFFIX: &str = "cn=accesslog";
 
@@ -625,7 +625,7 @@ fn attr(name: &str, value: &str) -> Attribute {
 /// identity); rules covering every entry do not open it, as records show
 /// every value written, passwords included.
 pub fn may_read(server: &Server, who: &Identity) -> bool {
-    crate::ops::config_tree::may_see(who)
+    pando_ops::config_tree::may_see(who)
         || pando_access::acl::Access::new(&server.acl, who)
             .named_allows(SUFFIX, pando_access::acl::READ)
 }
@@ -872,21 +872,21 @@ fn record_iter<'v>(
 
 /// The access log as the operations tell it of each operation
 /// (`ops::layers`).
-impl crate::ops::layers::OpLog for AccessLog {
+impl pando_ops::layers::OpLog for AccessLog {
     fn begin(
         &self,
         conn: u64,
         who: &Identity,
         request: &ProtocolOp,
         schema: &Schema,
-    ) -> Option<crate::ops::layers::Begun> {
-        AccessLog::begin(self, conn, who, request, schema).map(|p| p as crate::ops::layers::Begun)
+    ) -> Option<pando_ops::layers::Begun> {
+        AccessLog::begin(self, conn, who, request, schema).map(|p| p as pando_ops::layers::Begun)
     }
 
     fn end(
         &self,
         server: &Server,
-        begun: crate::ops::layers::Begun,
+        begun: pando_ops::layers::Begun,
         code: Option<u32>,
         entries: u64,
     ) {

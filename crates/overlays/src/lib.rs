@@ -7,18 +7,23 @@
 //!   the configured order): refint, unique, memberof, valsort (weights),
 //!   ppolicy (password changes, policy entries);
 //! - search hooks (`ops::search::hooks::SearchHook`): valsort;
-//! - binds (`ops::bind`): ppolicy;
-//! - each request, before it runs (`net::connection`): errors;
-//! - each operation's end (`observe::OpStart`): accesslog, whose entries
-//!   are the virtual tree `cn=accesslog`;
-//! - the virtual tree `cn=changelog` (`ops::search::virtual_tree`):
-//!   retrochangelog, which numbers the change log;
+//! - binds and password changes (`ops::policy`): ppolicy;
+//! - each request, before it runs (`ops::layers`, asked by the network
+//!   frontend): errors;
+//! - each operation's start and end (`ops::layers`): accesslog, whose
+//!   entries are the virtual tree `cn=accesslog` (`log_tree`);
+//! - the virtual tree `cn=changelog` (`log_tree`): retrochangelog, which
+//!   numbers the change log;
 //! - searches, compares, writes and binds below a translucent suffix
-//!   (`ops::search::translucent`, `ops::operation`, `ops::bind`):
-//!   translucent, which reads a remote server.
+//!   (`ops::remote`): translucent, which reads a remote server.
 //!
 //! Overlays do not act on changes a replication consumer receives: the
 //! provider's overlays made the related changes, and they arrive too.
+//!
+//! This crate sits on the operations (`pando-ops`) and reaches the
+//! server's other layers only through the operations' traits: it must not
+//! depend on replication, cn=config, the network frontend or the server's
+//! assembly.
 
 pub mod accesslog;
 pub mod change_shape;
@@ -41,11 +46,11 @@ use pando_model::Schema;
 pub use pando_config::OverlayConfig;
 pub use rules::check_rules;
 
-use crate::ops::layers::Layers;
-use crate::ops::search::hooks::SearchHook;
-use crate::ops::search::virtual_tree::VirtualTree;
-use crate::ops::write::hooks::Hook;
 use log_tree::LogTree;
+use pando_ops::layers::Layers;
+use pando_ops::search::hooks::SearchHook;
+use pando_ops::search::virtual_tree::VirtualTree;
+use pando_ops::write::hooks::Hook;
 
 /// An attribute's name as the schema spells it (the name given when the
 /// schema does not know it: settings were checked, so only in tests).
@@ -174,18 +179,18 @@ impl Overlays {
     }
 
     /// The translucent suffixes, as the trees the operations reach them by.
-    pub fn remotes(&self) -> Vec<Arc<dyn crate::ops::remote::RemoteTree>> {
+    pub fn remotes(&self) -> Vec<Arc<dyn pando_ops::remote::RemoteTree>> {
         self.translucent
             .iter()
-            .map(|t| t.clone() as Arc<dyn crate::ops::remote::RemoteTree>)
+            .map(|t| t.clone() as Arc<dyn pando_ops::remote::RemoteTree>)
             .collect()
     }
 
     /// The password policy, as the operations consult it.
-    pub fn policy(&self) -> Option<Arc<dyn crate::ops::policy::PasswordPolicy>> {
+    pub fn policy(&self) -> Option<Arc<dyn pando_ops::policy::PasswordPolicy>> {
         self.ppolicy
             .clone()
-            .map(|p| p as Arc<dyn crate::ops::policy::PasswordPolicy>)
+            .map(|p| p as Arc<dyn pando_ops::policy::PasswordPolicy>)
     }
 
     /// What the operations run of the overlays: their types in order,
@@ -198,12 +203,12 @@ impl Overlays {
             faults: self
                 .errors
                 .iter()
-                .map(|e| e.clone() as Arc<dyn crate::ops::layers::Faults>)
+                .map(|e| e.clone() as Arc<dyn pando_ops::layers::Faults>)
                 .collect(),
             op_log: self
                 .accesslog
                 .clone()
-                .map(|l| l as Arc<dyn crate::ops::layers::OpLog>),
+                .map(|l| l as Arc<dyn pando_ops::layers::OpLog>),
         }
     }
 
@@ -216,6 +221,3 @@ impl Overlays {
         ]
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -18,10 +18,10 @@ use pando_proto::ResultCode;
 use pando_store::View;
 
 use super::related::{self, after_mut};
-use crate::error::{LdapError, OpResult};
-use crate::ops::write::hooks::Hook;
-use crate::ops::write::{Change, WriteCtx};
 use pando_config::overlay::MemberOfConfig;
+use pando_ops::error::{LdapError, OpResult};
+use pando_ops::write::hooks::Hook;
+use pando_ops::write::{Change, WriteCtx};
 
 pub struct MemberOf {
     classes: Vec<String>,
@@ -331,7 +331,7 @@ impl MemberOf {
 }
 
 /// The configured memberOf overlay, if any.
-pub fn configured(server: &crate::state::Server) -> Option<MemberOf> {
+pub fn configured(server: &pando_ops::state::Server) -> Option<MemberOf> {
     server.cfg.config.overlay.iter().find_map(|o| match o {
         super::OverlayConfig::Memberof(m) => Some(MemberOf::new(m, &server.schema)),
         _ => None,
@@ -343,7 +343,7 @@ pub fn configured(server: &crate::state::Server) -> Option<MemberOf> {
 /// control through the write pipeline (so it is logged and replicated).
 /// Returns how many entries changed.
 pub async fn rebuild(
-    server: &std::sync::Arc<crate::state::Server>,
+    server: &std::sync::Arc<pando_ops::state::Server>,
     who: &pando_access::Identity,
 ) -> OpResult<usize> {
     let Some(m) = configured(server) else {
@@ -354,11 +354,11 @@ pub async fn rebuild(
         m.disagreements(&server.schema, &rtxn.view())?
     };
     for d in &todo {
-        let controls = crate::ops::controls::Requested {
+        let controls = pando_ops::controls::Requested {
             relax: true,
             ..Default::default()
         };
-        let ctx = crate::ops::write::WriteCtx::new(server, who, controls);
+        let ctx = pando_ops::write::WriteCtx::new(server, who, controls);
         let req = pando_proto::ModifyRequest {
             dn: d.dn.clone(),
             changes: vec![pando_proto::Change {
@@ -369,7 +369,7 @@ pub async fn rebuild(
                 },
             }],
         };
-        crate::ops::write::modify(ctx, req).await?;
+        pando_ops::write::modify(ctx, req).await?;
     }
     Ok(todo.len())
 }

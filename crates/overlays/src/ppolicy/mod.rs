@@ -32,13 +32,13 @@ use pando_store::{Lookup, View};
 
 use self::policy::{is_policy, precise_time, Policy, State};
 use self::quality::Quality;
-use crate::error::{LdapError, OpResult};
-pub use crate::ops::policy::{refusal, response, BindVerdict};
-use crate::ops::write::hooks::Hook;
-use crate::ops::write::{Change, WriteCtx, WriteOp};
-use crate::state::Server;
 use pando_access::Identity;
 use pando_config::overlay::PpolicyConfig;
+use pando_ops::error::{LdapError, OpResult};
+pub use pando_ops::policy::{refusal, response, BindVerdict};
+use pando_ops::state::Server;
+use pando_ops::write::hooks::Hook;
+use pando_ops::write::{Change, WriteCtx, WriteOp};
 
 /// The DN state changes made by the overlay are stamped with (as
 /// slapd's refint names its own changes).
@@ -334,7 +334,7 @@ impl PasswordPolicy {
             _ => {}
         }
         if let (Some(clear), true) = (new, p.in_history > 0) {
-            let mut former = crate::ops::password_values(&entry.attrs);
+            let mut former = pando_ops::password_values(&entry.attrs);
             former.extend(
                 entry
                     .values("pwdHistory")
@@ -367,7 +367,7 @@ impl PasswordPolicy {
         entry: &Entry,
         wants: bool,
     ) -> OpResult<()> {
-        let values = crate::ops::password_values(&entry.attrs);
+        let values = pando_ops::password_values(&entry.attrs);
         if values.is_empty() || who.is_admin() {
             return Ok(());
         }
@@ -427,7 +427,7 @@ async fn update(
         norm: norm.to_string(),
         edit: Box::new(edit),
     };
-    if let Err(e) = crate::ops::write::run(ctx, Arc::new(op)).await {
+    if let Err(e) = pando_ops::write::run(ctx, Arc::new(op)).await {
         if e.code != ResultCode::REFERRAL {
             tracing::warn!(
                 account = norm,
@@ -478,7 +478,7 @@ impl Hook for PasswordPolicy {
     fn related(&self, ctx: &WriteCtx, view: &View<'_>, changes: &mut Vec<Change>) -> OpResult<()> {
         // An upgrade on bind stores the same password in another scheme:
         // not a change of password.
-        if crate::ops::rehash::is_upgrade(&ctx.who) {
+        if pando_ops::rehash::is_upgrade(&ctx.who) {
             return Ok(());
         }
         for c in changes.iter_mut() {
@@ -488,9 +488,9 @@ impl Hook for PasswordPolicy {
             let before_pw = c
                 .before
                 .as_ref()
-                .map(|b| crate::ops::password_values(&b.entry.attrs))
+                .map(|b| pando_ops::password_values(&b.entry.attrs))
                 .unwrap_or_default();
-            let after_pw = crate::ops::password_values(&after.attrs);
+            let after_pw = pando_ops::password_values(&after.attrs);
             if before_pw == after_pw {
                 continue;
             }

@@ -24,9 +24,9 @@ use pando_model::{Attribute, Dn, Entry, Schema, Ternary};
 use pando_proto::{Filter, Scope};
 use pando_store::{LoggedChange, LoggedKind, ModOp};
 
-use crate::state::Server;
 use pando_access::Identity;
 use pando_config::overlay::RetroChangelogConfig;
+use pando_ops::state::Server;
 
 /// The tree's root, normalised (and as shown).
 pub const SUFFIX: &str = "cn=changelog";
@@ -59,7 +59,7 @@ impl RetroChangelog {
 /// access rule naming cn=changelog lets read (rules covering every entry
 /// do not open it).
 pub fn may_read(server: &Server, who: &Identity) -> bool {
-    crate::ops::config_tree::may_see(who)
+    pando_ops::config_tree::may_see(who)
         || pando_access::acl::Access::new(&server.acl, who)
             .named_allows(SUFFIX, pando_access::acl::READ)
 }

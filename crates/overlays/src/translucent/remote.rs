@@ -304,7 +304,7 @@ async fn search_on(
                 }
                 let (norm, entry) =
                     decode_entry(schema, &client.url, e).map_err(Failure::Answer)?;
-                if !crate::ops::norm_dn::in_scope(&base_norm, scope, &norm) {
+                if !pando_ops::norm_dn::in_scope(&base_norm, scope, &norm) {
                     return Err(answer(format!(
                         "{} sent {} for a search of {base}, outside its scope",
                         client.url, entry.dn

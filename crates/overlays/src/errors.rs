@@ -268,10 +268,10 @@ impl Errors {
 }
 
 /// Error injection as the operations consult it (`ops::layers`).
-impl crate::ops::layers::Faults for Errors {
-    fn pick(&self, schema: &Schema, request: &ProtocolOp) -> Option<crate::ops::layers::Fault> {
+impl pando_ops::layers::Faults for Errors {
+    fn pick(&self, schema: &Schema, request: &ProtocolOp) -> Option<pando_ops::layers::Fault> {
         let rule = Errors::pick(self, schema, request)?.rule;
-        Some(crate::ops::layers::Fault {
+        Some(pando_ops::layers::Fault {
             delay: rule.delay,
             disconnect: rule.disconnect,
             result: rule.result.clone(),

@@ -16,8 +16,8 @@ use pando_proto::{Ava, Filter, ResultCode};
 use pando_store::{Candidates, EntryId, Lookup, View};
 use roaring::RoaringTreemap;
 
-use crate::error::{LdapError, OpResult};
-use crate::ops::write::{Before, Change};
+use pando_ops::error::{LdapError, OpResult};
+use pando_ops::write::{Before, Change};
 
 /// An entry whose name the operation changes: a renamed entry, or one
 /// below it (its name changes with its ancestor's).

@@ -8,10 +8,10 @@ use pando_model::Schema;
 use pando_store::View;
 
 use super::related::{self, after_mut, Move};
-use crate::error::{LdapError, OpResult};
-use crate::ops::write::hooks::Hook;
-use crate::ops::write::{Change, WriteCtx};
 use pando_config::overlay::RefintConfig;
+use pando_ops::error::{LdapError, OpResult};
+use pando_ops::write::hooks::Hook;
+use pando_ops::write::{Change, WriteCtx};
 
 pub struct Refint {
     /// Attribute names as the schema spells them.

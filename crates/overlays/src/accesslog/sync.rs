@@ -31,13 +31,13 @@ use pando_proto::sync::{
 };
 use pando_proto::{oid, LdapResult, ResultCode, Scope};
 
-use crate::error::{LdapError, OpResult};
-use crate::ops::search::emit::Emitter;
-use crate::ops::search::limits::{smaller_limit, Limits};
-use crate::ops::search::persistent::{deliver, done, start_following, Started};
-use crate::ops::search::sync_provider::{control, info_message, state_control, Sink};
-use crate::ops::search::{emitter_for, Finished, SearchJob, SearchOutcome, CHUNK};
-use crate::overlays::accesslog::{self, SyncRecord};
+use crate::accesslog::{self, SyncRecord};
+use pando_ops::error::{LdapError, OpResult};
+use pando_ops::search::emit::Emitter;
+use pando_ops::search::limits::{smaller_limit, Limits};
+use pando_ops::search::persistent::{deliver, done, start_following, Started};
+use pando_ops::search::sync_provider::{control, info_message, state_control, Sink};
+use pando_ops::search::{emitter_for, Finished, SearchJob, SearchOutcome, CHUNK};
 
 /// Run a synchronization search of cn=accesslog (its base) until it ends.
 /// `log`: the access log, None when the overlay is not configured.

@@ -31,14 +31,14 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::remote::{Found, Query};
 use super::{Relaxed, Translucent};
-use crate::error::{LdapError, OpResult};
-use crate::ops::search::matcher::Matcher;
-use crate::ops::search::plan::{scope_candidates, Plan};
-use crate::ops::search::{
+use crate::translucent;
+use pando_access::acl::{self, Access};
+use pando_ops::error::{LdapError, OpResult};
+use pando_ops::search::matcher::Matcher;
+use pando_ops::search::plan::{scope_candidates, Plan};
+use pando_ops::search::{
     emitter_for, flush, paged_done, Finished, Out, Path, SearchJob, SearchOutcome, CHUNK,
 };
-use crate::overlays::translucent;
-use pando_access::acl::{self, Access};
 
 /// What the store holds at the base and in the search's scope.
 struct Local {
@@ -77,7 +77,7 @@ pub async fn run(job: &Arc<SearchJob>, t: &Translucent) -> Finished {
         },
     };
     // Unsorted, as a virtual tree's: a non-critical sort says so.
-    crate::ops::search::hooks::after(job, Path::VirtualTree, &mut outcome);
+    pando_ops::search::hooks::after(job, Path::VirtualTree, &mut outcome);
     Finished::Done(outcome)
 }
 
@@ -92,7 +92,7 @@ async fn search(job: &Arc<SearchJob>, t: &Translucent) -> OpResult<Option<Search
     }
     let server = job.server.clone();
     let schema = &*server.schema;
-    let base = crate::ops::parse_dn(&job.req.base)?;
+    let base = pando_ops::parse_dn(&job.req.base)?;
     let base_norm = schema
         .normalize_dn(&base)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{}': {e}", job.req.base)))?;
@@ -311,7 +311,7 @@ async fn settle_base(
         .await
         .map_err(failed)??;
     }
-    let Some(place) = crate::ops::search::search_thread(job).await else {
+    let Some(place) = pando_ops::search::search_thread(job).await else {
         return Ok(None);
     };
     Ok(Some((probed, place)))
@@ -321,11 +321,11 @@ async fn settle_base(
 fn held_base(job: &SearchJob, base: &Dn) -> OpResult<Option<(bool, Entry)>> {
     let rtxn = job.server.store.read()?;
     let view = rtxn.view();
-    let rdns = crate::ops::norm_rdns(&view, base)?;
+    let rdns = pando_ops::norm_rdns(&view, base)?;
     let pando_store::Lookup::Found(id) = view.lookup_norm(&rdns)? else {
         return Ok(None);
     };
-    let mut e = crate::ops::stored_entry(&view, id)?;
+    let mut e = pando_ops::stored_entry(&view, id)?;
     e.dn = view.dn(id)?;
     Ok(Some((!translucent::is_part(&e), e)))
 }
@@ -354,7 +354,7 @@ fn remote_attrs(job: &SearchJob) -> Vec<String> {
             attrs.push(a.clone());
         }
     }
-    crate::ops::search::plan::for_each_filter_attr(&job.req.filter, &mut |a: &str| {
+    pando_ops::search::plan::for_each_filter_attr(&job.req.filter, &mut |a: &str| {
         if !attrs.iter().any(|x| x.eq_ignore_ascii_case(a)) {
             attrs.push(a.to_string());
         }
@@ -381,12 +381,12 @@ fn read_local(
         base: None,
         own: Vec::new(),
     };
-    let rdns = crate::ops::norm_rdns(&view, base)?;
+    let rdns = pando_ops::norm_rdns(&view, base)?;
     let pando_store::Lookup::Found(base_id) = view.lookup_norm(&rdns)? else {
         return Ok((local, types));
     };
     let read = |id: EntryId| -> OpResult<Entry> {
-        let mut e = crate::ops::stored_entry(&view, id)?;
+        let mut e = pando_ops::stored_entry(&view, id)?;
         e.dn = view.dn(id)?;
         Ok(e)
     };
@@ -457,13 +457,13 @@ fn emit(
     // Checked again on the base as merged: settle_base may not have
     // seen its remote content.
     may_search(job, &view, base_norm, base_entry)?;
-    crate::ops::search::hooks::before(job, Some(&view), base_norm, &mut || Ok(base_entry.clone()))?;
+    pando_ops::search::hooks::before(job, Some(&view), base_norm, &mut || Ok(base_entry.clone()))?;
     let mut candidates: Vec<Candidate> = Vec::with_capacity(remote.len() + own.len());
     for (norm, r) in remote {
-        let rdns = crate::ops::norm_rdns(&view, &r.dn)?;
+        let rdns = pando_ops::norm_rdns(&view, &r.dn)?;
         let e = match view.lookup_norm(&rdns)? {
             pando_store::Lookup::Found(id) => {
-                let stored = crate::ops::stored_entry(&view, id)?;
+                let stored = pando_ops::stored_entry(&view, id)?;
                 if !translucent::is_part(&stored) {
                     continue; // a local entry hides it
                 }
@@ -478,7 +478,7 @@ fn emit(
         candidates.push((norm, None, e));
     }
     candidates.extend(own.into_iter().map(|(n, id, e)| (n, Some(id), e)));
-    let limits = crate::ops::search::limits::Limits::for_requester(server, &job.who, &view);
+    let limits = pando_ops::search::limits::Limits::for_requester(server, &job.who, &view);
     let smallest = |a: u64, b: u64| match (a, b) {
         (0, b) => b,
         (a, 0) => a,
@@ -501,7 +501,7 @@ fn emit(
             let r = LdapResult::new(ResultCode::TIME_LIMIT_EXCEEDED, "time limit exceeded");
             return Ok(Some((n, Some(r))));
         }
-        if !crate::ops::norm_dn::in_scope(base_norm, job.req.scope, &norm) {
+        if !pando_ops::norm_dn::in_scope(base_norm, job.req.scope, &norm) {
             continue;
         }
         let Some(entry) = matcher.test_held(id, &norm, entry)? else {

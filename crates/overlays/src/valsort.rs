@@ -15,10 +15,10 @@ use pando_proto::ResultCode;
 use pando_store::View;
 
 use super::related::within;
-use crate::error::{LdapError, OpResult};
-use crate::ops::search::{hooks::EntryStep, hooks::SearchHook, SearchJob};
-use crate::ops::write::hooks::Hook;
-use crate::ops::write::{Change, WriteCtx};
+use pando_ops::error::{LdapError, OpResult};
+use pando_ops::search::{hooks::EntryStep, hooks::SearchHook, SearchJob};
+use pando_ops::write::hooks::Hook;
+use pando_ops::write::{Change, WriteCtx};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Order {

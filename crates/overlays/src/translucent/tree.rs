@@ -8,12 +8,12 @@ use pando_model::Entry;
 use pando_proto::{ProtocolOp, ResultCode};
 
 use super::{write as tw, Translucent};
-use crate::error::{LdapError, OpResult};
-use crate::ops::operation::{compared, written, Operation, Response};
-use crate::ops::remote::{RemoteTree, Running};
-use crate::ops::search::{Finished, SearchJob};
-use crate::ops::write::WriteCtx;
-use crate::state::Server;
+use pando_ops::error::{LdapError, OpResult};
+use pando_ops::operation::{compared, written, Operation, Response};
+use pando_ops::remote::{RemoteTree, Running};
+use pando_ops::search::{Finished, SearchJob};
+use pando_ops::state::Server;
+use pando_ops::write::WriteCtx;
 
 impl RemoteTree for Translucent {
     fn covers(&self, norm: &str) -> bool {

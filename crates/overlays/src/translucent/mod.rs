@@ -33,9 +33,9 @@ use pando_model::{Attribute, Dn, Entry, Schema};
 use pando_proto::{Ava, Filter};
 use pando_store::Candidates;
 
-use crate::error::OpResult;
 use pando_client::Endpoint;
 use pando_config::overlay::TranslucentConfig;
+use pando_ops::error::OpResult;
 
 /// Object classes of a local part that are bookkeeping, not shown.
 const PART_CLASSES: &[&str] = &["top", "glue", "extensibleObject"];
@@ -84,7 +84,7 @@ impl PartTypes {
         let view = rtxn.view();
         let mut types: Vec<String> = Vec::new();
         let suffix = Dn::parse(suffix_norm).unwrap_or_else(|_| Dn::root());
-        let rdns = crate::ops::norm_rdns(&view, &suffix)?;
+        let rdns = pando_ops::norm_rdns(&view, &suffix)?;
         if let pando_store::Lookup::Found(top) = view.lookup_norm(&rdns)? {
             let glue = Filter::Equality(Ava {
                 attr: "objectClass".into(),
@@ -98,7 +98,7 @@ impl PartTypes {
                 if id != top && !view.is_within(id, top)? {
                     continue;
                 }
-                let mut e = crate::ops::stored_entry(&view, id)?;
+                let mut e = pando_ops::stored_entry(&view, id)?;
                 if !is_part(&e) {
                     continue;
                 }

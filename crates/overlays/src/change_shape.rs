@@ -64,7 +64,7 @@ pub fn of(c: &LoggedChange) -> Shape<'_> {
         // Multi-provider merge state is this server's own (no other
         // server's schema knows it; a delta consumer would stop on it).
         let base = pando_model::desc::base(&m.desc);
-        if base.eq_ignore_ascii_case(crate::ops::write::merge::STATE_ATTR) {
+        if base.eq_ignore_ascii_case(pando_ops::write::merge::STATE_ATTR) {
             continue;
         }
         if let Some((old, new)) = &rdns {

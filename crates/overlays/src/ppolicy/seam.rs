@@ -6,11 +6,11 @@ use pando_model::Entry;
 use pando_store::View;
 
 use super::{failures, Account, PasswordPolicy};
-use crate::error::OpResult;
-use crate::ops::policy::{self, BindVerdict};
-use crate::ops::remote::Running;
-use crate::state::Server;
 use pando_access::Identity;
+use pando_ops::error::OpResult;
+use pando_ops::policy::{self, BindVerdict};
+use pando_ops::remote::Running;
+use pando_ops::state::Server;
 
 impl policy::PasswordPolicy for PasswordPolicy {
     fn has_pending(&self, norm: &str) -> bool {

@@ -9,10 +9,10 @@ use pando_proto::{Ava, Filter, ResultCode};
 use pando_store::{Candidates, View};
 
 use super::related::within;
-use crate::error::{LdapError, OpResult};
-use crate::ops::write::hooks::Hook;
-use crate::ops::write::{Change, WriteCtx};
 use pando_config::overlay::UniqueConfig;
+use pando_ops::error::{LdapError, OpResult};
+use pando_ops::write::hooks::Hook;
+use pando_ops::write::{Change, WriteCtx};
 
 pub struct Unique {
     attrs: Vec<String>,

@@ -10,10 +10,10 @@ use pando_proto::{Filter, Scope};
 
 use super::accesslog::{self, AccessLog};
 use super::retro_changelog::{self, RetroChangelog};
-use crate::ops::search::virtual_tree::{with_norms, Synchronizing, VirtualEntry, VirtualTree};
-use crate::ops::search::SearchJob;
-use crate::state::Server;
 use pando_access::Identity;
+use pando_ops::search::virtual_tree::{with_norms, Synchronizing, VirtualEntry, VirtualTree};
+use pando_ops::search::SearchJob;
+use pando_ops::state::Server;
 
 /// A log as its tree reads it.
 pub trait Log: Send + Sync + 'static {

@@ -20,11 +20,11 @@ use pando_proto::{
 };
 
 use super::{is_part, is_part_class, merge, Translucent};
-use crate::error::{LdapError, OpResult};
-use crate::ops::controls::Requested;
-use crate::ops::write::{self, WriteCtx, Written};
-use crate::state::Server;
 use pando_access::Identity;
+use pando_ops::controls::Requested;
+use pando_ops::error::{LdapError, OpResult};
+use pando_ops::state::Server;
+use pando_ops::write::{self, WriteCtx, Written};
 
 /// What the store holds under a name below a translucent suffix.
 pub enum Stored {
@@ -39,10 +39,10 @@ pub enum Stored {
 pub fn stored(server: &Server, dn: &Dn) -> OpResult<Stored> {
     let rtxn = server.store.read()?;
     let view = rtxn.view();
-    let rdns = crate::ops::norm_rdns(&view, dn)?;
+    let rdns = pando_ops::norm_rdns(&view, dn)?;
     match view.lookup_norm(&rdns)? {
         pando_store::Lookup::Found(id) => {
-            let mut e = crate::ops::stored_entry(&view, id)?;
+            let mut e = pando_ops::stored_entry(&view, id)?;
             e.dn = view.dn(id)?;
             if is_part(&e) {
                 Ok(Stored::Part(e))
@@ -196,7 +196,7 @@ fn require(
         .normalize_dn(dn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{dn}': {e}")))?;
     let rtxn = server.store.read()?;
-    crate::ops::require(server, &rtxn.view(), who, &norm, entry, &[(None, right)])
+    pando_ops::require(server, &rtxn.view(), who, &norm, entry, &[(None, right)])
 }
 
 /// Refuse a name the remote holds (it would hide the remote's entry).
@@ -225,7 +225,7 @@ async fn refuse_remote_name(
 /// requester may add it).
 pub async fn add(ctx: Arc<WriteCtx>, t: &Translucent, req: AddRequest) -> OpResult<Written> {
     let server = ctx.server.clone();
-    let dn = crate::ops::parse_dn(&req.dn)?;
+    let dn = pando_ops::parse_dn(&req.dn)?;
     if matches!(stored(&server, &dn)?, Stored::Absent) {
         refuse_remote_name(t, &server, &ctx.who, &req.dn).await?;
         let entry = Entry {
@@ -247,7 +247,7 @@ pub async fn add(ctx: Arc<WriteCtx>, t: &Translucent, req: AddRequest) -> OpResu
 
 /// A delete: of local entries only.
 pub async fn delete(ctx: Arc<WriteCtx>, t: &Translucent, dn_text: String) -> OpResult<Written> {
-    let dn = crate::ops::parse_dn(&dn_text)?;
+    let dn = pando_ops::parse_dn(&dn_text)?;
     match stored(&ctx.server, &dn)? {
         Stored::Local(_) => write::delete(ctx, dn_text).await,
         Stored::Part(_) => Err(held_remotely(t, &dn_text, "deleted")),
@@ -266,7 +266,7 @@ pub async fn modify_dn(
     t: &Translucent,
     req: ModifyDnRequest,
 ) -> OpResult<Written> {
-    let dn = crate::ops::parse_dn(&req.dn)?;
+    let dn = pando_ops::parse_dn(&req.dn)?;
     let current = match stored(&ctx.server, &dn)? {
         Stored::Local(e) => e,
         Stored::Part(_) => return Err(held_remotely(t, &req.dn, "renamed")),
@@ -280,7 +280,7 @@ pub async fn modify_dn(
     let new_rdn = pando_model::Rdn::parse(&req.new_rdn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid new RDN: {e}")))?;
     let new_parent = match &req.new_superior {
-        Some(sup) => Some(crate::ops::parse_dn(sup)?),
+        Some(sup) => Some(pando_ops::parse_dn(sup)?),
         None => dn.parent(),
     };
     let new_dn = new_parent.clone().unwrap_or_else(Dn::root).child(new_rdn);
@@ -320,7 +320,7 @@ pub async fn modify_dn(
 pub async fn modify(ctx: Arc<WriteCtx>, t: &Translucent, req: ModifyRequest) -> OpResult<Written> {
     let server = ctx.server.clone();
     let schema = &*server.schema;
-    let dn = crate::ops::parse_dn(&req.dn)?;
+    let dn = pando_ops::parse_dn(&req.dn)?;
     let part = match stored(&server, &dn)? {
         Stored::Local(_) => return write::modify(ctx, req).await,
         Stored::Part(p) => Some(p),
@@ -377,9 +377,9 @@ pub async fn modify(ctx: Arc<WriteCtx>, t: &Translucent, req: ModifyRequest) -> 
             let (_, at) = schema.canonical_desc(&ch.attr.name)?;
             checks.push((Some(at), pando_access::acl::WRITE));
         }
-        crate::ops::require(&server, &view, &ctx.who, &norm, &before, &checks)?;
+        pando_ops::require(&server, &view, &ctx.who, &norm, &before, &checks)?;
         if let Some(filter) = &controls.assertion {
-            if !crate::ops::assertion_holds(&server, &view, &ctx.who, &norm, &before, filter) {
+            if !pando_ops::assertion_holds(&server, &view, &ctx.who, &norm, &before, filter) {
                 return Err(LdapError::new(
                     ResultCode::ASSERTION_FAILED,
                     "the assertion control's filter is not true for the entry",
@@ -542,13 +542,13 @@ pub async fn compare(
     controls: &Requested,
     req: &CompareRequest,
 ) -> OpResult<ResultCode> {
-    let dn = crate::ops::parse_dn(&req.dn)?;
+    let dn = pando_ops::parse_dn(&req.dn)?;
     let part = match stored(server, &dn)? {
         Stored::Local(_) => {
             let (server, who, controls, req) =
                 (server.clone(), who.clone(), controls.clone(), req.clone());
             return tokio::task::spawn_blocking(move || {
-                crate::ops::compare::compare(&server, &who, &controls, &req)
+                pando_ops::compare::compare(&server, &who, &controls, &req)
             })
             .await
             .unwrap_or_else(|_| {
@@ -569,5 +569,5 @@ pub async fn compare(
         .normalize_dn(&dn)
         .map_err(LdapError::invalid_dn)?;
     let rtxn = server.store.read()?;
-    crate::ops::compare::compare_entry(server, &rtxn.view(), who, controls, &norm, &entry, req)
+    pando_ops::compare::compare_entry(server, &rtxn.view(), who, controls, &norm, &entry, req)
 }

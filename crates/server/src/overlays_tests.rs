@@ -1,4 +1,5 @@
-//! Overlays through the write pipeline, on a real store.
+//! Overlays through the write pipeline, on a real store (the whole
+//! server is assembled here, so these tests live in the server crate).
 
 use std::sync::Arc;
 
@@ -7,10 +8,10 @@ use pando_proto::{
     AddRequest, ModOp, ModifyDnRequest, ModifyRequest, PartialAttribute, ResultCode,
 };
 
-use super::related;
 use crate::error::OpResult;
 use crate::ops::controls::Requested;
 use crate::ops::write::{self, WriteCtx};
+use crate::overlays::related;
 use crate::settings::Validate;
 use crate::state::Server;
 use crate::test_server::{server, user};
@@ -418,7 +419,7 @@ fn memberof_disagreements_are_found_and_rebuilt_through_the_pipeline() {
             ("member", &people("a")),
         ],
     );
-    let m = super::memberof::configured(&f.server).unwrap();
+    let m = crate::overlays::memberof::configured(&f.server).unwrap();
     let found = {
         let rtxn = f.server.store.read().unwrap();
         m.disagreements(&f.server.schema, &rtxn.view()).unwrap()
@@ -427,7 +428,7 @@ fn memberof_disagreements_are_found_and_rebuilt_through_the_pipeline() {
     assert_eq!(found[0].missing, vec![format!("cn=old,ou=Groups,{BASE}")]);
     let admin = user(&f.server, &format!("cn=admin,{BASE}"), true);
     let changed =
-        f.rt.block_on(super::memberof::rebuild(&f.server, &admin))
+        f.rt.block_on(crate::overlays::memberof::rebuild(&f.server, &admin))
             .unwrap();
     assert_eq!(changed, 1);
     assert_eq!(f.values(&people("a"), "memberOf"), vec![group("old")]);
