@@ -441,18 +441,7 @@ fn refresh(
             ))
         }
     };
-    // Delete phase: what changed since the cookie, from the change log
-    // (from the oldest of the cookie's CSNs for the servers this one
-    // knows; from the start when the cookie lacks one of them).
-    let known: Option<Vec<&str>> = cookie
-        .csns
-        .iter()
-        .map(|o| csn_sid(o).and_then(|sid| theirs.csn_for(sid)))
-        .collect();
-    let oldest_known = known
-        .and_then(|csns| csns.into_iter().min())
-        .unwrap_or("")
-        .to_string();
+    let oldest_known = oldest_known(&cookie, theirs);
     // Otherwise every entry the filter may match.
     let ids = if phase == Phase::Delete {
         RoaringTreemap::new()
@@ -497,6 +486,21 @@ fn refresh(
         cookie,
         deletes,
     }))
+}
+
+/// Where a delete phase starts reading the change log: the oldest of
+/// the consumer's CSNs for the servers `ours` knows; from the start ("")
+/// when the consumer's cookie lacks one of them.
+fn oldest_known(ours: &Cookie, theirs: &Cookie) -> String {
+    let known: Option<Vec<&str>> = ours
+        .csns
+        .iter()
+        .map(|o| csn_sid(o).and_then(|sid| theirs.csn_for(sid)))
+        .collect();
+    known
+        .and_then(|csns| csns.into_iter().min())
+        .unwrap_or("")
+        .to_string()
 }
 
 /// One refresh's walk over the store.

@@ -358,33 +358,13 @@ impl Replicated {
 
     fn plan_entry(&self, ctx: &WriteCtx, view: &View<'_>, entry: &Entry) -> OpResult<Vec<Change>> {
         let server = &*ctx.server;
-        let base = ctx.replicated.as_ref().map_or("", |r| r.base.as_str());
-        let uuid = entry_uuid(entry)
-            .ok_or_else(|| LdapError::protocol("a replicated entry has no entryUUID"))?;
-        let norm = server
-            .schema
-            .normalize_dn(&entry.dn)
-            .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{}': {e}", entry.dn)))?;
-        if !in_scope(base, Scope::Sub, &norm) {
-            return Err(LdapError::unwilling(format!(
-                "'{}' is outside this consumer's search base",
-                entry.dn
-            )));
-        }
-        let mut after = entry.clone();
-        server.schema.check_entry(&mut after)?;
-        let at_dn = match view.lookup(&entry.dn)? {
-            Ok(Lookup::Found(id)) => Some(id),
-            _ => None,
-        };
-        let by_uuid = match find_by_uuid(view, &uuid)? {
-            Some(id) if !in_scope(base, Scope::Sub, &crate::norm_dn_of(view, id)?) => {
-                return Err(LdapError::unwilling(format!(
-                    "entryUUID {uuid} names an entry outside this consumer's search base"
-                )))
-            }
-            found => found,
-        };
+        let Located {
+            uuid,
+            norm,
+            after,
+            at_dn,
+            by_uuid,
+        } = locate(ctx, view, entry)?;
         if server.multi_provider() {
             if let Some(id) = by_uuid {
                 return self.plan_merge(ctx, view, before(view, id)?, after);
@@ -540,4 +520,57 @@ impl WriteOp for Replicated {
             crate::write::conflicts::log(&r);
         }
     }
+}
+
+/// A received entry, checked, and where it is held here.
+struct Located {
+    uuid: String,
+    /// Its normalised DN.
+    norm: String,
+    /// The entry as received, schema-checked.
+    after: Entry,
+    /// The entry held at its DN, and the one holding its entryUUID.
+    at_dn: Option<EntryId>,
+    by_uuid: Option<EntryId>,
+}
+
+/// Check a received entry (an entryUUID, a DN within the consumer's base,
+/// valid under the schema) and find what holds its DN and its entryUUID
+/// here (refused when that is outside the base).
+fn locate(ctx: &WriteCtx, view: &View<'_>, entry: &Entry) -> OpResult<Located> {
+    let server = &*ctx.server;
+    let base = ctx.replicated.as_ref().map_or("", |r| r.base.as_str());
+    let uuid = entry_uuid(entry)
+        .ok_or_else(|| LdapError::protocol("a replicated entry has no entryUUID"))?;
+    let norm = server
+        .schema
+        .normalize_dn(&entry.dn)
+        .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{}': {e}", entry.dn)))?;
+    if !in_scope(base, Scope::Sub, &norm) {
+        return Err(LdapError::unwilling(format!(
+            "'{}' is outside this consumer's search base",
+            entry.dn
+        )));
+    }
+    let mut after = entry.clone();
+    server.schema.check_entry(&mut after)?;
+    let at_dn = match view.lookup(&entry.dn)? {
+        Ok(Lookup::Found(id)) => Some(id),
+        _ => None,
+    };
+    let by_uuid = match find_by_uuid(view, &uuid)? {
+        Some(id) if !in_scope(base, Scope::Sub, &crate::norm_dn_of(view, id)?) => {
+            return Err(LdapError::unwilling(format!(
+                "entryUUID {uuid} names an entry outside this consumer's search base"
+            )))
+        }
+        found => found,
+    };
+    Ok(Located {
+        uuid,
+        norm,
+        after,
+        at_dn,
+        by_uuid,
+    })
 }

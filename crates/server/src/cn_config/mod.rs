@@ -677,65 +677,10 @@ fn from_values(
                 _ => return Err(bad(&vals[0], "TRUE or FALSE")),
             },
             List => toml::Value::Array(vals.iter().cloned().map(toml::Value::String).collect()),
-            Rules => {
-                let mut rules = Vec::new();
-                for (i, v) in vals.iter().enumerate() {
-                    let rule: AccessRule = rule_text::parse(split_ordinal(v).1).map_err(|e| {
-                        LdapError::invalid_syntax(format!("{attr}: value {{{i}}}: {e}"))
-                    })?;
-                    rules.push(toml::Value::try_from(rule).map_err(|e| {
-                        LdapError::invalid_syntax(format!("{attr}: value {{{i}}}: {e}"))
-                    })?);
-                }
-                toml::Value::Array(rules)
-            }
-            Tables => {
-                let mut items = Vec::new();
-                for (i, v) in vals.iter().enumerate() {
-                    let text = split_ordinal(v).1;
-                    let t: toml::Table = toml::from_str(&format!("v = {text}")).map_err(|e| {
-                        LdapError::invalid_syntax(format!(
-                            "{attr}: value {{{i}}} is not a TOML inline table {{ key = value, … }}: {}",
-                            e.message()
-                        ))
-                    })?;
-                    match t.get("v") {
-                        Some(v @ toml::Value::Table(_)) => items.push(v.clone()),
-                        _ => {
-                            return Err(LdapError::invalid_syntax(format!(
-                            "{attr}: value {{{i}}} is not a TOML inline table {{ key = value, … }}"
-                        )))
-                        }
-                    }
-                }
-                toml::Value::Array(items)
-            }
+            Rules => rule_values(&attr, vals)?,
+            Tables => table_values(&attr, vals)?,
             Documents => continue,
-            Indexes => {
-                let mut t = toml::Table::new();
-                for v in vals {
-                    let mut parts = v.split_whitespace();
-                    let (Some(attrs), Some(kinds), None) =
-                        (parts.next(), parts.next(), parts.next())
-                    else {
-                        return Err(bad(v, "an index like 'uid eq,sub'"));
-                    };
-                    for a in attrs.split(',').filter(|a| !a.is_empty()) {
-                        let entry = t
-                            .entry(a.to_string())
-                            .or_insert_with(|| toml::Value::Array(Vec::new()));
-                        if let toml::Value::Array(list) = entry {
-                            for kind in kinds.split(',').filter(|k| !k.is_empty()) {
-                                let kind = toml::Value::String(kind.to_string());
-                                if !list.contains(&kind) {
-                                    list.push(kind);
-                                }
-                            }
-                        }
-                    }
-                }
-                toml::Value::Table(t)
-            }
+            Indexes => index_table(vals, &bad)?,
         };
         insert_at(&mut root, key.key, value);
     }
@@ -756,6 +701,68 @@ fn from_values(
     cfg.schema = base.schema.clone();
     cfg.overlay = base.overlay.clone();
     Ok(cfg)
+}
+
+/// `olcAccess`-style values (`{i}rule`) as TOML access rules.
+fn rule_values(attr: &str, vals: &[String]) -> Result<toml::Value, LdapError> {
+    let mut rules = Vec::new();
+    for (i, v) in vals.iter().enumerate() {
+        let rule: AccessRule = rule_text::parse(split_ordinal(v).1)
+            .map_err(|e| LdapError::invalid_syntax(format!("{attr}: value {{{i}}}: {e}")))?;
+        rules.push(
+            toml::Value::try_from(rule)
+                .map_err(|e| LdapError::invalid_syntax(format!("{attr}: value {{{i}}}: {e}")))?,
+        );
+    }
+    Ok(toml::Value::Array(rules))
+}
+
+/// Values holding TOML inline tables (`{i}{ key = value, … }`).
+fn table_values(attr: &str, vals: &[String]) -> Result<toml::Value, LdapError> {
+    let not_table = |i: usize, why: String| {
+        LdapError::invalid_syntax(format!(
+            "{attr}: value {{{i}}} is not a TOML inline table {{ key = value, … }}{why}"
+        ))
+    };
+    let mut items = Vec::new();
+    for (i, v) in vals.iter().enumerate() {
+        let text = split_ordinal(v).1;
+        let t: toml::Table = toml::from_str(&format!("v = {text}"))
+            .map_err(|e| not_table(i, format!(": {}", e.message())))?;
+        match t.get("v") {
+            Some(v @ toml::Value::Table(_)) => items.push(v.clone()),
+            _ => return Err(not_table(i, String::new())),
+        }
+    }
+    Ok(toml::Value::Array(items))
+}
+
+/// Index values (`uid,cn eq,sub`) as the `[indexes]` table.
+fn index_table(
+    vals: &[String],
+    bad: &dyn Fn(&str, &str) -> LdapError,
+) -> Result<toml::Value, LdapError> {
+    let mut t = toml::Table::new();
+    for v in vals {
+        let mut parts = v.split_whitespace();
+        let (Some(attrs), Some(kinds), None) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(bad(v, "an index like 'uid eq,sub'"));
+        };
+        for a in attrs.split(',').filter(|a| !a.is_empty()) {
+            let entry = t
+                .entry(a.to_string())
+                .or_insert_with(|| toml::Value::Array(Vec::new()));
+            if let toml::Value::Array(list) = entry {
+                for kind in kinds.split(',').filter(|k| !k.is_empty()) {
+                    let kind = toml::Value::String(kind.to_string());
+                    if !list.contains(&kind) {
+                        list.push(kind);
+                    }
+                }
+            }
+        }
+    }
+    Ok(toml::Value::Table(t))
 }
 
 fn insert_at(root: &mut toml::Table, key: &str, value: toml::Value) {

@@ -163,9 +163,8 @@ fn secs(us: u64) -> String {
     format!("{}.{:06}", us / 1_000_000, us % 1_000_000)
 }
 
-/// The change log, contextCSN per server ID, and each consumer's figures
-/// (labelled by rid, and by server ID for delays).
-fn replication(t: &mut Text, server: &Server) {
+/// The change log's size and the contextCSN per server ID.
+fn change_log(t: &mut Text, server: &Server) {
     if let Ok(r) = server.store.read() {
         let view = r.view();
         if let Ok(log) = view.changelog_summary() {
@@ -197,6 +196,12 @@ fn replication(t: &mut Text, server: &Server) {
             }
         }
     }
+}
+
+/// The change log, contextCSN per server ID, and each consumer's figures
+/// (labelled by rid, and by server ID for delays).
+fn replication(t: &mut Text, server: &Server) {
+    change_log(t, server);
     let statuses: Vec<(u16, crate::repl::consumer::Status)> = crate::repl::Replicas::of(server)
         .list()
         .iter()
