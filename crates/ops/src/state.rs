@@ -1,4 +1,9 @@
-//! Shared server state and the identity of a connection.
+//! The state every operation runs on: one configuration compiled
+//! (`Compiled`) plus the handles that outlive configurations (`Runtime`).
+//! The layers above the operations are held here only as the operations'
+//! traits (layers, policy, remote trees, virtual trees, replicas,
+//! cn=config, the live configuration); the network frontend's runtime is
+//! not here at all (`net::frontend` in the server).
 
 use std::sync::{Arc, Weak};
 use std::time::SystemTime;
@@ -11,7 +16,8 @@ use pando_config::Resolved;
 use pando_store::clock::CsnClock;
 
 /// Everything operations share, for one configuration. Immutable: a
-/// configuration change builds a new `Server` (see the live configuration, `live`) that
+/// configuration change builds a new `Server` (see the server's live
+/// configuration, `live`) that
 /// shares the runtime handles (store, counters, feed) of the old one.
 pub struct Server {
     // Compiled from the configuration.
