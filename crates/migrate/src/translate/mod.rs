@@ -348,37 +348,7 @@ fn global(cx: &mut Ctx, g: &Section) {
             "tlscertificatefile" => path(cx, d, |c, p| c.tls.cert_file = Some(p)),
             "tlscertificatekeyfile" => path(cx, d, |c, p| c.tls.key_file = Some(p)),
             "tlscacertificatefile" => path(cx, d, |c, p| c.tls.ca_file = Some(p)),
-            "tlsverifyclient" => {
-                let v = d.single().unwrap_or_default().to_ascii_lowercase();
-                let m = match v.as_str() {
-                    "never" => "none",
-                    "allow" | "try" => "request",
-                    "demand" | "hard" | "true" => "require",
-                    _ => {
-                        cx.bad(d, "not never/allow/try/demand".into());
-                        continue;
-                    }
-                };
-                cx.cfg.tls.client_certs = m.into();
-                if v == "allow" {
-                    cx.note(Severity::Stricter, d, "client_certs = \"request\": a certificate that fails verification ends the handshake (the old server's 'allow' would go on)");
-                } else {
-                    cx.exact();
-                }
-            }
-            "tlsprotocolmin" => {
-                let v = d.single().unwrap_or_default();
-                let (m, sev) = match v.as_str() {
-                    "3.4" => ("1.3", None),
-                    "3.3" => ("1.2", None),
-                    _ => ("1.2", Some(Severity::Stricter)),
-                };
-                cx.cfg.tls.min_version = m.into();
-                match sev {
-                    Some(s) => cx.note(s, d, "Pando accepts TLS 1.2 and 1.3 only"),
-                    None => cx.exact(),
-                }
-            }
+            "tlsverifyclient" | "tlsprotocolmin" => tls_version_or_clients(cx, d),
             "tlscacertificatepath" => cx.note(Severity::Stricter, d, "Pando reads CA certificates from one file (tls.ca_file); concatenate the directory's certificates into one PEM file"),
             "tlsciphersuite" | "tlsdhparamfile" | "tlseccurves" | "tlscrlcheck" | "tlscrlfile" | "tlsrandfile" => {
                 cx.note(Severity::Note, d, "Pando uses rustls's safe defaults (TLS 1.2/1.3, forward-secret AEAD suites); not configurable")
@@ -407,6 +377,41 @@ fn global(cx: &mut Ctx, g: &Section) {
             "attributeoptions" | "sortvals" | "rootdse" | "logfile" | "logfilerotate" | "referral" | "localssf" => cx.note(Severity::Dropped, d, "no Pando counterpart"),
             _ => cx.note(Severity::Dropped, d, "no Pando counterpart"),
         }
+    }
+}
+
+/// `TLSVerifyClient` and `TLSProtocolMin`: tls.client_certs and
+/// tls.min_version.
+fn tls_version_or_clients(cx: &mut Ctx, d: &Directive) {
+    if d.key == "tlsverifyclient" {
+        let v = d.single().unwrap_or_default().to_ascii_lowercase();
+        let m = match v.as_str() {
+            "never" => "none",
+            "allow" | "try" => "request",
+            "demand" | "hard" | "true" => "require",
+            _ => {
+                cx.bad(d, "not never/allow/try/demand".into());
+                return;
+            }
+        };
+        cx.cfg.tls.client_certs = m.into();
+        if v == "allow" {
+            cx.note(Severity::Stricter, d, "client_certs = \"request\": a certificate that fails verification ends the handshake (the old server's 'allow' would go on)");
+        } else {
+            cx.exact();
+        }
+        return;
+    }
+    let v = d.single().unwrap_or_default();
+    let (m, sev) = match v.as_str() {
+        "3.4" => ("1.3", None),
+        "3.3" => ("1.2", None),
+        _ => ("1.2", Some(Severity::Stricter)),
+    };
+    cx.cfg.tls.min_version = m.into();
+    match sev {
+        Some(s) => cx.note(s, d, "Pando accepts TLS 1.2 and 1.3 only"),
+        None => cx.exact(),
     }
 }
 
@@ -1150,7 +1155,9 @@ fn contains_region(schema: &Schema, a: &DnSel, b: &DnSel) -> bool {
 
 /// 389-DS: the ACIs held in `suffixes` as rules (see [`crate::aci`]),
 /// then binds for everyone (389-DS never refuses a bind for its ACIs).
-fn aci_rules(cx: &mut Ctx, src: &Source, suffixes: &[String]) -> Vec<RuleOut> {
+/// The ACIs stored in the suffixes, parsed; those that do not parse are
+/// reported (a deny becomes a deny of everything below its entry).
+fn parsed_acis(cx: &mut Ctx, src: &Source, suffixes: &[String]) -> Vec<crate::aci::Aci> {
     let within = |dn: &str| {
         let n = norm(&cx.schema, dn);
         suffixes.iter().any(|s| {
@@ -1201,6 +1208,11 @@ fn aci_rules(cx: &mut Ctx, src: &Source, suffixes: &[String]) -> Vec<RuleOut> {
             ),
         }
     }
+    acis
+}
+
+fn aci_rules(cx: &mut Ctx, src: &Source, suffixes: &[String]) -> Vec<RuleOut> {
+    let acis = parsed_acis(cx, src, suffixes);
     if acis.is_empty() {
         cx.report.add(Severity::Stricter, None, "access control", "no ACI found in the suffix: only the root DN may read or write (389-DS refuses everyone else too); give the data export with --acis-from to translate its ACIs");
     }
