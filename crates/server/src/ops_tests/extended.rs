@@ -1,21 +1,14 @@
 //! Unit tests of `ops::extended` that need a whole server (its assembly is this
 //! crate's).
-#![allow(unused_imports)]
 
-use crate::error::{LdapError, OpResult};
 use crate::ops::controls::Requested;
 use crate::ops::extended::*;
-use crate::ops::write::{Before, Change, WriteCtx, WriteOp};
+use crate::ops::write::WriteCtx;
 use crate::state::Server;
 use crate::test_server::{add, server, user};
-use pando_access::acl;
 use pando_access::Identity;
 use pando_model::Attribute;
-use pando_proto::{
-    encode_passwd_modify_response, oid, ExtendedRequest, ExtendedResponse, LdapResult,
-    PasswdModifyRequest, ResultCode,
-};
-use pando_store::View;
+use pando_proto::{oid, ExtendedRequest, PasswdModifyRequest, ResultCode};
 use std::sync::Arc;
 
 fn set_password(user_dn: &str, new: &str) -> ExtendedRequest {

@@ -1,28 +1,16 @@
 //! Unit tests of `ops::search` that need a whole server (its assembly is this
 //! crate's).
-#![allow(unused_imports)]
 
-use crate::error::{LdapError, OpResult};
-use crate::ops::search::emit::encode_read_entry;
-use crate::ops::search::emit::Emitter;
-use crate::ops::search::follow_places::Holders as PersistentHolders;
-use crate::ops::search::limits::Limits;
-use crate::ops::search::matcher::Matcher;
-use crate::ops::search::plan::types_in_filter;
-use crate::ops::search::plan::Plan;
 use crate::ops::search::*;
 use crate::state::Server;
 use crate::test_server::{add, server, user};
-use pando_access::acl::{self, Access, EntryRules};
+use pando_access::acl::Access;
 use pando_access::Identity;
-use pando_model::{Dn, Entry};
-use pando_proto::{Control, LdapMessage, LdapResult, ProtocolOp, ResultCode, SearchRequest};
+use pando_model::Dn;
 use pando_proto::{DerefAliases, Filter, Scope};
-use pando_store::{EntryId, View};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use pando_proto::{LdapMessage, ProtocolOp, ResultCode, SearchRequest};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 /// Entries a search returns: DN and (attribute, values as text).
