@@ -20,7 +20,7 @@ use pando_model::Entry;
 use pando_proto::control_values::change_type;
 use tokio::sync::{broadcast, watch};
 
-use super::write::Change;
+use crate::write::change::Change;
 
 /// One committed write operation: one CSN, one or more entries (a tree
 /// delete's subtree, children before parents, as written).
@@ -76,7 +76,7 @@ impl Change {
 
     /// The entry's UUID (entryUUID), empty when it has none.
     pub fn uuid(&self) -> String {
-        crate::write::replicated::entry_uuid(self.entry()).unwrap_or_default()
+        crate::write::change::entry_uuid(self.entry()).unwrap_or_default()
     }
 
     /// The DN before a rename.

@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 use pando_model::{Attribute, Dn, Entry};
 use pando_proto::oid;
 
-use crate::state::Server;
+use pando_model::Schema;
 
 pub const SUBSCHEMA_DN: &str = "cn=Subschema";
 pub const SUBSCHEMA_NORM: &str = "cn=subschema";
@@ -68,12 +68,15 @@ pub struct SpecialEntries {
 }
 
 impl SpecialEntries {
-    pub fn root_dse(&self, server: &Server) -> Arc<Entry> {
-        Self::cached(&self.root_dse, || build_root_dse(server))
+    /// `suffixes`: the naming contexts; `start_tls`: whether StartTLS is
+    /// offered (a `[tls]` section).
+    pub fn root_dse(&self, suffixes: &[(Dn, String)], start_tls: bool) -> Arc<Entry> {
+        Self::cached(&self.root_dse, || build_root_dse(suffixes, start_tls))
     }
 
-    pub fn subschema(&self, server: &Server) -> Arc<Entry> {
-        Self::cached(&self.subschema, || build_subschema(server))
+    /// `started`: when the schema was loaded (the server's start).
+    pub fn subschema(&self, schema: &Schema, started: std::time::SystemTime) -> Arc<Entry> {
+        Self::cached(&self.subschema, || build_subschema(schema, started))
     }
 
     pub fn invalidate(&self) {
@@ -92,17 +95,17 @@ impl SpecialEntries {
     }
 }
 
-fn build_root_dse(server: &Server) -> Entry {
+fn build_root_dse(suffixes: &[(Dn, String)], start_tls: bool) -> Entry {
     Entry {
         dn: Dn { rdns: Vec::new() },
         attrs: vec![
             attr("objectClass", ["top", "extensibleObject"]),
             attr(
                 "namingContexts",
-                server.suffixes.iter().map(|(d, _)| d.to_string()),
+                suffixes.iter().map(|(d, _)| d.to_string()),
             ),
             attr("subschemaSubentry", [SUBSCHEMA_DN]),
-            attr("configContext", [super::config_tree::CONFIG_DN]),
+            attr("configContext", [crate::config_tree::CONFIG_DN]),
             // Where tools (LAM, phpLDAPadmin) look for the monitor, as on slapd.
             attr("monitorContext", ["cn=Monitor"]),
             attr("supportedLDAPVersion", ["3"]),
@@ -112,7 +115,7 @@ fn build_root_dse(server: &Server) -> Entry {
                 SUPPORTED_EXTENSIONS
                     .iter()
                     .copied()
-                    .chain(server.cfg.tls.is_some().then_some(oid::START_TLS)),
+                    .chain(start_tls.then_some(oid::START_TLS)),
             ),
             attr(
                 "supportedSASLMechanisms",
@@ -128,7 +131,7 @@ fn build_root_dse(server: &Server) -> Entry {
     }
 }
 
-fn build_subschema(server: &Server) -> Entry {
+fn build_subschema(schema: &Schema, started: std::time::SystemTime) -> Entry {
     let mut attrs = vec![
         attr(
             "objectClass",
@@ -137,14 +140,13 @@ fn build_subschema(server: &Server) -> Entry {
         attr("cn", ["Subschema"]),
         attr("structuralObjectClass", ["subentry"]),
     ];
-    for (name, values) in server.schema.subschema_attrs() {
+    for (name, values) in schema.subschema_attrs() {
         attrs.push(attr(name, values));
     }
     // RFC 4512 4.2: clients compare modifyTimestamp to decide whether to
     // read the schema again. The schema is loaded at start and changes
     // only then, so both are the start time.
-    let loaded = server
-        .started
+    let loaded = started
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0);

@@ -43,7 +43,7 @@ pub struct Server {
     /// The root DSE and the subschema entry, built once per configuration.
     pub special: crate::special::SpecialEntries,
     /// Sorted search results kept while the store does not change.
-    pub sorted: crate::search::SortCache,
+    pub sorted: crate::search::sort_cache::SortCache,
     /// Password hashing and bind verification, bounded (`[passwords]`;
     /// its figures carry over a change).
     pub passwords: Arc<crate::hashing::PasswordWork>,
@@ -76,7 +76,7 @@ pub struct Server {
     /// Places for persistent searches (`limits.max_persistent_searches`).
     pub persistent_searches: Arc<crate::capacity::Capacity>,
     /// Who holds those places (the per-connection and per-identity limits).
-    pub persistent_holders: Arc<crate::search::PersistentHolders>,
+    pub persistent_holders: Arc<crate::search::holders::Holders>,
     /// The configured replication consumers.
     pub replicas: Arc<dyn crate::replicas::Replicas>,
     /// cn=config, served by the configuration layer (its entries, its
@@ -99,7 +99,7 @@ pub struct Runtime {
     pub subentries: Arc<crate::Subentries>,
     pub feed: Arc<crate::feed::Feed>,
     pub persistent_searches: Arc<crate::capacity::Capacity>,
-    pub persistent_holders: Arc<crate::search::PersistentHolders>,
+    pub persistent_holders: Arc<crate::search::holders::Holders>,
     pub replicas: Arc<dyn crate::replicas::Replicas>,
     pub config_tree: Arc<dyn crate::config_tree::ConfigTree>,
 }

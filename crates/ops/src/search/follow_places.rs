@@ -19,52 +19,12 @@
 //! happen under one lock, so two requests cannot both pass a check that
 //! only one of them may.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
 use pando_proto::{LdapResult, ResultCode};
-use tokio::sync::OwnedSemaphorePermit;
 
+use super::holders::{Holder, Place};
 use super::SearchJob;
 use crate::state::Server;
 use pando_access::Identity;
-
-/// Live places of ordinary requesters, by connection and by identity.
-#[derive(Default)]
-pub struct Holders {
-    counts: Mutex<HashMap<Holder, usize>>,
-}
-
-#[derive(Clone, Hash, PartialEq, Eq)]
-enum Holder {
-    Connection(u64),
-    /// The normalised DN ("" for anonymous clients, who share one count).
-    Identity(String),
-}
-
-/// A place held while the search runs; given back when dropped.
-pub struct Place {
-    _permit: OwnedSemaphorePermit,
-    /// Where this place is counted (ordinary requesters only).
-    counted: Option<(Arc<Holders>, [Holder; 2])>,
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        let Some((holders, keys)) = &self.counted else {
-            return;
-        };
-        let mut counts = holders.counts.lock().unwrap_or_else(|p| p.into_inner());
-        for k in keys {
-            if let Some(n) = counts.get_mut(k) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    counts.remove(k);
-                }
-            }
-        }
-    }
-}
 
 /// A place for `job`, or the refusal (adminLimitExceeded naming the limit
 /// that stopped it).

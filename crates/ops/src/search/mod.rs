@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 
 pub mod emit;
 pub mod follow_places;
+pub mod holders;
 pub mod hooks;
 pub mod limits;
 pub mod matcher;
@@ -25,6 +26,7 @@ mod paging;
 pub mod persistent;
 pub mod plan;
 mod sort;
+pub mod sort_cache;
 pub mod sync_provider;
 pub mod virtual_tree;
 
@@ -32,7 +34,7 @@ use crate::error::{LdapError, OpResult};
 use crate::state::Server;
 pub use emit::encode_read_entry;
 use emit::{Emitter, Selection};
-pub use follow_places::Holders as PersistentHolders;
+pub use holders::Holders as PersistentHolders;
 use limits::Limits;
 use matcher::Matcher;
 use paging::{paged_control, request_hash, Cookie};
@@ -40,7 +42,7 @@ use pando_access::acl::{self, Access, EntryRules};
 use pando_access::Identity;
 pub use plan::types_in_filter;
 use plan::{Plan, PlanInput};
-pub use sort::SortCache;
+pub use sort_cache::SortCache;
 
 /// Flush streamed entries to the connection in chunks of about this size.
 pub const CHUNK: usize = 32 * 1024;

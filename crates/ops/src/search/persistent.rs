@@ -104,7 +104,7 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
 /// sent twice, and consumers skip what their cookie covers); then a
 /// search thread for the refresh. Err: how the search ends instead.
 pub struct Started {
-    pub place: Option<follow_places::Place>,
+    pub place: Option<super::holders::Place>,
     pub follower: Option<Follower>,
     pub thread: tokio::sync::OwnedSemaphorePermit,
 }

@@ -26,6 +26,7 @@ use pando_store::EntryId;
 use super::emit::Emitter;
 use super::matcher::Matcher;
 use super::paging::{paged_control, Cookie};
+use super::sort_cache::CacheKey;
 use super::{flush, send_or_hold, Out, Page, Resume, RunLimits, SearchJob, SearchOutcome, Step};
 use crate::controls::{Sort, Vlv};
 use crate::error::OpResult;
@@ -477,60 +478,6 @@ fn collect(
     }
     rows.sort_unstable_by(|a, b| compare(keys, a, b));
     Ok(Ok(rows))
-}
-
-/// Sorted lists kept for reuse (a client scrolling a virtual list view asks
-/// for the same list again and again), at most [`CACHED_LISTS`] of them,
-/// the oldest dropped first. An entry is valid only for the store's
-/// content generation it was computed at (any commit changes it), the same
-/// request (base, scope, filter, attributes, sort keys) and the same
-/// requester (DN, roles and transport facts, which access rules may use).
-#[derive(Default)]
-pub struct SortCache {
-    lists: std::sync::Mutex<std::collections::VecDeque<(CacheKey, std::sync::Arc<Vec<EntryId>>)>>,
-}
-
-/// Most sorted lists kept, and the longest kept: 4 × 250,000 IDs = 8 MB
-/// at most, whatever `limits.max_sort_entries` allows.
-const CACHED_LISTS: usize = 4;
-const CACHED_LIST_MAX: usize = 250_000;
-
-#[derive(PartialEq, Eq)]
-struct CacheKey {
-    generation: u64,
-    /// The subentries control changes which entries are candidates.
-    subentries: Option<bool>,
-    request: u64,
-    who: String,
-}
-
-impl SortCache {
-    fn get(&self, key: &CacheKey) -> Option<std::sync::Arc<Vec<EntryId>>> {
-        let lists = self.lists.lock().ok()?;
-        lists
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, ids)| ids.clone())
-    }
-
-    fn put(&self, key: CacheKey, ids: std::sync::Arc<Vec<EntryId>>) {
-        if ids.len() > CACHED_LIST_MAX {
-            return;
-        }
-        if let Ok(mut lists) = self.lists.lock() {
-            // A search that ran on an older snapshot does not displace
-            // lists of a newer one.
-            if lists.iter().any(|(k, _)| k.generation > key.generation) {
-                return;
-            }
-            // Lists of older generations can never be used again.
-            lists.retain(|(k, _)| k.generation == key.generation);
-            if lists.len() >= CACHED_LISTS {
-                lists.pop_front();
-            }
-            lists.push_back((key, ids));
-        }
-    }
 }
 
 impl Matcher<'_, '_> {

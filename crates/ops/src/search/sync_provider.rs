@@ -65,7 +65,7 @@ use super::{emitter_for, Finished, SearchJob, SearchOutcome, CHUNK};
 use crate::error::{LdapError, OpResult};
 use crate::feed::{Committed, Kind};
 use crate::norm_dn::{in_scope, split_rdns};
-use crate::write::replicated::entry_csn;
+use crate::write::change::entry_csn;
 use crate::write::Change;
 
 /// UUIDs per `syncIdSet` message, as OpenLDAP sends them.

@@ -124,7 +124,9 @@ impl VirtualTree for RootDse {
     }
 
     fn entries(&self, server: &Server) -> Vec<VirtualEntry> {
-        let mut entry = server.special.root_dse(server);
+        let mut entry = server
+            .special
+            .root_dse(&server.suffixes, server.cfg.tls.is_some());
         // A log's range moves with every write: added to the cached entry
         // when it is read.
         let extra: Vec<Attribute> = server
@@ -160,7 +162,7 @@ impl VirtualTree for Subschema {
         vec![VirtualEntry {
             dn: SUBSCHEMA_DN.to_string(),
             norm: SUBSCHEMA_NORM.to_string(),
-            entry: server.special.subschema(server),
+            entry: server.special.subschema(&server.schema, server.started),
         }]
     }
 }

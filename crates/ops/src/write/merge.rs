@@ -62,7 +62,7 @@ pub struct State {
 }
 
 fn entry_csn(entry: &Entry) -> String {
-    crate::write::replicated::entry_csn(entry)
+    crate::write::change::entry_csn(entry)
         .unwrap_or_default()
         .to_string()
 }

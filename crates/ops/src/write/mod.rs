@@ -27,6 +27,7 @@
 //! the single writer's time per modify stays short.
 
 mod add;
+pub mod change;
 mod changes;
 mod checks;
 pub mod conflicts;
@@ -45,9 +46,10 @@ use std::sync::Arc;
 
 use pando_model::Entry;
 use pando_proto::{Control, ResultCode};
-use pando_store::{EntryId, Placement, StoreError, View, WriteTxn};
+use pando_store::{EntryId, StoreError, View, WriteTxn};
 
 pub use add::add;
+pub use change::{Before, Change};
 pub use changes::{apply_changes, check_invariants};
 pub use checks::random_uuid;
 pub use delete::delete;
@@ -66,7 +68,7 @@ pub struct WriteCtx {
     pub who: Identity,
     pub controls: Requested,
     /// A change a replication consumer received (None: a client's).
-    pub replicated: Option<replicated::ReplCtx>,
+    pub replicated: Option<change::ReplCtx>,
 }
 
 impl WriteCtx {
@@ -83,7 +85,7 @@ impl WriteCtx {
     pub fn replicated(
         server: &Arc<Server>,
         who: &Identity,
-        repl: replicated::ReplCtx,
+        repl: change::ReplCtx,
     ) -> Arc<WriteCtx> {
         Arc::new(WriteCtx {
             server: server.clone(),
@@ -97,104 +99,6 @@ impl WriteCtx {
     /// attributes the server otherwise maintains.
     pub fn relaxed(&self) -> bool {
         self.controls.relax && self.who.is_admin()
-    }
-}
-
-/// The entry an operation changes, as stored before it.
-pub struct Before {
-    pub id: EntryId,
-    /// With its DN.
-    pub entry: Entry,
-    /// Its normalised DN.
-    pub norm: String,
-    /// The stored record, when the change was planned on a snapshot: the
-    /// writer goes ahead only if the record is still exactly this.
-    pub bytes: Option<Vec<u8>>,
-}
-
-/// One entry's change, worked out before it is written.
-pub struct Change {
-    /// None for an add.
-    pub before: Option<Before>,
-    /// The entry as it will be, with its (new) DN; None for a delete.
-    pub after: Option<Entry>,
-    /// The normalised DN afterwards (add, rename); None: unchanged.
-    pub after_norm: Option<String>,
-    /// Where the entry goes (add, rename); None: where it is.
-    pub place: Option<Placement>,
-}
-
-impl Change {
-    /// A new entry, named `norm`, stored at `place`.
-    pub fn add(entry: Entry, norm: String, place: Placement) -> Change {
-        Change {
-            before: None,
-            after: Some(entry),
-            after_norm: Some(norm),
-            place: Some(place),
-        }
-    }
-
-    /// The entry `before` goes.
-    pub fn delete(before: Before) -> Change {
-        Change {
-            before: Some(before),
-            after: None,
-            after_norm: None,
-            place: None,
-        }
-    }
-
-    /// The entry `before` becomes `after` where it is.
-    pub fn modify(before: Before, after: Entry) -> Change {
-        Change {
-            before: Some(before),
-            after: Some(after),
-            after_norm: None,
-            place: None,
-        }
-    }
-
-    /// The entry named `norm` (normalised), as `edit` leaves a copy of it:
-    /// the plan of the server's own one-entry changes (password policy
-    /// state, upgrade on bind).
-    pub fn edit(
-        view: &View<'_>,
-        norm: &str,
-        edit: impl FnOnce(&mut Entry) -> OpResult<()>,
-    ) -> OpResult<Change> {
-        let dn = super::parse_dn(norm)?;
-        let id = super::resolve(view, &dn)?;
-        let entry = view
-            .entry(id)?
-            .ok_or_else(|| LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"))?;
-        let mut after = entry.clone();
-        edit(&mut after)?;
-        let before = Before {
-            id,
-            entry,
-            norm: norm.to_string(),
-            bytes: None,
-        };
-        Ok(Change::modify(before, after))
-    }
-
-    /// The entry `before` becomes `after`, named `norm`, at `place`.
-    pub fn rename(before: Before, after: Entry, norm: String, place: Placement) -> Change {
-        Change {
-            before: Some(before),
-            after: Some(after),
-            after_norm: Some(norm),
-            place: Some(place),
-        }
-    }
-
-    /// The normalised DN the change is known by afterwards.
-    pub fn norm(&self) -> &str {
-        self.after_norm
-            .as_deref()
-            .or(self.before.as_ref().map(|b| b.norm.as_str()))
-            .unwrap_or("")
     }
 }
 
@@ -592,7 +496,7 @@ fn remember_deleted(w: &mut WriteTxn<'_>, c: &Change, csn: &str) -> Result<(), S
     match (&c.before, &c.after) {
         (Some(before), None) => tombstones::put(w, &before.norm, &before.entry, csn),
         (_, Some(after)) if c.after_norm.is_some() || c.before.is_none() => {
-            tombstones::forget(w, c.norm(), replicated::entry_uuid(after).as_deref())
+            tombstones::forget(w, c.norm(), change::entry_uuid(after).as_deref())
         }
         _ => Ok(()),
     }

@@ -22,10 +22,9 @@
 use pando_model::Entry;
 use pando_store::{EntryId, Lookup, View};
 
-use super::replicated::{
-    before, entry_csn, entry_uuid, is_glue, place_for, place_for_free, Replicated,
-};
-use super::{Before, Change, WriteCtx};
+use super::change::{entry_csn, entry_uuid, Before, Change};
+use super::replicated::{before, is_glue, place_for, place_for_free, Replicated};
+use super::WriteCtx;
 use crate::error::{LdapError, OpResult};
 use crate::write::conflicts::Conflict;
 use crate::write::{merge, tombstones};

@@ -21,46 +21,10 @@ use pando_proto::sync::Cookie;
 use pando_proto::{Ava, Filter, ResultCode, Scope};
 use pando_store::{Candidates, EntryId, Lookup, Placement, StoreError, View, WriteTxn};
 
-use super::{Before, Change, WriteCtx, WriteOp, Written};
+use super::change::{entry_csn, entry_uuid, Before, Change, ReplCtx};
+use super::{WriteCtx, WriteOp, Written};
 use crate::error::{LdapError, OpResult};
 use crate::norm_dn::in_scope;
-
-/// The replication state a received change carries into the pipeline.
-#[derive(Clone, Debug)]
-pub struct ReplCtx {
-    /// The consumer (its `rid`), whose cookie is stored with the change.
-    pub rid: u16,
-    /// The cookie after this change (None: unchanged).
-    pub cookie: Option<String>,
-    /// The change's CSN: the operation is stamped with it, so the change
-    /// log and contextCSN here say what they say on the provider. None:
-    /// unknown (a delete phase names no CSN); the change log gets a CSN of
-    /// this server and contextCSN moves only with the cookie.
-    pub csn: Option<String>,
-    /// Shared by a session's changes: set when one fails, so the changes
-    /// queued after it are not written (nor their cookies).
-    pub failed: Arc<std::sync::atomic::AtomicBool>,
-    /// Part of an initial load (the session started with no state): the
-    /// change log is not filled with a copy of every entry; storing the
-    /// load's cookie raises the log's floor past it instead (as `pando
-    /// import` does), so a consumer of this server that is older than the
-    /// load gets a present phase.
-    pub unlogged: bool,
-    /// Part of a refresh, whose entries come in no CSN order (or passed on
-    /// by a provider without a cookie, being such an entry where it was
-    /// applied): contextCSN moves with the cookies, not with each entry
-    /// (else it would say "in step" while older changes are still on
-    /// their way, and a change coming meanwhile through another server
-    /// would be taken as held).
-    pub refreshing: bool,
-    /// The consumer's search base (normalised): nothing outside it is
-    /// touched, whatever the provider sends.
-    pub base: String,
-    /// Counts received changes that met a different state here: an entry
-    /// older than the one held (kept), or another entry holding its DN
-    /// (replaced). Each is also logged with both sides.
-    pub conflicts: Arc<std::sync::atomic::AtomicU64>,
-}
 
 /// What was received.
 pub enum Received {
@@ -134,18 +98,6 @@ pub fn stored_cookie(view: &View<'_>, rid: u16) -> Result<Option<String>, StoreE
     Ok(view
         .meta_get(&cookie_key(rid))?
         .map(|v| String::from_utf8_lossy(&v).into_owned()))
-}
-
-/// An entry's entryCSN, when it has one that is text.
-pub fn entry_csn(entry: &Entry) -> Option<&str> {
-    let v = entry.get("entryCSN")?.values.first()?;
-    std::str::from_utf8(v).ok()
-}
-
-/// An entry's entryUUID, as text.
-pub fn entry_uuid(entry: &Entry) -> Option<String> {
-    let v = entry.get("entryUUID")?.values.first()?;
-    Some(String::from_utf8_lossy(v).into_owned())
 }
 
 /// The entry whose entryUUID is `uuid`, if any.

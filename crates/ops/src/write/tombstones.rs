@@ -17,7 +17,7 @@ use base64::Engine;
 use pando_model::{Dn, Entry};
 use pando_store::{StoreError, View, WriteTxn};
 
-use crate::write::replicated::{entry_csn, entry_uuid};
+use crate::write::change::{entry_csn, entry_uuid};
 
 const BY_UUID: &str = "tomb:";
 const BY_DN: &str = "tombdn:";

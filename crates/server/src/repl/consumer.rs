@@ -43,7 +43,8 @@ use pando_proto::{
 
 use super::delta::{self, LogRecord, Lost, RecordKind};
 use super::Replica;
-use crate::ops::write::replicated::{self, apply_received, Received, ReplCtx};
+use crate::ops::write::change::{self, ReplCtx};
+use crate::ops::write::replicated::{self, apply_received, Received};
 use crate::ops::write::WriteCtx;
 use crate::state::Server;
 use pando_access::{Identity, Session};
@@ -1151,7 +1152,7 @@ impl Session2<'_> {
             _ if !inside(&norm) && rec.kind != RecordKind::ModRdn => return Ok(Ok(None)),
             (RecordKind::Add, Some(h)) => {
                 // Added before (the record came again): done.
-                let done = csn.is_some_and(|c| replicated::entry_csn(&h).is_some_and(|t| t >= c));
+                let done = csn.is_some_and(|c| change::entry_csn(&h).is_some_and(|t| t >= c));
                 return if done {
                     Ok(Ok(None))
                 } else {
@@ -1164,7 +1165,7 @@ impl Session2<'_> {
             },
             (RecordKind::Delete, None) => return Ok(Ok(None)),
             (RecordKind::Delete, Some(h)) => {
-                let Some(uuid) = replicated::entry_uuid(&h) else {
+                let Some(uuid) = change::entry_uuid(&h) else {
                     return lost("has no entryUUID here");
                 };
                 self.recent.insert(norm, None);
@@ -1182,7 +1183,7 @@ impl Session2<'_> {
         let new_norm = norm_of(&changed.dn)?;
         if !inside(&new_norm) {
             // Renamed out of the replicated subtree: gone from here.
-            let Some(uuid) = replicated::entry_uuid(&changed) else {
+            let Some(uuid) = change::entry_uuid(&changed) else {
                 return lost("has no entryUUID here");
             };
             return Ok(Ok(Some(Received::Delete(vec![uuid]))));
@@ -1329,7 +1330,7 @@ impl Session2<'_> {
 }
 
 fn csn_of(entry: &Entry) -> Option<String> {
-    replicated::entry_csn(entry).map(str::to_string)
+    change::entry_csn(entry).map(str::to_string)
 }
 
 /// The server ID of a change stamped `csn`, and how long ago (by this
