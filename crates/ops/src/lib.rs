@@ -22,6 +22,7 @@ pub mod error;
 pub mod extended;
 pub mod feed;
 pub mod hashing;
+pub mod job;
 pub mod layers;
 pub mod norm_dn;
 pub mod operation;

@@ -11,39 +11,9 @@ use pando_proto::{Control, ExtendedResponse, LdapResult, ProtocolOp, ResultCode}
 use super::controls::{self, OpKind, Requested};
 use super::write::{WriteCtx, Written};
 use crate::error::{LdapError, OpResult};
+pub use crate::job::{Operation, Response};
 use crate::state::Server;
 use pando_access::Identity;
-
-/// One request, ready to run.
-pub struct Operation {
-    pub msg_id: i32,
-    /// The identity it runs as: the connection's when it arrived.
-    pub who: Identity,
-    pub request: ProtocolOp,
-    pub controls: Requested,
-}
-
-/// What an operation answers.
-pub struct Response {
-    pub op: ProtocolOp,
-    pub controls: Vec<Control>,
-}
-
-impl Response {
-    pub fn code(&self) -> Option<u32> {
-        Some(match &self.op {
-            ProtocolOp::AddResponse(r)
-            | ProtocolOp::DelResponse(r)
-            | ProtocolOp::ModifyResponse(r)
-            | ProtocolOp::ModifyDnResponse(r)
-            | ProtocolOp::CompareResponse(r)
-            | ProtocolOp::SearchResultDone(r) => r.code.0,
-            ProtocolOp::ExtendedResponse(e) => e.result.code.0,
-            ProtocolOp::BindResponse(b) => b.result.code.0,
-            _ => return None,
-        })
-    }
-}
 
 impl Operation {
     /// The operation for a decoded request, or the response refusing it

@@ -7,12 +7,12 @@
 //! the whole result set.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pando_model::{Dn, Entry};
-use pando_proto::{Control, LdapMessage, LdapResult, ProtocolOp, ResultCode, SearchRequest};
+use pando_proto::{Control, LdapMessage, LdapResult, ProtocolOp, ResultCode};
 use pando_store::{EntryId, View};
 use tokio::sync::mpsc;
 
@@ -31,7 +31,7 @@ pub mod sync_provider;
 pub mod virtual_tree;
 
 use crate::error::{LdapError, OpResult};
-use crate::state::Server;
+pub use crate::job::{Finished, Path, SearchJob, SearchOutcome};
 pub use emit::encode_read_entry;
 use emit::{Emitter, Selection};
 pub use holders::Holders as PersistentHolders;
@@ -39,32 +39,12 @@ use limits::Limits;
 use matcher::Matcher;
 use paging::{paged_control, request_hash, Cookie};
 use pando_access::acl::{self, Access, EntryRules};
-use pando_access::Identity;
 pub use plan::types_in_filter;
 use plan::{Plan, PlanInput};
 pub use sort_cache::SortCache;
 
 /// Flush streamed entries to the connection in chunks of about this size.
 pub const CHUNK: usize = 32 * 1024;
-
-pub struct SearchJob {
-    pub server: Arc<Server>,
-    pub who: Identity,
-    pub msg_id: i32,
-    /// The connection it came on (`limits.max_persistent_searches_per_connection`).
-    pub conn: u64,
-    pub req: SearchRequest,
-    pub controls: super::controls::Requested,
-    pub abandoned: Arc<AtomicBool>,
-    pub out: mpsc::Sender<Vec<u8>>,
-}
-
-/// What a search ends with; None when it was abandoned (no response is sent).
-pub struct SearchOutcome {
-    pub result: LdapResult,
-    pub controls: Vec<Control>,
-    pub entries: u64,
-}
 
 /// Searches with at most this many candidates run on the async thread that
 /// received them: a thread handoff costs more than such a search.
@@ -144,16 +124,6 @@ pub fn run(job: &SearchJob, resume: Option<Resume>) -> Ran {
         Step::TooBig => Ran::Done(None),
         Step::Paused { chunk, resume } => Ran::Paused { chunk, resume },
     }
-}
-
-/// How a search run by [`run_to_end`] finished.
-pub enum Finished {
-    /// Answer with this.
-    Done(SearchOutcome),
-    /// Abandoned or cancelled: no response is sent.
-    Abandoned,
-    /// Its thread panicked.
-    Failed,
 }
 
 /// Run a search on blocking threads until it ends, its entries streamed to
@@ -266,20 +236,6 @@ fn search(
         }
         (step, _) => step,
     })
-}
-
-/// The way a search went, for the hooks' `after`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Path {
-    /// Answered before any entry was looked at (a control's refusal, a
-    /// paged search abandoned with size 0).
-    Refused,
-    /// The entries of a virtual tree, unsorted.
-    VirtualTree,
-    /// Stored entries in ID order (unsorted).
-    Streamed,
-    /// Stored entries sorted (sort or VLV control).
-    Sorted,
 }
 
 /// A search: the virtual trees answer for their own bases; otherwise

@@ -48,6 +48,7 @@ use pando_model::Entry;
 use pando_proto::{Control, ResultCode};
 use pando_store::{EntryId, StoreError, View, WriteTxn};
 
+pub use crate::job::WriteCtx;
 pub use add::add;
 pub use change::{Before, Change};
 pub use changes::{apply_changes, check_invariants};
@@ -56,51 +57,9 @@ pub use delete::delete;
 pub use modify::modify;
 pub use rename::modify_dn;
 
-use super::controls::Requested;
 use super::feed::Committed;
 use crate::error::{LdapError, OpResult};
 use crate::state::Server;
-use pando_access::Identity;
-
-/// Who writes, and with which controls; shared with the writer thread.
-pub struct WriteCtx {
-    pub server: Arc<Server>,
-    pub who: Identity,
-    pub controls: Requested,
-    /// A change a replication consumer received (None: a client's).
-    pub replicated: Option<change::ReplCtx>,
-}
-
-impl WriteCtx {
-    pub fn new(server: &Arc<Server>, who: &Identity, controls: Requested) -> Arc<WriteCtx> {
-        Arc::new(WriteCtx {
-            server: server.clone(),
-            who: who.clone(),
-            controls,
-            replicated: None,
-        })
-    }
-
-    /// The context of a change consumer `repl.rid` received.
-    pub fn replicated(
-        server: &Arc<Server>,
-        who: &Identity,
-        repl: change::ReplCtx,
-    ) -> Arc<WriteCtx> {
-        Arc::new(WriteCtx {
-            server: server.clone(),
-            who: who.clone(),
-            controls: Requested::default(),
-            replicated: Some(repl),
-        })
-    }
-
-    /// The relax rules control is in force: an administrator may set the
-    /// attributes the server otherwise maintains.
-    pub fn relaxed(&self) -> bool {
-        self.controls.relax && self.who.is_admin()
-    }
-}
 
 /// One write operation, as the pipeline runs it.
 pub trait WriteOp: Send + Sync + 'static {
