@@ -106,10 +106,10 @@ async fn conclude(
     norm: &str,
     attempt: crate::throttle::Attempt<'_>,
     ok: Option<Identity>,
-    verdict: Option<super::policy::BindVerdict>,
+    verdict: Option<crate::seams::BindVerdict>,
     upgrade: Upgrade,
 ) -> OpResult<(Identity, Vec<Control>)> {
-    use super::policy::BindVerdict;
+    use crate::seams::BindVerdict;
     match (ok, verdict) {
         (Some(_), Some(BindVerdict::Refuse(e))) | (None, Some(BindVerdict::Refuse(e))) => {
             attempt.failed().await;
@@ -164,7 +164,7 @@ async fn check_simple(
     norm: &str,
     pw: Vec<u8>,
     want_account: bool,
-) -> OpResult<(Option<Identity>, Option<super::policy::Account>, Upgrade)> {
+) -> OpResult<(Option<Identity>, Option<crate::seams::Account>, Upgrade)> {
     let who = || Identity::authenticated(name.to_string(), norm.to_string(), Arc::default());
     let mut checked_root = false;
     if !server.root_dn_norm.is_empty() && norm == server.root_dn_norm {

@@ -4,15 +4,8 @@
 //! configuration) is `cn_config`'s, given to the server when it is
 //! assembled; the operations name no configuration code.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
-
 use pando_access::Identity;
-use pando_model::{Dn, Entry, Schema};
-
-use super::operation::{Operation, Response};
-use crate::state::Server;
+use pando_model::{Dn, Schema};
 
 /// The tree's root as clients write it.
 pub const CONFIG_DN: &str = "cn=config";
@@ -34,24 +27,4 @@ pub fn under_config(schema: &Schema, dn: &Dn) -> Option<String> {
 /// does not exist.
 pub fn may_see(who: &Identity) -> bool {
     who.is_admin() || who.is_break_glass()
-}
-
-/// A write's answer, on its way.
-pub type Answer<'a> = Pin<Box<dyn Future<Output = Response> + Send + 'a>>;
-
-/// The cn=config tree.
-pub trait ConfigTree: Send + Sync {
-    /// Every entry of the tree with its DN, for the configuration `server`
-    /// runs with.
-    fn entries(&self, server: &Server) -> Vec<(String, Entry)>;
-
-    /// Run a write (add, delete, modify, modify DN) aimed at the entry
-    /// `dn` (normalised `norm`) of the tree.
-    fn write<'a>(
-        &'a self,
-        server: &'a Arc<Server>,
-        op: Operation,
-        norm: String,
-        dn: String,
-    ) -> Answer<'a>;
 }

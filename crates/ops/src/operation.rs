@@ -136,7 +136,7 @@ fn config_target(server: &Server, request: &ProtocolOp) -> Option<(String, Strin
 fn remote_target(
     server: &Server,
     request: &ProtocolOp,
-) -> Option<Arc<dyn super::remote::RemoteTree>> {
+) -> Option<Arc<dyn crate::seams::RemoteTree>> {
     super::remote::serving(server, target_dn(request, true)?)
 }
 

@@ -7,97 +7,12 @@
 //!
 //! Must not name the overlay that implements the trait.
 
-use std::any::Any;
-use std::sync::Arc;
-
-use pando_model::{Dn, Entry};
+use pando_model::Dn;
 use pando_proto::control_values::{encode_policy_response, PolicyError, PolicyWarning};
 use pando_proto::{oid, Control, ProtocolOp, ResultCode};
-use pando_store::View;
 
-use super::remote::Running;
 use crate::error::{LdapError, OpResult};
-use crate::state::Server;
 use pando_access::Identity;
-
-/// An account being bound, as the policy read it in the bind's snapshot
-/// (its state and its policy); only the policy looks inside.
-pub type Account = Box<dyn Any + Send + Sync>;
-
-/// The outcome of a bind under a policy.
-pub enum BindVerdict {
-    /// The bind succeeds: its response controls, and whether the
-    /// connection is restricted to changing the password.
-    Allow {
-        controls: Vec<Control>,
-        restricted: bool,
-    },
-    Refuse(LdapError),
-}
-
-pub trait PasswordPolicy: Send + Sync {
-    /// Whether failures of the account `norm` wait to be written (looked
-    /// at before a bind reads the account).
-    fn has_pending(&self, norm: &str) -> bool;
-
-    /// The account `entry` (holding at least its password and pwd*
-    /// attributes), read in a bind's snapshot, with its policy.
-    fn account(&self, view: &View<'_>, generation: Option<u64>, entry: Entry) -> OpResult<Account>;
-
-    /// The verdict on a bind to `norm` whose password was `verified` or
-    /// not; `pending`: failures were waiting when the bind began.
-    fn judge_bind<'a>(
-        &'a self,
-        server: &'a Arc<Server>,
-        norm: &'a str,
-        account: Account,
-        pending: bool,
-        verified: bool,
-        wants: bool,
-    ) -> Running<'a, OpResult<BindVerdict>>;
-
-    /// A check of the password of `norm` made outside a bind (Password
-    /// Modify's old password), `verified` or not: whether it counts as
-    /// right.
-    fn on_password_check<'a>(
-        &'a self,
-        server: &'a Arc<Server>,
-        norm: &'a str,
-        verified: bool,
-    ) -> Running<'a, OpResult<bool>>;
-
-    /// Checks of a password change of the account `target` to `new` (clear
-    /// text, or None when sent hashed), before it is hashed; `old_given`:
-    /// the change names the old password.
-    #[allow(clippy::too_many_arguments)]
-    fn check_change<'a>(
-        &'a self,
-        server: &'a Arc<Server>,
-        who: &'a Identity,
-        target: &'a str,
-        new: Option<&'a [u8]>,
-        old_given: bool,
-        wants: bool,
-    ) -> Running<'a, OpResult<()>>;
-
-    /// Checks of a new entry's password, before it is hashed.
-    fn check_add(
-        &self,
-        server: &Arc<Server>,
-        who: &Identity,
-        entry: &Entry,
-        wants: bool,
-    ) -> OpResult<()>;
-
-    /// `count` failed binds of the account `dn` a replica forwards.
-    fn forwarded_failures<'a>(
-        &'a self,
-        server: &'a Arc<Server>,
-        who: &'a Identity,
-        dn: &'a str,
-        count: usize,
-    ) -> Running<'a, OpResult<()>>;
-}
 
 /// The value of a forwarded-failures request: `<account DN>\n<count>`.
 pub fn failures_request(value: Option<&[u8]>) -> OpResult<(&str, usize)> {

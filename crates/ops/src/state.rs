@@ -51,14 +51,14 @@ pub struct Server {
     /// unchanged); reopened on SIGHUP.
     pub logs: Arc<pando_observe::Logs>,
     /// `[[overlay]]`, compiled, in order, as the operations run them.
-    pub layers: Arc<crate::layers::Layers>,
+    pub layers: Arc<crate::seams::Layers>,
     /// Trees searched like stored entries that other layers make
     /// (cn=Monitor, the logs); see `ops::search::virtual_tree`.
-    pub trees: Vec<Arc<dyn crate::search::virtual_tree::VirtualTree>>,
+    pub trees: Vec<Arc<dyn crate::seams::VirtualTree>>,
     /// Suffixes another server holds (`ops::remote`).
-    pub remotes: Vec<Arc<dyn crate::remote::RemoteTree>>,
+    pub remotes: Vec<Arc<dyn crate::seams::RemoteTree>>,
     /// The password policy, when one is configured (`ops::policy`).
-    pub policy: Option<Arc<dyn crate::policy::PasswordPolicy>>,
+    pub policy: Option<Arc<dyn crate::seams::PasswordPolicy>>,
 
     // What outlives configurations ([`Runtime`]).
     pub store: Store,
@@ -81,7 +81,7 @@ pub struct Server {
     pub replicas: Arc<dyn crate::replicas::Replicas>,
     /// cn=config, served by the configuration layer (its entries, its
     /// changes applied to the running configuration).
-    pub config_tree: Arc<dyn crate::config_tree::ConfigTree>,
+    pub config_tree: Arc<dyn crate::seams::ConfigTree>,
     /// Where the current configuration is found.
     pub live: Weak<dyn Current>,
 }
@@ -101,7 +101,7 @@ pub struct Runtime {
     pub persistent_searches: Arc<crate::capacity::Capacity>,
     pub persistent_holders: Arc<crate::search::holders::Holders>,
     pub replicas: Arc<dyn crate::replicas::Replicas>,
-    pub config_tree: Arc<dyn crate::config_tree::ConfigTree>,
+    pub config_tree: Arc<dyn crate::seams::ConfigTree>,
 }
 
 /// The configuration running now, whichever it is: tasks that outlive a
@@ -125,11 +125,11 @@ pub struct Compiled {
     pub limits_by: Vec<(pando_access::acl::Who, pando_config::LimitsFor)>,
     pub passwords: Arc<crate::hashing::PasswordWork>,
     pub logs: Arc<pando_observe::Logs>,
-    pub layers: Arc<crate::layers::Layers>,
-    pub trees: Vec<Arc<dyn crate::search::virtual_tree::VirtualTree>>,
+    pub layers: Arc<crate::seams::Layers>,
+    pub trees: Vec<Arc<dyn crate::seams::VirtualTree>>,
     /// Suffixes another server holds (`ops::remote`).
-    pub remotes: Vec<Arc<dyn crate::remote::RemoteTree>>,
-    pub policy: Option<Arc<dyn crate::policy::PasswordPolicy>>,
+    pub remotes: Vec<Arc<dyn crate::seams::RemoteTree>>,
+    pub policy: Option<Arc<dyn crate::seams::PasswordPolicy>>,
 }
 
 impl Server {

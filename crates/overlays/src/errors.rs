@@ -268,10 +268,10 @@ impl Errors {
 }
 
 /// Error injection as the operations consult it (`ops::layers`).
-impl pando_ops::layers::Faults for Errors {
-    fn pick(&self, schema: &Schema, request: &ProtocolOp) -> Option<pando_ops::layers::Fault> {
+impl pando_ops::seams::Faults for Errors {
+    fn pick(&self, schema: &Schema, request: &ProtocolOp) -> Option<pando_ops::seams::Fault> {
         let rule = Errors::pick(self, schema, request)?.rule;
-        Some(pando_ops::layers::Fault {
+        Some(pando_ops::seams::Fault {
             delay: rule.delay,
             disconnect: rule.disconnect,
             result: rule.result.clone(),

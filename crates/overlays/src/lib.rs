@@ -3,14 +3,14 @@
 //! `olcDatabase={1}mdb,cn=config`; docs/overlays.md). A configuration
 //! change compiles them again. Where each acts:
 //!
-//! - write hooks (`ops::write::hooks::Hook`, after the built-in ones, in
+//! - write hooks (`pando_ops::seams::WriteHook`, after the built-in ones, in
 //!   the configured order): refint, unique, memberof, valsort (weights),
 //!   ppolicy (password changes, policy entries);
-//! - search hooks (`ops::search::hooks::SearchHook`): valsort;
+//! - search hooks (`pando_ops::seams::SearchHook`): valsort;
 //! - binds and password changes (`ops::policy`): ppolicy;
-//! - each request, before it runs (`ops::layers`, asked by the network
+//! - each request, before it runs (`ops::seams::Faults`, asked by the network
 //!   frontend): errors;
-//! - each operation's start and end (`ops::layers`): accesslog, whose
+//! - each operation's start and end (`ops::seams::OpLog`): accesslog, whose
 //!   entries are the virtual tree `cn=accesslog` (`log_tree`);
 //! - the virtual tree `cn=changelog` (`log_tree`): retrochangelog, which
 //!   numbers the change log;
@@ -47,10 +47,7 @@ pub use pando_config::OverlayConfig;
 pub use rules::check_rules;
 
 use log_tree::LogTree;
-use pando_ops::layers::Layers;
-use pando_ops::search::hooks::SearchHook;
-use pando_ops::search::virtual_tree::VirtualTree;
-use pando_ops::write::hooks::Hook;
+use pando_ops::seams::{Layers, SearchHook, VirtualTree, WriteHook};
 
 /// An attribute's name as the schema spells it (the name given when the
 /// schema does not know it: settings were checked, so only in tests).
@@ -61,13 +58,13 @@ pub fn canonical(schema: &Schema, name: &str) -> String {
         .unwrap_or_else(|| name.to_string())
 }
 
-type WriteHook = Arc<dyn Hook + Send + Sync>;
+type OnWrite = Arc<dyn WriteHook + Send + Sync>;
 type ReadHook = Arc<dyn SearchHook + Send + Sync>;
 
 /// One configured overlay, compiled: its hooks on writes and on searches.
 pub struct Overlay {
     pub kind: &'static str,
-    write: Option<WriteHook>,
+    write: Option<OnWrite>,
     search: Option<ReadHook>,
 }
 
@@ -106,7 +103,7 @@ impl Overlays {
         let list = configs
             .iter()
             .map(|c| {
-                let (write, search): (Option<WriteHook>, Option<ReadHook>) = match c {
+                let (write, search): (Option<OnWrite>, Option<ReadHook>) = match c {
                     OverlayConfig::Refint(r) => {
                         (Some(Arc::new(refint::Refint::new(r, schema))), None)
                     }
@@ -179,22 +176,22 @@ impl Overlays {
     }
 
     /// The translucent suffixes, as the trees the operations reach them by.
-    pub fn remotes(&self) -> Vec<Arc<dyn pando_ops::remote::RemoteTree>> {
+    pub fn remotes(&self) -> Vec<Arc<dyn pando_ops::seams::RemoteTree>> {
         self.translucent
             .iter()
-            .map(|t| t.clone() as Arc<dyn pando_ops::remote::RemoteTree>)
+            .map(|t| t.clone() as Arc<dyn pando_ops::seams::RemoteTree>)
             .collect()
     }
 
     /// The password policy, as the operations consult it.
-    pub fn policy(&self) -> Option<Arc<dyn pando_ops::policy::PasswordPolicy>> {
+    pub fn policy(&self) -> Option<Arc<dyn pando_ops::seams::PasswordPolicy>> {
         self.ppolicy
             .clone()
-            .map(|p| p as Arc<dyn pando_ops::policy::PasswordPolicy>)
+            .map(|p| p as Arc<dyn pando_ops::seams::PasswordPolicy>)
     }
 
     /// What the operations run of the overlays: their types in order,
-    /// their hooks, error injection and the access log (`ops::layers`).
+    /// their hooks, error injection and the access log (`ops::seams::Layers`).
     pub fn layers(&self) -> Layers {
         Layers {
             kinds: self.list.iter().map(|o| o.kind).collect(),
@@ -203,12 +200,12 @@ impl Overlays {
             faults: self
                 .errors
                 .iter()
-                .map(|e| e.clone() as Arc<dyn pando_ops::layers::Faults>)
+                .map(|e| e.clone() as Arc<dyn pando_ops::seams::Faults>)
                 .collect(),
             op_log: self
                 .accesslog
                 .clone()
-                .map(|l| l as Arc<dyn pando_ops::layers::OpLog>),
+                .map(|l| l as Arc<dyn pando_ops::seams::OpLog>),
         }
     }
 

@@ -11,7 +11,8 @@ use pando_proto::{Filter, Scope};
 use super::accesslog::{self, AccessLog};
 use super::retro_changelog::{self, RetroChangelog};
 use pando_access::Identity;
-use pando_ops::search::virtual_tree::{with_norms, Synchronizing, VirtualEntry, VirtualTree};
+use pando_ops::seams::{Synchronizing, VirtualEntry, VirtualTree};
+use pando_ops::search::virtual_tree::with_norms;
 use pando_ops::search::SearchJob;
 use pando_ops::state::Server;
 

@@ -20,7 +20,7 @@ use pando_store::View;
 use super::related::{self, after_mut};
 use pando_config::overlay::MemberOfConfig;
 use pando_ops::error::{LdapError, OpResult};
-use pando_ops::write::hooks::Hook;
+use pando_ops::seams::WriteHook;
 use pando_ops::write::{Change, WriteCtx};
 
 pub struct MemberOf {
@@ -195,7 +195,7 @@ impl MemberOf {
     }
 }
 
-impl Hook for MemberOf {
+impl WriteHook for MemberOf {
     fn related(&self, ctx: &WriteCtx, view: &View<'_>, changes: &mut Vec<Change>) -> OpResult<()> {
         let schema = &*ctx.server.schema;
         let moved = related::moves(view, changes, ctx.server.cfg.config.limits.max_tree_delete)?;

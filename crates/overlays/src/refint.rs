@@ -10,7 +10,7 @@ use pando_store::View;
 use super::related::{self, after_mut, Move};
 use pando_config::overlay::RefintConfig;
 use pando_ops::error::{LdapError, OpResult};
-use pando_ops::write::hooks::Hook;
+use pando_ops::seams::WriteHook;
 use pando_ops::write::{Change, WriteCtx};
 
 pub struct Refint {
@@ -55,7 +55,7 @@ impl Refint {
     }
 }
 
-impl Hook for Refint {
+impl WriteHook for Refint {
     fn related(&self, ctx: &WriteCtx, view: &View<'_>, changes: &mut Vec<Change>) -> OpResult<()> {
         let schema = &*ctx.server.schema;
         let gone: Vec<String> = changes

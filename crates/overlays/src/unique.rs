@@ -11,7 +11,7 @@ use pando_store::{Candidates, View};
 use super::related::within;
 use pando_config::overlay::UniqueConfig;
 use pando_ops::error::{LdapError, OpResult};
-use pando_ops::write::hooks::Hook;
+use pando_ops::seams::WriteHook;
 use pando_ops::write::{Change, WriteCtx};
 
 pub struct Unique {
@@ -65,7 +65,7 @@ fn not_unique(attr: &str, value: &[u8]) -> LdapError {
     )
 }
 
-impl Hook for Unique {
+impl WriteHook for Unique {
     fn related(&self, ctx: &WriteCtx, view: &View<'_>, changes: &mut Vec<Change>) -> OpResult<()> {
         let schema = &*ctx.server.schema;
         for (i, c) in changes.iter().enumerate() {

@@ -16,8 +16,9 @@ use pando_store::View;
 
 use super::related::within;
 use pando_ops::error::{LdapError, OpResult};
-use pando_ops::search::{hooks::EntryStep, hooks::SearchHook, SearchJob};
-use pando_ops::write::hooks::Hook;
+use pando_ops::seams::WriteHook;
+use pando_ops::seams::{EntryStep, SearchHook};
+use pando_ops::search::SearchJob;
 use pando_ops::write::{Change, WriteCtx};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -232,7 +233,7 @@ impl SearchHook for ValSort {
     }
 }
 
-impl Hook for ValSort {
+impl WriteHook for ValSort {
     /// A weighted attribute's values must each carry a weight.
     fn check(&self, _ctx: &WriteCtx, _view: &View<'_>, changes: &[Change]) -> OpResult<()> {
         for c in changes {

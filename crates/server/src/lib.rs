@@ -559,7 +559,7 @@ fn new_runtime(
     c: &state::Compiled,
     store: Store,
     csn: CsnClock,
-    config_tree: Arc<dyn ops::config_tree::ConfigTree>,
+    config_tree: Arc<dyn pando_ops::seams::ConfigTree>,
 ) -> state::Runtime {
     let cfg = &c.cfg.config;
     let limits = &cfg.limits;

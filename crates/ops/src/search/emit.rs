@@ -7,8 +7,8 @@ use pando_model::{AttributeType, Dn, Entry, Schema};
 use pando_proto::EntryEncoder;
 use pando_store::{EntryId, View};
 
-use super::hooks::EntryStep;
 use crate::error::OpResult;
+use crate::seams::EntryStep;
 use crate::special::SUBSCHEMA_DN;
 use crate::COMPUTED;
 use pando_access::acl::{self, Access, EntryRules};

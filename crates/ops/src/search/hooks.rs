@@ -25,34 +25,7 @@ use pando_store::View;
 
 use super::{sort, Path, SearchJob, SearchOutcome};
 use crate::error::{LdapError, OpResult};
-
-/// What a hook does to each entry of one search, given the entry's DN
-/// as sent (decoded entries do not carry their DN).
-pub type EntryStep = Box<dyn Fn(&str, &mut Entry) + Send + Sync>;
-
-pub trait SearchHook: Sync {
-    /// Whether `before` needs the base entry for this search.
-    fn wants_base(&self, _job: &SearchJob) -> bool {
-        false
-    }
-
-    /// `view`: the store snapshot, None for a virtual tree's base.
-    fn before(
-        &self,
-        _job: &SearchJob,
-        _view: Option<&View<'_>>,
-        _norm: &str,
-        _base: &Entry,
-    ) -> OpResult<()> {
-        Ok(())
-    }
-
-    fn per_entry(&self, _job: &SearchJob) -> Option<EntryStep> {
-        None
-    }
-
-    fn after(&self, _job: &SearchJob, _path: Path, _outcome: &mut SearchOutcome) {}
-}
+use crate::seams::{EntryStep, SearchHook};
 
 /// The order built-in hooks run in.
 const HOOKS: &[&dyn SearchHook] = &[&Assertion, &MatchedValues, &SortResponse];

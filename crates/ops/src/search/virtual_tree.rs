@@ -13,83 +13,15 @@
 use std::sync::Arc;
 
 use pando_model::{Attribute, Dn, Entry, Schema, Ternary};
-use pando_proto::sync::{Cookie, SyncRequest};
 use pando_proto::{LdapResult, ResultCode, Scope};
 
 use super::emit::Emitter;
-use super::{flush, paged_done, Finished, Out, SearchJob, SearchOutcome, Step};
+use super::{flush, paged_done, Out, SearchJob, SearchOutcome, Step};
 use crate::error::{LdapError, OpResult};
+use crate::seams::{VirtualEntry, VirtualTree};
 use crate::special::{SUBSCHEMA_DN, SUBSCHEMA_NORM};
 use crate::state::Server;
 use pando_access::Identity;
-
-/// An entry of a virtual tree: DN as returned, normalised DN, content.
-pub struct VirtualEntry {
-    pub dn: String,
-    pub norm: String,
-    pub entry: Arc<Entry>,
-}
-
-pub trait VirtualTree: Send + Sync {
-    /// Whether this tree holds the entry named `base` (or would, were it
-    /// to exist: a missing entry below cn=Monitor is noSuchObject here).
-    fn owns(&self, schema: &Schema, base: &Dn) -> bool;
-
-    /// Searches may only read the base entry itself (other scopes find
-    /// nothing: noSuchObject).
-    fn base_only(&self) -> bool {
-        false
-    }
-
-    /// Whether `who` may read the entry; checked for each entry before
-    /// anything else about it is looked at.
-    fn may_read(&self, _server: &Server, _who: &Identity, _e: &VirtualEntry) -> bool {
-        true
-    }
-
-    /// Whether `who` may see anything at all below `base_norm`, checked
-    /// before the entries are made (making cn=Monitor's costs work).
-    fn may_enter(&self, _server: &Server, _who: &Identity, _base_norm: &str) -> bool {
-        true
-    }
-
-    /// The entries, now.
-    fn entries(&self, server: &Server) -> Vec<VirtualEntry>;
-
-    /// A content synchronization (RFC 4533) based at this tree, when the
-    /// tree serves one itself (the access log, for delta-sync consumers);
-    /// None: refused as for any virtual tree.
-    fn synchronize<'a>(
-        &self,
-        _job: &'a Arc<SearchJob>,
-        _req: SyncRequest,
-        _theirs: Cookie,
-    ) -> Option<Synchronizing<'a>> {
-        None
-    }
-
-    /// Attributes this tree adds to the root DSE when it is read (a log
-    /// naming its range).
-    fn root_dse_attrs(&self, _server: &Server) -> Vec<Attribute> {
-        Vec::new()
-    }
-
-    /// The entries a search may return: all of them, unless the tree is
-    /// too large to make whole and narrows them by the search itself
-    /// (every entry given is still checked for scope and filter).
-    fn entries_for(
-        &self,
-        server: &Server,
-        _job: &SearchJob,
-        _base_norm: &str,
-    ) -> Vec<VirtualEntry> {
-        self.entries(server)
-    }
-}
-
-/// A synchronization search running to its end.
-pub type Synchronizing<'a> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Finished> + Send + 'a>>;
 
 /// The operations' own trees, asked first.
 const BUILT_IN: &[&dyn VirtualTree] = &[&RootDse, &Subschema, &ConfigTree];

@@ -27,52 +27,21 @@ use pando_store::{View, WriteTxn};
 use super::{Change, WriteCtx};
 use crate::controls::ReadEntry as ReadRequest;
 use crate::error::{LdapError, OpResult};
+use crate::seams::WriteHook;
 use pando_access::acl::{self, Access};
 
-pub trait Hook: Sync {
-    fn on_target(
-        &self,
-        _ctx: &WriteCtx,
-        _view: &View<'_>,
-        _norm: &str,
-        _entry: &Entry,
-    ) -> OpResult<()> {
-        Ok(())
-    }
-
-    fn check(&self, _ctx: &WriteCtx, _view: &View<'_>, _changes: &[Change]) -> OpResult<()> {
-        Ok(())
-    }
-
-    fn related(
-        &self,
-        _ctx: &WriteCtx,
-        _view: &View<'_>,
-        _changes: &mut Vec<Change>,
-    ) -> OpResult<()> {
-        Ok(())
-    }
-
-    fn in_txn(
-        &self,
-        _ctx: &WriteCtx,
-        _w: &mut WriteTxn<'_>,
-        _changes: &mut [Change],
-        _controls: &mut Vec<Control>,
-    ) -> OpResult<()> {
-        Ok(())
-    }
-}
-
 /// The order built-in hooks run in.
-const HOOKS: &[&dyn Hook] = &[&Assertion, &ReadEntry];
+const HOOKS: &[&dyn WriteHook] = &[&Assertion, &ReadEntry];
 
 /// Every hook, in order: the built-in ones, then the server's overlays.
-pub fn all(ctx: &WriteCtx) -> impl Iterator<Item = &dyn Hook> {
-    HOOKS
-        .iter()
-        .copied()
-        .chain(ctx.server.layers.write.iter().map(|h| &**h as &dyn Hook))
+pub fn all(ctx: &WriteCtx) -> impl Iterator<Item = &dyn WriteHook> {
+    HOOKS.iter().copied().chain(
+        ctx.server
+            .layers
+            .write
+            .iter()
+            .map(|h| &**h as &dyn WriteHook),
+    )
 }
 
 /// Every hook's `on_target`, in order: each operation's plan calls this
@@ -141,7 +110,7 @@ fn finish(schema: &Schema, changes: &mut Vec<Change>, first_added: usize) -> OpR
 /// before the modification itself is checked.
 struct Assertion;
 
-impl Hook for Assertion {
+impl WriteHook for Assertion {
     fn on_target(
         &self,
         ctx: &WriteCtx,
@@ -206,7 +175,7 @@ fn may_read_entry(
     access.allows(Some(view), &rules, norm, None, acl::READ)
 }
 
-impl Hook for ReadEntry {
+impl WriteHook for ReadEntry {
     fn check(&self, ctx: &WriteCtx, view: &View<'_>, changes: &[Change]) -> OpResult<()> {
         let c = &ctx.controls;
         let (true, Some(target)) = (

@@ -90,7 +90,7 @@ pub async fn modify(ctx: Arc<WriteCtx>, req: ModifyRequest) -> OpResult<Written>
 /// values as sent (before hashing).
 async fn check_policy(
     ctx: &WriteCtx,
-    p: &dyn crate::policy::PasswordPolicy,
+    p: &dyn crate::seams::PasswordPolicy,
     norm: &str,
     changes: &[pando_proto::Change],
 ) -> OpResult<()> {

@@ -872,21 +872,21 @@ fn record_iter<'v>(
 
 /// The access log as the operations tell it of each operation
 /// (`ops::layers`).
-impl pando_ops::layers::OpLog for AccessLog {
+impl pando_ops::seams::OpLog for AccessLog {
     fn begin(
         &self,
         conn: u64,
         who: &Identity,
         request: &ProtocolOp,
         schema: &Schema,
-    ) -> Option<pando_ops::layers::Begun> {
-        AccessLog::begin(self, conn, who, request, schema).map(|p| p as pando_ops::layers::Begun)
+    ) -> Option<pando_ops::seams::Begun> {
+        AccessLog::begin(self, conn, who, request, schema).map(|p| p as pando_ops::seams::Begun)
     }
 
     fn end(
         &self,
         server: &Server,
-        begun: pando_ops::layers::Begun,
+        begun: pando_ops::seams::Begun,
         code: Option<u32>,
         entries: u64,
     ) {

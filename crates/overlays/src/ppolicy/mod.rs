@@ -35,9 +35,10 @@ use self::quality::Quality;
 use pando_access::Identity;
 use pando_config::overlay::PpolicyConfig;
 use pando_ops::error::{LdapError, OpResult};
-pub use pando_ops::policy::{refusal, response, BindVerdict};
+pub use pando_ops::policy::{refusal, response};
+pub use pando_ops::seams::BindVerdict;
+use pando_ops::seams::WriteHook;
 use pando_ops::state::Server;
-use pando_ops::write::hooks::Hook;
 use pando_ops::write::{Change, WriteCtx, WriteOp};
 
 /// The DN state changes made by the overlay are stamped with (as
@@ -456,7 +457,7 @@ impl WriteOp for StateUpdate {
     fn audit(&self, _ctx: &WriteCtx, _changes: &[Change]) {}
 }
 
-impl Hook for PasswordPolicy {
+impl WriteHook for PasswordPolicy {
     /// pwdPolicy entries must hold a valid policy.
     fn check(&self, _ctx: &WriteCtx, _view: &View<'_>, changes: &[Change]) -> OpResult<()> {
         for c in changes {

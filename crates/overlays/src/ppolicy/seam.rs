@@ -8,11 +8,11 @@ use pando_store::View;
 use super::{failures, Account, PasswordPolicy};
 use pando_access::Identity;
 use pando_ops::error::OpResult;
-use pando_ops::policy::{self, BindVerdict};
-use pando_ops::remote::Running;
+use pando_ops::seams::Running;
+use pando_ops::seams::{self, BindVerdict};
 use pando_ops::state::Server;
 
-impl policy::PasswordPolicy for PasswordPolicy {
+impl seams::PasswordPolicy for PasswordPolicy {
     fn has_pending(&self, norm: &str) -> bool {
         PasswordPolicy::has_pending(self, norm)
     }
@@ -22,7 +22,7 @@ impl policy::PasswordPolicy for PasswordPolicy {
         view: &View<'_>,
         generation: Option<u64>,
         entry: Entry,
-    ) -> OpResult<policy::Account> {
+    ) -> OpResult<seams::Account> {
         let policy = self.policy_cached(view, generation, &entry)?;
         Ok(Box::new(Account { entry, policy }))
     }
@@ -31,7 +31,7 @@ impl policy::PasswordPolicy for PasswordPolicy {
         &'a self,
         server: &'a Arc<Server>,
         norm: &'a str,
-        account: policy::Account,
+        account: seams::Account,
         pending: bool,
         verified: bool,
         wants: bool,

@@ -10,7 +10,7 @@ use pando_proto::{ProtocolOp, ResultCode};
 use super::{write as tw, Translucent};
 use pando_ops::error::{LdapError, OpResult};
 use pando_ops::operation::{compared, written, Operation, Response};
-use pando_ops::remote::{RemoteTree, Running};
+use pando_ops::seams::{RemoteTree, Running};
 use pando_ops::search::{Finished, SearchJob};
 use pando_ops::state::Server;
 use pando_ops::write::WriteCtx;

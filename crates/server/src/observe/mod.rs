@@ -48,7 +48,7 @@ pub struct OpStart {
     /// Described only when the access log is on.
     request: Option<Request>,
     /// The in-directory access log's record, when it logs this operation.
-    logged: Option<crate::ops::layers::Begun>,
+    logged: Option<crate::ops::seams::Begun>,
 }
 
 impl OpStart {

@@ -31,7 +31,8 @@
 use pando_model::{Attribute, Dn, Entry, Schema};
 use std::sync::atomic::Ordering;
 
-use crate::ops::search::virtual_tree::{with_norms, VirtualEntry, VirtualTree};
+use crate::ops::seams::{VirtualEntry, VirtualTree};
+use crate::ops::search::virtual_tree::with_norms;
 use crate::state::Server;
 use pando_access::acl::{self, Access};
 use pando_access::Identity;
