@@ -47,7 +47,7 @@ ALLOWED = {
 CEILING = {
     "server": 3,
     "ops": 3,
-    "migrate": 6,
+    "migrate": 2,
     "model": 3,
     "store": 2,
 }

@@ -9,7 +9,7 @@
 //! subjects (so no one falls through it to a later, wider clause); a rule
 //! whose target has no Pando form gives `none` to everyone on a superset
 //! of its target. `break` to the following rules is expanded in
-//! [`crate::translate`].
+//! the translation (`translate.rs`), which sees the rules that follow.
 
 use pando_config::{AccessBy, AccessRule, OneOrMany};
 

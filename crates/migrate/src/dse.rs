@@ -6,7 +6,7 @@
 //! OpenLDAP names the translation knows (`nsslapd-sizelimit` is
 //! `sizelimit`); what has no counterpart is gathered into one directive per
 //! entry, reported as dropped. Access control comes from `aci` values
-//! ([`crate::aci`]), in dse.ldif and in a data export (`--acis-from`).
+//! (parsed by `aci.rs`), in dse.ldif and in a data export (`--acis-from`).
 
 use std::path::Path;
 
