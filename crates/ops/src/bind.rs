@@ -70,6 +70,7 @@ pub async fn bind(
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
     let norm = rdns.join(",");
     let attempt = server
+        .rt
         .throttle
         .begin(crate::throttle::Key::new(&norm, session))
         .await?;
@@ -188,7 +189,7 @@ async fn check_simple(
     // One indexed lookup: cheaper inline than a handoff to a blocking thread.
     let mut account = None;
     let stored: Vec<Vec<u8>> = {
-        let rtxn = server.store.read()?;
+        let rtxn = server.rt.store.read()?;
         let view = rtxn.view();
         match view.lookup_norm(rdns)? {
             Lookup::Found(id) => {
@@ -314,7 +315,7 @@ fn external(
             (d, n)
         }
         Some(MapTarget::Search { base, filter }) => {
-            let rtxn = server.store.read()?;
+            let rtxn = server.rt.store.read()?;
             let view = rtxn.view();
             let found = find_unique(server, &view, &base, &filter)?;
             let Some(d) = found else {

@@ -27,7 +27,7 @@ pub fn compare(
         if !super::config_tree::may_see(who) {
             return Err(no_such());
         }
-        let entries = server.config_tree.entries(server);
+        let entries = server.rt.config_tree.entries(server);
         let entry = entries
             .into_iter()
             .map(|(_, e)| e)
@@ -38,7 +38,7 @@ pub fn compare(
         }
         return compare_values(schema, at, &want, &entry.attrs);
     }
-    let rtxn = server.store.read()?;
+    let rtxn = server.rt.store.read()?;
     let view = rtxn.view();
     let id = super::resolve_for(server, &view, who, &dn)?;
     let attrs = view.attrs(id)?.unwrap_or_default();

@@ -90,7 +90,7 @@ async fn passwd_modify(ctx: Arc<WriteCtx>, value: Option<&[u8]>) -> OpResult<Ext
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
     // Access is settled before any hashing, so refused callers cost little.
     {
-        let rtxn = server.store.read()?;
+        let rtxn = server.rt.store.read()?;
         let view = rtxn.view();
         match super::resolve_for(server, &view, who, &target) {
             Ok(id) => {
@@ -137,9 +137,9 @@ async fn passwd_modify(ctx: Arc<WriteCtx>, value: Option<&[u8]>) -> OpResult<Ext
         Some(old) => {
             let wrong = || LdapError::unwilling("the old password is wrong");
             let key = crate::throttle::Key::new(&norm, &who.session);
-            let attempt = server.throttle.begin(key).await.map_err(|_| wrong())?;
+            let attempt = server.rt.throttle.begin(key).await.map_err(|_| wrong())?;
             let stored = {
-                let rtxn = server.store.read()?;
+                let rtxn = server.rt.store.read()?;
                 let view = rtxn.view();
                 let id = super::resolve(&view, &target)?;
                 super::password_values(&view.attrs(id)?.unwrap_or_default())
@@ -211,7 +211,7 @@ fn target_of(
     };
     let text = std::str::from_utf8(raw).map_err(|_| not_a_dn("is not UTF-8".into()))?;
     if let Some(uid) = text.strip_prefix("u:") {
-        let rtxn = server.store.read()?;
+        let rtxn = server.rt.store.read()?;
         let view = rtxn.view();
         return match super::proxy::by_uid(server, &view, uid)? {
             Some(id) => Ok(view.dn(id)?),
@@ -319,7 +319,7 @@ async fn online_backup(
         .to_string();
     let server2 = server.clone();
     let report = tokio::task::spawn_blocking(move || {
-        pando_store::backup::backup_store(&server2.store, std::path::Path::new(&dest))
+        pando_store::backup::backup_store(&server2.rt.store, std::path::Path::new(&dest))
     })
     .await
     .map_err(|_| LdapError::new(ResultCode::OTHER, "backup task failed"))?
@@ -392,6 +392,7 @@ async fn changes_behind(
     }
     let closing = || LdapError::new(ResultCode::UNAVAILABLE, "the server is shutting down");
     let slot = server
+        .rt
         .search_threads
         .places()
         .clone()
@@ -401,7 +402,7 @@ async fn changes_behind(
     let max = server.cfg.config.replication.max_changes_counted;
     let (server2, seen2, who2) = (server.clone(), seen.clone(), who.clone());
     let (counts, exact, floor) = tokio::task::spawn_blocking(move || -> OpResult<_> {
-        let rtxn = server2.store.read()?;
+        let rtxn = server2.rt.store.read()?;
         let view = rtxn.view();
         may_read_context_csn(&server2, &view, &who2)?;
         let (counts, exact) = view.count_changes_after(&seen2, max)?;

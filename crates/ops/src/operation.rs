@@ -147,7 +147,7 @@ fn remote_target(
 /// write pipeline does), a remote tree (`remote`), or the store.
 pub async fn perform(server: &Arc<Server>, op: Operation) -> Option<Response> {
     if let Some((norm, dn)) = config_target(server, &op.request) {
-        let tree = server.config_tree.clone();
+        let tree = server.rt.config_tree.clone();
         return Some(tree.write(server, op, norm, dn).await);
     }
     if let Some(t) = remote_target(server, &op.request) {

@@ -52,7 +52,7 @@ pub fn assume(server: &Server, who: &Identity, authz: &str) -> OpResult<Identity
         }
         return Ok(Identity::anonymous(who.session.clone()).proxied_by(who));
     }
-    let rtxn = server.store.read()?;
+    let rtxn = server.rt.store.read()?;
     let view = rtxn.view();
     let id = if let Some(dn) = authz.strip_prefix("dn:") {
         let dn = Dn::parse(dn).map_err(|_| refuse("not a DN"))?;

@@ -15,28 +15,14 @@ use pando_store::Store;
 use pando_config::Resolved;
 use pando_store::clock::CsnClock;
 
-/// Everything operations share, for one configuration. Immutable: a
+/// Everything operations share, for one configuration: what was compiled
+/// from it ([`Compiled`], reached through `Deref`: `server.schema`) and the
+/// handles that outlive it ([`Runtime`], `server.rt`). Immutable: a
 /// configuration change builds a new `Server` (see the server's live
-/// configuration, `live`) that
-/// shares the runtime handles (store, counters, feed) of the old one.
+/// configuration, `live`) with the same runtime.
 pub struct Server {
-    // Compiled from the configuration.
-    pub cfg: Resolved,
-    /// The configuration as stored (cn=config shows it): `cfg.config`
-    /// except for keys the server takes only at its next start.
-    pub desired: Arc<pando_config::Config>,
-    pub schema: Arc<Schema>,
-    /// Normalised root DN: the administrator identity.
-    pub root_dn_norm: String,
-    /// Hash of the administrator password; None = no password bind for it.
-    pub root_pw_hash: Option<String>,
-    /// Configured suffixes with their normalised forms.
-    pub suffixes: Vec<(Dn, String)>,
-    pub decode_limits: DecodeLimits,
-    pub auth: pando_access::auth::AuthPolicy,
-    pub acl: pando_access::acl::Acl,
-    /// `[[limits.by]]`, compiled.
-    pub limits_by: Vec<(pando_access::acl::Who, pando_config::LimitsFor)>,
+    pub compiled: Compiled,
+    pub rt: Runtime,
     /// Search bases as sent → parsed and normalised (a few distinct bases
     /// take most searches).
     pub base_cache: crate::BaseCache,
@@ -44,23 +30,22 @@ pub struct Server {
     pub special: crate::special::SpecialEntries,
     /// Sorted search results kept while the store does not change.
     pub sorted: crate::search::sort_cache::SortCache,
-    /// Password hashing and bind verification, bounded (`[passwords]`;
-    /// its figures carry over a change).
-    pub passwords: Arc<crate::hashing::PasswordWork>,
-    /// Access and audit logs (`[logs]`; the same files while `[logs]` is
-    /// unchanged); reopened on SIGHUP.
-    pub logs: Arc<pando_observe::Logs>,
-    /// `[[overlay]]`, compiled, in order, as the operations run them.
-    pub layers: Arc<crate::seams::Layers>,
-    /// Trees searched like stored entries that other layers make
-    /// (cn=Monitor, the logs); see `ops::search::virtual_tree`.
-    pub trees: Vec<Arc<dyn crate::seams::VirtualTree>>,
-    /// Suffixes another server holds (`ops::remote`).
-    pub remotes: Vec<Arc<dyn crate::seams::RemoteTree>>,
-    /// The password policy, when one is configured (`ops::policy`).
-    pub policy: Option<Arc<dyn crate::seams::PasswordPolicy>>,
+    /// Where the current configuration is found.
+    pub live: Weak<dyn Current>,
+}
 
-    // What outlives configurations ([`Runtime`]).
+impl std::ops::Deref for Server {
+    type Target = Compiled;
+
+    fn deref(&self) -> &Compiled {
+        &self.compiled
+    }
+}
+
+/// The part of a [`Server`] that outlives configuration changes: handles
+/// cloned into every new `Server`.
+#[derive(Clone)]
+pub struct Runtime {
     pub store: Store,
     pub csn: Arc<CsnClock>,
     pub throttle: Arc<crate::throttle::BindThrottle>,
@@ -82,26 +67,6 @@ pub struct Server {
     /// cn=config, served by the configuration layer (its entries, its
     /// changes applied to the running configuration).
     pub config_tree: Arc<dyn crate::seams::ConfigTree>,
-    /// Where the current configuration is found.
-    pub live: Weak<dyn Current>,
-}
-
-/// The part of a [`Server`] that outlives configuration changes: handles
-/// cloned into every new `Server`.
-#[derive(Clone)]
-pub struct Runtime {
-    pub store: Store,
-    pub csn: Arc<CsnClock>,
-    pub throttle: Arc<crate::throttle::BindThrottle>,
-    pub search_threads: Arc<crate::capacity::Capacity>,
-    pub started: SystemTime,
-    pub metrics: Arc<pando_observe::metrics::Metrics>,
-    pub subentries: Arc<crate::Subentries>,
-    pub feed: Arc<crate::feed::Feed>,
-    pub persistent_searches: Arc<crate::capacity::Capacity>,
-    pub persistent_holders: Arc<crate::search::holders::Holders>,
-    pub replicas: Arc<dyn crate::replicas::Replicas>,
-    pub config_tree: Arc<dyn crate::seams::ConfigTree>,
 }
 
 /// The configuration running now, whichever it is: tasks that outlive a
@@ -114,58 +79,46 @@ pub trait Current: Send + Sync {
 /// failing, if it must) before anything changes.
 pub struct Compiled {
     pub cfg: Resolved,
+    /// The configuration as stored (cn=config shows it): `cfg.config`
+    /// except for keys the server takes only at its next start.
     pub desired: Arc<pando_config::Config>,
     pub schema: Arc<Schema>,
+    /// Normalised root DN: the administrator identity.
     pub root_dn_norm: String,
+    /// Hash of the administrator password; None = no password bind for it.
     pub root_pw_hash: Option<String>,
+    /// Configured suffixes with their normalised forms.
     pub suffixes: Vec<(Dn, String)>,
     pub decode_limits: DecodeLimits,
     pub auth: pando_access::auth::AuthPolicy,
     pub acl: pando_access::acl::Acl,
+    /// `[[limits.by]]`, compiled.
     pub limits_by: Vec<(pando_access::acl::Who, pando_config::LimitsFor)>,
+    /// Password hashing and bind verification, bounded (`[passwords]`;
+    /// its figures carry over a change).
     pub passwords: Arc<crate::hashing::PasswordWork>,
+    /// Access and audit logs (`[logs]`; the same files while `[logs]` is
+    /// unchanged); reopened on SIGHUP.
     pub logs: Arc<pando_observe::Logs>,
+    /// `[[overlay]]`, compiled, in order, as the operations run them.
     pub layers: Arc<crate::seams::Layers>,
+    /// Trees searched like stored entries that other layers make
+    /// (cn=Monitor, the logs); see `ops::search::virtual_tree`.
     pub trees: Vec<Arc<dyn crate::seams::VirtualTree>>,
     /// Suffixes another server holds (`ops::remote`).
     pub remotes: Vec<Arc<dyn crate::seams::RemoteTree>>,
+    /// The password policy, when one is configured (`ops::policy`).
     pub policy: Option<Arc<dyn crate::seams::PasswordPolicy>>,
 }
 
 impl Server {
-    pub fn assemble(c: Compiled, rt: Runtime, live: Weak<dyn Current>) -> Server {
+    pub fn assemble(compiled: Compiled, rt: Runtime, live: Weak<dyn Current>) -> Server {
         Server {
-            cfg: c.cfg,
-            desired: c.desired,
-            schema: c.schema,
-            root_dn_norm: c.root_dn_norm,
-            root_pw_hash: c.root_pw_hash,
-            suffixes: c.suffixes,
-            decode_limits: c.decode_limits,
-            auth: c.auth,
-            acl: c.acl,
-            limits_by: c.limits_by,
-            passwords: c.passwords,
-            logs: c.logs,
-            layers: c.layers,
-            trees: c.trees,
-            remotes: c.remotes,
-            policy: c.policy,
+            compiled,
+            rt,
             base_cache: Default::default(),
             special: Default::default(),
             sorted: Default::default(),
-            store: rt.store,
-            csn: rt.csn,
-            throttle: rt.throttle,
-            search_threads: rt.search_threads,
-            started: rt.started,
-            metrics: rt.metrics,
-            subentries: rt.subentries,
-            feed: rt.feed,
-            persistent_searches: rt.persistent_searches,
-            persistent_holders: rt.persistent_holders,
-            replicas: rt.replicas,
-            config_tree: rt.config_tree,
             live,
         }
     }
@@ -178,30 +131,12 @@ impl Server {
             None => self.clone(),
         }
     }
-
-    /// The handles a new configuration's `Server` shares with this one.
-    pub fn runtime(&self) -> Runtime {
-        Runtime {
-            store: self.store.clone(),
-            csn: self.csn.clone(),
-            throttle: self.throttle.clone(),
-            search_threads: self.search_threads.clone(),
-            started: self.started,
-            metrics: self.metrics.clone(),
-            subentries: self.subentries.clone(),
-            feed: self.feed.clone(),
-            persistent_searches: self.persistent_searches.clone(),
-            persistent_holders: self.persistent_holders.clone(),
-            replicas: self.replicas.clone(),
-            config_tree: self.config_tree.clone(),
-        }
-    }
 }
 
 impl Server {
     /// Threads large searches hold now.
     pub fn search_threads_busy(&self) -> u64 {
-        self.search_threads.in_use() as u64
+        self.rt.search_threads.in_use() as u64
     }
 }
 

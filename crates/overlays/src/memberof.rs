@@ -350,7 +350,7 @@ pub async fn rebuild(
         return Err(LdapError::unwilling("no memberof overlay is configured"));
     };
     let todo = {
-        let rtxn = server.store.read()?;
+        let rtxn = server.rt.store.read()?;
         m.disagreements(&server.schema, &rtxn.view())?
     };
     for d in &todo {

@@ -75,6 +75,7 @@ fn attr(name: &str, value: impl Into<Vec<u8>>) -> Attribute {
 /// it is empty, as 389-DS shows an empty log), when the overlay is on.
 pub fn root_dse_attrs(server: &Server) -> Vec<Attribute> {
     let range = server
+        .rt
         .store
         .read()
         .ok()
@@ -229,7 +230,7 @@ pub fn entries(
         Some(n) => (n, n),
         None => bounds(filter),
     };
-    let Ok(rtxn) = server.store.read() else {
+    let Ok(rtxn) = server.rt.store.read() else {
         return out;
     };
     let view = rtxn.view();

@@ -168,7 +168,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     print_banner(&server, &root_pw, &created, demo_added, tls_generated);
     // Kept to the end: the connection places and the change feed. The
     // rest of the first configuration is let go, so a changed one can close.
-    let feed = server.feed.clone();
+    let feed = server.rt.feed.clone();
     drop(server);
 
     signals.wait_for_stop(&live, opts.reload.as_ref()).await;
@@ -655,7 +655,7 @@ async fn apply_reload(live: &live::Live, reload: Option<&Reloader>) {
     };
     // Keys edited in the file since it was last read are taken from it;
     // the others keep their values (changed over LDAP, perhaps).
-    let merged = match cn_config::stored::last_file(&server.store) {
+    let merged = match cn_config::stored::last_file(&server.rt.store) {
         Some(last) => {
             cn_config::stored::merge(
                 &cn_config::stored::Stored {

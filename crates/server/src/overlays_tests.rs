@@ -113,7 +113,7 @@ impl Fixture {
     }
 
     fn entry(&self, dn: &str) -> Option<Entry> {
-        let rtxn = self.server.store.read().unwrap();
+        let rtxn = self.server.rt.store.read().unwrap();
         let view = rtxn.view();
         let rdns = view.normalize_rdns(&Dn::parse(dn).unwrap()).unwrap();
         match view.lookup_norm(&rdns).unwrap() {
@@ -421,7 +421,7 @@ fn memberof_disagreements_are_found_and_rebuilt_through_the_pipeline() {
     );
     let m = crate::overlays::memberof::configured(&f.server).unwrap();
     let found = {
-        let rtxn = f.server.store.read().unwrap();
+        let rtxn = f.server.rt.store.read().unwrap();
         m.disagreements(&f.server.schema, &rtxn.view()).unwrap()
     };
     assert_eq!(found.len(), 1, "{found:?}");
@@ -432,7 +432,7 @@ fn memberof_disagreements_are_found_and_rebuilt_through_the_pipeline() {
             .unwrap();
     assert_eq!(changed, 1);
     assert_eq!(f.values(&people("a"), "memberOf"), vec![group("old")]);
-    let rtxn = f.server.store.read().unwrap();
+    let rtxn = f.server.rt.store.read().unwrap();
     assert!(m
         .disagreements(&f.server.schema, &rtxn.view())
         .unwrap()

@@ -16,8 +16,13 @@ use pando_access::Identity;
 /// [`bare`] there.
 pub fn server(dir: &Path, extra: &str) -> Arc<Server> {
     let server = bare(dir, extra);
-    crate::bootstrap::ensure_suffixes(&server.store, &server.cfg.suffixes, "cn=admin", &server.csn)
-        .unwrap();
+    crate::bootstrap::ensure_suffixes(
+        &server.rt.store,
+        &server.cfg.suffixes,
+        "cn=admin",
+        &server.rt.csn,
+    )
+    .unwrap();
     server
 }
 
@@ -51,7 +56,8 @@ pub fn add(server: &Server, dn: &str, attrs: &[(&str, &str)]) {
         e.add_values(a, vec![v.as_bytes().to_vec()]);
     }
     let added =
-        crate::bootstrap::add_if_missing(&server.store, e, "cn=admin", &server.csn, false).unwrap();
+        crate::bootstrap::add_if_missing(&server.rt.store, e, "cn=admin", &server.rt.csn, false)
+            .unwrap();
     assert!(added, "{dn} exists");
 }
 

@@ -31,7 +31,7 @@ use pando_access::Identity;
 pub(super) fn take(job: &SearchJob) -> Result<Place, LdapResult> {
     let server = &job.server;
     let l = &server.cfg.config.limits;
-    let places = server.persistent_searches.places().clone();
+    let places = server.rt.persistent_searches.places().clone();
     let refuse = |message: String| LdapResult::new(ResultCode::ADMIN_LIMIT_EXCEEDED, message);
     let full = || {
         match l.max_persistent_searches {
@@ -50,7 +50,7 @@ pub(super) fn take(job: &SearchJob) -> Result<Place, LdapResult> {
         Holder::Connection(job.conn),
         Holder::Identity(job.who.norm().to_string()),
     ];
-    let holders = server.persistent_holders.clone();
+    let holders = server.rt.persistent_holders.clone();
     let mut counts = holders.counts.lock().unwrap_or_else(|p| p.into_inner());
     let held = |k: &Holder| counts.get(k).copied().unwrap_or(0);
     let per_conn = l.max_persistent_searches_per_connection;
@@ -90,7 +90,7 @@ fn privileged(server: &Server, who: &Identity) -> bool {
     }
     // Subjects may name groups: decided on the store as it is now. A
     // store that cannot be read grants nothing.
-    let Ok(rtxn) = server.store.read() else {
+    let Ok(rtxn) = server.rt.store.read() else {
         return false;
     };
     let view = rtxn.view();

@@ -169,7 +169,13 @@ pub async fn run_to_end(job: &Arc<SearchJob>) -> Finished {
 /// pool; while waiting (keeping its place in the queue) the search still
 /// notices Abandon and Cancel. None: abandoned, or the server is closing.
 pub async fn search_thread(job: &SearchJob) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    let wait = job.server.search_threads.places().clone().acquire_owned();
+    let wait = job
+        .server
+        .rt
+        .search_threads
+        .places()
+        .clone()
+        .acquire_owned();
     tokio::pin!(wait);
     loop {
         match tokio::time::timeout(Duration::from_millis(100), &mut wait).await {
@@ -274,7 +280,7 @@ fn search_unhooked(
         let step = virtual_tree::search(job, out, tree, &emitter, base)?;
         return Ok((step, Path::VirtualTree));
     }
-    let rtxn = server.store.read()?;
+    let rtxn = server.rt.store.read()?;
     let view = rtxn.view();
     let (base_id, base_rdns) =
         super::resolve_rdns_for(server, &view, &job.who, base_norm_rdns.clone())?;
@@ -323,7 +329,7 @@ fn search_unhooked(
     };
     plan.show_subentries(
         &view,
-        &server.subentries,
+        &server.rt.subentries,
         job.controls.subentries,
         req.scope,
     )?;

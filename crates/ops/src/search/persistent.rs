@@ -138,8 +138,8 @@ impl Follower {
     /// search starts from).
     pub(super) fn new(server: &crate::state::Server) -> Follower {
         Follower {
-            feed: server.feed.subscribe(),
-            closing: server.feed.closing(),
+            feed: server.rt.feed.subscribe(),
+            closing: server.rt.feed.closing(),
             tick: tokio::time::interval(CHECK_ABANDON),
         }
     }
@@ -243,7 +243,7 @@ pub(super) fn settle(job: &SearchJob, what: &str, needs_auth: bool) -> OpResult<
             format!("the root DSE, cn=Subschema and cn=Monitor cannot be the base of {what}"),
         ));
     }
-    let rtxn = server.store.read()?;
+    let rtxn = server.rt.store.read()?;
     let view = rtxn.view();
     let (id, rdns) = crate::resolve_rdns_for(server, &view, &job.who, cached.1.clone())?;
     let norm = rdns.join(",");
@@ -312,7 +312,7 @@ fn encode_changes(
     let server = &job.server;
     let schema = &*server.schema;
     let req = &job.req;
-    let rtxn = server.store.read()?;
+    let rtxn = server.rt.store.read()?;
     let view = rtxn.view();
     let plan = Plan::for_held_entries(schema, &req.filter);
     let mut matcher = Matcher::for_job(job, &view, &plan, 0);

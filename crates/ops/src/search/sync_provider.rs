@@ -402,7 +402,7 @@ fn refresh(
     let server = &job.server;
     let repl = &server.cfg.config.replication;
     let schema = &*server.schema;
-    let rtxn = server.store.read()?;
+    let rtxn = server.rt.store.read()?;
     let view = rtxn.view();
     let ours = view.context_csns()?;
     let floor = view.changelog_floor()?;
@@ -879,7 +879,7 @@ fn persist_changes(
     let cookie = in_order.then_some(cookie);
     let server = &job.server;
     let schema = &*server.schema;
-    let rtxn = server.store.read()?;
+    let rtxn = server.rt.store.read()?;
     let view = rtxn.view();
     let plan = Plan::for_held_entries(schema, &job.req.filter);
     let mut matcher = Matcher::for_job(job, &view, &plan, 0);

@@ -94,7 +94,7 @@ impl VirtualTree for Subschema {
         vec![VirtualEntry {
             dn: SUBSCHEMA_DN.to_string(),
             norm: SUBSCHEMA_NORM.to_string(),
-            entry: server.special.subschema(&server.schema, server.started),
+            entry: server.special.subschema(&server.schema, server.rt.started),
         }]
     }
 }
@@ -132,7 +132,7 @@ impl VirtualTree for ConfigTree {
     }
 
     fn entries(&self, server: &Server) -> Vec<VirtualEntry> {
-        with_norms(server, server.config_tree.entries(server))
+        with_norms(server, server.rt.config_tree.entries(server))
     }
 }
 

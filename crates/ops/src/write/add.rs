@@ -58,7 +58,7 @@ pub async fn add(ctx: Arc<WriteCtx>, req: AddRequest) -> OpResult<Written> {
         // before any hashing, so a refused client costs one lookup, not a
         // hash per value. The writer checks again.
         {
-            let rtxn = server.store.read()?;
+            let rtxn = server.rt.store.read()?;
             super::plan_and_check(&ctx, &op, &rtxn.view())?;
         }
         for a in op

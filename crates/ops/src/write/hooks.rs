@@ -69,7 +69,7 @@ pub fn related(ctx: &WriteCtx, view: &View<'_>, changes: &mut Vec<Change>) -> Op
     // takes writes).
     let mut i = first_added;
     while i < changes.len() && !ctx.server.multi_provider() {
-        if ctx.server.replicas.holding(changes[i].norm()).is_some() {
+        if ctx.server.rt.replicas.holding(changes[i].norm()).is_some() {
             changes.remove(i);
         } else {
             i += 1;

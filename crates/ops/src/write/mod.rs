@@ -228,7 +228,7 @@ const DICTIONARY_CHECK_EVERY: u64 = 1024;
 /// entries; trained on the blocking pool, off every write's path.
 fn train_dictionary_when_due(server: &Arc<Server>) {
     static WRITES: AtomicU64 = AtomicU64::new(0);
-    let codec = server.store.codec();
+    let codec = server.rt.store.codec();
     if codec.level().is_none() || codec.current_dict().is_some() {
         return;
     }
@@ -241,7 +241,7 @@ fn train_dictionary_when_due(server: &Arc<Server>) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let store = server.store.clone();
+    let store = server.rt.store.clone();
     rt.spawn_blocking(move || match store.train_dictionary_if_missing() {
         Ok(Some(id)) => tracing::info!(dictionary = id, "trained a compression dictionary on the entries written so far: entries written from now on use it"),
         Ok(None) => {}
@@ -254,12 +254,13 @@ pub async fn run<W: WriteOp>(ctx: Arc<WriteCtx>, op: Arc<W>) -> OpResult<Written
     let server = ctx.server.clone();
     for _ in 0..MAX_REPLANS {
         let planned = if W::ON_SNAPSHOT {
-            let rtxn = server.store.read()?;
+            let rtxn = server.rt.store.read()?;
             Some(plan_and_check(&ctx, &*op, &rtxn.view())?)
         } else {
             None
         };
         let ended = server
+            .rt
             .store
             .write(job(ctx.clone(), op.clone(), planned))
             .await;
@@ -281,7 +282,11 @@ pub fn queue<W: WriteOp>(
     op: Arc<W>,
 ) -> impl std::future::Future<Output = OpResult<Written>> + Send + 'static {
     debug_assert!(!W::ON_SNAPSHOT);
-    let queued = ctx.server.store.submit(job(ctx.clone(), op.clone(), None));
+    let queued = ctx
+        .server
+        .rt
+        .store
+        .submit(job(ctx.clone(), op.clone(), None));
     async move {
         let ended = match queued {
             Ok(rx) => rx
@@ -319,7 +324,7 @@ fn refer_replicated(server: &Server, changes: &[Change]) -> OpResult<()> {
         if let Some(r) = names
             .into_iter()
             .flatten()
-            .find_map(|n| server.replicas.holding(n))
+            .find_map(|n| server.rt.replicas.holding(n))
         {
             return Err(LdapError::referral(
                 r.referral.clone(),
@@ -369,7 +374,7 @@ fn publish(
         out_of_order,
     });
     let (server, published) = (server.clone(), committed.clone());
-    w.after_commit(move || server.feed.publish(published));
+    w.after_commit(move || server.rt.feed.publish(published));
     committed
 }
 
@@ -414,7 +419,7 @@ fn apply(
             log::log(w, &csn, seq as u32, c, by)?;
         }
         if c.after.as_ref().is_some_and(crate::is_subentry) {
-            ctx.server.subentries.written();
+            ctx.server.rt.subentries.written();
         }
         if multi_provider {
             remember_deleted(w, c, &csn)?;
@@ -516,7 +521,7 @@ fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResu
             Some(csn) => {
                 // A change of this server's own coming back (multi-provider)
                 // must not let the clock issue older CSNs later.
-                let _ = ctx.server.csn.resume_after(csn);
+                let _ = ctx.server.rt.csn.resume_after(csn);
                 csn.clone()
             }
             // Only the cookie moves: no CSN of this server is spent.
@@ -524,7 +529,7 @@ fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResu
             // A delete phase names no CSN: the change log gets one of this
             // server's, but the state held is what the cookie says (stored
             // with it), so contextCSN does not move.
-            None => return Ok(ctx.server.csn.next()),
+            None => return Ok(ctx.server.rt.csn.next()),
         };
         // During a refresh the state held moves with its cookie only (the
         // entries come in no particular CSN order).
@@ -533,7 +538,7 @@ fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResu
         }
         return Ok(csn);
     }
-    let csn = ctx.server.csn.next();
+    let csn = ctx.server.rt.csn.next();
     w.advance_context_csn(&csn)?;
     let now = pando_store::clock::generalized_time(pando_store::clock::now_micros());
     let relaxed = ctx.relaxed();

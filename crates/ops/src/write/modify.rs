@@ -70,7 +70,7 @@ pub async fn modify(ctx: Arc<WriteCtx>, req: ModifyRequest) -> OpResult<Written>
         // before any hashing (planned again by the pipeline, on the hashed
         // values).
         {
-            let rtxn = server.store.read()?;
+            let rtxn = server.rt.store.read()?;
             super::plan_and_check(&ctx, &op, &rtxn.view())?;
         }
         for ch in &mut op.changes {

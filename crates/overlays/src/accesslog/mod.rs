@@ -401,7 +401,7 @@ impl AccessLog {
         if (is_write(p.kind) && code == 0) || (self.success_only && code != 0) {
             return;
         }
-        let counters = &server.metrics.accesslog;
+        let counters = &server.rt.metrics.accesslog;
         // Anyone can send these by the thousand; a bind's failure is what
         // an auditor looks for, and binds are throttled, so binds stay.
         if p.anonymous && p.kind != OpKind::Bind && !succeeded(code) {
@@ -449,9 +449,10 @@ impl AccessLog {
         });
         let (max_records, max_bytes) = (self.max_records, self.max_bytes);
         let queue = self.queue.clone();
-        let counters = server.metrics.accesslog.clone();
+        let counters = server.rt.metrics.accesslog.clone();
         let job_counters = counters.clone();
         let queued = server
+            .rt
             .store
             .submit(move |w: &mut pando_store::WriteTxn<'_>| {
                 let records = queue.take();
@@ -773,7 +774,7 @@ pub fn entries(
     scan: u64,
 ) -> Vec<(String, Entry)> {
     let schema: &Schema = &server.schema;
-    let Ok(rtxn) = server.store.read() else {
+    let Ok(rtxn) = server.rt.store.read() else {
         return Vec::new();
     };
     let view = rtxn.view();

@@ -161,7 +161,7 @@ fn refresh(
 ) -> OpResult<Option<(u64, Cookie)>> {
     let server = &job.server;
     let own_sid = server.cfg.config.replication.server_id;
-    let rtxn = server.store.read()?;
+    let rtxn = server.rt.store.read()?;
     let view = rtxn.view();
     let ours = view.context_csns()?;
     let floor = view.changelog_floor()?;
@@ -341,7 +341,7 @@ fn persist_operation(
     }
     let server = &job.server;
     let records = {
-        let rtxn = server.store.read()?;
+        let rtxn = server.rt.store.read()?;
         accesslog::sync_records_at(&rtxn.view(), log, csn)?
     };
     let own_sid = server.cfg.config.replication.server_id;

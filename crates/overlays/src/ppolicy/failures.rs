@@ -66,7 +66,7 @@ impl PasswordPolicy {
                     }
                     std::mem::take(&mut e.times)
                 };
-                match server.replicas.holding(&norm) {
+                match server.rt.replicas.holding(&norm) {
                     Some(r) if !server.multi_provider() => {
                         forward_failures(&server, &r, &norm, times.len()).await
                     }
@@ -113,7 +113,7 @@ impl PasswordPolicy {
 
     /// The account `norm` and its policy, read now.
     pub fn account(&self, server: &Arc<Server>, norm: &str) -> OpResult<Option<Account>> {
-        let rtxn = server.store.read()?;
+        let rtxn = server.rt.store.read()?;
         let view = rtxn.view();
         let Ok(parsed) = Dn::parse(norm) else {
             return Ok(None);
@@ -234,7 +234,7 @@ pub async fn forwarded_failures(
         .normalize_dn(&parsed)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
     let (entry, policy) = {
-        let rtxn = server.store.read()?;
+        let rtxn = server.rt.store.read()?;
         let view = rtxn.view();
         let id = pando_ops::resolve_for(server, &view, who, &parsed)?;
         let entry = pando_ops::stored_entry(&view, id)?;

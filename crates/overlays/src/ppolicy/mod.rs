@@ -373,7 +373,7 @@ impl PasswordPolicy {
             return Ok(());
         }
         let policy = {
-            let rtxn = server.store.read()?;
+            let rtxn = server.rt.store.read()?;
             self.policy_for(&rtxn.view(), entry)?
         };
         let Some(p) = policy else { return Ok(()) };

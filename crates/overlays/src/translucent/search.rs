@@ -305,7 +305,7 @@ async fn settle_base(
         };
         let (j, n) = (job.clone(), base_norm.to_string());
         tokio::task::spawn_blocking(move || {
-            let rtxn = j.server.store.read()?;
+            let rtxn = j.server.rt.store.read()?;
             may_search(&j, &rtxn.view(), &n, &entry)
         })
         .await
@@ -319,7 +319,7 @@ async fn settle_base(
 
 /// The base as stored: a local entry (true) or a part (false).
 fn held_base(job: &SearchJob, base: &Dn) -> OpResult<Option<(bool, Entry)>> {
-    let rtxn = job.server.store.read()?;
+    let rtxn = job.server.rt.store.read()?;
     let view = rtxn.view();
     let rdns = pando_ops::norm_rdns(&view, base)?;
     let pando_store::Lookup::Found(id) = view.lookup_norm(&rdns)? else {
@@ -374,7 +374,7 @@ fn read_local(
     suffix_norm: &str,
 ) -> OpResult<(Local, Arc<Vec<String>>)> {
     let server = &*job.server;
-    let rtxn = server.store.read()?;
+    let rtxn = server.rt.store.read()?;
     let types = parts.types(&server.schema, &rtxn, suffix_norm)?;
     let view = rtxn.view();
     let mut local = Local {
@@ -452,7 +452,7 @@ fn emit(
 ) -> OpResult<Option<(u64, Option<LdapResult>)>> {
     let server = &*job.server;
     let schema = &*server.schema;
-    let rtxn = server.store.read()?;
+    let rtxn = server.rt.store.read()?;
     let view = rtxn.view();
     // Checked again on the base as merged: settle_base may not have
     // seen its remote content.

@@ -37,7 +37,7 @@ pub enum Stored {
 
 /// Look `dn` up in the store.
 pub fn stored(server: &Server, dn: &Dn) -> OpResult<Stored> {
-    let rtxn = server.store.read()?;
+    let rtxn = server.rt.store.read()?;
     let view = rtxn.view();
     let rdns = pando_ops::norm_rdns(&view, dn)?;
     match view.lookup_norm(&rdns)? {
@@ -195,7 +195,7 @@ fn require(
         .schema
         .normalize_dn(dn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{dn}': {e}")))?;
-    let rtxn = server.store.read()?;
+    let rtxn = server.rt.store.read()?;
     pando_ops::require(server, &rtxn.view(), who, &norm, entry, &[(None, right)])
 }
 
@@ -370,7 +370,7 @@ pub async fn modify(ctx: Arc<WriteCtx>, t: &Translucent, req: ModifyRequest) -> 
         return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"));
     };
     {
-        let rtxn = server.store.read()?;
+        let rtxn = server.rt.store.read()?;
         let view = rtxn.view();
         let mut checks = Vec::with_capacity(req.changes.len());
         for ch in &req.changes {
@@ -568,6 +568,6 @@ pub async fn compare(
         .schema
         .normalize_dn(&dn)
         .map_err(LdapError::invalid_dn)?;
-    let rtxn = server.store.read()?;
+    let rtxn = server.rt.store.read()?;
     pando_ops::compare::compare_entry(server, &rtxn.view(), who, controls, &norm, &entry, req)
 }

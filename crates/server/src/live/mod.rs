@@ -146,7 +146,7 @@ impl Live {
         // The store takes the new schema and indexes in the transaction
         // that stores the configuration naming them.
         let catalog = steps::catalog_change(&current, &prepared.server);
-        crate::cn_config::stored::save(&current.store, &desired, file, catalog)
+        crate::cn_config::stored::save(&current.rt.store, &desired, file, catalog)
             .await
             .map_err(Refused::NotStored)?;
         let (changed, at_next_start) = (prepared.changed.clone(), prepared.at_next_start.clone());
@@ -298,7 +298,7 @@ impl Live {
                 .map_err(|e| e.to_string())?;
         compiled.desired = Arc::new(new);
         Ok(Prepared {
-            server: Server::assemble(compiled, old.runtime(), old.live.clone()),
+            server: Server::assemble(compiled, old.rt.clone(), old.live.clone()),
             tls,
             durability,
             bound,
@@ -333,24 +333,26 @@ impl Live {
         let old = self.server();
         let (was, now) = (&old.cfg.config.store, &p.server.cfg.config.store);
         if (&was.compression, was.compression_level) != (&now.compression, now.compression_level) {
-            old.store
+            old.rt
+                .store
                 .codec()
                 .set_level(crate::store_options(&p.server.cfg).compression);
         }
         let batch = p.server.cfg.config.store.max_write_batch;
         if batch != old.cfg.config.store.max_write_batch {
-            old.store.set_max_batch(batch);
+            old.rt.store.set_max_batch(batch);
         }
-        if p.durability != old.store.durability() {
-            old.store.set_durability(p.durability);
+        if p.durability != old.rt.store.durability() {
+            old.rt.store.set_durability(p.durability);
             tracing::info!(durability = ?p.durability, "durability changed");
         }
         let limits = &p.server.cfg.config.limits;
         if old.cfg.config.limits != *limits {
-            old.throttle.set_limits(limits);
+            old.rt.throttle.set_limits(limits);
             self.frontend.set_limits(limits);
-            old.search_threads.resize(crate::search_threads(limits));
-            old.persistent_searches
+            old.rt.search_threads.resize(crate::search_threads(limits));
+            old.rt
+                .persistent_searches
                 .resize(limits.max_persistent_searches);
         }
         if old.cfg.config.log_level != p.server.cfg.config.log_level {

@@ -43,7 +43,11 @@ pub(super) async fn schema_for(
         .map(Arc::new)
         .map_err(Refused::Schema)?;
     if !relax {
-        let (store, old, new) = (current.store.clone(), current.schema.clone(), built.clone());
+        let (store, old, new) = (
+            current.rt.store.clone(),
+            current.schema.clone(),
+            built.clone(),
+        );
         check("schema usage", move || {
             crate::cn_config::schema_tree::still_used(&store, &old, &new)
         })
@@ -70,7 +74,7 @@ pub(super) async fn check_suffixes(
     if removed.is_empty() {
         return Ok(());
     }
-    let store = current.store.clone();
+    let store = current.rt.store.clone();
     check("suffix", move || suffix_in_use(&store, &removed)).await
 }
 
@@ -92,7 +96,7 @@ pub(super) async fn follow(server: &Arc<Server>, before: &Server) {
         &server.cfg.config.replication,
     );
     if old.server_id != new.server_id {
-        server.csn.set_sid(new.server_id);
+        server.rt.csn.set_sid(new.server_id);
         tracing::info!(
             server_id = new.server_id,
             "server ID changed: new CSNs carry it"
@@ -160,7 +164,7 @@ async fn make_suffix_entries(server: &Arc<Server>, before: &Server) {
         .as_ref()
         .map(|d| d.to_string())
         .unwrap_or_default();
-    let (store, csn) = (server.store.clone(), server.csn.clone());
+    let (store, csn) = (server.rt.store.clone(), server.rt.csn.clone());
     let made = tokio::task::spawn_blocking(move || {
         crate::bootstrap::ensure_suffixes(&store, &new, &creator, &csn)
     })

@@ -308,7 +308,7 @@ impl Connection {
     ) -> Flow {
         // This operation runs under the configuration current now.
         let server = self.live.server();
-        let metrics = &server.metrics;
+        let metrics = &server.rt.metrics;
         metrics.add(&metrics.pdus_in, 1);
         let msg = match self.decode(&server, frame, wire, identity) {
             Ok(msg) => msg,

@@ -158,7 +158,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
                 match std::pin::pin!(read).poll(cx) {
                     Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Event::Closed),
                     Poll::Ready(Ok(n)) => {
-                        let m = &self.server.metrics;
+                        let m = &self.server.rt.metrics;
                         m.add(&m.bytes_in, n as u64);
                         if let Some(idle) = &mut self.idle {
                             idle.last_read = Instant::now();
@@ -270,7 +270,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
                     self.written += n;
                     self.unflushed = true;
                     self.window_taken += n;
-                    let m = &self.server.metrics;
+                    let m = &self.server.rt.metrics;
                     m.add(&m.bytes_out, n as u64);
                 }
                 Poll::Ready(_) => return self.fail(),

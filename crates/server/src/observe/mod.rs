@@ -23,14 +23,14 @@ use pando_observe::metrics::OpKind;
 use pando_observe::{kind_of, OpCtx};
 
 pub fn conn_opened(server: &Server, conn: u64, peer: &str, tls: bool) {
-    server.metrics.conn_opened();
+    server.rt.metrics.conn_opened();
     if let Some(a) = &server.logs.access {
         a.conn(conn, ConnEvent::Accept { peer, tls });
     }
 }
 
 pub fn conn_closed(server: &Server, conn: u64, reason: &str) {
-    server.metrics.conn_closed();
+    server.rt.metrics.conn_closed();
     if let Some(a) = &server.logs.access {
         a.conn(conn, ConnEvent::Closed { reason });
     }
@@ -62,7 +62,7 @@ impl OpStart {
         who: &Identity,
     ) -> Option<OpStart> {
         let kind = kind_of(&msg.op)?;
-        server.metrics.op_initiated(kind);
+        server.rt.metrics.op_initiated(kind);
         let logged = server
             .layers
             .op_log
@@ -105,7 +105,7 @@ impl OpStart {
             .started
             .map(|s| s.duration_since(self.received).as_micros() as u64)
             .unwrap_or(0);
-        let m = &server.metrics;
+        let m = &server.rt.metrics;
         m.op_completed(self.kind, etime, qtime, entries);
         if code.is_some() {
             m.add(&m.pdus_out, 1 + entries);

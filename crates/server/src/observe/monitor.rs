@@ -154,7 +154,7 @@ fn overlays(server: &Server) -> Vec<Attribute> {
 
 fn indexes(server: &Server) -> Vec<Attribute> {
     let (mut ready, mut building) = (Vec::new(), Vec::new());
-    for i in server.store.indexes() {
+    for i in server.rt.store.indexes() {
         match i.building {
             None => ready.push(format!("{} {}", i.attr, i.kind)),
             Some(p) => building.push(format!(
@@ -179,7 +179,7 @@ fn indexes(server: &Server) -> Vec<Attribute> {
 
 /// Every monitor entry with its DN, parents before children.
 pub fn entries(server: &Server) -> Vec<(String, Entry)> {
-    let m = &server.metrics;
+    let m = &server.rt.metrics;
     let mut out = vec![server_node(m), connections_node(m)];
     operation_nodes(m, &mut out);
     out.push(store_node(server));
@@ -297,7 +297,7 @@ fn operation_nodes(m: &Metrics, out: &mut Vec<(String, Entry)>) {
 /// `cn=Store`: size, map, readers, databases, page cache.
 fn store_node(server: &Server) -> (String, Entry) {
     let mut store = Vec::new();
-    if let Ok(s) = server.store.stats() {
+    if let Ok(s) = server.rt.store.stats() {
         store.push(num("pandoEntries", s.entries));
         store.push(num("pandoDiskBytes", s.disk_bytes));
         store.push(num("pandoMapSize", s.map_size));
@@ -323,9 +323,10 @@ fn store_node(server: &Server) -> (String, Entry) {
 fn changes_node(server: &Server) -> (String, Entry) {
     let mut changes = vec![num(
         "pandoPersistentSearches",
-        server.persistent_searches.in_use() as u64,
+        server.rt.persistent_searches.in_use() as u64,
     )];
     let log = server
+        .rt
         .store
         .read()
         .and_then(|r| r.view().changelog_summary());
@@ -348,7 +349,7 @@ fn changes_node(server: &Server) -> (String, Entry) {
 
 /// `cn=Writer`: batches, commits, durability.
 fn writer_node(server: &Server) -> (String, Entry) {
-    let w = server.store.writer_stats();
+    let w = server.rt.store.writer_stats();
     node(
         "monitoredObject",
         "Writer",
@@ -370,7 +371,7 @@ fn writer_node(server: &Server) -> (String, Entry) {
             num("pandoSyncs", w.syncs),
             attr(
                 "pandoDurability",
-                [format!("{:?}", server.store.durability())],
+                [format!("{:?}", server.rt.store.durability())],
             ),
         ],
     )
@@ -383,7 +384,7 @@ fn logs_node(server: &Server) -> (String, Entry) {
         num("pandoWriteErrors", server.logs.write_errors()),
     ];
     if server.layers.op_log.is_some() {
-        let a = &server.metrics.accesslog;
+        let a = &server.rt.metrics.accesslog;
         let l = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         logs.push(num(
             "pandoAccessLogRefusedAnonymous",
@@ -431,6 +432,7 @@ fn passwords_node(server: &Server) -> (String, Entry) {
 fn conflicts_node(server: &Server) -> (String, Entry) {
     use crate::ops::write::conflicts;
     let (total, recent) = server
+        .rt
         .store
         .read()
         .ok()

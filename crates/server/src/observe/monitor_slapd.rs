@@ -112,7 +112,7 @@ fn backends(out: &mut Vec<(String, Entry)>) {
 }
 
 fn connections(server: &Server, out: &mut Vec<(String, Entry)>) {
-    let m = &server.metrics;
+    let m = &server.rt.metrics;
     let parent = "cn=Connections,cn=Monitor";
     if let Some(fds) = max_file_descriptors() {
         counter(out, "Max File Descriptors", parent, fds);
@@ -254,7 +254,7 @@ fn listeners(server: &Server, out: &mut Vec<(String, Entry)>) {
 }
 
 fn statistics(server: &Server, out: &mut Vec<(String, Entry)>) {
-    let m = &server.metrics;
+    let m = &server.rt.metrics;
     let parent = "cn=Statistics,cn=Monitor";
     out.push(node(
         "monitorContainer",
@@ -289,7 +289,7 @@ fn threads(out: &mut Vec<(String, Entry)>) {
 }
 
 fn time(server: &Server, out: &mut Vec<(String, Entry)>) {
-    let m = &server.metrics;
+    let m = &server.rt.metrics;
     let parent = "cn=Time,cn=Monitor";
     out.push(node(
         "monitorContainer",

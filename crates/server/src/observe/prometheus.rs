@@ -165,7 +165,7 @@ fn secs(us: u64) -> String {
 
 /// The change log's size and the contextCSN per server ID.
 fn change_log(t: &mut Text, server: &Server) {
-    if let Ok(r) = server.store.read() {
+    if let Ok(r) = server.rt.store.read() {
         let view = r.view();
         if let Ok(log) = view.changelog_summary() {
             t.one(
@@ -303,8 +303,8 @@ pub fn render(server: &Server) -> String {
     let mut t = Text {
         out: String::with_capacity(16 * 1024),
     };
-    connections(&mut t, &server.metrics);
-    operations(&mut t, &server.metrics);
+    connections(&mut t, &server.rt.metrics);
+    operations(&mut t, &server.rt.metrics);
     work(&mut t, server);
     store(&mut t, server);
     logs(&mut t, server);
@@ -529,7 +529,7 @@ fn work(t: &mut Text, server: &Server) {
         "Threads held by large searches now (limits.max_search_threads bounds it).",
         server.search_threads_busy(),
     );
-    let w = server.store.writer_stats();
+    let w = server.rt.store.writer_stats();
     t.one(
         "pando_writer_batches_total",
         "counter",
@@ -576,7 +576,7 @@ fn work(t: &mut Text, server: &Server) {
 
 /// The store's size, readers and databases.
 fn store(t: &mut Text, server: &Server) {
-    if let Ok(s) = server.store.stats() {
+    if let Ok(s) = server.rt.store.stats() {
         t.one(
             "pando_store_entries",
             "gauge",
@@ -668,7 +668,7 @@ fn logs(t: &mut Text, server: &Server) {
         "Log records that could not be written.",
         server.logs.write_errors(),
     );
-    let a = &server.metrics.accesslog;
+    let a = &server.rt.metrics.accesslog;
     for (name, help, v) in [
         (
             "pando_accesslog_refused_anonymous_total",

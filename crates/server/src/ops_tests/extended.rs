@@ -26,7 +26,7 @@ fn set_password(user_dn: &str, new: &str) -> ExtendedRequest {
 }
 
 fn stored(server: &Server, dn: &str) -> Vec<Attribute> {
-    let rtxn = server.store.read().unwrap();
+    let rtxn = server.rt.store.read().unwrap();
     let view = rtxn.view();
     let id = crate::ops::resolve(&view, &crate::ops::parse_dn(dn).unwrap()).unwrap();
     view.attrs(id).unwrap().unwrap()
@@ -111,7 +111,7 @@ by = [{ who = "admins", rights = "all" }, { who = "dn:cn=replica,dc=example,dc=c
         rt.block_on(extended(&server, who, Requested::default(), req))
     };
     let context = || {
-        let rtxn = server.store.read().unwrap();
+        let rtxn = server.rt.store.read().unwrap();
         rtxn.view().context_csns().unwrap().join(";")
     };
     let admin = user(&server, "cn=admin,dc=example,dc=com", true);
@@ -169,7 +169,7 @@ fn changes_behind_stops_at_max_changes_counted() {
         .unwrap();
     let admin = user(&server, "cn=admin,dc=example,dc=com", true);
     let seen = {
-        let rtxn = server.store.read().unwrap();
+        let rtxn = server.rt.store.read().unwrap();
         rtxn.view().context_csns().unwrap().join(";")
     };
     for n in ["a", "b", "c"] {

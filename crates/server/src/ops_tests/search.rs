@@ -198,7 +198,7 @@ fn restricted_subordinate_counts_stop_at_the_cap_and_say_nothing() {
     let alice = user(&server, "cn=alice,ou=People,dc=example,dc=com", false);
     let mut access = Access::new(&server.acl, &alice);
     assert!(!access.reads_every_entry());
-    let rtxn = server.store.read().unwrap();
+    let rtxn = server.rt.store.read().unwrap();
     let view = rtxn.view();
     let id = |dn: &str| crate::ops::resolve(&view, &Dn::parse(dn).unwrap()).unwrap();
     let people = id("ou=People,dc=example,dc=com");

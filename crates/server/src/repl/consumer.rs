@@ -175,7 +175,7 @@ pub(super) async fn run(server: Arc<Server>, replica: Arc<Replica>) {
         .interval
         .duration()
         .unwrap_or(Duration::from_secs(86_400));
-    let mut closing = server.feed.closing();
+    let mut closing = server.rt.feed.closing();
     let mut carry = Carry::default();
     loop {
         set(replica, |s| s.phase = "connecting");
@@ -323,7 +323,7 @@ fn starting_cookie(
     cfg: &ConsumerConfig,
     replica: &Replica,
 ) -> Result<Start, Failed> {
-    let rtxn = server.store.read()?;
+    let rtxn = server.rt.store.read()?;
     let view = rtxn.view();
     if let Some(c) = replicated::stored_cookie(&view, cfg.rid)? {
         return Ok(Start::Stored(c));
@@ -876,7 +876,7 @@ impl Session2<'_> {
         let filter = Filter::parse(&self.cfg.filter)
             .map_err(|_| Failed(format!("filter '{}' does not parse", self.cfg.filter)))?;
         let compiled = schema.compile_filter(&filter);
-        let rtxn = server.store.read()?;
+        let rtxn = server.rt.store.read()?;
         let view = rtxn.view();
         let Ok(pando_store::Lookup::Found(base_id)) =
             view.lookup_norm(&crate::ops::norm_dn::split_rdns(&self.replica.base))
@@ -1122,7 +1122,7 @@ impl Session2<'_> {
         if let Some(e) = self.recent.get(norm) {
             return Ok(e.clone());
         }
-        let rtxn = self.server.store.read()?;
+        let rtxn = self.server.rt.store.read()?;
         let view = rtxn.view();
         Ok(match view.lookup(dn)? {
             Ok(pando_store::Lookup::Found(id)) => view.entry(id)?,
@@ -1208,7 +1208,7 @@ impl Session2<'_> {
         let Some(sid) = pando_proto::sync::csn_sid(csn) else {
             return Ok(false);
         };
-        let rtxn = self.server.store.read()?;
+        let rtxn = self.server.rt.store.read()?;
         let held = rtxn.view().context_csns()?;
         Ok(held
             .iter()

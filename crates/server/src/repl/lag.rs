@@ -64,7 +64,7 @@ pub async fn follow(server: Arc<Server>, replica: Arc<super::Replica>) {
         return;
     }
     let every = Duration::from_secs(cfg.count_behind_secs);
-    let mut closing = server.feed.closing();
+    let mut closing = server.rt.feed.closing();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
@@ -114,7 +114,7 @@ pub async fn follow(server: Arc<Server>, replica: Arc<super::Replica>) {
 
 /// The CSNs of the consumer's stored cookie.
 fn stored_csns(server: &Server, rid: u16) -> Option<Vec<String>> {
-    let rtxn = server.store.read().ok()?;
+    let rtxn = server.rt.store.read().ok()?;
     let text = replicated::stored_cookie(&rtxn.view(), rid).ok()??;
     Some(Cookie::parse(text.as_bytes()).ok()?.csns)
 }

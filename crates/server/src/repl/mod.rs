@@ -162,6 +162,7 @@ impl Replicas {
     /// The consumers of `server` (created with it by `Replicas::new`).
     pub fn of(server: &Server) -> &Replicas {
         server
+            .rt
             .replicas
             .as_any()
             .downcast_ref()
