@@ -89,35 +89,7 @@ async fn passwd_modify(ctx: Arc<WriteCtx>, value: Option<&[u8]>) -> OpResult<Ext
         .normalize_dn(&target)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
     // Access is settled before any hashing, so refused callers cost little.
-    {
-        let rtxn = server.rt.store.read()?;
-        let view = rtxn.view();
-        match super::resolve_for(server, &view, who, &target) {
-            Ok(id) => {
-                let entry = super::stored_entry(&view, id)?;
-                let pw = server.schema.attribute("userPassword");
-                super::require(server, &view, who, &norm, &entry, &[(pw, acl::WRITE)])?;
-                // So is the schema: an entry whose classes do not allow a
-                // password is refused before a hash is spent on it (the
-                // writer checks again on the entry as it then is).
-                let mut with_pw = entry;
-                with_pw
-                    .attrs
-                    .retain(|a| !pando_model::desc::is_password(&a.desc));
-                with_pw.attrs.push(Attribute {
-                    desc: "userPassword".into(),
-                    values: vec![b"{SSHA}placeholder".to_vec()],
-                });
-                server.schema.check_entry(&mut with_pw)?;
-            }
-            Err(e) if e.code == ResultCode::NO_SUCH_OBJECT && norm == server.root_dn_norm => {
-                return Err(LdapError::unwilling(
-                    "the root DN is not an entry; set root_password_hash in the configuration",
-                ))
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    may_set_password(server, who, &target, &norm)?;
     let generated = req.new_password.is_none();
     let new_clear = match req.new_password {
         Some(p) if !p.is_empty() => p,
@@ -134,27 +106,7 @@ async fn passwd_modify(ctx: Arc<WriteCtx>, value: Option<&[u8]>) -> OpResult<Ext
     // failure count and lockout, or this would be an unthrottled oracle.
     let checked = match req.old_password {
         None => None,
-        Some(old) => {
-            let wrong = || LdapError::unwilling("the old password is wrong");
-            let key = crate::throttle::Key::new(&norm, &who.session);
-            let attempt = server.rt.throttle.begin(key).await.map_err(|_| wrong())?;
-            let stored = {
-                let rtxn = server.rt.store.read()?;
-                let view = rtxn.view();
-                let id = super::resolve(&view, &target)?;
-                super::password_values(&view.attrs(id)?.unwrap_or_default())
-            };
-            let mut right = server.passwords.verify(old, stored.clone()).await;
-            if let Some(p) = &server.policy {
-                right = p.on_password_check(server, &norm, right).await?;
-            }
-            if !right {
-                attempt.failed().await;
-                return Err(wrong());
-            }
-            attempt.succeeded();
-            Some(stored)
-        }
+        Some(old) => Some(check_old_password(server, who, &target, &norm, old).await?),
     };
     if let Some(p) = &server.policy {
         // A generated password is the server's own: not quality-checked.
@@ -188,6 +140,79 @@ async fn passwd_modify(ctx: Arc<WriteCtx>, value: Option<&[u8]>) -> OpResult<Ext
         name: None,
         value,
     })
+}
+
+/// May `who` set the password of `target` (normalised `norm`), and may
+/// the entry hold one? Decided on a snapshot, before any hash is spent.
+fn may_set_password(
+    server: &Server,
+    who: &Identity,
+    target: &pando_model::Dn,
+    norm: &str,
+) -> OpResult<()> {
+    let rtxn = server.rt.store.read()?;
+    let view = rtxn.view();
+    match super::resolve_for(server, &view, who, target) {
+        Ok(id) => {
+            let entry = super::stored_entry(&view, id)?;
+            let pw = server.schema.attribute("userPassword");
+            super::require(server, &view, who, norm, &entry, &[(pw, acl::WRITE)])?;
+            // So is the schema: an entry whose classes do not allow a
+            // password is refused before a hash is spent on it (the
+            // writer checks again on the entry as it then is).
+            let mut with_pw = entry;
+            with_pw
+                .attrs
+                .retain(|a| !pando_model::desc::is_password(&a.desc));
+            with_pw.attrs.push(Attribute {
+                desc: "userPassword".into(),
+                values: vec![b"{SSHA}placeholder".to_vec()],
+            });
+            server.schema.check_entry(&mut with_pw)?;
+        }
+        Err(e) if e.code == ResultCode::NO_SUCH_OBJECT && norm == server.root_dn_norm => {
+            return Err(LdapError::unwilling(
+                "the root DN is not an entry; set root_password_hash in the configuration",
+            ))
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
+/// Check the old password given against what is stored; like every slow
+/// hash, through the server's bounded queue. The values checked are
+/// returned: the write only goes ahead if they are still the stored ones,
+/// so a concurrent change cannot slip in between the check and the write.
+/// A wrong old password is a failed password check like a failed bind:
+/// the same throttle (per DN and address) and the password policy's
+/// failure count and lockout, or this would be an unthrottled oracle.
+async fn check_old_password(
+    server: &Arc<Server>,
+    who: &Identity,
+    target: &pando_model::Dn,
+    norm: &str,
+    old: Vec<u8>,
+) -> OpResult<Vec<Vec<u8>>> {
+    let wrong = || LdapError::unwilling("the old password is wrong");
+    let key = crate::throttle::Key::new(norm, &who.session);
+    let attempt = server.rt.throttle.begin(key).await.map_err(|_| wrong())?;
+    let stored = {
+        let rtxn = server.rt.store.read()?;
+        let view = rtxn.view();
+        let id = super::resolve(&view, target)?;
+        super::password_values(&view.attrs(id)?.unwrap_or_default())
+    };
+    let mut right = server.passwords.verify(old, stored.clone()).await;
+    if let Some(p) = &server.policy {
+        right = p.on_password_check(server, norm, right).await?;
+    }
+    if !right {
+        attempt.failed().await;
+        return Err(wrong());
+    }
+    attempt.succeeded();
+    Ok(stored)
 }
 
 /// The entry a Password Modify names: its userIdentity, or the requester

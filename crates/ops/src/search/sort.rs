@@ -17,6 +17,7 @@
 
 use std::cmp::Ordering as CmpOrdering;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use pando_model::{AttributeType, Entry, Schema, SortOrder};
 use pando_proto::control_values::{self as cv, VlvResponse, VlvTarget};
@@ -288,83 +289,18 @@ pub(super) fn run(
     resume: Option<Resume>,
     generation: Option<u64>,
 ) -> OpResult<Step> {
-    let schema = matcher.schema;
     let sorted_ok = response(ResultCode::SUCCESS, None);
-    let done = |code: ResultCode, message: &str, entries: u64, mut controls: Vec<Control>| {
-        if job.controls.paged.is_some() && !controls.iter().any(|c| c.oid == oid::PAGED_RESULTS) {
-            controls.push(paged_control(0, Vec::new()));
-        }
-        Step::Done(Some(SearchOutcome {
-            result: LdapResult::new(code, message),
-            controls,
-            entries,
-        }))
+    let done =
+        |code, message: &str, entries, controls| finished(job, code, message, entries, controls);
+    let ids = match sorted_ids(job, &mut matcher, keys, &limits, bounds, generation)? {
+        Ok(ids) => ids,
+        Err(step) => return Ok(step),
     };
-    // The sorted list: reused while the store and the request are the
-    // same (a client scrolling a VLV), else collected and sorted now.
-    let cache_key = generation.map(|g| CacheKey {
-        generation: g,
-        subentries: job.controls.subentries,
-        request: super::paging::request_hash(&job.req)
-            ^ job
-                .controls
-                .sort
-                .as_ref()
-                .map_or(0, |s| super::paging::keys_hash(&s.keys)),
-        who: format!("{:?}", job.who),
-    });
-    let cache = &job.server.sorted;
-    let ids = match cache_key.as_ref().and_then(|k| cache.get(k)) {
-        Some(ids) => ids,
-        None => {
-            let rows = match collect(job, &mut matcher, keys, &limits, bounds)? {
-                Ok(rows) => rows,
-                // Abandoned: nothing more is said.
-                Err((ResultCode::CANCELED, _)) => return Ok(Step::Done(None)),
-                Err((code, message)) => {
-                    let resp = response(code, None);
-                    return Ok(done(code, &message, 0, vec![resp]));
-                }
-            };
-            let ids: std::sync::Arc<Vec<EntryId>> =
-                std::sync::Arc::new(rows.into_iter().map(|r| r.1).collect());
-            if let Some(k) = cache_key {
-                cache.put(k, ids.clone());
-            }
-            ids
-        }
-    };
-
-    // Choose what goes out.
-    let window = match &job.controls.vlv {
-        Some(vlv) => {
-            let first = &keys[0];
-            let want = match &vlv.req.target {
-                VlvTarget::GreaterOrEqual(v) => schema.sort_key(first.order, v),
-                VlvTarget::ByOffset { .. } => None,
-            };
-            let mut first_key = |id: EntryId| -> OpResult<Option<Vec<u8>>> {
-                let Some(hit) = matcher.test(id)? else {
-                    return Ok(None);
-                };
-                let mut may_read = |at: &AttributeType| matcher.may_read(&hit.norm, at);
-                Ok(row_keys(schema, &keys[..1], &hit.entry, &mut may_read).remove(0))
-            };
-            match vlv_window(&ids, vlv, first.reverse, want, &mut first_key)? {
-                Ok(w) => w,
-                Err((code, resp)) => {
-                    let message = "the target offset is beyond the list";
-                    return Ok(done(code, message, 0, vec![sorted_ok, resp]));
-                }
-            }
-        }
-        None => {
-            let start = page.after.unwrap_or(0) as usize;
-            Window {
-                start,
-                len: page.size.map_or(usize::MAX, |s| s as usize),
-                vlv: None,
-            }
+    let window = match choose_window(job, &mut matcher, keys, &ids, &page)? {
+        Ok(w) => w,
+        Err((code, resp)) => {
+            let message = "the target offset is beyond the list";
+            return Ok(done(code, message, 0, vec![sorted_ok, resp]));
         }
     };
     let mut controls = vec![sorted_ok];
@@ -430,6 +366,102 @@ pub(super) fn run(
         controls.push(paged_control(0, cookie));
     }
     Ok(done(ResultCode::SUCCESS, "", sent_now, controls))
+}
+
+/// A sorted search's end: `code` and `message`, with `controls` (and an
+/// empty paged-results control when the request was paged and none is
+/// there yet).
+fn finished(
+    job: &SearchJob,
+    code: ResultCode,
+    message: &str,
+    entries: u64,
+    mut controls: Vec<Control>,
+) -> Step {
+    if job.controls.paged.is_some() && !controls.iter().any(|c| c.oid == oid::PAGED_RESULTS) {
+        controls.push(paged_control(0, Vec::new()));
+    }
+    Step::Done(Some(SearchOutcome {
+        result: LdapResult::new(code, message),
+        controls,
+        entries,
+    }))
+}
+
+/// The sorted list of matching IDs: reused while the store and the
+/// request are the same (a client scrolling a VLV), else collected and
+/// sorted now. `Err`: how the search ends instead (abandoned, or the
+/// sort stopped by a limit).
+fn sorted_ids(
+    job: &SearchJob,
+    matcher: &mut Matcher<'_, '_>,
+    keys: &[Key<'_>],
+    limits: &RunLimits,
+    bounds: Bounds,
+    generation: Option<u64>,
+) -> OpResult<Result<Arc<Vec<EntryId>>, Step>> {
+    let cache_key = generation.map(|g| CacheKey {
+        generation: g,
+        subentries: job.controls.subentries,
+        request: super::paging::request_hash(&job.req)
+            ^ job
+                .controls
+                .sort
+                .as_ref()
+                .map_or(0, |s| super::paging::keys_hash(&s.keys)),
+        who: format!("{:?}", job.who),
+    });
+    let cache = &job.server.sorted;
+    if let Some(ids) = cache_key.as_ref().and_then(|k| cache.get(k)) {
+        return Ok(Ok(ids));
+    }
+    let rows = match collect(job, matcher, keys, limits, bounds)? {
+        Ok(rows) => rows,
+        // Abandoned: nothing more is said.
+        Err((ResultCode::CANCELED, _)) => return Ok(Err(Step::Done(None))),
+        Err((code, message)) => {
+            let resp = response(code, None);
+            return Ok(Err(finished(job, code, &message, 0, vec![resp])));
+        }
+    };
+    let ids: Arc<Vec<EntryId>> = Arc::new(rows.into_iter().map(|r| r.1).collect());
+    if let Some(k) = cache_key {
+        cache.put(k, ids.clone());
+    }
+    Ok(Ok(ids))
+}
+
+/// Which part of the sorted list goes out: the virtual list view's
+/// window, or the page. `Err`: the VLV target is beyond the list (the
+/// result code and the VLV response control).
+fn choose_window(
+    job: &SearchJob,
+    matcher: &mut Matcher<'_, '_>,
+    keys: &[Key<'_>],
+    ids: &[EntryId],
+    page: &Page,
+) -> OpResult<Result<Window, (ResultCode, Control)>> {
+    let Some(vlv) = &job.controls.vlv else {
+        return Ok(Ok(Window {
+            start: page.after.unwrap_or(0) as usize,
+            len: page.size.map_or(usize::MAX, |s| s as usize),
+            vlv: None,
+        }));
+    };
+    let schema = matcher.schema;
+    let first = &keys[0];
+    let want = match &vlv.req.target {
+        VlvTarget::GreaterOrEqual(v) => schema.sort_key(first.order, v),
+        VlvTarget::ByOffset { .. } => None,
+    };
+    let mut first_key = |id: EntryId| -> OpResult<Option<Vec<u8>>> {
+        let Some(hit) = matcher.test(id)? else {
+            return Ok(None);
+        };
+        let mut may_read = |at: &AttributeType| matcher.may_read(&hit.norm, at);
+        Ok(row_keys(schema, &keys[..1], &hit.entry, &mut may_read).remove(0))
+    };
+    vlv_window(ids, vlv, first.reverse, want, &mut first_key)
 }
 
 /// Every match with its sort keys, sorted; or why the sort stopped

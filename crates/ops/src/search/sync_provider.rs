@@ -79,31 +79,10 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
     let Some(req) = job.controls.sync.clone() else {
         return super::run_to_end(job).await;
     };
-    let theirs = match req.cookie.as_deref().map(Cookie::parse).transpose() {
-        Ok(c) => c.unwrap_or_default(),
-        Err(e) => {
-            return done(
-                LdapResult::new(
-                    ResultCode::PROTOCOL_ERROR,
-                    format!("malformed sync cookie: {}", e.reason),
-                ),
-                0,
-            )
-        }
+    let theirs = match their_cookie(job, &req) {
+        Ok(c) => c,
+        Err(refused) => return done(refused, 0),
     };
-    // RFC 4533 3.3: aliases are not dereferenced in content synchronization.
-    if matches!(
-        job.req.deref,
-        DerefAliases::InSearching | DerefAliases::Always
-    ) {
-        return done(
-            LdapResult::new(
-                ResultCode::PROTOCOL_ERROR,
-                "a content synchronization search cannot dereference aliases while searching",
-            ),
-            0,
-        );
-    }
     // A tree that synchronizes its own entries (the access log) does so.
     let base = pando_model::Dn::parse(&job.req.base).ok();
     if let Some(tree) = base.and_then(|b| super::virtual_tree::owner(&job.server, &b)) {
@@ -140,7 +119,7 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
     };
     let Refreshed {
         sent,
-        mut cookie,
+        cookie,
         deletes,
     } = refreshed;
     let Some(follower) = follower.as_mut() else {
@@ -154,6 +133,21 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
             entries: sent,
         });
     };
+    follow(job, follower, &base, &req, cookie, deletes, sent).await
+}
+
+/// The refresh is over: say so (refreshDelete or refreshPresent, done,
+/// with the cookie), then send each committed change in scope as it
+/// comes, until the client abandons or the server stops.
+async fn follow(
+    job: &Arc<SearchJob>,
+    follower: &mut super::persistent::Follower,
+    base: &Arc<String>,
+    req: &SyncRequest,
+    mut cookie: Cookie,
+    deletes: bool,
+    sent: u64,
+) -> Finished {
     let text = Some(cookie.format().into_bytes());
     let info = if deletes {
         SyncInfo::RefreshDelete {
@@ -171,14 +165,14 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
     if !deliver(job, buf).await {
         return Finished::Abandoned;
     }
-    let origin = cookie_origin(&req);
+    let origin = cookie_origin(req);
     let mut sent = sent;
     loop {
         let committed = match follower.next(job, sent).await {
             Ok(c) => c,
             Err(end) => return end,
         };
-        let encoded = match persist_off_loop(job, &base, committed, &mut cookie, origin).await {
+        let encoded = match persist_off_loop(job, base, committed, &mut cookie, origin).await {
             Some(Ok(e)) => e,
             Some(Err(e)) => return done(e.into_result(), sent),
             None => return Finished::Abandoned,
@@ -190,6 +184,34 @@ pub async fn run(job: &Arc<SearchJob>) -> Finished {
         }
         sent += encoded.1;
     }
+}
+
+/// The cookie the client sent, parsed (empty when it sent none); or the
+/// refusal: a malformed cookie, or alias dereferencing while searching
+/// (RFC 4533 3.3: aliases are not dereferenced in content
+/// synchronization).
+fn their_cookie(job: &SearchJob, req: &SyncRequest) -> Result<Cookie, LdapResult> {
+    let theirs = req
+        .cookie
+        .as_deref()
+        .map(Cookie::parse)
+        .transpose()
+        .map_err(|e| {
+            LdapResult::new(
+                ResultCode::PROTOCOL_ERROR,
+                format!("malformed sync cookie: {}", e.reason),
+            )
+        })?;
+    if matches!(
+        job.req.deref,
+        DerefAliases::InSearching | DerefAliases::Always
+    ) {
+        return Err(LdapResult::new(
+            ResultCode::PROTOCOL_ERROR,
+            "a content synchronization search cannot dereference aliases while searching",
+        ));
+    }
+    Ok(theirs.unwrap_or_default())
 }
 
 /// The server ID the consumer gave in its cookie (its own): changes it
