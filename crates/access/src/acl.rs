@@ -24,7 +24,7 @@ use regex::Regex;
 use roaring::RoaringTreemap;
 
 use crate::Identity;
-use pando_config::{AccessRule, OneOrMany};
+use pando_config::{AccessBy, AccessRule, OneOrMany};
 
 /// A set of rights, one bit each.
 pub type Rights = u8;
@@ -205,51 +205,7 @@ impl Acl {
         let mut clauses = 0;
         for (i, r) in rules.iter().enumerate() {
             let e = |key: &'static str, msg: String| (i, key, msg);
-            let norm_dn = |key: &'static str, s: &str| -> Result<String, CompileError> {
-                let dn = Dn::parse(s).map_err(|x| e(key, format!("'{s}' is not a DN: {x}")))?;
-                schema.normalize_dn(&dn).map_err(|x| e(key, x))
-            };
-            let target = match (&r.dn, &r.scope, &r.dn_regex) {
-                (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => {
-                    return Err(e(
-                        "dn_regex",
-                        "give either dn_regex, or dn and scope".into(),
-                    ));
-                }
-                (None, None, Some(re)) => Target::Regex(
-                    Regex::new(&format!("^(?:{re})$"))
-                        .map_err(|x| e("dn_regex", format!("not a regular expression: {x}")))?,
-                ),
-                (dn, scope, None) => {
-                    let scope = match scope.as_deref().unwrap_or("sub") {
-                        "base" => Scope::Base,
-                        "one" => Scope::One,
-                        "sub" => Scope::Sub,
-                        "children" => Scope::Children,
-                        other => {
-                            return Err(e(
-                                "scope",
-                                format!("'{other}' is not one of base, one, sub, children"),
-                            ))
-                        }
-                    };
-                    match dn.as_deref() {
-                        None | Some("") if scope == Scope::Sub => Target::All,
-                        None => Target::Dn {
-                            base: String::new(),
-                            scope,
-                        },
-                        Some(d) => Target::Dn {
-                            base: if d.is_empty() {
-                                String::new()
-                            } else {
-                                norm_dn("dn", d)?
-                            },
-                            scope,
-                        },
-                    }
-                }
-            };
+            let target = compile_target(i, r, schema)?;
             let filter = match &r.filter {
                 None => None,
                 Some(f) => {
@@ -260,58 +216,15 @@ impl Acl {
             };
             let attrs = match &r.attrs {
                 None => None,
-                Some(list) => {
-                    let mut sel = AttrSel {
-                        entry: false,
-                        oids: Vec::new(),
-                    };
-                    for a in list {
-                        if a.eq_ignore_ascii_case("entry") {
-                            sel.entry = true;
-                        } else {
-                            let at = schema.attribute(a).ok_or_else(|| {
-                                e("attrs", format!("unknown attribute type '{a}'"))
-                            })?;
-                            sel.oids.push(at.oid.clone());
-                        }
-                    }
-                    Some(sel)
-                }
+                Some(list) => Some(compile_attrs(list, schema).map_err(|m| e("attrs", m))?),
             };
             if r.by.is_empty() {
                 return Err(e("by", "at least one clause is needed".into()));
             }
-            let mut by = Vec::new();
-            for b in &r.by {
-                let mut subjects = Vec::new();
-                for w in b.who.items() {
-                    subjects.push(parse_subject(w, schema).map_err(|m| e("by.who", m))?);
-                }
-                if subjects.is_empty() {
-                    return Err(e("by.who", "no subject given".into()));
-                }
-                let items = b.rights.items();
-                let rights = match (&b.rights, items.as_slice()) {
-                    (OneOrMany::One(l), _) => level(l).ok_or_else(|| {
-                        e(
-                            "by.rights",
-                            format!(
-                                "'{l}' is not one of none, auth, compare, search, read, write, all"
-                            ),
-                        )
-                    })?,
-                    (OneOrMany::Many(_), list) => {
-                        let mut r = 0;
-                        for x in list {
-                            r |= single(x).or_else(|| (*x == "all" || *x == "none").then(|| level(x).unwrap_or(0))).ok_or_else(|| {
-                                e("by.rights", format!("'{x}' is not one of auth, compare, search, read, write, add, delete, proxy, all, none"))
-                            })?;
-                        }
-                        r
-                    }
-                };
-                by.push(By { subjects, rights });
-            }
+            let by =
+                r.by.iter()
+                    .map(|b| compile_by(i, b, schema))
+                    .collect::<Result<Vec<By>, CompileError>>()?;
             let first_by = clauses;
             clauses += by.len();
             out.push(Rule {
@@ -327,6 +240,103 @@ impl Acl {
             clauses,
         })
     }
+}
+
+/// Rule `i`'s target: every entry, a subtree (or base, one level,
+/// children) of a DN, or the DNs a regular expression matches whole.
+fn compile_target(i: usize, r: &AccessRule, schema: &Schema) -> Result<Target, CompileError> {
+    let e = |key: &'static str, msg: String| (i, key, msg);
+    let (dn, scope) = match (&r.dn, &r.scope, &r.dn_regex) {
+        (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => {
+            return Err(e(
+                "dn_regex",
+                "give either dn_regex, or dn and scope".into(),
+            ));
+        }
+        (None, None, Some(re)) => {
+            return Ok(Target::Regex(Regex::new(&format!("^(?:{re})$")).map_err(
+                |x| e("dn_regex", format!("not a regular expression: {x}")),
+            )?))
+        }
+        (dn, scope, None) => (dn, scope),
+    };
+    let scope = match scope.as_deref().unwrap_or("sub") {
+        "base" => Scope::Base,
+        "one" => Scope::One,
+        "sub" => Scope::Sub,
+        "children" => Scope::Children,
+        other => {
+            return Err(e(
+                "scope",
+                format!("'{other}' is not one of base, one, sub, children"),
+            ))
+        }
+    };
+    Ok(match dn.as_deref() {
+        None | Some("") if scope == Scope::Sub => Target::All,
+        None | Some("") => Target::Dn {
+            base: String::new(),
+            scope,
+        },
+        Some(d) => {
+            let dn = Dn::parse(d).map_err(|x| e("dn", format!("'{d}' is not a DN: {x}")))?;
+            Target::Dn {
+                base: schema.normalize_dn(&dn).map_err(|x| e("dn", x))?,
+                scope,
+            }
+        }
+    })
+}
+
+/// A rule's `attrs`: `entry` and attribute types the schema knows.
+fn compile_attrs(list: &[String], schema: &Schema) -> Result<AttrSel, String> {
+    let mut sel = AttrSel {
+        entry: false,
+        oids: Vec::new(),
+    };
+    for a in list {
+        if a.eq_ignore_ascii_case("entry") {
+            sel.entry = true;
+        } else {
+            let at = schema
+                .attribute(a)
+                .ok_or_else(|| format!("unknown attribute type '{a}'"))?;
+            sel.oids.push(at.oid.clone());
+        }
+    }
+    Ok(sel)
+}
+
+/// One `by` clause of rule `i`: its subjects and the rights they get (a
+/// level, or a list of single rights).
+fn compile_by(i: usize, b: &AccessBy, schema: &Schema) -> Result<By, CompileError> {
+    let e = |key: &'static str, msg: String| (i, key, msg);
+    let mut subjects = Vec::new();
+    for w in b.who.items() {
+        subjects.push(parse_subject(w, schema).map_err(|m| e("by.who", m))?);
+    }
+    if subjects.is_empty() {
+        return Err(e("by.who", "no subject given".into()));
+    }
+    let items = b.rights.items();
+    let rights = match (&b.rights, items.as_slice()) {
+        (OneOrMany::One(l), _) => level(l).ok_or_else(|| {
+            e(
+                "by.rights",
+                format!("'{l}' is not one of none, auth, compare, search, read, write, all"),
+            )
+        })?,
+        (OneOrMany::Many(_), list) => {
+            let mut r = 0;
+            for x in list {
+                r |= single(x).or_else(|| (*x == "all" || *x == "none").then(|| level(x).unwrap_or(0))).ok_or_else(|| {
+                    e("by.rights", format!("'{x}' is not one of auth, compare, search, read, write, add, delete, proxy, all, none"))
+                })?;
+            }
+            r
+        }
+    };
+    Ok(By { subjects, rights })
 }
 
 /// One subject of a `who` list (see docs/access-control.md).

@@ -102,6 +102,66 @@ impl Out {
     }
 }
 
+impl Out {
+    /// An added entry's attributes: operational ones left out, withheld
+    /// ones counted, not shown.
+    fn added(&mut self, schema: &Schema, attrs: &[Attribute]) {
+        for a in attrs.iter() {
+            let base = pando_model::desc::base(&a.desc);
+            let operational = schema
+                .attribute(base)
+                .map(|t| t.is_operational())
+                .unwrap_or(false);
+            if operational {
+                continue;
+            }
+            if withheld(schema, &a.desc) {
+                self.withheld(&a.desc, a.values.len());
+                continue;
+            }
+            for v in &a.values {
+                self.line(&a.desc, v);
+            }
+        }
+    }
+
+    /// A modify's changes; every change of the password becomes one
+    /// replace with the values stored after it (hashed), withheld ones
+    /// are counted, not shown.
+    fn changes(&mut self, schema: &Schema, changes: &[Change], passwords: Option<&[Vec<u8>]>) {
+        let mut password_done = false;
+        for c in changes.iter() {
+            if pando_model::desc::names_password(schema, &c.attr.name) {
+                if password_done {
+                    continue;
+                }
+                password_done = true;
+                self.line("replace", b"userPassword");
+                for v in passwords.unwrap_or(&[]) {
+                    self.line("userPassword", v);
+                }
+                self.buf.extend_from_slice(b"-\n");
+                continue;
+            }
+            let kind = match c.op {
+                ModOp::Add => "add",
+                ModOp::Delete => "delete",
+                ModOp::Replace => "replace",
+                ModOp::Increment => "increment",
+            };
+            if withheld(schema, &c.attr.name) {
+                self.withheld(&format!("{kind}: {}", c.attr.name), c.attr.values.len());
+                continue;
+            }
+            self.line(kind, c.attr.name.as_bytes());
+            for v in &c.attr.values {
+                self.line(&c.attr.name, v);
+            }
+            self.buf.extend_from_slice(b"-\n");
+        }
+    }
+}
+
 /// The LDIF text of one record, blank line included.
 pub fn format(schema: &Schema, origin: &Origin<'_>, record: &Record<'_>) -> String {
     let mut o = Out {
@@ -140,23 +200,7 @@ pub fn format(schema: &Schema, origin: &Origin<'_>, record: &Record<'_>) -> Stri
         Record::Add { dn, attrs } => {
             o.line("dn", dn.as_bytes());
             o.line("changetype", b"add");
-            for a in attrs.iter() {
-                let base = pando_model::desc::base(&a.desc);
-                let operational = schema
-                    .attribute(base)
-                    .map(|t| t.is_operational())
-                    .unwrap_or(false);
-                if operational {
-                    continue;
-                }
-                if withheld(schema, &a.desc) {
-                    o.withheld(&a.desc, a.values.len());
-                    continue;
-                }
-                for v in &a.values {
-                    o.line(&a.desc, v);
-                }
-            }
+            o.added(schema, attrs);
         }
         Record::Delete { dn } => {
             o.line("dn", dn.as_bytes());
@@ -169,36 +213,7 @@ pub fn format(schema: &Schema, origin: &Origin<'_>, record: &Record<'_>) -> Stri
         } => {
             o.line("dn", dn.as_bytes());
             o.line("changetype", b"modify");
-            let mut password_done = false;
-            for c in changes.iter() {
-                if pando_model::desc::names_password(schema, &c.attr.name) {
-                    if password_done {
-                        continue;
-                    }
-                    password_done = true;
-                    o.line("replace", b"userPassword");
-                    for v in passwords.unwrap_or(&[]) {
-                        o.line("userPassword", v);
-                    }
-                    o.buf.extend_from_slice(b"-\n");
-                    continue;
-                }
-                let kind = match c.op {
-                    ModOp::Add => "add",
-                    ModOp::Delete => "delete",
-                    ModOp::Replace => "replace",
-                    ModOp::Increment => "increment",
-                };
-                if withheld(schema, &c.attr.name) {
-                    o.withheld(&format!("{kind}: {}", c.attr.name), c.attr.values.len());
-                    continue;
-                }
-                o.line(kind, c.attr.name.as_bytes());
-                for v in &c.attr.values {
-                    o.line(&c.attr.name, v);
-                }
-                o.buf.extend_from_slice(b"-\n");
-            }
+            o.changes(schema, changes, *passwords);
         }
         Record::ModDn {
             dn,

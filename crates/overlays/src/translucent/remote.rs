@@ -314,29 +314,7 @@ async fn search_on(
             }
             ProtocolOp::SearchResultReference(_) => {}
             ProtocolOp::SearchResultDone(r) => {
-                match r.code {
-                    ResultCode::SUCCESS => {}
-                    ResultCode::NO_SUCH_OBJECT => found.no_such_object = true,
-                    ResultCode::SIZE_LIMIT_EXCEEDED
-                    | ResultCode::TIME_LIMIT_EXCEEDED
-                    | ResultCode::ADMIN_LIMIT_EXCEEDED => {
-                        found.cut = Some(format!(
-                            "it answered {} ({}) {}",
-                            r.code.0,
-                            r.code.name(),
-                            r.message
-                        ))
-                    }
-                    c => {
-                        return Err(answer(format!(
-                            "{} answered a search of {base} with {} ({}) {}",
-                            client.url,
-                            c.0,
-                            c.name(),
-                            r.message
-                        )))
-                    }
-                }
+                ended(&client.url, base, &r, &mut found).map_err(answer)?;
                 return Ok((found, true));
             }
             other => {
@@ -348,6 +326,35 @@ async fn search_on(
             }
         }
     }
+}
+
+/// What a remote search's SearchResultDone says: nothing more (success),
+/// no such base, or cut short by one of its limits (noted in `found`);
+/// any other result is an error, the message saying so.
+fn ended(url: &str, base: &str, r: &LdapResult, found: &mut Found) -> Result<(), String> {
+    match r.code {
+        ResultCode::SUCCESS => {}
+        ResultCode::NO_SUCH_OBJECT => found.no_such_object = true,
+        ResultCode::SIZE_LIMIT_EXCEEDED
+        | ResultCode::TIME_LIMIT_EXCEEDED
+        | ResultCode::ADMIN_LIMIT_EXCEEDED => {
+            found.cut = Some(format!(
+                "it answered {} ({}) {}",
+                r.code.0,
+                r.code.name(),
+                r.message
+            ))
+        }
+        c => {
+            return Err(format!(
+                "{url} answered a search of {base} with {} ({}) {}",
+                c.0,
+                c.name(),
+                r.message
+            ))
+        }
+    }
+    Ok(())
 }
 
 /// A remote entry as this server holds entries: attribute descriptions

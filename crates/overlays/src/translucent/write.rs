@@ -338,55 +338,11 @@ pub async fn modify(ctx: Arc<WriteCtx>, t: &Translucent, req: ModifyRequest) -> 
     let norm = schema
         .normalize_dn(&dn)
         .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{dn}': {e}")))?;
-    let naming: Vec<String> = rdn_values(&dn)
-        .iter()
-        .map(|a| super::super::canonical(schema, &a.name).to_ascii_lowercase())
-        .collect();
-    // The attribute types changed, as the schema names them.
-    let mut touched: Vec<String> = Vec::new();
-    for ch in &req.changes {
-        let (_, at) = schema.canonical_desc(&ch.attr.name)?;
-        let name = at.name().to_string();
-        if naming.contains(&name.to_ascii_lowercase()) {
-            return Err(LdapError::new(
-                ResultCode::NOT_ALLOWED_ON_RDN,
-                format!(
-                    "{name} names {} on the remote server: it cannot be changed here",
-                    req.dn
-                ),
-            ));
-        }
-        if !t.may_keep_locally(&name) {
-            return Err(LdapError::unwilling(format!(
-                "{name} of {} comes from the remote server {}: only the translucent overlay's local_attributes can be set here",
-                req.dn, t.remote.endpoint.url
-            )));
-        }
-        if !touched.iter().any(|n| n.eq_ignore_ascii_case(&name)) {
-            touched.push(name);
-        }
-    }
+    let touched = touched_types(schema, t, &dn, &req)?;
     let Some(before) = merged(&server, t, &ctx.who, &dn, part.as_ref()).await? else {
         return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"));
     };
-    {
-        let rtxn = server.rt.store.read()?;
-        let view = rtxn.view();
-        let mut checks = Vec::with_capacity(req.changes.len());
-        for ch in &req.changes {
-            let (_, at) = schema.canonical_desc(&ch.attr.name)?;
-            checks.push((Some(at), pando_access::acl::WRITE));
-        }
-        pando_ops::require(&server, &view, &ctx.who, &norm, &before, &checks)?;
-        if let Some(filter) = &controls.assertion {
-            if !pando_ops::assertion_holds(&server, &view, &ctx.who, &norm, &before, filter) {
-                return Err(LdapError::new(
-                    ResultCode::ASSERTION_FAILED,
-                    "the assertion control's filter is not true for the entry",
-                ));
-            }
-        }
-    }
+    may_modify(&ctx, &norm, &before, &req.changes)?;
     let mut after = before.clone();
     write::apply_changes(schema, &mut after, &req.changes, controls.permissive_modify)?;
     if controls.no_op {
@@ -445,6 +401,74 @@ pub async fn modify(ctx: Arc<WriteCtx>, t: &Translucent, req: ModifyRequest) -> 
         controls: Vec::new(),
         no_op: w.no_op,
     })
+}
+
+/// The attribute types a modify of a remote entry changes, as the schema
+/// names them; refused when one names the entry (its RDN is the remote's)
+/// or is not kept locally (`local_attributes`).
+fn touched_types(
+    schema: &pando_model::Schema,
+    t: &Translucent,
+    dn: &Dn,
+    req: &ModifyRequest,
+) -> OpResult<Vec<String>> {
+    let naming: Vec<String> = rdn_values(dn)
+        .iter()
+        .map(|a| super::super::canonical(schema, &a.name).to_ascii_lowercase())
+        .collect();
+    let mut touched: Vec<String> = Vec::new();
+    for ch in &req.changes {
+        let (_, at) = schema.canonical_desc(&ch.attr.name)?;
+        let name = at.name().to_string();
+        if naming.contains(&name.to_ascii_lowercase()) {
+            return Err(LdapError::new(
+                ResultCode::NOT_ALLOWED_ON_RDN,
+                format!(
+                    "{name} names {} on the remote server: it cannot be changed here",
+                    req.dn
+                ),
+            ));
+        }
+        if !t.may_keep_locally(&name) {
+            return Err(LdapError::unwilling(format!(
+                "{name} of {} comes from the remote server {}: only the translucent overlay's local_attributes can be set here",
+                req.dn, t.remote.endpoint.url
+            )));
+        }
+        if !touched.iter().any(|n| n.eq_ignore_ascii_case(&name)) {
+            touched.push(name);
+        }
+    }
+    Ok(touched)
+}
+
+/// May the requester make `changes` to the merged entry `before` (named
+/// `norm`), and does the assertion control's filter hold for it? Judged
+/// on the entry as the client sees it.
+fn may_modify(
+    ctx: &WriteCtx,
+    norm: &str,
+    before: &Entry,
+    changes: &[pando_proto::Change],
+) -> OpResult<()> {
+    let server = &ctx.server;
+    let rtxn = server.rt.store.read()?;
+    let view = rtxn.view();
+    let mut checks = Vec::with_capacity(changes.len());
+    for ch in changes {
+        let (_, at) = server.schema.canonical_desc(&ch.attr.name)?;
+        checks.push((Some(at), pando_access::acl::WRITE));
+    }
+    pando_ops::require(server, &view, &ctx.who, norm, before, &checks)?;
+    if let Some(filter) = &ctx.controls.assertion {
+        if !pando_ops::assertion_holds(server, &view, &ctx.who, norm, before, filter) {
+            return Err(LdapError::new(
+                ResultCode::ASSERTION_FAILED,
+                "the assertion control's filter is not true for the entry",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The part a modify leaves: the part's classes (and those the client
