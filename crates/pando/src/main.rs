@@ -761,25 +761,7 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
     };
     let mut reporter = progress::Reporter::new(size);
     let mut on_progress = |p| reporter.update(p);
-    let defaults = pando_server::bulk::ImportOptions::default();
-    let opts = pando_server::bulk::ImportOptions {
-        continue_on_error: args.continue_on_error,
-        commit_every: args.batch.max(1),
-        memory: args.memory,
-        threads: args.threads.unwrap_or(defaults.threads).max(1),
-        allow_file_urls: args.allow_file_urls,
-        // Entries imported without creatorsName are credited to the root DN,
-        // or with none configured to the local administrator's ldapi identity.
-        creator: match &resolved.root_dn {
-            Some(d) => d.to_string(),
-            None => pando_access::auth::peercred_dn(pando_access::PeerCred {
-                // SAFETY: geteuid/getegid have no preconditions.
-                uid: unsafe { libc::geteuid() },
-                gid: unsafe { libc::getegid() },
-            }),
-        },
-        server_id: resolved.config.replication.server_id,
-    };
+    let opts = import_options(&args, &resolved);
     let suffixes: Vec<String> = resolved
         .suffixes
         .iter()
@@ -806,6 +788,47 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
         f.flush()
             .map_err(|e| format!("{}: {e}", rejects_path.display()))?;
     }
+    print_import_report(&report, &rejects_path, store_size);
+    print_password_schemes(&report.password_schemes);
+    Ok(if report.rejected > 0 {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// The import's settings from its arguments and the configuration.
+fn import_options(
+    args: &ImportArgs,
+    resolved: &pando_config::Resolved,
+) -> pando_server::bulk::ImportOptions {
+    let defaults = pando_server::bulk::ImportOptions::default();
+    pando_server::bulk::ImportOptions {
+        continue_on_error: args.continue_on_error,
+        commit_every: args.batch.max(1),
+        memory: args.memory,
+        threads: args.threads.unwrap_or(defaults.threads).max(1),
+        allow_file_urls: args.allow_file_urls,
+        // Entries imported without creatorsName are credited to the root DN,
+        // or with none configured to the local administrator's ldapi identity.
+        creator: match &resolved.root_dn {
+            Some(d) => d.to_string(),
+            None => pando_access::auth::peercred_dn(pando_access::PeerCred {
+                // SAFETY: geteuid/getegid have no preconditions.
+                uid: unsafe { libc::geteuid() },
+                gid: unsafe { libc::getegid() },
+            }),
+        },
+        server_id: resolved.config.replication.server_id,
+    }
+}
+
+/// The import's summary line on standard error.
+fn print_import_report(
+    report: &pando_server::bulk::ImportReport,
+    rejects_path: &std::path::Path,
+    store_size: u64,
+) {
     eprintln!(
         "imported {} entries ({} rejected{}) in {:.1} s, {:.0} entries/s; {} MiB read ({}); {} index keys{}; store {} MiB{}",
         report.entries,
@@ -823,12 +846,6 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
             None => String::new(),
         }
     );
-    print_password_schemes(&report.password_schemes);
-    Ok(if report.rejected > 0 {
-        ExitCode::from(2)
-    } else {
-        ExitCode::SUCCESS
-    })
 }
 
 /// The import's userPassword values by scheme, naming those no bind can

@@ -556,7 +556,7 @@ pub fn import(
         inner: input,
         bytes: bytes_read.clone(),
     };
-    let (mut input, format) = input::decompressing(Box::new(counted))
+    let (input, format) = input::decompressing(Box::new(counted))
         .map_err(|e| ImportError(format!("{origin}: {e}")))?;
     // Mark the store incomplete, and stop syncing, before the first entry.
     store.write_blocking(|w: &mut WriteTxn<'_>| w.meta_put(META_IMPORTING, b"1"))?;
@@ -600,47 +600,13 @@ pub fn import(
         newest_csn: Default::default(),
         rejects_out,
     };
-    let threads = opts.threads.max(1);
-    let result = std::thread::scope(|s| -> Result<(), ImportError> {
-        let (chunk_tx, chunk_rx) = sync_channel::<Chunk>(threads * 2);
-        let (done_tx, done_rx) = sync_channel::<(u64, Vec<Item>)>(threads * 2);
-        let reader = s.spawn(move || {
-            input::cut(
-                &mut input,
-                CHUNK_BYTES,
-                pando_ldif::DEFAULT_MAX_RECORD_BYTES,
-                &mut |c| chunk_tx.send(c).is_ok(),
-            )
-        });
-        let chunk_rx = Arc::new(Mutex::new(chunk_rx));
-        for _ in 0..threads {
-            let rx = chunk_rx.clone();
-            let tx = done_tx.clone();
-            let sh = &shared;
-            s.spawn(move || loop {
-                let next = rx.lock().map(|r| r.recv());
-                let Ok(Ok(chunk)) = next else { break };
-                if tx.send(work(sh, chunk)).is_err() {
-                    break;
-                }
-            });
-        }
-        // Only the workers hold the chunk queue now: once they stop, the
-        // reader's next send fails and it ends too.
-        drop(chunk_rx);
-        drop(done_tx);
-        let outcome = drain(&mut loader, done_rx, &bytes_read, on_progress);
-        // Whatever happened, the reader ends: `drain` dropped the result
-        // queue, so the workers stop, and with them the chunk queue.
-        match reader.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) if outcome.is_ok() => {
-                return Err(ImportError(format!("{origin}: read error: {e}")))
-            }
-            _ => {}
-        }
-        outcome
-    });
+    let result = run_workers(
+        &mut loader,
+        input,
+        opts.threads.max(1),
+        &bytes_read,
+        on_progress,
+    );
     let finished = result.and_then(|()| {
         if loader.dict_pending {
             loader.train()?;
@@ -665,10 +631,73 @@ pub fn import(
     debug_assert_eq!(figures.entries, loaded);
     report.index_keys = figures.index_triples;
     report.spilled_runs = figures.spilled_runs;
-    // Everything is in; one synced commit declares the store complete.
+    declare_complete(store, newest_csn)?;
+    report.bytes_read = bytes_read.load(Ordering::Relaxed);
+    report.secs = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Read `input` in chunks on one thread, parse and check them on
+/// `threads` workers, and store the results in input order (`drain`) on
+/// this one.
+fn run_workers(
+    loader: &mut Loader<'_, '_>,
+    mut input: Box<dyn Read + Send>,
+    threads: usize,
+    bytes_read: &AtomicU64,
+    on_progress: &mut dyn FnMut(Progress),
+) -> Result<(), ImportError> {
+    let origin = loader.origin;
+    std::thread::scope(|s| -> Result<(), ImportError> {
+        let (chunk_tx, chunk_rx) = sync_channel::<Chunk>(threads * 2);
+        let (done_tx, done_rx) = sync_channel::<(u64, Vec<Item>)>(threads * 2);
+        let reader = s.spawn(move || {
+            input::cut(
+                &mut input,
+                CHUNK_BYTES,
+                pando_ldif::DEFAULT_MAX_RECORD_BYTES,
+                &mut |c| chunk_tx.send(c).is_ok(),
+            )
+        });
+        let chunk_rx = Arc::new(Mutex::new(chunk_rx));
+        for _ in 0..threads {
+            let rx = chunk_rx.clone();
+            let tx = done_tx.clone();
+            let sh = loader.shared;
+            s.spawn(move || loop {
+                let next = rx.lock().map(|r| r.recv());
+                let Ok(Ok(chunk)) = next else { break };
+                if tx.send(work(sh, chunk)).is_err() {
+                    break;
+                }
+            });
+        }
+        // Only the workers hold the chunk queue now: once they stop, the
+        // reader's next send fails and it ends too.
+        drop(chunk_rx);
+        drop(done_tx);
+        let outcome = drain(loader, done_rx, bytes_read, on_progress);
+        // Whatever happened, the reader ends: `drain` dropped the result
+        // queue, so the workers stop, and with them the chunk queue.
+        match reader.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) if outcome.is_ok() => {
+                return Err(ImportError(format!("{origin}: read error: {e}")))
+            }
+            _ => {}
+        }
+        outcome
+    })
+}
+
+/// Everything is in: one synced commit declares the store complete,
+/// with the imported entries' CSNs per server (the change log covers
+/// only what comes after them).
+fn declare_complete(
+    store: &Store,
+    newest_csn: std::collections::BTreeMap<u16, Vec<u8>>,
+) -> Result<(), ImportError> {
     store.write_blocking(move |w: &mut WriteTxn<'_>| -> Result<(), StoreError> {
-        // The imported entries' CSNs, per server; the change log covers
-        // only what comes after them.
         for csn in newest_csn.values() {
             w.advance_context_csn(&String::from_utf8_lossy(csn))?;
         }
@@ -677,9 +706,7 @@ pub fn import(
         }
         w.meta_delete(META_IMPORTING)
     })?;
-    report.bytes_read = bytes_read.load(Ordering::Relaxed);
-    report.secs = started.elapsed().as_secs_f64();
-    Ok(report)
+    Ok(())
 }
 
 /// Take the workers' results in input order and store them.
