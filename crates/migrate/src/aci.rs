@@ -61,42 +61,66 @@ pub fn parse(at: &str, text: &str, anonymous: bool) -> Result<Aci, String> {
             break;
         }
         let (keyword, op, value) = p.target()?;
-        match (keyword.as_str(), op.as_str()) {
-            ("target", "=") => {
-                let dn = value
-                    .strip_prefix("ldap:///")
-                    .ok_or("target is not an ldap:/// URL")?;
-                if dn.contains('*') {
-                    return Err("a target with wildcards".into());
-                }
-                aci.dn = dn.to_string();
-            }
-            ("targetattr", "=") => {
-                let names: Vec<String> = value
-                    .split("||")
-                    .map(|a| a.trim().to_string())
-                    .filter(|a| !a.is_empty())
-                    .collect();
-                if !names.iter().any(|a| a == "*") {
-                    aci.attrs = Some(names);
-                }
-            }
-            ("targetfilter", "=") => aci.filter = Some(value),
-            ("targetscope", "=") => {
-                aci.scope = match value.as_str() {
-                    "base" => "base",
-                    "onelevel" => "one",
-                    "subtree" => "sub",
-                    other => return Err(format!("targetscope {other}")),
-                }
-            }
-            (k, o) => return Err(format!("target '{k} {o}'")),
-        }
+        apply_target(&mut aci, &keyword, &op, value)?;
     }
-    // (version 3.0; acl "name"; allow|deny (rights) bindrule;)
-    let body =
-        p.s.strip_prefix("(version")
-            .ok_or("no (version 3.0; …) part")?;
+    let (name, one) = version_part(p.s)?;
+    aci.name = name;
+    let (kind, tail) = one.split_once('(').ok_or("no rights list")?;
+    aci.deny = match kind.trim() {
+        "allow" => false,
+        "deny" => true,
+        k => return Err(format!("permission '{k}'")),
+    };
+    let (rights, bind) = tail
+        .split_once(')')
+        .ok_or("the rights list is not closed")?;
+    aci.rights = rights_list(rights)?;
+    aci.subjects = bind_rule(bind.trim(), anonymous)?;
+    Ok(aci)
+}
+
+/// Set on `aci` what one target (`keyword op "value"`) narrows it to.
+fn apply_target(aci: &mut Aci, keyword: &str, op: &str, value: String) -> Result<(), String> {
+    match (keyword, op) {
+        ("target", "=") => {
+            let dn = value
+                .strip_prefix("ldap:///")
+                .ok_or("target is not an ldap:/// URL")?;
+            if dn.contains('*') {
+                return Err("a target with wildcards".into());
+            }
+            aci.dn = dn.to_string();
+        }
+        ("targetattr", "=") => {
+            let names: Vec<String> = value
+                .split("||")
+                .map(|a| a.trim().to_string())
+                .filter(|a| !a.is_empty())
+                .collect();
+            if !names.iter().any(|a| a == "*") {
+                aci.attrs = Some(names);
+            }
+        }
+        ("targetfilter", "=") => aci.filter = Some(value),
+        ("targetscope", "=") => {
+            aci.scope = match value.as_str() {
+                "base" => "base",
+                "onelevel" => "one",
+                "subtree" => "sub",
+                other => return Err(format!("targetscope {other}")),
+            }
+        }
+        (k, o) => return Err(format!("target '{k} {o}'")),
+    }
+    Ok(())
+}
+
+/// `(version 3.0; acl "name"; allow|deny (rights) bindrule;)`: the acl
+/// name and the single permission clause that follows it.
+fn version_part(s: &str) -> Result<(String, &str), String> {
+    let body = s
+        .strip_prefix("(version")
+        .ok_or("no (version 3.0; …) part")?;
     let body = body
         .trim_end()
         .strip_suffix(')')
@@ -106,7 +130,6 @@ pub fn parse(at: &str, text: &str, anonymous: bool) -> Result<Aci, String> {
     let rest = parts.next().ok_or("nothing after the version")?.trim();
     let rest = rest.strip_prefix("acl").ok_or("no acl name")?.trim_start();
     let (name, rest) = quoted(rest).ok_or("the acl name is not quoted")?;
-    aci.name = name;
     let rest = rest
         .trim_start()
         .strip_prefix(';')
@@ -120,15 +143,13 @@ pub fn parse(at: &str, text: &str, anonymous: bool) -> Result<Aci, String> {
     let [one] = permissions.as_slice() else {
         return Err("several permissions in one ACI".into());
     };
-    let (kind, tail) = one.split_once('(').ok_or("no rights list")?;
-    aci.deny = match kind.trim() {
-        "allow" => false,
-        "deny" => true,
-        k => return Err(format!("permission '{k}'")),
-    };
-    let (rights, bind) = tail
-        .split_once(')')
-        .ok_or("the rights list is not closed")?;
+    Ok((name, *one))
+}
+
+/// The comma-separated rights of a permission as Pando rights, each once,
+/// in the order first named.
+fn rights_list(rights: &str) -> Result<Vec<&'static str>, String> {
+    let mut out: Vec<&'static str> = Vec::new();
     for r in rights.split(',').map(|r| r.trim().to_ascii_lowercase()) {
         let add: &[&str] = match r.as_str() {
             "read" => &["read"],
@@ -145,13 +166,12 @@ pub fn parse(at: &str, text: &str, anonymous: bool) -> Result<Aci, String> {
             other => return Err(format!("right '{other}'")),
         };
         for x in add {
-            if !aci.rights.contains(x) {
-                aci.rights.push(x);
+            if !out.contains(x) {
+                out.push(x);
             }
         }
     }
-    aci.subjects = bind_rule(bind.trim(), anonymous)?;
-    Ok(aci)
+    Ok(out)
 }
 
 struct Parser<'a> {

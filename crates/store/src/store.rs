@@ -103,6 +103,141 @@ pub fn preflight(path: &Path, writable: bool, whole: bool) -> Result<bool, Store
         .map_err(|e| StoreError::Damaged(format!("{}: {e}", data.display())))
 }
 
+/// The store's format: written when the store is new, checked when it
+/// is not (one this Pando can read), raised to this Pando's when older.
+fn check_format(
+    meta: Db,
+    wtxn: &mut RwTxn<'_>,
+    existing: bool,
+    path: &Path,
+) -> Result<(), StoreError> {
+    match meta.get(wtxn, META_FORMAT)? {
+        None if existing => {
+            return Err(StoreError::Damaged(format!(
+                "{}: the 'meta' database has no format record",
+                path.join(DATA_FILE).display()
+            )))
+        }
+        None => {
+            meta.put(wtxn, META_FORMAT, &FORMAT_VERSION.to_be_bytes())?;
+            meta.put(wtxn, META_NEXT_ID, &1u64.to_be_bytes())?;
+        }
+        Some(v) => {
+            let found = <[u8; 4]>::try_from(v)
+                .map(u32::from_be_bytes)
+                .map_err(|_| StoreError::Format("unreadable format version in meta".into()))?;
+            if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&found) {
+                return Err(StoreError::Format(format!(
+                    "store {} has format {found}, this Pando reads formats {OLDEST_FORMAT} to {FORMAT_VERSION}",
+                    path.display()
+                )));
+            }
+            if found < FORMAT_VERSION {
+                // From now on records of the new format may be written.
+                meta.put(wtxn, META_FORMAT, &FORMAT_VERSION.to_be_bytes())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The configured indexes' databases. `meta:indexes` lists the index
+/// databases kept up to date. A configured index not on the list (new,
+/// or dropped from the configuration earlier and so stale) is rebuilt, and
+/// the list updated, in this same transaction: an index that is listed is
+/// always complete. Indexes no longer configured are emptied.
+#[allow(clippy::too_many_arguments)]
+fn open_indexes(
+    env: &Env,
+    wtxn: &mut RwTxn<'_>,
+    meta: Db,
+    id2entry: Db,
+    schema: &Arc<Schema>,
+    codec: &crate::entry_codec::Codec,
+    opts: &StoreOptions,
+    path: &Path,
+) -> Result<HashMap<String, Vec<IndexDb>>, StoreError> {
+    let listed: HashSet<String> = match meta.get(wtxn, META_INDEXES)? {
+        Some(v) => parse_listed(v).into_iter().collect(),
+        // Stores from before the list: their existing indexes were built whole.
+        None => {
+            let mut existing = HashSet::new();
+            for spec in &opts.indexes {
+                for &kind in &spec.kinds {
+                    let name = index::db_name(&spec.attr.to_ascii_lowercase(), kind);
+                    if env
+                        .open_database::<Bytes, Bytes>(wtxn, Some(&name))?
+                        .is_some()
+                    {
+                        existing.insert(name);
+                    }
+                }
+            }
+            existing
+        }
+    };
+    let mut indexes: HashMap<String, Vec<IndexDb>> = HashMap::new();
+    let mut to_build = Vec::new();
+    let mut maintained: Vec<String> = Vec::new();
+    for spec in &opts.indexes {
+        let attr = spec.attr.to_ascii_lowercase();
+        for &kind in &spec.kinds {
+            let name = index::db_name(&attr, kind);
+            let db: Db = env.create_database(wtxn, Some(&name))?;
+            if !listed.contains(&name) {
+                db.clear(wtxn)?;
+                to_build.push((attr.clone(), kind, db));
+            }
+            maintained.push(name);
+            indexes.entry(attr.clone()).or_default().push(IndexDb {
+                kind,
+                db,
+                ready: true,
+            });
+        }
+    }
+    // Dropped while serving and not emptied before the server stopped.
+    let dropped: Vec<String> = match meta.get(wtxn, META_INDEXES_DROPPED)? {
+        Some(v) => parse_listed(v),
+        None => Vec::new(),
+    };
+    meta.delete(wtxn, META_INDEXES_DROPPED)?;
+    for name in listed
+        .iter()
+        .chain(&dropped)
+        .filter(|n| !maintained.contains(n))
+    {
+        if let Some(db) = env.open_database::<Bytes, Bytes>(wtxn, Some(name))? {
+            db.clear(wtxn)?;
+        }
+    }
+    if !to_build.is_empty() {
+        bulk::fill_indexes(
+            schema,
+            codec,
+            id2entry,
+            wtxn,
+            &to_build,
+            bulk::Runs::new(REBUILD_MEMORY, &path.join("index-runs")),
+            &mut |_| {},
+        )?;
+    }
+    meta.put(wtxn, META_INDEXES, maintained.join("\n").as_bytes())?;
+    Ok(indexes)
+}
+
+/// The newest of the store's context CSNs (one per server ID), if any.
+fn newest_context_csn(meta: Db, wtxn: &RwTxn<'_>) -> Result<Option<String>, StoreError> {
+    let mut newest: Option<Vec<u8>> = None;
+    for item in meta.prefix_iter(wtxn, b"context_csn:")? {
+        let (_, v) = item?;
+        if newest.as_deref().is_none_or(|n| v > n) {
+            newest = Some(v.to_vec());
+        }
+    }
+    Ok(newest.map(|v| String::from_utf8_lossy(&v).into_owned()))
+}
+
 impl Store {
     /// Open (creating if needed) the store in directory `path`.
     pub fn open(
@@ -152,116 +287,11 @@ impl Store {
                 env.create_database(&mut wtxn, Some("id2parent"))?,
             )
         };
-        match meta.get(&wtxn, META_FORMAT)? {
-            None if existing => {
-                return Err(StoreError::Damaged(format!(
-                    "{}: the 'meta' database has no format record",
-                    path.join(DATA_FILE).display()
-                )))
-            }
-            None => {
-                meta.put(&mut wtxn, META_FORMAT, &FORMAT_VERSION.to_be_bytes())?;
-                meta.put(&mut wtxn, META_NEXT_ID, &1u64.to_be_bytes())?;
-            }
-            Some(v) => {
-                let found = <[u8; 4]>::try_from(v)
-                    .map(u32::from_be_bytes)
-                    .map_err(|_| StoreError::Format("unreadable format version in meta".into()))?;
-                if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&found) {
-                    return Err(StoreError::Format(format!(
-                        "store {} has format {found}, this Pando reads formats {OLDEST_FORMAT} to {FORMAT_VERSION}",
-                        path.display()
-                    )));
-                }
-                if found < FORMAT_VERSION {
-                    // From now on records of the new format may be written.
-                    meta.put(&mut wtxn, META_FORMAT, &FORMAT_VERSION.to_be_bytes())?;
-                }
-            }
-        }
-        // `meta:indexes` lists the index databases kept up to date. A
-        // configured index not on the list (new, or dropped from the
-        // configuration earlier and so stale) is rebuilt, and the list
-        // updated, in this same transaction: an index that is listed is
-        // always complete. Indexes no longer configured are emptied.
-        let listed: HashSet<String> = match meta.get(&wtxn, META_INDEXES)? {
-            Some(v) => parse_listed(v).into_iter().collect(),
-            // Stores from before the list: their existing indexes were built whole.
-            None => {
-                let mut existing = HashSet::new();
-                for spec in &opts.indexes {
-                    for &kind in &spec.kinds {
-                        let name = index::db_name(&spec.attr.to_ascii_lowercase(), kind);
-                        if env
-                            .open_database::<Bytes, Bytes>(&wtxn, Some(&name))?
-                            .is_some()
-                        {
-                            existing.insert(name);
-                        }
-                    }
-                }
-                existing
-            }
-        };
-        let mut indexes: HashMap<String, Vec<IndexDb>> = HashMap::new();
-        let mut to_build = Vec::new();
-        let mut maintained: Vec<String> = Vec::new();
-        for spec in &opts.indexes {
-            let attr = spec.attr.to_ascii_lowercase();
-            for &kind in &spec.kinds {
-                let name = index::db_name(&attr, kind);
-                let db: Db = env.create_database(&mut wtxn, Some(&name))?;
-                if !listed.contains(&name) {
-                    db.clear(&mut wtxn)?;
-                    to_build.push((attr.clone(), kind, db));
-                }
-                maintained.push(name);
-                indexes.entry(attr.clone()).or_default().push(IndexDb {
-                    kind,
-                    db,
-                    ready: true,
-                });
-            }
-        }
-        // Dropped while serving and not emptied before the server stopped.
-        let dropped: Vec<String> = match meta.get(&wtxn, META_INDEXES_DROPPED)? {
-            Some(v) => parse_listed(v),
-            None => Vec::new(),
-        };
-        meta.delete(&mut wtxn, META_INDEXES_DROPPED)?;
-        for name in listed
-            .iter()
-            .chain(&dropped)
-            .filter(|n| !maintained.contains(n))
-        {
-            if let Some(db) = env.open_database::<Bytes, Bytes>(&wtxn, Some(name))? {
-                db.clear(&mut wtxn)?;
-            }
-        }
+        check_format(meta, &mut wtxn, existing, path)?;
         let codec = load_codec(&wtxn, meta, opts.compression)?;
-        if !to_build.is_empty() {
-            bulk::fill_indexes(
-                &schema,
-                &codec,
-                id2entry,
-                &mut wtxn,
-                &to_build,
-                bulk::Runs::new(REBUILD_MEMORY, &path.join("index-runs")),
-                &mut |_| {},
-            )?;
-        }
-        meta.put(&mut wtxn, META_INDEXES, maintained.join("\n").as_bytes())?;
+        let indexes = open_indexes(&env, &mut wtxn, meta, id2entry, &schema, &codec, opts, path)?;
         context_csn::migrate(meta, &mut wtxn)?;
-        let newest = {
-            let mut newest: Option<Vec<u8>> = None;
-            for item in meta.prefix_iter(&wtxn, b"context_csn:")? {
-                let (_, v) = item?;
-                if newest.as_deref().is_none_or(|n| v > n) {
-                    newest = Some(v.to_vec());
-                }
-            }
-            newest.map(|v| String::from_utf8_lossy(&v).into_owned())
-        };
+        let newest = newest_context_csn(meta, &wtxn)?;
         let changelog = Some(changelog::open(
             &env,
             &mut wtxn,

@@ -1568,12 +1568,60 @@ fn syncrepl(cx: &mut Ctx, d: &Directive) {
             kv.insert(k.to_ascii_lowercase(), v.to_string());
         }
     }
-    let mut t = toml::map::Map::new();
     let mut notes = Vec::new();
+    let t = consumer_table(&kv, &mut notes);
+    let parsed: Result<pando_config::consumer::ConsumerConfig, _> =
+        toml::Value::Table(t).try_into();
+    match parsed {
+        Ok(c)
+            if !matches!(c.kind.as_str(), "refreshOnly" | "refreshAndPersist")
+                || !matches!(c.syncdata.as_str(), "default" | "accesslog") =>
+        {
+            cx.note(Severity::Dropped, d, format!(
+                "type={} syncdata={}: Pando follows RFC 4533 providers (refreshOnly, refreshAndPersist; whole entries or an accesslog); this consumer is not set up",
+                c.kind, c.syncdata
+            ));
+        }
+        Ok(mut c) => {
+            if let Some(secret) = kv.get("credentials") {
+                cx.secrets.push((c.rid, secret.clone()));
+                notes.push("credentials: written to secrets/ beside pando.toml (0600) and named by credentials_file".into());
+            }
+            // Pando sends no password in clear across a network.
+            let clear = c.bind_method == "simple"
+                && c.provider.starts_with("ldap://")
+                && !c.start_tls
+                && !pando_proto::url::is_loopback(&c.provider);
+            if clear {
+                c.start_tls = true;
+                notes.push(format!(
+                    "a simple bind over plain {} sends the password in clear: start_tls = true (or an ldaps:// provider; allow_plaintext_password = true keeps slapd's behaviour, for a lab)",
+                    c.provider
+                ));
+            }
+            cx.cfg.replication.consumer.push(c);
+            let severity = if clear {
+                Severity::Stricter
+            } else {
+                Severity::Note
+            };
+            cx.settle(d, severity, &notes);
+        }
+        Err(e) => cx.bad(d, format!("{e}")),
+    }
+}
+
+/// The `key=value` words of a `syncrepl` directive as the fields of a
+/// Pando consumer; what has no counterpart goes into `notes`.
+fn consumer_table(
+    kv: &BTreeMap<String, String>,
+    notes: &mut Vec<String>,
+) -> toml::map::Map<String, toml::Value> {
+    let mut t = toml::map::Map::new();
     let mut put = |k: &str, v: toml::Value| {
         t.insert(k.to_string(), v);
     };
-    for (k, v) in &kv {
+    for (k, v) in kv {
         let s = toml::Value::String(v.clone());
         match k.as_str() {
             "rid" => put("rid", toml::Value::Integer(v.parse().unwrap_or(0))),
@@ -1630,45 +1678,7 @@ fn syncrepl(cx: &mut Ctx, d: &Directive) {
             other => notes.push(format!("{other}: not translated")),
         }
     }
-    let parsed: Result<pando_config::consumer::ConsumerConfig, _> =
-        toml::Value::Table(t).try_into();
-    match parsed {
-        Ok(c)
-            if !matches!(c.kind.as_str(), "refreshOnly" | "refreshAndPersist")
-                || !matches!(c.syncdata.as_str(), "default" | "accesslog") =>
-        {
-            cx.note(Severity::Dropped, d, format!(
-                "type={} syncdata={}: Pando follows RFC 4533 providers (refreshOnly, refreshAndPersist; whole entries or an accesslog); this consumer is not set up",
-                c.kind, c.syncdata
-            ));
-        }
-        Ok(mut c) => {
-            if let Some(secret) = kv.get("credentials") {
-                cx.secrets.push((c.rid, secret.clone()));
-                notes.push("credentials: written to secrets/ beside pando.toml (0600) and named by credentials_file".into());
-            }
-            // Pando sends no password in clear across a network.
-            let clear = c.bind_method == "simple"
-                && c.provider.starts_with("ldap://")
-                && !c.start_tls
-                && !pando_proto::url::is_loopback(&c.provider);
-            if clear {
-                c.start_tls = true;
-                notes.push(format!(
-                    "a simple bind over plain {} sends the password in clear: start_tls = true (or an ldaps:// provider; allow_plaintext_password = true keeps slapd's behaviour, for a lab)",
-                    c.provider
-                ));
-            }
-            cx.cfg.replication.consumer.push(c);
-            let severity = if clear {
-                Severity::Stricter
-            } else {
-                Severity::Note
-            };
-            cx.settle(d, severity, &notes);
-        }
-        Err(e) => cx.bad(d, format!("{e}")),
-    }
+    t
 }
 
 #[cfg(test)]
