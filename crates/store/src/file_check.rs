@@ -586,32 +586,11 @@ impl<S: Source + ?Sized> Walker<'_, '_, S> {
         };
         let ps = page.len();
         let at = |what: &str| format!("{name}: page {pgno}: {what}");
-        let flags = u16_at(&page, 10);
         let want = if level == depth { P_LEAF } else { P_BRANCH };
-        if u64_at(&page, 0) != pgno {
-            return self
-                .damage
-                .push(at(&format!("header names page {}", u64_at(&page, 0))));
-        }
-        if flags & !IGNORED_FLAGS != want {
-            return self.damage.push(at(&format!(
-                "flags {flags:#x}, expected a {} page at level {level} of {depth}",
-                if want == P_LEAF { "leaf" } else { "branch" }
-            )));
-        }
-        if !self.seen.mark(pgno) {
-            return self.damage.push(at("used twice"));
-        }
-        let (lower, upper) = (u16_at(&page, 12) as usize, u16_at(&page, 14) as usize);
-        if lower < PAGE_HEADER || lower > upper || upper > ps || (lower - PAGE_HEADER) & 1 != 0 {
-            return self
-                .damage
-                .push(at(&format!("free-space bounds {lower}..{upper}")));
-        }
-        let n = (lower - PAGE_HEADER) / 2;
-        if n == 0 && want == P_BRANCH {
-            return self.damage.push(at("a branch page without children"));
-        }
+        let (n, upper) = match self.header(&page, pgno, want, level, depth) {
+            Ok(found) => found,
+            Err(what) => return self.damage.push(at(&what)),
+        };
         self.pages[if want == P_LEAF { 1 } else { 0 }] += 1;
         let mut prev: Option<Vec<u8>> = None;
         // (key, child) of a branch page, checked before descending.
@@ -660,38 +639,12 @@ impl<S: Source + ?Sized> Walker<'_, '_, S> {
             let dsize = (lo | (hi << 16)) as usize;
             let dstart = kstart + ksize;
             self.entries += 1;
-            if nflags & F_DUPDATA != 0 || (nflags & F_SUBDATA != 0 && !main) || nflags > 0x07 {
-                return self
-                    .damage
-                    .push(at(&format!("record {i}: flags {nflags:#x}")));
-            }
-            if nflags & F_BIGDATA != 0 {
-                let Some(pb) = page.get(dstart..dstart + 8) else {
-                    return self
-                        .damage
-                        .push(at(&format!("record {i}: overflow pointer")));
-                };
-                let first = u64_at(pb, 0);
-                match self.overflow(first, dsize) {
-                    Ok(v) => visit(key, Value::Overflow(v)),
-                    Err(e) => self.damage.push(at(&format!("record {i}: {e}"))),
-                }
-                continue;
-            }
-            let Some(data) = page.get(dstart..dstart + dsize) else {
-                return self
-                    .damage
-                    .push(at(&format!("record {i}: value of {dsize} bytes")));
-            };
-            if nflags & F_SUBDATA != 0 {
-                if dsize != DbRecord::SIZE {
-                    return self
-                        .damage
-                        .push(at(&format!("record {i}: database record of {dsize} bytes")));
-                }
-                visit(key, Value::Database(DbRecord::parse(data)));
-            } else {
-                visit(key, Value::Inline(data));
+            let value = &page[dstart.min(ps)..];
+            match self.leaf_value(key, value, dsize, nflags, main, visit) {
+                Ok(None) => {}
+                // A bad overflow run: the page's other records are read.
+                Ok(Some(what)) => self.damage.push(at(&format!("record {i}: {what}"))),
+                Err(what) => return self.damage.push(at(&format!("record {i}: {what}"))),
             }
         }
         for (i, (key, child)) in children.iter().enumerate() {
@@ -709,6 +662,86 @@ impl<S: Source + ?Sized> Walker<'_, '_, S> {
                 visit,
             );
         }
+    }
+
+    /// A tree page's header checked: it names itself, is the kind its
+    /// level needs, is not used twice, and its free-space bounds hold.
+    /// The number of records and where its free space ends; or what is
+    /// wrong.
+    fn header(
+        &mut self,
+        page: &[u8],
+        pgno: u64,
+        want: u16,
+        level: u16,
+        depth: u16,
+    ) -> Result<(usize, usize), String> {
+        let flags = u16_at(page, 10);
+        if u64_at(page, 0) != pgno {
+            return Err(format!("header names page {}", u64_at(page, 0)));
+        }
+        if flags & !IGNORED_FLAGS != want {
+            return Err(format!(
+                "flags {flags:#x}, expected a {} page at level {level} of {depth}",
+                if want == P_LEAF { "leaf" } else { "branch" }
+            ));
+        }
+        if !self.seen.mark(pgno) {
+            return Err("used twice".into());
+        }
+        let (lower, upper) = (u16_at(page, 12) as usize, u16_at(page, 14) as usize);
+        if lower < PAGE_HEADER
+            || lower > upper
+            || upper > page.len()
+            || (lower - PAGE_HEADER) & 1 != 0
+        {
+            return Err(format!("free-space bounds {lower}..{upper}"));
+        }
+        let n = (lower - PAGE_HEADER) / 2;
+        if n == 0 && want == P_BRANCH {
+            return Err("a branch page without children".into());
+        }
+        Ok((n, upper))
+    }
+
+    /// One leaf record's value (`dsize` bytes from the start of `value`,
+    /// or an overflow run it points to), given to `visit`. `Ok(Some)`:
+    /// the overflow run it points to is damaged (the page is still read);
+    /// `Err`: the record itself is, and the page is not read further.
+    fn leaf_value(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        dsize: usize,
+        nflags: u16,
+        main: bool,
+        visit: &mut dyn FnMut(&[u8], Value<'_>),
+    ) -> Result<Option<String>, String> {
+        if nflags & F_DUPDATA != 0 || (nflags & F_SUBDATA != 0 && !main) || nflags > 0x07 {
+            return Err(format!("flags {nflags:#x}"));
+        }
+        if nflags & F_BIGDATA != 0 {
+            let pb = value.get(..8).ok_or("overflow pointer")?;
+            return Ok(match self.overflow(u64_at(pb, 0), dsize) {
+                Ok(v) => {
+                    visit(key, Value::Overflow(v));
+                    None
+                }
+                Err(e) => Some(e.to_string()),
+            });
+        }
+        let data = value
+            .get(..dsize)
+            .ok_or_else(|| format!("value of {dsize} bytes"))?;
+        if nflags & F_SUBDATA != 0 {
+            if dsize != DbRecord::SIZE {
+                return Err(format!("database record of {dsize} bytes"));
+            }
+            visit(key, Value::Database(DbRecord::parse(data)));
+        } else {
+            visit(key, Value::Inline(data));
+        }
+        Ok(None)
     }
 
     /// An overflow run. LMDB may leave a run longer than its value needs

@@ -429,47 +429,14 @@ impl Model {
                 new_parent,
                 delete_old,
                 checked,
-            } => {
-                let k = key_of(schema, target);
-                if !self.contains(&k) {
-                    return Err(Refusal::NoSuchObject);
-                }
-                if k.len() <= 2 {
-                    return Err(Refusal::Suffix);
-                }
-                let pk = match new_parent {
-                    Some(p) => key_of(schema, p),
-                    None => k[..k.len() - 1].to_vec(),
-                };
-                if !self.contains(&pk) {
-                    return Err(Refusal::NoParent);
-                }
-                let below = pk.starts_with(&k);
-                let mut nk = pk;
-                nk.push(schema.normalize_rdn(rdn).expect("generated RDNs normalise"));
-                let taken = nk != k && self.contains(&nk);
-                if *checked && below {
-                    return Err(Refusal::BelowItself);
-                }
-                if *checked && taken {
-                    return Err(Refusal::Exists);
-                }
-                if below || taken {
-                    return Err(Refusal::ByStore);
-                }
-                let mut moved = Vec::new();
-                for old in self.subtree(&k) {
-                    let node = self.nodes.remove(&old).expect("listed just now");
-                    let mut new = nk.clone();
-                    new.extend_from_slice(&old[k.len()..]);
-                    moved.push((new, node));
-                }
-                self.nodes.extend(moved);
-                let node = self.nodes.get_mut(&nk).expect("moved just now");
-                node.rdn = rdn.to_string();
-                node.attrs = rename_attrs(schema, &node.attrs, target.rdn(), rdn, *delete_old);
-                Ok(None)
-            }
+            } => self.rename(
+                schema,
+                target,
+                rdn,
+                new_parent.as_ref(),
+                *delete_old,
+                *checked,
+            ),
             Op::Delete { target, checked } => {
                 let k = key_of(schema, target);
                 if !self.contains(&k) {
@@ -489,6 +456,58 @@ impl Model {
                 Ok(None)
             }
         }
+    }
+
+    /// A rename, as the store should make it: the entry and everything
+    /// below it move.
+    fn rename(
+        &mut self,
+        schema: &Schema,
+        target: &Dn,
+        rdn: &Rdn,
+        new_parent: Option<&Dn>,
+        delete_old: bool,
+        checked: bool,
+    ) -> Result<Option<u64>, Refusal> {
+        let k = key_of(schema, target);
+        if !self.contains(&k) {
+            return Err(Refusal::NoSuchObject);
+        }
+        if k.len() <= 2 {
+            return Err(Refusal::Suffix);
+        }
+        let pk = match new_parent {
+            Some(p) => key_of(schema, p),
+            None => k[..k.len() - 1].to_vec(),
+        };
+        if !self.contains(&pk) {
+            return Err(Refusal::NoParent);
+        }
+        let below = pk.starts_with(&k);
+        let mut nk = pk;
+        nk.push(schema.normalize_rdn(rdn).expect("generated RDNs normalise"));
+        let taken = nk != k && self.contains(&nk);
+        if checked && below {
+            return Err(Refusal::BelowItself);
+        }
+        if checked && taken {
+            return Err(Refusal::Exists);
+        }
+        if below || taken {
+            return Err(Refusal::ByStore);
+        }
+        let mut moved = Vec::new();
+        for old in self.subtree(&k) {
+            let node = self.nodes.remove(&old).expect("listed just now");
+            let mut new = nk.clone();
+            new.extend_from_slice(&old[k.len()..]);
+            moved.push((new, node));
+        }
+        self.nodes.extend(moved);
+        let node = self.nodes.get_mut(&nk).expect("moved just now");
+        node.rdn = rdn.to_string();
+        node.attrs = rename_attrs(schema, &node.attrs, target.rdn(), rdn, delete_old);
+        Ok(None)
     }
 }
 
@@ -648,6 +667,59 @@ fn run_job(w: &mut WriteTxn<'_>, schema: &Schema, job: &Job) -> Result<Vec<Entry
     Ok(added)
 }
 
+/// A rename as the model's operation gives it: refused as the store's
+/// callers refuse it when `checked`, else left to the store to refuse.
+fn run_rename(
+    w: &mut WriteTxn<'_>,
+    schema: &Schema,
+    target: &Dn,
+    rdn: &Rdn,
+    new_parent: Option<&Dn>,
+    delete_old: bool,
+    checked: bool,
+) -> Result<Option<EntryId>, JobErr> {
+    let refuse = |r| Err(JobErr::Refused(r));
+    let view = w.view();
+    let Some(id) = resolve(&view, target)? else {
+        return refuse(Refusal::NoSuchObject);
+    };
+    if view.parent_of(id)?.is_none() {
+        return refuse(Refusal::Suffix);
+    }
+    let parent_dn = match new_parent {
+        Some(p) => (*p).clone(),
+        None => target.parent().expect("a non-suffix DN has a parent"),
+    };
+    let Some(parent_id) = resolve(&view, &parent_dn)? else {
+        return refuse(Refusal::NoParent);
+    };
+    if checked && view.is_within(parent_id, id)? {
+        return refuse(Refusal::BelowItself);
+    }
+    if checked {
+        if let Some(other) = resolve(&view, &parent_dn.child(rdn.clone()))? {
+            if other != id {
+                return refuse(Refusal::Exists);
+            }
+        }
+    }
+    let old = view.attrs(id)?.expect("a resolved entry has a record");
+    let new = rename_attrs(schema, &old, target.rdn(), rdn, delete_old);
+    let to = Placement {
+        parent: parent_id,
+        rdn: rdn.to_string(),
+        norm_rdn: schema.normalize_rdn(rdn).expect("generated RDNs normalise"),
+    };
+    let renamed = w.rename(id, &to);
+    if checked {
+        renamed?
+    } else {
+        renamed.map_err(by_store)?
+    }
+    w.replace(id, &old, &new)?;
+    Ok(None)
+}
+
 fn run_op(w: &mut WriteTxn<'_>, schema: &Schema, op: &Op) -> Result<Option<EntryId>, JobErr> {
     let refuse = |r| Err(JobErr::Refused(r));
     match op {
@@ -688,47 +760,15 @@ fn run_op(w: &mut WriteTxn<'_>, schema: &Schema, op: &Op) -> Result<Option<Entry
             new_parent,
             delete_old,
             checked,
-        } => {
-            let view = w.view();
-            let Some(id) = resolve(&view, target)? else {
-                return refuse(Refusal::NoSuchObject);
-            };
-            if view.parent_of(id)?.is_none() {
-                return refuse(Refusal::Suffix);
-            }
-            let parent_dn = match new_parent {
-                Some(p) => p.clone(),
-                None => target.parent().expect("a non-suffix DN has a parent"),
-            };
-            let Some(parent_id) = resolve(&view, &parent_dn)? else {
-                return refuse(Refusal::NoParent);
-            };
-            if *checked && view.is_within(parent_id, id)? {
-                return refuse(Refusal::BelowItself);
-            }
-            if *checked {
-                if let Some(other) = resolve(&view, &parent_dn.child(rdn.clone()))? {
-                    if other != id {
-                        return refuse(Refusal::Exists);
-                    }
-                }
-            }
-            let old = view.attrs(id)?.expect("a resolved entry has a record");
-            let new = rename_attrs(schema, &old, target.rdn(), rdn, *delete_old);
-            let to = Placement {
-                parent: parent_id,
-                rdn: rdn.to_string(),
-                norm_rdn: schema.normalize_rdn(rdn).expect("generated RDNs normalise"),
-            };
-            let renamed = w.rename(id, &to);
-            if *checked {
-                renamed?
-            } else {
-                renamed.map_err(by_store)?
-            }
-            w.replace(id, &old, &new)?;
-            Ok(None)
-        }
+        } => run_rename(
+            w,
+            schema,
+            target,
+            rdn,
+            new_parent.as_ref(),
+            *delete_old,
+            *checked,
+        ),
         Op::Delete { target, checked } => {
             let view = w.view();
             let Some(id) = resolve(&view, target)? else {
@@ -1216,92 +1256,7 @@ impl<'s> Harness<'s> {
     /// Index candidates of a few filters are the model's matches (exactly
     /// where the index is exact, a superset where keys are cut).
     fn compare_indexes(&self, view: &View<'_>, model: &Model, when: &str) {
-        let schema = &*self.schema;
-        let cn = schema.attribute("cn").expect("cn in the schema");
-        let cn_norm = |n: &Node| -> Vec<Vec<u8>> {
-            n.attrs
-                .iter()
-                .filter(|a| pando_model::desc::base(&a.desc).eq_ignore_ascii_case("cn"))
-                .flat_map(|a| a.values.iter())
-                .filter_map(|v| schema.normalize(cn, v).ok())
-                .collect()
-        };
-        let uids = |n: &Node| -> Vec<i64> {
-            n.attrs
-                .iter()
-                .filter(|a| a.desc.eq_ignore_ascii_case("uidNumber"))
-                .flat_map(|a| a.values.iter())
-                .filter_map(|v| std::str::from_utf8(v).ok()?.parse().ok())
-                .collect()
-        };
-        let long = cn_values()[14].clone();
-        type Test<'a> = Box<dyn Fn(&Node) -> bool + 'a>;
-        let eq = |v: &'static str| -> Test<'_> {
-            let want = schema.normalize(cn, v.as_bytes()).expect("normalises");
-            Box::new(move |n: &Node| cn_norm(n).contains(&want))
-        };
-        let queries: Vec<(String, bool, Test<'_>)> = vec![
-            ("(cn=a)".into(), true, eq("a")),
-            ("(cn=AB)".into(), true, eq("ab")),
-            ("(cn=abc)".into(), true, eq("abc")),
-            ("(cn=ca)".into(), true, eq("ca")),
-            ("(cn=zz)".into(), true, eq("zz")),
-            (
-                format!("(cn={})", String::from_utf8_lossy(&long)),
-                false,
-                Box::new(|n: &Node| cn_norm(n).contains(&long)),
-            ),
-            (
-                "(cn=ab*)".into(),
-                true,
-                Box::new(|n: &Node| cn_norm(n).iter().any(|v| v.starts_with(b"ab"))),
-            ),
-            (
-                "(cn=*ab)".into(),
-                true,
-                Box::new(|n: &Node| cn_norm(n).iter().any(|v| v.ends_with(b"ab"))),
-            ),
-            (
-                "(cn=*abc*)".into(),
-                true,
-                Box::new(|n: &Node| cn_norm(n).iter().any(|v| v.windows(3).any(|w| w == b"abc"))),
-            ),
-            (
-                "(cn=*bab*)".into(),
-                true,
-                Box::new(|n: &Node| cn_norm(n).iter().any(|v| v.windows(3).any(|w| w == b"bab"))),
-            ),
-            (
-                "(cn=*)".into(),
-                true,
-                Box::new(|n: &Node| !cn_norm(n).is_empty()),
-            ),
-            (
-                "(uidNumber=3)".into(),
-                true,
-                Box::new(|n: &Node| uids(n).contains(&3)),
-            ),
-            (
-                "(uidNumber=-2)".into(),
-                true,
-                Box::new(|n: &Node| uids(n).contains(&-2)),
-            ),
-            (
-                "(uidNumber>=3)".into(),
-                true,
-                Box::new(|n: &Node| uids(n).iter().any(|&u| u >= 3)),
-            ),
-            (
-                "(uidNumber<=0)".into(),
-                true,
-                Box::new(|n: &Node| uids(n).iter().any(|&u| u <= 0)),
-            ),
-            (
-                "(uidNumber>=-5)".into(),
-                true,
-                Box::new(|n: &Node| uids(n).iter().any(|&u| u >= -5)),
-            ),
-        ];
+        let queries = index_queries(&self.schema);
         let everything = all_ids(self, model);
         for (text, exact, matches) in &queries {
             let f = Filter::parse(text).expect("query parses");
@@ -1330,6 +1285,99 @@ impl<'s> Harness<'s> {
             self.fail("(cn=a) should be answered by the index alone".into());
         }
     }
+}
+
+/// A query the indexes answer, whether they answer it exactly, and which
+/// model entries match it.
+type Test<'a> = Box<dyn Fn(&Node) -> bool + 'a>;
+
+/// The filters [`Harness::compare_indexes`] asks the indexes, each with
+/// whether the index answers it exactly and the model's own test.
+fn index_queries(schema: &Schema) -> Vec<(String, bool, Test<'_>)> {
+    let cn = schema.attribute("cn").expect("cn in the schema");
+    let cn_norm = move |n: &Node| -> Vec<Vec<u8>> {
+        n.attrs
+            .iter()
+            .filter(|a| pando_model::desc::base(&a.desc).eq_ignore_ascii_case("cn"))
+            .flat_map(|a| a.values.iter())
+            .filter_map(|v| schema.normalize(cn, v).ok())
+            .collect()
+    };
+    let uids = |n: &Node| -> Vec<i64> {
+        n.attrs
+            .iter()
+            .filter(|a| a.desc.eq_ignore_ascii_case("uidNumber"))
+            .flat_map(|a| a.values.iter())
+            .filter_map(|v| std::str::from_utf8(v).ok()?.parse().ok())
+            .collect()
+    };
+    let long = cn_values()[14].clone();
+    let eq = move |v: &'static str| -> Test<'_> {
+        let want = schema.normalize(cn, v.as_bytes()).expect("normalises");
+        Box::new(move |n: &Node| cn_norm(n).contains(&want))
+    };
+    vec![
+        ("(cn=a)".into(), true, eq("a")),
+        ("(cn=AB)".into(), true, eq("ab")),
+        ("(cn=abc)".into(), true, eq("abc")),
+        ("(cn=ca)".into(), true, eq("ca")),
+        ("(cn=zz)".into(), true, eq("zz")),
+        (
+            format!("(cn={})", String::from_utf8_lossy(&long)),
+            false,
+            Box::new(move |n: &Node| cn_norm(n).contains(&long)),
+        ),
+        (
+            "(cn=ab*)".into(),
+            true,
+            Box::new(move |n: &Node| cn_norm(n).iter().any(|v| v.starts_with(b"ab"))),
+        ),
+        (
+            "(cn=*ab)".into(),
+            true,
+            Box::new(move |n: &Node| cn_norm(n).iter().any(|v| v.ends_with(b"ab"))),
+        ),
+        (
+            "(cn=*abc*)".into(),
+            true,
+            Box::new(move |n: &Node| cn_norm(n).iter().any(|v| v.windows(3).any(|w| w == b"abc"))),
+        ),
+        (
+            "(cn=*bab*)".into(),
+            true,
+            Box::new(move |n: &Node| cn_norm(n).iter().any(|v| v.windows(3).any(|w| w == b"bab"))),
+        ),
+        (
+            "(cn=*)".into(),
+            true,
+            Box::new(move |n: &Node| !cn_norm(n).is_empty()),
+        ),
+        (
+            "(uidNumber=3)".into(),
+            true,
+            Box::new(move |n: &Node| uids(n).contains(&3)),
+        ),
+        (
+            "(uidNumber=-2)".into(),
+            true,
+            Box::new(move |n: &Node| uids(n).contains(&-2)),
+        ),
+        (
+            "(uidNumber>=3)".into(),
+            true,
+            Box::new(move |n: &Node| uids(n).iter().any(|&u| u >= 3)),
+        ),
+        (
+            "(uidNumber<=0)".into(),
+            true,
+            Box::new(move |n: &Node| uids(n).iter().any(|&u| u <= 0)),
+        ),
+        (
+            "(uidNumber>=-5)".into(),
+            true,
+            Box::new(move |n: &Node| uids(n).iter().any(|&u| u >= -5)),
+        ),
+    ]
 }
 
 fn all_ids(h: &Harness<'_>, model: &Model) -> BTreeSet<EntryId> {

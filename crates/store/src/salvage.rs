@@ -165,36 +165,7 @@ pub fn salvage(
             entries.insert(id, v.to_vec());
         },
     );
-    // DNs, parents first: (depth, id) order.
-    let mut placed: Vec<(usize, EntryId, String)> = Vec::new();
-    let mut lost: Vec<(EntryId, String)> = Vec::new();
-    for &id in entries.keys() {
-        match dn_of(id, &places, &entries) {
-            Ok((depth, dn)) => placed.push((depth, id, dn)),
-            Err(why) => lost.push((id, why)),
-        }
-    }
-    // Lost parents of entries that were read: placeholders, so that what
-    // survived below them can be imported.
-    let mut stand_ins: BTreeMap<EntryId, (usize, String)> = BTreeMap::new();
-    for (_, id, _) in &placed {
-        let mut cur = places[id].parent;
-        while cur != 0 && !entries.contains_key(&cur) && !stand_ins.contains_key(&cur) {
-            match dn_of(cur, &places, &entries) {
-                Ok(found) => {
-                    stand_ins.insert(cur, found);
-                }
-                Err(_) => break,
-            }
-            cur = places.get(&cur).map_or(0, |p| p.parent);
-        }
-    }
-    let mut order: Vec<(usize, EntryId, String, bool)> = placed
-        .into_iter()
-        .map(|(d, id, dn)| (d, id, dn, false))
-        .chain(stand_ins.into_iter().map(|(id, (d, dn))| (d, id, dn, true)))
-        .collect();
-    order.sort();
+    let (order, lost) = in_order(&places, &entries);
     let decode = |id: EntryId, bytes: &[u8]| -> Result<Vec<Attribute>, String> {
         codec
             .decode(id, Dn::root(), bytes)
@@ -235,6 +206,48 @@ pub fn salvage(
         }
     }
     Ok(report)
+}
+
+/// Every entry read, with its DN, parents first ((depth, id) order), and
+/// placeholders for lost parents of entries that were read (so what
+/// survived below them can be imported), each marked `true`; and the
+/// entries whose DN cannot be made, with why.
+#[allow(clippy::type_complexity)]
+fn in_order(
+    places: &HashMap<EntryId, Placement>,
+    entries: &BTreeMap<EntryId, Vec<u8>>,
+) -> (Vec<(usize, EntryId, String, bool)>, Vec<(EntryId, String)>) {
+    // DNs, parents first: (depth, id) order.
+    let mut placed: Vec<(usize, EntryId, String)> = Vec::new();
+    let mut lost: Vec<(EntryId, String)> = Vec::new();
+    for &id in entries.keys() {
+        match dn_of(id, places, entries) {
+            Ok((depth, dn)) => placed.push((depth, id, dn)),
+            Err(why) => lost.push((id, why)),
+        }
+    }
+    // Lost parents of entries that were read: placeholders, so that what
+    // survived below them can be imported.
+    let mut stand_ins: BTreeMap<EntryId, (usize, String)> = BTreeMap::new();
+    for (_, id, _) in &placed {
+        let mut cur = places[id].parent;
+        while cur != 0 && !entries.contains_key(&cur) && !stand_ins.contains_key(&cur) {
+            match dn_of(cur, places, entries) {
+                Ok(found) => {
+                    stand_ins.insert(cur, found);
+                }
+                Err(_) => break,
+            }
+            cur = places.get(&cur).map_or(0, |p| p.parent);
+        }
+    }
+    let mut order: Vec<(usize, EntryId, String, bool)> = placed
+        .into_iter()
+        .map(|(d, id, dn)| (d, id, dn, false))
+        .chain(stand_ins.into_iter().map(|(id, (d, dn))| (d, id, dn, true)))
+        .collect();
+    order.sort();
+    (order, lost)
 }
 
 /// A placeholder's attributes: its RDN's values, a structural class the
