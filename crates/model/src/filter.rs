@@ -19,7 +19,7 @@
 //! - extensible match with a rule and no type tries every attribute whose
 //!   syntax the rule applies to; `:dn:` also tries the DN's AVAs.
 
-use pando_proto::{Filter, MatchingRuleAssertion, SubstringFilter};
+use pando_proto::{Ava, Filter, MatchingRuleAssertion, SubstringFilter};
 
 use crate::entry::Entry;
 use crate::matching::{find_rule, Algo, Kind, MatchingRule};
@@ -230,55 +230,9 @@ impl Schema {
                 Some((t, _)) => Node::Present(t),
                 None => Node::Const(Ternary::False),
             },
-            Filter::Equality(ava) => {
-                let Some((t, at)) = self.target(&ava.attr) else {
-                    return undefined();
-                };
-                if t.oid == OBJECT_CLASS_OID {
-                    let name = std::str::from_utf8(&ava.value).ok().map(str::trim);
-                    if let Some(oc) = name.and_then(|n| self.object_class(n)) {
-                        return Node::ObjectClass(oc.oid.clone());
-                    }
-                }
-                let Some(rule) = at.equality.as_deref().and_then(find_rule) else {
-                    return undefined();
-                };
-                match self.normalize_with(rule, &ava.value, 0) {
-                    Ok(v) => Node::Item {
-                        target: Some(t),
-                        test: Test {
-                            rule,
-                            assertion: Assertion::Equal(v),
-                        },
-                        dn: false,
-                    },
-                    Err(_) => undefined(),
-                }
-            }
-            Filter::GreaterOrEqual(ava) | Filter::LessOrEqual(ava) => {
-                let ge = matches!(f, Filter::GreaterOrEqual(_));
-                let Some((t, at)) = self.target(&ava.attr) else {
-                    return undefined();
-                };
-                let Some(rule) = at.ordering.as_deref().and_then(find_rule) else {
-                    return undefined();
-                };
-                let Some(key) = self.ordering_key_with(rule, &ava.value) else {
-                    return undefined();
-                };
-                Node::Item {
-                    target: Some(t),
-                    test: Test {
-                        rule,
-                        assertion: if ge {
-                            Assertion::GreaterOrEqual(key)
-                        } else {
-                            Assertion::LessOrEqual(key)
-                        },
-                    },
-                    dn: false,
-                }
-            }
+            Filter::Equality(ava) => self.compile_equality(ava),
+            Filter::GreaterOrEqual(ava) => self.compile_ordering(ava, true),
+            Filter::LessOrEqual(ava) => self.compile_ordering(ava, false),
             Filter::Substrings(sf) => self.compile_substrings(sf),
             Filter::Approx(ava) => {
                 let Some((t, at)) = self.target(&ava.attr) else {
@@ -293,6 +247,60 @@ impl Schema {
                 }
             }
             Filter::Extensible(mra) => self.compile_extensible(mra),
+        }
+    }
+
+    /// An equality item: an objectClass value the schema knows tests the
+    /// class (and its subclasses); otherwise the type's equality rule.
+    fn compile_equality(&self, ava: &Ava) -> Node {
+        let Some((t, at)) = self.target(&ava.attr) else {
+            return undefined();
+        };
+        if t.oid == OBJECT_CLASS_OID {
+            let name = std::str::from_utf8(&ava.value).ok().map(str::trim);
+            if let Some(oc) = name.and_then(|n| self.object_class(n)) {
+                return Node::ObjectClass(oc.oid.clone());
+            }
+        }
+        let Some(rule) = at.equality.as_deref().and_then(find_rule) else {
+            return undefined();
+        };
+        match self.normalize_with(rule, &ava.value, 0) {
+            Ok(v) => Node::Item {
+                target: Some(t),
+                test: Test {
+                    rule,
+                    assertion: Assertion::Equal(v),
+                },
+                dn: false,
+            },
+            Err(_) => undefined(),
+        }
+    }
+
+    /// A greater-or-equal (`ge`) or less-or-equal item, by the type's
+    /// ordering rule.
+    fn compile_ordering(&self, ava: &Ava, ge: bool) -> Node {
+        let Some((t, at)) = self.target(&ava.attr) else {
+            return undefined();
+        };
+        let Some(rule) = at.ordering.as_deref().and_then(find_rule) else {
+            return undefined();
+        };
+        let Some(key) = self.ordering_key_with(rule, &ava.value) else {
+            return undefined();
+        };
+        Node::Item {
+            target: Some(t),
+            test: Test {
+                rule,
+                assertion: if ge {
+                    Assertion::GreaterOrEqual(key)
+                } else {
+                    Assertion::LessOrEqual(key)
+                },
+            },
+            dn: false,
         }
     }
 

@@ -700,56 +700,13 @@ impl Schema {
                 "SINGLE-VALUE" => at.single_value = true,
                 "COLLECTIVE" => at.collective = true,
                 "NO-USER-MODIFICATION" => at.no_user_modification = true,
-                "USAGE" => {
-                    let u = d.word("USAGE")?;
-                    at.usage = match u.to_ascii_lowercase().as_str() {
-                        "userapplications" => Usage::UserApplications,
-                        "directoryoperation" => Usage::DirectoryOperation,
-                        "distributedoperation" => Usage::DistributedOperation,
-                        "dsaoperation" => Usage::DsaOperation,
-                        _ => return Err(format!("unknown USAGE '{u}'")),
-                    };
-                }
+                "USAGE" => at.usage = usage(&d.word("USAGE")?)?,
                 _ => parse_extension(&mut d, k, &mut ext)?,
             }
         }
         check_names(&at.names)?;
 
-        // The definition as declared.
-        let mut def = format!("( {}", at.oid);
-        render_names(&mut def, &at.names);
-        if let Some(x) = &at.desc {
-            let _ = write!(def, " DESC {}", quote(x));
-        }
-        if at.obsolete {
-            def.push_str(" OBSOLETE");
-        }
-        for (k, v) in [
-            ("SUP", &at.sup),
-            ("EQUALITY", &at.equality),
-            ("ORDERING", &at.ordering),
-            ("SUBSTR", &at.substr),
-            ("SYNTAX", &syntax_written),
-        ] {
-            if let Some(v) = v {
-                let _ = write!(def, " {k} {v}");
-            }
-        }
-        for (flag, k) in [
-            (at.single_value, "SINGLE-VALUE"),
-            (at.collective, "COLLECTIVE"),
-            (at.no_user_modification, "NO-USER-MODIFICATION"),
-        ] {
-            if flag {
-                let _ = write!(def, " {k}");
-            }
-        }
-        if at.usage != Usage::UserApplications {
-            let _ = write!(def, " USAGE {}", at.usage.keyword());
-        }
-        render_ext(&mut def, &ext);
-        def.push_str(" )");
-        at.definition = def;
+        at.definition = attribute_definition(&at, syntax_written.as_deref(), &ext);
 
         // Resolve rules to canonical names.
         for (slot, kinds) in [
@@ -1356,6 +1313,61 @@ fn blocks(text: &str) -> Vec<(usize, String)> {
         }
     }
     out
+}
+
+/// An attribute type's USAGE keyword (RFC 4512 4.1.2).
+fn usage(u: &str) -> Result<Usage, String> {
+    Ok(match u.to_ascii_lowercase().as_str() {
+        "userapplications" => Usage::UserApplications,
+        "directoryoperation" => Usage::DirectoryOperation,
+        "distributedoperation" => Usage::DistributedOperation,
+        "dsaoperation" => Usage::DsaOperation,
+        _ => return Err(format!("unknown USAGE '{u}'")),
+    })
+}
+
+/// An attribute type's definition as declared (its syntax as written,
+/// length bound included), before its rules are resolved or anything is
+/// inherited: what the subschema entry shows.
+fn attribute_definition(
+    at: &AttributeType,
+    syntax_written: Option<&str>,
+    ext: &Extensions,
+) -> String {
+    let mut def = format!("( {}", at.oid);
+    render_names(&mut def, &at.names);
+    if let Some(x) = &at.desc {
+        let _ = write!(def, " DESC {}", quote(x));
+    }
+    if at.obsolete {
+        def.push_str(" OBSOLETE");
+    }
+    for (k, v) in [
+        ("SUP", &at.sup),
+        ("EQUALITY", &at.equality),
+        ("ORDERING", &at.ordering),
+        ("SUBSTR", &at.substr),
+        ("SYNTAX", &syntax_written.map(str::to_string)),
+    ] {
+        if let Some(v) = v {
+            let _ = write!(def, " {k} {v}");
+        }
+    }
+    for (flag, k) in [
+        (at.single_value, "SINGLE-VALUE"),
+        (at.collective, "COLLECTIVE"),
+        (at.no_user_modification, "NO-USER-MODIFICATION"),
+    ] {
+        if flag {
+            let _ = write!(def, " {k}");
+        }
+    }
+    if at.usage != Usage::UserApplications {
+        let _ = write!(def, " USAGE {}", at.usage.keyword());
+    }
+    render_ext(&mut def, ext);
+    def.push_str(" )");
+    def
 }
 
 #[cfg(test)]

@@ -379,6 +379,56 @@ fn two_digits(v: &[u8], at: usize) -> Option<u32> {
     }
 }
 
+/// A generalized time's fraction at `pos` (if any), in nanoseconds of
+/// `unit` (the seconds of the last unit given); `pos` moves past it.
+fn fraction(v: &[u8], pos: &mut usize, unit: u64) -> Result<u64, &'static str> {
+    if !matches!(v.get(*pos), Some(b'.') | Some(b',')) {
+        return Ok(0);
+    }
+    *pos += 1;
+    let start = *pos;
+    while v.get(*pos).is_some_and(u8::is_ascii_digit) {
+        *pos += 1;
+    }
+    if *pos == start {
+        return Err("empty fraction");
+    }
+    // At most 18 digits matter (u128 keeps the product exact).
+    let digits = &v[start..(*pos).min(start + 18)];
+    let mut num: u128 = 0;
+    for d in digits {
+        num = num * 10 + u128::from(d - b'0');
+    }
+    let den = 10u128.pow(digits.len() as u32);
+    Ok((num * u128::from(unit) * 1_000_000_000 / den) as u64)
+}
+
+/// A generalized time's zone at `pos` ("Z" or an offset), in seconds
+/// east of UTC; `pos` moves past it.
+fn zone_offset(v: &[u8], pos: &mut usize) -> Result<i64, &'static str> {
+    match v.get(*pos) {
+        Some(b'Z') => {
+            *pos += 1;
+            Ok(0)
+        }
+        Some(&sign @ (b'+' | b'-')) => {
+            let oh = two_digits(v, *pos + 1).ok_or("bad time zone offset")?;
+            *pos += 3;
+            let mut om = 0;
+            if let Some(m) = two_digits(v, *pos) {
+                om = m;
+                *pos += 2;
+            }
+            if oh > 23 || om > 59 {
+                return Err("time zone offset out of range");
+            }
+            let o = i64::from(oh * 3600 + om * 60);
+            Ok(if sign == b'-' { -o } else { o })
+        }
+        _ => Err("missing time zone"),
+    }
+}
+
 /// Parse RFC 4517 GeneralizedTime:
 /// `century year month day hour [minute [second]] [fraction] g-time-zone`,
 /// fraction = ("." / ",") 1*DIGIT applying to the last unit given,
@@ -415,51 +465,13 @@ pub(crate) fn parse_generalized_time(v: &[u8]) -> Result<UtcTime, String> {
             unit = 1;
         }
     }
-    let mut frac_nanos: u64 = 0;
-    if matches!(v.get(pos), Some(b'.') | Some(b',')) {
-        pos += 1;
-        let start = pos;
-        while v.get(pos).is_some_and(u8::is_ascii_digit) {
-            pos += 1;
-        }
-        if pos == start {
-            return bad("empty fraction");
-        }
-        // At most 18 digits matter (u128 keeps the product exact).
-        let digits = &v[start..pos.min(start + 18)];
-        let mut num: u128 = 0;
-        for d in digits {
-            num = num * 10 + u128::from(d - b'0');
-        }
-        let den = 10u128.pow(digits.len() as u32);
-        frac_nanos = (num * u128::from(unit) * 1_000_000_000 / den) as u64;
-    }
-    let offset_secs: i64 = match v.get(pos) {
-        Some(b'Z') => {
-            pos += 1;
-            0
-        }
-        Some(&sign @ (b'+' | b'-')) => {
-            let Some(oh) = two_digits(v, pos + 1) else {
-                return bad("bad time zone offset");
-            };
-            pos += 3;
-            let mut om = 0;
-            if let Some(m) = two_digits(v, pos) {
-                om = m;
-                pos += 2;
-            }
-            if oh > 23 || om > 59 {
-                return bad("time zone offset out of range");
-            }
-            let o = i64::from(oh * 3600 + om * 60);
-            if sign == b'-' {
-                -o
-            } else {
-                o
-            }
-        }
-        _ => return bad("missing time zone"),
+    let frac_nanos = match fraction(v, &mut pos, unit) {
+        Ok(n) => n,
+        Err(m) => return bad(m),
+    };
+    let offset_secs = match zone_offset(v, &mut pos) {
+        Ok(o) => o,
+        Err(m) => return bad(m),
     };
     if pos != v.len() {
         return bad("trailing characters");
