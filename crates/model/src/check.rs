@@ -134,6 +134,32 @@ impl Schema {
         stored: Option<&str>,
     ) -> Result<String, SchemaViolation> {
         // 1. Canonical descriptions, merged.
+        self.merge_descriptions(entry)?;
+        // 2-4. Values.
+        let oc_type = self.attribute("objectClass");
+        self.check_values(entry, oc_type)?;
+        // 5. Object classes and the structural chain.
+        let (all, most) = self.classes(entry, oc_type)?;
+        if let Some(stored) = stored.filter(|s| !most.has_name(s)) {
+            return Err(SchemaViolation::new(
+                ResultCode::OBJECT_CLASS_MODS_PROHIBITED,
+                format!(
+                    "structural object class modification from '{stored}' to '{}' not allowed",
+                    most.name()
+                ),
+            ));
+        }
+
+        // 6. MUST and MAY.
+        self.check_must_may(entry, &all)?;
+        // 7. RDN values present.
+        self.check_rdn_values(entry)?;
+        Ok(most.name().to_string())
+    }
+
+    /// Step 1: every description canonical, values of the same one merged,
+    /// empty attributes dropped.
+    fn merge_descriptions(&self, entry: &mut Entry) -> Result<(), SchemaViolation> {
         let mut attrs: Vec<Attribute> = Vec::with_capacity(entry.attrs.len());
         for a in entry.attrs.drain(..) {
             if a.values.is_empty() {
@@ -149,9 +175,17 @@ impl Schema {
             }
         }
         entry.attrs = attrs;
+        Ok(())
+    }
 
-        // 2-4. Values.
-        let oc_type = self.attribute("objectClass");
+    /// Steps 2-4: objectClass values named as the schema names them; every
+    /// value valid per its syntax and given once; single-valued types
+    /// with one value.
+    fn check_values(
+        &self,
+        entry: &mut Entry,
+        oc_type: Option<&AttributeType>,
+    ) -> Result<(), SchemaViolation> {
         for a in entry.attrs.iter_mut() {
             let at = self.type_of(&a.desc)?;
             let is_oc = oc_type.is_some_and(|o| o.oid == at.oid);
@@ -205,8 +239,16 @@ impl Schema {
                 ));
             }
         }
+        Ok(())
+    }
 
-        // 5. Object classes and the structural chain.
+    /// Step 5: every class the entry's classes name or inherit, and the
+    /// most specific structural class, which must inherit from all others.
+    fn classes(
+        &self,
+        entry: &Entry,
+        oc_type: Option<&AttributeType>,
+    ) -> Result<(Vec<&ObjectClass>, &ObjectClass), SchemaViolation> {
         let oc_values: Vec<&ObjectClass> = entry
             .attrs
             .iter()
@@ -259,21 +301,15 @@ impl Schema {
                 ),
             ));
         };
+        Ok((all, most))
+    }
 
-        if let Some(stored) = stored.filter(|s| !most.has_name(s)) {
-            return Err(SchemaViolation::new(
-                ResultCode::OBJECT_CLASS_MODS_PROHIBITED,
-                format!(
-                    "structural object class modification from '{stored}' to '{}' not allowed",
-                    most.name()
-                ),
-            ));
-        }
-
-        // 6. MUST and MAY.
+    /// Step 6: every MUST of every class present; every attribute allowed
+    /// by some class (operational ones and extensibleObject excepted).
+    fn check_must_may(&self, entry: &Entry, all: &[&ObjectClass]) -> Result<(), SchemaViolation> {
         let extensible = all.iter().any(|c| c.oid == EXTENSIBLE_OBJECT);
         let mut allowed: Vec<&AttributeType> = Vec::new();
-        for c in &all {
+        for c in all {
             for m in &c.must {
                 let Some(at) = self.attribute(m) else {
                     continue;
@@ -308,8 +344,11 @@ impl Schema {
                 ));
             }
         }
+        Ok(())
+    }
 
-        // 7. RDN values present.
+    /// Step 7: the RDN's values are among the entry's.
+    fn check_rdn_values(&self, entry: &Entry) -> Result<(), SchemaViolation> {
         if let Some(rdn) = entry.dn.rdn() {
             for ava in &rdn.avas {
                 let (at, found) = self.rdn_value_present(entry, ava)?;
@@ -324,7 +363,7 @@ impl Schema {
                 }
             }
         }
-        Ok(most.name().to_string())
+        Ok(())
     }
 
     fn type_of(&self, desc: &str) -> Result<&AttributeType, SchemaViolation> {

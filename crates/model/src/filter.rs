@@ -571,6 +571,35 @@ fn target_values<'a>(
         .flat_map(|a| a.values.iter().map(Vec::as_slice))
 }
 
+/// Whether one of `entry`'s object classes is the class `oid` or one of
+/// its subclasses.
+fn has_class(schema: &Schema, entry: &Entry, oid: &str) -> Ternary {
+    let Some(at) = schema.attribute(OBJECT_CLASS_OID) else {
+        return Ternary::Undefined;
+    };
+    let values = entry
+        .attrs
+        .iter()
+        .filter(|a| {
+            schema
+                .attribute(crate::desc::base(&a.desc))
+                .is_some_and(|x| x.oid == at.oid)
+        })
+        .flat_map(|a| a.values.iter());
+    for v in values {
+        let Some(oc) = std::str::from_utf8(v)
+            .ok()
+            .and_then(|n| schema.object_class(n.trim()))
+        else {
+            continue;
+        };
+        if schema.class_closure(oc).iter().any(|c| &c.oid == oid) {
+            return Ternary::True;
+        }
+    }
+    Ternary::False
+}
+
 fn eval(node: &Node, schema: &Schema, entry: &Entry) -> Ternary {
     match node {
         Node::And(v) => {
@@ -596,32 +625,7 @@ fn eval(node: &Node, schema: &Schema, entry: &Entry) -> Ternary {
         Node::Not(n) => eval(n, schema, entry).not(),
         Node::Const(t) => *t,
         Node::Present(t) => Ternary::from_bool(target_values(schema, entry, t).next().is_some()),
-        Node::ObjectClass(oid) => {
-            let Some(at) = schema.attribute(OBJECT_CLASS_OID) else {
-                return Ternary::Undefined;
-            };
-            let values = entry
-                .attrs
-                .iter()
-                .filter(|a| {
-                    schema
-                        .attribute(crate::desc::base(&a.desc))
-                        .is_some_and(|x| x.oid == at.oid)
-                })
-                .flat_map(|a| a.values.iter());
-            for v in values {
-                let Some(oc) = std::str::from_utf8(v)
-                    .ok()
-                    .and_then(|n| schema.object_class(n.trim()))
-                else {
-                    continue;
-                };
-                if schema.class_closure(oc).iter().any(|c| &c.oid == oid) {
-                    return Ternary::True;
-                }
-            }
-            Ternary::False
-        }
+        Node::ObjectClass(oid) => has_class(schema, entry, oid),
         Node::Approx { target, key } => {
             let Some(at) = schema.attribute(&target.oid) else {
                 return Ternary::Undefined;
