@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::ops::Bound;
 
-use pando_proto::Filter;
+use pando_proto::{Filter, SubstringFilter};
 use roaring::RoaringTreemap;
 
 use crate::index::{self, IndexKind, PRESENCE_KEY};
@@ -92,35 +92,7 @@ pub(crate) fn candidates(view: &View<'_>, f: &Filter) -> Result<Candidates, Stor
                 None => Candidates::Ids(RoaringTreemap::new()),
             }
         }
-        Filter::Substrings(sf) => {
-            let Some((name, at)) = resolve(view, &sf.attr) else {
-                return Ok(Candidates::Ids(RoaringTreemap::new()));
-            };
-            let Some(db) = usable(view, &name, IndexKind::Sub) else {
-                return Ok(Candidates::All);
-            };
-            let schema = view.schema();
-            let mut grams = BTreeSet::new();
-            let norm = |p: &[u8]| schema.normalize_substring_part(at, p).ok();
-            if let Some(p) = sf.initial.as_deref().and_then(norm) {
-                let mut v = vec![b'^'];
-                v.extend_from_slice(&p);
-                index::grams_of(&v, &mut grams);
-            }
-            for p in sf.any.iter().filter_map(|p| norm(p)) {
-                index::grams_of(&p, &mut grams);
-            }
-            if let Some(mut p) = sf.final_.as_deref().and_then(norm) {
-                p.push(b'$');
-                index::grams_of(&p, &mut grams);
-            }
-            if grams.is_empty() {
-                return Ok(Candidates::All);
-            }
-            Candidates::Ids(
-                intersect(grams.iter().map(|g| view.posting(db, g)))?.unwrap_or_default(),
-            )
-        }
+        Filter::Substrings(sf) => substring_candidates(view, sf)?,
         Filter::GreaterOrEqual(ava) | Filter::LessOrEqual(ava) => {
             let Some((name, at)) = resolve(view, &ava.attr) else {
                 return Ok(Candidates::Ids(RoaringTreemap::new()));
@@ -145,6 +117,38 @@ pub(crate) fn candidates(view: &View<'_>, f: &Filter) -> Result<Candidates, Stor
             Candidates::Ids(acc)
         }
     })
+}
+
+/// Candidates of a substring filter: the entries holding every trigram
+/// of its parts (`^` and `$` marking the initial and final ones).
+fn substring_candidates(view: &View<'_>, sf: &SubstringFilter) -> Result<Candidates, StoreError> {
+    let Some((name, at)) = resolve(view, &sf.attr) else {
+        return Ok(Candidates::Ids(RoaringTreemap::new()));
+    };
+    let Some(db) = usable(view, &name, IndexKind::Sub) else {
+        return Ok(Candidates::All);
+    };
+    let schema = view.schema();
+    let mut grams = BTreeSet::new();
+    let norm = |p: &[u8]| schema.normalize_substring_part(at, p).ok();
+    if let Some(p) = sf.initial.as_deref().and_then(norm) {
+        let mut v = vec![b'^'];
+        v.extend_from_slice(&p);
+        index::grams_of(&v, &mut grams);
+    }
+    for p in sf.any.iter().filter_map(|p| norm(p)) {
+        index::grams_of(&p, &mut grams);
+    }
+    if let Some(mut p) = sf.final_.as_deref().and_then(norm) {
+        p.push(b'$');
+        index::grams_of(&p, &mut grams);
+    }
+    if grams.is_empty() {
+        return Ok(Candidates::All);
+    }
+    Ok(Candidates::Ids(
+        intersect(grams.iter().map(|g| view.posting(db, g)))?.unwrap_or_default(),
+    ))
 }
 
 /// Intersection of the sets, stopping early once it is empty; None when
