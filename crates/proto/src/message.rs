@@ -839,48 +839,54 @@ fn encode_op(out: &mut Vec<u8>, op: &ProtocolOp) {
     }
 }
 
+/// A BindRequest's body: version, name, simple or SASL credentials.
+fn encode_bind_request(out: &mut Vec<u8>, b: &BindRequest) {
+    ber::write_int(out, tag::INTEGER, i64::from(b.version));
+    write_str(out, &b.name);
+    match &b.auth {
+        BindAuth::Simple(pw) => ber::write_tlv(out, 0x80, pw),
+        BindAuth::Sasl {
+            mechanism,
+            credentials,
+        } => {
+            let m = ber::begin(out, 0xa3);
+            write_str(out, mechanism);
+            if let Some(c) = credentials {
+                ber::write_tlv(out, tag::OCTET_STRING, c);
+            }
+            ber::end(out, m);
+        }
+    }
+}
+
+/// A SearchRequest's body: base, scope, aliases, limits, filter, attributes.
+fn encode_search_request(out: &mut Vec<u8>, s: &SearchRequest) {
+    write_str(out, &s.base);
+    ber::write_int(out, tag::ENUMERATED, s.scope as i64);
+    ber::write_int(out, tag::ENUMERATED, s.deref as i64);
+    ber::write_int(out, tag::INTEGER, i64::from(s.size_limit));
+    ber::write_int(out, tag::INTEGER, i64::from(s.time_limit));
+    ber::write_bool(out, tag::BOOLEAN, s.types_only);
+    s.filter.encode(out);
+    let m = ber::begin(out, tag::SEQUENCE);
+    for a in &s.attrs {
+        write_str(out, a);
+    }
+    ber::end(out, m);
+}
+
 fn encode_op_body(out: &mut Vec<u8>, op: &ProtocolOp) {
     match op {
         // Primitive ops are written whole by encode_op.
         ProtocolOp::UnbindRequest | ProtocolOp::DelRequest(_) | ProtocolOp::AbandonRequest(_) => {}
-        ProtocolOp::BindRequest(b) => {
-            ber::write_int(out, tag::INTEGER, i64::from(b.version));
-            write_str(out, &b.name);
-            match &b.auth {
-                BindAuth::Simple(pw) => ber::write_tlv(out, 0x80, pw),
-                BindAuth::Sasl {
-                    mechanism,
-                    credentials,
-                } => {
-                    let m = ber::begin(out, 0xa3);
-                    write_str(out, mechanism);
-                    if let Some(c) = credentials {
-                        ber::write_tlv(out, tag::OCTET_STRING, c);
-                    }
-                    ber::end(out, m);
-                }
-            }
-        }
+        ProtocolOp::BindRequest(b) => encode_bind_request(out, b),
         ProtocolOp::BindResponse(b) => {
             encode_result_components(out, &b.result);
             if let Some(c) = &b.server_sasl_creds {
                 ber::write_tlv(out, 0x87, c);
             }
         }
-        ProtocolOp::SearchRequest(s) => {
-            write_str(out, &s.base);
-            ber::write_int(out, tag::ENUMERATED, s.scope as i64);
-            ber::write_int(out, tag::ENUMERATED, s.deref as i64);
-            ber::write_int(out, tag::INTEGER, i64::from(s.size_limit));
-            ber::write_int(out, tag::INTEGER, i64::from(s.time_limit));
-            ber::write_bool(out, tag::BOOLEAN, s.types_only);
-            s.filter.encode(out);
-            let m = ber::begin(out, tag::SEQUENCE);
-            for a in &s.attrs {
-                write_str(out, a);
-            }
-            ber::end(out, m);
-        }
+        ProtocolOp::SearchRequest(s) => encode_search_request(out, s),
         ProtocolOp::SearchResultEntry(e) => {
             write_str(out, &e.dn);
             encode_attribute_list(out, &e.attrs);
