@@ -263,22 +263,7 @@ fn search_unhooked(
     let (base, base_norm_rdns) = (&cached.0, &cached.1);
     let emitter = emitter_for(job);
     if let Some(tree) = virtual_tree::owner(server, base) {
-        // Their few entries are not sorted: a critical sort or any VLV is
-        // refused, a non-critical sort answered unwillingToPerform (by
-        // the sort response hook).
-        let c = &job.controls;
-        if c.vlv.is_some() || c.sort.as_ref().is_some_and(|s| s.critical) {
-            return refused(SearchOutcome {
-                result: LdapResult::new(
-                    ResultCode::UNAVAILABLE_CRITICAL_EXTENSION,
-                    "the root DSE, cn=Subschema and cn=Monitor are not sorted",
-                ),
-                controls: vec![sort::response(ResultCode::UNWILLING_TO_PERFORM, None)],
-                entries: 0,
-            });
-        }
-        let step = virtual_tree::search(job, out, tree, &emitter, base)?;
-        return Ok((step, Path::VirtualTree));
+        return search_virtual(job, out, tree, &emitter, base);
     }
     let rtxn = server.rt.store.read()?;
     let view = rtxn.view();
@@ -307,32 +292,18 @@ fn search_unhooked(
         Ok(page) => page,
         Err(done) => return refused(done),
     };
-    let key_types = keys.as_deref().map(sort::key_types).unwrap_or_default();
-    let input = PlanInput {
-        schema,
-        filter: &req.filter,
-        scope: req.scope,
-        base: base_id,
-        unindexed_limit: limits.unindexed,
-        rules_read_entries: server.acl.reads_entries(),
-        also_decode: &key_types,
-        // A sorted search reads every match first: never inline.
-        inline_max: if keys.is_some() {
-            inline_max.map(|_| 0)
-        } else {
-            inline_max
-        },
-        entry_steps: !emitter.steps.is_empty(),
-    };
-    let Some(mut plan) = Plan::make(&view, input, &emitter.sel)? else {
+    let Some(plan) = make_plan(
+        job,
+        &view,
+        base_id,
+        limits.unindexed,
+        keys.as_deref(),
+        inline_max,
+        &emitter,
+    )?
+    else {
         return Ok((Step::TooBig, Path::Streamed));
     };
-    plan.show_subentries(
-        &view,
-        &server.rt.subentries,
-        job.controls.subentries,
-        req.scope,
-    )?;
     let matcher = Matcher {
         schema,
         view: &view,
@@ -367,6 +338,75 @@ fn search_unhooked(
             (step, Path::Streamed)
         }
     })
+}
+
+/// The search's plan on `view` (candidates, scope checks, what to
+/// decode), its subentries shown or hidden as the request asks; None when
+/// the search is too big for `inline_max`.
+fn make_plan<'s>(
+    job: &'s SearchJob,
+    view: &View<'_>,
+    base: EntryId,
+    unindexed: u64,
+    keys: Option<&[sort::Key<'s>]>,
+    inline_max: Option<u64>,
+    emitter: &Emitter<'_>,
+) -> OpResult<Option<Plan<'s>>> {
+    let (server, req) = (&job.server, &job.req);
+    let schema = &*server.schema;
+    let key_types = keys.map(sort::key_types).unwrap_or_default();
+    let input = PlanInput {
+        schema,
+        filter: &req.filter,
+        scope: req.scope,
+        base,
+        unindexed_limit: unindexed,
+        rules_read_entries: server.acl.reads_entries(),
+        also_decode: &key_types,
+        // A sorted search reads every match first: never inline.
+        inline_max: if keys.is_some() {
+            inline_max.map(|_| 0)
+        } else {
+            inline_max
+        },
+        entry_steps: !emitter.steps.is_empty(),
+    };
+    let Some(mut plan) = Plan::make(view, input, &emitter.sel)? else {
+        return Ok(None);
+    };
+    plan.show_subentries(
+        view,
+        &server.rt.subentries,
+        job.controls.subentries,
+        req.scope,
+    )?;
+    Ok(Some(plan))
+}
+
+/// A search whose base a virtual tree owns. Their few entries are not
+/// sorted: a critical sort or any VLV is refused, a non-critical sort
+/// answered unwillingToPerform (by the sort response hook).
+fn search_virtual(
+    job: &SearchJob,
+    out: &mut Out<'_>,
+    tree: &dyn crate::seams::VirtualTree,
+    emitter: &Emitter<'_>,
+    base: &Dn,
+) -> OpResult<(Step, Path)> {
+    let c = &job.controls;
+    if c.vlv.is_some() || c.sort.as_ref().is_some_and(|s| s.critical) {
+        let refusal = SearchOutcome {
+            result: LdapResult::new(
+                ResultCode::UNAVAILABLE_CRITICAL_EXTENSION,
+                "the root DSE, cn=Subschema and cn=Monitor are not sorted",
+            ),
+            controls: vec![sort::response(ResultCode::UNWILLING_TO_PERFORM, None)],
+            entries: 0,
+        };
+        return Ok((Step::Done(Some(refusal)), Path::Refused));
+    }
+    let step = virtual_tree::search(job, out, tree, emitter, base)?;
+    Ok((step, Path::VirtualTree))
 }
 
 /// How the search's entries are encoded: its attribute selection,
