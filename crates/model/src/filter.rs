@@ -593,7 +593,7 @@ fn has_class(schema: &Schema, entry: &Entry, oid: &str) -> Ternary {
         else {
             continue;
         };
-        if schema.class_closure(oc).iter().any(|c| &c.oid == oid) {
+        if schema.class_closure(oc).iter().any(|c| c.oid == oid) {
             return Ternary::True;
         }
     }

@@ -361,6 +361,67 @@ pub fn decode_matched_values(
     Ok(items)
 }
 
+/// OpenLDAP's value sorting control value: `SEQUENCE { BOOLEAN }`.
+pub fn decode_valsort(value: &[u8]) -> Result<bool, DecodeError> {
+    let mut outer = Reader::new(value);
+    let mut r = outer.read_constructed(tag::SEQUENCE)?;
+    outer.finish("value sorting control")?;
+    let b = ber::decode_bool(r.read(tag::BOOLEAN)?)?;
+    r.finish("value sorting control")?;
+    Ok(b)
+}
+
+/// The warning of a password policy response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyWarning {
+    /// Seconds until the password expires.
+    TimeBeforeExpiration(u32),
+    /// Binds still allowed with the expired password.
+    GraceAuthNsRemaining(u32),
+}
+
+/// The errors of a password policy response (draft-behera-ldap-password-
+/// policy-10 6.2), by their ENUMERATED values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyError {
+    PasswordExpired = 0,
+    AccountLocked = 1,
+    ChangeAfterReset = 2,
+    PasswordModNotAllowed = 3,
+    MustSupplyOldPassword = 4,
+    InsufficientPasswordQuality = 5,
+    PasswordTooShort = 6,
+    PasswordTooYoung = 7,
+    PasswordInHistory = 8,
+    PasswordTooLong = 9,
+}
+
+// PasswordPolicyResponseValue ::= SEQUENCE {
+//    warning [0] CHOICE {
+//       timeBeforeExpiration [0] INTEGER (0 .. maxInt),
+//       graceAuthNsRemaining [1] INTEGER (0 .. maxInt) } OPTIONAL,
+//    error   [1] ENUMERATED { … } OPTIONAL }
+pub fn encode_policy_response(
+    warning: Option<PolicyWarning>,
+    error: Option<PolicyError>,
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    let m = ber::begin(&mut out, tag::SEQUENCE);
+    if let Some(w) = warning {
+        let c = ber::begin(&mut out, 0xa0);
+        match w {
+            PolicyWarning::TimeBeforeExpiration(s) => ber::write_int(&mut out, 0x80, i64::from(s)),
+            PolicyWarning::GraceAuthNsRemaining(n) => ber::write_int(&mut out, 0x81, i64::from(n)),
+        }
+        ber::end(&mut out, c);
+    }
+    if let Some(e) = error {
+        ber::write_int(&mut out, 0x81, e as i64);
+    }
+    ber::end(&mut out, m);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -519,16 +580,6 @@ mod tests {
     }
 }
 
-/// OpenLDAP's value sorting control value: `SEQUENCE { BOOLEAN }`.
-pub fn decode_valsort(value: &[u8]) -> Result<bool, DecodeError> {
-    let mut outer = Reader::new(value);
-    let mut r = outer.read_constructed(tag::SEQUENCE)?;
-    outer.finish("value sorting control")?;
-    let b = ber::decode_bool(r.read(tag::BOOLEAN)?)?;
-    r.finish("value sorting control")?;
-    Ok(b)
-}
-
 #[cfg(test)]
 mod valsort_tests {
     #[test]
@@ -538,57 +589,6 @@ mod valsort_tests {
         assert!(super::decode_valsort(&[0x30, 0x00]).is_err());
         assert!(super::decode_valsort(&[0x01, 0x01, 0xff]).is_err());
     }
-}
-
-/// The warning of a password policy response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PolicyWarning {
-    /// Seconds until the password expires.
-    TimeBeforeExpiration(u32),
-    /// Binds still allowed with the expired password.
-    GraceAuthNsRemaining(u32),
-}
-
-/// The errors of a password policy response (draft-behera-ldap-password-
-/// policy-10 6.2), by their ENUMERATED values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PolicyError {
-    PasswordExpired = 0,
-    AccountLocked = 1,
-    ChangeAfterReset = 2,
-    PasswordModNotAllowed = 3,
-    MustSupplyOldPassword = 4,
-    InsufficientPasswordQuality = 5,
-    PasswordTooShort = 6,
-    PasswordTooYoung = 7,
-    PasswordInHistory = 8,
-    PasswordTooLong = 9,
-}
-
-// PasswordPolicyResponseValue ::= SEQUENCE {
-//    warning [0] CHOICE {
-//       timeBeforeExpiration [0] INTEGER (0 .. maxInt),
-//       graceAuthNsRemaining [1] INTEGER (0 .. maxInt) } OPTIONAL,
-//    error   [1] ENUMERATED { … } OPTIONAL }
-pub fn encode_policy_response(
-    warning: Option<PolicyWarning>,
-    error: Option<PolicyError>,
-) -> Vec<u8> {
-    let mut out = Vec::new();
-    let m = ber::begin(&mut out, tag::SEQUENCE);
-    if let Some(w) = warning {
-        let c = ber::begin(&mut out, 0xa0);
-        match w {
-            PolicyWarning::TimeBeforeExpiration(s) => ber::write_int(&mut out, 0x80, i64::from(s)),
-            PolicyWarning::GraceAuthNsRemaining(n) => ber::write_int(&mut out, 0x81, i64::from(n)),
-        }
-        ber::end(&mut out, c);
-    }
-    if let Some(e) = error {
-        ber::write_int(&mut out, 0x81, e as i64);
-    }
-    ber::end(&mut out, m);
-    out
 }
 
 #[cfg(test)]

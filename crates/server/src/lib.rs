@@ -17,13 +17,6 @@ pub use pando_ops::{capacity, error, hashing, state, throttle};
 /// The overlays (`pando-overlays`).
 pub use pando_overlays as overlays;
 
-#[cfg(test)]
-mod ops_tests;
-#[cfg(test)]
-mod overlays_tests;
-#[cfg(test)]
-mod test_server;
-
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -894,3 +887,10 @@ fn print_tls_status(cfg: &pando_config::Resolved, t: &pando_config::TlsSettings,
     };
     println!("  TLS {min} and later; client certificates {certs}");
 }
+
+#[cfg(test)]
+mod ops_tests;
+#[cfg(test)]
+mod overlays_tests;
+#[cfg(test)]
+mod test_server;

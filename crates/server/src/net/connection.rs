@@ -187,61 +187,11 @@ impl Connection {
             frame_len: 0,
         };
         loop {
-            // Handle every complete PDU already received. The input is
-            // taken out of the wire meanwhile: frames are read in place
-            // while responses are written into the wire's output.
             let input = std::mem::take(&mut wire.input);
-            let mut start = 0usize;
-            loop {
-                let max_pdu = if identity.is_anonymous() {
-                    limits.anonymous.max_pdu_bytes.min(limits.max_pdu_bytes)
-                } else {
-                    limits.max_pdu_bytes
-                };
-                match frame_length(&input[start..], max_pdu) {
-                    Ok(Some(len)) => {
-                        let frame = &input[start..start + len];
-                        start += len;
-                        let pipelined = start < input.len();
-                        ctx.frame_len = len;
-                        let flow = self
-                            .dispatch(frame, wire, identity, &mut ctx, pipelined)
-                            .await;
-                        // Refused work is paced (`net::refusals`).
-                        if let Some(w) = pace.wait() {
-                            wire.pump_while(tokio::time::sleep(w)).await;
-                        }
-                        match flow {
-                            Flow::Continue if wire.is_broken() => {
-                                abandon_all(&outstanding);
-                                return Ended::Close("write failed");
-                            }
-                            // Output per connection stays bounded: requests
-                            // already received wait until the client has
-                            // read what is pending.
-                            Flow::Continue if wire.pending() >= OUTPUT_HIGH => {
-                                wire.backlog = true;
-                                break;
-                            }
-                            Flow::Continue => {}
-                            Flow::Close(why) => {
-                                abandon_all(&outstanding);
-                                return Ended::Close(why);
-                            }
-                            Flow::StartTls => return Ended::StartTls,
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        wire.output.extend_from_slice(&notice_of_disconnection(
-                            ResultCode::PROTOCOL_ERROR,
-                            &e.to_string(),
-                        ));
-                        abandon_all(&outstanding);
-                        return Ended::Close("bad frame");
-                    }
-                }
-            }
+            let start = match self.handle_frames(&input, wire, identity, &mut ctx).await {
+                Ok(used) => used,
+                Err(end) => return end,
+            };
             wire.input = input;
             wire.input.drain(..start);
             // A buffer that grew for one large PDU is not kept for the
@@ -297,6 +247,69 @@ impl Connection {
         }
     }
 
+    /// Handle every complete PDU already received in `input` (taken out
+    /// of the wire meanwhile: frames are read in place while responses
+    /// are written into the wire's output). How many bytes were used, or
+    /// how the connection ends.
+    async fn handle_frames<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        input: &[u8],
+        wire: &mut Wire<S>,
+        identity: &mut Identity,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<usize, Ended> {
+        let limits = &self.server.cfg.config.limits;
+        let mut start = 0usize;
+        loop {
+            let max_pdu = if identity.is_anonymous() {
+                limits.anonymous.max_pdu_bytes.min(limits.max_pdu_bytes)
+            } else {
+                limits.max_pdu_bytes
+            };
+            match frame_length(&input[start..], max_pdu) {
+                Ok(Some(len)) => {
+                    let frame = &input[start..start + len];
+                    start += len;
+                    let pipelined = start < input.len();
+                    ctx.frame_len = len;
+                    let flow = self.dispatch(frame, wire, identity, ctx, pipelined).await;
+                    // Refused work is paced (`net::refusals`).
+                    if let Some(w) = ctx.pace.wait() {
+                        wire.pump_while(tokio::time::sleep(w)).await;
+                    }
+                    match flow {
+                        Flow::Continue if wire.is_broken() => {
+                            abandon_all(ctx.outstanding);
+                            return Err(Ended::Close("write failed"));
+                        }
+                        // Output per connection stays bounded: requests
+                        // already received wait until the client has
+                        // read what is pending.
+                        Flow::Continue if wire.pending() >= OUTPUT_HIGH => {
+                            wire.backlog = true;
+                            return Ok(start);
+                        }
+                        Flow::Continue => {}
+                        Flow::Close(why) => {
+                            abandon_all(ctx.outstanding);
+                            return Err(Ended::Close(why));
+                        }
+                        Flow::StartTls => return Err(Ended::StartTls),
+                    }
+                }
+                Ok(None) => return Ok(start),
+                Err(e) => {
+                    wire.output.extend_from_slice(&notice_of_disconnection(
+                        ResultCode::PROTOCOL_ERROR,
+                        &e.to_string(),
+                    ));
+                    abandon_all(ctx.outstanding);
+                    return Err(Ended::Close("bad frame"));
+                }
+            }
+        }
+    }
+
     /// `pipelined`: more bytes followed this PDU in the same read.
     async fn dispatch<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
@@ -328,21 +341,8 @@ impl Connection {
         let op = match Operation::new(&server, id, identity.clone(), msg.op, &msg.controls) {
             Ok(op) => op,
             Err(refused) => {
-                if matches!(refused.op, ProtocolOp::BindResponse(_)) {
-                    // Any bind first ends what is outstanding, and a failed
-                    // one leaves the connection anonymous (RFC 4511 4.2.1).
-                    self.end_outstanding(ctx, wire).await;
-                    self.anonymous_again(identity, wire);
-                }
-                let write = matches!(
-                    refused.op,
-                    ProtocolOp::AddResponse(_)
-                        | ProtocolOp::DelResponse(_)
-                        | ProtocolOp::ModifyResponse(_)
-                        | ProtocolOp::ModifyDnResponse(_)
-                );
-                answered(&server, ctx, rec, refused.code(), 0, write);
-                put(&mut wire.output, id, refused.op, refused.controls);
+                self.refuse(&server, id, *refused, rec, ctx, wire, identity)
+                    .await;
                 return Flow::Continue;
             }
         };
@@ -410,6 +410,37 @@ impl Connection {
         };
         self.spawn(&server, id, work, rec, identity, ctx, wire)
             .await
+    }
+
+    /// A request refused before it runs (its controls, the identity it
+    /// asks to run as, a connection restricted after a reset), answered
+    /// here.
+    #[allow(clippy::too_many_arguments)]
+    async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        server: &Server,
+        id: i32,
+        refused: ops::operation::Response,
+        rec: Option<OpStart>,
+        ctx: &mut Ctx<'_>,
+        wire: &mut Wire<S>,
+        identity: &mut Identity,
+    ) {
+        if matches!(refused.op, ProtocolOp::BindResponse(_)) {
+            // Any bind first ends what is outstanding, and a failed one
+            // leaves the connection anonymous (RFC 4511 4.2.1).
+            self.end_outstanding(ctx, wire).await;
+            self.anonymous_again(identity, wire);
+        }
+        let write = matches!(
+            refused.op,
+            ProtocolOp::AddResponse(_)
+                | ProtocolOp::DelResponse(_)
+                | ProtocolOp::ModifyResponse(_)
+                | ProtocolOp::ModifyDnResponse(_)
+        );
+        answered(server, ctx, rec, refused.code(), 0, write);
+        put(&mut wire.output, id, refused.op, refused.controls);
     }
 
     /// The request, or how the connection goes on when it cannot be

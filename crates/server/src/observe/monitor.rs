@@ -541,21 +541,6 @@ pub fn resident(server: &Server) -> Option<f64> {
     crate::datadir::resident_fraction(&file)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn monitor_dns() {
-        assert!(is_monitor_dn("cn=monitor"));
-        assert!(is_monitor_dn("cn=search,cn=operations,cn=monitor"));
-        assert!(!is_monitor_dn("cn=monitor,dc=example,dc=com"));
-        assert!(!is_monitor_dn("cn=notmonitor"));
-        assert_eq!(title("moddn"), "Modrdn");
-        assert_eq!(title("search"), "Search");
-    }
-}
-
 /// cn=Monitor as a tree searches read (`ops::search::virtual_tree`): made per search, each entry returned
 /// only to those who may read it.
 pub struct Tree;
@@ -590,5 +575,20 @@ impl VirtualTree for Tree {
 
     fn entries(&self, server: &Server) -> Vec<VirtualEntry> {
         with_norms(server, entries(server))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn monitor_dns() {
+        assert!(is_monitor_dn("cn=monitor"));
+        assert!(is_monitor_dn("cn=search,cn=operations,cn=monitor"));
+        assert!(!is_monitor_dn("cn=monitor,dc=example,dc=com"));
+        assert!(!is_monitor_dn("cn=notmonitor"));
+        assert_eq!(title("moddn"), "Modrdn");
+        assert_eq!(title("search"), "Search");
     }
 }
