@@ -73,6 +73,14 @@ def test_every_operation_type_is_refused_by_an_error_injection_layer(tmp_path):
         refused(c, "bind")
         # Anonymous: every other operation, every tree.
         every_operation(c)
+        # Error injection comes first in the stack (ops::stack::ADMISSION):
+        # a request whose controls the next layer would refuse (an unknown
+        # critical one: unavailableCriticalExtension) or that asks to run
+        # as another identity is refused by the injected rule instead.
+        c.search(PEOPLE, "(uid=alice)", controls=[("1.2.3.4.5.6.7.8", True, None)])
+        refused(c, "search with an unknown critical control")
+        c.search(PEOPLE, "(uid=alice)", controls=[("2.16.840.1.113730.3.4.18", True, b"dn:uid=alice," + PEOPLE.encode())])
+        refused(c, "search with proxied authorization")
         # Abandon has no answer: the connection goes on, still refusing.
         c.abandon(3)
         c.search(PEOPLE, "(uid=alice)")

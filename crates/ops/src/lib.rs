@@ -33,6 +33,7 @@ pub mod replicas;
 pub mod seams;
 pub mod search;
 pub mod special;
+pub mod stack;
 pub mod state;
 pub mod throttle;
 pub mod write;

@@ -1,67 +1,17 @@
 //! The typed operation every request becomes, and the response it ends
-//! with. The connection decodes a PDU, makes an [`Operation`] (its controls
-//! parsed and checked against the operation in `controls`), and either
+//! with. The connection decodes a PDU and passes it down the stack
+//! (`stack::admit`), which makes the [`Operation`]; the connection either
 //! answers it on its own task (bind, small searches) or hands it to
 //! [`perform`] on another task.
 
 use std::sync::Arc;
 
-use pando_proto::{Control, ExtendedResponse, LdapResult, ProtocolOp, ResultCode};
+use pando_proto::{ExtendedResponse, LdapResult, ProtocolOp, ResultCode};
 
-use super::controls::{self, OpKind, Requested};
 use super::write::{WriteCtx, Written};
 use crate::error::{LdapError, OpResult};
 pub use crate::job::{Operation, Response};
 use crate::state::Server;
-use pando_access::Identity;
-
-impl Operation {
-    /// The operation for a decoded request, or the response refusing it
-    /// when its controls do not pass [`controls::parse`] or the proxied
-    /// identity it asks for is not allowed ([`super::proxy`]).
-    pub fn new(
-        server: &Server,
-        msg_id: i32,
-        who: Identity,
-        request: ProtocolOp,
-        raw: &[Control],
-    ) -> Result<Operation, Box<Response>> {
-        let parsed = match pando_observe::kind_of(&request) {
-            Some(OpKind::Abandon | OpKind::Unbind) | None => Ok(Requested::default()),
-            Some(kind) => controls::parse(kind, raw, &server.decode_limits),
-        };
-        // A connection restricted to changing its password (the bound
-        // identity's, as slapd's ppolicy keeps it per connection) stays so
-        // whatever identity an operation asks to run as: proxied
-        // authorization is refused there, before it is looked at.
-        if let Ok(controls) = &parsed {
-            if who.is_restricted()
-                && (controls.proxied_authz.is_some()
-                    || !super::policy::allowed_while_restricted(&who, &request))
-            {
-                let e = super::policy::restricted(controls.ppolicy);
-                return Err(Box::new(refusal(&request, e)));
-            }
-        }
-        let who = match parsed
-            .as_ref()
-            .ok()
-            .and_then(|c| c.proxied_authz.as_deref())
-        {
-            Some(authz) => super::proxy::assume(server, &who, authz),
-            None => Ok(who),
-        };
-        match (parsed, who) {
-            (Ok(controls), Ok(who)) => Ok(Operation {
-                msg_id,
-                who,
-                request,
-                controls,
-            }),
-            (Err(e), _) | (_, Err(e)) => Err(Box::new(refusal(&request, e))),
-        }
-    }
-}
 
 /// `request` answered with the error `e` (and its response controls).
 pub fn refusal(request: &ProtocolOp, e: LdapError) -> Response {
@@ -107,53 +57,20 @@ pub fn is_update(op: &ProtocolOp) -> bool {
     )
 }
 
-/// The DN a write (or, with `compare`, a compare) names.
-fn target_dn(request: &ProtocolOp, compare: bool) -> Option<&String> {
-    match request {
-        ProtocolOp::ModifyRequest(r) => Some(&r.dn),
-        ProtocolOp::AddRequest(r) => Some(&r.dn),
-        ProtocolOp::DelRequest(dn) => Some(dn),
-        ProtocolOp::ModifyDnRequest(r) => Some(&r.dn),
-        ProtocolOp::CompareRequest(r) if compare => Some(&r.dn),
-        _ => None,
-    }
-}
-
-/// The normalised and the given DN of a write aimed at cn=config.
-fn config_target(server: &Server, request: &ProtocolOp) -> Option<(String, String)> {
-    let dn = target_dn(request, false)?;
-    // Most writes are elsewhere: a look at the text's end spares them the parse.
-    let t = dn.trim_end().as_bytes();
-    if t.len() < 6 || !t[t.len() - 6..].eq_ignore_ascii_case(b"config") {
-        return None;
-    }
-    let parsed = pando_model::Dn::parse(dn).ok()?;
-    let norm = super::config_tree::under_config(&server.schema, &parsed)?;
-    Some((norm, dn.clone()))
-}
-
-/// The remote tree serving the entry a write or compare names.
-fn remote_target(
-    server: &Server,
-    request: &ProtocolOp,
-) -> Option<Arc<dyn crate::seams::RemoteTree>> {
-    super::remote::serving(server, target_dn(request, true)?)
-}
-
 /// Run an add, delete, modify, modify DN, compare or extended operation.
 /// None for requests this does not run (searches and binds have their own
 /// paths). The target decides the tree: cn=config (not in the store; its
 /// own path, administrators only, honouring the write controls as the
 /// write pipeline does), a remote tree (`remote`), or the store.
 pub async fn perform(server: &Arc<Server>, op: Operation) -> Option<Response> {
-    if let Some((norm, dn)) = config_target(server, &op.request) {
-        let tree = server.rt.config_tree.clone();
-        return Some(tree.write(server, op, norm, dn).await);
+    match crate::stack::Bottom::of(server, &op.request) {
+        crate::stack::Bottom::Config { norm, dn } => {
+            let tree = server.rt.config_tree.clone();
+            Some(tree.write(server, op, norm, dn).await)
+        }
+        crate::stack::Bottom::Remote(t) => t.perform(server, op).await,
+        crate::stack::Bottom::Store => on_store(server, op).await,
     }
-    if let Some(t) = remote_target(server, &op.request) {
-        return t.perform(server, op).await;
-    }
-    on_store(server, op).await
 }
 
 /// The response to a write: success, No-Op's result, or the error.

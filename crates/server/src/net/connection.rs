@@ -38,6 +38,7 @@ use crate::error::LdapError;
 use crate::observe::{self, OpStart};
 use crate::ops;
 use crate::ops::operation::{is_update, Operation};
+use crate::ops::stack::{self, Admitted};
 use crate::state::Server;
 use pando_access::{Identity, Session};
 
@@ -333,25 +334,15 @@ impl Connection {
         };
         let id = msg.id;
         *ctx.op_seq += 1;
-        let mut rec = OpStart::new(&server, self.id, *ctx.op_seq, &msg, identity);
+        let rec = OpStart::new(&server, self.id, *ctx.op_seq, &msg, identity);
         if let Some(flow) = self.without_response(&msg.op, ctx, wire) {
             answered(&server, ctx, rec, None, 0, false);
             return flow;
         }
-        let op = match Operation::new(&server, id, identity.clone(), msg.op, &msg.controls) {
-            Ok(op) => op,
-            Err(refused) => {
-                self.refuse(&server, id, *refused, rec, ctx, wire, identity)
-                    .await;
-                return Flow::Continue;
-            }
+        let (op, mut rec) = match self.admit(&server, msg, rec, ctx, wire, identity).await {
+            Ok(admitted) => admitted,
+            Err(flow) => return flow,
         };
-        // An injected fault is the operator's own choice (testing how an
-        // application copes): never paced as a refusal.
-        if let Some((flow, code)) = self.inject(&server, id, &op, wire, identity).await {
-            finish(&server, rec, code, 0);
-            return flow;
-        }
         let work = match op.request {
             ProtocolOp::ExtendedRequest(req) if req.name == oid::START_TLS => {
                 let (flow, code) = self.start_tls(id, &req, pipelined, ctx.outstanding, wire);
@@ -410,6 +401,46 @@ impl Connection {
         };
         self.spawn(&server, id, work, rec, identity, ctx, wire)
             .await
+    }
+
+    /// Pass the request down the stack (`ops::stack`): the operation to
+    /// run, or how the connection goes on once the stack has answered it.
+    async fn admit<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        server: &Arc<Server>,
+        msg: LdapMessage,
+        rec: Option<OpStart>,
+        ctx: &mut Ctx<'_>,
+        wire: &mut Wire<S>,
+        identity: &mut Identity,
+    ) -> Result<(Operation, Option<OpStart>), Flow> {
+        let id = msg.id;
+        match stack::admit(server, id, identity.clone(), msg.op, &msg.controls) {
+            Admitted::Run { op, delay } => {
+                if let Some(d) = delay {
+                    let _ = wire.pump_while(tokio::time::sleep(d)).await;
+                }
+                Ok((op, rec))
+            }
+            Admitted::Refused(refused) => {
+                self.refuse(server, id, refused, rec, ctx, wire, identity)
+                    .await;
+                Err(Flow::Continue)
+            }
+            // An injected fault is the operator's own choice (testing how an
+            // application copes): never paced as a refusal.
+            Admitted::Injected {
+                delay,
+                disconnect,
+                answer,
+            } => {
+                let (flow, code) = self
+                    .inject(id, delay, disconnect, answer, wire, identity)
+                    .await;
+                finish(server, rec, code, 0);
+                Err(flow)
+            }
+        }
     }
 
     /// A request refused before it runs (its controls, the identity it
@@ -557,32 +588,29 @@ impl Connection {
         answered(server, ctx, rec, Some(code), 0, false);
     }
 
-    /// Error injection (`overlays::errors`): the rule that fires for `op`
-    /// waits, then answers its result code or drops the connection; how the
-    /// connection goes on (and the result code answered) when the
-    /// operation is not to run.
+    /// Error injection's answer to request `id`: after `delay`, the
+    /// connection closed (`disconnect`) or `answer` sent.
     async fn inject<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
-        server: &Arc<Server>,
         id: i32,
-        op: &ops::operation::Operation,
+        delay: Option<Duration>,
+        disconnect: bool,
+        answer: Option<ops::operation::Response>,
         wire: &mut Wire<S>,
         identity: &mut Identity,
-    ) -> Option<(Flow, Option<u32>)> {
-        let rule = server.layers.fault(&server.schema, &op.request)?;
-        if let Some(d) = rule.delay {
+    ) -> (Flow, Option<u32>) {
+        if let Some(d) = delay {
             let _ = wire.pump_while(tokio::time::sleep(d)).await;
         }
-        if rule.disconnect {
-            return Some((Flow::Close("error injection"), None));
-        }
-        let (code, text) = rule.result?;
-        if matches!(op.request, ProtocolOp::BindRequest(_)) {
+        let Some(answer) = answer.filter(|_| !disconnect) else {
+            return (Flow::Close("error injection"), None);
+        };
+        if matches!(answer.op, ProtocolOp::BindResponse(_)) {
             self.anonymous_again(identity, wire);
         }
-        let refused = ops::operation::refusal(&op.request, LdapError::new(code, text));
-        put(&mut wire.output, id, refused.op, refused.controls);
-        Some((Flow::Continue, Some(code.0)))
+        let code = answer.code();
+        put(&mut wire.output, id, answer.op, answer.controls);
+        (Flow::Continue, code)
     }
 
     /// Abandon every outstanding operation and wait until all have ended
