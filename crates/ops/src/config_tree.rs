@@ -1,8 +1,9 @@
-//! The cn=config tree as the operations see it: where it is, who may see
-//! it, and the trait through which they read and change it. The tree
-//! itself (its entries, and applying a change to the running
-//! configuration) is `cn_config`'s, given to the server when it is
-//! assembled; the operations name no configuration code.
+//! The cn=config tree as the operations see it: where it is and who may
+//! see it (the trait through which they read and change it is
+//! `seams::ConfigTree`). The tree itself (its entries, and applying a
+//! change to the running configuration) is `cn_config`'s, given to the
+//! server when it is assembled; the operations name no configuration
+//! code.
 
 use pando_access::Identity;
 use pando_model::{Dn, Schema};

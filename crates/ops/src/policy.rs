@@ -1,9 +1,9 @@
 //! The password policy as the operations consult it: binds, password
 //! changes (modify, add, Password Modify) and failed binds forwarded by
 //! replicas ask the configured policy (the ppolicy overlay) through
-//! [`PasswordPolicy`]; a connection restricted to changing its password
-//! (after a bind answered changeAfterReset) is held to that here, for
-//! every operation.
+//! [`PasswordPolicy`](crate::seams::PasswordPolicy); a connection
+//! restricted to changing its password (after a bind answered
+//! changeAfterReset) is held to that here, for every operation.
 //!
 //! Must not name the overlay that implements the trait.
 
