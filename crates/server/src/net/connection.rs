@@ -339,9 +339,19 @@ impl Connection {
             answered(&server, ctx, rec, None, 0, false);
             return flow;
         }
-        let (op, mut rec) = match self.admit(&server, msg, rec, ctx, wire, identity).await {
-            Ok(admitted) => admitted,
-            Err(flow) => return flow,
+        // Down the stack (`ops::stack`). Its rare answers (a refusal, an
+        // injected fault or delay) are handled in a boxed future, so this
+        // one stays small for the requests that simply run.
+        let admitted = stack::admit(&server, id, identity.clone(), msg.op, &msg.controls);
+        let (op, mut rec) = match admitted {
+            Admitted::Run { op, delay: None } => (op, rec),
+            stopped => {
+                let answered = self.stopped(&server, id, stopped, rec, ctx, wire, identity);
+                match Box::pin(answered).await {
+                    Ok(admitted) => admitted,
+                    Err(flow) => return flow,
+                }
+            }
         };
         let work = match op.request {
             ProtocolOp::ExtendedRequest(req) if req.name == oid::START_TLS => {
@@ -403,19 +413,21 @@ impl Connection {
             .await
     }
 
-    /// Pass the request down the stack (`ops::stack`): the operation to
-    /// run, or how the connection goes on once the stack has answered it.
-    async fn admit<S: AsyncRead + AsyncWrite + Unpin>(
+    /// The stack's answer other than "run it now": a delay before running
+    /// it, a refusal, or an injected fault. The operation to run, or how
+    /// the connection goes on.
+    #[allow(clippy::too_many_arguments)]
+    async fn stopped<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         server: &Arc<Server>,
-        msg: LdapMessage,
+        id: i32,
+        admitted: Admitted,
         rec: Option<OpStart>,
         ctx: &mut Ctx<'_>,
         wire: &mut Wire<S>,
         identity: &mut Identity,
     ) -> Result<(Operation, Option<OpStart>), Flow> {
-        let id = msg.id;
-        match stack::admit(server, id, identity.clone(), msg.op, &msg.controls) {
+        match admitted {
             Admitted::Run { op, delay } => {
                 if let Some(d) = delay {
                     let _ = wire.pump_while(tokio::time::sleep(d)).await;
