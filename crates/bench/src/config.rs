@@ -435,65 +435,269 @@ fn first_uid(marked_dn: &str) -> Option<&str> {
         .then_some(value)
 }
 
+/// The identity the load binds as (`--bind-dn` with `--bind-pw` or
+/// `--bind-pw-file`, its trailing newline dropped), if any.
+fn credentials(a: &BenchArgs) -> Result<Option<Credentials>, String> {
+    Ok(match (&a.bind_dn, &a.bind_pw, &a.bind_pw_file) {
+        (None, None, None) => None,
+        (None, _, _) => return Err("--bind-pw/--bind-pw-file need --bind-dn".into()),
+        (Some(_), None, None) => return Err("--bind-dn needs --bind-pw or --bind-pw-file".into()),
+        (Some(dn), Some(pw), _) => Some(Credentials {
+            dn: dn.clone(),
+            password: pw.as_bytes().to_vec(),
+        }),
+        (Some(dn), None, Some(f)) => {
+            let text =
+                std::fs::read(f).map_err(|e| format!("--bind-pw-file {}: {e}", f.display()))?;
+            let end = text
+                .iter()
+                .rposition(|&b| b != b'\n' && b != b'\r')
+                .map_or(0, |i| i + 1);
+            Some(Credentials {
+                dn: dn.clone(),
+                password: text.get(..end).unwrap_or_default().to_vec(),
+            })
+        }
+    })
+}
+
+/// The workload (`--workload`, `--mix`) and the operations it runs with
+/// their shares.
+fn workload_ops(a: &BenchArgs) -> Result<(Workload, Vec<OpShare>), String> {
+    let workload = match (a.workload, &a.mix) {
+        (None, None) => Workload::Search,
+        (None, Some(_)) | (Some(Workload::Mixed), Some(_)) => Workload::Mixed,
+        (Some(Workload::Mixed), None) => {
+            return Err(
+                "--workload mixed needs --mix, e.g. --mix search=80,modify=10,auth=10".into(),
+            )
+        }
+        (Some(w), Some(_)) => {
+            return Err(format!(
+                "--mix only goes with --workload mixed (not {})",
+                w.to_possible_value()
+                    .map_or_else(String::new, |v| v.get_name().to_string())
+            ))
+        }
+        (Some(w), None) => w,
+    };
+    let ops = match workload {
+        Workload::Mixed => parse_mix(a.mix.as_deref().unwrap_or_default())?,
+        w => vec![OpShare {
+            kind: match w {
+                Workload::Search => OpKind::Search,
+                Workload::Auth => OpKind::Auth,
+                Workload::Bind => OpKind::Bind,
+                Workload::Modify => OpKind::Modify,
+                Workload::Add => OpKind::Add,
+                Workload::Delete => OpKind::Delete,
+                Workload::Mixed => unreachable!("handled above"),
+            },
+            upto: 1,
+        }],
+    };
+    Ok((workload, ops))
+}
+
+/// Warm-up, reporting interval, duration (None: until `--count`), and
+/// the longest the run may take.
+fn timing(a: &BenchArgs) -> Result<(Duration, Duration, Option<Duration>, Duration), String> {
+    let warmup = parse_duration("--warmup", &a.warmup)?;
+    let interval = parse_duration("--interval", &a.interval)?;
+    if interval < Duration::from_millis(10) {
+        return Err(format!("--interval {}: must be at least 10ms", a.interval));
+    }
+    let duration = a
+        .duration
+        .as_deref()
+        .map(|d| parse_duration("--duration", d))
+        .transpose()?;
+    if duration == Some(Duration::ZERO) {
+        return Err("--duration must be above 0".into());
+    }
+    if a.count == Some(0) {
+        return Err("--count must be at least 1".into());
+    }
+    let (duration, time_cap) = match (duration, a.count) {
+        (Some(d), _) => (Some(d), d),
+        (None, Some(_)) => (None, DEFAULT_COUNT_CAP),
+        (None, None) => (Some(DEFAULT_DURATION), DEFAULT_DURATION),
+    };
+    if let Some(r) = a.rate {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(format!(
+                "--rate {r}: must be a number of requests per second above 0"
+            ));
+        }
+    }
+    Ok((warmup, interval, duration, time_cap))
+}
+
+/// The request templates each operation of the workload sends (`has`:
+/// whether the workload runs an operation; `lo`: the first key, to check
+/// `--filter` on).
+fn requests(
+    a: &BenchArgs,
+    has: &dyn Fn(OpKind) -> bool,
+    writes_once: bool,
+    lo: u64,
+) -> Result<Requests, String> {
+    let base = TextTemplate::parse("--base", &a.base)?;
+    let filter = TextTemplate::parse("--filter", &a.filter)?;
+    let sample_filter = filter.render(lo);
+    Filter::parse(&sample_filter).map_err(|e| {
+        format!(
+            "--filter '{}' (for key {lo}: '{sample_filter}'): {e}",
+            a.filter
+        )
+    })?;
+    let marked_filter =
+        Filter::parse(filter.marked()).map_err(|e| format!("--filter '{}': {e}", a.filter))?;
+    for at in &a.attrs {
+        check_no_markers("--attrs", at)?;
+        if at.is_empty() || at.contains(char::is_whitespace) {
+            return Err(format!("--attrs: '{at}' is not an attribute name"));
+        }
+    }
+    let scope = match a.scope {
+        ScopeArg::Base => Scope::Base,
+        ScopeArg::One => Scope::One,
+        ScopeArg::Sub => Scope::Sub,
+    };
+    let search = |attrs: Vec<String>| {
+        MessageTemplate::compile(ProtocolOp::SearchRequest(SearchRequest {
+            base: base.marked().to_string(),
+            scope,
+            deref: DerefAliases::Never,
+            size_limit: 0,
+            time_limit: 0,
+            types_only: false,
+            filter: marked_filter.clone(),
+            attrs,
+        }))
+    };
+    check_no_markers("--password", &a.password)?;
+    if let Some(pw) = &a.add_password {
+        check_no_markers("--add-password", pw)?;
+    }
+    check_no_markers("--modify-attr", &a.modify_attr)?;
+    if let Some(pw) = &a.add_password {
+        check_no_markers("--add-password", pw)?;
+    }
+    let user_password = a.password.as_bytes().to_vec();
+    let dn_default = if writes_once {
+        format!("uid=bench.%d,{}", a.base.replace('%', "%%"))
+    } else {
+        format!("uid=user.%d,{}", a.base.replace('%', "%%"))
+    };
+    let dn = TextTemplate::parse(
+        "--dn-template",
+        a.dn_template.as_deref().unwrap_or(&dn_default),
+    )?;
+    if writes_once && dn.key_count() == 0 {
+        return Err(format!(
+            "--dn-template '{}': add and delete need %d in the DN, one entry per key",
+            a.dn_template.as_deref().unwrap_or(&dn_default)
+        ));
+    }
+
+    let mut requests = Requests::default();
+    if has(OpKind::Search) {
+        requests.search = Some(search(a.attrs.clone())?);
+    }
+    if has(OpKind::Auth) {
+        requests.auth_search = Some(search(vec!["1.1".into()])?);
+        requests.auth_bind = Some(MessageTemplate::compile(ProtocolOp::BindRequest(
+            BindRequest {
+                version: 3,
+                name: DN.to_string(),
+                auth: BindAuth::Simple(user_password.clone()),
+            },
+        ))?);
+    }
+    if has(OpKind::Bind) {
+        requests.bind = Some(MessageTemplate::compile(ProtocolOp::BindRequest(
+            BindRequest {
+                version: 3,
+                name: dn.marked().to_string(),
+                auth: BindAuth::Simple(user_password.clone()),
+            },
+        ))?);
+    }
+    write_requests(a, &dn, &dn_default, has, &mut requests)?;
+    Ok(requests)
+}
+
+/// The modify, add and delete templates, aimed at the entries `dn` names
+/// (`dn_default` when `--dn-template` is not given, for messages).
+fn write_requests(
+    a: &BenchArgs,
+    dn: &TextTemplate,
+    dn_default: &str,
+    has: &dyn Fn(OpKind) -> bool,
+    requests: &mut Requests,
+) -> Result<(), String> {
+    if has(OpKind::Modify) {
+        if a.modify_attr.is_empty() || a.modify_attr.contains(char::is_whitespace) {
+            return Err(format!(
+                "--modify-attr '{}' is not an attribute name",
+                a.modify_attr
+            ));
+        }
+        requests.modify = Some(MessageTemplate::compile(ProtocolOp::ModifyRequest(
+            ModifyRequest {
+                dn: dn.marked().to_string(),
+                changes: vec![Change {
+                    op: ModOp::Replace,
+                    attr: pa(
+                        &a.modify_attr,
+                        &[&format!("modified by pando bench {COUNTER}")],
+                    ),
+                }],
+            },
+        ))?);
+    }
+    if has(OpKind::Add) {
+        let uid = first_uid(dn.marked()).ok_or_else(|| {
+            format!(
+                "--dn-template '{}': add needs a DN whose first RDN is uid=VALUE, e.g. uid=bench.%d,{}",
+                a.dn_template.as_deref().unwrap_or(dn_default),
+                a.base
+            )
+        })?;
+        let mut attrs = vec![
+            pa(
+                "objectClass",
+                &["top", "person", "organizationalPerson", "inetOrgPerson"],
+            ),
+            pa("uid", &[uid]),
+            pa("cn", &[&format!("Bench {KEY}")]),
+            pa("sn", &["Bench"]),
+        ];
+        if let Some(pw) = &a.add_password {
+            attrs.push(pa("userPassword", &[pw]));
+        }
+        requests.add = Some(MessageTemplate::compile(ProtocolOp::AddRequest(
+            AddRequest {
+                dn: dn.marked().to_string(),
+                attrs,
+            },
+        ))?);
+    }
+    if has(OpKind::Delete) {
+        requests.delete = Some(MessageTemplate::compile(ProtocolOp::DelRequest(
+            dn.marked().to_string(),
+        ))?);
+    }
+    Ok(())
+}
+
 impl Plan {
     pub fn from_args(a: BenchArgs) -> Result<Plan, String> {
         let target = parse_url(&a.url, a.allow_remote)?;
-        let bind = match (&a.bind_dn, &a.bind_pw, &a.bind_pw_file) {
-            (None, None, None) => None,
-            (None, _, _) => return Err("--bind-pw/--bind-pw-file need --bind-dn".into()),
-            (Some(_), None, None) => {
-                return Err("--bind-dn needs --bind-pw or --bind-pw-file".into())
-            }
-            (Some(dn), Some(pw), _) => Some(Credentials {
-                dn: dn.clone(),
-                password: pw.as_bytes().to_vec(),
-            }),
-            (Some(dn), None, Some(f)) => {
-                let text =
-                    std::fs::read(f).map_err(|e| format!("--bind-pw-file {}: {e}", f.display()))?;
-                let end = text
-                    .iter()
-                    .rposition(|&b| b != b'\n' && b != b'\r')
-                    .map_or(0, |i| i + 1);
-                Some(Credentials {
-                    dn: dn.clone(),
-                    password: text.get(..end).unwrap_or_default().to_vec(),
-                })
-            }
-        };
+        let bind = credentials(&a)?;
 
-        let workload = match (a.workload, &a.mix) {
-            (None, None) => Workload::Search,
-            (None, Some(_)) | (Some(Workload::Mixed), Some(_)) => Workload::Mixed,
-            (Some(Workload::Mixed), None) => {
-                return Err(
-                    "--workload mixed needs --mix, e.g. --mix search=80,modify=10,auth=10".into(),
-                )
-            }
-            (Some(w), Some(_)) => {
-                return Err(format!(
-                    "--mix only goes with --workload mixed (not {})",
-                    w.to_possible_value()
-                        .map_or_else(String::new, |v| v.get_name().to_string())
-                ))
-            }
-            (Some(w), None) => w,
-        };
-        let ops = match workload {
-            Workload::Mixed => parse_mix(a.mix.as_deref().unwrap_or_default())?,
-            w => vec![OpShare {
-                kind: match w {
-                    Workload::Search => OpKind::Search,
-                    Workload::Auth => OpKind::Auth,
-                    Workload::Bind => OpKind::Bind,
-                    Workload::Modify => OpKind::Modify,
-                    Workload::Add => OpKind::Add,
-                    Workload::Delete => OpKind::Delete,
-                    Workload::Mixed => unreachable!("handled above"),
-                },
-                upto: 1,
-            }],
-        };
+        let (workload, ops) = workload_ops(&a)?;
         let has = |k: OpKind| ops.iter().any(|o| o.kind == k);
         let writes_once = has(OpKind::Add) || has(OpKind::Delete);
 
@@ -533,170 +737,9 @@ impl Plan {
         }
         let threads = a.threads.min(a.connections);
 
-        let warmup = parse_duration("--warmup", &a.warmup)?;
-        let interval = parse_duration("--interval", &a.interval)?;
-        if interval < Duration::from_millis(10) {
-            return Err(format!("--interval {}: must be at least 10ms", a.interval));
-        }
-        let duration = a
-            .duration
-            .as_deref()
-            .map(|d| parse_duration("--duration", d))
-            .transpose()?;
-        if duration == Some(Duration::ZERO) {
-            return Err("--duration must be above 0".into());
-        }
-        if a.count == Some(0) {
-            return Err("--count must be at least 1".into());
-        }
-        let (duration, time_cap) = match (duration, a.count) {
-            (Some(d), _) => (Some(d), d),
-            (None, Some(_)) => (None, DEFAULT_COUNT_CAP),
-            (None, None) => (Some(DEFAULT_DURATION), DEFAULT_DURATION),
-        };
-        if let Some(r) = a.rate {
-            if !(r.is_finite() && r > 0.0) {
-                return Err(format!(
-                    "--rate {r}: must be a number of requests per second above 0"
-                ));
-            }
-        }
+        let (warmup, interval, duration, time_cap) = timing(&a)?;
 
-        // Requests.
-        let base = TextTemplate::parse("--base", &a.base)?;
-        let filter = TextTemplate::parse("--filter", &a.filter)?;
-        let sample_filter = filter.render(lo);
-        Filter::parse(&sample_filter).map_err(|e| {
-            format!(
-                "--filter '{}' (for key {lo}: '{sample_filter}'): {e}",
-                a.filter
-            )
-        })?;
-        let marked_filter =
-            Filter::parse(filter.marked()).map_err(|e| format!("--filter '{}': {e}", a.filter))?;
-        for at in &a.attrs {
-            check_no_markers("--attrs", at)?;
-            if at.is_empty() || at.contains(char::is_whitespace) {
-                return Err(format!("--attrs: '{at}' is not an attribute name"));
-            }
-        }
-        let scope = match a.scope {
-            ScopeArg::Base => Scope::Base,
-            ScopeArg::One => Scope::One,
-            ScopeArg::Sub => Scope::Sub,
-        };
-        let search = |attrs: Vec<String>| {
-            MessageTemplate::compile(ProtocolOp::SearchRequest(SearchRequest {
-                base: base.marked().to_string(),
-                scope,
-                deref: DerefAliases::Never,
-                size_limit: 0,
-                time_limit: 0,
-                types_only: false,
-                filter: marked_filter.clone(),
-                attrs,
-            }))
-        };
-        check_no_markers("--password", &a.password)?;
-        if let Some(pw) = &a.add_password {
-            check_no_markers("--add-password", pw)?;
-        }
-        check_no_markers("--modify-attr", &a.modify_attr)?;
-        if let Some(pw) = &a.add_password {
-            check_no_markers("--add-password", pw)?;
-        }
-        let user_password = a.password.as_bytes().to_vec();
-        let dn_default = if writes_once {
-            format!("uid=bench.%d,{}", a.base.replace('%', "%%"))
-        } else {
-            format!("uid=user.%d,{}", a.base.replace('%', "%%"))
-        };
-        let dn = TextTemplate::parse(
-            "--dn-template",
-            a.dn_template.as_deref().unwrap_or(&dn_default),
-        )?;
-        if writes_once && dn.key_count() == 0 {
-            return Err(format!(
-                "--dn-template '{}': add and delete need %d in the DN, one entry per key",
-                a.dn_template.as_deref().unwrap_or(&dn_default)
-            ));
-        }
-
-        let mut requests = Requests::default();
-        if has(OpKind::Search) {
-            requests.search = Some(search(a.attrs.clone())?);
-        }
-        if has(OpKind::Auth) {
-            requests.auth_search = Some(search(vec!["1.1".into()])?);
-            requests.auth_bind = Some(MessageTemplate::compile(ProtocolOp::BindRequest(
-                BindRequest {
-                    version: 3,
-                    name: DN.to_string(),
-                    auth: BindAuth::Simple(user_password.clone()),
-                },
-            ))?);
-        }
-        if has(OpKind::Bind) {
-            requests.bind = Some(MessageTemplate::compile(ProtocolOp::BindRequest(
-                BindRequest {
-                    version: 3,
-                    name: dn.marked().to_string(),
-                    auth: BindAuth::Simple(user_password.clone()),
-                },
-            ))?);
-        }
-        if has(OpKind::Modify) {
-            if a.modify_attr.is_empty() || a.modify_attr.contains(char::is_whitespace) {
-                return Err(format!(
-                    "--modify-attr '{}' is not an attribute name",
-                    a.modify_attr
-                ));
-            }
-            requests.modify = Some(MessageTemplate::compile(ProtocolOp::ModifyRequest(
-                ModifyRequest {
-                    dn: dn.marked().to_string(),
-                    changes: vec![Change {
-                        op: ModOp::Replace,
-                        attr: pa(
-                            &a.modify_attr,
-                            &[&format!("modified by pando bench {COUNTER}")],
-                        ),
-                    }],
-                },
-            ))?);
-        }
-        if has(OpKind::Add) {
-            let uid = first_uid(dn.marked()).ok_or_else(|| {
-                format!(
-                    "--dn-template '{}': add needs a DN whose first RDN is uid=VALUE, e.g. uid=bench.%d,{}",
-                    a.dn_template.as_deref().unwrap_or(&dn_default),
-                    a.base
-                )
-            })?;
-            let mut attrs = vec![
-                pa(
-                    "objectClass",
-                    &["top", "person", "organizationalPerson", "inetOrgPerson"],
-                ),
-                pa("uid", &[uid]),
-                pa("cn", &[&format!("Bench {KEY}")]),
-                pa("sn", &["Bench"]),
-            ];
-            if let Some(pw) = &a.add_password {
-                attrs.push(pa("userPassword", &[pw]));
-            }
-            requests.add = Some(MessageTemplate::compile(ProtocolOp::AddRequest(
-                AddRequest {
-                    dn: dn.marked().to_string(),
-                    attrs,
-                },
-            ))?);
-        }
-        if has(OpKind::Delete) {
-            requests.delete = Some(MessageTemplate::compile(ProtocolOp::DelRequest(
-                dn.marked().to_string(),
-            ))?);
-        }
+        let requests = requests(&a, &has, writes_once, lo)?;
 
         Ok(Plan {
             label: a.label.clone().unwrap_or_else(|| a.url.clone()),

@@ -43,43 +43,7 @@ pub fn execute(plan: Plan) -> Result<(), String> {
     let threads = plan.threads;
     let shared = Arc::new(Shared::new(plan));
     let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
-    let mut handles = Vec::with_capacity(threads);
-    let mut readies = Vec::with_capacity(threads);
-    let mut starts = Vec::with_capacity(threads);
-    for th in 0..threads {
-        let clients: Vec<usize> = (th..shared.plan.connections).step_by(threads).collect();
-        let (ready_tx, ready_rx) = std_mpsc::channel();
-        let (start_tx, start_rx) = std_mpsc::channel();
-        let (shared, tx) = (Arc::clone(&shared), tx.clone());
-        let h = std::thread::Builder::new()
-            .name(format!("pando-bench-{th}"))
-            .spawn(move || load_thread(th, clients, shared, tx, ready_tx, start_rx))
-            .map_err(|e| format!("cannot start a load thread: {e}"))?;
-        handles.push(h);
-        readies.push(ready_rx);
-        starts.push(start_tx);
-    }
-    drop(tx);
-
-    let mut setup_error = None;
-    for r in &readies {
-        let res = r
-            .recv()
-            .unwrap_or_else(|_| Err("a load thread ended during setup".into()));
-        if let Err(e) = res {
-            setup_error.get_or_insert(e);
-        }
-    }
-    if let Some(e) = setup_error {
-        for s in &starts {
-            let _ = s.send(None);
-        }
-        for h in handles {
-            let _ = h.join();
-        }
-        return Err(e);
-    }
-
+    let (handles, starts) = start_load_threads(&shared, tx)?;
     let plan = &shared.plan;
     let start = Instant::now();
     let t = Timeline::new(start, plan);
@@ -153,6 +117,74 @@ pub fn execute(plan: Plan) -> Result<(), String> {
         }
     }
     let cpu1 = cpu1.unwrap_or_else(|| CpuSample::now(plan.server_pid));
+    report_run(&shared, &t, rows, cpu0.map(|c0| (c0, cpu1)), finished)
+}
+
+/// Start one load thread per `plan.threads`, each with its share of the
+/// connections, and wait until all have connected (and bound): the
+/// threads and the senders that start them; or the first setup error,
+/// once every thread has ended.
+#[allow(clippy::type_complexity)]
+fn start_load_threads(
+    shared: &Arc<Shared>,
+    tx: mpsc::UnboundedSender<Msg>,
+) -> Result<
+    (
+        Vec<std::thread::JoinHandle<()>>,
+        Vec<std_mpsc::Sender<Option<Instant>>>,
+    ),
+    String,
+> {
+    let threads = shared.plan.threads;
+    let mut handles = Vec::with_capacity(threads);
+    let mut readies = Vec::with_capacity(threads);
+    let mut starts = Vec::with_capacity(threads);
+    for th in 0..threads {
+        let clients: Vec<usize> = (th..shared.plan.connections).step_by(threads).collect();
+        let (ready_tx, ready_rx) = std_mpsc::channel();
+        let (start_tx, start_rx) = std_mpsc::channel();
+        let (shared, tx) = (Arc::clone(shared), tx.clone());
+        let h = std::thread::Builder::new()
+            .name(format!("pando-bench-{th}"))
+            .spawn(move || load_thread(th, clients, shared, tx, ready_tx, start_rx))
+            .map_err(|e| format!("cannot start a load thread: {e}"))?;
+        handles.push(h);
+        readies.push(ready_rx);
+        starts.push(start_tx);
+    }
+    drop(tx);
+
+    let mut setup_error = None;
+    for r in &readies {
+        let res = r
+            .recv()
+            .unwrap_or_else(|_| Err("a load thread ended during setup".into()));
+        if let Err(e) = res {
+            setup_error.get_or_insert(e);
+        }
+    }
+    if let Some(e) = setup_error {
+        for s in &starts {
+            let _ = s.send(None);
+        }
+        for h in handles {
+            let _ = h.join();
+        }
+        return Err(e);
+    }
+    Ok((handles, starts))
+}
+
+/// The run's summary (text or JSON) once the load has ended at
+/// `finished`; the run's fatal error, if one stopped it.
+fn report_run(
+    shared: &Shared,
+    t: &Timeline,
+    rows: Rows,
+    cpu: Option<(CpuSample, CpuSample)>,
+    finished: Instant,
+) -> Result<(), String> {
+    let plan = &shared.plan;
     let reason = shared.stop_reason();
     let total = rows.total.clone();
     let elapsed = match t.end {
@@ -170,7 +202,7 @@ pub fn execute(plan: Plan) -> Result<(), String> {
         elapsed,
         stats: total,
         intervals: rows.lines,
-        cpu: cpu0.map(|c0| (c0, cpu1)),
+        cpu,
         stopped: reason,
         fatal: shared.fatal(),
         keys_used_up,
