@@ -352,7 +352,6 @@ impl Gen<'_> {
             let mut keep = true;
             for p in &line.pieces {
                 match p {
-                    Piece::Text(t) => self.vbuf.extend_from_slice(t),
                     Piece::Ref { slot, chars } => {
                         if let Some((s, e)) = Self::first_value(&self.vals, body, *slot) {
                             let e = match chars {
@@ -362,110 +361,17 @@ impl Gen<'_> {
                             self.vbuf.extend_from_within(s..e);
                         }
                     }
-                    Piece::Pick(list) => {
-                        let i = self.rng.below(list.len() as u64) as usize;
-                        self.vbuf.extend_from_slice(list[i].as_bytes());
-                    }
-                    Piece::PickSeq { list, counter } => {
-                        let n = &mut self.counters[*counter];
-                        let i = n.rem_euclid(list.len() as i64) as usize;
-                        *n = n.wrapping_add(1);
-                        self.vbuf.extend_from_slice(list[i].as_bytes());
-                    }
-                    Piece::Seq { counter } => {
-                        let n = &mut self.counters[*counter];
-                        push_int(&mut self.vbuf, *n, 0);
-                        *n = n.wrapping_add(1);
-                    }
-                    Piece::Chars { set, min, max } => {
-                        let len = if min == max {
-                            *min
-                        } else {
-                            min + self.rng.below((max - min + 1) as u64) as usize
-                        };
-                        let n = set.len() as u64;
-                        for _ in 0..len {
-                            self.vbuf.push(set[self.rng.below(n) as usize]);
-                        }
-                    }
-                    Piece::Number { lo, hi, width } => {
-                        let v = self.rng.range_i64(*lo, *hi);
-                        push_int(&mut self.vbuf, v, *width);
-                    }
-                    Piece::Telephone => {
-                        self.vbuf.extend_from_slice(b"+1 ");
-                        for (i, group) in [3, 3, 4].into_iter().enumerate() {
-                            if i > 0 {
-                                self.vbuf.push(b' ');
-                            }
-                            for _ in 0..group {
-                                self.vbuf.push(b'0' + self.rng.below(10) as u8);
-                            }
-                        }
-                    }
-                    Piece::Month(n) => {
-                        let m = data::MONTHS[self.rng.below(12) as usize].as_bytes();
-                        let len = n.map_or(m.len(), |n| n.min(m.len()));
-                        self.vbuf.extend_from_slice(&m[..len]);
-                    }
-                    Piece::List { items, cum } => {
-                        let total = cum.last().copied().unwrap_or(0);
-                        let r = self.rng.below(total);
-                        let i = cum.partition_point(|&c| c <= r).min(items.len() - 1);
-                        self.vbuf.extend_from_slice(&items[i]);
-                    }
-                    Piece::Guid => {
-                        let a = self.rng.next_u64();
-                        // Version 4, RFC 4122 variant.
-                        let b =
-                            (self.rng.next_u64() & 0x3FFF_FFFF_FFFF_FFFF) | 0x8000_0000_0000_0000;
-                        let a = (a & 0xFFFF_FFFF_FFFF_0FFF) | 0x0000_0000_0000_4000;
-                        let bytes = ((a as u128) << 64 | b as u128).to_be_bytes();
-                        for (i, byte) in bytes.iter().enumerate() {
-                            if matches!(i, 4 | 6 | 8 | 10) {
-                                self.vbuf.push(b'-');
-                            }
-                            self.vbuf.push(HEX[(byte >> 4) as usize]);
-                            self.vbuf.push(HEX[(byte & 15) as usize]);
-                        }
-                    }
                     Piece::Dn { kind, n } => {
-                        let source: &[u8] = match kind {
-                            DnKind::Parent | DnKind::UnderscoreParent => parent,
-                            _ => {
-                                if !dn_ready {
-                                    if let Some(ti) = ti {
-                                        self.build_dn(body, ti, parent)?;
-                                    }
-                                    dn_ready = true;
-                                }
-                                &self.dn
+                        // The entry's own DN is built when first needed
+                        // (its RDN values come before it in `order`).
+                        let own = !matches!(kind, DnKind::Parent | DnKind::UnderscoreParent);
+                        if own && !dn_ready {
+                            if let Some(ti) = ti {
+                                self.build_dn(body, ti, parent)?;
                             }
-                        };
-                        split_dn_bytes(source, &mut self.comps);
-                        let (sel, sep): (&[(usize, usize)], u8) = match kind {
-                            DnKind::Rdn => (&self.comps[..self.comps.len().min(1)], b','),
-                            DnKind::Parent => (&self.comps[..], b','),
-                            DnKind::UnderscoreParent => (&self.comps[..], b'_'),
-                            DnKind::Full | DnKind::Underscore => {
-                                let all = &self.comps[..];
-                                let k = n.unsigned_abs() as usize;
-                                let sel = if *n == 0 {
-                                    all
-                                } else if *n > 0 {
-                                    &all[..k.min(all.len())]
-                                } else {
-                                    &all[all.len().saturating_sub(k)..]
-                                };
-                                (sel, if *kind == DnKind::Full { b',' } else { b'_' })
-                            }
-                        };
-                        for (i, &(s, e)) in sel.iter().enumerate() {
-                            if i > 0 {
-                                self.vbuf.push(sep);
-                            }
-                            self.vbuf.extend_from_slice(&source[s..e]);
+                            dn_ready = true;
                         }
+                        self.push_dn(*kind, *n, parent);
                     }
                     Piece::Presence(p) => {
                         if self.rng.unit() >= *p {
@@ -486,6 +392,7 @@ impl Gen<'_> {
                             break;
                         }
                     }
+                    other => self.push_generated(other),
                 }
             }
             if keep && self.vbuf.len() > start {
@@ -500,6 +407,118 @@ impl Gen<'_> {
             }
         }
 
+        self.write_entry(body, w)
+    }
+    /// Append the value a generating piece makes (text, a counter, a
+    /// random pick) to `vbuf`, drawing from the generator as it goes.
+    fn push_generated(&mut self, p: &Piece) {
+        match p {
+            Piece::Text(t) => self.vbuf.extend_from_slice(t),
+            Piece::Pick(list) => {
+                let i = self.rng.below(list.len() as u64) as usize;
+                self.vbuf.extend_from_slice(list[i].as_bytes());
+            }
+            Piece::PickSeq { list, counter } => {
+                let n = &mut self.counters[*counter];
+                let i = n.rem_euclid(list.len() as i64) as usize;
+                *n = n.wrapping_add(1);
+                self.vbuf.extend_from_slice(list[i].as_bytes());
+            }
+            Piece::Seq { counter } => {
+                let n = &mut self.counters[*counter];
+                push_int(&mut self.vbuf, *n, 0);
+                *n = n.wrapping_add(1);
+            }
+            Piece::Chars { set, min, max } => {
+                let len = if min == max {
+                    *min
+                } else {
+                    min + self.rng.below((max - min + 1) as u64) as usize
+                };
+                let n = set.len() as u64;
+                for _ in 0..len {
+                    self.vbuf.push(set[self.rng.below(n) as usize]);
+                }
+            }
+            Piece::Number { lo, hi, width } => {
+                let v = self.rng.range_i64(*lo, *hi);
+                push_int(&mut self.vbuf, v, *width);
+            }
+            Piece::Telephone => {
+                self.vbuf.extend_from_slice(b"+1 ");
+                for (i, group) in [3, 3, 4].into_iter().enumerate() {
+                    if i > 0 {
+                        self.vbuf.push(b' ');
+                    }
+                    for _ in 0..group {
+                        self.vbuf.push(b'0' + self.rng.below(10) as u8);
+                    }
+                }
+            }
+            Piece::Month(n) => {
+                let m = data::MONTHS[self.rng.below(12) as usize].as_bytes();
+                let len = n.map_or(m.len(), |n| n.min(m.len()));
+                self.vbuf.extend_from_slice(&m[..len]);
+            }
+            Piece::List { items, cum } => {
+                let total = cum.last().copied().unwrap_or(0);
+                let r = self.rng.below(total);
+                let i = cum.partition_point(|&c| c <= r).min(items.len() - 1);
+                self.vbuf.extend_from_slice(&items[i]);
+            }
+            Piece::Guid => {
+                let a = self.rng.next_u64();
+                // Version 4, RFC 4122 variant.
+                let b = (self.rng.next_u64() & 0x3FFF_FFFF_FFFF_FFFF) | 0x8000_0000_0000_0000;
+                let a = (a & 0xFFFF_FFFF_FFFF_0FFF) | 0x0000_0000_0000_4000;
+                let bytes = ((a as u128) << 64 | b as u128).to_be_bytes();
+                for (i, byte) in bytes.iter().enumerate() {
+                    if matches!(i, 4 | 6 | 8 | 10) {
+                        self.vbuf.push(b'-');
+                    }
+                    self.vbuf.push(HEX[(byte >> 4) as usize]);
+                    self.vbuf.push(HEX[(byte & 15) as usize]);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Append what a `<DN>`-like tag takes from the entry's DN (built by
+    /// then) or its parent's to `vbuf`.
+    fn push_dn(&mut self, kind: DnKind, n: i32, parent: &[u8]) {
+        let source: &[u8] = match kind {
+            DnKind::Parent | DnKind::UnderscoreParent => parent,
+            _ => &self.dn,
+        };
+        split_dn_bytes(source, &mut self.comps);
+        let (sel, sep): (&[(usize, usize)], u8) = match kind {
+            DnKind::Rdn => (&self.comps[..self.comps.len().min(1)], b','),
+            DnKind::Parent => (&self.comps[..], b','),
+            DnKind::UnderscoreParent => (&self.comps[..], b'_'),
+            DnKind::Full | DnKind::Underscore => {
+                let all = &self.comps[..];
+                let k = n.unsigned_abs() as usize;
+                let sel = if n == 0 {
+                    all
+                } else if n > 0 {
+                    &all[..k.min(all.len())]
+                } else {
+                    &all[all.len().saturating_sub(k)..]
+                };
+                (sel, if kind == DnKind::Full { b',' } else { b'_' })
+            }
+        };
+        for (i, &(s, e)) in sel.iter().enumerate() {
+            if i > 0 {
+                self.vbuf.push(sep);
+            }
+            self.vbuf.extend_from_slice(&source[s..e]);
+        }
+    }
+
+    /// Write the entry built in `vbuf` and `dn` to `w` as one LDIF record.
+    fn write_entry<W: Write>(&mut self, body: &Body, w: &mut W) -> Result<(), GenError> {
         self.out.clear();
         put_line(&mut self.out, &mut self.logical, b"dn", &self.dn, self.wrap);
         for (li, line) in body.lines.iter().enumerate() {

@@ -243,8 +243,76 @@ pub(crate) fn compile(
         .split('\n')
         .map(|l| l.strip_suffix('\r').unwrap_or(l))
         .collect();
+    let defines = defines(&cx, &lines, overrides)?;
+    let blocks = blocks(&cx, &lines, &defines)?;
+    let mut raw_branches = Vec::new();
+    let mut raw_templates = Vec::new();
+    for b in blocks {
+        match b {
+            Block::Branch(b) => raw_branches.push(b),
+            Block::Template(t) => raw_templates.push(t),
+        }
+    }
+    if raw_branches.is_empty() {
+        return Err(cx.err(
+            text.lines().count().max(1),
+            "the template defines no branch:",
+        ));
+    }
 
-    // Pass 1: defines. Overrides win; a define may use earlier ones.
+    let mut by_name: HashMap<String, usize> = HashMap::new();
+    for (i, t) in raw_templates.iter().enumerate() {
+        if by_name.insert(t.name.to_ascii_lowercase(), i).is_some() {
+            return Err(cx.err(t.line, format!("template {} is defined twice", t.name)));
+        }
+    }
+
+    // Apply `extends`.
+    let mut resolved: Vec<Option<Resolved>> = vec![None; raw_templates.len()];
+    for i in 0..raw_templates.len() {
+        resolve(
+            &cx,
+            i,
+            &raw_templates,
+            &by_name,
+            &mut resolved,
+            &mut Vec::new(),
+        )?;
+    }
+
+    let mut counter_starts: Vec<i64> = Vec::new();
+    let (templates, rdn_errors) =
+        compile_templates(&cx, &raw_templates, resolved, &by_name, &mut counter_starts)?;
+    check_subordinate_cycles(&cx, &templates)?;
+    let mut branches = raw_branches
+        .iter()
+        .map(|rb| compile_branch(&cx, rb, &by_name, &mut counter_starts))
+        .collect::<Result<Vec<Branch>, GenError>>()?;
+    branches.sort_by_key(|b| b.depth);
+    let used = branches
+        .iter()
+        .flat_map(|b| b.subs.iter())
+        .chain(templates.iter().flat_map(|t| t.subs.iter()));
+    for s in used {
+        if let Some((line, msg)) = &rdn_errors[s.template] {
+            return Err(cx.err(*line, msg.clone()));
+        }
+    }
+
+    Ok(Compiled {
+        branches,
+        templates,
+        counter_starts,
+    })
+}
+
+/// Pass 1: the template's defines, with `overrides` (which win); a
+/// define may use earlier ones.
+fn defines(
+    cx: &Ctx,
+    lines: &[&str],
+    overrides: &[(String, String)],
+) -> Result<Vec<(String, String)>, GenError> {
     let mut defines: Vec<(String, String)> = Vec::new();
     for (name, value) in overrides {
         match defines
@@ -280,8 +348,11 @@ pub(crate) fn compile(
         let value = substitute(value.trim(), &defines);
         defines.push((name.to_string(), value));
     }
+    Ok(defines)
+}
 
-    // Pass 2: blocks.
+/// Pass 2: the branch and template blocks, defines substituted.
+fn blocks(cx: &Ctx, lines: &[&str], defines: &[(String, String)]) -> Result<Vec<Block>, GenError> {
     let mut blocks: Vec<Block> = Vec::new();
     let mut cur: Option<Block> = None;
     for (i, raw) in lines.iter().enumerate() {
@@ -301,7 +372,7 @@ pub(crate) fn compile(
             }
             continue;
         }
-        let line = substitute(raw, &defines);
+        let line = substitute(raw, defines);
         let Some((key, value)) = line.split_once(':') else {
             return Err(cx.err(ln, format!("expected `name: value`, found {:?}", line)));
         };
@@ -341,115 +412,85 @@ pub(crate) fn compile(
                 let Some(block) = cur.as_mut() else {
                     return Err(cx.err(ln, format!("`{key}:` outside a branch or template block")));
                 };
-                match (lkey.as_str(), block) {
-                    ("subordinatetemplate", Block::Branch(RawBranch { subs, .. }))
-                    | ("subordinatetemplate", Block::Template(RawTemplate { subs, .. })) => {
-                        let Some((name, count)) = value.rsplit_once(':') else {
-                            return Err(
-                                cx.err(ln, "subordinateTemplate needs the form TEMPLATE:COUNT")
-                            );
-                        };
-                        subs.push(RawSub {
-                            name: name.trim().to_string(),
-                            count: count.trim().to_string(),
-                            line: ln,
-                        });
-                    }
-                    ("extends", Block::Template(t)) => {
-                        if t.extends.is_some() {
-                            return Err(cx.err(ln, "more than one extends:"));
-                        }
-                        t.extends = Some((value.to_string(), ln));
-                    }
-                    ("rdnattr", Block::Template(t)) => {
-                        if t.rdn.is_some() {
-                            return Err(cx.err(ln, "more than one rdnAttr:"));
-                        }
-                        let names: Vec<String> =
-                            value.split('+').map(|s| s.trim().to_string()).collect();
-                        if let Some(bad) = names.iter().find(|n| !valid_attr_name(n)) {
-                            return Err(cx.err(ln, format!("invalid rdnAttr {bad:?}")));
-                        }
-                        t.rdn = Some((names, ln));
-                    }
-                    ("extends" | "rdnattr", Block::Branch(_)) => {
-                        return Err(cx.err(ln, format!("{key}: is only allowed in a template")));
-                    }
-                    (_, Block::Branch(RawBranch { attrs, .. }))
-                    | (_, Block::Template(RawTemplate { attrs, .. })) => {
-                        if !valid_attr_name(key) {
-                            return Err(cx.err(ln, format!("invalid attribute name {key:?}")));
-                        }
-                        if key.contains(';') && key.ends_with(';') {
-                            return Err(cx.err(ln, format!("invalid attribute name {key:?}")));
-                        }
-                        attrs.push(RawAttr {
-                            name: key.to_string(),
-                            value: value.to_string(),
-                            line: ln,
-                        });
-                    }
-                }
+                block_line(cx, ln, key, value, block)?;
             }
         }
     }
     if let Some(b) = cur.take() {
         blocks.push(b);
     }
+    Ok(blocks)
+}
 
-    let mut raw_branches = Vec::new();
-    let mut raw_templates = Vec::new();
-    for b in blocks {
-        match b {
-            Block::Branch(b) => raw_branches.push(b),
-            Block::Template(t) => raw_templates.push(t),
+/// One `name: value` line of a branch or template block (`ln`: its line
+/// number): a subordinate template, `extends`, `rdnAttr`, or an attribute.
+fn block_line(
+    cx: &Ctx,
+    ln: usize,
+    key: &str,
+    value: &str,
+    block: &mut Block,
+) -> Result<(), GenError> {
+    let lkey = key.to_ascii_lowercase();
+    match (lkey.as_str(), block) {
+        ("subordinatetemplate", Block::Branch(RawBranch { subs, .. }))
+        | ("subordinatetemplate", Block::Template(RawTemplate { subs, .. })) => {
+            let Some((name, count)) = value.rsplit_once(':') else {
+                return Err(cx.err(ln, "subordinateTemplate needs the form TEMPLATE:COUNT"));
+            };
+            subs.push(RawSub {
+                name: name.trim().to_string(),
+                count: count.trim().to_string(),
+                line: ln,
+            });
+        }
+        ("extends", Block::Template(t)) => {
+            if t.extends.is_some() {
+                return Err(cx.err(ln, "more than one extends:"));
+            }
+            t.extends = Some((value.to_string(), ln));
+        }
+        ("rdnattr", Block::Template(t)) => {
+            if t.rdn.is_some() {
+                return Err(cx.err(ln, "more than one rdnAttr:"));
+            }
+            let names: Vec<String> = value.split('+').map(|s| s.trim().to_string()).collect();
+            if let Some(bad) = names.iter().find(|n| !valid_attr_name(n)) {
+                return Err(cx.err(ln, format!("invalid rdnAttr {bad:?}")));
+            }
+            t.rdn = Some((names, ln));
+        }
+        ("extends" | "rdnattr", Block::Branch(_)) => {
+            return Err(cx.err(ln, format!("{key}: is only allowed in a template")));
+        }
+        (_, Block::Branch(RawBranch { attrs, .. }))
+        | (_, Block::Template(RawTemplate { attrs, .. })) => {
+            if !valid_attr_name(key) {
+                return Err(cx.err(ln, format!("invalid attribute name {key:?}")));
+            }
+            if key.contains(';') && key.ends_with(';') {
+                return Err(cx.err(ln, format!("invalid attribute name {key:?}")));
+            }
+            attrs.push(RawAttr {
+                name: key.to_string(),
+                value: value.to_string(),
+                line: ln,
+            });
         }
     }
-    if raw_branches.is_empty() {
-        return Err(cx.err(
-            text.lines().count().max(1),
-            "the template defines no branch:",
-        ));
-    }
+    Ok(())
+}
 
-    let mut by_name: HashMap<String, usize> = HashMap::new();
-    for (i, t) in raw_templates.iter().enumerate() {
-        if by_name.insert(t.name.to_ascii_lowercase(), i).is_some() {
-            return Err(cx.err(t.line, format!("template {} is defined twice", t.name)));
-        }
-    }
-
-    // Apply `extends`.
-    let mut resolved: Vec<Option<Resolved>> = vec![None; raw_templates.len()];
-    for i in 0..raw_templates.len() {
-        resolve(
-            &cx,
-            i,
-            &raw_templates,
-            &by_name,
-            &mut resolved,
-            &mut Vec::new(),
-        )?;
-    }
-
-    let mut counter_starts: Vec<i64> = Vec::new();
-    let lookup = |name: &str, line: usize| -> Result<usize, GenError> {
-        by_name
-            .get(&name.to_ascii_lowercase())
-            .copied()
-            .ok_or_else(|| cx.err(line, format!("no template named {name:?}")))
-    };
-    let parse_count = |count: &str, line: usize| -> Result<u64, GenError> {
-        count.parse::<u64>().map_err(|_| {
-            cx.err(
-                line,
-                format!(
-                    "subordinateTemplate count {count:?} is not a number (undefined [define]?)"
-                ),
-            )
-        })
-    };
-
+/// Every template compiled (`resolved`: after `extends`), with the rdnAttr
+/// error each would raise once something uses it.
+#[allow(clippy::type_complexity)]
+fn compile_templates(
+    cx: &Ctx,
+    raw_templates: &[RawTemplate],
+    mut resolved: Vec<Option<Resolved>>,
+    by_name: &HashMap<String, usize>,
+    counter_starts: &mut Vec<i64>,
+) -> Result<(Vec<Tmpl>, Vec<Option<(usize, String)>>), GenError> {
     let mut templates = Vec::with_capacity(raw_templates.len());
     let mut rdn_errors: Vec<Option<(usize, String)>> = Vec::with_capacity(raw_templates.len());
     for (i, rt) in raw_templates.iter().enumerate() {
@@ -464,8 +505,7 @@ pub(crate) fn compile(
             rdn_error = Some((rt.line, format!("template {} has no rdnAttr:", rt.name)));
         }
         let mut resets = Vec::new();
-        let (body, slots) =
-            compile_body(&cx, &r.attrs, &rdn_names, &mut counter_starts, &mut resets)?;
+        let (body, slots) = compile_body(cx, &r.attrs, &rdn_names, counter_starts, &mut resets)?;
         let mut rdn = Vec::with_capacity(rdn_names.len());
         for n in &rdn_names {
             match slots.get(&n.to_ascii_lowercase()) {
@@ -481,10 +521,7 @@ pub(crate) fn compile(
         rdn_errors.push(rdn_error);
         let mut subs = Vec::new();
         for (name, count, line) in &r.subs {
-            subs.push(Sub {
-                template: lookup(name, *line)?,
-                count: parse_count(count, *line)?,
-            });
+            subs.push(sub(cx, by_name, name, count, *line)?);
         }
         templates.push(Tmpl {
             name: rt.name.clone(),
@@ -496,87 +533,94 @@ pub(crate) fn compile(
             resets,
         });
     }
-    check_subordinate_cycles(&cx, &templates)?;
+    Ok((templates, rdn_errors))
+}
 
-    let mut branches = Vec::with_capacity(raw_branches.len());
-    for rb in &raw_branches {
-        let comps = split_dn(&rb.dn);
-        let first = comps.first().map(|s| s.trim()).unwrap_or("");
-        let ava =
-            parse_rdn(first).ok_or_else(|| cx.err(rb.line, format!("invalid DN {:?}", rb.dn)))?;
-        if comps.iter().any(|c| parse_rdn(c.trim()).is_none()) {
-            return Err(cx.err(rb.line, format!("invalid DN {:?}", rb.dn)));
-        }
-        // MakeLDIF fills in objectClass and the RDN values of a branch.
-        let mut attrs = Vec::new();
-        let has = |n: &str| rb.attrs.iter().any(|a| a.name.eq_ignore_ascii_case(n));
-        if !has("objectClass") {
-            let class = match ava[0].0.to_ascii_lowercase().as_str() {
-                "dc" => "domain",
-                "o" => "organization",
-                "ou" => "organizationalUnit",
-                "c" => "country",
-                "l" => "locality",
-                _ => "untypedObject",
-            };
-            for oc in ["top", class] {
-                attrs.push(RawAttr {
-                    name: "objectClass".into(),
-                    value: escape_template_text(oc),
-                    line: rb.line,
-                });
-            }
-        }
-        for (name, value) in &ava {
-            if !valid_attr_name(name) {
-                return Err(cx.err(rb.line, format!("invalid attribute {name:?} in DN")));
-            }
-            if !has(name) {
-                attrs.push(RawAttr {
-                    name: name.clone(),
-                    value: escape_template_text(value),
-                    line: rb.line,
-                });
-            }
-        }
-        attrs.extend(rb.attrs.iter().cloned());
-        let mut resets = Vec::new();
-        let (body, _) = compile_body(&cx, &attrs, &[], &mut counter_starts, &mut resets)?;
-        let mut subs = Vec::new();
-        for s in &rb.subs {
-            subs.push(Sub {
-                template: lookup(&s.name, s.line)?,
-                count: parse_count(&s.count, s.line)?,
+/// One branch compiled: MakeLDIF fills in objectClass and the RDN
+/// values a branch does not give.
+fn compile_branch(
+    cx: &Ctx,
+    rb: &RawBranch,
+    by_name: &HashMap<String, usize>,
+    counter_starts: &mut Vec<i64>,
+) -> Result<Branch, GenError> {
+    let comps = split_dn(&rb.dn);
+    let first = comps.first().map(|s| s.trim()).unwrap_or("");
+    let ava = parse_rdn(first).ok_or_else(|| cx.err(rb.line, format!("invalid DN {:?}", rb.dn)))?;
+    if comps.iter().any(|c| parse_rdn(c.trim()).is_none()) {
+        return Err(cx.err(rb.line, format!("invalid DN {:?}", rb.dn)));
+    }
+    let mut attrs = Vec::new();
+    let has = |n: &str| rb.attrs.iter().any(|a| a.name.eq_ignore_ascii_case(n));
+    if !has("objectClass") {
+        let class = match ava[0].0.to_ascii_lowercase().as_str() {
+            "dc" => "domain",
+            "o" => "organization",
+            "ou" => "organizationalUnit",
+            "c" => "country",
+            "l" => "locality",
+            _ => "untypedObject",
+        };
+        for oc in ["top", class] {
+            attrs.push(RawAttr {
+                name: "objectClass".into(),
+                value: escape_template_text(oc),
+                line: rb.line,
             });
         }
-        let parent = match comps.len() {
-            0 | 1 => String::new(),
-            _ => comps[1..].join(","),
-        };
-        branches.push(Branch {
-            dn: rb.dn.clone(),
-            parent,
-            body,
-            subs,
-            depth: comps.len(),
-        });
     }
-    branches.sort_by_key(|b| b.depth);
-    let used = branches
-        .iter()
-        .flat_map(|b| b.subs.iter())
-        .chain(templates.iter().flat_map(|t| t.subs.iter()));
-    for s in used {
-        if let Some((line, msg)) = &rdn_errors[s.template] {
-            return Err(cx.err(*line, msg.clone()));
+    for (name, value) in &ava {
+        if !valid_attr_name(name) {
+            return Err(cx.err(rb.line, format!("invalid attribute {name:?} in DN")));
+        }
+        if !has(name) {
+            attrs.push(RawAttr {
+                name: name.clone(),
+                value: escape_template_text(value),
+                line: rb.line,
+            });
         }
     }
-
-    Ok(Compiled {
-        branches,
-        templates,
-        counter_starts,
+    attrs.extend(rb.attrs.iter().cloned());
+    let mut resets = Vec::new();
+    let (body, _) = compile_body(cx, &attrs, &[], counter_starts, &mut resets)?;
+    let mut subs = Vec::new();
+    for s in &rb.subs {
+        subs.push(sub(cx, by_name, &s.name, &s.count, s.line)?);
+    }
+    let parent = match comps.len() {
+        0 | 1 => String::new(),
+        _ => comps[1..].join(","),
+    };
+    Ok(Branch {
+        dn: rb.dn.clone(),
+        parent,
+        body,
+        subs,
+        depth: comps.len(),
     })
+}
+
+/// A subordinate template reference: the template named `name` and the
+/// number of entries, `count` (after defines).
+fn sub(
+    cx: &Ctx,
+    by_name: &HashMap<String, usize>,
+    name: &str,
+    count: &str,
+    line: usize,
+) -> Result<Sub, GenError> {
+    let template = by_name
+        .get(&name.to_ascii_lowercase())
+        .copied()
+        .ok_or_else(|| cx.err(line, format!("no template named {name:?}")))?;
+    let count = count.parse::<u64>().map_err(|_| {
+        cx.err(
+            line,
+            format!("subordinateTemplate count {count:?} is not a number (undefined [define]?)"),
+        )
+    })?;
+    Ok(Sub { template, count })
 }
 
 /// Makes literal text safe to run through the tag parser.
