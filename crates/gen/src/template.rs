@@ -978,27 +978,7 @@ fn parse_tag(
             no_args(args, tag)?;
             Piece::Pick(data::LAST_NAMES)
         }
-        "sequential" => {
-            if args.len() > 2 {
-                return Err(format!("<{tag}>: use <sequential[:start[:reset]]>"));
-            }
-            let start = match args.first() {
-                Some(s) => parse_int::<i64>(s, "start", tag)?,
-                None => 0,
-            };
-            let reset = match args.get(1).map(|s| s.trim().to_ascii_lowercase()) {
-                None => false,
-                Some(s) if s == "true" => true,
-                Some(s) if s == "false" => false,
-                Some(s) => return Err(format!("bad reset flag {s:?} in <{tag}> (true/false)")),
-            };
-            let counter = counters.len();
-            counters.push(start);
-            if reset {
-                resets.push(counter);
-            }
-            Piece::Seq { counter }
-        }
+        "sequential" => parse_sequential(args, tag, counters, resets)?,
         "random" => parse_random(args, tag)?,
         "presence" => {
             let [p] = args else {
@@ -1024,54 +1004,8 @@ fn parse_tag(
                 want: name == "ifpresent",
             }
         }
-        "list" => {
-            if args.is_empty() {
-                return Err(format!("<{tag}> needs at least one item"));
-            }
-            let mut items = Vec::with_capacity(args.len());
-            let mut cum = Vec::with_capacity(args.len());
-            let mut total: u64 = 0;
-            for item in args {
-                let (text, weight) = match item.rsplit_once(';') {
-                    Some((t, w)) => {
-                        let w: u64 = parse_int(w, "weight", tag)?;
-                        if w == 0 {
-                            return Err(format!("weight 0 in <{tag}>"));
-                        }
-                        (t, w)
-                    }
-                    None => (*item, 1),
-                };
-                total = total
-                    .checked_add(weight)
-                    .ok_or_else(|| format!("weights in <{tag}> overflow"))?;
-                items.push(text.as_bytes().to_vec().into_boxed_slice());
-                cum.push(total);
-            }
-            Piece::List { items, cum }
-        }
-        "file" => {
-            let Some(file) = args.first() else {
-                return Err(format!("<{tag}> needs a list name"));
-            };
-            let Some(list) = data::named_list(file.trim()) else {
-                return Err(format!(
-                    "<{tag}>: reading files is not supported; built-in lists are \
-                     first.names, last.names, cities, states, streets, months \
-                     (or use <list:...>)"
-                ));
-            };
-            match args.get(1).map(|s| s.trim().to_ascii_lowercase()) {
-                None => Piece::Pick(list),
-                Some(m) if m == "random" => Piece::Pick(list),
-                Some(m) if m == "sequential" => {
-                    let counter = counters.len();
-                    counters.push(0);
-                    Piece::PickSeq { list, counter }
-                }
-                Some(m) => return Err(format!("bad mode {m:?} in <{tag}> (random/sequential)")),
-            }
-        }
+        "list" => parse_list(args, tag)?,
+        "file" => parse_file(args, tag, counters)?,
         "guid" => {
             no_args(args, tag)?;
             Piece::Guid
@@ -1099,6 +1033,88 @@ fn parse_tag(
             Piece::Dn { kind, n: 0 }
         }
         _ => return Err(format!("unknown tag <{tag}>")),
+    })
+}
+
+/// `<sequential[:start[:reset]]>`: a counter of its own, reset for each
+/// new parent when `reset` is true.
+fn parse_sequential(
+    args: &[&str],
+    tag: &str,
+    counters: &mut Vec<i64>,
+    resets: &mut Vec<usize>,
+) -> Result<Piece, String> {
+    if args.len() > 2 {
+        return Err(format!("<{tag}>: use <sequential[:start[:reset]]>"));
+    }
+    let start = match args.first() {
+        Some(s) => parse_int::<i64>(s, "start", tag)?,
+        None => 0,
+    };
+    let reset = match args.get(1).map(|s| s.trim().to_ascii_lowercase()) {
+        None => false,
+        Some(s) if s == "true" => true,
+        Some(s) if s == "false" => false,
+        Some(s) => return Err(format!("bad reset flag {s:?} in <{tag}> (true/false)")),
+    };
+    let counter = counters.len();
+    counters.push(start);
+    if reset {
+        resets.push(counter);
+    }
+    Ok(Piece::Seq { counter })
+}
+
+/// `<list:A[;weight]:B[;weight]...>`: one item, drawn by weight.
+fn parse_list(args: &[&str], tag: &str) -> Result<Piece, String> {
+    if args.is_empty() {
+        return Err(format!("<{tag}> needs at least one item"));
+    }
+    let mut items = Vec::with_capacity(args.len());
+    let mut cum = Vec::with_capacity(args.len());
+    let mut total: u64 = 0;
+    for item in args {
+        let (text, weight) = match item.rsplit_once(';') {
+            Some((t, w)) => {
+                let w: u64 = parse_int(w, "weight", tag)?;
+                if w == 0 {
+                    return Err(format!("weight 0 in <{tag}>"));
+                }
+                (t, w)
+            }
+            None => (*item, 1),
+        };
+        total = total
+            .checked_add(weight)
+            .ok_or_else(|| format!("weights in <{tag}> overflow"))?;
+        items.push(text.as_bytes().to_vec().into_boxed_slice());
+        cum.push(total);
+    }
+    Ok(Piece::List { items, cum })
+}
+
+/// `<file:LIST[:random|sequential]>`: an item of a built-in list (files
+/// are not read).
+fn parse_file(args: &[&str], tag: &str, counters: &mut Vec<i64>) -> Result<Piece, String> {
+    let Some(file) = args.first() else {
+        return Err(format!("<{tag}> needs a list name"));
+    };
+    let Some(list) = data::named_list(file.trim()) else {
+        return Err(format!(
+            "<{tag}>: reading files is not supported; built-in lists are \
+             first.names, last.names, cities, states, streets, months \
+             (or use <list:...>)"
+        ));
+    };
+    Ok(match args.get(1).map(|s| s.trim().to_ascii_lowercase()) {
+        None => Piece::Pick(list),
+        Some(m) if m == "random" => Piece::Pick(list),
+        Some(m) if m == "sequential" => {
+            let counter = counters.len();
+            counters.push(0);
+            Piece::PickSeq { list, counter }
+        }
+        Some(m) => return Err(format!("bad mode {m:?} in <{tag}> (random/sequential)")),
     })
 }
 
