@@ -581,9 +581,6 @@ fn requests(
         check_no_markers("--add-password", pw)?;
     }
     check_no_markers("--modify-attr", &a.modify_attr)?;
-    if let Some(pw) = &a.add_password {
-        check_no_markers("--add-password", pw)?;
-    }
     let user_password = a.password.as_bytes().to_vec();
     let dn_default = if writes_once {
         format!("uid=bench.%d,{}", a.base.replace('%', "%%"))

@@ -409,6 +409,7 @@ impl Gen<'_> {
 
         self.write_entry(body, w)
     }
+
     /// Append the value a generating piece makes (text, a counter, a
     /// random pick) to `vbuf`, drawing from the generator as it goes.
     fn push_generated(&mut self, p: &Piece) {
@@ -480,7 +481,9 @@ impl Gen<'_> {
                     self.vbuf.push(HEX[(byte & 15) as usize]);
                 }
             }
-            _ => {}
+            // Taken by `entry` itself: they read the entry being built.
+            Piece::Ref { .. } | Piece::Dn { .. } | Piece::Presence(_) | Piece::IfPresent { .. } => {
+            }
         }
     }
 

@@ -60,6 +60,7 @@ pub enum Verdict {
 
 /// One layer of the stack.
 pub trait Layer: Sync {
+    /// What it is, for the debug log of the requests it refuses.
     fn name(&self) -> &'static str;
 
     fn admit(&self, server: &Server, req: &mut Request<'_>) -> Verdict;
@@ -113,7 +114,10 @@ pub fn admit(
     for layer in ADMISSION {
         match layer.admit(server, &mut req) {
             Verdict::Continue => {}
-            Verdict::Refuse(e) => return Admitted::Refused(refusal(&req.request, e)),
+            Verdict::Refuse(e) => {
+                tracing::debug!(layer = layer.name(), code = e.code.0, "request refused");
+                return Admitted::Refused(refusal(&req.request, e));
+            }
             // Only a delay: the request goes on once it has passed.
             Verdict::Fault(f) if !f.disconnect && f.result.is_none() => delay = f.delay,
             Verdict::Fault(f) => {
