@@ -267,7 +267,8 @@ impl Errors {
     }
 }
 
-/// Error injection as the operations consult it (`ops::layers`).
+/// Error injection as the operations consult it (`ops::seams::Faults`,
+/// the first layer of `ops::stack`).
 impl pando_ops::seams::Faults for Errors {
     fn pick(&self, schema: &Schema, request: &ProtocolOp) -> Option<pando_ops::seams::Fault> {
         let rule = Errors::pick(self, schema, request)?.rule;

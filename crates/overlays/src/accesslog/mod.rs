@@ -872,7 +872,7 @@ fn record_iter<'v>(
 }
 
 /// The access log as the operations tell it of each operation
-/// (`ops::layers`).
+/// (`ops::seams::OpLog`).
 impl pando_ops::seams::OpLog for AccessLog {
     fn begin(
         &self,
