@@ -1,6 +1,6 @@
 //! The cn=config tree as the operations see it: where it is and who may
 //! see it (the trait through which they read and change it is
-//! `seams::ConfigTree`). The tree itself (its entries, and applying a
+//! `seams::ConfigTree`; a write to it is `config_write`'s). The tree itself (its entries, and applying a
 //! change to the running configuration) is `cn_config`'s, given to the
 //! server when it is assembled; the operations name no configuration
 //! code.

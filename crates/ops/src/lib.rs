@@ -17,6 +17,7 @@ pub mod bind;
 pub mod capacity;
 pub mod compare;
 pub mod config_tree;
+pub mod config_write;
 pub mod controls;
 pub mod error;
 pub mod extended;

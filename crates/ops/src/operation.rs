@@ -59,17 +59,30 @@ pub fn is_update(op: &ProtocolOp) -> bool {
 
 /// Run an add, delete, modify, modify DN, compare or extended operation.
 /// None for requests this does not run (searches and binds have their own
-/// paths). The target decides the tree: cn=config (not in the store; its
-/// own path, administrators only, honouring the write controls as the
-/// write pipeline does), a remote tree (`remote`), or the store.
+/// paths). The target decides the tree: cn=config (`config_write::write`,
+/// which applies the write controls around the tree's change), a remote
+/// tree (`remote`), or the store.
 pub async fn perform(server: &Arc<Server>, op: Operation) -> Option<Response> {
     match crate::stack::Bottom::of(server, &op.request) {
         crate::stack::Bottom::Config { norm, dn } => {
-            let tree = server.rt.config_tree.clone();
-            Some(tree.write(server, op, norm, dn).await)
+            let mk = write_response(&op.request);
+            Some(written(
+                crate::config_write::write(server, op, norm, dn).await,
+                mk,
+            ))
         }
         crate::stack::Bottom::Remote(t) => t.perform(server, op).await,
         crate::stack::Bottom::Store => on_store(server, op).await,
+    }
+}
+
+/// The response a write request is answered with.
+fn write_response(request: &ProtocolOp) -> fn(LdapResult) -> ProtocolOp {
+    match request {
+        ProtocolOp::AddRequest(_) => ProtocolOp::AddResponse,
+        ProtocolOp::DelRequest(_) => ProtocolOp::DelResponse,
+        ProtocolOp::ModifyDnRequest(_) => ProtocolOp::ModifyDnResponse,
+        _ => ProtocolOp::ModifyResponse,
     }
 }
 

@@ -29,8 +29,32 @@ use crate::write::change::Change;
 
 // ── cn=config (`config_tree`) ─────────────────────────────────────────
 
-/// A write's answer, on its way.
-pub type Answer<'a> = Pin<Box<dyn Future<Output = Response> + Send + 'a>>;
+/// A change of cn=config as its tree is asked for it. The controls the
+/// operations act on (assertion, No-Op, pre- and post-read) are not in
+/// it: `config_write::write` applies them around the tree's staged change,
+/// so the tree cannot leave one out.
+pub struct ConfigChange<'a> {
+    pub who: &'a Identity,
+    /// The add, delete, modify or modify DN.
+    pub request: &'a ProtocolOp,
+    /// The target's DN, normalised and as the request gave it.
+    pub norm: &'a str,
+    pub dn: &'a str,
+    /// The relax rules control: definitions data still uses may go.
+    pub relax: bool,
+    /// Permissive modify: values already so are left out.
+    pub permissive: bool,
+}
+
+/// The target entry after a change of cn=config (none after a delete),
+/// and the schema the configuration it made runs with.
+pub struct ConfigAfter {
+    pub entry: Option<Entry>,
+    pub schema: Arc<Schema>,
+}
+
+/// A future of the configuration's tree.
+pub type ConfigFuture<'a, T> = Pin<Box<dyn Future<Output = OpResult<T>> + Send + 'a>>;
 
 /// The cn=config tree.
 pub trait ConfigTree: Send + Sync {
@@ -38,15 +62,28 @@ pub trait ConfigTree: Send + Sync {
     /// runs with.
     fn entries(&self, server: &Server) -> Vec<(String, Entry)>;
 
-    /// Run a write (add, delete, modify, modify DN) aimed at the entry
-    /// `dn` (normalised `norm`) of the tree.
-    fn write<'a>(
+    /// Begin `change`: refuse what the tree never takes (a rename, an add
+    /// of something other than a schema or an overlay), then hold every
+    /// other change of the configuration off until the staged change is
+    /// finished or dropped.
+    fn stage<'a>(
         &'a self,
         server: &'a Arc<Server>,
-        op: Operation,
-        norm: String,
-        dn: String,
-    ) -> Answer<'a>;
+        change: ConfigChange<'a>,
+    ) -> ConfigFuture<'a, Box<dyn StagedConfig<'a> + 'a>>;
+}
+
+/// A change of cn=config begun and not yet made.
+pub trait StagedConfig<'a>: Send {
+    /// The target entry as it stands (none for a new or missing entry).
+    fn before(&self) -> Option<&Entry>;
+
+    /// The schema the running configuration reads entries with.
+    fn schema(&self) -> &Arc<Schema>;
+
+    /// Work the change out and check it whole; then, unless `rehearse`
+    /// (No-Op), store it, install it and write its audit record.
+    fn finish(self: Box<Self>, rehearse: bool) -> ConfigFuture<'a, ConfigAfter>;
 }
 
 // ── the overlays as the operations run them (`Layers`) ────────────────

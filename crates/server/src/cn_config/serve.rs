@@ -1,25 +1,24 @@
 //! cn=config served: read and changed by administrators only. To everyone
 //! else it does not exist (noSuchObject), so filters and compares cannot
-//! reveal anything of it.
+//! reveal anything of it. A change is staged here and finished by the
+//! operations (`ops::config_write::write`), which apply the write controls
+//! around it; this file never sees them.
 
 use std::sync::{Arc, Weak};
 
-use pando_model::{Entry, Schema};
-use pando_proto::{oid, Change, Control, ModOp, PartialAttribute, ProtocolOp, ResultCode};
+use pando_model::{Dn, Entry, Schema};
+use pando_proto::{Change, ModOp, PartialAttribute, ProtocolOp, ResultCode};
 
 use super::{apply, attr_of, overlay_tree, schema_tree, stored};
 use crate::error::{LdapError, OpResult};
 use crate::live::{Live, Refused};
 use crate::ops::config_tree::may_see;
-use crate::ops::controls::Requested;
-use crate::ops::operation::{written, Operation};
-use crate::ops::seams::{Answer, ConfigTree};
-use crate::ops::write::Written;
+use crate::ops::seams::{ConfigAfter, ConfigChange, ConfigFuture, ConfigTree, StagedConfig};
 use crate::state::Server;
 use pando_access::Identity;
 
 /// cn=config as the operations reach it (`ops::config_tree`): its entries
-/// for the configuration a server runs with, and writes applied to the
+/// for the configuration a server runs with, and changes applied to the
 /// running configuration through `live`.
 pub struct Tree {
     pub live: Weak<Live>,
@@ -30,47 +29,33 @@ impl ConfigTree for Tree {
         super::entries(&server.desired, &server.cfg.config)
     }
 
-    fn write<'a>(
+    fn stage<'a>(
         &'a self,
-        server: &'a Arc<Server>,
-        op: Operation,
-        norm: String,
-        dn: String,
-    ) -> Answer<'a> {
+        _server: &'a Arc<Server>,
+        change: ConfigChange<'a>,
+    ) -> ConfigFuture<'a, Box<dyn StagedConfig<'a> + 'a>> {
         Box::pin(async move {
-            let Operation {
-                who,
-                request,
-                controls,
-                ..
-            } = op;
-            match request {
-                ProtocolOp::ModifyRequest(req) => written(
-                    modify(
-                        server,
-                        &self.live,
-                        &who,
-                        &controls,
-                        &dn,
-                        &norm,
-                        &req.changes,
-                    )
-                    .await,
-                    ProtocolOp::ModifyResponse,
-                ),
-                ProtocolOp::AddRequest(req) => written(
-                    add(&self.live, &who, &controls, &req, &norm).await,
-                    ProtocolOp::AddResponse,
-                ),
-                ProtocolOp::DelRequest(_) => written(
-                    delete(&self.live, &who, &controls, &dn, &norm).await,
-                    ProtocolOp::DelResponse,
-                ),
-                _ => written(
-                    Err(refuse_other_writes(&who, "renamed")),
-                    ProtocolOp::ModifyDnResponse,
-                ),
-            }
+            let kind = kind_of(&change)?;
+            let live = self.live.upgrade().ok_or_else(|| {
+                LdapError::new(ResultCode::UNAVAILABLE, "the server is shutting down")
+            })?;
+            let changing = live.changing().await;
+            let current = live.server();
+            let before = entry_named(
+                &current.schema,
+                &current.desired,
+                &current.cfg.config,
+                change.norm,
+            );
+            let staged: Box<dyn StagedConfig<'a> + 'a> = Box::new(Staged {
+                _changing: changing,
+                live,
+                current,
+                before,
+                change,
+                kind,
+            });
+            Ok(staged)
         })
     }
 }
@@ -89,200 +74,172 @@ pub fn refuse_other_writes(who: &Identity, what: &str) -> LdapError {
     ))
 }
 
-/// A modify of the configuration entry `norm`.
-pub async fn modify(
-    server: &Arc<Server>,
-    live: &Weak<Live>,
-    who: &Identity,
-    controls: &Requested,
-    dn_text: &str,
-    norm: &str,
-    changes: &[Change],
-) -> OpResult<Written> {
-    let target = Target {
-        dn: dn_text,
-        norm,
-        kind: Kind::Modify(changes),
-    };
-    let permissive = controls.permissive_modify;
-    change(live, who, controls, target, |desired| {
-        let tolerated;
-        let changes = if permissive {
-            let entry = entry_named(&server.schema, desired, desired, norm);
-            tolerated = tolerant(changes, entry.as_ref());
-            &tolerated[..]
-        } else {
-            changes
-        };
-        if is_schema(norm) {
-            schema_tree::modify(desired, norm, changes)
-        } else if overlay_tree::is_overlay(norm) {
-            overlay_tree::modify(desired, norm, changes)
-        } else {
-            apply(desired, norm, changes)
-        }
-    })
-    .await
-}
-
-/// An add below cn=config: a schema document (`ldapadd -f x.ldif`) or
-/// an overlay.
-pub async fn add(
-    live: &Weak<Live>,
-    who: &Identity,
-    controls: &Requested,
-    req: &pando_proto::AddRequest,
-    norm: &str,
-) -> OpResult<Written> {
-    let overlay = overlay_tree::is_overlay(norm);
-    if !is_schema(norm) && !overlay {
-        return Err(refuse_other_writes(who, "added"));
-    }
-    let dn = crate::ops::parse_dn(&req.dn)?;
-    let mut entry = Entry::new(dn.clone());
-    for a in &req.attrs {
-        entry.add_values(&a.name, a.values.clone());
-    }
-    let target = Target {
-        dn: &req.dn,
-        norm,
-        kind: Kind::Add(entry),
-    };
-    change(live, who, controls, target, |desired| {
-        if overlay {
-            overlay_tree::add(desired, &dn, norm, &req.attrs)
-        } else {
-            schema_tree::add(desired, &dn, norm, &req.attrs)
-        }
-    })
-    .await
-}
-
-/// A delete below cn=config: a schema document or an overlay.
-pub async fn delete(
-    live: &Weak<Live>,
-    who: &Identity,
-    controls: &Requested,
-    dn_text: &str,
-    norm: &str,
-) -> OpResult<Written> {
-    let overlay = overlay_tree::is_overlay(norm);
-    if !is_schema(norm) && !overlay {
-        return Err(refuse_other_writes(who, "deleted"));
-    }
-    let target = Target {
-        dn: dn_text,
-        norm,
-        kind: Kind::Delete,
-    };
-    change(live, who, controls, target, |desired| {
-        if overlay {
-            overlay_tree::delete(desired, norm)
-        } else {
-            schema_tree::delete(desired, norm)
-        }
-    })
-    .await
-}
-
 fn is_schema(norm: &str) -> bool {
     norm == schema_tree::SCHEMA_NORM || norm.ends_with(&format!(",{}", schema_tree::SCHEMA_NORM))
 }
 
-/// The entry a change names, and what kind of change it is.
-struct Target<'a> {
-    /// As the request gave it (the audit log's record).
-    dn: &'a str,
-    norm: &'a str,
-    kind: Kind<'a>,
-}
-
+/// What a change does to the configuration.
 enum Kind<'a> {
-    /// With the entry to add, as requested (what an assertion tests).
-    Add(Entry),
-    Delete,
+    /// A schema document or an overlay (`overlay`), with its entry as
+    /// requested (the audit log's record).
+    Add {
+        overlay: bool,
+        dn: Dn,
+        entry: Entry,
+        attrs: &'a [PartialAttribute],
+    },
+    /// A schema document or an overlay (`overlay`).
+    Delete {
+        overlay: bool,
+    },
     Modify(&'a [Change]),
 }
 
-/// One change of the configuration, made by `make` from the stored one,
-/// with the controls a data write honours, in the write pipeline's order
-/// (`ops::write`): the assertion on the target (for an add, the entry
-/// added) before the change is worked out; the change checked and built
-/// whole ([`crate::live::Live::commit`]; definitions data still uses may
-/// go only with the relax rules control); under No-Op everything but
-/// storing and installing it ([`crate::live::Live::rehearse`]), answered
-/// noOperation; pre-read and post-read of the entry. Changes are
-/// serialised; a refused change changes nothing.
-async fn change(
-    live: &Weak<Live>,
-    who: &Identity,
-    controls: &Requested,
-    target: Target<'_>,
-    make: impl FnOnce(&pando_config::Config) -> OpResult<pando_config::Config>,
-) -> OpResult<Written> {
-    if !may_see(who) {
-        return Err(no_such_object());
+/// What `change` does, or why the tree does not take it.
+fn kind_of<'a>(change: &ConfigChange<'a>) -> OpResult<Kind<'a>> {
+    let overlay = overlay_tree::is_overlay(change.norm);
+    let other = !is_schema(change.norm) && !overlay;
+    match change.request {
+        ProtocolOp::ModifyRequest(req) => Ok(Kind::Modify(&req.changes)),
+        ProtocolOp::AddRequest(_) if other => Err(refuse_other_writes(change.who, "added")),
+        ProtocolOp::AddRequest(req) => {
+            let dn = crate::ops::parse_dn(&req.dn)?;
+            let mut entry = Entry::new(dn.clone());
+            for a in &req.attrs {
+                entry.add_values(&a.name, a.values.clone());
+            }
+            Ok(Kind::Add {
+                overlay,
+                dn,
+                entry,
+                attrs: &req.attrs,
+            })
+        }
+        ProtocolOp::DelRequest(_) if other => Err(refuse_other_writes(change.who, "deleted")),
+        ProtocolOp::DelRequest(_) => Ok(Kind::Delete { overlay }),
+        _ => Err(refuse_other_writes(change.who, "renamed")),
     }
-    let live = live
-        .upgrade()
-        .ok_or_else(|| LdapError::new(ResultCode::UNAVAILABLE, "the server is shutting down"))?;
-    let _changing = live.changing().await;
-    let current = live.server();
-    let before = entry_named(
-        &current.schema,
-        &current.desired,
-        &current.cfg.config,
-        target.norm,
-    );
-    let asserted = match &target.kind {
-        Kind::Add(entry) => Some(entry),
-        _ => before.as_ref(),
-    };
-    if let (Some(filter), Some(entry)) = (&controls.assertion, asserted) {
-        crate::ops::assertion_on_whole_entry(&current.schema, entry, filter)?;
+}
+
+/// A change of the configuration begun: other changes wait until it is
+/// finished or dropped. A refused change changes nothing.
+struct Staged<'a> {
+    _changing: tokio::sync::OwnedMutexGuard<()>,
+    live: Arc<Live>,
+    /// The server running when the change began.
+    current: Arc<Server>,
+    before: Option<Entry>,
+    change: ConfigChange<'a>,
+    kind: Kind<'a>,
+}
+
+impl<'a> StagedConfig<'a> for Staged<'a> {
+    fn before(&self) -> Option<&Entry> {
+        self.before.as_ref()
     }
-    let desired = make(&current.desired)?;
-    let (now, running) = if controls.no_op {
-        let running = live
-            .rehearse(&desired, controls.relax)
-            .await
-            .map_err(refused)?;
-        (current, running)
-    } else {
-        let installed = live
-            .commit(desired.clone(), None, controls.relax)
-            .await
-            .map_err(refused)?;
-        log_installed(&installed, who, target.dn);
-        let running = installed.server.cfg.config.clone();
-        (installed.server, running)
-    };
-    let after = match target.kind {
-        Kind::Delete => None,
-        _ => entry_named(&now.schema, &desired, &running, target.norm),
-    };
-    if controls.no_op {
-        let read = read_entries(&now.schema, controls, before.as_ref(), after.as_ref())?;
-        return Ok(Written {
-            controls: read,
-            no_op: true,
-        });
+
+    fn schema(&self) -> &Arc<Schema> {
+        &self.current.schema
     }
-    audit(&now, who, &target, after.as_ref());
-    // Made: the answer says so even if an entry read cannot be encoded.
-    let read =
-        read_entries(&now.schema, controls, before.as_ref(), after.as_ref()).unwrap_or_else(|e| {
-            tracing::warn!(
-                entry = target.dn,
-                "cn=config read-entry control not returned: {}",
-                e.message
-            );
-            Vec::new()
-        });
-    Ok(Written {
-        controls: read,
-        no_op: false,
-    })
+
+    fn finish(self: Box<Self>, rehearse: bool) -> ConfigFuture<'a, ConfigAfter> {
+        Box::pin(async move {
+            let desired = self.desired()?;
+            let relax = self.change.relax;
+            let (now, running) = if rehearse {
+                let running = self.live.rehearse(&desired, relax).await.map_err(refused)?;
+                (self.current.clone(), running)
+            } else {
+                let installed = self
+                    .live
+                    .commit(desired.clone(), None, relax)
+                    .await
+                    .map_err(refused)?;
+                log_installed(&installed, self.change.who, self.change.dn);
+                let running = installed.server.cfg.config.clone();
+                (installed.server, running)
+            };
+            let entry = match self.kind {
+                Kind::Delete { .. } => None,
+                _ => entry_named(&now.schema, &desired, &running, self.change.norm),
+            };
+            if !rehearse {
+                self.audit(&now, entry.as_ref());
+            }
+            Ok(ConfigAfter {
+                entry,
+                schema: now.schema.clone(),
+            })
+        })
+    }
+}
+
+impl Staged<'_> {
+    /// The configuration the change asks for, made from the stored one.
+    fn desired(&self) -> OpResult<pando_config::Config> {
+        let desired = &self.current.desired;
+        let norm = self.change.norm;
+        match &self.kind {
+            Kind::Modify(changes) => {
+                let tolerated;
+                let changes = if self.change.permissive {
+                    let entry = entry_named(&self.current.schema, desired, desired, norm);
+                    tolerated = tolerant(changes, entry.as_ref());
+                    &tolerated[..]
+                } else {
+                    changes
+                };
+                if is_schema(norm) {
+                    schema_tree::modify(desired, norm, changes)
+                } else if overlay_tree::is_overlay(norm) {
+                    overlay_tree::modify(desired, norm, changes)
+                } else {
+                    apply(desired, norm, changes)
+                }
+            }
+            Kind::Add {
+                overlay: true,
+                dn,
+                attrs,
+                ..
+            } => overlay_tree::add(desired, dn, norm, attrs),
+            Kind::Add { dn, attrs, .. } => schema_tree::add(desired, dn, norm, attrs),
+            Kind::Delete { overlay: true } => overlay_tree::delete(desired, norm),
+            Kind::Delete { .. } => schema_tree::delete(desired, norm),
+        }
+    }
+
+    /// The audit log's record of the change made. A modify of an
+    /// attribute that may hold a credential (a consumer's password) is
+    /// logged as a replace with the values a read shows afterwards, never
+    /// with what was sent.
+    fn audit(&self, server: &Server, after: Option<&Entry>) {
+        use pando_observe::audit::Record;
+        let (who, dn) = (self.change.who, self.change.dn);
+        match &self.kind {
+            Kind::Add { entry, .. } => crate::ops::audit::write(
+                server,
+                who,
+                Record::Add {
+                    dn,
+                    attrs: &entry.attrs,
+                },
+            ),
+            Kind::Delete { .. } => crate::ops::audit::write(server, who, Record::Delete { dn }),
+            Kind::Modify(changes) => {
+                let logged = without_secrets(changes, after);
+                crate::ops::audit::write(
+                    server,
+                    who,
+                    Record::Modify {
+                        dn,
+                        changes: &logged,
+                        passwords: None,
+                    },
+                )
+            }
+        }
+    }
 }
 
 /// A refused configuration as the operation's error.
@@ -337,67 +294,6 @@ fn entry_named(
             .position(|n| n.as_deref().is_some_and(|n| unordered(n) == wanted))
     })?;
     made.into_iter().nth(found).map(|(_, e)| e)
-}
-
-/// RFC 4527 pre-read and post-read controls of a configuration change:
-/// its readers (administrators) read every configuration entry whole, as
-/// a search of cn=config returns it.
-fn read_entries(
-    schema: &Schema,
-    controls: &Requested,
-    before: Option<&Entry>,
-    after: Option<&Entry>,
-) -> OpResult<Vec<Control>> {
-    let mut out = Vec::new();
-    for (oid, wanted, entry) in [
-        (oid::PRE_READ, &controls.pre_read, before),
-        (oid::POST_READ, &controls.post_read, after),
-    ] {
-        let (Some(req), Some(entry)) = (wanted, entry) else {
-            continue;
-        };
-        let norm = schema.normalize_dn(&entry.dn).unwrap_or_default();
-        let dn = entry.dn.to_string();
-        let value = crate::ops::search::encode_read_entry(
-            schema, None, None, &norm, &dn, entry, &req.attrs,
-        )?;
-        out.push(Control {
-            oid: oid.to_string(),
-            critical: false,
-            value: Some(value),
-        });
-    }
-    Ok(out)
-}
-
-/// The audit log's record of a change made. A modify of an attribute that
-/// may hold a credential (a consumer's password) is logged as a replace
-/// with the values a read shows afterwards, never with what was sent.
-fn audit(server: &Server, who: &Identity, target: &Target<'_>, after: Option<&Entry>) {
-    use pando_observe::audit::Record;
-    match &target.kind {
-        Kind::Add(entry) => crate::ops::audit::write(
-            server,
-            who,
-            Record::Add {
-                dn: target.dn,
-                attrs: &entry.attrs,
-            },
-        ),
-        Kind::Delete => crate::ops::audit::write(server, who, Record::Delete { dn: target.dn }),
-        Kind::Modify(changes) => {
-            let logged = without_secrets(changes, after);
-            crate::ops::audit::write(
-                server,
-                who,
-                Record::Modify {
-                    dn: target.dn,
-                    changes: &logged,
-                    passwords: None,
-                },
-            )
-        }
-    }
 }
 
 /// Whether values of the configuration attribute `name` may hold a

@@ -34,7 +34,7 @@ pub struct Live {
     current: ArcSwap<Server>,
     /// Held while a change is validated, stored and installed: two changes
     /// never build on the same old configuration.
-    changing: tokio::sync::Mutex<()>,
+    changing: Arc<tokio::sync::Mutex<()>>,
     /// This `Live` (its listeners are given it).
     me: std::sync::Weak<Live>,
     /// The network frontend's runtime (TLS, connection places, listeners).
@@ -62,7 +62,7 @@ impl Live {
     ) -> Arc<Live> {
         Arc::new_cyclic(|weak: &std::sync::Weak<Live>| Live {
             current: ArcSwap::from_pointee(first(weak.clone())),
-            changing: tokio::sync::Mutex::new(()),
+            changing: Arc::new(tokio::sync::Mutex::new(())),
             me: weak.clone(),
             frontend,
         })
@@ -75,8 +75,8 @@ impl Live {
 
     /// Serialise a change: hold the guard from reading the current
     /// configuration until the new one is installed.
-    pub async fn changing(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.changing.lock().await
+    pub async fn changing(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.changing.clone().lock_owned().await
     }
 
     /// Make `server` the current configuration. Callers hold

@@ -1,4 +1,5 @@
 //! The operations' unit tests that run on a whole server.
 
+mod config_tree;
 mod extended;
 mod search;
