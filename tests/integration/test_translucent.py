@@ -357,3 +357,56 @@ def test_the_overlay_is_added_and_removed_over_cn_config(setup, tmp_path):
         assert rc == 32, (rc, es)
     finally:
         srv.stop_and_verify()
+
+
+def test_a_remote_entrys_modify_is_the_clients_own_write(tmp_path):
+    """A change to a remote entry's local attributes goes through the
+    write pipeline as the client, with its controls, judged on the entry
+    as the client sees it; the audit log has the client's own change."""
+    pki, remote = start_remote(tmp_path, REMOTE)
+    (tmp_path / "pando").mkdir()
+    audit = tmp_path / "pando" / "audit.ldif"
+    cfg = translucent_config(remote.url, tmp_path / "pando", pki.ca) + '\n[logs]\naudit = "%s"\n' % audit
+    srv = Pando(tmp_path / "pando", config=cfg, name="pando-translucent-pipeline")
+    alice = "uid=alice," + PEOPLE
+    change = ("dn: %s\nchangetype: modify\nreplace: description\ndescription: changed here\n-\n"
+              "add: telephoneNumber\ntelephoneNumber: +1 555 0199\n" % alice)
+
+    def shown(attr):
+        rc, es, err = srv.search(alice, "(objectClass=*)", attr, scope="base")
+        assert rc == 0, err
+        return values(es, alice, attr)
+
+    try:
+        srv.start()
+        # No-Op: checked whole, answered noOperation, nothing kept.
+        rc, out, err = srv.ldap("ldapmodify", "-e", "noop", input=change)
+        assert "16654" in out + err or "No Operation" in out + err, (rc, out, err)
+        assert shown("description") == ["remote"] and shown("telephoneNumber") == []
+        # The assertion is tested on the entry as the client sees it: mail
+        # is the remote's.
+        rc, out, err = srv.ldap("ldapmodify", "-e", "assert=(mail=nobody@example.com)", input=change)
+        assert rc == 122, (rc, out, err)
+        # A user without write access is refused; nothing is kept.
+        rc, out, err = srv.ldap("ldapmodify", auth=("uid=bob," + PEOPLE, BOB_PW), input=change)
+        assert rc == 50, (rc, out, err)
+        assert shown("description") == ["remote"]
+        assert not audit.exists() or "changed here" not in audit.read_text()
+        rc, out, err = srv.ldap("ldapmodify", "-e", "assert=(mail=alice@example.com)", input=change)
+        assert rc == 0, (rc, out, err)
+        assert shown("description") == ["changed here"]
+        assert shown("telephoneNumber") == ["+1 555 0199"]
+        assert shown("mail") == ["alice@example.com"]
+        # The audit log holds one record: the client's modify as sent (an
+        # add stays an add), by the client; the parts made are the store's.
+        text = audit.read_text()
+        records = [r for r in text.split("\n\n") if r.strip()]
+        assert len(records) == 1, text
+        head, dn, kind = records[0].splitlines()[:3]
+        assert ADMIN_DN in head and dn == "dn: " + alice and kind == "changetype: modify", text
+        assert "add: telephoneNumber" in text and "replace: description" in text, text
+    finally:
+        try:
+            srv.stop_and_verify()
+        finally:
+            remote.stop()

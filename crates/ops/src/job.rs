@@ -96,6 +96,8 @@ pub struct WriteCtx {
     pub controls: Requested,
     /// A change a replication consumer received (None: a client's).
     pub replicated: Option<ReplCtx>,
+    /// A modify of an entry the store holds only part of.
+    pub partial: Option<Arc<dyn crate::seams::Partial>>,
 }
 
 impl WriteCtx {
@@ -105,6 +107,7 @@ impl WriteCtx {
             who: who.clone(),
             controls,
             replicated: None,
+            partial: None,
         })
     }
 
@@ -115,6 +118,7 @@ impl WriteCtx {
             who: who.clone(),
             controls: Requested::default(),
             replicated: Some(repl),
+            partial: None,
         })
     }
 

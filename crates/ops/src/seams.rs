@@ -86,6 +86,27 @@ pub trait StagedConfig<'a>: Send {
     fn finish(self: Box<Self>, rehearse: bool) -> ConfigFuture<'a, ConfigAfter>;
 }
 
+// ── entries the store holds only part of (`write::partial`) ──────────
+
+/// An entry the store holds only part of: a translucent suffix's remote
+/// entry, whose local part (if it has one yet) the store keeps. Given on
+/// a modify's `WriteCtx` by the layer serving the entry: the pipeline
+/// plans the modify on the entry as the requester sees it (access, the
+/// assertion, the schema) and stores the part the layer keeps of it.
+pub trait Partial: Send + Sync {
+    /// The entry as the requester sees it, with `part` what the store
+    /// holds under its name (None: nothing yet).
+    fn shown(&self, schema: &Schema, part: Option<&Entry>) -> Entry;
+
+    /// The part the store keeps once the entry as shown goes from
+    /// `before` to `after`.
+    fn kept(&self, schema: &Schema, part: Option<&Entry>, before: &Entry, after: &Entry) -> Entry;
+
+    /// Parts for the target's ancestors held only elsewhere, nearest
+    /// first: made with the target's part when the store lacks them.
+    fn ancestors(&self) -> &[Entry];
+}
+
 // ── the overlays as the operations run them (`Layers`) ────────────────
 
 /// What error injection does to one operation.

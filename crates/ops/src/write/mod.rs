@@ -37,6 +37,7 @@ pub mod log;
 pub mod merge;
 mod modify;
 mod multi_provider;
+mod partial;
 mod rename;
 pub mod replicated;
 pub mod tombstones;
@@ -342,11 +343,23 @@ fn refer_replicated(server: &Server, changes: &[Change]) -> OpResult<()> {
 /// still be stored exactly as it was read.
 fn confirm(w: &WriteTxn<'_>, changes: Vec<Change>) -> Result<Vec<Change>, Stop> {
     let view = w.view();
-    for b in changes.iter().filter_map(|c| c.before.as_ref()) {
-        if let Some(bytes) = &b.bytes {
-            if view.entry_bytes(b.id)? != Some(bytes.as_slice()) {
-                return Err(Stop::Replan);
+    for c in &changes {
+        match (&c.before, &c.after) {
+            (Some(b), _) => {
+                if let Some(bytes) = &b.bytes {
+                    if view.entry_bytes(b.id)? != Some(bytes.as_slice()) {
+                        return Err(Stop::Replan);
+                    }
+                }
             }
+            // An entry added (a partial entry's new part) made meanwhile.
+            (None, Some(after)) => {
+                let rdns = crate::norm_rdns(&view, &after.dn)?;
+                if let pando_store::Lookup::Found(_) = view.lookup_norm(&rdns)? {
+                    return Err(Stop::Replan);
+                }
+            }
+            (None, None) => {}
         }
     }
     Ok(changes)

@@ -127,31 +127,37 @@ async fn check_policy(
     .await
 }
 
-impl WriteOp for Modify {
-    const ON_SNAPSHOT: bool = true;
+impl Modify {
+    /// The entry `old` after the modify: [`Modify::applied`], then the
+    /// schema checked.
+    fn changed(&self, ctx: &WriteCtx, view: &View<'_>, old: &Entry) -> OpResult<Entry> {
+        let mut new = self.applied(ctx, view, old)?;
+        // The class objectClass now makes structural must be the stored one
+        // (RFC 4512 2.4.2): removing inetOrgPerson from a person leaves
+        // organizationalPerson, a different class.
+        let stored = old
+            .get("structuralObjectClass")
+            .and_then(|a| a.values.first())
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        ctx.server
+            .schema
+            .check_entry_keeping(&mut new, stored.as_deref())?;
+        Ok(new)
+    }
 
-    /// Read the entry, check write access to every changed attribute, apply
-    /// the changes and check the schema.
-    fn plan(&self, ctx: &WriteCtx, view: &View<'_>) -> OpResult<Vec<Change>> {
+    /// The entry `old` (as the requester sees it) with the modify
+    /// applied: the hooks on the target (the assertion), write access to
+    /// every changed attribute, the changes, the RDN's values kept.
+    fn applied(&self, ctx: &WriteCtx, view: &View<'_>, old: &Entry) -> OpResult<Entry> {
         let (server, who) = (&*ctx.server, &ctx.who);
         let schema = &*server.schema;
-        let id = crate::resolve_for(server, view, who, &self.dn)?;
-        let bytes = view
-            .entry_bytes(id)?
-            .map(<[u8]>::to_vec)
-            .unwrap_or_default();
-        let old = Entry {
-            // As stored (the request may spell it differently).
-            dn: view.dn(id)?,
-            attrs: view.decode_attrs(id, &bytes)?,
-        };
-        super::hooks::on_target(ctx, view, &self.norm, &old)?;
+        super::hooks::on_target(ctx, view, &self.norm, old)?;
         let mut checks = Vec::with_capacity(self.changes.len());
         for ch in &self.changes {
             let (_, at) = schema.canonical_desc(&ch.attr.name)?;
             checks.push((Some(at), acl::WRITE));
         }
-        crate::require(server, view, who, &self.norm, &old, &checks)?;
+        crate::require(server, view, who, &self.norm, old, &checks)?;
         let mut new = old.clone();
         apply_changes(
             schema,
@@ -163,15 +169,35 @@ impl WriteOp for Modify {
         // even when it empties the attribute (slapd then says
         // namingViolation). Schema checks apply to user attributes;
         // maintained ones ride along.
-        check_invariants(schema, &old, &new)?;
-        // The class objectClass now makes structural must be the stored one
-        // (RFC 4512 2.4.2): removing inetOrgPerson from a person leaves
-        // organizationalPerson, a different class.
-        let stored = old
-            .get("structuralObjectClass")
-            .and_then(|a| a.values.first())
-            .map(|v| String::from_utf8_lossy(v).into_owned());
-        schema.check_entry_keeping(&mut new, stored.as_deref())?;
+        check_invariants(schema, old, &new)?;
+        Ok(new)
+    }
+}
+
+impl WriteOp for Modify {
+    const ON_SNAPSHOT: bool = true;
+
+    /// Read the entry, check write access to every changed attribute, apply
+    /// the changes and check the schema.
+    fn plan(&self, ctx: &WriteCtx, view: &View<'_>) -> OpResult<Vec<Change>> {
+        if let Some(p) = &ctx.partial {
+            // The entry as the requester sees it, whose schema is its
+            // holder's (the part stored is checked).
+            let applied = |old: &Entry| self.applied(ctx, view, old);
+            return super::partial::plan(ctx, view, &**p, (&self.dn, &self.norm), &applied);
+        }
+        let (server, who) = (&*ctx.server, &ctx.who);
+        let id = crate::resolve_for(server, view, who, &self.dn)?;
+        let bytes = view
+            .entry_bytes(id)?
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default();
+        let old = Entry {
+            // As stored (the request may spell it differently).
+            dn: view.dn(id)?,
+            attrs: view.decode_attrs(id, &bytes)?,
+        };
+        let new = self.changed(ctx, view, &old)?;
         let before = Before {
             id,
             entry: old,

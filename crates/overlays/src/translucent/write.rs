@@ -4,9 +4,11 @@
 //! - A remote entry's attributes are changed here, in its local part, if
 //!   the overlay keeps them locally (`local_attributes`, or every one
 //!   with `remote_writes = "local"`); otherwise the change is refused.
-//!   Access is checked on the merged entry, as the client sees it; the
-//!   part is then written past the access rules (made, or changed, with
-//!   its missing ancestors made as parts too).
+//!   The modify goes through the write pipeline as the requester, with
+//!   its controls (`pando_ops::seams::Partial`): access, the assertion
+//!   and No-Op are judged on the merged entry, as the client sees it, and
+//!   the part is made or changed in the same transaction (with its
+//!   missing ancestors made as parts too).
 //! - A remote entry cannot be deleted or renamed here.
 //! - An add of a name the remote holds is entryAlreadyExists; a new local
 //!   entry below a remote-only parent gets that parent (and its remote-only
@@ -16,7 +18,7 @@ use std::sync::Arc;
 
 use pando_model::{Dn, Entry};
 use pando_proto::{
-    AddRequest, CompareRequest, ModOp, ModifyDnRequest, ModifyRequest, PartialAttribute, ResultCode,
+    AddRequest, CompareRequest, ModifyDnRequest, ModifyRequest, PartialAttribute, ResultCode,
 };
 
 use super::{is_part, is_part_class, merge, Translucent};
@@ -112,23 +114,9 @@ async fn make_parts_from(
     who: &Identity,
     top: Option<Dn>,
 ) -> OpResult<()> {
+    let missing = missing_ancestors(server, t, top)?;
     let schema = &*server.schema;
-    let mut missing = Vec::new();
-    let mut at = top;
-    while let Some(p) = at {
-        let norm = schema
-            .normalize_dn(&p)
-            .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{p}': {e}")))?;
-        if !t.covers(&norm) {
-            break;
-        }
-        match stored(server, &p)? {
-            Stored::Absent => missing.push(p.clone()),
-            _ => break,
-        }
-        at = p.parent();
-    }
-    for p in missing.into_iter().rev() {
+    for p in &missing {
         if t.remote
             .read(schema, &p.to_string())
             .await
@@ -140,16 +128,17 @@ async fn make_parts_from(
                 format!("{p} exists neither here nor on the remote server"),
             ));
         }
-        let mut attrs = vec![PartialAttribute {
-            name: "objectClass".into(),
-            values: vec![
-                b"top".to_vec(),
-                b"glue".to_vec(),
-                b"extensibleObject".to_vec(),
-            ],
-        }];
-        attrs.extend(rdn_values(&p));
+    }
+    for p in missing.into_iter().rev() {
         let ctx = WriteCtx::new(server, &part_writer(who), Requested::default());
+        let attrs = glue_part(&p)
+            .attrs
+            .into_iter()
+            .map(|a| PartialAttribute {
+                name: a.desc,
+                values: a.values,
+            })
+            .collect();
         let req = AddRequest {
             dn: p.to_string(),
             attrs,
@@ -162,6 +151,46 @@ async fn make_parts_from(
         }
     }
     Ok(())
+}
+
+/// `top` and its ancestors below the suffix that the store lacks,
+/// nearest first.
+fn missing_ancestors(server: &Server, t: &Translucent, top: Option<Dn>) -> OpResult<Vec<Dn>> {
+    let mut missing = Vec::new();
+    let mut at = top;
+    while let Some(p) = at {
+        let norm = server
+            .schema
+            .normalize_dn(&p)
+            .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{p}': {e}")))?;
+        if !t.covers(&norm) {
+            break;
+        }
+        match stored(server, &p)? {
+            Stored::Absent => missing.push(p.clone()),
+            _ => break,
+        }
+        at = p.parent();
+    }
+    Ok(missing)
+}
+
+/// The part of a remote-only entry that only holds a place: its RDN's
+/// values.
+fn glue_part(dn: &Dn) -> Entry {
+    let mut part = Entry::new(dn.clone());
+    part.add_values(
+        "objectClass",
+        vec![
+            b"top".to_vec(),
+            b"glue".to_vec(),
+            b"extensibleObject".to_vec(),
+        ],
+    );
+    for a in rdn_values(dn) {
+        part.add_values(&a.name, a.values);
+    }
+    part
 }
 
 /// The values of a DN's own RDN, as attributes.
@@ -313,18 +342,21 @@ pub async fn modify_dn(
 }
 
 /// A modify: of a local entry as usual; of a remote entry, its local
-/// attributes. Access and the assertion control are judged on the entry
-/// as the client sees it; the part is then written past the access rules,
-/// without the client's controls (pre-read and post-read of a remote
-/// entry are refused when critical, else not answered).
+/// attributes, through the write pipeline as the requester with its
+/// controls: the pipeline plans the modify on the entry as the client
+/// sees it (the remote's, merged with its part: access, the assertion,
+/// No-Op) and stores the part [`RemoteEntry`] keeps of the result, with
+/// the parts of remote-only ancestors when the entry has none yet.
+/// Pre-read and post-read of a remote entry are refused when critical,
+/// else not answered.
 pub async fn modify(ctx: Arc<WriteCtx>, t: &Translucent, req: ModifyRequest) -> OpResult<Written> {
     let server = ctx.server.clone();
     let schema = &*server.schema;
     let dn = pando_ops::parse_dn(&req.dn)?;
     let part = match stored(&server, &dn)? {
         Stored::Local(_) => return write::modify(ctx, req).await,
-        Stored::Part(p) => Some(p),
-        Stored::Absent => None,
+        Stored::Part(_) => true,
+        Stored::Absent => false,
     };
     let controls = &ctx.controls;
     if controls.pre_read.as_ref().is_some_and(|r| r.critical)
@@ -335,72 +367,87 @@ pub async fn modify(ctx: Arc<WriteCtx>, t: &Translucent, req: ModifyRequest) -> 
             "pre-read and post-read are not answered for entries of a translucent suffix's remote server",
         ));
     }
-    let norm = schema
-        .normalize_dn(&dn)
-        .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{dn}': {e}")))?;
     let touched = touched_types(schema, t, &dn, &req)?;
-    let Some(before) = merged(&server, t, &ctx.who, &dn, part.as_ref()).await? else {
+    let Some(remote) = t
+        .remote
+        .read(schema, &req.dn)
+        .await
+        .map_err(|e| remote_failed(t, &ctx.who, e))?
+    else {
         return Err(LdapError::new(ResultCode::NO_SUCH_OBJECT, "no such object"));
     };
-    may_modify(&ctx, &norm, &before, &req.changes)?;
-    let mut after = before.clone();
-    write::apply_changes(schema, &mut after, &req.changes, controls.permissive_modify)?;
-    if controls.no_op {
-        return Ok(Written {
-            controls: Vec::new(),
-            no_op: true,
-        });
+    // The remote holds the entry, so it holds its ancestors: those the
+    // store lacks get parts if the entry gets its first one.
+    let ancestors = match part {
+        true => Vec::new(),
+        false => missing_ancestors(&server, t, dn.parent())?
+            .iter()
+            .map(glue_part)
+            .collect(),
+    };
+    let entry = RemoteEntry {
+        dn,
+        remote,
+        touched,
+        ancestors,
+    };
+    let ctx = Arc::new(WriteCtx {
+        server: server.clone(),
+        who: ctx.who.clone(),
+        controls: Requested {
+            pre_read: None,
+            post_read: None,
+            ..ctx.controls.clone()
+        },
+        replicated: None,
+        partial: Some(Arc::new(entry)),
+    });
+    write::modify(ctx, req).await
+}
+
+/// A remote entry being modified: the remote's copy, read before the
+/// write, and what of it the store keeps.
+struct RemoteEntry {
+    dn: Dn,
+    remote: Entry,
+    /// The attribute types the modify changes.
+    touched: Vec<String>,
+    /// Parts for the remote-only ancestors, nearest first.
+    ancestors: Vec<Entry>,
+}
+
+impl pando_ops::seams::Partial for RemoteEntry {
+    fn shown(&self, schema: &pando_model::Schema, part: Option<&Entry>) -> Entry {
+        match part {
+            Some(p) => merge(schema, self.remote.clone(), p),
+            None => self.remote.clone(),
+        }
     }
-    let new_part = part_after(schema, &dn, &before, &after, part.as_ref(), &touched);
-    let writer = WriteCtx::new(&server, &part_writer(&ctx.who), Requested::default());
-    match part {
-        Some(old) => {
-            // Every description of a touched type, as it is to be.
-            let mut changes: Vec<pando_proto::Change> = Vec::new();
-            for a in old.attrs.iter().chain(new_part.attrs.iter()) {
-                let ty = super::super::canonical(schema, pando_model::desc::base(&a.desc));
-                if !touched.iter().any(|n| n.eq_ignore_ascii_case(&ty))
-                    || changes
-                        .iter()
-                        .any(|c| c.attr.name.eq_ignore_ascii_case(&a.desc))
-                {
-                    continue;
-                }
-                changes.push(pando_proto::Change {
-                    op: ModOp::Replace,
-                    attr: PartialAttribute {
-                        name: a.desc.clone(),
-                        values: new_part.values(&a.desc).to_vec(),
-                    },
-                });
+
+    fn kept(
+        &self,
+        schema: &pando_model::Schema,
+        part: Option<&Entry>,
+        before: &Entry,
+        after: &Entry,
+    ) -> Entry {
+        let mut kept = part_after(schema, &self.dn, before, after, part, &self.touched);
+        // The part's own operational attributes (its UUID, creation
+        // stamps) stay: the pipeline stamps what a modify changes.
+        for a in part.map(|p| p.attrs.as_slice()).unwrap_or(&[]) {
+            let operational = schema
+                .attribute(pando_model::desc::base(&a.desc))
+                .is_some_and(|at| at.is_operational());
+            if operational {
+                kept.add_values(&a.desc, a.values.clone());
             }
-            write::modify(
-                writer,
-                ModifyRequest {
-                    dn: req.dn,
-                    changes,
-                },
-            )
-            .await
         }
-        None => {
-            make_parents(&server, t, &ctx.who, &dn).await?;
-            let attrs = new_part
-                .attrs
-                .into_iter()
-                .filter(|a| !a.values.is_empty())
-                .map(|a| PartialAttribute {
-                    name: a.desc,
-                    values: a.values,
-                })
-                .collect();
-            write::add(writer, AddRequest { dn: req.dn, attrs }).await
-        }
+        kept
     }
-    .map(|w| Written {
-        controls: Vec::new(),
-        no_op: w.no_op,
-    })
+
+    fn ancestors(&self) -> &[Entry] {
+        &self.ancestors
+    }
 }
 
 /// The attribute types a modify of a remote entry changes, as the schema
@@ -440,35 +487,6 @@ fn touched_types(
         }
     }
     Ok(touched)
-}
-
-/// May the requester make `changes` to the merged entry `before` (named
-/// `norm`), and does the assertion control's filter hold for it? Judged
-/// on the entry as the client sees it.
-fn may_modify(
-    ctx: &WriteCtx,
-    norm: &str,
-    before: &Entry,
-    changes: &[pando_proto::Change],
-) -> OpResult<()> {
-    let server = &ctx.server;
-    let rtxn = server.rt.store.read()?;
-    let view = rtxn.view();
-    let mut checks = Vec::with_capacity(changes.len());
-    for ch in changes {
-        let (_, at) = server.schema.canonical_desc(&ch.attr.name)?;
-        checks.push((Some(at), pando_access::acl::WRITE));
-    }
-    pando_ops::require(server, &view, &ctx.who, norm, before, &checks)?;
-    if let Some(filter) = &ctx.controls.assertion {
-        if !pando_ops::assertion_holds(server, &view, &ctx.who, norm, before, filter) {
-            return Err(LdapError::new(
-                ResultCode::ASSERTION_FAILED,
-                "the assertion control's filter is not true for the entry",
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// The part a modify leaves: the part's classes (and those the client
