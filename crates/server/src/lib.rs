@@ -125,8 +125,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     // One clock for the whole run, bootstrap included, resumed after the
     // newest CSN the store records so CSNs never go back across restarts.
     let csn = pando_store::clock::clock_for_store(&store, cfg.config.replication.server_id);
-    let (root_pw, created, demo_added, csn) =
-        first_start(&cfg, &schema, &store, csn, opts.demo).await?;
+    let (root_pw, created, fresh, csn) = first_start(&cfg, &schema, &store, csn, opts.demo).await?;
     // The configuration run with, and the file it came from, are stored
     // (see cn_config::stored): changes over LDAP build on them.
     if let Some(file) = &opts.file {
@@ -152,7 +151,14 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         tls,
     )?;
     let server = live.server();
-    after_start(&server, &store, demo_added).await;
+    // Demo data goes only into a store created by this start, so entries
+    // an operator deleted do not come back on the next `--demo` start.
+    let demo_added = match (opts.demo, fresh) {
+        (true, true) => Some(bootstrap::load_demo(&server).await?),
+        (true, false) => None,
+        (false, _) => Some(0),
+    };
+    after_start(&server, &store).await;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     start_listeners(&live, &server, bound, stop_rx)?;
@@ -238,7 +244,7 @@ async fn first_start(
     store: &Store,
     csn: CsnClock,
     demo: bool,
-) -> Result<(Option<RootPassword>, Vec<String>, Option<usize>, CsnClock), BoxError> {
+) -> Result<(Option<RootPassword>, Vec<String>, bool, CsnClock), BoxError> {
     let root_dn_text = cfg
         .root_dn
         .as_ref()
@@ -279,44 +285,20 @@ async fn first_start(
             };
             let created =
                 bootstrap::ensure_suffixes(&store, &own, &creator, &csn).map_err(named)?;
-            // Demo data goes only into a store created by this start, so entries
-            // an operator deleted do not come back on the next `--demo` start.
+            // Whether this start made the first suffix (the demo tree goes
+            // only there).
             let fresh = created
                 .iter()
                 .any(|c| suffixes.first().is_some_and(|s| *c == s.to_string()));
-            let demo_added = if demo && fresh {
-                Some(bootstrap::load_demo(&store, &suffixes[0], &creator, &csn)?)
-            } else if demo {
-                None
-            } else {
-                Some(0)
-            };
-            Ok((pw, created, demo_added, csn))
+            Ok((pw, created, fresh, csn))
         })
         .await?
     }
 }
 
-/// After the first configuration is running: memberOf on a demo tree this
-/// start loaded, the change log records that expired while down, the
-/// replication consumers.
-async fn after_start(server: &Arc<Server>, store: &Store, demo_added: Option<usize>) {
-    // The demo tree is written around the write pipeline: with memberof
-    // on, its members get their memberOf now (only when this start loaded
-    // it: other stored entries are left to `pando memberof rebuild`).
-    if demo_added.is_some_and(|n| n > 0) && overlays::memberof::configured(server).is_some() {
-        let who = pando_access::Identity::authenticated(
-            server.root_dn_norm.clone(),
-            server.root_dn_norm.clone(),
-            Default::default(),
-        )
-        .with_roles(true, false);
-        match overlays::memberof::rebuild(server, &who).await {
-            Ok(n) => tracing::info!("memberOf set on {n} entries of the demo tree"),
-            Err(e) => tracing::warn!("memberOf not set on the demo tree: {}", e.message),
-        }
-    }
-
+/// After the first configuration is running: the change log records
+/// that expired while down, the replication consumers.
+async fn after_start(server: &Arc<Server>, store: &Store) {
     // Change log records that expired while the server was down go now
     // (later ones go with the writes that follow them).
     let retention = server.cfg.config.replication.clone();
