@@ -1,19 +1,16 @@
 //! First-start work: suffix entries, the administrator password, demo data.
 
 use std::path::{Path, PathBuf};
-
 use std::sync::Arc;
 
 use pando_ldif::{LdifReader, ReaderOptions, Record};
 use pando_model::{Dn, Entry, Schema};
 use pando_proto::{AddRequest, PartialAttribute, ResultCode};
-use pando_store::{Lookup, Placement, Store, StoreError};
+use pando_store::{Store, StoreError};
 
 use crate::ops::controls::Requested;
 use crate::ops::write::WriteCtx;
 use crate::state::Server;
-
-use pando_store::clock::{generalized_time, now_micros, CsnClock};
 
 /// Meta key holding the generated administrator password hash.
 pub const META_ROOT_HASH: &str = "root_password_hash";
@@ -174,83 +171,55 @@ fn suffix_entry(schema: &Schema, dn: &Dn) -> Result<Entry, String> {
     Ok(e)
 }
 
-/// Stamp the operational attributes of an entry the server creates itself;
-/// returns its entryCSN.
-fn stamp(entry: &mut Entry, creator: &str, csn: &CsnClock) -> String {
-    let now = generalized_time(now_micros());
-    let entry_csn = csn.next();
-    let stamps = crate::ops::write::Stamps {
-        who: creator,
-        csn: &entry_csn,
-        now: &now,
+/// Who the server's own first entries are written by: the administrator
+/// DN, past the access rules (which may hold even administrators to some
+/// subtrees).
+fn own_writer(server: &Server) -> pando_access::Identity {
+    pando_access::Identity::authenticated(
+        server.root_dn_norm.clone(),
+        server.root_dn_norm.clone(),
+        Default::default(),
+    )
+    .with_roles(true, true)
+}
+
+/// Add `entry` through the write pipeline as the server's own writer:
+/// stamped, schema-checked, in the change log and the audit log, the
+/// overlays' upkeep made. False when an entry of that name exists.
+pub(crate) async fn add_own(server: &Arc<Server>, entry: Entry) -> Result<bool, BootstrapError> {
+    let dn = entry.dn.to_string();
+    let req = AddRequest {
+        dn: dn.clone(),
+        attrs: entry
+            .attrs
+            .into_iter()
+            .map(|a| PartialAttribute {
+                name: a.desc,
+                values: a.values,
+            })
+            .collect(),
     };
-    stamps.put(entry, true, |_, _| false);
-    entry_csn
+    let ctx = WriteCtx::new(server, &own_writer(server), Requested::default());
+    match crate::ops::write::add(ctx, req).await {
+        Ok(_) => Ok(true),
+        Err(e) if e.code == ResultCode::ENTRY_ALREADY_EXISTS => Ok(false),
+        Err(e) => Err(BootstrapError::Entry(format!("{dn}: {}", e.message))),
+    }
 }
 
-/// Add `entry` (schema-checked) unless it exists; true when added.
-pub(crate) fn add_if_missing(
-    store: &Store,
-    mut entry: Entry,
-    creator: &str,
-    csn: &CsnClock,
-    is_suffix: bool,
-) -> Result<bool, BootstrapError> {
-    let schema = store.schema().clone();
-    let structural = schema
-        .check_entry(&mut entry)
-        .map_err(|v| BootstrapError::Entry(format!("{}: {}", entry.dn, v.message)))?;
-    entry.remove("structuralObjectClass");
-    entry.add_values("structuralObjectClass", vec![structural.into_bytes()]);
-    let entry_csn = stamp(&mut entry, creator, csn);
-    store.write_blocking(move |w| -> Result<bool, BootstrapError> {
-        let view = w.view();
-        let rdns = view
-            .normalize_rdns(&entry.dn)
-            .map_err(BootstrapError::Entry)?;
-        let place = match view.lookup_norm(&rdns)? {
-            Lookup::Found(_) => return Ok(false),
-            Lookup::Missing { matched } => {
-                if is_suffix {
-                    Placement {
-                        parent: 0,
-                        rdn: entry.dn.to_string(),
-                        norm_rdn: rdns.join(","),
-                    }
-                } else {
-                    let parent = matched.ok_or_else(|| {
-                        BootstrapError::Entry(format!("{}: parent missing", entry.dn))
-                    })?;
-                    let rdn = entry.dn.rdn().map(|r| r.to_string()).unwrap_or_default();
-                    Placement {
-                        parent,
-                        rdn,
-                        norm_rdn: rdns[0].clone(),
-                    }
-                }
-            }
-        };
-        w.add(&place, &entry.attrs)?;
-        // Recorded like any write's CSN, so the next start resumes after
-        // it; written around the change log, which covers what follows.
-        w.advance_context_csn(&entry_csn)?;
-        w.raise_changelog_floor(&entry_csn)?;
-        Ok(true)
-    })
-}
-
-/// Create missing suffix entries; returns the DNs created.
-pub fn ensure_suffixes(
-    store: &Store,
+/// Create the missing entries of `suffixes`; returns the DNs created.
+pub async fn ensure_suffixes(
+    server: &Arc<Server>,
     suffixes: &[Dn],
-    creator: &str,
-    csn: &CsnClock,
 ) -> Result<Vec<String>, BootstrapError> {
     let mut created = Vec::new();
     for dn in suffixes {
-        let entry = suffix_entry(&store.schema(), dn)
+        let entry = suffix_entry(&server.schema, dn)
             .map_err(|e| BootstrapError::Entry(format!("suffix {dn}: {e}")))?;
-        if add_if_missing(store, entry, creator, csn, true)? {
+        if add_own(server, entry)
+            .await
+            .map_err(|e| BootstrapError::Entry(format!("suffix {e}")))?
+        {
             created.push(dn.to_string());
         }
     }
@@ -292,50 +261,26 @@ pub async fn load_demo(server: &Arc<Server>) -> Result<usize, BootstrapError> {
         .schema
         .object_class("posixGroup")
         .is_some_and(|c| c.kind == pando_model::ObjectClassKind::Auxiliary);
-    // The server's own writing: past the access rules, which may hold
-    // even administrators to some subtrees.
-    let who = pando_access::Identity::authenticated(
-        server.root_dn_norm.clone(),
-        server.root_dn_norm.clone(),
-        Default::default(),
-    )
-    .with_roles(true, true);
     let mut added = 0;
     for rec in LdifReader::new(text.as_bytes(), ReaderOptions::default()) {
         let rec = rec.map_err(|e| BootstrapError::Entry(format!("demo.ldif {e}")))?;
         let Record::Content { dn, attrs, .. } = rec else {
             continue;
         };
-        let parsed =
+        let dn =
             Dn::parse(&dn).map_err(|e| BootstrapError::Entry(format!("demo.ldif: {dn}: {e}")))?;
-        let mut entry = Entry::new(parsed);
+        let mut entry = Entry::new(dn);
         for (a, v) in attrs {
             entry.add_values(&a, vec![v]);
         }
         if posix_group_is_auxiliary {
             as_rfc2307bis_group(&mut entry, suffix);
         }
-        let req = AddRequest {
-            dn,
-            attrs: entry
-                .attrs
-                .into_iter()
-                .map(|a| PartialAttribute {
-                    name: a.desc,
-                    values: a.values,
-                })
-                .collect(),
-        };
-        let ctx = WriteCtx::new(server, &who, Requested::default());
-        match crate::ops::write::add(ctx, req).await {
-            Ok(_) => added += 1,
-            Err(e) if e.code == ResultCode::ENTRY_ALREADY_EXISTS => {}
-            Err(e) => {
-                return Err(BootstrapError::Entry(format!(
-                    "demo.ldif: {}: {}",
-                    entry.dn, e.message
-                )))
-            }
+        if add_own(server, entry)
+            .await
+            .map_err(|e| BootstrapError::Entry(format!("demo.ldif: {e}")))?
+        {
+            added += 1;
         }
     }
     Ok(added)

@@ -125,7 +125,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     // One clock for the whole run, bootstrap included, resumed after the
     // newest CSN the store records so CSNs never go back across restarts.
     let csn = pando_store::clock::clock_for_store(&store, cfg.config.replication.server_id);
-    let (root_pw, created, fresh, csn) = first_start(&cfg, &schema, &store, csn, opts.demo).await?;
+    let root_pw = first_start(&cfg, &store).await?;
     // The configuration run with, and the file it came from, are stored
     // (see cn_config::stored): changes over LDAP build on them.
     if let Some(file) = &opts.file {
@@ -135,8 +135,7 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
             tracing::error!("{e}; changes under cn=config will not persist");
         }
     }
-    // First-start work is done and durable: the configured mode from now on.
-    store.set_durability(store_options(&cfg).durability);
+    let durability = store_options(&cfg).durability;
     if tls.is_none()
         && matches!(&bound, Bound::Systemd(b) if b.iter().any(|b| matches!(b, net::listener::Bound::Ldaps(_))))
     {
@@ -151,13 +150,9 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
         tls,
     )?;
     let server = live.server();
-    // Demo data goes only into a store created by this start, so entries
-    // an operator deleted do not come back on the next `--demo` start.
-    let demo_added = match (opts.demo, fresh) {
-        (true, true) => Some(bootstrap::load_demo(&server).await?),
-        (true, false) => None,
-        (false, _) => Some(0),
-    };
+    let (created, demo_added) = first_entries(&server, opts.demo).await?;
+    // First-start work is done and durable: the configured mode from now on.
+    store.set_durability(durability);
     after_start(&server, &store).await;
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -234,66 +229,55 @@ async fn open_store(
     Ok(store)
 }
 
-/// First-start work: the root password, the suffixes this server holds,
-/// the demo tree with `--demo`. Returns the root password (None without
-/// a root DN), the suffixes created, the demo entries added (None: the
-/// store was not new) and the clock.
-async fn first_start(
-    cfg: &Resolved,
-    schema: &Schema,
-    store: &Store,
-    csn: CsnClock,
+/// First-start work before the server is built: the root password (None
+/// without a root DN).
+async fn first_start(cfg: &Resolved, store: &Store) -> Result<Option<RootPassword>, BoxError> {
+    if cfg.root_dn.is_none() {
+        // No root DN, no root password: administration goes through ldapi
+        // (SASL EXTERNAL) or identities given the admin role.
+        return Ok(None);
+    }
+    let store = store.clone();
+    let data_dir = cfg.config.data_dir.clone();
+    let configured = cfg.config.root_password_hash.clone();
+    tokio::task::spawn_blocking(move || -> Result<_, BoxError> {
+        // A store that fails while first-start work reads or writes it is
+        // named, with what to do, like one that fails to open.
+        match bootstrap::root_password(&store, &data_dir, configured.as_deref()) {
+            Ok(pw) => Ok(Some(pw)),
+            Err(bootstrap::BootstrapError::Store(se)) => Err(refused_store(&data_dir, &se).into()),
+            Err(other) => Err(other.into()),
+        }
+    })
+    .await?
+}
+
+/// First-start work once the server is built, before it listens, through
+/// the write pipeline: the entries of the suffixes this server holds, and
+/// the demo tree with `--demo` when this start made the first suffix (so
+/// entries an operator deleted do not come back on the next `--demo`
+/// start). Returns the suffixes created and the demo entries added (None:
+/// the store was not new).
+async fn first_entries(
+    server: &Arc<Server>,
     demo: bool,
-) -> Result<(Option<RootPassword>, Vec<String>, bool, CsnClock), BoxError> {
-    let root_dn_text = cfg
-        .root_dn
-        .as_ref()
-        .map(|d| d.to_string())
-        .unwrap_or_default();
+) -> Result<(Vec<String>, Option<usize>), BoxError> {
     // A multi-provider started with --demo makes the suffix and the demo
     // tree the others copy (they start empty; one node seeds them).
-    let own = if demo && cfg.config.replication.multi_provider {
-        cfg.suffixes.clone()
+    let own = if demo && server.cfg.config.replication.multi_provider {
+        server.cfg.suffixes.clone()
     } else {
-        own_suffixes(cfg, schema)
+        own_suffixes(&server.cfg, &server.schema)
     };
-    {
-        let store = store.clone();
-        let data_dir = cfg.config.data_dir.clone();
-        let configured = cfg.config.root_password_hash.clone();
-        let suffixes = cfg.suffixes.clone();
-        let creator = root_dn_text.clone();
-        let root_dn_set = cfg.root_dn.is_some();
-        tokio::task::spawn_blocking(move || -> Result<_, BoxError> {
-            // No root DN, no root password: administration goes through
-            // ldapi (SASL EXTERNAL) or identities given the admin role.
-            // A store that fails while first-start work reads or writes it
-            // is named, with what to do, like one that fails to open.
-            let named = |e: bootstrap::BootstrapError| -> BoxError {
-                match e {
-                    bootstrap::BootstrapError::Store(se) => refused_store(&data_dir, &se).into(),
-                    other => other.into(),
-                }
-            };
-            let pw = if root_dn_set {
-                Some(
-                    bootstrap::root_password(&store, &data_dir, configured.as_deref())
-                        .map_err(named)?,
-                )
-            } else {
-                None
-            };
-            let created =
-                bootstrap::ensure_suffixes(&store, &own, &creator, &csn).map_err(named)?;
-            // Whether this start made the first suffix (the demo tree goes
-            // only there).
-            let fresh = created
-                .iter()
-                .any(|c| suffixes.first().is_some_and(|s| *c == s.to_string()));
-            Ok((pw, created, fresh, csn))
-        })
-        .await?
-    }
+    let created = bootstrap::ensure_suffixes(server, &own).await?;
+    let first = server.cfg.suffixes.first().map(|s| s.to_string());
+    let fresh = created.iter().any(|c| Some(c) == first.as_ref());
+    let demo_added = match (demo, fresh) {
+        (true, true) => Some(bootstrap::load_demo(server).await?),
+        (true, false) => None,
+        (false, _) => Some(0),
+    };
+    Ok((created, demo_added))
 }
 
 /// After the first configuration is running: the change log records

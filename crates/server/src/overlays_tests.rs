@@ -410,7 +410,7 @@ fn dn_values_compare_normalised_and_keep_a_uid_part() {
 fn memberof_disagreements_are_found_and_rebuilt_through_the_pipeline() {
     let f = Fixture::new(MEMBEROF);
     // Written around the pipeline (as an import would): no memberOf.
-    crate::test_server::add(
+    crate::test_server::add_around_the_pipeline(
         &f.server,
         &group("old"),
         &[

@@ -158,24 +158,12 @@ async fn make_suffix_entries(server: &Arc<Server>, before: &Server) {
     if new.is_empty() {
         return;
     }
-    let creator = server
-        .cfg
-        .root_dn
-        .as_ref()
-        .map(|d| d.to_string())
-        .unwrap_or_default();
-    let (store, csn) = (server.rt.store.clone(), server.rt.csn.clone());
-    let made = tokio::task::spawn_blocking(move || {
-        crate::bootstrap::ensure_suffixes(&store, &new, &creator, &csn)
-    })
-    .await;
-    match made {
-        Ok(Ok(created)) => {
+    match crate::bootstrap::ensure_suffixes(server, &new).await {
+        Ok(created) => {
             for dn in created {
                 tracing::info!(suffix = %dn, "suffix entry created");
             }
         }
-        Ok(Err(e)) => tracing::error!("the new suffix's entry could not be made: {e}"),
         Err(e) => tracing::error!("the new suffix's entry could not be made: {e}"),
     }
 }

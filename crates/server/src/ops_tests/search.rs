@@ -106,7 +106,7 @@ by = [{ who = "admins", rights = "all" }]
 by = [{ who = "admins", rights = "all" }, { who = "users", rights = "read" }]
 "#;
 
-fn hiding_tree(server: &Server) {
+fn hiding_tree(server: &Arc<Server>) {
     for ou in ["People", "Vault"] {
         add(
             server,
