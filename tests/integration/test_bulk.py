@@ -284,3 +284,54 @@ def test_full_disk_stops_the_import_clearly(tmp_path):
         assert r.returncode != 0, r.stderr
         assert "no space left" in r.stderr and "incomplete" in r.stderr, r.stderr
         assert_served_refused_as_incomplete(mnt / "d")
+
+
+def test_import_sets_memberof_when_the_overlay_is_configured(tmp_path):
+    """With the memberof overlay in the configuration, `pando import`
+    gives every member its memberOf as part of the import (groups before
+    or after their members), so no rebuild is needed: `pando verify`
+    finds the store consistent and a served search sees memberOf."""
+    people = "ou=People," + SUFFIX
+    groups = "ou=Groups," + SUFFIX
+
+    def user(uid):
+        return "dn: uid=%s,%s\nobjectClass: inetOrgPerson\nuid: %s\ncn: %s\nsn: %s\n\n" % (
+            uid, people, uid, uid, uid)
+
+    def group(cn, *members):
+        return "dn: cn=%s,%s\nobjectClass: groupOfNames\ncn: %s\n%s\n" % (
+            cn, groups, cn, "".join("member: uid=%s,%s\n" % (m, people) for m in members))
+
+    ldif = tmp_path / "in.ldif"
+    # One group comes before the member it lists, one after.
+    ldif.write_text(
+        "dn: %s\nobjectClass: dcObject\nobjectClass: organization\ndc: example\no: x\n\n" % SUFFIX
+        + "dn: %s\nobjectClass: organizationalUnit\nou: People\n\n" % people
+        + "dn: %s\nobjectClass: organizationalUnit\nou: Groups\n\n" % groups
+        + group("early", "late") + user("ann") + user("ben") + user("late")
+        + group("staff", "ann", "ben") + group("admins", "ann"))
+    cfg = tmp_path / "pando.toml"
+    cfg.write_text('[[overlay]]\ntype = "memberof"\n')
+    data = tmp_path / "d"
+    r = run("import", "--data-dir", str(data), "--config", str(cfg), "-f", str(ldif))
+    assert r.returncode == 0, r.stderr
+    assert "memberOf set on 3 entries" in r.stderr, r.stderr
+    r = run("verify", "--data-dir", str(data), "--config", str(cfg))
+    assert r.returncode == 0 and "consistent" in r.stdout + r.stderr, r.stdout + r.stderr
+    r = run("export", "--data-dir", str(data), "--operational", "-o", str(tmp_path / "out.ldif"))
+    assert r.returncode == 0, r.stderr
+    out = (tmp_path / "out.ldif").read_text().lower()
+
+    def member_of(uid):
+        block = out.split("dn: uid=%s,%s\n" % (uid, people.lower()))[1].split("\n\n")[0]
+        return sorted(l.split(": ", 1)[1] for l in block.splitlines() if l.startswith("memberof: "))
+
+    assert member_of("ann") == ["cn=admins,%s" % groups.lower(), "cn=staff,%s" % groups.lower()]
+    assert member_of("ben") == ["cn=staff,%s" % groups.lower()]
+    assert member_of("late") == ["cn=early,%s" % groups.lower()]
+    # Without the overlay configured, nothing is added.
+    plain = tmp_path / "plain"
+    r = run("import", "--data-dir", str(plain), "-f", str(ldif))
+    assert r.returncode == 0 and "memberOf" not in r.stderr, r.stderr
+    r = run("export", "--data-dir", str(plain), "--operational", "-o", str(tmp_path / "plain.ldif"))
+    assert "memberof:" not in (tmp_path / "plain.ldif").read_text().lower()

@@ -23,6 +23,7 @@ use pando_ops::error::{LdapError, OpResult};
 use pando_ops::seams::WriteHook;
 use pando_ops::write::{Change, WriteCtx};
 
+#[derive(Debug, Clone)]
 pub struct MemberOf {
     classes: Vec<String>,
     members: Vec<String>,
@@ -270,6 +271,11 @@ pub struct Disagreement {
 }
 
 impl MemberOf {
+    /// The attribute that lists an entry's groups (memberOf).
+    pub fn attribute(&self) -> &str {
+        &self.memberof
+    }
+
     /// Every entry whose memberOf is not exactly the groups listing it
     /// (members naming no entry are not counted). Reads every entry.
     pub fn disagreements(

@@ -597,6 +597,19 @@ fn verify(args: VerifyArgs) -> Result<ExitCode, String> {
     }
 }
 
+/// The memberof overlay of the configuration, if it has one.
+fn configured_memberof(
+    resolved: &pando_config::Resolved,
+    schema: &Schema,
+) -> Option<pando_server::overlays::memberof::MemberOf> {
+    resolved.config.overlay.iter().find_map(|o| match o {
+        pando_server::overlays::OverlayConfig::Memberof(c) => {
+            Some(pando_server::overlays::memberof::MemberOf::new(c, schema))
+        }
+        _ => None,
+    })
+}
+
 /// With the memberof overlay configured: entries whose memberOf is not
 /// exactly the groups that list them.
 fn memberof_problems(
@@ -604,12 +617,7 @@ fn memberof_problems(
     schema: &Schema,
     view: &pando_store::View<'_>,
 ) -> Result<Vec<String>, String> {
-    let Some(m) = resolved.config.overlay.iter().find_map(|o| match o {
-        pando_server::overlays::OverlayConfig::Memberof(c) => {
-            Some(pando_server::overlays::memberof::MemberOf::new(c, schema))
-        }
-        _ => None,
-    }) else {
+    let Some(m) = configured_memberof(resolved, schema) else {
         return Ok(Vec::new());
     };
     let found = m.disagreements(schema, view).map_err(|e| e.to_string())?;
@@ -761,7 +769,7 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
     };
     let mut reporter = progress::Reporter::new(size);
     let mut on_progress = |p| reporter.update(p);
-    let opts = import_options(&args, &resolved);
+    let opts = import_options(&args, &resolved, &schema);
     let suffixes: Vec<String> = resolved
         .suffixes
         .iter()
@@ -789,6 +797,12 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
             .map_err(|e| format!("{}: {e}", rejects_path.display()))?;
     }
     print_import_report(&report, &rejects_path, store_size);
+    if report.member_of > 0 {
+        eprintln!(
+            "memberOf set on {} entries (the memberof overlay is configured)",
+            report.member_of
+        );
+    }
     print_password_schemes(&report.password_schemes);
     Ok(if report.rejected > 0 {
         ExitCode::from(2)
@@ -801,6 +815,7 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
 fn import_options(
     args: &ImportArgs,
     resolved: &pando_config::Resolved,
+    schema: &Schema,
 ) -> pando_server::bulk::ImportOptions {
     let defaults = pando_server::bulk::ImportOptions::default();
     pando_server::bulk::ImportOptions {
@@ -820,6 +835,7 @@ fn import_options(
             }),
         },
         server_id: resolved.config.replication.server_id,
+        member_of: configured_memberof(resolved, schema),
     }
 }
 

@@ -63,6 +63,9 @@ pub struct ImportOptions {
     pub allow_file_urls: bool,
     /// The server ID in the CSNs given to entries without one.
     pub server_id: u16,
+    /// The memberof overlay, when configured: memberOf is set on every
+    /// imported member before the store is declared complete.
+    pub member_of: Option<pando_overlays::memberof::MemberOf>,
 }
 
 impl Default for ImportOptions {
@@ -75,6 +78,7 @@ impl Default for ImportOptions {
             commit_every: 20_000,
             allow_file_urls: false,
             server_id: 0,
+            member_of: None,
         }
     }
 }
@@ -94,6 +98,8 @@ pub struct ImportReport {
     pub input_format: &'static str,
     /// userPassword values by scheme (as `password::describe` names them).
     pub password_schemes: std::collections::BTreeMap<String, SchemeCount>,
+    /// Entries given memberOf (with the memberof overlay configured).
+    pub member_of: u64,
 }
 
 /// How many userPassword values an import held in one scheme.
@@ -631,6 +637,9 @@ pub fn import(
     debug_assert_eq!(figures.entries, loaded);
     report.index_keys = figures.index_triples;
     report.spilled_runs = figures.spilled_runs;
+    if let Some(m) = &opts.member_of {
+        report.member_of = set_member_of(store, m)?;
+    }
     declare_complete(store, newest_csn)?;
     report.bytes_read = bytes_read.load(Ordering::Relaxed);
     report.secs = started.elapsed().as_secs_f64();
@@ -688,6 +697,58 @@ fn run_workers(
         }
         outcome
     })
+}
+
+/// The memberof overlay's upkeep, as part of the import: every entry a
+/// group lists gets memberOf naming exactly those groups (what the
+/// overlay would have set had each entry been added over LDAP; the same
+/// computation `pando memberof rebuild` and `pando verify` use). Written
+/// before the store is declared complete, so it is imported state, not a
+/// change: no change log record, no new CSN. Returns the entries changed.
+fn set_member_of(
+    store: &Store,
+    m: &pando_overlays::memberof::MemberOf,
+) -> Result<u64, ImportError> {
+    let schema = store.schema().clone();
+    let todo = {
+        let rtxn = store.read()?;
+        m.disagreements(&schema, &rtxn.view())?
+    };
+    let attr = m.attribute().to_string();
+    for batch in todo.chunks(1_000) {
+        let attr = attr.clone();
+        let batch: Vec<(String, Vec<String>)> = batch
+            .iter()
+            .map(|d| (d.dn.clone(), d.expected.clone()))
+            .collect();
+        store.write_blocking(move |w: &mut WriteTxn<'_>| -> Result<(), ImportError> {
+            for (dn, groups) in &batch {
+                let parsed = Dn::parse(dn).map_err(|e| ImportError(format!("{dn}: {e}")))?;
+                let view = w.view();
+                let rdns = view.normalize_rdns(&parsed).map_err(ImportError)?;
+                let Lookup::Found(id) = view.lookup_norm(&rdns)? else {
+                    continue;
+                };
+                let Some(old) = view.attrs(id)? else {
+                    continue;
+                };
+                let mut new: Vec<Attribute> = old
+                    .iter()
+                    .filter(|a| !pando_model::desc::base(&a.desc).eq_ignore_ascii_case(&attr))
+                    .cloned()
+                    .collect();
+                if !groups.is_empty() {
+                    new.push(Attribute {
+                        desc: attr.clone(),
+                        values: groups.iter().map(|g| g.as_bytes().to_vec()).collect(),
+                    });
+                }
+                w.replace(id, &old, &new)?;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(todo.len() as u64)
 }
 
 /// Everything is in: one synced commit declares the store complete,
