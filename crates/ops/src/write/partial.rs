@@ -1,11 +1,12 @@
 //! A modify of an entry the store holds only part of
 //! (`seams::Partial`: a translucent suffix's remote entry). Planned like
 //! any modify, on the entry as the requester sees it: the assertion,
-//! access to every changed attribute, the changes and the schema are
-//! judged there (`modify`); what the store then keeps is the part the
-//! layer makes of the result, written as a modify of the stored part, or,
-//! when there is none yet, added with the parts of the ancestors the
-//! store lacks, in the same transaction.
+//! access to every changed attribute and the changes are judged there
+//! (`modify`; that entry's schema is its holder's). What the store then
+//! keeps is the part the layer makes of the result, schema-checked,
+//! written as a modify of the stored part, or, when there is none yet,
+//! added with the parts of the ancestors the store lacks, in the same
+//! transaction.
 
 use pando_model::{Dn, Entry};
 use pando_store::{EntryId, Lookup, Placement, View};
