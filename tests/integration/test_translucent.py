@@ -363,7 +363,13 @@ def test_a_remote_entrys_modify_is_the_clients_own_write(tmp_path):
     """A change to a remote entry's local attributes goes through the
     write pipeline as the client, with its controls, judged on the entry
     as the client sees it; the audit log has the client's own change."""
-    pki, remote = start_remote(tmp_path, REMOTE)
+    sub = "ou=Sub," + PEOPLE
+    sub2 = "ou=Sub2," + sub
+    deep = ("uid=deep," + sub2, {"objectClass": ["inetOrgPerson"], "uid": ["deep"], "cn": ["Deep"],
+                                 "sn": ["deep"], "description": ["remote"]})
+    pki, remote = start_remote(tmp_path, REMOTE + [
+        (sub, {"objectClass": ["organizationalUnit"], "ou": ["Sub"]}),
+        (sub2, {"objectClass": ["organizationalUnit"], "ou": ["Sub2"]}), deep])
     (tmp_path / "pando").mkdir()
     audit = tmp_path / "pando" / "audit.ldif"
     cfg = translucent_config(remote.url, tmp_path / "pando", pki.ca) + '\n[logs]\naudit = "%s"\n' % audit
@@ -408,6 +414,21 @@ def test_a_remote_entrys_modify_is_the_clients_own_write(tmp_path):
         head, dn, kind = records[0].splitlines()[:3]
         assert ADMIN_DN in head and dn == "dn: " + alice and kind == "changetype: modify", text
         assert "add: telephoneNumber" in text and "replace: description" in text, text
+        # Three levels below what the store holds (ou=People's part, which
+        # alice's write made): the parts of ou=Sub, ou=Sub2 and the entry
+        # are made in the one write; the entry reads merged, its parents
+        # still the remote's.
+        rc, out, err = srv.ldap("ldapmodify", input=(
+            "dn: %s\nchangetype: modify\nreplace: description\ndescription: deep here\n" % deep[0]))
+        assert rc == 0, (rc, out, err)
+        rc, es, err = srv.search(deep[0], "(objectClass=*)", "description", "cn", scope="base")
+        assert rc == 0 and values(es, deep[0], "description") == ["deep here"], (rc, es, err)
+        assert values(es, deep[0], "cn") == ["Deep"], es
+        for parent in (sub, sub2):
+            rc, es, err = srv.search(parent, "(objectClass=*)", "objectClass", scope="base")
+            assert rc == 0 and values(es, parent, "objectClass") == ["organizationalUnit"], (rc, es, err)
+        rc, es, err = srv.search(sub, "(objectClass=*)", "1.1", scope="sub")
+        assert sorted(d.lower() for d, _ in es) == sorted(d.lower() for d in (sub, sub2, deep[0])), es
     finally:
         try:
             srv.stop_and_verify()
