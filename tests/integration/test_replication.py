@@ -611,6 +611,33 @@ def pando_consumer(base, provider, mode="refreshAndPersist", extra="", interval=
     return Pando(base, demo=False, config=cfg, name=name).start()
 
 
+def test_a_demo_consumer_of_a_subtree_leaves_that_subtree_to_its_provider(tmp_path):
+    """`--demo` on a consumer of ou=People: the demo entries outside the
+    subtree are made here; those inside it are the provider's (the write
+    pipeline refers them), and the server starts."""
+    srv = Pando(tmp_path / "provider", demo=False, config=PUBLIC_READ).start()
+    cfg = consumer_config(srv.url, srv.admin_dn, srv.admin_pw, search_base=PEOPLE)
+    con = Pando(tmp_path / "consumer", demo=True, config=cfg, name="demo-consumer")
+    try:
+        modify(srv, "dn: %s\nchangetype: add\nobjectClass: organizationalUnit\nou: People\n" % PEOPLE)
+        modify(srv, "dn: uid=only-here,%s\nchangetype: add\nobjectClass: account\nuid: only-here\n" % PEOPLE)
+        con.start()
+        deadline = time.monotonic() + 30
+        while True:
+            rc, es, err = con.search(PEOPLE, "(objectClass=*)", "1.1", scope="one")
+            got = sorted(d.split(",")[0].lower() for d, _ in es)
+            if got == ["uid=only-here"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        assert got == ["uid=only-here"], (got, con.logs())
+        # Outside the consumer's subtree, the demo tree is here.
+        rc, es, err = con.search("ou=Groups," + SUFFIX, "(objectClass=*)", "1.1", scope="base")
+        assert rc == 0 and es, (rc, err)
+    finally:
+        con.stop_and_verify()
+        srv.stop_and_verify()
+
+
 @pytest.mark.parametrize("mode", ["refreshAndPersist", "refreshOnly"])
 def test_pando_replicates_from_pando(tmp_path, mode):
     srv = Pando(tmp_path / "provider", demo=True, config=PUBLIC_READ).start()

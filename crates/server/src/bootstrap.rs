@@ -273,6 +273,15 @@ pub async fn load_demo(server: &Arc<Server>) -> Result<usize, BootstrapError> {
         for (a, v) in attrs {
             entry.add_values(&a, vec![v]);
         }
+        // A subtree a replication consumer keeps (a demo consumer of
+        // ou=People) holds its provider's entries, not the demo's.
+        let norm = server
+            .schema
+            .normalize_dn(&entry.dn)
+            .map_err(|e| BootstrapError::Entry(format!("demo.ldif: {}: {e}", entry.dn)))?;
+        if !server.multi_provider() && server.rt.replicas.holding(&norm).is_some() {
+            continue;
+        }
         if posix_group_is_auxiliary {
             as_rfc2307bis_group(&mut entry, suffix);
         }
