@@ -85,7 +85,7 @@ pub async fn write(
 }
 
 /// The entry an add asks for, as an assertion tests it.
-fn entry_added(req: &pando_proto::AddRequest) -> OpResult<Entry> {
+pub fn entry_added(req: &pando_proto::AddRequest) -> OpResult<Entry> {
     let mut entry = Entry::new(crate::parse_dn(&req.dn)?);
     for a in &req.attrs {
         entry.add_values(&a.name, a.values.clone());

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use pando_ldif::{LdifReader, ReaderOptions, Record};
 use pando_model::{Dn, Entry, Schema};
-use pando_proto::{AddRequest, PartialAttribute, ResultCode};
+use pando_proto::ResultCode;
 use pando_store::{Store, StoreError};
 
 use crate::ops::controls::Requested;
@@ -187,18 +187,8 @@ fn own_writer(server: &Server) -> pando_access::Identity {
 /// stamped, schema-checked, in the change log and the audit log, the
 /// overlays' upkeep made. False when an entry of that name exists.
 pub(crate) async fn add_own(server: &Arc<Server>, entry: Entry) -> Result<bool, BootstrapError> {
-    let dn = entry.dn.to_string();
-    let req = AddRequest {
-        dn: dn.clone(),
-        attrs: entry
-            .attrs
-            .into_iter()
-            .map(|a| PartialAttribute {
-                name: a.desc,
-                values: a.values,
-            })
-            .collect(),
-    };
+    let req = crate::ops::write::request_for(entry);
+    let dn = req.dn.clone();
     let ctx = WriteCtx::new(server, &own_writer(server), Requested::default());
     match crate::ops::write::add(ctx, req).await {
         Ok(_) => Ok(true),

@@ -20,6 +20,22 @@ struct Add {
     entry: Entry,
 }
 
+/// The add request for `entry` (the server's own adds: first entries,
+/// translucent parts).
+pub fn request_for(entry: Entry) -> AddRequest {
+    AddRequest {
+        dn: entry.dn.to_string(),
+        attrs: entry
+            .attrs
+            .into_iter()
+            .map(|a| pando_proto::PartialAttribute {
+                name: a.desc,
+                values: a.values,
+            })
+            .collect(),
+    }
+}
+
 pub async fn add(ctx: Arc<WriteCtx>, req: AddRequest) -> OpResult<Written> {
     let (server, who) = (&ctx.server, &ctx.who);
     let schema = &server.schema;

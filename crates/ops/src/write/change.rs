@@ -24,6 +24,28 @@ pub struct Before {
     pub bytes: Option<Vec<u8>>,
 }
 
+impl Before {
+    /// The stored entry `id`, named `norm` (with its DN as stored: a
+    /// request may spell it differently), planned on a snapshot: its
+    /// record is kept for the writer to confirm.
+    pub fn planned(view: &View<'_>, id: EntryId, norm: &str) -> OpResult<Before> {
+        let bytes = view
+            .entry_bytes(id)?
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default();
+        let entry = Entry {
+            dn: view.dn(id)?,
+            attrs: view.decode_attrs(id, &bytes)?,
+        };
+        Ok(Before {
+            id,
+            entry,
+            norm: norm.to_string(),
+            bytes: Some(bytes),
+        })
+    }
+}
+
 /// One entry's change, worked out before it is written.
 pub struct Change {
     /// None for an add.

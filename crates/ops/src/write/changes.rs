@@ -228,6 +228,18 @@ pub(super) fn has_value(
     })
 }
 
+/// `new` checked against the schema, its structural object class the one
+/// `old` records (RFC 4512 2.4.2): removing inetOrgPerson from a person
+/// leaves organizationalPerson, a different class.
+pub fn check_schema_keeping(schema: &Schema, new: &mut Entry, old: Option<&Entry>) -> OpResult<()> {
+    let stored = old
+        .and_then(|e| e.get("structuralObjectClass"))
+        .and_then(|a| a.values.first())
+        .map(|v| String::from_utf8_lossy(v).into_owned());
+    schema.check_entry_keeping(new, stored.as_deref())?;
+    Ok(())
+}
+
 /// The structural object class may not change, and RDN values must stay.
 pub fn check_invariants(schema: &Schema, old: &Entry, new: &Entry) -> OpResult<()> {
     let soc = |e: &Entry| {

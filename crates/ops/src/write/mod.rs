@@ -50,7 +50,7 @@ use pando_proto::{Control, ResultCode};
 use pando_store::{EntryId, StoreError, View, WriteTxn};
 
 pub use crate::job::WriteCtx;
-pub use add::add;
+pub use add::{add, request_for};
 pub use change::{Before, Change};
 pub use changes::{apply_changes, check_invariants};
 pub use checks::random_uuid;

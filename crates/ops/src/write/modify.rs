@@ -6,7 +6,7 @@ use pando_model::{Dn, Entry};
 use pando_proto::{ModOp, ModifyRequest, ResultCode};
 use pando_store::View;
 
-use super::changes::{apply_changes, check_invariants};
+use super::changes::{apply_changes, check_invariants, check_schema_keeping};
 use super::checks::{check_password_values, check_value_count, reject_maintained};
 use super::{Before, Change, WriteCtx, WriteOp, Written};
 use crate::error::{LdapError, OpResult};
@@ -132,16 +132,7 @@ impl Modify {
     /// schema checked.
     fn changed(&self, ctx: &WriteCtx, view: &View<'_>, old: &Entry) -> OpResult<Entry> {
         let mut new = self.applied(ctx, view, old)?;
-        // The class objectClass now makes structural must be the stored one
-        // (RFC 4512 2.4.2): removing inetOrgPerson from a person leaves
-        // organizationalPerson, a different class.
-        let stored = old
-            .get("structuralObjectClass")
-            .and_then(|a| a.values.first())
-            .map(|v| String::from_utf8_lossy(v).into_owned());
-        ctx.server
-            .schema
-            .check_entry_keeping(&mut new, stored.as_deref())?;
+        check_schema_keeping(&ctx.server.schema, &mut new, Some(old))?;
         Ok(new)
     }
 
@@ -188,22 +179,8 @@ impl WriteOp for Modify {
         }
         let (server, who) = (&*ctx.server, &ctx.who);
         let id = crate::resolve_for(server, view, who, &self.dn)?;
-        let bytes = view
-            .entry_bytes(id)?
-            .map(<[u8]>::to_vec)
-            .unwrap_or_default();
-        let old = Entry {
-            // As stored (the request may spell it differently).
-            dn: view.dn(id)?,
-            attrs: view.decode_attrs(id, &bytes)?,
-        };
-        let new = self.changed(ctx, view, &old)?;
-        let before = Before {
-            id,
-            entry: old,
-            norm: self.norm.clone(),
-            bytes: Some(bytes),
-        };
+        let before = Before::planned(view, id, &self.norm)?;
+        let new = self.changed(ctx, view, &before.entry)?;
         Ok(vec![Change::modify(before, new)])
     }
 

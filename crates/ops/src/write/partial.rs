@@ -9,7 +9,7 @@
 //! transaction.
 
 use pando_model::{Dn, Entry};
-use pando_store::{EntryId, Lookup, Placement, View};
+use pando_store::{Lookup, Placement, View};
 
 use super::replicated::GLUE_PARENT;
 use super::{Before, Change, WriteCtx};
@@ -30,18 +30,14 @@ pub(super) fn plan(
     let schema = &*ctx.server.schema;
     let rdns = crate::norm_rdns(view, dn)?;
     let stored = match view.lookup_norm(&rdns)? {
-        Lookup::Found(id) => Some(stored_part(view, id, norm)?),
+        Lookup::Found(id) => Some(Before::planned(view, id, norm)?),
         Lookup::Missing { .. } => None,
     };
     let part = stored.as_ref().map(|b| &b.entry);
     let before = p.shown(schema, part);
     let after = applied(&before)?;
     let mut kept = p.kept(schema, part, &before, &after);
-    let structural = part
-        .and_then(|e| e.get("structuralObjectClass"))
-        .and_then(|a| a.values.first())
-        .map(|v| String::from_utf8_lossy(v).into_owned());
-    schema.check_entry_keeping(&mut kept, structural.as_deref())?;
+    super::changes::check_schema_keeping(schema, &mut kept, part)?;
     if let Some(b) = stored {
         return Ok(vec![Change::modify(b, kept)]);
     }
@@ -49,24 +45,6 @@ pub(super) fn plan(
     let mut changes = vec![Change::add(kept, norm.to_string(), place)];
     changes.extend(glue);
     Ok(changes)
-}
-
-/// The part stored as entry `id`, named `norm`.
-fn stored_part(view: &View<'_>, id: EntryId, norm: &str) -> OpResult<Before> {
-    let bytes = view
-        .entry_bytes(id)?
-        .map(<[u8]>::to_vec)
-        .unwrap_or_default();
-    let entry = Entry {
-        dn: view.dn(id)?,
-        attrs: view.decode_attrs(id, &bytes)?,
-    };
-    Ok(Before {
-        id,
-        entry,
-        norm: norm.to_string(),
-        bytes: Some(bytes),
-    })
 }
 
 /// Where the new part of `dn` (normalised RDNs `rdns`) goes, and the

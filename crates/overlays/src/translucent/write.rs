@@ -131,19 +131,7 @@ async fn make_parts_from(
     }
     for p in missing.into_iter().rev() {
         let ctx = WriteCtx::new(server, &part_writer(who), Requested::default());
-        let attrs = glue_part(&p)
-            .attrs
-            .into_iter()
-            .map(|a| PartialAttribute {
-                name: a.desc,
-                values: a.values,
-            })
-            .collect();
-        let req = AddRequest {
-            dn: p.to_string(),
-            attrs,
-        };
-        match write::add(ctx, req).await {
+        match write::add(ctx, write::request_for(glue_part(&p))).await {
             Ok(_) => {}
             // Made meanwhile by another write: as good.
             Err(e) if e.code == ResultCode::ENTRY_ALREADY_EXISTS => {}

@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Weak};
 
-use pando_model::{Dn, Entry, Schema};
+use pando_model::{Entry, Schema};
 use pando_proto::{Change, ModOp, PartialAttribute, ProtocolOp, ResultCode};
 
 use super::{apply, attr_of, overlay_tree, schema_tree, stored};
@@ -81,10 +81,9 @@ fn is_schema(norm: &str) -> bool {
 /// What a change does to the configuration.
 enum Kind<'a> {
     /// A schema document or an overlay (`overlay`), with its entry as
-    /// requested (the audit log's record).
+    /// requested (its DN, and the audit log's record).
     Add {
         overlay: bool,
-        dn: Dn,
         entry: Entry,
         attrs: &'a [PartialAttribute],
     },
@@ -102,19 +101,11 @@ fn kind_of<'a>(change: &ConfigChange<'a>) -> OpResult<Kind<'a>> {
     match change.request {
         ProtocolOp::ModifyRequest(req) => Ok(Kind::Modify(&req.changes)),
         ProtocolOp::AddRequest(_) if other => Err(refuse_other_writes(change.who, "added")),
-        ProtocolOp::AddRequest(req) => {
-            let dn = crate::ops::parse_dn(&req.dn)?;
-            let mut entry = Entry::new(dn.clone());
-            for a in &req.attrs {
-                entry.add_values(&a.name, a.values.clone());
-            }
-            Ok(Kind::Add {
-                overlay,
-                dn,
-                entry,
-                attrs: &req.attrs,
-            })
-        }
+        ProtocolOp::AddRequest(req) => Ok(Kind::Add {
+            overlay,
+            entry: crate::ops::config_write::entry_added(req)?,
+            attrs: &req.attrs,
+        }),
         ProtocolOp::DelRequest(_) if other => Err(refuse_other_writes(change.who, "deleted")),
         ProtocolOp::DelRequest(_) => Ok(Kind::Delete { overlay }),
         _ => Err(refuse_other_writes(change.who, "renamed")),
@@ -199,11 +190,10 @@ impl Staged<'_> {
             }
             Kind::Add {
                 overlay: true,
-                dn,
+                entry,
                 attrs,
-                ..
-            } => overlay_tree::add(desired, dn, norm, attrs),
-            Kind::Add { dn, attrs, .. } => schema_tree::add(desired, dn, norm, attrs),
+            } => overlay_tree::add(desired, &entry.dn, norm, attrs),
+            Kind::Add { entry, attrs, .. } => schema_tree::add(desired, &entry.dn, norm, attrs),
             Kind::Delete { overlay: true } => overlay_tree::delete(desired, norm),
             Kind::Delete { .. } => schema_tree::delete(desired, norm),
         }
