@@ -12,7 +12,6 @@ use tokio::sync::mpsc;
 
 use crate::controls::Requested;
 use crate::state::Server;
-use crate::write::change::ReplCtx;
 use pando_access::Identity;
 
 /// One request, ready to run.
@@ -94,8 +93,6 @@ pub struct WriteCtx {
     pub server: Arc<Server>,
     pub who: Identity,
     pub controls: Requested,
-    /// A change a replication consumer received (None: a client's).
-    pub replicated: Option<ReplCtx>,
     /// A modify of an entry the store holds only part of.
     pub partial: Option<Arc<dyn crate::seams::Partial>>,
 }
@@ -106,18 +103,6 @@ impl WriteCtx {
             server: server.clone(),
             who: who.clone(),
             controls,
-            replicated: None,
-            partial: None,
-        })
-    }
-
-    /// The context of a change consumer `repl.rid` received.
-    pub fn replicated(server: &Arc<Server>, who: &Identity, repl: ReplCtx) -> Arc<WriteCtx> {
-        Arc::new(WriteCtx {
-            server: server.clone(),
-            who: who.clone(),
-            controls: Requested::default(),
-            replicated: Some(repl),
             partial: None,
         })
     }

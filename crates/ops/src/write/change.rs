@@ -132,6 +132,10 @@ impl Change {
     }
 }
 
+/// A parent placeholder: `GLUE_PARENT - k` names the entry added by
+/// change `k` of the same operation (resolved as the pipeline writes).
+pub const GLUE_PARENT: EntryId = u64::MAX;
+
 /// The replication state a received change carries into the pipeline.
 #[derive(Clone, Debug)]
 pub struct ReplCtx {

@@ -102,7 +102,7 @@ pub(super) fn reject_maintained(schema: &Schema, desc: &str, relaxed: bool) -> O
     // Under relax an administrator may also set memberOf and the password
     // policy state (data moved from another directory, or repaired by
     // hand: clearing pwdFailureTime).
-    let stamp = super::STAMPED.iter().any(|m| at.has_name(m))
+    let stamp = super::local::STAMPED.iter().any(|m| at.has_name(m))
         || at.has_name("memberOf")
         || at.name().starts_with("pwd");
     if relaxed && stamp {

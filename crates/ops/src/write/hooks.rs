@@ -54,10 +54,10 @@ pub fn on_target(ctx: &WriteCtx, view: &View<'_>, norm: &str, entry: &Entry) -> 
 }
 
 /// Every hook's `related`, in order, then the changes they added checked
-/// ([`finish`]). A received change has none: its
-/// provider sends what its own overlays changed.
+/// ([`finish`]). Not asked for a received change (`WriteOp::related`):
+/// its provider sends what its own overlays changed.
 pub fn related(ctx: &WriteCtx, view: &View<'_>, changes: &mut Vec<Change>) -> OpResult<()> {
-    if ctx.replicated.is_some() || ctx.server.layers.is_empty() {
+    if ctx.server.layers.is_empty() {
         return Ok(());
     }
     let first_added = changes.len();

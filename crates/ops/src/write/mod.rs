@@ -33,6 +33,7 @@ mod checks;
 pub mod conflicts;
 mod delete;
 pub mod hooks;
+mod local;
 pub mod log;
 pub mod merge;
 mod modify;
@@ -45,7 +46,6 @@ pub mod tombstones;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use pando_model::Entry;
 use pando_proto::{Control, ResultCode};
 use pando_store::{EntryId, StoreError, View, WriteTxn};
 
@@ -55,6 +55,7 @@ pub use change::{Before, Change};
 pub use changes::{apply_changes, check_invariants};
 pub use checks::random_uuid;
 pub use delete::delete;
+pub use local::Stamps;
 pub use modify::modify;
 pub use rename::modify_dn;
 
@@ -63,6 +64,13 @@ use crate::error::{LdapError, OpResult};
 use crate::state::Server;
 
 /// One write operation, as the pipeline runs it.
+///
+/// Besides the operation's own steps (`plan`, `in_txn`, `audit`), the
+/// pipeline has stages that depend on where a write comes from. Their
+/// defaults are those of a write made here, by a client or by the server
+/// itself (`local.rs`); a change a replication consumer received
+/// (`replicated::Replicated`) gives its own. The pipeline itself never
+/// asks where a write came from.
 pub trait WriteOp: Send + Sync + 'static {
     /// Plan on a read snapshot, outside the writer (see the module header).
     const ON_SNAPSHOT: bool = false;
@@ -80,6 +88,41 @@ pub trait WriteOp: Send + Sync + 'static {
 
     /// After the commit: the audit log.
     fn audit(&self, ctx: &WriteCtx, changes: &[Change]);
+
+    /// On the writer, before anything: whether the write may still go.
+    fn may_start(&self) -> OpResult<()> {
+        Ok(())
+    }
+
+    /// On the writer's view, once planned: the changes to other entries
+    /// the write makes (the overlays'), or its refusal.
+    fn related(&self, ctx: &WriteCtx, view: &View<'_>, changes: &mut Vec<Change>) -> OpResult<()> {
+        local::related(ctx, view, changes)
+    }
+
+    /// The operation's CSN, and the stamps of the entries it writes.
+    fn stamp(
+        &self,
+        ctx: &WriteCtx,
+        w: &mut WriteTxn<'_>,
+        changes: &mut [Change],
+    ) -> OpResult<String> {
+        local::stamp(ctx, w, changes)
+    }
+
+    /// Whom the change log names as the author of each change; None: the
+    /// changes are not logged.
+    fn logged_as<'a>(&'a self, ctx: &'a WriteCtx) -> Option<&'a str> {
+        Some(ctx.who.dn())
+    }
+
+    /// The write failed (or its plan panicked).
+    fn failed(&self) {}
+
+    /// Whether the change feed carries the write out of CSN order.
+    fn out_of_order(&self) -> bool {
+        false
+    }
 }
 
 /// What a successful write answers with.
@@ -139,39 +182,26 @@ fn job<W: WriteOp>(
     planned: Option<Vec<Change>>,
 ) -> impl FnOnce(&mut WriteTxn<'_>) -> Result<Committing, Stop> + Send + 'static {
     move |w: &mut WriteTxn<'_>| {
-        // Received changes are queued in order: once one fails, the ones
-        // after it (and their cookies) must not be written.
-        let failed = ctx.replicated.as_ref().map(|r| r.failed.clone());
-        if failed.as_ref().is_some_and(|f| f.load(Ordering::Relaxed)) {
-            return Err(Stop::Failed(LdapError::new(
-                ResultCode::OTHER,
-                "not applied: an earlier change of this replication session failed",
-            )));
-        }
+        op.may_start()?;
         let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut changes = match planned {
                 Some(changes) => confirm(w, changes)?,
                 None => plan_and_check(&ctx, &*op, &w.view())?,
             };
-            if ctx.replicated.is_none() && !ctx.server.multi_provider() {
-                refer_replicated(&ctx.server, &changes)?;
-            }
-            hooks::related(&ctx, &w.view(), &mut changes)?;
-            let (csn, controls) = apply(&ctx, w, &mut changes)?;
+            op.related(&ctx, &w.view(), &mut changes)?;
+            let (csn, controls) = apply(&ctx, &*op, w, &mut changes)?;
             op.in_txn(&ctx, w, &csn)?;
             Ok((changes, csn, controls))
         }));
         let ended = match ended {
             Ok(ended) => ended,
             Err(panic) => {
-                if let Some(f) = &failed {
-                    f.store(true, Ordering::Relaxed);
-                }
+                op.failed();
                 std::panic::resume_unwind(panic)
             }
         };
-        if let (Err(Stop::Failed(_)), Some(f)) = (&ended, &failed) {
-            f.store(true, Ordering::Relaxed);
+        if let Err(Stop::Failed(_)) = &ended {
+            op.failed();
         }
         let (changes, csn, controls) = ended?;
         if ctx.controls.no_op {
@@ -188,7 +218,7 @@ fn job<W: WriteOp>(
                 controls,
             ));
         }
-        let out_of_order = ctx.replicated.as_ref().is_some_and(|r| r.refreshing);
+        let out_of_order = op.out_of_order();
         Ok((
             publish(&ctx.server, w, csn, changes, out_of_order),
             controls,
@@ -317,28 +347,6 @@ pub(super) fn plan_and_check<W: WriteOp>(
     Ok(changes)
 }
 
-/// A client's change to a subtree a consumer keeps is referred to the
-/// provider (the consumer applies only what the provider sends).
-fn refer_replicated(server: &Server, changes: &[Change]) -> OpResult<()> {
-    for c in changes {
-        let names = [Some(c.norm()), c.before.as_ref().map(|b| b.norm.as_str())];
-        if let Some(r) = names
-            .into_iter()
-            .flatten()
-            .find_map(|n| server.rt.replicas.holding(n))
-        {
-            return Err(LdapError::referral(
-                r.referral.clone(),
-                format!(
-                    "this subtree is a replica (consumer rid {:03}); write to the provider",
-                    r.rid
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// The writer's side of a snapshot-planned write: every entry read must
 /// still be stored exactly as it was read.
 fn confirm(w: &WriteTxn<'_>, changes: Vec<Change>) -> Result<Vec<Change>, Stop> {
@@ -393,12 +401,14 @@ fn publish(
 
 /// In the writer's transaction: stamp, run the hooks, write. Returns the
 /// operation's CSN and the response controls the hooks made.
-fn apply(
+fn apply<W: WriteOp>(
     ctx: &WriteCtx,
+    op: &W,
     w: &mut WriteTxn<'_>,
     changes: &mut [Change],
 ) -> Result<(String, Vec<Control>), Stop> {
-    let csn = stamp(ctx, w, changes)?;
+    let csn = op.stamp(ctx, w, changes)?;
+    let logged_as = op.logged_as(ctx);
     let mut controls = Vec::new();
     for hook in hooks::all(ctx) {
         hook.in_txn(ctx, w, changes, &mut controls)?;
@@ -406,14 +416,14 @@ fn apply(
     // In reverse: a tree delete lists its subtree in pre-order, and
     // children go before their parents. A replicated add may hang below
     // an entry added by a later change of the list (glue): its parent
-    // names that change (`replicated::GLUE_PARENT - index`).
+    // names that change (`change::GLUE_PARENT - index`).
     let mut added: Vec<(usize, EntryId)> = Vec::new();
     let count = changes.len();
     let multi_provider = ctx.server.multi_provider();
     for (seq, (index, c)) in changes.iter_mut().enumerate().rev().enumerate() {
         if let Some(place) = c.place.as_mut() {
-            if place.parent > replicated::GLUE_PARENT - count as u64 {
-                let wanted = (replicated::GLUE_PARENT - place.parent) as usize;
+            if place.parent > change::GLUE_PARENT - count as u64 {
+                let wanted = (change::GLUE_PARENT - place.parent) as usize;
                 place.parent = added
                     .iter()
                     .find(|(i, _)| *i == wanted)
@@ -423,19 +433,14 @@ fn apply(
                     })?;
             }
         }
-        if !ctx.replicated.as_ref().is_some_and(|r| r.unlogged) {
-            let by = if ctx.replicated.is_some() {
-                ""
-            } else {
-                ctx.who.dn()
-            };
+        if let Some(by) = logged_as {
             log::log(w, &csn, seq as u32, c, by)?;
         }
         if c.after.as_ref().is_some_and(crate::is_subentry) {
             ctx.server.rt.subentries.written();
         }
         if multi_provider {
-            remember_deleted(w, c, &csn)?;
+            tombstones::remember(w, c, &csn)?;
         }
         match (&c.before, &c.after, &c.place) {
             (None, Some(after), Some(place)) => {
@@ -457,127 +462,7 @@ fn apply(
     log::purge(w, &ctx.server.cfg.config.replication)?;
     if multi_provider {
         let days = ctx.server.cfg.config.replication.changelog_days;
-        crate::write::tombstones::expire(w, &log::cutoff(days), 16)?;
-    }
-    if let Some(repl) = &ctx.replicated {
-        replicated::store_cookie(w, repl)?;
+        tombstones::expire(w, &log::cutoff(days), 16)?;
     }
     Ok((csn, controls))
-}
-
-/// Multi-provider: a deleted entry is remembered (`ops::write::tombstones`);
-/// an entry written at a name, or with a UUID, that was deleted makes
-/// that memory go.
-fn remember_deleted(w: &mut WriteTxn<'_>, c: &Change, csn: &str) -> Result<(), StoreError> {
-    use crate::write::tombstones;
-    match (&c.before, &c.after) {
-        (Some(before), None) => tombstones::put(w, &before.norm, &before.entry, csn),
-        (_, Some(after)) if c.after_norm.is_some() || c.before.is_none() => {
-            tombstones::forget(w, c.norm(), change::entry_uuid(after).as_deref())
-        }
-        _ => Ok(()),
-    }
-}
-
-/// Attributes the server maintains on every entry it writes. Under the
-/// relax rules control an administrator's values for them are kept.
-const STAMPED: [&str; 6] = [
-    "createTimestamp",
-    "creatorsName",
-    "entryUUID",
-    "modifyTimestamp",
-    "modifiersName",
-    "entryCSN",
-];
-
-/// The server's own values for the [`STAMPED`] attributes of one write.
-pub struct Stamps<'a> {
-    /// creatorsName and modifiersName.
-    pub who: &'a str,
-    pub csn: &'a str,
-    /// createTimestamp and modifyTimestamp (GeneralizedTime).
-    pub now: &'a str,
-}
-
-impl Stamps<'_> {
-    /// Stamp `entry`: the creation stamps too when it is `created` (a new
-    /// entryUUID among them), the modification stamps always, except the
-    /// attributes `keep` says keep the value they have. Every caller that
-    /// writes entries stamps through here (the write pipeline, the first
-    /// start's entries, `pando import`).
-    pub fn put(&self, entry: &mut Entry, created: bool, keep: impl Fn(&str, &Entry) -> bool) {
-        for name in STAMPED {
-            let creation = matches!(name, "createTimestamp" | "creatorsName" | "entryUUID");
-            if (creation && !created) || keep(name, entry) {
-                continue;
-            }
-            let value = match name {
-                "createTimestamp" | "modifyTimestamp" => self.now.to_string(),
-                "creatorsName" | "modifiersName" => self.who.to_string(),
-                "entryUUID" => random_uuid(),
-                _ => self.csn.to_string(),
-            };
-            entry.remove(name);
-            entry.add_values(name, vec![value.into_bytes()]);
-        }
-    }
-}
-
-/// One CSN for the whole operation: entryCSN of every entry written and
-/// the store's newest change (the replication state a backup carries);
-/// creation stamps on added entries, modification stamps on all.
-fn stamp(ctx: &WriteCtx, w: &mut WriteTxn<'_>, changes: &mut [Change]) -> OpResult<String> {
-    // A replicated change keeps the provider's CSN and stamps: the entries
-    // are written as received.
-    if let Some(repl) = &ctx.replicated {
-        let csn = match &repl.csn {
-            Some(csn) => {
-                // A change of this server's own coming back (multi-provider)
-                // must not let the clock issue older CSNs later.
-                let _ = ctx.server.rt.csn.resume_after(csn);
-                csn.clone()
-            }
-            // Only the cookie moves: no CSN of this server is spent.
-            None if changes.is_empty() => return Ok(String::new()),
-            // A delete phase names no CSN: the change log gets one of this
-            // server's, but the state held is what the cookie says (stored
-            // with it), so contextCSN does not move.
-            None => return Ok(ctx.server.rt.csn.next()),
-        };
-        // During a refresh the state held moves with its cookie only (the
-        // entries come in no particular CSN order).
-        if !repl.unlogged && !repl.refreshing {
-            w.advance_context_csn(&csn)?;
-        }
-        return Ok(csn);
-    }
-    let csn = ctx.server.rt.csn.next();
-    w.advance_context_csn(&csn)?;
-    let now = pando_store::clock::generalized_time(pando_store::clock::now_micros());
-    let relaxed = ctx.relaxed();
-    let multi_provider = ctx.server.multi_provider();
-    for c in changes.iter_mut() {
-        let before = c.before.as_ref().map(|b| &b.entry);
-        let Some(after) = c.after.as_mut() else {
-            continue;
-        };
-        // Under relax, a value the client set (added, or changed from what
-        // was stored) stays.
-        let given = |name: &str, after: &Entry| {
-            relaxed && {
-                let v = after.get(name).map(|a| &a.values);
-                v.is_some() && v != before.and_then(|b| b.get(name)).map(|a| &a.values)
-            }
-        };
-        let stamps = Stamps {
-            who: ctx.who.dn(),
-            csn: &csn,
-            now: &now,
-        };
-        stamps.put(after, before.is_none(), given);
-        if multi_provider {
-            crate::write::merge::record_write(before, after, &csn);
-        }
-    }
-    Ok(csn)
 }

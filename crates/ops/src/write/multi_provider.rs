@@ -23,7 +23,7 @@ use pando_model::Entry;
 use pando_store::{EntryId, Lookup, View};
 
 use super::change::{entry_csn, entry_uuid, Before, Change};
-use super::replicated::{before, is_glue, place_for, place_for_free, Replicated};
+use super::replicated::{before, is_glue, Replicated};
 use super::WriteCtx;
 use crate::error::{LdapError, OpResult};
 use crate::write::conflicts::Conflict;
@@ -203,7 +203,7 @@ impl Replicated {
             // the holder becomes it and its old record goes.
             (false, Some(mover)) if leaf(&held)? => {
                 let norm = held.norm.clone();
-                let (place, glue) = place_for(ctx, view, &got.dn, &norm, 1)?;
+                let (place, glue) = self.place_for(ctx, view, &got.dn, &norm, 1)?;
                 let mut c = vec![Change::rename(mover, got, norm, place)];
                 c.extend(glue);
                 c.push(Change::delete(held));
@@ -270,7 +270,7 @@ impl Replicated {
                 return self.name_clash(ctx, view, other, after, Some(held));
             }
         }
-        let (place, glue) = place_for_free(ctx, view, &after.dn, &norm)?;
+        let (place, glue) = self.place_for_free(ctx, view, &after.dn, &norm)?;
         let mut changes = vec![Change::rename(held, after, norm, place)];
         changes.extend(glue);
         Ok(changes)
@@ -279,13 +279,8 @@ impl Replicated {
     /// Deletes received for the entries `ids`: each goes alone; one with
     /// entries below it here stays, recorded (they were added on another
     /// server before the delete reached it).
-    pub(super) fn plan_deletes(
-        &self,
-        ctx: &WriteCtx,
-        view: &View<'_>,
-        uuids: &[String],
-    ) -> OpResult<Vec<Change>> {
-        let (ids, missing) = self.found_within(ctx, view, uuids)?;
+    pub(super) fn plan_deletes(&self, view: &View<'_>, uuids: &[String]) -> OpResult<Vec<Change>> {
+        let (ids, missing) = self.found_within(view, uuids)?;
         // Deleted before a copy reached this server (it may still come,
         // through another server): remembered, so it is not added then.
         let mut unknown = Vec::new();
@@ -299,7 +294,7 @@ impl Replicated {
         }
         // The delete's CSN: a change here with a greater one was made
         // after the delete, so the deleting server had not seen it.
-        let deleted_at = ctx.replicated.as_ref().and_then(|r| r.csn.clone());
+        let deleted_at = self.repl.csn.clone();
         let mut changes = Vec::new();
         for id in ids {
             if !view.children(id)?.is_empty() {

@@ -11,7 +11,7 @@
 use pando_model::{Dn, Entry};
 use pando_store::{Lookup, Placement, View};
 
-use super::replicated::GLUE_PARENT;
+use super::change::GLUE_PARENT;
 use super::{Before, Change, WriteCtx};
 use crate::error::{LdapError, OpResult};
 use crate::seams::Partial;

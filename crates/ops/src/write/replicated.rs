@@ -14,6 +14,7 @@
 //! deletes of children may come after, or not at all when they were
 //! outside this consumer's search).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use pando_model::{Dn, Entry};
@@ -21,7 +22,7 @@ use pando_proto::sync::Cookie;
 use pando_proto::{Ava, Filter, ResultCode, Scope};
 use pando_store::{Candidates, EntryId, Lookup, Placement, StoreError, View, WriteTxn};
 
-use super::change::{entry_csn, entry_uuid, Before, Change, ReplCtx};
+use super::change::{entry_csn, entry_uuid, Before, Change, ReplCtx, GLUE_PARENT};
 use super::{WriteCtx, WriteOp, Written};
 use crate::error::{LdapError, OpResult};
 use crate::norm_dn::in_scope;
@@ -44,6 +45,8 @@ pub enum Received {
 
 pub(super) struct Replicated {
     pub(super) received: Received,
+    /// The replication state it carries (consumer, cookie, CSN).
+    pub(super) repl: ReplCtx,
     /// Conflicts the plan resolved (multi-provider), recorded once the
     /// change is committed; the plan refills it each time it runs.
     pub(super) conflicts: std::sync::Mutex<Vec<crate::write::conflicts::Conflict>>,
@@ -57,12 +60,14 @@ pub(super) struct Replicated {
 /// caller waits for each.
 pub fn apply_received(
     ctx: Arc<WriteCtx>,
+    repl: ReplCtx,
     received: Received,
 ) -> impl std::future::Future<Output = OpResult<Written>> + Send + 'static {
     super::queue(
         ctx,
         Arc::new(Replicated {
             received,
+            repl,
             conflicts: Default::default(),
             unknown_deleted: Default::default(),
         }),
@@ -77,7 +82,7 @@ pub fn cookie_key(rid: u16) -> String {
 /// In the change's transaction: the consumer's cookie, and its CSNs as
 /// this server's context CSNs (the state it now holds, as OpenLDAP's
 /// consumers keep it).
-pub(super) fn store_cookie(w: &mut WriteTxn<'_>, repl: &ReplCtx) -> Result<(), StoreError> {
+fn store_cookie(w: &mut WriteTxn<'_>, repl: &ReplCtx) -> Result<(), StoreError> {
     let Some(cookie) = &repl.cookie else {
         return Ok(());
     };
@@ -124,112 +129,128 @@ pub(super) fn before(view: &View<'_>, id: EntryId) -> OpResult<Before> {
     })
 }
 
-/// A parent placeholder: `GLUE_PARENT - k` names the entry added by
-/// change `k` of the same operation (resolved as the pipeline writes).
-pub const GLUE_PARENT: EntryId = u64::MAX;
-
-/// Where an entry named `dn` goes. Its parent must exist, or be within
-/// the consumer's base: then the missing ancestors are added as glue
-/// entries (objectClass glue, the RDN's values, a new UUID), changes
-/// `first_index`, `first_index + 1`… of the operation, nearest first. A
-/// glue entry becomes the real one when the provider sends it (found by
-/// its DN).
-pub(super) fn place_for(
-    ctx: &WriteCtx,
-    view: &View<'_>,
-    dn: &Dn,
-    norm: &str,
-    first_index: usize,
-) -> OpResult<(Placement, Vec<Change>)> {
-    if ctx.server.is_suffix(norm) {
-        let place = Placement {
-            parent: 0,
-            rdn: dn.to_string(),
-            norm_rdn: norm.to_string(),
-        };
-        return Ok((place, Vec::new()));
-    }
-    let rdns = crate::norm_rdns(view, dn)?;
-    if rdns.len() < 2 {
-        return Err(LdapError::unwilling(format!(
-            "'{dn}' is not a suffix of this server and has no parent"
-        )));
-    }
-    let base = ctx.replicated.as_ref().map_or("", |r| r.base.as_str());
-    // The nearest existing ancestor, at level `k` (1: the parent).
-    let mut k = 1;
-    let existing = loop {
-        match view.lookup_norm(&rdns[k..])? {
-            Lookup::Found(id) => break id,
-            Lookup::Missing { .. } => {
-                let ancestor = rdns[k..].join(",");
-                if !in_scope(base, Scope::Sub, &ancestor) {
-                    return Err(LdapError::new(
-                        ResultCode::NO_SUCH_OBJECT,
-                        format!("'{ancestor}', an ancestor of '{dn}', is not here and is outside this consumer's search base"),
-                    ));
-                }
-                k += 1;
-                // A missing suffix is glue too, at the top (parent 0).
-                if ctx.server.is_suffix(&ancestor) {
-                    break 0;
-                }
-            }
-        }
-    };
-    let parent_of = |level: usize| {
-        if level < k {
-            GLUE_PARENT - (first_index + level - 1) as u64
-        } else {
-            existing
-        }
-    };
-    let rdn_text = |level: usize| {
-        dn.rdns
-            .get(level)
-            .map(|r| {
-                Dn {
-                    rdns: vec![r.clone()],
-                }
-                .to_string()
-            })
-            .unwrap_or_default()
-    };
-    let mut glue = Vec::new();
-    for level in 1..k {
-        let gdn = Dn {
-            rdns: dn.rdns[level..].to_vec(),
-        };
-        let mut e = Entry::new(gdn);
-        e.add_values("objectClass", vec![b"top".to_vec(), b"glue".to_vec()]);
-        e.add_values("structuralObjectClass", vec![b"glue".to_vec()]);
-        for ava in dn.rdns[level].avas.iter() {
-            e.add_values(&ava.attr, vec![ava.value.clone()]);
-        }
-        e.add_values("entryUUID", vec![super::random_uuid().into_bytes()]);
-        let gnorm = rdns[level..].join(",");
-        let e = super::multi_provider::restore_or_glue(ctx, view, &gnorm, e)?;
-        let place = if ctx.server.is_suffix(&gnorm) {
-            Placement {
+impl Replicated {
+    /// Where an entry named `dn` goes. Its parent must exist, or be within
+    /// the consumer's base: then the missing ancestors are added as glue
+    /// entries (objectClass glue, the RDN's values, a new UUID), changes
+    /// `first_index`, `first_index + 1`… of the operation, nearest first. A
+    /// glue entry becomes the real one when the provider sends it (found by
+    /// its DN).
+    pub(super) fn place_for(
+        &self,
+        ctx: &WriteCtx,
+        view: &View<'_>,
+        dn: &Dn,
+        norm: &str,
+        first_index: usize,
+    ) -> OpResult<(Placement, Vec<Change>)> {
+        if ctx.server.is_suffix(norm) {
+            let place = Placement {
                 parent: 0,
-                rdn: e.dn.to_string(),
-                norm_rdn: gnorm.clone(),
-            }
-        } else {
-            Placement {
-                parent: parent_of(level + 1),
-                rdn: rdn_text(level),
-                norm_rdn: rdns[level].clone(),
+                rdn: dn.to_string(),
+                norm_rdn: norm.to_string(),
+            };
+            return Ok((place, Vec::new()));
+        }
+        let rdns = crate::norm_rdns(view, dn)?;
+        if rdns.len() < 2 {
+            return Err(LdapError::unwilling(format!(
+                "'{dn}' is not a suffix of this server and has no parent"
+            )));
+        }
+        let base = self.repl.base.as_str();
+        // The nearest existing ancestor, at level `k` (1: the parent).
+        let mut k = 1;
+        let existing = loop {
+            match view.lookup_norm(&rdns[k..])? {
+                Lookup::Found(id) => break id,
+                Lookup::Missing { .. } => {
+                    let ancestor = rdns[k..].join(",");
+                    if !in_scope(base, Scope::Sub, &ancestor) {
+                        return Err(LdapError::new(
+                            ResultCode::NO_SUCH_OBJECT,
+                            format!("'{ancestor}', an ancestor of '{dn}', is not here and is outside this consumer's search base"),
+                        ));
+                    }
+                    k += 1;
+                    // A missing suffix is glue too, at the top (parent 0).
+                    if ctx.server.is_suffix(&ancestor) {
+                        break 0;
+                    }
+                }
             }
         };
-        glue.push(Change::add(e, gnorm, place));
+        let parent_of = |level: usize| {
+            if level < k {
+                GLUE_PARENT - (first_index + level - 1) as u64
+            } else {
+                existing
+            }
+        };
+        let rdn_text = |level: usize| {
+            dn.rdns
+                .get(level)
+                .map(|r| {
+                    Dn {
+                        rdns: vec![r.clone()],
+                    }
+                    .to_string()
+                })
+                .unwrap_or_default()
+        };
+        let mut glue = Vec::new();
+        for level in 1..k {
+            let gdn = Dn {
+                rdns: dn.rdns[level..].to_vec(),
+            };
+            let mut e = Entry::new(gdn);
+            e.add_values("objectClass", vec![b"top".to_vec(), b"glue".to_vec()]);
+            e.add_values("structuralObjectClass", vec![b"glue".to_vec()]);
+            for ava in dn.rdns[level].avas.iter() {
+                e.add_values(&ava.attr, vec![ava.value.clone()]);
+            }
+            e.add_values("entryUUID", vec![super::random_uuid().into_bytes()]);
+            let gnorm = rdns[level..].join(",");
+            let e = super::multi_provider::restore_or_glue(ctx, view, &gnorm, e)?;
+            let place = if ctx.server.is_suffix(&gnorm) {
+                Placement {
+                    parent: 0,
+                    rdn: e.dn.to_string(),
+                    norm_rdn: gnorm.clone(),
+                }
+            } else {
+                Placement {
+                    parent: parent_of(level + 1),
+                    rdn: rdn_text(level),
+                    norm_rdn: rdns[level].clone(),
+                }
+            };
+            glue.push(Change::add(e, gnorm, place));
+        }
+        let place = Placement {
+            parent: parent_of(1),
+            rdn: rdn_text(0),
+            norm_rdn: rdns[0].clone(),
+        };
+        Ok((place, glue))
     }
-    let place = Placement {
-        parent: parent_of(1),
-        rdn: rdn_text(0),
-        norm_rdn: rdns[0].clone(),
-    };
-    Ok((place, glue))
+
+    /// [`place_for`], refusing a DN another entry holds.
+    pub(super) fn place_for_free(
+        &self,
+        ctx: &WriteCtx,
+        view: &View<'_>,
+        dn: &Dn,
+        norm: &str,
+    ) -> OpResult<(Placement, Vec<Change>)> {
+        if let Ok(Lookup::Found(_)) = view.lookup(dn)? {
+            return Err(LdapError::new(
+                ResultCode::ENTRY_ALREADY_EXISTS,
+                format!("'{dn}' is taken here by an entry the provider did not name"),
+            ));
+        }
+        self.place_for(ctx, view, dn, norm, 1)
+    }
 }
 
 /// Deletes of the entries `ids` and of everything below them, parents
@@ -254,22 +275,6 @@ pub(super) fn subtree_deletes(view: &View<'_>, ids: &[EntryId]) -> OpResult<Vec<
     Ok(out)
 }
 
-/// [`place_for`], refusing a DN another entry holds.
-pub(super) fn place_for_free(
-    ctx: &WriteCtx,
-    view: &View<'_>,
-    dn: &Dn,
-    norm: &str,
-) -> OpResult<(Placement, Vec<Change>)> {
-    if let Ok(Lookup::Found(_)) = view.lookup(dn)? {
-        return Err(LdapError::new(
-            ResultCode::ENTRY_ALREADY_EXISTS,
-            format!("'{dn}' is taken here by an entry the provider did not name"),
-        ));
-    }
-    place_for(ctx, view, dn, norm, 1)
-}
-
 /// A placeholder this consumer made for an ancestor outside its search.
 pub(super) fn is_glue(e: &Entry) -> bool {
     e.get("objectClass")
@@ -278,23 +283,21 @@ pub(super) fn is_glue(e: &Entry) -> bool {
 
 impl Replicated {
     /// Count and log a conflict between what came and what is here.
-    fn conflict(&self, ctx: &WriteCtx, what: std::fmt::Arguments<'_>) {
-        if let Some(r) = &ctx.replicated {
-            r.conflicts
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            tracing::warn!(rid = r.rid, "replication conflict: {what}");
-        }
+    fn conflict(&self, what: std::fmt::Arguments<'_>) {
+        let r = &self.repl;
+        r.conflicts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(rid = r.rid, "replication conflict: {what}");
     }
 
     /// The entries with these UUIDs within the consumer's base, and the
     /// UUIDs no entry here has.
     pub(super) fn found_within<'u>(
         &self,
-        ctx: &WriteCtx,
         view: &View<'_>,
         uuids: &'u [String],
     ) -> OpResult<(Vec<EntryId>, Vec<&'u String>)> {
-        let base = ctx.replicated.as_ref().map_or("", |r| r.base.as_str());
+        let base = self.repl.base.as_str();
         let (mut ids, mut missing) = (Vec::new(), Vec::new());
         for uuid in uuids {
             match find_by_uuid(view, uuid)? {
@@ -316,7 +319,7 @@ impl Replicated {
             after,
             at_dn,
             by_uuid,
-        } = locate(ctx, view, entry)?;
+        } = locate(ctx, view, &self.repl.base, entry)?;
         if server.multi_provider() {
             if let Some(id) = by_uuid {
                 return self.plan_merge(ctx, view, before(view, id)?, after);
@@ -339,9 +342,7 @@ impl Replicated {
         if let Some(held) = held.filter(|e| !is_glue(e)) {
             let held_uuid = held.get("entryUUID");
             let held_uuid = held_uuid.and_then(|a| a.values.first());
-            self.conflict(
-                ctx,
-                format_args!(
+            self.conflict(format_args!(
                     "'{}' was held here by entryUUID {}, the provider's is {uuid}: replaced by the provider's",
                     entry.dn,
                     held_uuid.map_or("(none)".into(), |v| String::from_utf8_lossy(v)),
@@ -353,7 +354,7 @@ impl Replicated {
         // deletes of a stale entry after them (all written in reverse).
         let (main, glue) = match local {
             None => {
-                let (place, glue) = place_for(ctx, view, &entry.dn, &norm, 1)?;
+                let (place, glue) = self.place_for(ctx, view, &entry.dn, &norm, 1)?;
                 self.note_restored(&after, &glue);
                 (Change::add(after, norm.clone(), place), glue)
             }
@@ -367,24 +368,21 @@ impl Replicated {
                 let moved = held == got && before.norm != norm;
                 if same && held.is_some() && held >= got && !moved {
                     if held > got {
-                        self.conflict(
-                            ctx,
-                            format_args!(
-                                "'{}' received at {} is older than the copy here ({}): kept",
-                                entry.dn,
-                                got.unwrap_or("no entryCSN"),
-                                held.unwrap_or(""),
-                            ),
-                        );
+                        self.conflict(format_args!(
+                            "'{}' received at {} is older than the copy here ({}): kept",
+                            entry.dn,
+                            got.unwrap_or("no entryCSN"),
+                            held.unwrap_or(""),
+                        ));
                     }
                     return Ok(deletes);
                 }
                 if before.norm != norm {
                     // Where the stale entry is (deleted first), or a free DN.
                     let (place, glue) = if stale.is_some() {
-                        place_for(ctx, view, &entry.dn, &norm, 1)?
+                        self.place_for(ctx, view, &entry.dn, &norm, 1)?
                     } else {
-                        place_for_free(ctx, view, &entry.dn, &norm)?
+                        self.place_for_free(ctx, view, &entry.dn, &norm)?
                     };
                     (Change::rename(before, after, norm, place), glue)
                 } else if before.entry.attrs == after.attrs && before.entry.dn == after.dn {
@@ -412,13 +410,11 @@ impl WriteOp for Replicated {
         match &self.received {
             Received::Entry(e) => self.plan_entry(ctx, view, e),
             Received::Delete(uuids) | Received::Gone(uuids) if ctx.server.multi_provider() => {
-                self.plan_deletes(ctx, view, uuids)
+                self.plan_deletes(view, uuids)
             }
-            Received::Delete(uuids) => {
-                subtree_deletes(view, &self.found_within(ctx, view, uuids)?.0)
-            }
+            Received::Delete(uuids) => subtree_deletes(view, &self.found_within(view, uuids)?.0),
             Received::Gone(uuids) => {
-                let (ids, _) = self.found_within(ctx, view, uuids)?;
+                let (ids, _) = self.found_within(view, uuids)?;
                 let going: std::collections::HashSet<EntryId> = ids.iter().copied().collect();
                 let mut changes = Vec::new();
                 for &id in &ids {
@@ -441,6 +437,7 @@ impl WriteOp for Replicated {
     }
 
     fn in_txn(&self, _ctx: &WriteCtx, w: &mut WriteTxn<'_>, csn: &str) -> OpResult<()> {
+        store_cookie(w, &self.repl)?;
         let unknown = self
             .unknown_deleted
             .lock()
@@ -458,17 +455,76 @@ impl WriteOp for Replicated {
         Ok(())
     }
 
-    fn audit(&self, ctx: &WriteCtx, _changes: &[Change]) {
+    /// Received changes are queued in order: once one fails, the ones
+    /// after it (and their cookies) must not be written.
+    fn may_start(&self) -> OpResult<()> {
+        if self.repl.failed.load(Ordering::Relaxed) {
+            return Err(LdapError::new(
+                ResultCode::OTHER,
+                "not applied: an earlier change of this replication session failed",
+            ));
+        }
+        Ok(())
+    }
+
+    fn failed(&self) {
+        self.repl.failed.store(true, Ordering::Relaxed);
+    }
+
+    /// None: the provider sends what its own overlays changed.
+    fn related(&self, _: &WriteCtx, _: &View<'_>, _: &mut Vec<Change>) -> OpResult<()> {
+        Ok(())
+    }
+
+    /// The provider's CSN and stamps: the entries are written as received.
+    fn stamp(
+        &self,
+        ctx: &WriteCtx,
+        w: &mut WriteTxn<'_>,
+        changes: &mut [Change],
+    ) -> OpResult<String> {
+        let repl = &self.repl;
+        let csn = match &repl.csn {
+            Some(csn) => {
+                // A change of this server's own coming back (multi-provider)
+                // must not let the clock issue older CSNs later.
+                let _ = ctx.server.rt.csn.resume_after(csn);
+                csn.clone()
+            }
+            // Only the cookie moves: no CSN of this server is spent.
+            None if changes.is_empty() => return Ok(String::new()),
+            // A delete phase names no CSN: the change log gets one of this
+            // server's, but the state held is what the cookie says (stored
+            // with it), so contextCSN does not move.
+            None => return Ok(ctx.server.rt.csn.next()),
+        };
+        // During a refresh the state held moves with its cookie only (the
+        // entries come in no particular CSN order).
+        if !repl.unlogged && !repl.refreshing {
+            w.advance_context_csn(&csn)?;
+        }
+        Ok(csn)
+    }
+
+    /// Logged with no author (the provider's), except an initial load.
+    fn logged_as<'a>(&'a self, _: &'a WriteCtx) -> Option<&'a str> {
+        (!self.repl.unlogged).then_some("")
+    }
+
+    fn out_of_order(&self) -> bool {
+        self.repl.refreshing
+    }
+
+    fn audit(&self, _ctx: &WriteCtx, _changes: &[Change]) {
         let resolved = self
             .conflicts
             .lock()
             .map(|mut c| std::mem::take(&mut *c))
             .unwrap_or_default();
         for r in resolved {
-            if let Some(repl) = &ctx.replicated {
-                repl.conflicts
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
+            self.repl
+                .conflicts
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             crate::write::conflicts::log(&r);
         }
     }
@@ -489,9 +545,8 @@ struct Located {
 /// Check a received entry (an entryUUID, a DN within the consumer's base,
 /// valid under the schema) and find what holds its DN and its entryUUID
 /// here (refused when that is outside the base).
-fn locate(ctx: &WriteCtx, view: &View<'_>, entry: &Entry) -> OpResult<Located> {
+fn locate(ctx: &WriteCtx, view: &View<'_>, base: &str, entry: &Entry) -> OpResult<Located> {
     let server = &*ctx.server;
-    let base = ctx.replicated.as_ref().map_or("", |r| r.base.as_str());
     let uuid = entry_uuid(entry)
         .ok_or_else(|| LdapError::protocol("a replicated entry has no entryUUID"))?;
     let norm = server

@@ -17,7 +17,7 @@ use base64::Engine;
 use pando_model::{Dn, Entry};
 use pando_store::{StoreError, View, WriteTxn};
 
-use crate::write::change::{entry_csn, entry_uuid};
+use crate::write::change::{entry_csn, entry_uuid, Change};
 
 const BY_UUID: &str = "tomb:";
 const BY_DN: &str = "tombdn:";
@@ -178,6 +178,19 @@ pub fn expire(w: &mut WriteTxn<'_>, cutoff: &str, max: usize) -> Result<(), Stor
         w.meta_delete(&key)?;
     }
     Ok(())
+}
+
+/// Multi-provider: a deleted entry is remembered (`ops::write::tombstones`);
+/// an entry written at a name, or with a UUID, that was deleted makes
+/// that memory go.
+pub(super) fn remember(w: &mut WriteTxn<'_>, c: &Change, csn: &str) -> Result<(), StoreError> {
+    match (&c.before, &c.after) {
+        (Some(before), None) => put(w, &before.norm, &before.entry, csn),
+        (_, Some(after)) if c.after_norm.is_some() || c.before.is_none() => {
+            forget(w, c.norm(), entry_uuid(after).as_deref())
+        }
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -387,7 +387,6 @@ pub async fn modify(ctx: Arc<WriteCtx>, t: &Translucent, req: ModifyRequest) -> 
             post_read: None,
             ..ctx.controls.clone()
         },
-        replicated: None,
         partial: Some(Arc::new(entry)),
     });
     write::modify(ctx, req).await

@@ -644,27 +644,35 @@ impl Session2<'_> {
         self.cfg.persist() && !self.fallback
     }
 
-    fn ctx(&self, cookie: Option<String>, csn: Option<String>, unlogged: bool) -> Arc<WriteCtx> {
+    /// Queue `received` on the writer now, with the state it carries; the
+    /// future gives its answer.
+    fn receive(
+        &self,
+        received: Received,
+        cookie: Option<String>,
+        csn: Option<String>,
+        unlogged: bool,
+    ) -> impl std::future::Future<Output = crate::error::OpResult<crate::ops::write::Written>>
+           + Send
+           + 'static {
         // Written under the configuration current now (its logs, its
         // limits), not the one the consumer started with. Entries of a
         // refresh, and changes passed on without a cookie, come in no CSN
         // order (a log's records come in CSN order, each with its cookie
         // or before one).
         let refreshing = !self.log && (!self.persisting || cookie.is_none());
-        WriteCtx::replicated(
-            &self.server.current(),
-            &self.who,
-            ReplCtx {
-                rid: self.cfg.rid,
-                cookie,
-                csn,
-                failed: self.failed.clone(),
-                unlogged,
-                refreshing,
-                base: self.replica.base.clone(),
-                conflicts: self.replica.conflicts.clone(),
-            },
-        )
+        let ctx = WriteCtx::new(&self.server.current(), &self.who, Default::default());
+        let repl = ReplCtx {
+            rid: self.cfg.rid,
+            cookie,
+            csn,
+            failed: self.failed.clone(),
+            unlogged,
+            refreshing,
+            base: self.replica.base.clone(),
+            conflicts: self.replica.conflicts.clone(),
+        };
+        apply_received(ctx, repl, received)
     }
 
     /// Queue a received change on the writer behind the others (many
@@ -681,7 +689,7 @@ impl Session2<'_> {
         // (its cookie raises the log's floor instead); deletes are always
         // logged.
         let unlogged = self.initial && !self.persisting && matches!(received, Received::Entry(_));
-        let fut = apply_received(self.ctx(cookie, csn, unlogged), received);
+        let fut = self.receive(received, cookie, csn, unlogged);
         self.queued.push_back(Box::pin(fut));
         while self.queued.len() >= WINDOW {
             self.settle_one().await?;
@@ -806,11 +814,8 @@ impl Session2<'_> {
             rid: Some(self.cfg.rid),
             ..cookie
         };
-        apply_received(
-            self.ctx(Some(cookie.format()), csn, raise_floor),
-            Received::Cookie,
-        )
-        .await?;
+        self.receive(Received::Cookie, Some(cookie.format()), csn, raise_floor)
+            .await?;
         self.last = cookie;
         Ok(())
     }
@@ -857,11 +862,8 @@ impl Session2<'_> {
         }
         let n = gone.len() as u64;
         for batch in gone.chunks(WINDOW) {
-            apply_received(
-                self.ctx(None, csn.clone(), false),
-                Received::Gone(batch.to_vec()),
-            )
-            .await?;
+            self.receive(Received::Gone(batch.to_vec()), None, csn.clone(), false)
+                .await?;
         }
         set(self.replica, |s| s.deleted += n);
         self.present = HashSet::new();
