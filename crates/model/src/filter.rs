@@ -179,7 +179,10 @@ impl Schema {
 
     fn target(&self, desc: &str) -> Option<(Target, &AttributeType)> {
         let (canon, at) = self.canonical_desc(desc).ok()?;
-        let options = crate::desc::options(&canon).map(str::to_string).collect();
+        let options = crate::desc::AttrDesc::new(&canon)
+            .options()
+            .map(str::to_string)
+            .collect();
         Some((
             Target {
                 oid: at.oid.clone(),

@@ -27,6 +27,7 @@ pub mod secret;
 mod syntax;
 
 pub use check::SchemaViolation;
+pub use desc::AttrDesc;
 pub use dn::{Dn, DnError, Rdn, RdnAva};
 pub use entry::{Attribute, Entry};
 pub use filter::{CompiledFilter, Ternary};

@@ -74,6 +74,7 @@ fn lookup(map: &NameMap, key: &str) -> Option<usize> {
 use std::fmt::{self, Write as _};
 
 use crate::check::SchemaViolation;
+use crate::desc::AttrDesc;
 use crate::dn::{escape_value, is_numericoid, Dn, Rdn};
 use crate::matching::{find_rule, phonetic, Algo, MATCHING_RULES};
 use crate::prep::{prepare_bytes, Spaces};
@@ -923,19 +924,18 @@ impl Schema {
     /// form ("cn;lang-en": primary name as defined, options lowercased,
     /// sorted and deduplicated) and its type.
     pub fn canonical_desc(&self, desc: &str) -> Result<(String, &AttributeType), SchemaViolation> {
-        let mut parts = desc.split(';');
-        let base = parts.next().unwrap_or("");
-        let at = self.attribute(base).ok_or_else(|| SchemaViolation {
+        let undefined = |message: String| SchemaViolation {
             code: ResultCode::UNDEFINED_ATTRIBUTE_TYPE,
-            message: format!("{desc}: attribute type undefined"),
-        })?;
+            message,
+        };
+        let parsed = AttrDesc::new(desc);
+        let at = self
+            .attribute(parsed.base())
+            .ok_or_else(|| undefined(format!("{desc}: attribute type undefined")))?;
         let mut opts: Vec<String> = Vec::new();
-        for o in parts {
+        for o in parsed.options() {
             if o.is_empty() || !o.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-') {
-                return Err(SchemaViolation {
-                    code: ResultCode::UNDEFINED_ATTRIBUTE_TYPE,
-                    message: format!("{desc}: invalid attribute option '{o}'"),
-                });
+                return Err(undefined(format!("{desc}: invalid attribute option '{o}'")));
             }
             opts.push(o.to_ascii_lowercase());
         }
@@ -947,6 +947,14 @@ impl Schema {
             s.push_str(&o);
         }
         Ok((s, at))
+    }
+
+    /// Whether a description a client sent names userPassword, by any of
+    /// its names or its OID (`2.5.4.35;x` too). Stored descriptions are
+    /// canonical, so `desc::is_password` serves for them.
+    pub fn names_password(&self, desc: &str) -> bool {
+        self.attribute(AttrDesc::new(desc).base())
+            .is_some_and(|at| at.oid == USER_PASSWORD_OID)
     }
 
     /// Whether `at` is `of` or a subtype of it (follows the SUP chain).
@@ -1370,9 +1378,38 @@ fn attribute_definition(
     def
 }
 
+const USER_PASSWORD_OID: &str = "2.5.4.35";
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn canonical_forms() {
+        let schema = Schema::standard();
+        let canon = |d: &str| schema.canonical_desc(d).map(|(s, _)| s);
+        assert_eq!(
+            canon("CN;Lang-EN;binary;lang-en").unwrap(),
+            "cn;binary;lang-en"
+        );
+        assert_eq!(canon("2.5.4.3").unwrap(), "cn");
+        let e = canon("cn;;x").unwrap_err();
+        assert_eq!(e.code, ResultCode::UNDEFINED_ATTRIBUTE_TYPE);
+        assert!(e.message.contains("invalid attribute option ''"));
+        assert!(canon("cn;a_b").is_err());
+        assert!(canon("noSuchType")
+            .unwrap_err()
+            .message
+            .contains("undefined"));
+    }
+
+    #[test]
+    fn names_password_by_any_name() {
+        let schema = Schema::standard();
+        assert!(schema.names_password("userPassword"));
+        assert!(schema.names_password("2.5.4.35;x"));
+        assert!(!schema.names_password("cn"));
+    }
 
     #[test]
     fn standard_loads() {

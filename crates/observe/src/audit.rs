@@ -45,7 +45,7 @@ pub struct Origin<'a> {
 
 /// A secret other than userPassword (whose stored form is written).
 fn withheld(schema: &Schema, desc: &str) -> bool {
-    schema.is_secret(desc) && !pando_model::desc::names_password(schema, desc)
+    schema.is_secret(desc) && !schema.names_password(desc)
 }
 
 /// A change that happened, in the terms the record is written in.
@@ -131,7 +131,7 @@ impl Out {
     fn changes(&mut self, schema: &Schema, changes: &[Change], passwords: Option<&[Vec<u8>]>) {
         let mut password_done = false;
         for c in changes.iter() {
-            if pando_model::desc::names_password(schema, &c.attr.name) {
+            if schema.names_password(&c.attr.name) {
                 if password_done {
                     continue;
                 }

@@ -180,7 +180,7 @@ pub(crate) fn exact(view: &View<'_>, f: &Filter) -> bool {
     let Filter::Equality(ava) = f else {
         return false;
     };
-    if ava.attr.contains(';') {
+    if pando_model::AttrDesc::new(&ava.attr).has_options() {
         return false;
     }
     let Some((name, at)) = resolve(view, &ava.attr) else {

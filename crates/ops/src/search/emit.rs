@@ -177,7 +177,8 @@ pub(super) fn is_subtype_of(schema: &Schema, at: &AttributeType, oid: &str) -> b
 }
 
 pub(super) fn options_of(desc: &str) -> Vec<String> {
-    pando_model::desc::options(desc)
+    pando_model::desc::AttrDesc::new(desc)
+        .options()
         .map(|o| o.to_ascii_lowercase())
         .collect()
 }

@@ -10,7 +10,6 @@ use super::checks::{check_password_values, check_value_count, placement_for, rej
 use super::{Change, WriteCtx, WriteOp, Written};
 use crate::error::{LdapError, OpResult};
 use pando_access::acl;
-use pando_model::desc::names_password;
 
 struct Add {
     dn_text: String,
@@ -55,7 +54,7 @@ pub async fn add(ctx: Arc<WriteCtx>, req: AddRequest) -> OpResult<Written> {
             return Err(LdapError::protocol(format!("{}: no values given", a.name)));
         }
         reject_maintained(schema, &a.name, ctx.relaxed())?;
-        if names_password(schema, &a.name) {
+        if schema.names_password(&a.name) {
             clear = check_password_values(server, who, clear, &a.values)?;
         }
         entry.add_values(&a.name, a.values);
@@ -81,7 +80,7 @@ pub async fn add(ctx: Arc<WriteCtx>, req: AddRequest) -> OpResult<Written> {
             .entry
             .attrs
             .iter_mut()
-            .filter(|a| names_password(schema, &a.desc))
+            .filter(|a| schema.names_password(&a.desc))
         {
             a.values = server
                 .passwords

@@ -11,7 +11,6 @@ use super::checks::{check_password_values, check_value_count, reject_maintained}
 use super::{Before, Change, WriteCtx, WriteOp, Written};
 use crate::error::{LdapError, OpResult};
 use pando_access::acl;
-use pando_model::desc::names_password;
 
 struct Modify {
     dn_text: String,
@@ -45,7 +44,7 @@ pub async fn modify(ctx: Arc<WriteCtx>, req: ModifyRequest) -> OpResult<Written>
         reject_maintained(schema, &ch.attr.name, ctx.relaxed())?;
         // Each clear-text value costs a slow hash: users changing their
         // own password get one value, not thousands.
-        let password = names_password(schema, &ch.attr.name);
+        let password = schema.names_password(&ch.attr.name);
         if password && !who.is_admin() && ch.attr.values.len() > 1 {
             return Err(LdapError::new(
                 ResultCode::CONSTRAINT_VIOLATION,
@@ -74,7 +73,7 @@ pub async fn modify(ctx: Arc<WriteCtx>, req: ModifyRequest) -> OpResult<Written>
             super::plan_and_check(&ctx, &op, &rtxn.view())?;
         }
         for ch in &mut op.changes {
-            if names_password(schema, &ch.attr.name) && matches!(ch.op, ModOp::Add | ModOp::Replace)
+            if schema.names_password(&ch.attr.name) && matches!(ch.op, ModOp::Add | ModOp::Replace)
             {
                 ch.attr.values = server
                     .passwords
@@ -95,7 +94,7 @@ async fn check_policy(
     changes: &[pando_proto::Change],
 ) -> OpResult<()> {
     let schema = &ctx.server.schema;
-    let pw = |c: &&pando_proto::Change| names_password(schema, &c.attr.name);
+    let pw = |c: &&pando_proto::Change| schema.names_password(&c.attr.name);
     let new: Vec<&Vec<u8>> = changes
         .iter()
         .filter(pw)
@@ -193,7 +192,7 @@ impl WriteOp for Modify {
         let touched = self
             .changes
             .iter()
-            .any(|c| names_password(schema, &c.attr.name));
+            .any(|c| schema.names_password(&c.attr.name));
         let passwords: Option<Vec<Vec<u8>>> = touched.then(|| {
             changes
                 .first()
