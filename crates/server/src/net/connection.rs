@@ -35,9 +35,10 @@ use super::running::{FinishOnDrop, Outstanding, Running};
 use super::wire::{Event, Wire, OUTPUT_HIGH, WRITE_STALL};
 
 use crate::error::LdapError;
-use crate::observe::{self, OpStart};
+use crate::observe;
 use crate::ops;
 use crate::ops::operation::{is_update, Operation};
+use crate::ops::stack::observed::Observed;
 use crate::ops::stack::{self, Admitted};
 use crate::state::Server;
 use pando_access::{Identity, Session};
@@ -334,7 +335,7 @@ impl Connection {
         };
         let id = msg.id;
         *ctx.op_seq += 1;
-        let rec = OpStart::new(&server, self.id, *ctx.op_seq, &msg, identity);
+        let rec = Observed::new(&server, self.id, *ctx.op_seq, &msg, identity);
         if let Some(flow) = self.without_response(&msg.op, ctx, wire) {
             answered(&server, ctx, rec, None, 0, false);
             return flow;
@@ -422,11 +423,11 @@ impl Connection {
         server: &Arc<Server>,
         id: i32,
         admitted: Admitted,
-        rec: Option<OpStart>,
+        rec: Option<Observed>,
         ctx: &mut Ctx<'_>,
         wire: &mut Wire<S>,
         identity: &mut Identity,
-    ) -> Result<(Operation, Option<OpStart>), Flow> {
+    ) -> Result<(Operation, Option<Observed>), Flow> {
         match admitted {
             Admitted::Run { op, delay } => {
                 if let Some(d) = delay {
@@ -464,7 +465,7 @@ impl Connection {
         server: &Server,
         id: i32,
         refused: ops::operation::Response,
-        rec: Option<OpStart>,
+        rec: Option<Observed>,
         ctx: &mut Ctx<'_>,
         wire: &mut Wire<S>,
         identity: &mut Identity,
@@ -575,7 +576,7 @@ impl Connection {
         wire: &mut Wire<S>,
         identity: &mut Identity,
         ctx: &mut Ctx<'_>,
-        mut rec: Option<OpStart>,
+        mut rec: Option<Observed>,
     ) {
         self.end_outstanding(ctx, wire).await;
         // Waiting for the outstanding operations was its queue time.
@@ -657,7 +658,7 @@ impl Connection {
         server: &Arc<Server>,
         id: i32,
         work: Work,
-        rec: Option<OpStart>,
+        rec: Option<Observed>,
         identity: &Identity,
         ctx: &mut Ctx<'_>,
         wire: &mut Wire<S>,
@@ -816,7 +817,7 @@ fn cancel<S>(
     req: &ExtendedRequest,
     ctx: &mut Ctx<'_>,
     wire: &mut Wire<S>,
-    rec: Option<OpStart>,
+    rec: Option<Observed>,
     server: Arc<Server>,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
 ) {
@@ -827,7 +828,7 @@ fn cancel<S>(
             value: None,
         })
     };
-    let finish = |server: &Server, rec: Option<OpStart>, code: ResultCode| {
+    let finish = |server: &Server, rec: Option<Observed>, code: ResultCode| {
         finish(server, rec, Some(code.0), 0);
     };
     let target = match req.value.as_deref().map(pando_proto::CancelRequest::decode) {
@@ -962,7 +963,7 @@ struct Task {
     tx: mpsc::Sender<Vec<u8>>,
     outstanding: Outstanding,
     running: Arc<Running>,
-    rec: Option<OpStart>,
+    rec: Option<Observed>,
     /// Charged when the answer is a refusal, by the request's size.
     pace: Arc<Pace>,
     bytes: usize,
@@ -1035,7 +1036,7 @@ impl Task {
 fn answered(
     server: &Server,
     ctx: &Ctx<'_>,
-    rec: Option<OpStart>,
+    rec: Option<Observed>,
     code: Option<u32>,
     entries: u64,
     write: bool,
@@ -1047,7 +1048,7 @@ fn answered(
 }
 
 /// Record how an operation ended (access log, metrics).
-fn finish(server: &Server, rec: Option<OpStart>, code: Option<u32>, entries: u64) {
+fn finish(server: &Server, rec: Option<Observed>, code: Option<u32>, entries: u64) {
     if let Some(r) = rec {
         r.finish(server, code, entries);
     }

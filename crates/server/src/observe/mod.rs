@@ -2,25 +2,15 @@
 //! access and audit logs, the `cn=Monitor` subtree and the Prometheus
 //! endpoint.
 //!
-//! The network layer calls four hooks: [`conn_opened`]/[`conn_closed`],
-//! [`OpStart::new`] when a request has been decoded and [`OpStart::finish`]
-//! when its response has been queued. Write operations call
-//! [`audit`] after their change has been committed; the connection and
-//! operation numbers reach them through the task-local [`OP`].
+//! The network calls [`conn_opened`]/[`conn_closed`]; a request is
+//! observed by the operations' stack (`ops::stack::observed`).
 
 pub mod monitor;
 mod monitor_slapd;
 pub mod prometheus;
 
-use std::time::Instant;
-
-use pando_proto::LdapMessage;
-
 use crate::state::Server;
-use pando_access::Identity;
-use pando_observe::access_log::{ConnEvent, OpResultLine, Request};
-use pando_observe::metrics::OpKind;
-use pando_observe::{kind_of, OpCtx};
+use pando_observe::access_log::ConnEvent;
 
 pub fn conn_opened(server: &Server, conn: u64, peer: &str, tls: bool) {
     server.rt.metrics.conn_opened();
@@ -33,98 +23,5 @@ pub fn conn_closed(server: &Server, conn: u64, reason: &str) {
     server.rt.metrics.conn_closed();
     if let Some(a) = &server.logs.access {
         a.conn(conn, ConnEvent::Closed { reason });
-    }
-}
-
-/// A request on its way: what it was and when it arrived.
-pub struct OpStart {
-    pub kind: OpKind,
-    pub conn: u64,
-    pub op: u64,
-    pub msgid: i32,
-    received: Instant,
-    /// When it started running (after waiting for its turn).
-    started: Option<Instant>,
-    /// Described only when the access log is on.
-    request: Option<Request>,
-    /// The in-directory access log's record, when it logs this operation.
-    logged: Option<crate::ops::seams::Begun>,
-}
-
-impl OpStart {
-    /// Count a decoded request made by `who`; None for PDUs that are not
-    /// requests.
-    pub fn new(
-        server: &Server,
-        conn: u64,
-        op: u64,
-        msg: &LdapMessage,
-        who: &Identity,
-    ) -> Option<OpStart> {
-        let kind = kind_of(&msg.op)?;
-        server.rt.metrics.op_initiated(kind);
-        let logged = server
-            .layers
-            .op_log
-            .as_ref()
-            .and_then(|l| l.begin(conn, who, &msg.op, &server.schema));
-        Some(OpStart {
-            kind,
-            conn,
-            op,
-            msgid: msg.id,
-            received: Instant::now(),
-            started: None,
-            request: server
-                .logs
-                .access
-                .as_ref()
-                .map(|_| Request::of(&server.schema, &msg.op)),
-            logged,
-        })
-    }
-
-    /// The operation begins running now; the time before is queue time.
-    pub fn started(&mut self) {
-        self.started = Some(Instant::now());
-    }
-
-    pub fn ctx(&self) -> OpCtx {
-        OpCtx {
-            conn: self.conn,
-            op: self.op,
-        }
-    }
-
-    /// The response has been queued (`code`), or there is none (None:
-    /// abandon, unbind, an abandoned read). `entries`: search results sent.
-    pub fn finish(self, server: &Server, code: Option<u32>, entries: u64) {
-        let now = Instant::now();
-        let etime = now.duration_since(self.received).as_micros() as u64;
-        let qtime = self
-            .started
-            .map(|s| s.duration_since(self.received).as_micros() as u64)
-            .unwrap_or(0);
-        let m = &server.rt.metrics;
-        m.op_completed(self.kind, etime, qtime, entries);
-        if code.is_some() {
-            m.add(&m.pdus_out, 1 + entries);
-        }
-        if let (Some(log), Some(p)) = (&server.layers.op_log, self.logged) {
-            log.end(server, p, code, entries);
-        }
-        if let (Some(a), Some(r)) = (&server.logs.access, &self.request) {
-            a.op(&OpResultLine {
-                time_micros: pando_store::clock::now_micros(),
-                conn: self.conn,
-                op: self.op,
-                msgid: self.msgid,
-                request: r,
-                code,
-                nentries: entries,
-                etime_us: etime,
-                qtime_us: qtime,
-            });
-        }
     }
 }

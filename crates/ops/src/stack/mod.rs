@@ -7,6 +7,10 @@
 //! theirs among the virtual trees and the store in `search`).
 //!
 //! The order, and why:
+//! 0. observation ([`observed`]): outermost, around everything below: a
+//!    request is counted, timed and begun in the access logs when it
+//!    arrives, and completed there when it is answered, whatever a layer
+//!    or the operation made of it;
 //! 1. error injection (`[[overlay]] type = "errors"`): first, so every
 //!    request type aimed at any tree can be made to fail, whatever else
 //!    it carries;
@@ -18,11 +22,16 @@
 //! 4. proxied authorization (RFC 4370): the identity the operation runs
 //!    as from here on.
 //!
-//! Access, the overlays' hooks, audit and the access log act inside the
-//! operation (on the entries it touches), through the state's `layers`.
+//! Access and the overlays' hooks act inside the operation, on the
+//! entries it touches (an access rule decides per entry and attribute,
+//! as slapd's backends decide it; a hook sees the entries a write
+//! plans), through the state's `acl` and `layers`; the audit log is the
+//! write pipeline's last stage, after the commit.
 //!
 //! Must not name the network: the connection gives the request and acts
 //! on the answer (writes the refusal, waits out a delay, disconnects).
+
+pub mod observed;
 
 use std::sync::Arc;
 use std::time::Duration;
