@@ -27,6 +27,7 @@
 //! the single writer's time per modify stays short.
 
 mod add;
+mod ancestry;
 pub mod change;
 mod changes;
 mod checks;

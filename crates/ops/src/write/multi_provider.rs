@@ -203,7 +203,7 @@ impl Replicated {
             // the holder becomes it and its old record goes.
             (false, Some(mover)) if leaf(&held)? => {
                 let norm = held.norm.clone();
-                let (place, glue) = self.place_for(ctx, view, &got.dn, &norm, 1)?;
+                let (place, glue) = self.place_for(ctx, view, &got.dn)?;
                 let mut c = vec![Change::rename(mover, got, norm, place)];
                 c.extend(glue);
                 c.push(Change::delete(held));
@@ -270,7 +270,7 @@ impl Replicated {
                 return self.name_clash(ctx, view, other, after, Some(held));
             }
         }
-        let (place, glue) = self.place_for_free(ctx, view, &after.dn, &norm)?;
+        let (place, glue) = self.place_for_free(ctx, view, &after.dn)?;
         let mut changes = vec![Change::rename(held, after, norm, place)];
         changes.extend(glue);
         Ok(changes)

@@ -11,9 +11,8 @@
 use pando_model::{Dn, Entry};
 use pando_store::{Lookup, Placement, View};
 
-use super::change::GLUE_PARENT;
-use super::{Before, Change, WriteCtx};
-use crate::error::{LdapError, OpResult};
+use super::{ancestry, Before, Change, WriteCtx};
+use crate::error::OpResult;
 use crate::seams::Partial;
 
 /// The changes that store the part `p` keeps of the entry `dn`
@@ -48,8 +47,8 @@ pub(super) fn plan(
 }
 
 /// Where the new part of `dn` (normalised RDNs `rdns`) goes, and the
-/// adds of its ancestors' parts the store lacks (changes 1, 2… of the
-/// operation, nearest first), taken from `ancestors`.
+/// adds of its ancestors' parts the store lacks, taken from `ancestors`
+/// (nearest first); an ancestor beyond them is missing for good.
 fn places(
     ctx: &WriteCtx,
     view: &View<'_>,
@@ -57,58 +56,14 @@ fn places(
     rdns: &[String],
     ancestors: &[Entry],
 ) -> OpResult<(Placement, Vec<Change>)> {
-    let server = &ctx.server;
-    // The nearest ancestor the store holds, at level `k` (1: the parent),
-    // or 0 when the missing ones reach up to the suffix.
-    let mut k = 0;
-    let existing = loop {
-        if server.is_suffix(&rdns[k..].join(",")) {
-            break 0;
-        }
-        k += 1;
-        if k >= rdns.len() {
-            return Err(LdapError::unwilling(format!(
-                "no global superior knowledge: '{dn}' is outside every suffix"
-            )));
-        }
-        match view.lookup_norm(&rdns[k..])? {
-            Lookup::Found(id) => break id,
-            Lookup::Missing { matched } if k > ancestors.len() => {
-                return Err(crate::no_such_object(view, matched)?);
-            }
-            Lookup::Missing { .. } => {}
-        }
+    let may_make = |level: usize, _: &str, matched| match level > ancestors.len() {
+        true => Err(crate::no_such_object(view, matched)?),
+        false => Ok(()),
     };
-    // Levels 0 (the target) to `top` are added; `top`'s parent exists.
-    let top = if existing == 0 { k } else { k - 1 };
-    let place = |level: usize| {
-        let parent = if level < top {
-            GLUE_PARENT - (level + 1) as u64
-        } else {
-            existing
-        };
-        let norm_rdn = if parent == 0 {
-            rdns[level..].join(",")
-        } else {
-            rdns[level].clone()
-        };
-        let rdn = Dn {
-            rdns: if parent == 0 {
-                dn.rdns[level..].to_vec()
-            } else {
-                vec![dn.rdns[level].clone()]
-            },
-        };
-        Placement {
-            parent,
-            rdn: rdn.to_string(),
-            norm_rdn,
-        }
+    let make = |level: usize, _: &str| Ok(ancestors[level - 1].clone());
+    let missing = ancestry::Missing {
+        may_make: &may_make,
+        make: &make,
     };
-    let mut glue = Vec::with_capacity(top);
-    for level in 1..=top {
-        let entry = ancestors[level - 1].clone();
-        glue.push(Change::add(entry, rdns[level..].join(","), place(level)));
-    }
-    Ok((place(0), glue))
+    ancestry::place(&ctx.server, view, dn, rdns, missing)
 }

@@ -22,7 +22,7 @@ use pando_proto::sync::Cookie;
 use pando_proto::{Ava, Filter, ResultCode, Scope};
 use pando_store::{Candidates, EntryId, Lookup, Placement, StoreError, View, WriteTxn};
 
-use super::change::{entry_csn, entry_uuid, Before, Change, ReplCtx, GLUE_PARENT};
+use super::change::{entry_csn, entry_uuid, Before, Change, ReplCtx};
 use super::{WriteCtx, WriteOp, Written};
 use crate::error::{LdapError, OpResult};
 use crate::norm_dn::in_scope;
@@ -132,107 +132,44 @@ pub(super) fn before(view: &View<'_>, id: EntryId) -> OpResult<Before> {
 impl Replicated {
     /// Where an entry named `dn` goes. Its parent must exist, or be within
     /// the consumer's base: then the missing ancestors are added as glue
-    /// entries (objectClass glue, the RDN's values, a new UUID), changes
-    /// `first_index`, `first_index + 1`… of the operation, nearest first. A
-    /// glue entry becomes the real one when the provider sends it (found by
-    /// its DN).
+    /// entries (objectClass glue, the RDN's values, a new UUID; with
+    /// multi-provider, the entry deleted there when one is remembered),
+    /// changes 1, 2… of the operation, nearest first. A glue entry
+    /// becomes the real one when the provider sends it (found by its DN).
     pub(super) fn place_for(
         &self,
         ctx: &WriteCtx,
         view: &View<'_>,
         dn: &Dn,
-        norm: &str,
-        first_index: usize,
     ) -> OpResult<(Placement, Vec<Change>)> {
-        if ctx.server.is_suffix(norm) {
-            let place = Placement {
-                parent: 0,
-                rdn: dn.to_string(),
-                norm_rdn: norm.to_string(),
-            };
-            return Ok((place, Vec::new()));
-        }
         let rdns = crate::norm_rdns(view, dn)?;
-        if rdns.len() < 2 {
-            return Err(LdapError::unwilling(format!(
-                "'{dn}' is not a suffix of this server and has no parent"
-            )));
-        }
         let base = self.repl.base.as_str();
-        // The nearest existing ancestor, at level `k` (1: the parent).
-        let mut k = 1;
-        let existing = loop {
-            match view.lookup_norm(&rdns[k..])? {
-                Lookup::Found(id) => break id,
-                Lookup::Missing { .. } => {
-                    let ancestor = rdns[k..].join(",");
-                    if !in_scope(base, Scope::Sub, &ancestor) {
-                        return Err(LdapError::new(
-                            ResultCode::NO_SUCH_OBJECT,
-                            format!("'{ancestor}', an ancestor of '{dn}', is not here and is outside this consumer's search base"),
-                        ));
-                    }
-                    k += 1;
-                    // A missing suffix is glue too, at the top (parent 0).
-                    if ctx.server.is_suffix(&ancestor) {
-                        break 0;
-                    }
-                }
-            }
+        let may_make = |_: usize, ancestor: &str, _| {
+            match in_scope(base, Scope::Sub, ancestor) {
+            true => Ok(()),
+            false => Err(LdapError::new(
+                ResultCode::NO_SUCH_OBJECT,
+                format!("'{ancestor}', an ancestor of '{dn}', is not here and is outside this consumer's search base"),
+            )),
+        }
         };
-        let parent_of = |level: usize| {
-            if level < k {
-                GLUE_PARENT - (first_index + level - 1) as u64
-            } else {
-                existing
-            }
-        };
-        let rdn_text = |level: usize| {
-            dn.rdns
-                .get(level)
-                .map(|r| {
-                    Dn {
-                        rdns: vec![r.clone()],
-                    }
-                    .to_string()
-                })
-                .unwrap_or_default()
-        };
-        let mut glue = Vec::new();
-        for level in 1..k {
-            let gdn = Dn {
+        let make = |level: usize, norm: &str| {
+            let mut e = Entry::new(Dn {
                 rdns: dn.rdns[level..].to_vec(),
-            };
-            let mut e = Entry::new(gdn);
+            });
             e.add_values("objectClass", vec![b"top".to_vec(), b"glue".to_vec()]);
             e.add_values("structuralObjectClass", vec![b"glue".to_vec()]);
             for ava in dn.rdns[level].avas.iter() {
                 e.add_values(&ava.attr, vec![ava.value.clone()]);
             }
             e.add_values("entryUUID", vec![super::random_uuid().into_bytes()]);
-            let gnorm = rdns[level..].join(",");
-            let e = super::multi_provider::restore_or_glue(ctx, view, &gnorm, e)?;
-            let place = if ctx.server.is_suffix(&gnorm) {
-                Placement {
-                    parent: 0,
-                    rdn: e.dn.to_string(),
-                    norm_rdn: gnorm.clone(),
-                }
-            } else {
-                Placement {
-                    parent: parent_of(level + 1),
-                    rdn: rdn_text(level),
-                    norm_rdn: rdns[level].clone(),
-                }
-            };
-            glue.push(Change::add(e, gnorm, place));
-        }
-        let place = Placement {
-            parent: parent_of(1),
-            rdn: rdn_text(0),
-            norm_rdn: rdns[0].clone(),
+            super::multi_provider::restore_or_glue(ctx, view, norm, e)
         };
-        Ok((place, glue))
+        let missing = super::ancestry::Missing {
+            may_make: &may_make,
+            make: &make,
+        };
+        super::ancestry::place(&ctx.server, view, dn, &rdns, missing)
     }
 
     /// [`place_for`], refusing a DN another entry holds.
@@ -241,7 +178,6 @@ impl Replicated {
         ctx: &WriteCtx,
         view: &View<'_>,
         dn: &Dn,
-        norm: &str,
     ) -> OpResult<(Placement, Vec<Change>)> {
         if let Ok(Lookup::Found(_)) = view.lookup(dn)? {
             return Err(LdapError::new(
@@ -249,7 +185,7 @@ impl Replicated {
                 format!("'{dn}' is taken here by an entry the provider did not name"),
             ));
         }
-        self.place_for(ctx, view, dn, norm, 1)
+        self.place_for(ctx, view, dn)
     }
 }
 
@@ -354,7 +290,7 @@ impl Replicated {
         // deletes of a stale entry after them (all written in reverse).
         let (main, glue) = match local {
             None => {
-                let (place, glue) = self.place_for(ctx, view, &entry.dn, &norm, 1)?;
+                let (place, glue) = self.place_for(ctx, view, &entry.dn)?;
                 self.note_restored(&after, &glue);
                 (Change::add(after, norm.clone(), place), glue)
             }
@@ -380,9 +316,9 @@ impl Replicated {
                 if before.norm != norm {
                     // Where the stale entry is (deleted first), or a free DN.
                     let (place, glue) = if stale.is_some() {
-                        self.place_for(ctx, view, &entry.dn, &norm, 1)?
+                        self.place_for(ctx, view, &entry.dn)?
                     } else {
-                        self.place_for_free(ctx, view, &entry.dn, &norm)?
+                        self.place_for_free(ctx, view, &entry.dn)?
                     };
                     (Change::rename(before, after, norm, place), glue)
                 } else if before.entry.attrs == after.attrs && before.entry.dn == after.dn {
