@@ -189,12 +189,17 @@ pub async fn search_thread(job: &SearchJob) -> Option<tokio::sync::OwnedSemaphor
 
 /// Try the search on the calling thread, its entries and its
 /// SearchResultDone encoded into `out`; `Err(job)` (nothing written) when it
-/// is too big for that and must go to [`run`] on a blocking thread. Answers
-/// the result code and entries sent.
+/// must run on its own task (`stack::search`): too big for this, followed
+/// (persistent, sync), or read from a translucent suffix's remote server.
+/// Answers the result code and entries sent.
 // The job comes back by value only on the (rare) hand-off path; boxing it
 // would cost an allocation on every search instead.
 #[allow(clippy::result_large_err)]
 pub fn run_inline(job: SearchJob, out: &mut Vec<u8>) -> Result<Option<(u32, u64)>, SearchJob> {
+    let followed = job.controls.persistent.is_some() || job.controls.sync.is_some();
+    if followed || crate::remote::serving(&job.server, &job.req.base).is_some() {
+        return Err(job);
+    }
     let step = outcome(
         job.controls.paged.is_some(),
         search(&job, &mut Out::Buffer(out), Some(INLINE_CANDIDATES), None),

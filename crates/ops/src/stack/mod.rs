@@ -3,8 +3,11 @@
 //! [`Verdict::Continue`] or stops it (refused with a result, or an
 //! injected fault). What passes them all is an [`Operation`], which the
 //! operation's own code runs against the tree its target falls in (see
-//! [`Bottom`]: cn=config, a remote tree, or the store; searches find
-//! theirs among the virtual trees and the store in `search`).
+//! [`Bottom`]: cn=config, a remote tree, or the store; a search's is
+//! chosen by [`search`]: a remote tree, a followed search, or the store
+//! and the virtual trees, which `search` tells apart by its base; a bind
+//! below a translucent suffix may be passed through to its remote, in
+//! `bind`).
 //!
 //! The order, and why:
 //! 0. observation ([`observed`]): outermost, around everything below: a
@@ -41,7 +44,7 @@ use pando_proto::{Control, ProtocolOp};
 
 use crate::controls::{self, OpKind, Requested};
 use crate::error::{LdapError, OpResult};
-use crate::job::{Operation, Response};
+use crate::job::{Finished, Operation, Response, SearchJob, SearchOutcome};
 use crate::operation::refusal;
 use crate::state::Server;
 
@@ -291,4 +294,32 @@ fn remote_target(
     request: &ProtocolOp,
 ) -> Option<Arc<dyn crate::seams::RemoteTree>> {
     crate::remote::serving(server, target_dn(request, true)?)
+}
+
+/// Run a search to its end on its own task, against the tree at its
+/// bottom: a translucent suffix's remote tree (which cannot be followed),
+/// a followed search (persistent, or a sync provider's), or the store and
+/// the virtual trees. (A small search of the store may have been answered
+/// inline first: `search::run_inline`.)
+pub async fn search(job: &Arc<SearchJob>) -> Finished {
+    if let Some(t) = crate::remote::serving(&job.server, &job.req.base) {
+        if job.controls.persistent.is_some() || job.controls.sync.is_some() {
+            let e = LdapError::unwilling(
+                "a translucent suffix's entries are read from its remote server: they cannot be followed or replicated",
+            );
+            return Finished::Done(SearchOutcome {
+                result: e.into_result(),
+                controls: Vec::new(),
+                entries: 0,
+            });
+        }
+        return t.search(job).await;
+    }
+    if job.controls.persistent.is_some() {
+        crate::search::persistent::run(job).await
+    } else if job.controls.sync.is_some() {
+        crate::search::sync_provider::run(job).await
+    } else {
+        crate::search::run_to_end(job).await
+    }
 }

@@ -388,24 +388,16 @@ impl Connection {
                 if let Some(r) = rec.as_mut() {
                     r.started();
                 }
-                // A small search is answered right here, on this task; a
-                // larger (or persistent) one runs on its own, as does one
-                // that reads a translucent suffix's remote server.
-                if job.controls.persistent.is_some()
-                    || job.controls.sync.is_some()
-                    || ops::remote::serving(&server, &job.req.base).is_some()
-                {
-                    Work::Search(job)
-                } else {
-                    match ops::search::run_inline(job, &mut wire.output) {
-                        Ok(done) => {
-                            let code = done.map(|a| a.0);
-                            let entries = done.map_or(0, |a| a.1);
-                            answered(&server, ctx, rec, code, entries, false);
-                            return Flow::Continue;
-                        }
-                        Err(job) => Work::Search(job),
+                // A small search is answered right here, on this task; any
+                // other runs on its own.
+                match ops::search::run_inline(job, &mut wire.output) {
+                    Ok(done) => {
+                        let code = done.map(|a| a.0);
+                        let entries = done.map_or(0, |a| a.1);
+                        answered(&server, ctx, rec, code, entries, false);
+                        return Flow::Continue;
                     }
+                    Err(job) => Work::Search(job),
                 }
             }
             request => Work::Op(Operation { request, ..op }),
@@ -1077,27 +1069,7 @@ struct Ctx<'a> {
 async fn run_search(job: ops::search::SearchJob, tx: &mpsc::Sender<Vec<u8>>) -> Answered {
     let id = job.msg_id;
     let job = Arc::new(job);
-    let translucent = ops::remote::serving(&job.server, &job.req.base);
-    let finished = if let Some(t) = translucent {
-        if job.controls.persistent.is_some() || job.controls.sync.is_some() {
-            let e = LdapError::unwilling(
-                "a translucent suffix's entries are read from its remote server: they cannot be followed or replicated",
-            );
-            ops::search::Finished::Done(ops::search::SearchOutcome {
-                result: e.into_result(),
-                controls: Vec::new(),
-                entries: 0,
-            })
-        } else {
-            t.search(&job).await
-        }
-    } else if job.controls.persistent.is_some() {
-        ops::search::persistent::run(&job).await
-    } else if job.controls.sync.is_some() {
-        ops::search::sync_provider::run(&job).await
-    } else {
-        ops::search::run_to_end(&job).await
-    };
+    let finished = stack::search(&job).await;
     match finished {
         ops::search::Finished::Done(o) => {
             let answered = Some((o.result.code.0, o.entries));
