@@ -57,6 +57,14 @@ pub struct SearchJob {
     pub out: mpsc::Sender<Vec<u8>>,
 }
 
+impl SearchJob {
+    /// The search goes on after its results (persistent search, or a
+    /// sync provider's refreshAndPersist or refreshOnly).
+    pub fn followed(&self) -> bool {
+        self.controls.persistent.is_some() || self.controls.sync.is_some()
+    }
+}
+
 /// What a search ends with; None when it was abandoned (no response is sent).
 pub struct SearchOutcome {
     pub result: LdapResult,

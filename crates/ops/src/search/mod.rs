@@ -196,8 +196,7 @@ pub async fn search_thread(job: &SearchJob) -> Option<tokio::sync::OwnedSemaphor
 // would cost an allocation on every search instead.
 #[allow(clippy::result_large_err)]
 pub fn run_inline(job: SearchJob, out: &mut Vec<u8>) -> Result<Option<(u32, u64)>, SearchJob> {
-    let followed = job.controls.persistent.is_some() || job.controls.sync.is_some();
-    if followed || crate::remote::serving(&job.server, &job.req.base).is_some() {
+    if job.followed() || crate::remote::serving(&job.server, &job.req.base).is_some() {
         return Err(job);
     }
     let step = outcome(

@@ -303,7 +303,7 @@ fn remote_target(
 /// inline first: `search::run_inline`.)
 pub async fn search(job: &Arc<SearchJob>) -> Finished {
     if let Some(t) = crate::remote::serving(&job.server, &job.req.base) {
-        if job.controls.persistent.is_some() || job.controls.sync.is_some() {
+        if job.followed() {
             let e = LdapError::unwilling(
                 "a translucent suffix's entries are read from its remote server: they cannot be followed or replicated",
             );
