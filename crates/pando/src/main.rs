@@ -571,6 +571,7 @@ fn verify(args: VerifyArgs) -> Result<ExitCode, String> {
             println!("{}: {e}", dir.display());
             return Ok(ExitCode::from(1));
         }
+        note_older_format(&dir);
         pando_store::Store::open_read_only(&dir, schema.clone(), &opts)
             .map_err(|e| format!("{}: {e}", dir.display()))?
     };
@@ -608,6 +609,26 @@ fn configured_memberof(
         }
         _ => None,
     })
+}
+
+/// A store of an older format is read as it is, but its index databases
+/// are only rebuilt in this version's layout when a server (or
+/// `--repair-indexes`) opens it for writing: say so, since they are not
+/// checked until then.
+fn note_older_format(dir: &std::path::Path) {
+    let found = pando_store::Store::peek_meta(dir, &["format"])
+        .ok()
+        .flatten()
+        .and_then(|mut v| v.pop().flatten())
+        .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
+        .map(u32::from_be_bytes);
+    if let Some(f) = found.filter(|f| *f < pando_store::FORMAT_VERSION) {
+        println!(
+            "{}: store format {f}; its indexes are rebuilt in format {} at the next start (or with --repair-indexes), and are not checked here",
+            dir.display(),
+            pando_store::FORMAT_VERSION
+        );
+    }
 }
 
 /// With the memberof overlay configured: entries whose memberOf is not

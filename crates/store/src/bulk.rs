@@ -637,19 +637,9 @@ fn write_posting(
     ids: &[EntryId],
     buf: &mut Vec<u8>,
 ) -> Result<(), StoreError> {
-    let mut set = RoaringTreemap::from_sorted_iter(ids.iter().copied())
+    let set = RoaringTreemap::from_sorted_iter(ids.iter().copied())
         .map_err(|_| StoreError::Corrupt("index IDs out of order in the merge".into()))?;
-    if t.was_empty {
-        index::encode_posting(&set, buf);
-        t.db.put_with_flags(txn, PutFlags::APPEND, key, buf)?;
-    } else {
-        if let Some(v) = t.db.get(txn, key)? {
-            set |= index::decode_posting(v).map_err(StoreError::Corrupt)?;
-        }
-        index::encode_posting(&set, buf);
-        t.db.put(txn, key, buf)?;
-    }
-    Ok(())
+    crate::postings::merge(txn, &t.db, key, &set, t.was_empty, buf)
 }
 
 /// Build the postings of every entry into the (emptied) index databases

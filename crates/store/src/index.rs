@@ -1,8 +1,8 @@
 //! Attribute indexes: which keys a value produces, and posting-list upkeep.
 //!
 //! Each configured (attribute, kind) pair is its own LMDB database named
-//! `idx:<attr>:<kind>`; a key maps to a serialized `RoaringTreemap` of entry
-//! IDs. Keys per kind:
+//! `ix:<attr>:<kind>`; a key's entry IDs are kept there in chunks (see
+//! [`crate::postings`]). Keys per kind:
 //!
 //! | kind   | key                                                              |
 //! |--------|------------------------------------------------------------------|
@@ -20,9 +20,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use pando_model::{AttributeType, Schema};
-use roaring::RoaringTreemap;
 
-/// Longer keys are cut here: LMDB's key limit is 511 bytes, and a cut key
+/// Longer keys are cut here (counting each NUL byte twice, as a posting
+/// record's key escapes it): LMDB's key limit is 511 bytes, and a cut key
 /// only merges postings of values sharing a long prefix.
 pub const MAX_KEY: usize = 400;
 /// Gram length for substring keys.
@@ -76,14 +76,33 @@ impl FromStr for IndexKind {
     }
 }
 
-/// Database name of one index.
+/// Database name of one index. Format 3 stores name them `ix:` (chunked
+/// postings); format 2's `idx:` databases held one serialised list per key.
 pub fn db_name(attr: &str, kind: IndexKind) -> String {
-    format!("idx:{attr}:{kind}")
+    format!("ix:{attr}:{kind}")
 }
 
-fn cut(mut key: Vec<u8>) -> Vec<u8> {
-    key.truncate(MAX_KEY);
+/// The prefix of `key` an index keeps: at most [`MAX_KEY`] bytes once its
+/// NUL bytes are escaped. Cutting keeps the keys' order (never reverses
+/// two), so ranges over cut keys only widen.
+pub fn cut(mut key: Vec<u8>) -> Vec<u8> {
+    let mut weight = 0;
+    let keep = key
+        .iter()
+        .position(|&b| {
+            weight += if b == 0 { 2 } else { 1 };
+            weight > MAX_KEY
+        })
+        .unwrap_or(key.len());
+    key.truncate(keep);
     key
+}
+
+/// Whether `key` is surely whole (lighter than any cut key, which weighs
+/// `MAX_KEY - 1` or `MAX_KEY`): a lookup of it lists exactly the entries
+/// holding that value.
+pub fn is_whole(key: &[u8]) -> bool {
+    crate::postings::escaped_len(key) + 1 < MAX_KEY
 }
 
 /// Grams of `^value$` (bytes). Values shorter than a gram still give one key.
@@ -103,33 +122,6 @@ pub fn grams_of(part: &[u8], out: &mut BTreeSet<Vec<u8>>) {
     for w in part.windows(GRAM) {
         out.insert(w.to_vec());
     }
-}
-
-/// The stored form of a posting list: an entry ID alone (8 bytes, big
-/// endian) when the list has one ID, as for a unique attribute, otherwise a
-/// serialised RoaringTreemap (never 8 bytes long: its header alone is 8
-/// and a non-empty map adds more). Empty lists are not stored.
-pub fn encode_posting(set: &RoaringTreemap, out: &mut Vec<u8>) {
-    out.clear();
-    if set.len() == 1 {
-        if let Some(id) = set.min() {
-            out.extend_from_slice(&id.to_be_bytes());
-            return;
-        }
-    }
-    out.reserve(set.serialized_size());
-    // Writing into a Vec cannot fail.
-    let _ = set.serialize_into(&mut *out);
-}
-
-/// Read a posting list written by [`encode_posting`].
-pub fn decode_posting(v: &[u8]) -> Result<RoaringTreemap, String> {
-    if let Ok(one) = <[u8; 8]>::try_from(v) {
-        let mut set = RoaringTreemap::new();
-        set.insert(u64::from_be_bytes(one));
-        return Ok(set);
-    }
-    RoaringTreemap::deserialize_from(v).map_err(|e| format!("index posting: {e}"))
 }
 
 /// The key to look up for an assertion value (unlike [`keys_for`], an
@@ -202,20 +194,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn postings_round_trip() {
-        for ids in [
-            vec![7u64],
-            vec![1, 2, 3],
-            vec![u64::MAX],
-            (0..10_000).collect(),
-        ] {
-            let set: RoaringTreemap = ids.iter().copied().collect();
-            let mut buf = Vec::new();
-            encode_posting(&set, &mut buf);
-            assert_eq!(buf.len() == 8, ids.len() == 1);
-            assert_eq!(decode_posting(&buf).unwrap(), set);
-        }
-        assert!(decode_posting(b"garbage").is_err());
+    fn cut_counts_nul_bytes_twice() {
+        assert_eq!(cut(vec![b'a'; 500]).len(), MAX_KEY);
+        assert_eq!(cut(vec![0; 500]).len(), MAX_KEY / 2);
+        let short = b"a\x00b".to_vec();
+        assert_eq!(cut(short.clone()), short);
+        assert!(is_whole(&short));
+        assert!(!is_whole(&cut(vec![0; 500])));
+        assert!(crate::postings::escaped_len(&cut(vec![0; 401])) <= MAX_KEY);
+        let mut edge = vec![b'a'; MAX_KEY - 1];
+        edge.extend_from_slice(&[0, b'b']);
+        assert!(!is_whole(&cut(edge)));
     }
 
     #[test]

@@ -353,13 +353,7 @@ fn chunk(w: &mut WriteTxn<'_>) -> Result<Step, StoreError> {
     let mut buf = Vec::new();
     for ((i, key), ids) in postings {
         let db = building[i].2;
-        let mut set = match db.get(&w.txn, &key)? {
-            Some(v) => index::decode_posting(v).map_err(StoreError::Corrupt)?,
-            None => RoaringTreemap::new(),
-        };
-        set |= ids;
-        index::encode_posting(&set, &mut buf);
-        db.put(&mut w.txn, &key, &buf)?;
+        crate::postings::merge(&mut w.txn, &db, &key, &ids, false, &mut buf)?;
     }
     if complete {
         let mut listed = w.name_list(META_INDEXES)?;

@@ -8,7 +8,8 @@
 //! * `dn2id`     — parent ID (u64 BE) ‖ normalised RDN → entry ID (u64 BE);
 //!   a suffix entry has parent 0 and its whole normalised DN as "RDN"
 //! * `id2parent` — entry ID → parent ID ‖ u16 len ‖ RDN as given ‖ normalised RDN
-//! * `idx:<attr>:<kind>` — index key → RoaringTreemap of entry IDs (see [`index`])
+//! * `ix:<attr>:<kind>` — index key → its entry IDs, one record per 65,536
+//!   IDs (see [`index`] and [`postings`])
 //!
 //! Invariants (checked by `verify`): every id2entry record has exactly one
 //! id2parent record and one dn2id key pointing back at it; every parent ID
@@ -52,6 +53,7 @@ mod keys;
 pub mod model_check;
 mod options;
 mod plan;
+pub mod postings;
 mod readers;
 pub mod salvage;
 mod store;
@@ -98,9 +100,12 @@ pub const DATA_FILE: &str = "data.mdb";
 
 /// On-disk format of the whole store; bumped on any incompatible change.
 /// 2: entries may be zstd-compressed (entry format 2) and single-ID
-/// postings are 8 bytes. Format 1 stores are read as they are and marked
-/// format 2 when opened for writing (every format-1 record is valid in 2).
-pub const FORMAT_VERSION: u32 = 2;
+/// postings are 8 bytes. 3: postings are kept in chunks of 65,536 IDs in
+/// `ix:` databases ([`postings`]). Older stores are upgraded when opened:
+/// their records are valid as they are, except the `idx:` index databases,
+/// which are emptied while the `ix:` ones are built from the entries (the
+/// same rebuild as for an index added to the configuration).
+pub const FORMAT_VERSION: u32 = 3;
 /// Oldest store format this version reads.
 pub const OLDEST_FORMAT: u32 = 1;
 const META_FORMAT: &[u8] = b"format";

@@ -6,7 +6,6 @@
 //! every candidate against the full filter, so a superset is always safe.
 
 use std::collections::BTreeSet;
-use std::ops::Bound;
 
 use pando_proto::{Filter, SubstringFilter};
 use roaring::RoaringTreemap;
@@ -100,20 +99,16 @@ pub(crate) fn candidates(view: &View<'_>, f: &Filter) -> Result<Candidates, Stor
             let Some(db) = usable(view, &name, IndexKind::Ord) else {
                 return Ok(Candidates::All);
             };
-            let Some(mut key) = view.schema().ordering_key(at, &ava.value) else {
+            let Some(key) = view.schema().ordering_key(at, &ava.value) else {
                 return Ok(Candidates::Ids(RoaringTreemap::new()));
             };
-            key.truncate(index::MAX_KEY);
-            let range: (Bound<&[u8]>, Bound<&[u8]>) = if matches!(f, Filter::GreaterOrEqual(_)) {
-                (Bound::Included(&key), Bound::Unbounded)
+            let key = index::cut(key);
+            let (from, to) = if matches!(f, Filter::GreaterOrEqual(_)) {
+                (Some(key.as_slice()), None)
             } else {
-                (Bound::Unbounded, Bound::Included(&key))
+                (None, Some(key.as_slice()))
             };
-            let mut acc = RoaringTreemap::new();
-            for item in db.range(view.txn, &range)? {
-                let (_, v) = item?;
-                acc |= crate::index::decode_posting(v).map_err(StoreError::Corrupt)?;
-            }
+            let acc = crate::postings::read_range(view.txn, db, from, to)?;
             Candidates::Ids(acc)
         }
     })
@@ -190,7 +185,7 @@ pub(crate) fn exact(view: &View<'_>, f: &Filter) -> bool {
         return false;
     }
     index::assertion_key(view.schema(), at, IndexKind::Eq, &ava.value)
-        .is_some_and(|k| k.len() < index::MAX_KEY)
+        .is_some_and(|k| index::is_whole(&k))
 }
 
 fn resolve<'t>(view: &View<'t>, desc: &str) -> Option<(String, &'t pando_model::AttributeType)> {

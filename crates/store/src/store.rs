@@ -132,6 +132,14 @@ fn check_format(
                     path.display()
                 )));
             }
+            if found < 3 {
+                tracing::info!(
+                    store = %path.display(),
+                    from = found,
+                    to = FORMAT_VERSION,
+                    "store format upgrade: the indexes are rebuilt with chunked posting lists, once"
+                );
+            }
             if found < FORMAT_VERSION {
                 // From now on records of the new format may be written.
                 meta.put(wtxn, META_FORMAT, &FORMAT_VERSION.to_be_bytes())?;
@@ -258,7 +266,7 @@ impl Store {
         let mut env_opts = EnvOpenOptions::new();
         env_opts
             .map_size(opts.map_size)
-            .max_dbs(16 + 5 * opts.indexes.len() as u32 + RUNTIME_INDEX_ROOM)
+            .max_dbs(16 + 10 * opts.indexes.len() as u32 + RUNTIME_INDEX_ROOM)
             .max_readers(1024);
         // SAFETY: the directory is opened by this process only through this
         // Store (the lock file also guards other processes); NO_TLS because
@@ -385,7 +393,7 @@ impl Store {
         let mut env_opts = EnvOpenOptions::new();
         env_opts
             .map_size(opts.map_size)
-            .max_dbs(16 + 5 * opts.indexes.len() as u32 + RUNTIME_INDEX_ROOM)
+            .max_dbs(16 + 10 * opts.indexes.len() as u32 + RUNTIME_INDEX_ROOM)
             .max_readers(1024);
         // SAFETY: as in `open`; READ_ONLY never writes the data file.
         let env = unsafe {
@@ -692,7 +700,7 @@ impl Store {
         names.sort();
         for attr in names {
             for idx in &catalog.indexes[attr] {
-                add(format!("idx:{attr}:{}", idx.kind.as_str()), &idx.db)?;
+                add(index::db_name(attr, idx.kind), &idx.db)?;
             }
         }
         let entries = inner.id2entry.len(&txn)?;
@@ -735,7 +743,7 @@ pub struct StoreStats {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DbFigures {
-    /// `id2entry`, `dn2id`, `id2parent`, `meta`, `idx:<attr>:<kind>`.
+    /// `id2entry`, `dn2id`, `id2parent`, `meta`, `ix:<attr>:<kind>`.
     pub name: String,
     pub bytes: u64,
     pub items: u64,

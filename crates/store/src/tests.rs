@@ -569,11 +569,7 @@ fn verify_finds_damage() {
     store
         .write_blocking(move |w| -> Result<(), StoreError> {
             let db = w.view().index_db("cn", IndexKind::Eq).copied().unwrap();
-            let mut set = RoaringTreemap::new();
-            set.insert(id);
-            let mut buf = Vec::new();
-            crate::index::encode_posting(&set, &mut buf);
-            db.put(&mut w.txn, b"somebody else", &buf)?;
+            crate::postings::change(&mut w.txn, &db, b"somebody else", id, true)?;
             Ok(())
         })
         .unwrap();
@@ -589,7 +585,7 @@ fn verify_finds_damage() {
         .unwrap();
     let problems = store.read().unwrap().view().verify().unwrap();
     let text = problems.join("\n");
-    assert!(text.contains("idx:cn:eq"), "{text}");
+    assert!(text.contains("ix:cn:eq"), "{text}");
     assert!(
         text.contains(&format!("id2entry record {id}: checksum mismatch")),
         "{text}"
@@ -773,6 +769,81 @@ fn older_format_is_read_and_marked_current_newer_is_refused() {
         .err()
         .expect("a newer format is refused");
     assert!(matches!(err, StoreError::Format(_)), "{err}");
+}
+
+/// A format 2 store (one serialised list per key in `idx:` databases,
+/// 8 bytes for a single ID) opened by this version: marked format 3, its
+/// indexes rebuilt in chunks under `ix:` names, the `idx:` ones emptied,
+/// and every lookup answered as before.
+#[test]
+fn format_2_indexes_are_rebuilt_in_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    let probe = |store: &Store| {
+        let r = store.read().unwrap();
+        let v = r.view();
+        let n = |f: &str| ids(v.candidates(&Filter::parse(f).unwrap()).unwrap()).len();
+        (n("(cn=USER3)"), n("(cn=*ser1*)"), n("(uidNumber>=15)"))
+    };
+    let before = probe(&store);
+    assert_eq!(before, (1, 11, 5));
+    // Rewrite the store as format 2 had it.
+    store
+        .write_blocking(|w| -> Result<(), StoreError> {
+            let mut old_names = Vec::new();
+            let view_dbs: Vec<(String, Db)> = w
+                .inner
+                .catalog
+                .load()
+                .ready()
+                .map(|(a, i)| (format!("{a}:{}", i.kind), i.db))
+                .collect();
+            for (name, db) in view_dbs {
+                let mut lists = Vec::new();
+                postings::each_key(&w.txn, &db, &mut |k, ids| lists.push((k.to_vec(), ids)))?;
+                let old: Db = w
+                    .inner
+                    .env
+                    .create_database(&mut w.txn, Some(&format!("idx:{name}")))?;
+                for (k, ids) in lists {
+                    let mut v = Vec::new();
+                    if ids.len() == 1 {
+                        v.extend_from_slice(&ids.min().unwrap().to_be_bytes());
+                    } else {
+                        ids.serialize_into(&mut v).unwrap();
+                    }
+                    old.put(&mut w.txn, &k, &v)?;
+                }
+                db.clear(&mut w.txn)?;
+                old_names.push(format!("idx:{name}"));
+            }
+            w.inner
+                .meta
+                .put(&mut w.txn, META_INDEXES, old_names.join("\n").as_bytes())?;
+            w.inner
+                .meta
+                .put(&mut w.txn, META_FORMAT, &2u32.to_be_bytes())?;
+            Ok(())
+        })
+        .unwrap();
+    store.close();
+    let store = open(dir.path());
+    assert_eq!(probe(&store), before);
+    assert_consistent(&store);
+    let r = store.read().unwrap();
+    let meta = |k: &[u8]| r.view().inner.meta.get(&r.txn, k).unwrap().unwrap().to_vec();
+    assert_eq!(meta(META_FORMAT), FORMAT_VERSION.to_be_bytes());
+    let listed = String::from_utf8(meta(META_INDEXES)).unwrap();
+    assert!(listed.lines().all(|n| n.starts_with("ix:")), "{listed}");
+    let old: Db = r
+        .view()
+        .inner
+        .env
+        .open_database(&r.txn, Some("idx:cn:eq"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(old.len(&r.txn).unwrap(), 0, "the format 2 index is emptied");
 }
 
 #[test]
@@ -1587,13 +1658,13 @@ fn a_dropped_index_is_emptied_and_an_interrupted_build_is_redone_at_open() {
     assert!(stats
         .databases
         .iter()
-        .all(|d| !d.name.starts_with("idx:sn")));
+        .all(|d| !d.name.starts_with("ix:sn")));
     let emptied = store
         .write_blocking(|w| -> Result<u64, StoreError> {
             let db = w
                 .inner
                 .env
-                .open_database::<heed::types::Bytes, heed::types::Bytes>(&w.txn, Some("idx:sn:eq"))?
+                .open_database::<heed::types::Bytes, heed::types::Bytes>(&w.txn, Some("ix:sn:eq"))?
                 .unwrap();
             Ok(db.len(&w.txn)?)
         })

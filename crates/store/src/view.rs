@@ -408,10 +408,7 @@ impl<'t> View<'t> {
     }
 
     pub(crate) fn posting(&self, db: &Db, key: &[u8]) -> Result<RoaringTreemap, StoreError> {
-        match db.get(self.txn, key)? {
-            Some(v) => index::decode_posting(v).map_err(StoreError::Corrupt),
-            None => Ok(RoaringTreemap::new()),
-        }
+        crate::postings::read(self.txn, db, key)
     }
 
     /// The index (attribute, kind) if the planner may use it.
@@ -501,10 +498,7 @@ impl<'t> View<'t> {
         for (attr, idx) in self.catalog.ready() {
             let name = index::db_name(attr, idx.kind);
             let mut seen = HashSet::new();
-            for item in idx.db.iter(self.txn)? {
-                let (k, v) = item?;
-                let got = index::decode_posting(v)
-                    .map_err(|e| StoreError::Corrupt(format!("{name}: {e}")))?;
+            crate::postings::each_key(self.txn, &idx.db, &mut |k, got| {
                 let want = expected
                     .get(&(name.clone(), k.to_vec()))
                     .cloned()
@@ -520,7 +514,8 @@ impl<'t> View<'t> {
                     ));
                 }
                 seen.insert(k.to_vec());
-            }
+            })
+            .map_err(|e| StoreError::Corrupt(format!("{name}: {e}")))?;
             for ((n, k), set) in &expected {
                 if n == &name && !seen.contains(k) {
                     problems.push(format!(

@@ -197,18 +197,6 @@ impl<'e> WriteTxn<'e> {
         id: EntryId,
         add: bool,
     ) -> Result<(), StoreError> {
-        let mut set = self.view().posting(db, key)?;
-        let changed = if add { set.insert(id) } else { set.remove(id) };
-        if !changed {
-            return Ok(());
-        }
-        if set.is_empty() {
-            db.delete(&mut self.txn, key)?;
-        } else {
-            let mut buf = Vec::new();
-            index::encode_posting(&set, &mut buf);
-            db.put(&mut self.txn, key, &buf)?;
-        }
-        Ok(())
+        crate::postings::change(&mut self.txn, db, key, id, add)
     }
 }

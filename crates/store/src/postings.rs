@@ -1,0 +1,470 @@
+//! Posting lists kept in chunks: an index key's entry IDs are stored as one
+//! record per range of 65,536 IDs (a Roaring container's worth), so adding
+//! or removing one ID reads and rewrites one record of at most 8 KiB,
+//! however many entries share the key (objectClass=inetOrgPerson in a
+//! store of ten million). Reading a key's list reads its records in order.
+//!
+//! A record's key is the index key with each NUL byte written as `00 FF`,
+//! then `00 00`, then the chunk number (the ID's bits above the low 16) as
+//! 6 bytes big-endian. The escape keeps LMDB's byte order equal to the
+//! order of (index key, chunk), so ranges of index keys (the ordering
+//! index) are ranges of records, and one key's records are contiguous.
+//! A record's value is the chunk's IDs: 2 bytes (the low 16 bits) when it
+//! holds one ID, as for a unique attribute, otherwise a serialised
+//! RoaringBitmap of the IDs' low 32 bits (never 2 bytes long).
+//!
+//! Must not know what the keys mean (see [`crate::index`]) or which
+//! database holds them.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use heed::{PutFlags, RoTxn, RwTxn};
+use roaring::{RoaringBitmap, RoaringTreemap};
+
+use crate::{Db, EntryId, StoreError};
+
+/// Bits of an ID below its chunk number.
+const LOW_BITS: u32 = 16;
+/// Bytes of the chunk number ending a record's key.
+const CHUNK_BYTES: usize = 6;
+/// Ends the escaped index key; sorts below every escaped byte.
+const END: [u8; 2] = [0, 0];
+
+/// The bytes an index key takes in a record's key before [`END`]: its
+/// length plus one per NUL byte (each is escaped).
+pub fn escaped_len(key: &[u8]) -> usize {
+    key.len() + key.iter().filter(|&&b| b == 0).count()
+}
+
+/// The escaped key and [`END`]: every record of `key` starts with it.
+fn prefix(key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(escaped_len(key) + END.len() + CHUNK_BYTES);
+    for &b in key {
+        out.push(b);
+        if b == 0 {
+            out.push(0xFF);
+        }
+    }
+    out.extend_from_slice(&END);
+    out
+}
+
+fn chunk_of(id: EntryId) -> u64 {
+    id >> LOW_BITS
+}
+
+fn record_key(prefix: &[u8], chunk: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(prefix.len() + CHUNK_BYTES);
+    k.extend_from_slice(prefix);
+    k.extend_from_slice(&chunk.to_be_bytes()[8 - CHUNK_BYTES..]);
+    k
+}
+
+/// A record's key as (index key, chunk number).
+pub fn split_record_key(rec: &[u8]) -> Result<(Vec<u8>, u64), StoreError> {
+    let bad = || StoreError::Corrupt(format!("index record key {rec:02x?} is malformed"));
+    let cut = rec
+        .len()
+        .checked_sub(CHUNK_BYTES + END.len())
+        .ok_or_else(bad)?;
+    let (body, tail) = rec.split_at(cut);
+    if tail[..END.len()] != END {
+        return Err(bad());
+    }
+    let mut n = [0u8; 8];
+    n[8 - CHUNK_BYTES..].copy_from_slice(&tail[END.len()..]);
+    let mut key = Vec::with_capacity(body.len());
+    let mut bytes = body.iter();
+    while let Some(&b) = bytes.next() {
+        if b == 0 && bytes.next() != Some(&0xFF) {
+            return Err(bad());
+        }
+        key.push(b);
+    }
+    Ok((key, u64::from_be_bytes(n)))
+}
+
+/// The IDs of one chunk as stored (low 32 bits of each ID).
+fn encode_chunk(bits: &RoaringBitmap, out: &mut Vec<u8>) {
+    out.clear();
+    if bits.len() == 1 {
+        if let Some(one) = bits.min() {
+            out.extend_from_slice(&(one as u16).to_be_bytes());
+            return;
+        }
+    }
+    out.reserve(bits.serialized_size());
+    // Writing into a Vec cannot fail.
+    let _ = bits.serialize_into(&mut *out);
+}
+
+/// A chunk's IDs (low 32 bits) from its record; every ID must lie in
+/// chunk `chunk`.
+fn decode_chunk(chunk: u64, v: &[u8]) -> Result<RoaringBitmap, StoreError> {
+    let base = ((chunk as u32) & 0xFFFF) << LOW_BITS;
+    if let Ok(two) = <[u8; 2]>::try_from(v) {
+        let mut one = RoaringBitmap::new();
+        one.insert(base | u16::from_be_bytes(two) as u32);
+        return Ok(one);
+    }
+    let bits = RoaringBitmap::deserialize_from(v)
+        .map_err(|e| StoreError::Corrupt(format!("index chunk {chunk}: {e}")))?;
+    let inside = |x: u32| x >> LOW_BITS == base >> LOW_BITS;
+    if bits.is_empty() || !bits.min().is_some_and(inside) || !bits.max().is_some_and(inside) {
+        return Err(StoreError::Corrupt(format!(
+            "index chunk {chunk} holds IDs outside its range"
+        )));
+    }
+    Ok(bits)
+}
+
+/// Chunks read in ascending order, gathered into a treemap.
+#[derive(Default)]
+struct Gather {
+    buckets: BTreeMap<u32, RoaringBitmap>,
+}
+
+impl Gather {
+    fn add(&mut self, chunk: u64, v: &[u8]) -> Result<(), StoreError> {
+        let bits = decode_chunk(chunk, v)?;
+        *self.buckets.entry((chunk >> 16) as u32).or_default() |= bits;
+        Ok(())
+    }
+
+    fn done(self) -> RoaringTreemap {
+        RoaringTreemap::from_bitmaps(self.buckets)
+    }
+}
+
+/// The IDs listed under `key`.
+pub fn read(txn: &RoTxn<'_>, db: &Db, key: &[u8]) -> Result<RoaringTreemap, StoreError> {
+    let p = prefix(key);
+    let hi = record_key(&p, u64::MAX >> (64 - 8 * CHUNK_BYTES));
+    let mut g = Gather::default();
+    let range = (Bound::Included(p.as_slice()), Bound::Included(hi.as_slice()));
+    for item in db.range(txn, &range)? {
+        let (k, v) = item?;
+        let chunk = chunk_number(k)?;
+        g.add(chunk, v)?;
+    }
+    Ok(g.done())
+}
+
+fn chunk_number(rec: &[u8]) -> Result<u64, StoreError> {
+    let tail = rec
+        .len()
+        .checked_sub(CHUNK_BYTES)
+        .map(|at| &rec[at..])
+        .ok_or_else(|| StoreError::Corrupt(format!("index record key {rec:02x?} is too short")))?;
+    let mut n = [0u8; 8];
+    n[8 - CHUNK_BYTES..].copy_from_slice(tail);
+    Ok(u64::from_be_bytes(n))
+}
+
+/// The IDs listed under every key from `from` (or the first) through
+/// `to` (or the last), both included.
+pub fn read_range(
+    txn: &RoTxn<'_>,
+    db: &Db,
+    from: Option<&[u8]>,
+    to: Option<&[u8]>,
+) -> Result<RoaringTreemap, StoreError> {
+    let lo = from.map(prefix);
+    let hi = to.map(|k| record_key(&prefix(k), u64::MAX >> (64 - 8 * CHUNK_BYTES)));
+    let range = (
+        lo.as_deref().map_or(Bound::Unbounded, Bound::Included),
+        hi.as_deref().map_or(Bound::Unbounded, Bound::Included),
+    );
+    let mut acc = RoaringTreemap::new();
+    for item in db.range(txn, &range)? {
+        let (k, v) = item?;
+        let chunk = chunk_number(k)?;
+        let mut g = Gather::default();
+        g.add(chunk, v)?;
+        acc |= g.done();
+    }
+    Ok(acc)
+}
+
+/// Add `id` to the list under `key` (`add`), or take it out: one chunk
+/// read and rewritten (or deleted when it empties).
+pub fn change(
+    txn: &mut RwTxn<'_>,
+    db: &Db,
+    key: &[u8],
+    id: EntryId,
+    add: bool,
+) -> Result<(), StoreError> {
+    let chunk = chunk_of(id);
+    let rk = record_key(&prefix(key), chunk);
+    let mut bits = match db.get(txn, &rk)? {
+        Some(v) => decode_chunk(chunk, v)?,
+        None => RoaringBitmap::new(),
+    };
+    let changed = if add {
+        bits.insert(id as u32)
+    } else {
+        bits.remove(id as u32)
+    };
+    if !changed {
+        return Ok(());
+    }
+    if bits.is_empty() {
+        db.delete(txn, &rk)?;
+    } else {
+        let mut buf = Vec::new();
+        encode_chunk(&bits, &mut buf);
+        db.put(txn, &rk, &buf)?;
+    }
+    Ok(())
+}
+
+/// Add the IDs `ids` to the list under `key`: each chunk they touch read
+/// and rewritten once. `append`: the database holds no key after this
+/// one's records (an import writing keys in order), so records are
+/// appended without a lookup.
+pub fn merge(
+    txn: &mut RwTxn<'_>,
+    db: &Db,
+    key: &[u8],
+    ids: &RoaringTreemap,
+    append: bool,
+    buf: &mut Vec<u8>,
+) -> Result<(), StoreError> {
+    let p = prefix(key);
+    for (chunk, mut bits) in chunks(ids) {
+        let rk = record_key(&p, chunk);
+        if append {
+            encode_chunk(&bits, buf);
+            db.put_with_flags(txn, PutFlags::APPEND, &rk, buf)?;
+            continue;
+        }
+        if let Some(v) = db.get(txn, &rk)? {
+            bits |= decode_chunk(chunk, v)?;
+        }
+        encode_chunk(&bits, buf);
+        db.put(txn, &rk, buf)?;
+    }
+    Ok(())
+}
+
+/// `ids` cut into chunks, in order: (chunk number, the IDs' low 32 bits).
+fn chunks(ids: &RoaringTreemap) -> Vec<(u64, RoaringBitmap)> {
+    let mut out: Vec<(u64, RoaringBitmap)> = Vec::new();
+    for (hi, bm) in ids.bitmaps() {
+        let mut cur: Option<(u64, Vec<u32>)> = None;
+        for lo in bm.iter() {
+            let chunk = ((hi as u64) << 16) | (lo >> LOW_BITS) as u64;
+            match &mut cur {
+                Some((c, v)) if *c == chunk => v.push(lo),
+                _ => {
+                    if let Some((c, v)) = cur.take() {
+                        out.push((c, v.into_iter().collect()));
+                    }
+                    cur = Some((chunk, vec![lo]));
+                }
+            }
+        }
+        if let Some((c, v)) = cur {
+            out.push((c, v.into_iter().collect()));
+        }
+    }
+    out
+}
+
+/// Every (index key, IDs) of `db` in key order: for `verify`.
+pub fn each_key(
+    txn: &RoTxn<'_>,
+    db: &Db,
+    f: &mut dyn FnMut(&[u8], RoaringTreemap),
+) -> Result<(), StoreError> {
+    let mut current: Option<(Vec<u8>, Gather)> = None;
+    for item in db.iter(txn)? {
+        let (k, v) = item?;
+        let (key, chunk) = split_record_key(k)?;
+        match &mut current {
+            Some((ck, g)) if *ck == key => g.add(chunk, v)?,
+            _ => {
+                if let Some((ck, g)) = current.take() {
+                    f(&ck, g.done());
+                }
+                let mut g = Gather::default();
+                g.add(chunk, v)?;
+                current = Some((key, g));
+            }
+        }
+    }
+    if let Some((ck, g)) = current {
+        f(&ck, g.done());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_keys_keep_the_order_of_index_keys_and_chunks() {
+        let keys: Vec<&[u8]> = vec![
+            b"", b"\x00", b"\x00\x00", b"\x00\x01", b"\x01", b"a", b"a\x00", b"a\x00b", b"a\x01",
+            b"ab", b"abc", b"b", b"\xff", b"\xff\x00",
+        ];
+        let mut recs = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            for chunk in [0u64, 1, 255, 256, (1 << 48) - 1] {
+                recs.push(((i, chunk), record_key(&prefix(k), chunk)));
+            }
+        }
+        let mut sorted = recs.clone();
+        sorted.sort_by(|a, b| a.1.cmp(&b.1));
+        assert_eq!(
+            sorted.iter().map(|r| r.0).collect::<Vec<_>>(),
+            recs.iter().map(|r| r.0).collect::<Vec<_>>()
+        );
+        for ((i, chunk), rk) in &recs {
+            assert_eq!(split_record_key(rk).unwrap(), (keys[*i].to_vec(), *chunk));
+        }
+        assert!(split_record_key(b"a\x00b\x00\x00\x00\x00\x00\x00\x00\x01").is_err());
+        assert!(split_record_key(b"short").is_err());
+    }
+
+    #[test]
+    fn chunks_round_trip() {
+        for ids in [
+            vec![7u64],
+            vec![1, 2, 3, 65_535, 65_536, 1 << 32, (1 << 32) + 70_000],
+            (0..200_000).collect(),
+            vec![u64::MAX >> 16],
+        ] {
+            let set: RoaringTreemap = ids.iter().copied().collect();
+            let mut g = Gather::default();
+            let mut buf = Vec::new();
+            for (chunk, bits) in chunks(&set) {
+                assert!(bits.len() <= 65_536);
+                encode_chunk(&bits, &mut buf);
+                assert_eq!(buf.len() == 2, bits.len() == 1);
+                assert!(buf.len() <= 8_300, "a chunk of {} bytes", buf.len());
+                g.add(chunk, &buf).unwrap();
+            }
+            assert_eq!(g.done(), set);
+        }
+        assert!(decode_chunk(0, b"garbage").is_err());
+        let mut far = RoaringBitmap::new();
+        far.insert(1 << 20);
+        far.insert(5);
+        let mut buf = Vec::new();
+        encode_chunk(&far, &mut buf);
+        assert!(decode_chunk(0, &buf).is_err(), "IDs of two chunks in one record");
+    }
+
+    /// Random adds and removes on a few keys (one a prefix of another, one
+    /// with NUL bytes), with IDs around chunk boundaries and beyond 2^32:
+    /// after each step, every key's list, the key walk and ranges of keys
+    /// equal a plain model's.
+    #[test]
+    fn lists_agree_with_a_model_after_random_changes() {
+        use std::collections::BTreeSet;
+        let dir = tempfile::tempdir().unwrap();
+        // SAFETY: a fresh directory only this test opens.
+        let env = unsafe {
+            heed::EnvOpenOptions::new()
+                .map_size(1 << 30)
+                .max_dbs(2)
+                .open(dir.path())
+                .unwrap()
+        };
+        let mut w = env.write_txn().unwrap();
+        let db: Db = env.create_database(&mut w, Some("ix:t:eq")).unwrap();
+        w.commit().unwrap();
+        let keys: [&[u8]; 5] = [b"a", b"a\x00", b"ab", b"\x00\x00", b"b"];
+        let mut model: BTreeMap<Vec<u8>, BTreeSet<u64>> = BTreeMap::new();
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for step in 0..3_000 {
+            let mut w = env.write_txn().unwrap();
+            for _ in 0..20 {
+                let key = keys[(next() % keys.len() as u64) as usize];
+                let base = [0u64, 65_536, 1 << 32, (1 << 32) + (5 << 16)][(next() % 4) as usize];
+                let id = base + next() % 70_000;
+                let add = next() % 3 != 0;
+                change(&mut w, &db, key, id, add).unwrap();
+                let set = model.entry(key.to_vec()).or_default();
+                if add {
+                    set.insert(id);
+                } else {
+                    set.remove(&id);
+                }
+            }
+            if step % 100 == 0 {
+                // A bulk merge into lists that already hold IDs.
+                let key = keys[(next() % keys.len() as u64) as usize];
+                let more: RoaringTreemap = (0..300).map(|_| next() % 200_000).collect();
+                let mut buf = Vec::new();
+                merge(&mut w, &db, key, &more, false, &mut buf).unwrap();
+                model.entry(key.to_vec()).or_default().extend(more.iter());
+            }
+            w.commit().unwrap();
+            if step % 250 != 249 {
+                continue;
+            }
+            let r = env.read_txn().unwrap();
+            let want = |k: &[u8]| -> RoaringTreemap {
+                model.get(k).map(|s| s.iter().copied().collect()).unwrap_or_default()
+            };
+            for k in keys {
+                assert_eq!(read(&r, &db, k).unwrap(), want(k), "step {step}, key {k:?}");
+            }
+            let mut walked = Vec::new();
+            each_key(&r, &db, &mut |k, ids| walked.push((k.to_vec(), ids))).unwrap();
+            let expected: Vec<_> = model
+                .iter()
+                .filter(|(_, s)| !s.is_empty())
+                .map(|(k, s)| (k.clone(), s.iter().copied().collect::<RoaringTreemap>()))
+                .collect();
+            assert_eq!(walked, expected, "step {step}");
+            for lo in keys {
+                for hi in keys {
+                    let mut union = RoaringTreemap::new();
+                    for (k, s) in &model {
+                        if k.as_slice() >= lo && k.as_slice() <= hi {
+                            union.extend(s.iter().copied());
+                        }
+                    }
+                    let got = read_range(&r, &db, Some(lo), Some(hi)).unwrap();
+                    assert_eq!(got, union, "step {step}, {lo:?}..={hi:?}");
+                }
+                let below: RoaringTreemap = model
+                    .iter()
+                    .filter(|(k, _)| k.as_slice() <= lo)
+                    .flat_map(|(_, s)| s.iter().copied())
+                    .collect();
+                assert_eq!(read_range(&r, &db, None, Some(lo)).unwrap(), below);
+            }
+        }
+        // One change rewrites one record, however long the list.
+        let mut w = env.write_txn().unwrap();
+        let big: RoaringTreemap = (0..1_000_000u64).collect();
+        let mut buf = Vec::new();
+        merge(&mut w, &db, b"big", &big, false, &mut buf).unwrap();
+        w.commit().unwrap();
+        let r = env.read_txn().unwrap();
+        let records = db.prefix_iter(&r, &prefix(b"big")).unwrap().count();
+        assert_eq!(records, 16, "a million IDs in 65,536-ID chunks");
+        let largest = db
+            .prefix_iter(&r, &prefix(b"big"))
+            .unwrap()
+            .map(|i| i.unwrap().1.len())
+            .max()
+            .unwrap();
+        assert!(largest <= 8_300, "largest record {largest} bytes");
+        assert_eq!(read(&r, &db, b"big").unwrap(), big);
+    }
+}
+

@@ -1,0 +1,60 @@
+"""A store written by the previous store format is upgraded in place.
+
+fixtures/store-format-2.mdb.gz is the data file of a store made by the
+release before chunked posting lists (commit 810ab12, store format 2: one
+serialised posting list per index key in `idx:` databases), holding 60
+users from `../shared/bench/gen_ldif.py -n 60 --password-scheme ssha`.
+"""
+
+import gzip
+import shutil
+import subprocess
+
+from conftest import PANDO_BIN, SUFFIX, Pando
+
+
+def unpack(tmp_path):
+    srv = Pando(tmp_path)
+    db = srv.data_dir / "db"
+    db.mkdir(parents=True)
+    srv.data_dir.chmod(0o700)
+    db.chmod(0o700)
+    fixture = __file__.rsplit("/", 1)[0] + "/fixtures/store-format-2.mdb.gz"
+    with gzip.open(fixture, "rb") as src, open(db / "data.mdb", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    (db / "data.mdb").chmod(0o600)
+    return srv
+
+
+def verify(srv):
+    r = subprocess.run([PANDO_BIN, "verify", "--data-dir", str(srv.data_dir)],
+                       capture_output=True, text=True, timeout=120)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_a_format_2_store_is_upgraded_and_answers_as_before(tmp_path):
+    srv = unpack(tmp_path)
+    rc, out = verify(srv)
+    assert rc == 0, out
+    assert "store format 2" in out and "62 entries, consistent" in out, out
+    srv.start()
+    assert "store format upgrade" in srv.logs(tail=100000)
+    # Every kind of index lookup the default indexes answer.
+    for flt, want in [("(uid=user.7)", 1), ("(mail=user.1*)", 11),
+                      ("(objectClass=inetOrgPerson)", 60), ("(cn=*)", 60)]:
+        rc, entries, err = srv.search(SUFFIX, flt, "uid")
+        assert rc == 0 and len(entries) == want, (flt, len(entries), err)
+    # Changes after the upgrade keep the new lists right.
+    rc, _, err = srv.ldap("ldapdelete", "uid=user.12,ou=People," + SUFFIX)
+    assert rc == 0, err
+    rc, entries, err = srv.search(SUFFIX, "(uid=user.12)", "uid")
+    assert rc == 0 and entries == [], err
+    assert srv.stop() == 0
+    rc, out = verify(srv)
+    assert rc == 0 and "61 entries, consistent" in out and "store format" not in out, out
+    # A second start does not rebuild again.
+    srv.start()
+    rc, entries, err = srv.search(SUFFIX, "(mail=user.1*)", "uid")
+    assert rc == 0 and len(entries) == 10, err
+    assert srv.logs(tail=100000).count("store format upgrade") == 1
+    srv.stop_and_verify()
