@@ -23,11 +23,12 @@ pub fn peercred_dn(c: PeerCred) -> String {
 /// peer's credentials themselves: a simple bind as some entry over the same
 /// socket is that entry, not the owner.
 fn is_ldapi_owner(norm: &str, session: &Session) -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    session
-        .peer_cred
-        .is_some_and(|c| (c.uid == me || c.uid == 0) && norm.eq_ignore_ascii_case(&peercred_dn(c)))
+    // Asked on every bind: the system call only for ldapi peers.
+    session.peer_cred.is_some_and(|c| {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        (c.uid == me || c.uid == 0) && norm.eq_ignore_ascii_case(&peercred_dn(c))
+    })
 }
 
 /// An identity named in `[auth]`: a normalised DN or the ldapi owner.
