@@ -119,7 +119,8 @@ fn decode_chunk(chunk: u64, v: &[u8]) -> Result<RoaringBitmap, StoreError> {
     Ok(bits)
 }
 
-/// Chunks read in ascending order, gathered into a treemap.
+/// Chunks gathered into a treemap: each OR-ed into the bitmap of its
+/// 2^32-ID bucket (one key's chunks never overlap; a range's may).
 #[derive(Default)]
 struct Gather {
     buckets: BTreeMap<u32, RoaringBitmap>,
@@ -176,15 +177,13 @@ pub fn read_range(
         lo.as_deref().map_or(Bound::Unbounded, Bound::Included),
         hi.as_deref().map_or(Bound::Unbounded, Bound::Included),
     );
-    let mut acc = RoaringTreemap::new();
+    // Chunks of different keys overlap: each is OR-ed into its bucket.
+    let mut g = Gather::default();
     for item in db.range(txn, &range)? {
         let (k, v) = item?;
-        let chunk = chunk_number(k)?;
-        let mut g = Gather::default();
-        g.add(chunk, v)?;
-        acc |= g.done();
+        g.add(chunk_number(k)?, v)?;
     }
-    Ok(acc)
+    Ok(g.done())
 }
 
 /// Add `id` to the list under `key` (`add`), or take it out: one chunk
