@@ -50,11 +50,25 @@ def copy_dir(src, dst):
     return dst
 
 
+def main_root(b):
+    """The main database's root page in the newer of the two meta pages
+    (LMDB 0.9, 64-bit: the transaction ID at byte 144 of a meta page, the
+    main database's root at byte 128)."""
+    word = lambda at: int.from_bytes(b[at:at + 8], "little")
+    slot = max((0, 1), key=lambda s: word(s * PAGE + 144))
+    return word(slot * PAGE + 128)
+
+
 def damage(data_dir, how):
     f = data_dir / "db" / "data.mdb"
     b = bytearray(f.read_bytes())
     if how == "zero-pages":
-        b[5 * PAGE:8 * PAGE] = bytes(3 * PAGE)
+        # Three zeroed pages from the main database's root (which names
+        # every database): where the other trees lie depends on the store's
+        # layout and history, and `serve` checks the main database's pages
+        # before it opens a store (the indexes' only with `verify`).
+        root = main_root(b)
+        b[root * PAGE:(root + 3) * PAGE] = bytes(3 * PAGE)
     elif how == "truncated":
         del b[len(b) // 3:]
     elif how == "meta-pages":

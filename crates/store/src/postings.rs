@@ -13,7 +13,7 @@
 //! holds one ID, as for a unique attribute, otherwise a serialised
 //! RoaringBitmap of the IDs' low 32 bits (never 2 bytes long).
 //!
-//! Must not know what the keys mean (see [`crate::index`]) or which
+//! Must not know what the keys mean (the index layer does) or which
 //! database holds them.
 
 use std::collections::BTreeMap;

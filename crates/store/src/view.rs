@@ -3,6 +3,7 @@
 //! Nothing here writes.
 
 use super::*;
+use std::collections::BTreeMap;
 
 /// The values of attribute `attr_lower` (any options) in stored order.
 pub(crate) fn values_of<'a>(
@@ -426,33 +427,50 @@ impl<'t> View<'t> {
         attr_keys(&self.catalog.schema, attrs, attr_lower, kind)
     }
 
-    /// Every (index name, key) pair `attrs` produce: used by `verify`.
-    pub fn all_index_keys(&self, attrs: &[Attribute]) -> Vec<(String, Vec<u8>)> {
-        let mut out = Vec::new();
-        for (attr, idx) in self.catalog.ready() {
-            for k in self.keys_of(attrs, attr, idx.kind) {
-                out.push((index::db_name(attr, idx.kind), k));
-            }
-        }
-        out
-    }
-
     /// Walk every store invariant; returns a list of problems (empty = consistent).
     pub fn verify(&self) -> Result<Vec<String>, StoreError> {
         let mut problems = Vec::new();
+        let ids = self.verify_entries(&mut problems)?;
+        for item in self.inner.dn2id.iter(self.txn)? {
+            let (_, v) = item?;
+            let id = id_from(v)?;
+            if !ids.contains(id) {
+                problems.push(format!(
+                    "dn2id names entry {id}, which has no id2entry record"
+                ));
+            }
+        }
+        for item in self.inner.id2parent.iter(self.txn)? {
+            let (k, _) = item?;
+            let id = id_from(k)?;
+            if !ids.contains(id) {
+                problems.push(format!("id2parent has a record for missing entry {id}"));
+            }
+        }
+        // One indexed attribute at a time: what its entries should produce
+        // is held for its indexes only, so memory follows the largest
+        // index, not all of them together.
+        let mut by_attr: BTreeMap<&str, Vec<&IndexDb>> = BTreeMap::new();
+        for (attr, idx) in self.catalog.ready() {
+            by_attr.entry(attr).or_default().push(idx);
+        }
+        for (attr, idxs) in by_attr {
+            self.verify_indexes_of(attr, &idxs, &mut problems)?;
+        }
+        Ok(problems)
+    }
+
+    /// Every entry decodes and has its DN records; the IDs of the entries.
+    fn verify_entries(&self, problems: &mut Vec<String>) -> Result<RoaringTreemap, StoreError> {
         let mut ids = RoaringTreemap::new();
-        let mut expected: HashMap<(String, Vec<u8>), RoaringTreemap> = HashMap::new();
         for item in self.inner.id2entry.iter(self.txn)? {
             let (k, v) = item?;
             let id = id_from(k)?;
             ids.insert(id);
-            let attrs = match self.decode_attrs(id, v) {
-                Ok(a) => a,
-                Err(e) => {
-                    problems.push(e.to_string());
-                    continue;
-                }
-            };
+            if let Err(e) = self.decode_attrs(id, v) {
+                problems.push(e.to_string());
+                continue;
+            }
             match self.placement(id)? {
                 None => problems.push(format!("entry {id} has no id2parent record")),
                 Some(p) => {
@@ -475,57 +493,73 @@ impl<'t> View<'t> {
                     }
                 }
             }
-            for key in self.all_index_keys(&attrs) {
-                expected.entry(key).or_default().insert(id);
+        }
+        Ok(ids)
+    }
+
+    /// The indexes `idxs` of attribute `attr` list exactly what the
+    /// entries' values produce (entries that do not decode were reported
+    /// by [`verify_entries`](Self::verify_entries)).
+    fn verify_indexes_of(
+        &self,
+        attr: &str,
+        idxs: &[&IndexDb],
+        problems: &mut Vec<String>,
+    ) -> Result<(), StoreError> {
+        let mut expected: Vec<HashMap<Vec<u8>, RoaringTreemap>> = vec![HashMap::new(); idxs.len()];
+        let keep = |d: &str| pando_model::desc::base(d).eq_ignore_ascii_case(attr);
+        for item in self.inner.id2entry.iter(self.txn)? {
+            let (k, v) = item?;
+            let id = id_from(k)?;
+            let Ok(e) = self.inner.codec.decode_where(id, Dn { rdns: vec![] }, v, Some(&keep)) else {
+                continue;
+            };
+            for (i, idx) in idxs.iter().enumerate() {
+                for key in self.keys_of(&e.attrs, attr, idx.kind) {
+                    expected[i].entry(key).or_default().insert(id);
+                }
             }
         }
-        for item in self.inner.dn2id.iter(self.txn)? {
-            let (_, v) = item?;
-            let id = id_from(v)?;
-            if !ids.contains(id) {
+        for (idx, want) in idxs.iter().zip(&expected) {
+            self.compare_index(&index::db_name(attr, idx.kind), &idx.db, want, problems)?;
+        }
+        Ok(())
+    }
+
+    /// Index `db` (named `name`) holds exactly the lists `want`.
+    fn compare_index(
+        &self,
+        name: &str,
+        db: &Db,
+        want: &HashMap<Vec<u8>, RoaringTreemap>,
+        problems: &mut Vec<String>,
+    ) -> Result<(), StoreError> {
+        let mut seen = HashSet::new();
+        let empty = RoaringTreemap::new();
+        crate::postings::each_key(self.txn, db, &mut |k, got| {
+            let want = want.get(k).unwrap_or(&empty);
+            if &got != want {
                 problems.push(format!(
-                    "dn2id names entry {id}, which has no id2entry record"
+                    "{name}: key {:?} lists {} IDs, entries produce {} (extra {:?}, missing {:?})",
+                    String::from_utf8_lossy(k),
+                    got.len(),
+                    want.len(),
+                    (&got - want).iter().take(5).collect::<Vec<_>>(),
+                    (want - &got).iter().take(5).collect::<Vec<_>>()
+                ));
+            }
+            seen.insert(k.to_vec());
+        })
+        .map_err(|e| StoreError::Corrupt(format!("{name}: {e}")))?;
+        for (k, set) in want {
+            if !seen.contains(k) {
+                problems.push(format!(
+                    "{name}: key {:?} is missing (entries {:?})",
+                    String::from_utf8_lossy(k),
+                    set.iter().take(5).collect::<Vec<_>>()
                 ));
             }
         }
-        for item in self.inner.id2parent.iter(self.txn)? {
-            let (k, _) = item?;
-            let id = id_from(k)?;
-            if !ids.contains(id) {
-                problems.push(format!("id2parent has a record for missing entry {id}"));
-            }
-        }
-        for (attr, idx) in self.catalog.ready() {
-            let name = index::db_name(attr, idx.kind);
-            let mut seen = HashSet::new();
-            crate::postings::each_key(self.txn, &idx.db, &mut |k, got| {
-                let want = expected
-                    .get(&(name.clone(), k.to_vec()))
-                    .cloned()
-                    .unwrap_or_default();
-                if got != want {
-                    problems.push(format!(
-                        "{name}: key {:?} lists {} IDs, entries produce {} (extra {:?}, missing {:?})",
-                        String::from_utf8_lossy(k),
-                        got.len(),
-                        want.len(),
-                        (&got - &want).iter().take(5).collect::<Vec<_>>(),
-                        (&want - &got).iter().take(5).collect::<Vec<_>>()
-                    ));
-                }
-                seen.insert(k.to_vec());
-            })
-            .map_err(|e| StoreError::Corrupt(format!("{name}: {e}")))?;
-            for ((n, k), set) in &expected {
-                if n == &name && !seen.contains(k) {
-                    problems.push(format!(
-                        "{name}: key {:?} is missing (entries {:?})",
-                        String::from_utf8_lossy(k),
-                        set.iter().take(5).collect::<Vec<_>>()
-                    ));
-                }
-            }
-        }
-        Ok(problems)
+        Ok(())
     }
 }
