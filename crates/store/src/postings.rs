@@ -143,7 +143,10 @@ pub fn read(txn: &RoTxn<'_>, db: &Db, key: &[u8]) -> Result<RoaringTreemap, Stor
     let p = prefix(key);
     let hi = record_key(&p, u64::MAX >> (64 - 8 * CHUNK_BYTES));
     let mut g = Gather::default();
-    let range = (Bound::Included(p.as_slice()), Bound::Included(hi.as_slice()));
+    let range = (
+        Bound::Included(p.as_slice()),
+        Bound::Included(hi.as_slice()),
+    );
     for item in db.range(txn, &range)? {
         let (k, v) = item?;
         let chunk = chunk_number(k)?;
@@ -307,8 +310,20 @@ mod tests {
     #[test]
     fn record_keys_keep_the_order_of_index_keys_and_chunks() {
         let keys: Vec<&[u8]> = vec![
-            b"", b"\x00", b"\x00\x00", b"\x00\x01", b"\x01", b"a", b"a\x00", b"a\x00b", b"a\x01",
-            b"ab", b"abc", b"b", b"\xff", b"\xff\x00",
+            b"",
+            b"\x00",
+            b"\x00\x00",
+            b"\x00\x01",
+            b"\x01",
+            b"a",
+            b"a\x00",
+            b"a\x00b",
+            b"a\x01",
+            b"ab",
+            b"abc",
+            b"b",
+            b"\xff",
+            b"\xff\x00",
         ];
         let mut recs = Vec::new();
         for (i, k) in keys.iter().enumerate() {
@@ -355,7 +370,10 @@ mod tests {
         far.insert(5);
         let mut buf = Vec::new();
         encode_chunk(&far, &mut buf);
-        assert!(decode_chunk(0, &buf).is_err(), "IDs of two chunks in one record");
+        assert!(
+            decode_chunk(0, &buf).is_err(),
+            "IDs of two chunks in one record"
+        );
     }
 
     /// Random adds and removes on a few keys (one a prefix of another, one
@@ -415,7 +433,10 @@ mod tests {
             }
             let r = env.read_txn().unwrap();
             let want = |k: &[u8]| -> RoaringTreemap {
-                model.get(k).map(|s| s.iter().copied().collect()).unwrap_or_default()
+                model
+                    .get(k)
+                    .map(|s| s.iter().copied().collect())
+                    .unwrap_or_default()
             };
             for k in keys {
                 assert_eq!(read(&r, &db, k).unwrap(), want(k), "step {step}, key {k:?}");
@@ -466,4 +487,3 @@ mod tests {
         assert_eq!(read(&r, &db, b"big").unwrap(), big);
     }
 }
-

@@ -832,7 +832,15 @@ fn format_2_indexes_are_rebuilt_in_chunks() {
     assert_eq!(probe(&store), before);
     assert_consistent(&store);
     let r = store.read().unwrap();
-    let meta = |k: &[u8]| r.view().inner.meta.get(&r.txn, k).unwrap().unwrap().to_vec();
+    let meta = |k: &[u8]| {
+        r.view()
+            .inner
+            .meta
+            .get(&r.txn, k)
+            .unwrap()
+            .unwrap()
+            .to_vec()
+    };
     assert_eq!(meta(META_FORMAT), FORMAT_VERSION.to_be_bytes());
     let listed = String::from_utf8(meta(META_INDEXES)).unwrap();
     assert!(listed.lines().all(|n| n.starts_with("ix:")), "{listed}");
@@ -1655,10 +1663,7 @@ fn a_dropped_index_is_emptied_and_an_interrupted_build_is_redone_at_open() {
     // The emptying job runs after the change; a write after it sees it done.
     store.write_blocking(|_| Ok::<(), StoreError>(())).unwrap();
     let stats = store.stats().unwrap();
-    assert!(stats
-        .databases
-        .iter()
-        .all(|d| !d.name.starts_with("ix:sn")));
+    assert!(stats.databases.iter().all(|d| !d.name.starts_with("ix:sn")));
     let emptied = store
         .write_blocking(|w| -> Result<u64, StoreError> {
             let db = w

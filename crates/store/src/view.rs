@@ -511,7 +511,11 @@ impl<'t> View<'t> {
         for item in self.inner.id2entry.iter(self.txn)? {
             let (k, v) = item?;
             let id = id_from(k)?;
-            let Ok(e) = self.inner.codec.decode_where(id, Dn { rdns: vec![] }, v, Some(&keep)) else {
+            let Ok(e) = self
+                .inner
+                .codec
+                .decode_where(id, Dn { rdns: vec![] }, v, Some(&keep))
+            else {
                 continue;
             };
             for (i, idx) in idxs.iter().enumerate() {
