@@ -571,12 +571,12 @@ fn verify(args: VerifyArgs) -> Result<ExitCode, String> {
             println!("{}: {e}", dir.display());
             return Ok(ExitCode::from(1));
         }
-        note_older_format(&dir);
         pando_store::Store::open_read_only(&dir, schema.clone(), &opts)
             .map_err(|e| format!("{}: {e}", dir.display()))?
     };
     let rtxn = store.read().map_err(|e| e.to_string())?;
     let view = rtxn.view();
+    note_older_format(&dir, &view)?;
     let count = view.entry_count().map_err(|e| e.to_string())?;
     let mut problems = view.verify().map_err(|e| e.to_string())?;
     problems.extend(memberof_problems(&resolved, &schema, &view)?);
@@ -615,20 +615,16 @@ fn configured_memberof(
 /// are only rebuilt in this version's layout when a server (or
 /// `--repair-indexes`) opens it for writing: say so, since they are not
 /// checked until then.
-fn note_older_format(dir: &std::path::Path) {
-    let found = pando_store::Store::peek_meta(dir, &["format"])
-        .ok()
-        .flatten()
-        .and_then(|mut v| v.pop().flatten())
-        .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
-        .map(u32::from_be_bytes);
-    if let Some(f) = found.filter(|f| *f < pando_store::FORMAT_VERSION) {
+fn note_older_format(dir: &std::path::Path, view: &pando_store::View<'_>) -> Result<(), String> {
+    let f = view.store_format().map_err(|e| e.to_string())?;
+    if f < pando_store::FORMAT_VERSION {
         println!(
             "{}: store format {f}; its indexes are rebuilt in format {} at the next start (or with --repair-indexes), and are not checked here",
             dir.display(),
             pando_store::FORMAT_VERSION
         );
     }
+    Ok(())
 }
 
 /// With the memberof overlay configured: entries whose memberOf is not

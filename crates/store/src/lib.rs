@@ -109,6 +109,12 @@ pub const FORMAT_VERSION: u32 = 3;
 /// Oldest store format this version reads.
 pub const OLDEST_FORMAT: u32 = 1;
 const META_FORMAT: &[u8] = b"format";
+
+/// The format number in a `meta:format` record; None when the record is
+/// not one (not 4 bytes).
+fn format_of(v: &[u8]) -> Option<u32> {
+    <[u8; 4]>::try_from(v).ok().map(u32::from_be_bytes)
+}
 const META_NEXT_ID: &[u8] = b"next_id";
 /// Newline-separated names of the index databases kept complete.
 const META_INDEXES: &[u8] = b"indexes";

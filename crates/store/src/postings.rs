@@ -28,6 +28,8 @@ use crate::{Db, EntryId, StoreError};
 const LOW_BITS: u32 = 16;
 /// Bytes of the chunk number ending a record's key.
 const CHUNK_BYTES: usize = 6;
+/// The highest chunk number a record's key can hold.
+const LAST_CHUNK: u64 = u64::MAX >> (64 - 8 * CHUNK_BYTES);
 /// Ends the escaped index key; sorts below every escaped byte.
 const END: [u8; 2] = [0, 0];
 
@@ -72,8 +74,7 @@ pub fn split_record_key(rec: &[u8]) -> Result<(Vec<u8>, u64), StoreError> {
     if tail[..END.len()] != END {
         return Err(bad());
     }
-    let mut n = [0u8; 8];
-    n[8 - CHUNK_BYTES..].copy_from_slice(&tail[END.len()..]);
+    let chunk = chunk_number(rec)?;
     let mut key = Vec::with_capacity(body.len());
     let mut bytes = body.iter();
     while let Some(&b) = bytes.next() {
@@ -82,7 +83,7 @@ pub fn split_record_key(rec: &[u8]) -> Result<(Vec<u8>, u64), StoreError> {
         }
         key.push(b);
     }
-    Ok((key, u64::from_be_bytes(n)))
+    Ok((key, chunk))
 }
 
 /// The IDs of one chunk as stored (low 32 bits of each ID).
@@ -141,20 +142,18 @@ impl Gather {
 /// The IDs listed under `key`.
 pub fn read(txn: &RoTxn<'_>, db: &Db, key: &[u8]) -> Result<RoaringTreemap, StoreError> {
     let p = prefix(key);
-    let hi = record_key(&p, u64::MAX >> (64 - 8 * CHUNK_BYTES));
-    let mut g = Gather::default();
-    let range = (
-        Bound::Included(p.as_slice()),
-        Bound::Included(hi.as_slice()),
-    );
-    for item in db.range(txn, &range)? {
-        let (k, v) = item?;
-        let chunk = chunk_number(k)?;
-        g.add(chunk, v)?;
-    }
-    Ok(g.done())
+    let hi = record_key(&p, LAST_CHUNK);
+    gather(
+        txn,
+        db,
+        (
+            Bound::Included(p.as_slice()),
+            Bound::Included(hi.as_slice()),
+        ),
+    )
 }
 
+/// The chunk number ending a record's key.
 fn chunk_number(rec: &[u8]) -> Result<u64, StoreError> {
     let tail = rec
         .len()
@@ -175,12 +174,25 @@ pub fn read_range(
     to: Option<&[u8]>,
 ) -> Result<RoaringTreemap, StoreError> {
     let lo = from.map(prefix);
-    let hi = to.map(|k| record_key(&prefix(k), u64::MAX >> (64 - 8 * CHUNK_BYTES)));
-    let range = (
-        lo.as_deref().map_or(Bound::Unbounded, Bound::Included),
-        hi.as_deref().map_or(Bound::Unbounded, Bound::Included),
-    );
-    // Chunks of different keys overlap: each is OR-ed into its bucket.
+    let hi = to.map(|k| record_key(&prefix(k), LAST_CHUNK));
+    gather(
+        txn,
+        db,
+        (
+            lo.as_deref().map_or(Bound::Unbounded, Bound::Included),
+            hi.as_deref().map_or(Bound::Unbounded, Bound::Included),
+        ),
+    )
+}
+
+/// The IDs of every record whose key lies in `range` (record keys, not
+/// index keys). Chunks of different index keys overlap: each is OR-ed
+/// into its bucket.
+fn gather(
+    txn: &RoTxn<'_>,
+    db: &Db,
+    range: (Bound<&[u8]>, Bound<&[u8]>),
+) -> Result<RoaringTreemap, StoreError> {
     let mut g = Gather::default();
     for item in db.range(txn, &range)? {
         let (k, v) = item?;
@@ -255,21 +267,19 @@ pub fn merge(
 fn chunks(ids: &RoaringTreemap) -> Vec<(u64, RoaringBitmap)> {
     let mut out: Vec<(u64, RoaringBitmap)> = Vec::new();
     for (hi, bm) in ids.bitmaps() {
-        let mut cur: Option<(u64, Vec<u32>)> = None;
         for lo in bm.iter() {
             let chunk = ((hi as u64) << 16) | (lo >> LOW_BITS) as u64;
-            match &mut cur {
-                Some((c, v)) if *c == chunk => v.push(lo),
+            // IDs come in ascending order: each is above its chunk's last.
+            match out.last_mut() {
+                Some((c, bits)) if *c == chunk => {
+                    bits.push(lo);
+                }
                 _ => {
-                    if let Some((c, v)) = cur.take() {
-                        out.push((c, v.into_iter().collect()));
-                    }
-                    cur = Some((chunk, vec![lo]));
+                    let mut bits = RoaringBitmap::new();
+                    bits.push(lo);
+                    out.push((chunk, bits));
                 }
             }
-        }
-        if let Some((c, v)) = cur {
-            out.push((c, v.into_iter().collect()));
         }
     }
     out
@@ -327,7 +337,7 @@ mod tests {
         ];
         let mut recs = Vec::new();
         for (i, k) in keys.iter().enumerate() {
-            for chunk in [0u64, 1, 255, 256, (1 << 48) - 1] {
+            for chunk in [0u64, 1, 255, 256, LAST_CHUNK] {
                 recs.push(((i, chunk), record_key(&prefix(k), chunk)));
             }
         }

@@ -123,9 +123,8 @@ fn check_format(
             meta.put(wtxn, META_NEXT_ID, &1u64.to_be_bytes())?;
         }
         Some(v) => {
-            let found = <[u8; 4]>::try_from(v)
-                .map(u32::from_be_bytes)
-                .map_err(|_| StoreError::Format("unreadable format version in meta".into()))?;
+            let found = format_of(v)
+                .ok_or_else(|| StoreError::Format("unreadable format version in meta".into()))?;
             if !(OLDEST_FORMAT..=FORMAT_VERSION).contains(&found) {
                 return Err(StoreError::Format(format!(
                     "store {} has format {found}, this Pando reads formats {OLDEST_FORMAT} to {FORMAT_VERSION}",
@@ -411,10 +410,7 @@ impl Store {
             open("dn2id")?,
             open("id2parent")?,
         );
-        let found = meta
-            .get(&rtxn, META_FORMAT)?
-            .and_then(|v| <[u8; 4]>::try_from(v).ok())
-            .map(u32::from_be_bytes);
+        let found = meta.get(&rtxn, META_FORMAT)?.and_then(format_of);
         if !found.is_some_and(|f| (OLDEST_FORMAT..=FORMAT_VERSION).contains(&f)) {
             return Err(StoreError::Format(format!(
                 "store {} has format {found:?}, this Pando reads formats {OLDEST_FORMAT} to {FORMAT_VERSION}",

@@ -371,6 +371,17 @@ impl<'t> View<'t> {
         self.children(0)
     }
 
+    /// The store's format number (`meta:format`). Below [`FORMAT_VERSION`]
+    /// only in a read-only view of a store no Pando of this version has
+    /// opened for writing yet: its indexes are not in this version's layout.
+    pub fn store_format(&self) -> Result<u32, StoreError> {
+        self.inner
+            .meta
+            .get(self.txn, META_FORMAT)?
+            .and_then(format_of)
+            .ok_or_else(|| StoreError::Format("unreadable format version in meta".into()))
+    }
+
     pub fn meta_get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(self
             .inner
