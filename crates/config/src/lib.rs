@@ -528,7 +528,8 @@ impl Default for AuthConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct PasswordsConfig {
     /// Scheme for clear-text passwords written by clients: `argon2`
-    /// (argon2id, default), `pbkdf2-sha512` or `ssha512`. Values already
+    /// (argon2id, default), `pbkdf2-sha512`, `ssha512` or `ssha` (salted
+    /// SHA-1, as OpenLDAP writes by default: weak). Values already
     /// hashed (`{SCHEME}…`) are stored as given.
     pub scheme: String,
     /// argon2id memory cost in KiB (default 19456, OWASP's minimum).
@@ -611,9 +612,10 @@ impl PasswordsConfig {
                 })
             }
             "ssha512" => Ok(HashPolicy::Ssha512),
+            "ssha" => Ok(HashPolicy::Ssha),
             other => Err(err(
                 "passwords.scheme",
-                format!("'{other}' is not one of argon2, pbkdf2-sha512, ssha512"),
+                format!("'{other}' is not one of argon2, pbkdf2-sha512, ssha512, ssha"),
             )),
         }
     }

@@ -210,6 +210,7 @@ mod tests {
             small(),
             HashPolicy::Pbkdf2Sha512 { iterations: 1000 },
             HashPolicy::Ssha512,
+            HashPolicy::Ssha,
         ] {
             let work = PasswordWork::new(policy, 1);
             let out = work
@@ -221,6 +222,7 @@ mod tests {
                 HashPolicy::Argon2(_) => "{ARGON2}",
                 HashPolicy::Pbkdf2Sha512 { .. } => "{PBKDF2-SHA512}",
                 HashPolicy::Ssha512 => "{SSHA512}",
+                HashPolicy::Ssha => "{SSHA}",
             };
             assert!(out[0].starts_with(prefix.as_bytes()), "{policy:?}");
             assert!(

@@ -150,6 +150,10 @@ pub enum HashPolicy {
     /// `{SSHA512}`: one salted SHA-512, microseconds; as cheap to guess
     /// offline as it is to check.
     Ssha512,
+    /// `{SSHA}`: one salted SHA-1, what OpenLDAP's `password-hash` writes by
+    /// default; for sites whose other servers or tools read only that.
+    /// Weaker than `{SSHA512}`; upgrade on bind never rewrites towards it.
+    Ssha,
 }
 
 impl Default for HashPolicy {
@@ -169,19 +173,21 @@ impl HashPolicy {
             }
             HashPolicy::Pbkdf2Sha512 { iterations } => pbkdf2_sha512(clear, *iterations),
             HashPolicy::Ssha512 => ssha512(clear),
+            HashPolicy::Ssha => ssha1(clear),
         }
     }
 
     /// Whether one hash costs milliseconds (and so goes through the
     /// bounded hashing queue) rather than microseconds.
     pub fn is_slow(&self) -> bool {
-        !matches!(self, HashPolicy::Ssha512)
+        !matches!(self, HashPolicy::Ssha512 | HashPolicy::Ssha)
     }
 
     /// The [`Strength`] of the values this policy writes.
     pub fn strength(&self) -> Strength {
         match self {
             HashPolicy::Ssha512 => Strength::SaltedDigest,
+            HashPolicy::Ssha => Strength::WeakSalted,
             _ => Strength::KeyStretching,
         }
     }
@@ -260,14 +266,24 @@ fn pbkdf2_sha512(clear: &[u8], iterations: u32) -> String {
 }
 
 fn ssha512(clear: &[u8]) -> String {
+    salted::<Sha512>("SSHA512", clear)
+}
+
+fn ssha1(clear: &[u8]) -> String {
+    salted::<Sha1>("SSHA", clear)
+}
+
+/// `{NAME}` base64(digest(clear ‖ salt) ‖ salt), a 16-byte random salt: the
+/// RFC 2307 salted-digest form every LDAP server verifies.
+fn salted<D: Digest>(name: &str, clear: &[u8]) -> String {
     let mut salt = [0u8; 16];
     fill_random(&mut salt);
-    let mut h = Sha512::new();
+    let mut h = D::new();
     h.update(clear);
     h.update(salt);
     let mut raw = h.finalize().to_vec();
     raw.extend_from_slice(&salt);
-    format!("{{SSHA512}}{}", STANDARD.encode(raw))
+    format!("{{{name}}}{}", STANDARD.encode(raw))
 }
 
 /// Characters for generated passwords: letters and digits without the
@@ -790,6 +806,12 @@ mod tests {
         assert_eq!(strength(b"{UNKNOWN}x"), Strength::KeyStretching);
         assert!(strength(b"{SSHA}x") < HashPolicy::Ssha512.strength());
         assert!(strength(b"{SSHA512}x") == HashPolicy::Ssha512.strength());
+        // `ssha` writes what it sees as its own strength: never upgraded.
+        let v = HashPolicy::Ssha.hash(b"secret");
+        assert!(v.starts_with("{SSHA}"), "{v}");
+        assert_eq!(strength(v.as_bytes()), HashPolicy::Ssha.strength());
+        assert!(verify_password(b"secret", v.as_bytes()));
+        assert!(!verify_password(b"Secret", v.as_bytes()));
         assert_eq!(describe(b"{md5}abc"), ("{MD5}".to_string(), true));
         assert_eq!(
             describe(b"{KERBEROS}bob"),
