@@ -330,6 +330,7 @@ fn start_listeners(
             conn_limit: frontend.connections.places().clone(),
             per_ip: frontend.per_ip.clone(),
             shutdown: stop_rx.clone(),
+            shards: Arc::new(net::shards::Shards::start(server.cfg.config.threads)?),
         },
         paired,
     );

@@ -142,6 +142,8 @@ pub struct AcceptCtx {
     pub per_ip: Arc<PerIpLimit>,
     /// Flips at shutdown: accept loops and connections end.
     pub shutdown: watch::Receiver<bool>,
+    /// The threads connections are served on.
+    pub shards: Arc<super::shards::Shards>,
 }
 
 /// The accept loops running. Listeners configured with `listen` can be
@@ -261,6 +263,8 @@ impl Listeners {
     pub async fn join_all(&self) {
         let tasks: Vec<_> = {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            // The connection threads stop once their connections ended.
+            st.ctx = None;
             let metrics = st.metrics.take().map(|(_, _, t)| t);
             st.running
                 .drain(..)
@@ -373,6 +377,7 @@ async fn serve(
         conn_limit,
         per_ip,
         shutdown,
+        shards,
     } = ctx;
     let mut closing = shutdown.clone();
     let ldaps = matches!(bound, Bound::Ldaps(_));
@@ -417,24 +422,45 @@ async fn serve(
             session: Arc::new(session),
             shutdown: shutdown.clone(),
         };
-        tokio::spawn(async move {
-            match stream {
-                Stream::Tcp(s) if ldaps => {
-                    let _ = s.set_nodelay(true);
-                    run_ldaps(conn, s).await
-                }
-                Stream::Tcp(s) => {
-                    let _ = s.set_nodelay(true);
-                    conn.run(s).await
-                }
-                Stream::Unix(s) => conn.run(s).await,
+        // Off this loop's event loop, onto the connection's own thread.
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(conn = id, peer = %conn.peer, error = %e, "connection lost while handed over");
+                continue;
             }
+        };
+        shards.spawn(move || async move {
+            serve_connection(conn, stream, ldaps).await;
             drop(ip_slot);
             drop(permit);
         });
     }
     if let Bound::Unix(_, path, true) = &bound {
         let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Serve one connection on the thread it was given to: its socket joins
+/// that thread's event loop here.
+async fn serve_connection(conn: Connection, stream: StdStream, ldaps: bool) {
+    let registered = match stream {
+        StdStream::Tcp(s) => tokio::net::TcpStream::from_std(s).map(Stream::Tcp),
+        StdStream::Unix(s) => tokio::net::UnixStream::from_std(s).map(Stream::Unix),
+    };
+    match registered {
+        Ok(Stream::Tcp(s)) if ldaps => {
+            let _ = s.set_nodelay(true);
+            run_ldaps(conn, s).await
+        }
+        Ok(Stream::Tcp(s)) => {
+            let _ = s.set_nodelay(true);
+            conn.run(s).await
+        }
+        Ok(Stream::Unix(s)) => conn.run(s).await,
+        Err(e) => {
+            tracing::warn!(conn = conn.id, peer = %conn.peer, error = %e, "connection not served")
+        }
     }
 }
 
@@ -474,6 +500,21 @@ async fn refuse(stream: Stream, ldaps: bool, why: &str) {
 enum Stream {
     Tcp(tokio::net::TcpStream),
     Unix(tokio::net::UnixStream),
+}
+
+/// An accepted socket between two event loops.
+enum StdStream {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl Stream {
+    fn into_std(self) -> std::io::Result<StdStream> {
+        Ok(match self {
+            Stream::Tcp(s) => StdStream::Tcp(s.into_std()?),
+            Stream::Unix(s) => StdStream::Unix(s.into_std()?),
+        })
+    }
 }
 
 /// Accept one connection: the stream, a printable peer, and the session facts.

@@ -6,5 +6,6 @@ pub mod frontend;
 pub mod listener;
 pub mod refusals;
 pub mod running;
+pub mod shards;
 pub mod tls;
 pub mod wire;
