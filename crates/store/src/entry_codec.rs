@@ -442,7 +442,10 @@ impl<'b> RawAttrs<'b> {
         let start = r;
         for _ in 0..count {
             let desc = r.bytes().ok_or_else(|| corrupt("truncated description"))?;
-            std::str::from_utf8(desc).map_err(|_| corrupt("description is not UTF-8"))?;
+            // Descriptions are ASCII (RFC 4512); the full check only otherwise.
+            if !desc.is_ascii() {
+                std::str::from_utf8(desc).map_err(|_| corrupt("description is not UTF-8"))?;
+            }
             let n = r.varint().ok_or_else(|| corrupt("truncated value count"))?;
             for _ in 0..n {
                 r.bytes().ok_or_else(|| corrupt("truncated value"))?;
@@ -458,22 +461,45 @@ impl<'b> RawAttrs<'b> {
     }
 }
 
-impl<'b> Iterator for RawAttrs<'b> {
-    type Item = (&'b str, RawValues<'b>);
-
-    fn next(&mut self) -> Option<Self::Item> {
+impl<'b> RawAttrs<'b> {
+    /// The next attribute, its description as stored.
+    fn next_raw(&mut self) -> Option<(&'b [u8], RawValues<'b>)> {
         if self.left == 0 {
             return None;
         }
         self.left -= 1;
-        // Checked in `new`.
-        let desc = std::str::from_utf8(self.r.bytes()?).ok()?;
+        let desc = self.r.bytes()?;
         let n = self.r.varint()?;
         let values = RawValues { r: self.r, left: n };
         for _ in 0..n {
             self.r.bytes()?;
         }
         Some((desc, values))
+    }
+
+    /// Only the attributes whose stored description `keep` accepts: the
+    /// others are passed over before their description is read as text.
+    pub fn filter_names(
+        mut self,
+        keep: impl Fn(&[u8]) -> bool,
+    ) -> impl Iterator<Item = (&'b str, RawValues<'b>)> {
+        std::iter::from_fn(move || loop {
+            let (desc, values) = self.next_raw()?;
+            if keep(desc) {
+                // Checked in `new`.
+                return Some((std::str::from_utf8(desc).ok()?, values));
+            }
+        })
+    }
+}
+
+impl<'b> Iterator for RawAttrs<'b> {
+    type Item = (&'b str, RawValues<'b>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (desc, values) = self.next_raw()?;
+        // Checked in `new`.
+        Some((std::str::from_utf8(desc).ok()?, values))
     }
 }
 
@@ -626,6 +652,15 @@ mod tests {
                 })
                 .unwrap();
             assert_eq!(raw, sample(9), "{name}");
+            let kept: Vec<String> = c
+                .with_raw(9, &buf, |attrs| {
+                    attrs
+                        .filter_names(|d| d != b"cn")
+                        .map(|(d, vs)| format!("{d}={}", vs.count()))
+                        .collect()
+                })
+                .unwrap();
+            assert_eq!(kept, ["objectClass=2", "description=1"], "{name}");
             // Damage is reported before any attribute is handed out.
             for cut in 0..buf.len() {
                 assert!(

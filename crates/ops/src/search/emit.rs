@@ -153,10 +153,19 @@ impl<'s> Wanted<'s> {
     }
 
     pub(super) fn keep(&self, desc: &str) -> bool {
-        let base = pando_model::desc::base(desc);
+        self.keep_bytes(desc.as_bytes())
+    }
+
+    /// [`Wanted::keep`] on a description as stored: its type is one of the
+    /// names (without case), followed by nothing or by options.
+    pub(super) fn keep_bytes(&self, desc: &[u8]) -> bool {
         // Stored descriptions are names; an OID is decoded to be safe.
-        base.starts_with(|c: char| c.is_ascii_digit())
-            || self.names.iter().any(|n| n.eq_ignore_ascii_case(base))
+        desc.first().is_some_and(u8::is_ascii_digit)
+            || self.names.iter().any(|n| {
+                desc.get(..n.len())
+                    .is_some_and(|t| t.eq_ignore_ascii_case(n.as_bytes()))
+                    && matches!(desc.get(n.len()), None | Some(b';'))
+            })
     }
 }
 
@@ -454,5 +463,28 @@ mod tests {
         assert_eq!(sel.named, once.named);
         let tagged = Selection::new(&schema, &["sn;x".into(), "sn;x".into(), "cn".into()]);
         assert_eq!(tagged.named.len(), 2);
+    }
+
+    #[test]
+    fn wanted_names_match_stored_descriptions_by_type() {
+        let schema = Schema::standard();
+        let sel = Selection::new(&schema, &["commonName".to_string()]);
+        let w = Wanted::new(&schema, &sel, &[]).expect("named attributes only");
+        for (desc, kept) in [
+            ("cn", true),
+            ("CN", true),
+            ("commonname", true),
+            ("cn;lang-de", true),
+            ("2.5.4.3", true), // an OID: looked at to be safe
+            ("cnx", false),
+            ("c", false),
+            ("sn", false),
+            ("", false),
+        ] {
+            assert_eq!(w.keep_bytes(desc.as_bytes()), kept, "{desc}");
+            assert_eq!(w.keep(desc), kept, "{desc}");
+        }
+        let all = Selection::new(&schema, &["*".to_string()]);
+        assert!(Wanted::new(&schema, &all, &[]).is_none());
     }
 }

@@ -257,7 +257,12 @@ impl<'a, 's> Matcher<'a, 's> {
             norm: &hit.norm,
         });
         if self.plan.raw {
+            // Attributes the search cannot return are passed over by name
+            // before any schema lookup (a search naming one attribute
+            // skips the other dozen of a person entry here).
+            let wanted = self.plan.wanted.as_ref();
             let emitted = view.with_raw_attrs(hit.id, |attrs| {
+                let attrs = attrs.filter_names(|desc| wanted.is_none_or(|w| w.keep_bytes(desc)));
                 emitter.emit_attrs(Some(view), Some(hit.id), &hit.dn, attrs, guard, &[], buf)
             })?;
             return match emitted {

@@ -116,7 +116,8 @@ pub struct Plan<'s> {
     pub(super) raw: bool,
     /// The attribute types the filter names (masked per entry by access).
     pub(super) filter_types: Vec<&'s AttributeType>,
-    /// When entries are decoded: only these attributes (None: all).
+    /// Only these attributes are decoded, or on the raw path looked at
+    /// (None: all).
     pub(super) wanted: Option<Wanted<'s>>,
 }
 
@@ -189,7 +190,10 @@ impl<'s> Plan<'s> {
         types_in_filter(schema, filter, &mut filter_types);
         // When entries are decoded: access rules with filters look at whole
         // entries; otherwise only what goes out or is tested is decoded.
-        let wanted = if emitter_only || input.rules_read_entries {
+        let wanted = if raw {
+            // Borrowed from the store: only what goes out is looked at.
+            Wanted::new(schema, sel, &[])
+        } else if emitter_only || input.rules_read_entries {
             None
         } else {
             let mut tested: Vec<&AttributeType> = input.also_decode.to_vec();
