@@ -71,6 +71,22 @@ if null and rates("search-exact-1attr", "pando"):
     share = med(rates("search-exact-1attr", "pando")) / med(null)
     out.append("| search-exact-1attr vs slapd back-null | %s (null) | %s | %.0f%% of the ceiling | ≥ 70%% %s | |" % (
         fmt(med(null)), fmt(med(rates("search-exact-1attr", "pando"))), share * 100, "met" if share >= 0.7 else "NOT met"))
+# Against the machine's ceiling (limitd), same run: the issue asks >= 70%.
+for w, pando_label in (("search-exact-1attr", "pando"), ("auth", "pando-noupgrade")):
+    lim, p = rates(w, "limit"), rates(w, pando_label)
+    if lim and p:
+        share = med(p) / med(lim)
+        out.append("| %s (%s) vs limitd | %s (limitd) | %s | %.0f%% of the ceiling | ≥ 70%% %s | |" % (
+            w, pando_label, " / ".join(fmt(x) for x in lim), fmt(med(p)), share * 100,
+            "met" if share >= 0.7 else "NOT met"))
+# Adds carrying a clear-text password, both servers hashing it as {SSHA}.
+o, p = rates("add", "slapd-password-ssha"), rates("add", "pando-password-ssha")
+if o and p:
+    ratio = med(p) / med(o)
+    out.append("| add with a clear-text password, both hashing {SSHA} | %s | %s | %.2f× | ≥ 2.0× %s | %s / %s |" % (
+        " / ".join(fmt(x) for x in o), " / ".join(fmt(x) for x in p), ratio,
+        "met" if ratio >= 2.0 else "NOT met", ", ".join(p99s("add", "slapd-password-ssha")),
+        ", ".join(p99s("add", "pando-password-ssha"))))
 argon = rates("auth", "pando-argon2")
 if argon:
     out.append("| auth, {ARGON2} passwords (Pando) | | %s | | reported | %s |" % (fmt(med(argon)), ", ".join(p99s("auth", "pando-argon2"))))

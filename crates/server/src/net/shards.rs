@@ -49,8 +49,12 @@ impl Shards {
         };
         let mut shards = Vec::with_capacity(n);
         for i in 0..n {
+            // Blocking threads (large searches, compares) each hold an
+            // LMDB reader: the threads together keep tokio's one-runtime
+            // bound of 512, under LMDB's 1024 readers.
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
+                .max_blocking_threads((512 / n).max(1))
                 .build()?;
             let handle = rt.handle().clone();
             let (stop, stopped) = oneshot::channel::<()>();
