@@ -20,6 +20,10 @@
 //! 7. each AVA of the entry's RDN must be a value of the entry
 //!    (namingViolation).
 //!
+//! For a modified entry (`check_entry_keeping` given the stored entry),
+//! steps 2-4 skip the attributes whose values are exactly those stored
+//! (they were checked when written), except SINGLE-VALUE.
+//!
 //! NO-USER-MODIFICATION is not checked here: whether a write may set an
 //! operational attribute depends on who writes (the operations layer).
 
@@ -122,22 +126,28 @@ impl Schema {
     /// the module docs for the rules). Returns the structural object
     /// class's primary name.
     pub fn check_entry(&self, entry: &mut Entry) -> Result<String, SchemaViolation> {
-        self.check_entry_keeping(entry, None)
+        self.check_entry_keeping(entry, None, None)
     }
 
     /// [`Schema::check_entry`] for a modified entry whose structural class
     /// must stay `stored`: a different one is objectClassModsProhibited,
     /// found before the attributes are checked against it (as slapd).
+    /// `old` is the entry as stored: an attribute holding exactly the
+    /// values it stores (same order) was checked when they were written
+    /// and is not checked value by value again, as slapd checks only the
+    /// values a modify brings; the rest of the rules apply to the whole
+    /// entry.
     pub fn check_entry_keeping(
         &self,
         entry: &mut Entry,
         stored: Option<&str>,
+        old: Option<&Entry>,
     ) -> Result<String, SchemaViolation> {
         // 1. Canonical descriptions, merged.
         self.merge_descriptions(entry)?;
         // 2-4. Values.
         let oc_type = self.attribute("objectClass");
-        self.check_values(entry, oc_type)?;
+        self.check_values(entry, oc_type, old)?;
         // 5. Object classes and the structural chain.
         let (all, most) = self.classes(entry, oc_type)?;
         if let Some(stored) = stored.filter(|s| !most.has_name(s)) {
@@ -185,9 +195,19 @@ impl Schema {
         &self,
         entry: &mut Entry,
         oc_type: Option<&AttributeType>,
+        old: Option<&Entry>,
     ) -> Result<(), SchemaViolation> {
         for a in entry.attrs.iter_mut() {
             let at = self.type_of(&a.desc)?;
+            let as_stored = old.is_some_and(|o| {
+                o.attrs
+                    .iter()
+                    .any(|x| x.desc == a.desc && x.values == a.values)
+            });
+            if as_stored {
+                self.check_single_value(at, a)?;
+                continue;
+            }
             let is_oc = oc_type.is_some_and(|o| o.oid == at.oid);
             if is_oc {
                 for v in a.values.iter_mut() {
@@ -229,15 +249,22 @@ impl Schema {
                     ));
                 }
             }
-            if at.single_value && a.values.len() > 1 {
-                return Err(SchemaViolation::new(
-                    ResultCode::CONSTRAINT_VIOLATION,
-                    format!(
-                        "{}: multiple values provided for a single-valued attribute",
-                        a.desc
-                    ),
-                ));
-            }
+            self.check_single_value(at, a)?;
+        }
+        Ok(())
+    }
+
+    /// Step 4: a single-valued type holds one value (checked on every
+    /// attribute: the schema may have changed since it was written).
+    fn check_single_value(&self, at: &AttributeType, a: &Attribute) -> Result<(), SchemaViolation> {
+        if at.single_value && a.values.len() > 1 {
+            return Err(SchemaViolation::new(
+                ResultCode::CONSTRAINT_VIOLATION,
+                format!(
+                    "{}: multiple values provided for a single-valued attribute",
+                    a.desc
+                ),
+            ));
         }
         Ok(())
     }
@@ -391,6 +418,52 @@ mod tests {
 
     fn code(r: Result<String, SchemaViolation>) -> u32 {
         r.unwrap_err().code.0
+    }
+
+    #[test]
+    fn a_modified_entry_is_checked_value_by_value_only_where_it_changed() {
+        let s = Schema::standard();
+        let dn = "uid=ann,dc=example,dc=com";
+        let base: [(&str, &[&str]); 4] = [
+            ("objectClass", &["inetOrgPerson"]),
+            ("uid", &["ann"]),
+            ("cn", &["Ann"]),
+            ("sn", &["A"]),
+        ];
+        // As stored: a value no longer valid (the schema changed since),
+        // and two values of one type that became single-valued.
+        let mut stored = entry(dn, &base);
+        stored.add_values("telephoneNumber", vec![b"".to_vec()]);
+        stored.add_values("preferredLanguage", vec![b"en".to_vec(), b"de".to_vec()]);
+        let with = |extra: &[(&str, &[&str])]| {
+            let mut e = stored.clone();
+            for (d, vs) in extra {
+                e.add_values(d, vs.iter().map(|v| v.as_bytes().to_vec()).collect());
+            }
+            e
+        };
+        // Without the stored entry, the empty telephone number is refused.
+        assert_eq!(code(s.check_entry(&mut with(&[]))), 21);
+        // With it, an untouched attribute is not checked again…
+        let mut ok = with(&[("description", &["new"])]);
+        ok.remove("preferredLanguage");
+        assert_eq!(
+            s.check_entry_keeping(&mut ok, Some("inetOrgPerson"), Some(&stored)),
+            Ok("inetOrgPerson".to_string())
+        );
+        // …SINGLE-VALUE is, on every attribute…
+        let mut two = with(&[("description", &["new"])]);
+        assert_eq!(
+            code(s.check_entry_keeping(&mut two, Some("inetOrgPerson"), Some(&stored))),
+            19
+        );
+        // …and a changed attribute is checked whole: a duplicate is found.
+        let mut dup = with(&[("cn", &["ann"])]);
+        dup.remove("preferredLanguage");
+        assert_eq!(
+            code(s.check_entry_keeping(&mut dup, Some("inetOrgPerson"), Some(&stored))),
+            20
+        );
     }
 
     #[test]

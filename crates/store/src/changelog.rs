@@ -340,6 +340,14 @@ impl View<'_> {
         Ok((counts, true))
     }
 
+    /// Records in the change log (LMDB keeps the count: no page is read).
+    pub fn changelog_len(&self) -> Result<u64, StoreError> {
+        match self.changelog_db() {
+            Some(db) => Ok(db.len(self.txn)?),
+            None => Ok(0),
+        }
+    }
+
     pub fn changelog_summary(&self) -> Result<ChangelogSummary, StoreError> {
         let floor = self.changelog_floor()?;
         let Some(db) = self.changelog_db() else {

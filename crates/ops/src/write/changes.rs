@@ -236,7 +236,7 @@ pub fn check_schema_keeping(schema: &Schema, new: &mut Entry, old: Option<&Entry
         .and_then(|e| e.get("structuralObjectClass"))
         .and_then(|a| a.values.first())
         .map(|v| String::from_utf8_lossy(v).into_owned());
-    schema.check_entry_keeping(new, stored.as_deref())?;
+    schema.check_entry_keeping(new, stored.as_deref(), old)?;
     Ok(())
 }
 

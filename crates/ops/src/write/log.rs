@@ -2,6 +2,8 @@
 //! `pando_store::LoggedChange`), made in the writer's transaction, and the
 //! log's retention.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use pando_model::{Attribute, Entry};
 use pando_store::{LoggedChange, LoggedKind, LoggedMod, ModOp, StoreError, WriteTxn};
 
@@ -12,6 +14,16 @@ use pando_config::ReplicationConfig;
 /// On each write, up to this many records past their retention are
 /// removed (so they go at least as fast as they come).
 const PURGE_PER_WRITE: usize = 16;
+
+/// The count bound (`changelog_max_changes`) is kept on every write; the
+/// age bound (`changelog_days`), which reads the oldest record, on one
+/// write in this many, removing as many records as the writes between
+/// would have.
+const AGE_CHECK_EVERY: u64 = 64;
+
+/// Writes since the server started (all stores: it only spaces out the
+/// age checks).
+static WRITES: AtomicU64 = AtomicU64::new(0);
 
 /// Log `c`, the operation's `seq`th entry written (from 0), made by `by`
 /// (the requester's DN; "" for a received change).
@@ -44,10 +56,18 @@ fn before_entry(c: &Change) -> &Entry {
     c.before.as_ref().map_or(c.entry(), |b| &b.entry)
 }
 
-/// Remove what is past the configured retention (at most a few records:
-/// called on every write).
+/// Remove what is past the configured retention (called on every write):
+/// records over the count at once, records past their age every
+/// [`AGE_CHECK_EVERY`] writes.
 pub(super) fn purge(w: &mut WriteTxn<'_>, cfg: &ReplicationConfig) -> Result<(), StoreError> {
-    purge_up_to(w, cfg, PURGE_PER_WRITE).map(|_| ())
+    let age_check = WRITES.fetch_add(1, Ordering::Relaxed) % AGE_CHECK_EVERY == 0;
+    if age_check || cfg.changelog_days == 0 {
+        return purge_up_to(w, cfg, PURGE_PER_WRITE * AGE_CHECK_EVERY as usize).map(|_| ());
+    }
+    if w.view().changelog_len()? > cfg.changelog_max_changes {
+        purge_up_to(w, cfg, PURGE_PER_WRITE)?;
+    }
+    Ok(())
 }
 
 /// Remove at most `max` records past the retention; how many went.
@@ -122,17 +142,8 @@ pub fn diff(before: &Entry, after: &Entry) -> Vec<LoggedMod> {
             continue;
         };
         let old = &before.attrs[i].values;
-        let removed: Vec<Vec<u8>> = old
-            .iter()
-            .filter(|v| !a.values.contains(v))
-            .cloned()
-            .collect();
-        let added: Vec<Vec<u8>> = a
-            .values
-            .iter()
-            .filter(|v| !old.contains(v))
-            .cloned()
-            .collect();
+        let removed = minus(old, &a.values);
+        let added = minus(&a.values, old);
         if removed.is_empty() && added.is_empty() {
             continue;
         }
@@ -160,6 +171,19 @@ pub fn diff(before: &Entry, after: &Entry) -> Vec<LoggedMod> {
         }
     }
     out
+}
+
+/// The values of `xs` not in `ys`, in `xs`'s order. A set for long lists:
+/// one member added to a group of 10,000 compares 10,000 values, not 10^8.
+fn minus(xs: &[Vec<u8>], ys: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    if ys.len() <= 16 {
+        return xs.iter().filter(|v| !ys.contains(v)).cloned().collect();
+    }
+    let ys: std::collections::HashSet<&[u8]> = ys.iter().map(Vec::as_slice).collect();
+    xs.iter()
+        .filter(|v| !ys.contains(v.as_slice()))
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]
@@ -216,5 +240,22 @@ mod tests {
             ]
         );
         assert!(diff(&after, &after).is_empty());
+    }
+
+    #[test]
+    fn long_value_lists_diff_the_same_through_a_set() {
+        let members: Vec<String> = (0..5000).map(|i| format!("uid=u{i}")).collect();
+        let many: Vec<&str> = members.iter().map(String::as_str).collect();
+        let mut changed: Vec<&str> = many[1..].to_vec();
+        changed.push("uid=new");
+        let before = entry(&[("member", &many)]);
+        let after = entry(&[("member", &changed)]);
+        assert_eq!(
+            diff(&before, &after),
+            vec![
+                m(ModOp::Delete, "member", &["uid=u0"]),
+                m(ModOp::Add, "member", &["uid=new"]),
+            ]
+        );
     }
 }
