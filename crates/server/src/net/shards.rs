@@ -5,8 +5,8 @@
 //! waking another thread is paid only where work really crosses threads (the
 //! writer, slow password hashes, large searches). A new connection goes to
 //! the thread serving the fewest. Measured in docs/performance.md (issue 39,
-//! second part): a shared work-stealing pool spent a fifth more CPU per
-//! search in wake-ups and hand-overs.
+//! second part): on a shared work-stealing pool a small search cost about
+//! 9% more server CPU, in wake-ups and hand-overs between workers.
 //!
 //! This module must not: look at a connection's traffic or state (the
 //! connection's task owns it), or decide limits (the accept loops do).
