@@ -158,9 +158,12 @@ impl From<StoreError> for Stop {
     }
 }
 
-/// How many times a snapshot-planned write is planned again when its
-/// entry keeps changing under it.
-const MAX_REPLANS: usize = 64;
+/// How many times a write is planned on a snapshot before, its entry
+/// having changed under it each time, it is planned in the writer itself
+/// (which nothing can change under): an entry written by many clients at
+/// once is then written one request after another, as slapd's entry lock
+/// does, instead of a request losing the race for good.
+const SNAPSHOT_TRIES: usize = 4;
 
 /// Checks of the request's controls that need no store access.
 fn check_controls(ctx: &WriteCtx) -> OpResult<()> {
@@ -284,8 +287,8 @@ fn train_dictionary_when_due(server: &Arc<Server>) {
 /// Run a write through the pipeline (see the module header).
 pub async fn run<W: WriteOp>(ctx: Arc<WriteCtx>, op: Arc<W>) -> OpResult<Written> {
     let server = ctx.server.clone();
-    for _ in 0..MAX_REPLANS {
-        let planned = if W::ON_SNAPSHOT {
+    for attempt in 0..=SNAPSHOT_TRIES {
+        let planned = if W::ON_SNAPSHOT && attempt < SNAPSHOT_TRIES {
             let rtxn = server.rt.store.read()?;
             Some(plan_and_check(&ctx, &*op, &rtxn.view())?)
         } else {
@@ -300,9 +303,10 @@ pub async fn run<W: WriteOp>(ctx: Arc<WriteCtx>, op: Arc<W>) -> OpResult<Written
             return answered;
         }
     }
+    // Planned in the writer, a write is never sent back to be planned again.
     Err(LdapError::new(
-        ResultCode::BUSY,
-        "the entry kept changing under this operation; try again",
+        ResultCode::OTHER,
+        "a write planned in the writer was sent back to be planned again",
     ))
 }
 
