@@ -52,6 +52,8 @@ ROWS = [
     ("RSS after warm-up (MiB)", "rss-{s}", "rss_bytes", MIB, "{:,.0f}", False),
     ("verify (s)", "verify-{s}", "secs", 1, "{:,.1f}", False),
     ("backup (s)", "backup-{s}", "secs", 1, "{:,.1f}", False),
+    ("refresh of an empty consumer (entries/s)", "refresh-{s}", "entries_per_s", 1, "{:,.0f}", True),
+    ("refresh of an empty consumer (s)", "refresh-{s}", "secs", 1, "{:,.1f}", False),
 ]
 
 
