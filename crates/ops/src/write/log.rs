@@ -60,7 +60,9 @@ fn before_entry(c: &Change) -> &Entry {
 /// records over the count at once, records past their age every
 /// [`AGE_CHECK_EVERY`] writes.
 pub(super) fn purge(w: &mut WriteTxn<'_>, cfg: &ReplicationConfig) -> Result<(), StoreError> {
-    let age_check = WRITES.fetch_add(1, Ordering::Relaxed) % AGE_CHECK_EVERY == 0;
+    let age_check = WRITES
+        .fetch_add(1, Ordering::Relaxed)
+        .is_multiple_of(AGE_CHECK_EVERY);
     if age_check || cfg.changelog_days == 0 {
         return purge_up_to(w, cfg, PURGE_PER_WRITE * AGE_CHECK_EVERY as usize).map(|_| ());
     }
