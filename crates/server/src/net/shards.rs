@@ -104,15 +104,6 @@ impl Shards {
             make().await
         });
     }
-
-    /// Connections each thread serves now (what the tests watch).
-    #[cfg(test)]
-    fn load(&self) -> Vec<usize> {
-        self.shards
-            .iter()
-            .map(|s| s.open.load(Ordering::Relaxed))
-            .collect()
-    }
 }
 
 impl Drop for Shards {
@@ -129,6 +120,15 @@ impl Drop for Shards {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// Connections each thread serves now.
+    fn load(shards: &Shards) -> Vec<usize> {
+        shards
+            .shards
+            .iter()
+            .map(|s| s.open.load(Ordering::Relaxed))
+            .collect()
+    }
 
     #[test]
     fn tasks_run_on_the_least_loaded_thread_and_stay_there() {
@@ -149,12 +149,12 @@ mod tests {
         }
         // Two connections on each thread while they are open.
         for _ in 0..100 {
-            if shards.load() == vec![2, 2] {
+            if load(&shards) == vec![2, 2] {
                 break;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert_eq!(shards.load(), vec![2, 2]);
+        assert_eq!(load(&shards), vec![2, 2]);
         hold_tx.send(true).unwrap();
         let mut names = Vec::new();
         for _ in 0..4 {
@@ -173,11 +173,11 @@ mod tests {
             ]
         );
         for _ in 0..100 {
-            if shards.load() == vec![0, 0] {
+            if load(&shards) == vec![0, 0] {
                 break;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert_eq!(shards.load(), vec![0, 0], "finished tasks are not counted");
+        assert_eq!(load(&shards), vec![0, 0], "finished tasks are not counted");
     }
 }
