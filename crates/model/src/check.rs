@@ -224,7 +224,7 @@ impl Schema {
                     *v = oc.name().as_bytes().to_vec();
                 }
             }
-            let mut seen: HashSet<Vec<u8>> = HashSet::with_capacity(a.values.len());
+            let mut seen: HashSet<Vec<u8>> = HashSet::new();
             for (i, v) in a.values.iter().enumerate() {
                 self.validate(at, v).map_err(|e| {
                     SchemaViolation::new(
@@ -242,7 +242,8 @@ impl Schema {
                 } else {
                     v.clone()
                 };
-                if !seen.insert(key) {
+                // One value cannot repeat: normalised only to be checked.
+                if a.values.len() > 1 && !seen.insert(key) {
                     return Err(SchemaViolation::new(
                         ResultCode::ATTRIBUTE_OR_VALUE_EXISTS,
                         format!("{}: value #{i} provided more than once", a.desc),
@@ -297,7 +298,7 @@ impl Schema {
         let mut all: Vec<&ObjectClass> = Vec::new();
         for oc in &oc_values {
             for c in self.class_closure(oc) {
-                if !all.iter().any(|x| x.oid == c.oid) {
+                if !all.iter().any(|x| std::ptr::eq(*x, c)) {
                     all.push(c);
                 }
             }
@@ -314,11 +315,12 @@ impl Schema {
             ));
         }
         // The most specific structural class must inherit from all others.
-        let Some(most) = structural
-            .iter()
-            .copied()
-            .find(|s| structural.iter().all(|o| self.class_inherits(s, o)))
-        else {
+        let Some(most) = structural.iter().copied().find(|s| {
+            let closure = self.class_closure(s);
+            structural
+                .iter()
+                .all(|o| closure.iter().any(|c| std::ptr::eq(*c, *o)))
+        }) else {
             let names: Vec<&str> = structural.iter().map(|c| c.name()).collect();
             return Err(SchemaViolation::new(
                 ResultCode::OBJECT_CLASS_VIOLATION,
@@ -335,36 +337,40 @@ impl Schema {
     /// by some class (operational ones and extensibleObject excepted).
     fn check_must_may(&self, entry: &Entry, all: &[&ObjectClass]) -> Result<(), SchemaViolation> {
         let extensible = all.iter().any(|c| c.oid == EXTENSIBLE_OBJECT);
-        let mut allowed: Vec<&AttributeType> = Vec::new();
+        // Types by their place in the schema: each attribute's looked up
+        // once, the classes' resolved when they were defined.
+        let ids: Vec<Option<usize>> = entry
+            .attrs
+            .iter()
+            .map(|a| self.attribute_id(crate::desc::base(&a.desc)))
+            .collect();
+        let mut allowed: Vec<usize> = Vec::new();
         for c in all {
-            for m in &c.must {
-                let Some(at) = self.attribute(m) else {
-                    continue;
-                };
-                allowed.push(at);
-                let present = entry.attrs.iter().any(|a| {
-                    self.attribute(crate::desc::base(&a.desc))
-                        .is_some_and(|x| x.oid == at.oid)
-                });
-                if !present {
+            for &id in &c.must_ids {
+                allowed.push(id);
+                if !ids.iter().flatten().any(|x| *x == id) {
                     return Err(SchemaViolation::new(
                         ResultCode::OBJECT_CLASS_VIOLATION,
                         format!(
                             "object class '{}' requires attribute '{}'",
                             c.name(),
-                            at.name()
+                            self.attribute_at(id).name()
                         ),
                     ));
                 }
             }
-            allowed.extend(c.may.iter().filter_map(|m| self.attribute(m)));
+            allowed.extend_from_slice(&c.may_ids);
         }
-        for a in &entry.attrs {
-            let at = self.type_of(&a.desc)?;
-            if at.is_operational() || extensible {
+        for (a, id) in entry.attrs.iter().zip(&ids) {
+            let Some(id) = *id else {
+                return Err(self.type_of(&a.desc).err().unwrap_or_else(|| {
+                    SchemaViolation::new(ResultCode::UNDEFINED_ATTRIBUTE_TYPE, a.desc.clone())
+                }));
+            };
+            if self.attribute_at(id).is_operational() || extensible {
                 continue;
             }
-            if !allowed.iter().any(|x| self.is_subtype(at, x)) {
+            if !self.allowed_by(id, &allowed) {
                 return Err(SchemaViolation::new(
                     ResultCode::OBJECT_CLASS_VIOLATION,
                     format!("attribute '{}' not allowed", a.desc),
@@ -372,6 +378,20 @@ impl Schema {
             }
         }
         Ok(())
+    }
+
+    /// Whether the type at place `id` or one of its supertypes is among
+    /// `allowed`.
+    fn allowed_by(&self, id: usize, allowed: &[usize]) -> bool {
+        let mut cur = Some(id);
+        for _ in 0..crate::schema::MAX_SUP_DEPTH {
+            let Some(c) = cur else { return false };
+            if allowed.contains(&c) {
+                return true;
+            }
+            cur = self.attribute_at(c).sup_id;
+        }
+        false
     }
 
     /// Step 7: the RDN's values are among the entry's.
@@ -660,6 +680,51 @@ mod tests {
             ],
         );
         assert_eq!(code(s.check_entry(&mut e)), 20);
+    }
+
+    #[test]
+    fn a_subtype_is_allowed_where_its_supertype_is() {
+        let mut s = Schema::standard();
+        s.add_definitions(
+            "attributetype ( 1.2.3.2 NAME 'fooName' SUP name )\n\
+             attributetype ( 1.2.3.4 NAME 'fooNick' SUP fooName )\n\
+             objectclass ( 1.2.3.3 NAME 'fooThing' SUP top STRUCTURAL MUST ( CN $ fooName ) MAY name )\n\
+             objectclass ( 1.2.3.5 NAME 'barThing' SUP top STRUCTURAL MUST cn MAY fooName )",
+        )
+        .unwrap();
+        // Two levels below `name`, a MAY of the class; MUST met by an alias.
+        let mut e = entry(
+            "cn=a,o=x",
+            &[
+                ("objectClass", &["fooThing"]),
+                ("commonName", &["a"]),
+                ("fooName", &["b"]),
+                ("fooNick", &["c"]),
+            ],
+        );
+        assert!(s.check_entry(&mut e).is_ok());
+        // A supertype is not allowed where only its subtype is.
+        let mut e = entry(
+            "cn=a,o=x",
+            &[
+                ("objectClass", &["barThing"]),
+                ("cn", &["a"]),
+                ("fooNick", &["c"]),
+                ("name", &["n"]),
+            ],
+        );
+        let err = s.check_entry(&mut e).unwrap_err();
+        assert_eq!(err.message, "attribute 'name' not allowed");
+        // A MUST missing is named as the schema names it.
+        let mut e = entry(
+            "cn=a,o=x",
+            &[("objectClass", &["fooThing"]), ("cn", &["a"])],
+        );
+        let err = s.check_entry(&mut e).unwrap_err();
+        assert_eq!(
+            err.message,
+            "object class 'fooThing' requires attribute 'fooName'"
+        );
     }
 
     #[test]

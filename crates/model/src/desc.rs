@@ -14,7 +14,9 @@ pub struct AttrDesc<'a> {
 
 impl<'a> AttrDesc<'a> {
     pub fn new(text: &'a str) -> AttrDesc<'a> {
-        let end = text.find(';').unwrap_or(text.len());
+        // A plain byte scan: descriptions are short, and `;` is ASCII, so
+        // its index is a character boundary.
+        let end = text.bytes().position(|b| b == b';').unwrap_or(text.len());
         AttrDesc { text, end }
     }
 

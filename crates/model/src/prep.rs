@@ -149,8 +149,47 @@ fn handle_spaces(s: &str, spaces: Spaces) -> String {
 
 /// Prepare raw value bytes: they must be UTF-8.
 pub(crate) fn prepare_bytes(v: &[u8], fold: bool, spaces: Spaces) -> Result<Vec<u8>, String> {
+    if let Some(out) = prepare_printable_ascii(v, fold, spaces) {
+        return Ok(out);
+    }
     let s = std::str::from_utf8(v).map_err(|_| "value is not valid UTF-8".to_string())?;
     prepare(s, fold, spaces).map(String::into_bytes)
+}
+
+/// [`prepare`] for the common case, in one pass over the bytes: a value
+/// of printable ASCII only (U+0020–U+007E), where mapping changes nothing,
+/// folding is ASCII lowercasing and NFKC is the identity. None for any
+/// other value (the general path handles it).
+fn prepare_printable_ascii(v: &[u8], fold: bool, spaces: Spaces) -> Option<Vec<u8>> {
+    if !v.iter().all(|&b| (0x20..0x7F).contains(&b)) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(v.len());
+    let mut prev_space = false;
+    for &b in v {
+        let drop = match spaces {
+            Spaces::RemoveAll => b == b' ',
+            Spaces::RemoveAllAndHyphens => b == b' ' || b == b'-',
+            Spaces::Value | Spaces::Substring => b == b' ' && prev_space,
+        };
+        prev_space = b == b' ';
+        if !drop {
+            out.push(if fold { b.to_ascii_lowercase() } else { b });
+        }
+    }
+    if spaces == Spaces::Value {
+        let start = out.iter().position(|&b| b != b' ');
+        let Some(start) = start else {
+            return Some(b" ".to_vec());
+        };
+        let end = out
+            .iter()
+            .rposition(|&b| b != b' ')
+            .map_or(out.len(), |e| e + 1);
+        out.truncate(end);
+        out.drain(..start);
+    }
+    Some(out)
 }
 
 /// IA5 variant: the value must be ASCII; folding is ASCII only.
@@ -187,6 +226,50 @@ mod tests {
             "123"
         );
         assert_eq!(prepare(" 1 2 3 ", false, Spaces::RemoveAll).unwrap(), "123");
+    }
+
+    #[test]
+    fn the_printable_ascii_path_prepares_as_the_general_one() {
+        // Every string of up to 5 characters over an alphabet holding each
+        // case the fast path treats apart (space, hyphen, upper, lower,
+        // digit, the ends of the printable range), every mode, both folds.
+        let alphabet = [b' ', b'-', b'A', b'z', b'7', b'!', b'~'];
+        let mut strings: Vec<Vec<u8>> = vec![Vec::new()];
+        let mut last = strings.clone();
+        for _ in 0..5 {
+            let next: Vec<Vec<u8>> = last
+                .iter()
+                .flat_map(|s| {
+                    alphabet.iter().map(move |&c| {
+                        let mut t = s.clone();
+                        t.push(c);
+                        t
+                    })
+                })
+                .collect();
+            strings.extend(next.iter().cloned());
+            last = next;
+        }
+        let modes = [
+            Spaces::Value,
+            Spaces::Substring,
+            Spaces::RemoveAll,
+            Spaces::RemoveAllAndHyphens,
+        ];
+        for s in &strings {
+            let text = std::str::from_utf8(s).unwrap();
+            for spaces in modes {
+                for fold in [true, false] {
+                    let fast = prepare_printable_ascii(s, fold, spaces).unwrap();
+                    let general = prepare(text, fold, spaces).unwrap().into_bytes();
+                    assert_eq!(fast, general, "{text:?} {spaces:?} fold={fold}");
+                }
+            }
+        }
+        // Anything else takes the general path.
+        for other in [&b"a\tb"[..], b"\x7f", "é".as_bytes(), b"\x00"] {
+            assert!(prepare_printable_ascii(other, true, Spaces::Value).is_none());
+        }
     }
 
     #[test]

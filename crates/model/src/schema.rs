@@ -120,6 +120,8 @@ pub struct AttributeType {
     pub usage: Usage,
     /// The RFC 4512 description as declared (without inherited fields).
     pub definition: String,
+    /// `sup`'s place in the schema (types are only ever appended).
+    pub(crate) sup_id: Option<usize>,
 }
 
 impl AttributeType {
@@ -156,6 +158,9 @@ pub struct ObjectClass {
     pub must: Vec<String>,
     pub may: Vec<String>,
     pub definition: String,
+    /// The places of `must` and `may` in the schema, in the same order.
+    pub(crate) must_ids: Vec<usize>,
+    pub(crate) may_ids: Vec<usize>,
 }
 
 impl ObjectClass {
@@ -260,7 +265,7 @@ impl PosixSchema {
 
 /// Longest SUP chain followed (attribute types or object classes). Chains
 /// are acyclic by construction; this only bounds work.
-const MAX_SUP_DEPTH: usize = 64;
+pub(crate) const MAX_SUP_DEPTH: usize = 64;
 
 // ---------------------------------------------------------------------------
 // Tokenizer and description parser (RFC 4512 section 4.1)
@@ -667,6 +672,7 @@ impl Schema {
             no_user_modification: false,
             usage: Usage::UserApplications,
             definition: String::new(),
+            sup_id: None,
         };
         // Syntax as written, with its length bound, for the definition.
         let mut syntax_written = None;
@@ -729,7 +735,9 @@ impl Schema {
             if parent.usage != at.usage {
                 return Err(format!("USAGE differs from that of SUP '{sup}'"));
             }
+            let sup_id = lookup(&self.attr_index, sup);
             at.sup = Some(parent.name().to_string());
+            at.sup_id = sup_id;
             at.equality = at.equality.take().or_else(|| parent.equality.clone());
             at.ordering = at.ordering.take().or_else(|| parent.ordering.clone());
             at.substr = at.substr.take().or_else(|| parent.substr.clone());
@@ -790,6 +798,8 @@ impl Schema {
             must: Vec::new(),
             may: Vec::new(),
             definition: String::new(),
+            must_ids: Vec::new(),
+            may_ids: Vec::new(),
         };
         let mut kind_given = false;
         let mut ext = Extensions::new();
@@ -825,11 +835,16 @@ impl Schema {
                 .ok_or_else(|| format!("SUP '{s}' is not a defined object class"))?;
             *s = parent.name().to_string();
         }
-        for a in oc.must.iter_mut().chain(oc.may.iter_mut()) {
-            let at = self
-                .attribute(a)
-                .ok_or_else(|| format!("attribute type '{a}' is not defined"))?;
-            *a = at.name().to_string();
+        for (names, ids) in [
+            (&mut oc.must, &mut oc.must_ids),
+            (&mut oc.may, &mut oc.may_ids),
+        ] {
+            for a in names.iter_mut() {
+                let i = lookup(&self.attr_index, a)
+                    .ok_or_else(|| format!("attribute type '{a}' is not defined"))?;
+                *a = self.attrs[i].name().to_string();
+                ids.push(i);
+            }
         }
         let mut def = format!("( {}", oc.oid);
         render_names(&mut def, &oc.names);
@@ -884,6 +899,18 @@ impl Schema {
     /// True when some attribute type has `at` as its SUP.
     pub fn has_subtypes(&self, at: &AttributeType) -> bool {
         self.supertypes.contains(&at.oid)
+    }
+
+    /// The place of the attribute type named `name_or_oid` (see
+    /// [`Schema::attribute_at`]).
+    pub(crate) fn attribute_id(&self, name_or_oid: &str) -> Option<usize> {
+        lookup(&self.attr_index, name_or_oid)
+    }
+
+    /// The attribute type at place `i` (from [`Schema::attribute_id`], a
+    /// type's `sup_id` or a class's `must_ids` / `may_ids`).
+    pub(crate) fn attribute_at(&self, i: usize) -> &AttributeType {
+        &self.attrs[i]
     }
 
     /// Attribute type by name (case-insensitive) or OID.
@@ -973,10 +1000,10 @@ impl Schema {
     /// `oc` and all its superclasses, each once, `oc` first.
     pub(crate) fn class_closure<'a>(&'a self, oc: &'a ObjectClass) -> Vec<&'a ObjectClass> {
         let mut out: Vec<&ObjectClass> = Vec::new();
-        let mut seen = HashSet::new();
         let mut stack = vec![oc];
         while let Some(c) = stack.pop() {
-            if !seen.insert(c.oid.as_str()) {
+            // The schema holds each class once: compared by address.
+            if out.iter().any(|x| std::ptr::eq(*x, c)) {
                 continue;
             }
             out.push(c);
@@ -996,11 +1023,6 @@ impl Schema {
     /// as filter evaluation does.)
     pub fn superclasses(&self, oc: &str) -> Option<Vec<&ObjectClass>> {
         self.object_class(oc).map(|c| self.class_closure(c))
-    }
-
-    /// Whether class `sub` is `sup` or inherits from it.
-    pub(crate) fn class_inherits(&self, sub: &ObjectClass, sup: &ObjectClass) -> bool {
-        self.class_closure(sub).iter().any(|c| c.oid == sup.oid)
     }
 
     /// MUST and MAY attribute types of `oc` including those of its

@@ -420,15 +420,16 @@ pub fn csn_sid(csn: &str) -> Option<u16> {
 
 /// A UUID's text form (RFC 4122, lowercase) from its 16 bytes.
 pub fn uuid_text(u: &SyncUuid) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    let hex = |n: u8| char::from_digit(u32::from(n), 16).unwrap_or('0');
+    let mut out = String::with_capacity(36);
+    for (i, b) in u.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out.push('-');
+        }
+        out.push(hex(b >> 4));
+        out.push(hex(b & 0x0f));
+    }
+    out
 }
 
 /// The 16 bytes of a UUID in text form (hyphens optional, any case).

@@ -19,7 +19,7 @@
 //! ties broken by ID yields each key's IDs ascending.
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeSet, BinaryHeap};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -32,8 +32,8 @@ use roaring::RoaringTreemap;
 use crate::entry_codec::{self, Dict};
 use crate::index::{self, IndexKind};
 use crate::{
-    attr_keys, dn2id_key, encode_placement, id_bytes, id_from, Db, EntryId, Inner, Lookup,
-    Placement, Store, StoreError, META_NEXT_ID,
+    attr_keys, attr_keys_into, dn2id_key, encode_placement, id_bytes, id_from, Db, EntryId, Inner,
+    Lookup, Placement, Store, StoreError, META_NEXT_ID,
 };
 
 /// Sort handle of one buffered record: the first 16 bytes of `slot ‖ key`
@@ -135,6 +135,15 @@ impl Runs {
         let key = &key[..key.len().min(MAX_KEY)];
         if self.used() + key.len() + 12 + SORT_ENTRY > self.budget && !self.order.is_empty() {
             self.spill()?;
+        }
+        if self.order.capacity() == 0 {
+            // Each buffer's largest possible share of the budget, up front
+            // (address space only until used): growing them by doubling
+            // copied and zeroed hundreds of MiB in a large import. A
+            // triple takes at least 13 arena bytes beside its sort entry,
+            // so the sort entries never pass 24/37 of the budget.
+            self.arena.reserve_exact(self.budget);
+            self.order.reserve_exact(self.budget / (SORT_ENTRY + 13));
         }
         let off = self.arena.len();
         let off32 = u32::try_from(off).map_err(|_| {
@@ -426,8 +435,16 @@ impl Store {
     pub fn index_keys_packed(&self, attrs: &[Attribute], out: &mut Vec<u8>) {
         out.clear();
         let catalog = self.inner.catalog.load();
+        let bases: Vec<&str> = attrs
+            .iter()
+            .map(|a| pando_model::desc::base(&a.desc))
+            .collect();
+        let mut keys = BTreeSet::new();
         for (slot, (attr, kind)) in catalog.slots.iter().enumerate() {
-            for key in attr_keys(&catalog.schema, attrs, attr, *kind) {
+            keys.clear();
+            let schema = &catalog.schema;
+            attr_keys_into(schema, attrs, bases.iter().copied(), attr, *kind, &mut keys);
+            for key in &keys {
                 let key = &key[..key.len().min(MAX_KEY)];
                 out.extend_from_slice(&(slot as u16).to_be_bytes());
                 out.extend_from_slice(&(key.len() as u16).to_be_bytes());

@@ -159,14 +159,17 @@ pub fn keys_for(
         IndexKind::Eq => {
             // (objectClass=person) matches entries of every subclass, so an
             // object class value also produces the keys of its superclasses.
+            // A class's OID is its normalised form (objectIdentifierMatch),
+            // the class named first among them.
             if at.has_name("objectClass") {
                 let classes = std::str::from_utf8(value)
                     .ok()
-                    .and_then(|v| schema.superclasses(v));
-                for oc in classes.unwrap_or_default() {
-                    if let Ok(n) = schema.normalize(at, oc.oid.as_bytes()) {
-                        out.insert(cut(n));
+                    .and_then(|v| schema.superclasses(v.trim()));
+                if let Some(classes) = classes {
+                    for oc in classes {
+                        out.insert(cut(oc.oid.as_bytes().to_vec()));
                     }
+                    return;
                 }
             }
             if let Ok(n) = schema.normalize(at, value) {

@@ -25,18 +25,32 @@ pub(crate) fn attr_keys(
     kind: IndexKind,
 ) -> BTreeSet<Vec<u8>> {
     let mut keys = BTreeSet::new();
-    for a in attrs {
-        let base = pando_model::desc::base(&a.desc);
+    let bases = attrs.iter().map(|a| pando_model::desc::base(&a.desc));
+    attr_keys_into(schema, attrs, bases, attr_lower, kind, &mut keys);
+    keys
+}
+
+/// [`attr_keys`] added to `keys`, with each attribute's base type given
+/// (`bases`, in the order of `attrs`) by a caller that computes them once
+/// for every index.
+pub(crate) fn attr_keys_into<'a>(
+    schema: &Schema,
+    attrs: &[Attribute],
+    bases: impl Iterator<Item = &'a str>,
+    attr_lower: &str,
+    kind: IndexKind,
+    keys: &mut BTreeSet<Vec<u8>>,
+) {
+    for (a, base) in attrs.iter().zip(bases) {
         if !base.eq_ignore_ascii_case(attr_lower) {
             continue;
         }
         if let Some(at) = schema.attribute(base) {
             for v in &a.values {
-                index::keys_for(schema, at, kind, v, &mut keys);
+                index::keys_for(schema, at, kind, v, keys);
             }
         }
     }
-    keys
 }
 
 impl<'t> View<'t> {
