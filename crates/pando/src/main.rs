@@ -617,7 +617,7 @@ fn configured_memberof(
 /// checked until then.
 fn note_older_format(dir: &std::path::Path, view: &pando_store::View<'_>) -> Result<(), String> {
     let f = view.store_format().map_err(|e| e.to_string())?;
-    if f < pando_store::FORMAT_VERSION {
+    if f < pando_store::INDEX_FORMAT {
         println!(
             "{}: store format {f}; its indexes are rebuilt in format {} at the next start (or with --repair-indexes), and are not checked here",
             dir.display(),

@@ -12,6 +12,14 @@
 //! whatever its size, memory stays within the budget, and no posting list
 //! is rewritten per batch.
 //!
+//! `dn2id` is written as entries arrive, for finding parents and refusing
+//! duplicates, but its keys (parent ‖ RDN) do not arrive in key order
+//! (`uid=user.10` sorts before `uid=user.2`), and each page split leaves a
+//! half page that never fills again. When the load starts on an empty
+//! `dn2id`, its records also go to the runs (slot [`DN2ID_SLOT`]); at the
+//! end `dn2id` is emptied and written again from the merge in append
+//! mode, full pages, the index merge reusing the pages it left.
+//!
 //! Runs hold records `[klen u16][slot u16][key][id u64]` (big endian), so
 //! `slot ‖ key` is one byte string whose order is the index databases'
 //! key order within a slot. Records of one run are sorted by
@@ -35,6 +43,10 @@ use crate::{
     attr_keys, attr_keys_into, dn2id_key, encode_placement, id_bytes, id_from, Db, EntryId, Inner,
     Lookup, Placement, Store, StoreError, META_NEXT_ID,
 };
+
+/// The runs' slot of dn2id records (see [`BulkLoad::finish`]): above
+/// every index's, so they merge last.
+const DN2ID_SLOT: u16 = u16::MAX;
 
 /// Sort handle of one buffered record: the first 16 bytes of `slot ‖ key`
 /// (zero padded) as two integers, the key length and the record's offset.
@@ -427,6 +439,9 @@ pub struct BulkLoad<'s> {
     entries: u64,
     /// Reused buffer for id2parent records.
     buf: Vec<u8>,
+    /// dn2id was empty at the start: its records also go to the runs, and
+    /// it is written again from them in key order at the end.
+    repack_dn2id: bool,
 }
 
 impl Store {
@@ -462,6 +477,7 @@ impl Store {
             Some(v) => id_from(v)?,
             None => return Err(StoreError::Corrupt("meta has no next_id".into())),
         };
+        let repack_dn2id = inner.dn2id.is_empty(&txn)?;
         let mut targets = Vec::new();
         let catalog = inner.catalog.load_full();
         for (attr, kind) in &catalog.slots {
@@ -483,6 +499,7 @@ impl Store {
             commit_every: opts.commit_every.max(1),
             entries: 0,
             buf: Vec::new(),
+            repack_dn2id,
         })
     }
 }
@@ -562,6 +579,9 @@ impl<'s> BulkLoad<'s> {
             .id2parent
             .put_with_flags(txn, PutFlags::APPEND, &id_bytes(id), &self.buf)?;
         self.runs.push_packed(keys, id)?;
+        if self.repack_dn2id {
+            self.runs.push(DN2ID_SLOT, &key, id)?;
+        }
         self.next_id += 1;
         self.entries += 1;
         self.uncommitted += 1;
@@ -605,32 +625,51 @@ impl<'s> BulkLoad<'s> {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<BulkFigures, StoreError> {
         self.commit()?;
+        if self.repack_dn2id {
+            // Rewritten from the runs below; its pages are reused.
+            self.inner.dn2id.clear(self.txn()?)?;
+            self.commit()?;
+        }
         let BulkLoad {
             inner,
             txn: mut txn_slot,
             runs,
             targets,
             entries,
+            repack_dn2id,
             ..
         } = self;
+        let dn2id_records = if repack_dn2id { entries } else { 0 };
         let mut fig = BulkFigures {
             entries,
-            index_triples: runs.triples,
+            index_triples: runs.triples - dn2id_records,
             spilled_runs: runs.spilled_runs(),
             posting_lists: 0,
         };
         let total = runs.triples;
         let mut done = 0u64;
+        let mut written = 0u64;
         let mut buf = Vec::new();
         let mut each = |slot: u16, key: &[u8], ids: &[EntryId]| -> Result<(), StoreError> {
-            let t = targets
-                .get(slot as usize)
-                .ok_or_else(|| StoreError::Corrupt(format!("index slot {slot} out of range")))?;
             let txn = txn_slot.as_mut().ok_or(StoreError::Closed)?;
-            write_posting(txn, t, key, ids, &mut buf)?;
+            if slot == DN2ID_SLOT {
+                // Keys are unique (taken with NO_OVERWRITE) and come in
+                // key order, after every index's.
+                for &id in ids {
+                    inner
+                        .dn2id
+                        .put_with_flags(txn, PutFlags::APPEND, key, &id_bytes(id))?;
+                }
+            } else {
+                let t = targets.get(slot as usize).ok_or_else(|| {
+                    StoreError::Corrupt(format!("index slot {slot} out of range"))
+                })?;
+                write_posting(txn, t, key, ids, &mut buf)?;
+                fig.posting_lists += 1;
+            }
             done += ids.len() as u64;
-            fig.posting_lists += 1;
-            if fig.posting_lists.is_multiple_of(200_000) {
+            written += 1;
+            if written.is_multiple_of(200_000) {
                 // Bound the dirty pages of one transaction on huge imports.
                 inner.commit(txn_slot.take().ok_or(StoreError::Closed)?)?;
                 txn_slot = Some(inner.env.write_txn()?);

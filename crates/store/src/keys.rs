@@ -20,12 +20,34 @@ pub(crate) fn dn2id_key(parent: EntryId, norm_rdn: &str) -> Vec<u8> {
     k
 }
 
+/// Set in an id2parent record's length field: the normalised RDN is the
+/// RDN as given, and is not stored again (format 4).
+const NORM_SAME: u16 = 0x8000;
+/// Set in the length field: the normalised RDN is the RDN as given with
+/// ASCII letters lowercased, not stored again (format 4).
+const NORM_LOWER: u16 = 0x4000;
+/// RDNs are far shorter than this (a DN is at most 8 KiB), so the two
+/// bits above are never part of a length.
+const LEN_MASK: u16 = 0x3FFF;
+
 pub(crate) fn encode_placement(p: &Placement) -> Vec<u8> {
     let mut v = Vec::with_capacity(10 + p.rdn.len() + p.norm_rdn.len());
     v.extend_from_slice(&id_bytes(p.parent));
-    v.extend_from_slice(&(p.rdn.len() as u16).to_be_bytes());
+    let len = p.rdn.len() as u16;
+    let flag = if p.rdn.len() > usize::from(LEN_MASK) {
+        0
+    } else if p.norm_rdn == p.rdn {
+        NORM_SAME
+    } else if p.norm_rdn.len() == p.rdn.len() && p.norm_rdn == p.rdn.to_ascii_lowercase() {
+        NORM_LOWER
+    } else {
+        0
+    };
+    v.extend_from_slice(&(len | flag).to_be_bytes());
     v.extend_from_slice(p.rdn.as_bytes());
-    v.extend_from_slice(p.norm_rdn.as_bytes());
+    if flag == 0 {
+        v.extend_from_slice(p.norm_rdn.as_bytes());
+    }
     v
 }
 
@@ -35,7 +57,8 @@ pub(crate) fn decode_placement(id: EntryId, v: &[u8]) -> Result<Placement, Store
         return Err(bad());
     }
     let parent = id_from(&v[..8])?;
-    let len = u16::from_be_bytes([v[8], v[9]]) as usize;
+    let field = u16::from_be_bytes([v[8], v[9]]);
+    let len = usize::from(field & LEN_MASK);
     let rest = &v[10..];
     if rest.len() < len {
         return Err(bad());
@@ -43,9 +66,13 @@ pub(crate) fn decode_placement(id: EntryId, v: &[u8]) -> Result<Placement, Store
     let rdn = std::str::from_utf8(&rest[..len])
         .map_err(|_| bad())?
         .to_string();
-    let norm_rdn = std::str::from_utf8(&rest[len..])
-        .map_err(|_| bad())?
-        .to_string();
+    let tail = &rest[len..];
+    let norm_rdn = match field & !LEN_MASK {
+        0 => std::str::from_utf8(tail).map_err(|_| bad())?.to_string(),
+        NORM_SAME if tail.is_empty() => rdn.clone(),
+        NORM_LOWER if tail.is_empty() => rdn.to_ascii_lowercase(),
+        _ => return Err(bad()),
+    };
     Ok(Placement {
         parent,
         rdn,
@@ -74,4 +101,52 @@ pub(crate) fn lookup_in(
         }
     }
     Ok(Lookup::Missing { matched: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(rdn: &str, norm: &str) -> Placement {
+        Placement {
+            parent: 7,
+            rdn: rdn.into(),
+            norm_rdn: norm.into(),
+        }
+    }
+
+    #[test]
+    fn placements_round_trip_and_store_the_normalised_rdn_only_when_it_differs() {
+        for (p, stored) in [
+            (place("uid=ann", "uid=ann"), 10 + 7),
+            (place("UID=Ann", "uid=ann"), 10 + 7),
+            (place("cn=Ann  Lee", "cn=ann lee"), 10 + 11 + 10),
+            (place("cn=Åsa", "cn=åsa"), 10 + 7 + 7),
+            (place("", ""), 10),
+        ] {
+            let v = encode_placement(&p);
+            assert_eq!(v.len(), stored, "{}", p.rdn);
+            let back = decode_placement(1, &v).unwrap();
+            assert_eq!(
+                (back.parent, back.rdn, back.norm_rdn),
+                (7, p.rdn, p.norm_rdn)
+            );
+        }
+        // Format 3 records (the normalised RDN always stored) still read.
+        let mut old = id_bytes(7).to_vec();
+        old.extend_from_slice(&7u16.to_be_bytes());
+        old.extend_from_slice(b"uid=annuid=ann");
+        let back = decode_placement(1, &old).unwrap();
+        assert_eq!(
+            (back.rdn.as_str(), back.norm_rdn.as_str()),
+            ("uid=ann", "uid=ann")
+        );
+        // A flag with bytes after the RDN, or both flags, is damage.
+        let mut bad = encode_placement(&place("uid=ann", "uid=ann"));
+        bad.push(b'x');
+        assert!(decode_placement(1, &bad).is_err());
+        let mut both = encode_placement(&place("uid=ann", "uid=ann"));
+        both[8] |= 0xC0;
+        assert!(decode_placement(1, &both).is_err());
+    }
 }

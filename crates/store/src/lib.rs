@@ -104,8 +104,14 @@ pub const DATA_FILE: &str = "data.mdb";
 /// `ix:` databases ([`postings`]). Older stores are upgraded when opened:
 /// their records are valid as they are, except the `idx:` index databases,
 /// which are emptied while the `ix:` ones are built from the entries (the
-/// same rebuild as for an index added to the configuration).
-pub const FORMAT_VERSION: u32 = 3;
+/// same rebuild as for an index added to the configuration). 4: an
+/// `id2parent` record leaves out the normalised RDN when it is the RDN as
+/// given or its ASCII lowercase ([`keys`]); format 3 records read as they
+/// are, nothing is rebuilt.
+pub const FORMAT_VERSION: u32 = 4;
+/// The first format whose index databases are in this version's layout:
+/// an older store's indexes are rebuilt when it is opened for writing.
+pub const INDEX_FORMAT: u32 = 3;
 /// Oldest store format this version reads.
 pub const OLDEST_FORMAT: u32 = 1;
 const META_FORMAT: &[u8] = b"format";

@@ -131,7 +131,7 @@ fn check_format(
                     path.display()
                 )));
             }
-            if found < 3 {
+            if found < INDEX_FORMAT {
                 tracing::info!(
                     store = %path.display(),
                     from = found,

@@ -854,6 +854,131 @@ fn format_2_indexes_are_rebuilt_in_chunks() {
     assert_eq!(old.len(&r.txn).unwrap(), 0, "the format 2 index is emptied");
 }
 
+/// A format 3 store (every id2parent record holding its normalised RDN)
+/// opened by this version: marked format 4, nothing rebuilt, every DN and
+/// lookup as before, and records written from then on leave a normalised
+/// RDN equal to the given one out.
+#[test]
+fn format_3_placements_read_as_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    let dns = |store: &Store| {
+        let r = store.read().unwrap();
+        let v = r.view();
+        let mut out = Vec::new();
+        for item in v.inner.id2parent.iter(&r.txn).unwrap() {
+            let id = id_from(item.unwrap().0).unwrap();
+            out.push(v.dn_pair(id).unwrap());
+        }
+        out
+    };
+    let before = dns(&store);
+    let people = find(&store, "ou=People,dc=example,dc=com").unwrap();
+    store
+        .write_blocking(|w| -> Result<(), StoreError> {
+            let mut old = Vec::new();
+            for item in w.inner.id2parent.iter(&w.txn)? {
+                let (k, v) = item?;
+                let p = decode_placement(id_from(k)?, v)?;
+                let mut rec = id_bytes(p.parent).to_vec();
+                rec.extend_from_slice(&(p.rdn.len() as u16).to_be_bytes());
+                rec.extend_from_slice(p.rdn.as_bytes());
+                rec.extend_from_slice(p.norm_rdn.as_bytes());
+                old.push((k.to_vec(), rec));
+            }
+            for (k, rec) in old {
+                w.inner.id2parent.put(&mut w.txn, &k, &rec)?;
+            }
+            w.inner
+                .meta
+                .put(&mut w.txn, META_FORMAT, &3u32.to_be_bytes())?;
+            Ok(())
+        })
+        .unwrap();
+    store.close();
+    let store = open(dir.path());
+    assert_eq!(dns(&store), before);
+    assert_eq!(find(&store, "ou=People,dc=example,dc=com"), Some(people));
+    assert_consistent(&store);
+    add(
+        &store,
+        "uid=new,ou=People,dc=example,dc=com",
+        attrs(&[("objectClass", "account"), ("uid", "new")]),
+    );
+    let id = find(&store, "UID=New,ou=people,dc=example,dc=com").unwrap();
+    let r = store.read().unwrap();
+    let v = r.view();
+    assert_eq!(v.store_format().unwrap(), FORMAT_VERSION);
+    let rec = v
+        .inner
+        .id2parent
+        .get(&r.txn, &id_bytes(id))
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.len(), 10 + "uid=new".len());
+}
+
+/// A load into an empty store writes dn2id again in key order at the end:
+/// every DN resolves, duplicates were still refused during the load, and
+/// its pages are full (inserted in input order they came out half full).
+#[test]
+fn bulk_load_into_an_empty_store_repacks_dn2id() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut load = store
+        .bulk_load(&bulk::BulkOptions {
+            memory: 1 << 20,
+            spill_dir: dir.path().join("runs"),
+            commit_every: 500,
+        })
+        .unwrap();
+    let (mut rec, mut keys) = (Vec::new(), Vec::new());
+    let mut add = |load: &mut bulk::BulkLoad<'_>, parent, rdn: String, a: Vec<Attribute>| {
+        store.codec().encode_with(&a, None, &mut rec);
+        store.index_keys_packed(&a, &mut keys);
+        let place = Placement {
+            parent,
+            norm_rdn: rdn.to_ascii_lowercase(),
+            rdn,
+        };
+        load.add(&place, &rec, &keys).unwrap()
+    };
+    let root = add(
+        &mut load,
+        0,
+        "dc=example,dc=com".into(),
+        attrs(&[("objectClass", "domain"), ("dc", "example")]),
+    )
+    .unwrap();
+    let n = 20_000;
+    for i in 0..n {
+        let a = person(&format!("user.{i}"), &i.to_string());
+        assert!(add(&mut load, root, format!("cn=user.{i}"), a).is_ok());
+    }
+    let again = add(&mut load, root, "CN=user.7".into(), person("user.7", "7"));
+    assert!(again.is_err(), "a duplicate DN is refused during the load");
+    let fig = load.finish(&mut |_, _| {}).unwrap();
+    assert!(fig.spilled_runs >= 1, "{fig:?}");
+    assert_eq!(fig.entries, n + 1);
+    assert_consistent(&store);
+    for i in [0, 1, 10, 9_999, n - 1] {
+        let dn = format!("cn=USER.{i},dc=example,dc=com");
+        assert!(find(&store, &dn).is_some(), "{dn}");
+    }
+    assert!(find(&store, "cn=user.20000,dc=example,dc=com").is_none());
+    let r = store.read().unwrap();
+    let stat = r.view().inner.dn2id.stat(&r.txn).unwrap();
+    assert_eq!(stat.entries as u64, n + 1);
+    // A record: node header 8, key 8 + ~12, value 8, pointer 2 ≈ 38 bytes.
+    let full = (n as usize * 38).div_ceil(stat.page_size as usize - 16);
+    assert!(
+        stat.leaf_pages <= full * 11 / 10,
+        "{} leaf pages, full would be about {full}",
+        stat.leaf_pages
+    );
+}
+
 #[test]
 fn bulk_load_appends_entries_and_builds_indexes_by_merge() {
     let dir = tempfile::tempdir().unwrap();
