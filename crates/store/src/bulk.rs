@@ -81,6 +81,8 @@ pub struct Runs {
     files: Vec<PathBuf>,
     /// Triples pushed in total.
     pub triples: u64,
+    /// The buffers' space was asked for (at the first push).
+    reserved: bool,
 }
 
 fn sort_entry(sk: &[u8], off: u32) -> SortEntry {
@@ -131,6 +133,7 @@ impl Runs {
             order: Vec::new(),
             files: Vec::new(),
             triples: 0,
+            reserved: false,
         }
     }
 
@@ -148,14 +151,19 @@ impl Runs {
         if self.used() + key.len() + 12 + SORT_ENTRY > self.budget && !self.order.is_empty() {
             self.spill()?;
         }
-        if self.order.capacity() == 0 {
+        if !self.reserved {
+            self.reserved = true;
             // Each buffer's largest possible share of the budget, up front
             // (address space only until used): growing them by doubling
             // copied and zeroed hundreds of MiB in a large import. A
             // triple takes at least 13 arena bytes beside its sort entry,
-            // so the sort entries never pass 24/37 of the budget.
-            self.arena.reserve_exact(self.budget);
-            self.order.reserve_exact(self.budget / (SORT_ENTRY + 13));
+            // so the sort entries never pass 24/37 of the budget. Where the
+            // system refuses that much address space (a budget above the
+            // memory there is), the buffers grow as they fill instead.
+            let _ = self.arena.try_reserve_exact(self.budget);
+            let _ = self
+                .order
+                .try_reserve_exact(self.budget / (SORT_ENTRY + 13));
         }
         let off = self.arena.len();
         let off32 = u32::try_from(off).map_err(|_| {
