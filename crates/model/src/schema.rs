@@ -785,6 +785,29 @@ impl Schema {
         Ok(())
     }
 
+    /// A new class's SUP, MUST and MAY named as the schema names them,
+    /// and its MUST and MAY resolved to places; each must be defined.
+    fn resolve_class_refs(&self, oc: &mut ObjectClass) -> Result<(), String> {
+        for s in oc.sup.iter_mut() {
+            let parent = self
+                .object_class(s)
+                .ok_or_else(|| format!("SUP '{s}' is not a defined object class"))?;
+            *s = parent.name().to_string();
+        }
+        for (names, ids) in [
+            (&mut oc.must, &mut oc.must_ids),
+            (&mut oc.may, &mut oc.may_ids),
+        ] {
+            for a in names.iter_mut() {
+                let i = lookup(&self.attr_index, a)
+                    .ok_or_else(|| format!("attribute type '{a}' is not defined"))?;
+                *a = self.attrs[i].name().to_string();
+                ids.push(i);
+            }
+        }
+        Ok(())
+    }
+
     fn add_object_class(&mut self, text: &str) -> Result<(), String> {
         let mut d = Desc::new(text)?;
         let oid = d.numericoid()?;
@@ -829,23 +852,7 @@ impl Schema {
             }
         }
         check_names(&oc.names)?;
-        for s in oc.sup.iter_mut() {
-            let parent = self
-                .object_class(s)
-                .ok_or_else(|| format!("SUP '{s}' is not a defined object class"))?;
-            *s = parent.name().to_string();
-        }
-        for (names, ids) in [
-            (&mut oc.must, &mut oc.must_ids),
-            (&mut oc.may, &mut oc.may_ids),
-        ] {
-            for a in names.iter_mut() {
-                let i = lookup(&self.attr_index, a)
-                    .ok_or_else(|| format!("attribute type '{a}' is not defined"))?;
-                *a = self.attrs[i].name().to_string();
-                ids.push(i);
-            }
-        }
+        self.resolve_class_refs(&mut oc)?;
         let mut def = format!("( {}", oc.oid);
         render_names(&mut def, &oc.names);
         if let Some(x) = &oc.desc {
