@@ -363,9 +363,7 @@ impl Schema {
         }
         for (a, id) in entry.attrs.iter().zip(&ids) {
             let Some(id) = *id else {
-                return Err(self.type_of(&a.desc).err().unwrap_or_else(|| {
-                    SchemaViolation::new(ResultCode::UNDEFINED_ATTRIBUTE_TYPE, a.desc.clone())
-                }));
+                return Err(undefined(&a.desc));
             };
             if self.attribute_at(id).is_operational() || extensible {
                 continue;
@@ -414,13 +412,17 @@ impl Schema {
     }
 
     fn type_of(&self, desc: &str) -> Result<&AttributeType, SchemaViolation> {
-        self.attribute(crate::desc::base(desc)).ok_or_else(|| {
-            SchemaViolation::new(
-                ResultCode::UNDEFINED_ATTRIBUTE_TYPE,
-                format!("{desc}: attribute type undefined"),
-            )
-        })
+        self.attribute(crate::desc::base(desc))
+            .ok_or_else(|| undefined(desc))
     }
+}
+
+/// The error for an attribute description whose type the schema lacks.
+fn undefined(desc: &str) -> SchemaViolation {
+    SchemaViolation::new(
+        ResultCode::UNDEFINED_ATTRIBUTE_TYPE,
+        format!("{desc}: attribute type undefined"),
+    )
 }
 
 #[cfg(test)]

@@ -729,15 +729,14 @@ impl Schema {
         }
         // Inherit from SUP.
         if let Some(sup) = &at.sup {
-            let parent = self
-                .attribute(sup)
+            let sup_id = lookup(&self.attr_index, sup)
                 .ok_or_else(|| format!("SUP '{sup}' is not a defined attribute type"))?;
+            let parent = &self.attrs[sup_id];
             if parent.usage != at.usage {
                 return Err(format!("USAGE differs from that of SUP '{sup}'"));
             }
-            let sup_id = lookup(&self.attr_index, sup);
             at.sup = Some(parent.name().to_string());
-            at.sup_id = sup_id;
+            at.sup_id = Some(sup_id);
             at.equality = at.equality.take().or_else(|| parent.equality.clone());
             at.ordering = at.ordering.take().or_else(|| parent.ordering.clone());
             at.substr = at.substr.take().or_else(|| parent.substr.clone());

@@ -462,10 +462,10 @@ impl Store {
             .iter()
             .map(|a| pando_model::desc::base(&a.desc))
             .collect();
+        let schema = &catalog.schema;
         let mut keys = BTreeSet::new();
         for (slot, (attr, kind)) in catalog.slots.iter().enumerate() {
             keys.clear();
-            let schema = &catalog.schema;
             attr_keys_into(schema, attrs, bases.iter().copied(), attr, *kind, &mut keys);
             for key in &keys {
                 let key = &key[..key.len().min(MAX_KEY)];

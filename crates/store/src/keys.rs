@@ -38,7 +38,11 @@ pub(crate) fn encode_placement(p: &Placement) -> Vec<u8> {
         0
     } else if p.norm_rdn == p.rdn {
         NORM_SAME
-    } else if p.norm_rdn.len() == p.rdn.len() && p.norm_rdn == p.rdn.to_ascii_lowercase() {
+    } else if p
+        .norm_rdn
+        .bytes()
+        .eq(p.rdn.bytes().map(|b| b.to_ascii_lowercase()))
+    {
         NORM_LOWER
     } else {
         0
