@@ -98,7 +98,97 @@ pub struct LoggedChange {
     pub by: String,
 }
 
-fn key(c: &LoggedChange) -> Vec<u8> {
+/// The values a logged modification carries, borrowed from the entry
+/// the writer holds.
+#[derive(Clone, Debug)]
+pub enum LogValues<'a> {
+    /// Every value of the attribute.
+    All(&'a [Vec<u8>]),
+    /// Some of them.
+    Picked(Vec<&'a [u8]>),
+}
+
+impl LogValues<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            LogValues::All(vs) => vs.len(),
+            LogValues::Picked(vs) => vs.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn each(&self, mut f: impl FnMut(&[u8])) {
+        match self {
+            LogValues::All(vs) => vs.iter().for_each(|v| f(v)),
+            LogValues::Picked(vs) => vs.iter().for_each(|v| f(v)),
+        }
+    }
+}
+
+/// One modification as the writer logs it, borrowed.
+#[derive(Clone, Debug)]
+pub struct ModToLog<'a> {
+    pub op: ModOp,
+    pub desc: &'a str,
+    pub values: LogValues<'a>,
+}
+
+impl ModToLog<'_> {
+    /// The modification as a reader gets it back.
+    pub fn to_logged(&self) -> LoggedMod {
+        let mut values = Vec::with_capacity(self.values.len());
+        self.values.each(|v| values.push(v.to_vec()));
+        LoggedMod {
+            op: self.op,
+            desc: self.desc.to_string(),
+            values,
+        }
+    }
+}
+
+/// One entry's change as the writer logs it: borrowed from what the
+/// writer holds and encoded straight into the record, so nothing of the
+/// entry is copied first.
+#[derive(Clone, Debug)]
+pub struct ChangeToLog<'a> {
+    pub csn: &'a str,
+    pub seq: u32,
+    pub kind: LoggedKind,
+    pub uuid: &'a str,
+    pub dn: &'a str,
+    pub old_dn: Option<&'a str>,
+    pub mods: Vec<ModToLog<'a>>,
+    pub by: &'a str,
+}
+
+impl LoggedChange {
+    /// The change as the writer logs it.
+    pub fn to_log(&self) -> ChangeToLog<'_> {
+        ChangeToLog {
+            csn: &self.csn,
+            seq: self.seq,
+            kind: self.kind,
+            uuid: &self.uuid,
+            dn: &self.dn,
+            old_dn: self.old_dn.as_deref(),
+            mods: self
+                .mods
+                .iter()
+                .map(|m| ModToLog {
+                    op: m.op,
+                    desc: &m.desc,
+                    values: LogValues::All(&m.values),
+                })
+                .collect(),
+            by: &self.by,
+        }
+    }
+}
+
+fn key(c: &ChangeToLog<'_>) -> Vec<u8> {
     let mut k = Vec::with_capacity(c.csn.len() + 5 + c.uuid.len());
     k.extend_from_slice(c.csn.as_bytes());
     k.push(0);
@@ -113,21 +203,25 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
 }
 
 /// The value of `c`'s record.
-fn encode(c: &LoggedChange) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + c.dn.len());
+fn encode(c: &ChangeToLog<'_>) -> Vec<u8> {
+    let mut size = 16 + c.uuid.len() + c.dn.len() + c.by.len();
+    size += c.old_dn.map_or(0, str::len);
+    for m in &c.mods {
+        size += 8 + m.desc.len();
+        m.values.each(|v| size += 3 + v.len());
+    }
+    let mut out = Vec::with_capacity(size);
     out.push(RECORD_FORMAT);
     out.push(c.kind as u8);
     put_bytes(&mut out, c.uuid.as_bytes());
     put_bytes(&mut out, c.dn.as_bytes());
-    put_bytes(&mut out, c.old_dn.as_deref().unwrap_or("").as_bytes());
+    put_bytes(&mut out, c.old_dn.unwrap_or("").as_bytes());
     put_varint(&mut out, c.mods.len() as u64);
     for m in &c.mods {
         out.push(m.op as u8);
         put_bytes(&mut out, m.desc.as_bytes());
         put_varint(&mut out, m.values.len() as u64);
-        for v in &m.values {
-            put_bytes(&mut out, v);
-        }
+        m.values.each(|v| put_bytes(&mut out, v));
     }
     put_bytes(&mut out, c.by.as_bytes());
     out
@@ -377,6 +471,11 @@ impl WriteTxn<'_> {
 
     /// Log `c` (in the transaction that makes the change).
     pub fn log_change(&mut self, c: &LoggedChange) -> Result<(), StoreError> {
+        self.log(&c.to_log())
+    }
+
+    /// Log `c`, borrowed (in the transaction that makes the change).
+    pub fn log(&mut self, c: &ChangeToLog<'_>) -> Result<(), StoreError> {
         let db = self.changelog_db_mut()?;
         let (k, v) = (key(c), encode(c));
         // Appended at the end (this server's CSNs only grow), which fills
@@ -496,7 +595,7 @@ mod format_tests {
             }],
             by: "cn=admin".into(),
         };
-        let (k, v) = (key(&c), encode(&c));
+        let (k, v) = (key(&c.to_log()), encode(&c.to_log()));
         assert_eq!(decode(&k, &v).unwrap(), c);
         // Format 1: the same record without who made it.
         let mut old = v.clone();

@@ -74,7 +74,9 @@ use roaring::RoaringTreemap;
 pub use accesslog::AccessLogSize;
 pub use catalog::Catalog;
 use catalog::IndexDb;
-pub use changelog::{ChangelogSummary, LoggedChange, LoggedKind, LoggedMod, ModOp};
+pub use changelog::{
+    ChangeToLog, ChangelogSummary, LogValues, LoggedChange, LoggedKind, LoggedMod, ModOp, ModToLog,
+};
 pub use context_csn::csn_sid;
 pub use error::StoreError;
 pub use index::IndexKind;

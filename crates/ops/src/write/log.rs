@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pando_model::{Attribute, Entry};
-use pando_store::{LoggedChange, LoggedKind, LoggedMod, ModOp, StoreError, WriteTxn};
+use pando_store::{ChangeToLog, LogValues, LoggedKind, ModOp, ModToLog, StoreError, WriteTxn};
 
 use super::Change;
 use crate::feed::Kind;
@@ -15,7 +15,14 @@ use pando_config::ReplicationConfig;
 /// removed (so they go at least as fast as they come).
 const PURGE_PER_WRITE: usize = 16;
 
-/// The count bound (`changelog_max_changes`) is kept on every write; the
+/// The count bound (`changelog_max_changes`) is kept within this many
+/// records (or a 64th of the bound, when smaller): once the log holds that
+/// many more, they go in one write. Removing the oldest record on every
+/// write rewrote the front pages of the log and of its change numbers, and
+/// the floor, in each commit; a batch does it once per this many writes.
+const PURGE_BATCH: u64 = 1024;
+
+/// The count bound (`changelog_max_changes`) is looked at on every write; the
 /// age bound (`changelog_days`), which reads the oldest record, on one
 /// write in this many, removing as many records as the writes between
 /// would have.
@@ -26,7 +33,8 @@ const AGE_CHECK_EVERY: u64 = 64;
 static WRITES: AtomicU64 = AtomicU64::new(0);
 
 /// Log `c`, the operation's `seq`th entry written (from 0), made by `by`
-/// (the requester's DN; "" for a received change).
+/// (the requester's DN; "" for a received change). The record is encoded
+/// from the entries the change holds, nothing copied first.
 pub(super) fn log(
     w: &mut WriteTxn<'_>,
     csn: &str,
@@ -34,21 +42,33 @@ pub(super) fn log(
     c: &Change,
     by: &str,
 ) -> Result<(), StoreError> {
-    let (kind, mods) = match c.kind() {
+    let kind = c.kind();
+    let (logged, mods) = match kind {
         Kind::Add => (LoggedKind::Add, all_added(c.entry())),
         Kind::Delete => (LoggedKind::Delete, Vec::new()),
         Kind::Modify => (LoggedKind::Modify, diff(before_entry(c), c.entry())),
         Kind::ModDn => (LoggedKind::ModDn, diff(before_entry(c), c.entry())),
     };
-    w.log_change(&LoggedChange {
-        csn: csn.to_string(),
+    let dn = c.entry().dn.to_string();
+    let old_dn = match kind {
+        Kind::ModDn => c.before.as_ref().map(|b| b.entry.dn.to_string()),
+        _ => None,
+    };
+    let uuid = c
+        .entry()
+        .get("entryUUID")
+        .and_then(|a| a.values.first())
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .unwrap_or("");
+    w.log(&ChangeToLog {
+        csn,
         seq,
-        kind,
-        uuid: c.uuid(),
-        dn: c.entry().dn.to_string(),
-        old_dn: c.previous_dn(),
+        kind: logged,
+        uuid,
+        dn: &dn,
+        old_dn: old_dn.as_deref(),
         mods,
-        by: by.to_string(),
+        by,
     })
 }
 
@@ -57,8 +77,8 @@ fn before_entry(c: &Change) -> &Entry {
 }
 
 /// Remove what is past the configured retention (called on every write):
-/// records over the count at once, records past their age every
-/// [`AGE_CHECK_EVERY`] writes.
+/// records over the count (with its slack, [`PURGE_BATCH`]) at once,
+/// records past their age every [`AGE_CHECK_EVERY`] writes.
 pub(super) fn purge(w: &mut WriteTxn<'_>, cfg: &ReplicationConfig) -> Result<(), StoreError> {
     let age_check = WRITES
         .fetch_add(1, Ordering::Relaxed)
@@ -66,8 +86,12 @@ pub(super) fn purge(w: &mut WriteTxn<'_>, cfg: &ReplicationConfig) -> Result<(),
     if age_check || cfg.changelog_days == 0 {
         return purge_up_to(w, cfg, PURGE_PER_WRITE * AGE_CHECK_EVERY as usize).map(|_| ());
     }
-    if w.view().changelog_len()? > cfg.changelog_max_changes {
-        purge_up_to(w, cfg, PURGE_PER_WRITE)?;
+    let max = cfg.changelog_max_changes;
+    let slack = (max / 64).min(PURGE_BATCH);
+    let len = w.view().changelog_len()?;
+    if len > max.saturating_add(slack) {
+        let over = (len - max).min(PURGE_BATCH + PURGE_PER_WRITE as u64);
+        purge_up_to(w, cfg, over as usize)?;
     }
     Ok(())
 }
@@ -91,13 +115,13 @@ pub fn cutoff(days: u64) -> String {
     pando_store::clock::csn_floor(now.saturating_sub(days.saturating_mul(86_400_000_000)))
 }
 
-fn all_added(e: &Entry) -> Vec<LoggedMod> {
+fn all_added(e: &Entry) -> Vec<ModToLog<'_>> {
     e.attrs
         .iter()
-        .map(|a| LoggedMod {
+        .map(|a| ModToLog {
             op: ModOp::Add,
-            desc: a.desc.clone(),
-            values: a.values.clone(),
+            desc: &a.desc,
+            values: LogValues::All(&a.values),
         })
         .collect()
 }
@@ -105,8 +129,8 @@ fn all_added(e: &Entry) -> Vec<LoggedMod> {
 /// The modifications that turn `before`'s attributes into `after`'s:
 /// per attribute description, the values removed and added, or all its
 /// values replaced when that is shorter; a description gone is deleted
-/// whole.
-pub fn diff(before: &Entry, after: &Entry) -> Vec<LoggedMod> {
+/// whole. Borrowed from the two entries.
+pub fn diff<'a>(before: &'a Entry, after: &'a Entry) -> Vec<ModToLog<'a>> {
     let find = |attrs: &'_ [Attribute], desc: &str| -> Option<usize> {
         attrs.iter().position(|a| a.desc.eq_ignore_ascii_case(desc))
     };
@@ -120,10 +144,10 @@ pub fn diff(before: &Entry, after: &Entry) -> Vec<LoggedMod> {
             continue;
         }
         if find(&after.attrs, &b.desc).is_none() {
-            out.push(LoggedMod {
+            out.push(ModToLog {
                 op: ModOp::Delete,
-                desc: b.desc.clone(),
-                values: Vec::new(),
+                desc: &b.desc,
+                values: LogValues::Picked(Vec::new()),
             });
         }
     }
@@ -136,10 +160,10 @@ pub fn diff(before: &Entry, after: &Entry) -> Vec<LoggedMod> {
             false => find(&before.attrs, &a.desc),
         };
         let Some(i) = i else {
-            out.push(LoggedMod {
+            out.push(ModToLog {
                 op: ModOp::Add,
-                desc: a.desc.clone(),
-                values: a.values.clone(),
+                desc: &a.desc,
+                values: LogValues::All(&a.values),
             });
             continue;
         };
@@ -150,26 +174,21 @@ pub fn diff(before: &Entry, after: &Entry) -> Vec<LoggedMod> {
             continue;
         }
         if removed.len() + added.len() >= a.values.len() {
-            out.push(LoggedMod {
+            out.push(ModToLog {
                 op: ModOp::Replace,
-                desc: a.desc.clone(),
-                values: a.values.clone(),
+                desc: &a.desc,
+                values: LogValues::All(&a.values),
             });
             continue;
         }
-        if !removed.is_empty() {
-            out.push(LoggedMod {
-                op: ModOp::Delete,
-                desc: a.desc.clone(),
-                values: removed,
-            });
-        }
-        if !added.is_empty() {
-            out.push(LoggedMod {
-                op: ModOp::Add,
-                desc: a.desc.clone(),
-                values: added,
-            });
+        for (op, values) in [(ModOp::Delete, removed), (ModOp::Add, added)] {
+            if !values.is_empty() {
+                out.push(ModToLog {
+                    op,
+                    desc: &a.desc,
+                    values: LogValues::Picked(values),
+                });
+            }
         }
     }
     out
@@ -177,14 +196,18 @@ pub fn diff(before: &Entry, after: &Entry) -> Vec<LoggedMod> {
 
 /// The values of `xs` not in `ys`, in `xs`'s order. A set for long lists:
 /// one member added to a group of 10,000 compares 10,000 values, not 10^8.
-fn minus(xs: &[Vec<u8>], ys: &[Vec<u8>]) -> Vec<Vec<u8>> {
+fn minus<'a>(xs: &'a [Vec<u8>], ys: &[Vec<u8>]) -> Vec<&'a [u8]> {
     if ys.len() <= 16 {
-        return xs.iter().filter(|v| !ys.contains(v)).cloned().collect();
+        return xs
+            .iter()
+            .filter(|v| !ys.contains(v))
+            .map(Vec::as_slice)
+            .collect();
     }
     let ys: std::collections::HashSet<&[u8]> = ys.iter().map(Vec::as_slice).collect();
     xs.iter()
-        .filter(|v| !ys.contains(v.as_slice()))
-        .cloned()
+        .map(Vec::as_slice)
+        .filter(|v| !ys.contains(v))
         .collect()
 }
 
@@ -192,6 +215,7 @@ fn minus(xs: &[Vec<u8>], ys: &[Vec<u8>]) -> Vec<Vec<u8>> {
 mod tests {
     use super::*;
     use pando_model::Dn;
+    use pando_store::LoggedMod;
 
     fn entry(attrs: &[(&str, &[&str])]) -> Entry {
         Entry {
@@ -204,6 +228,10 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    fn logged(mods: Vec<ModToLog<'_>>) -> Vec<LoggedMod> {
+        mods.iter().map(ModToLog::to_logged).collect()
     }
 
     fn m(op: ModOp, desc: &str, values: &[&str]) -> LoggedMod {
@@ -233,7 +261,7 @@ mod tests {
             ("mail", &["x@example.com"]),
         ]);
         assert_eq!(
-            diff(&before, &after),
+            logged(diff(&before, &after)),
             vec![
                 m(ModOp::Delete, "description", &[]),
                 m(ModOp::Add, "member", &["m10"]),
@@ -253,11 +281,69 @@ mod tests {
         let before = entry(&[("member", &many)]);
         let after = entry(&[("member", &changed)]);
         assert_eq!(
-            diff(&before, &after),
+            logged(diff(&before, &after)),
             vec![
                 m(ModOp::Delete, "member", &["uid=u0"]),
                 m(ModOp::Add, "member", &["uid=new"]),
             ]
         );
+    }
+
+    /// The count bound is kept in batches: over 1,000 writes past a full
+    /// log of 4,096 records, the log never holds more than the bound and
+    /// its slack (64), always keeps the newest records, and the front of
+    /// the log is rewritten on a few dozen writes, not on every one.
+    #[test]
+    fn the_count_bound_is_kept_in_batches() {
+        use pando_store::{LoggedChange, Store, StoreOptions};
+        let dir = tempfile::tempdir().unwrap();
+        let schema = std::sync::Arc::new(pando_model::Schema::standard());
+        let opts = StoreOptions {
+            durability: pando_store::Durability::None,
+            ..StoreOptions::default()
+        };
+        let store = Store::open(dir.path(), schema, &opts).unwrap();
+        let cfg = ReplicationConfig {
+            changelog_max_changes: 4096,
+            ..ReplicationConfig::default()
+        };
+        let day = pando_store::clock::csn_floor(pando_store::clock::now_micros());
+        let record = move |i: u32| LoggedChange {
+            csn: format!("{day}.000000Z#{i:06x}#000#000000"),
+            seq: 0,
+            kind: LoggedKind::Modify,
+            uuid: format!("uuid-{i}"),
+            dn: format!("cn=e{i}"),
+            old_dn: None,
+            mods: Vec::new(),
+            by: String::new(),
+        };
+        let (mut purges, mut last_len) = (0, 0);
+        for i in 0..5096u32 {
+            let (c, cfg) = (record(i), cfg.clone());
+            let len = store
+                .write_blocking(move |w| {
+                    w.log_change(&c)?;
+                    purge(w, &cfg)?;
+                    w.view().changelog_len()
+                })
+                .unwrap();
+            assert!(len <= 4096 + 64, "{len} records after write {i}");
+            if len < last_len + 1 {
+                purges += 1;
+                assert!(len >= 4096, "purged below the bound: {len}");
+            }
+            last_len = len;
+        }
+        assert!(purges <= 1000 / 64 + 1000 / 64 + 2, "{purges} purges");
+        assert!(purges >= 1000 / 65, "{purges} purges");
+        let r = store.read().unwrap();
+        let v = r.view();
+        let oldest = v.changes_after("").unwrap().next().unwrap().unwrap();
+        let newest = v.changes_at(&record(5095).csn).unwrap();
+        assert_eq!(newest.len(), 1);
+        let first_kept: u32 = oldest.dn[4..].parse().unwrap();
+        assert_eq!(first_kept as u64, 5096 - v.changelog_len().unwrap());
+        assert!(v.changelog_floor().unwrap() >= record(first_kept - 1).csn);
     }
 }
