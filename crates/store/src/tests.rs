@@ -583,11 +583,33 @@ fn verify_finds_damage() {
             Ok(())
         })
         .unwrap();
+    // A key another entry produces, gone from the index (a key that
+    // names one entry: checked without a bitmap).
+    let other = find(&store, "cn=user3,ou=People,dc=example,dc=com").unwrap();
+    let gone = store
+        .write_blocking(move |w| -> Result<Vec<u8>, StoreError> {
+            let v = w.view();
+            let attrs = v.entry(other)?.unwrap().attrs;
+            let db = v.index_db("cn", IndexKind::Eq).copied().unwrap();
+            let key = v.keys_of(&attrs, "cn", IndexKind::Eq).pop_first().unwrap();
+            crate::postings::change(&mut w.txn, &db, &key, other, false)?;
+            Ok(key)
+        })
+        .unwrap();
     let problems = store.read().unwrap().view().verify().unwrap();
     let text = problems.join("\n");
     assert!(text.contains("ix:cn:eq"), "{text}");
     assert!(
         text.contains(&format!("id2entry record {id}: checksum mismatch")),
+        "{text}"
+    );
+    let missing = format!(
+        "ix:cn:eq: key {:?} is missing (entries [{other}])",
+        String::from_utf8_lossy(&gone)
+    );
+    assert!(text.contains(&missing), "{text}");
+    assert!(
+        text.contains("key \"somebody else\" lists 1 IDs, entries produce 0"),
         "{text}"
     );
 }
