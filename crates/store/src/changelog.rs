@@ -74,11 +74,31 @@ pub enum ModOp {
     Replace = 2,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct LoggedMod {
     pub op: ModOp,
     pub desc: String,
     pub values: Vec<Vec<u8>>,
+}
+
+/// Values shown as text, a password's only as how many there are (an add
+/// logs the new entry's userPassword hash).
+impl std::fmt::Debug for LoggedMod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("LoggedMod");
+        d.field("op", &self.op).field("desc", &self.desc);
+        if pando_model::desc::is_password(&self.desc) {
+            d.field("values", &format_args!("<{} hidden>", self.values.len()));
+        } else {
+            let text: Vec<_> = self
+                .values
+                .iter()
+                .map(|v| String::from_utf8_lossy(v))
+                .collect();
+            d.field("values", &text);
+        }
+        d.finish()
+    }
 }
 
 /// One entry's change in one operation.
@@ -100,7 +120,6 @@ pub struct LoggedChange {
 
 /// The values a logged modification carries, borrowed from the entry
 /// the writer holds.
-#[derive(Clone, Debug)]
 pub enum LogValues<'a> {
     /// Every value of the attribute.
     All(&'a [Vec<u8>]),
@@ -129,7 +148,6 @@ impl LogValues<'_> {
 }
 
 /// One modification as the writer logs it, borrowed.
-#[derive(Clone, Debug)]
 pub struct ModToLog<'a> {
     pub op: ModOp,
     pub desc: &'a str,
@@ -152,7 +170,6 @@ impl ModToLog<'_> {
 /// One entry's change as the writer logs it: borrowed from what the
 /// writer holds and encoded straight into the record, so nothing of the
 /// entry is copied first.
-#[derive(Clone, Debug)]
 pub struct ChangeToLog<'a> {
     pub csn: &'a str,
     pub seq: u32,
@@ -604,5 +621,18 @@ mod format_tests {
         let read = decode(&k, &old).unwrap();
         assert_eq!(read.by, "");
         assert_eq!(read.mods, c.mods);
+    }
+
+    #[test]
+    fn a_logged_password_is_not_printed() {
+        let m = |desc: &str| LoggedMod {
+            op: ModOp::Add,
+            desc: desc.into(),
+            values: vec![b"{SSHA}c2VjcmV0".to_vec()],
+        };
+        let shown = format!("{:?}", m("userPassword;x-opt"));
+        assert!(!shown.contains("SSHA"), "{shown}");
+        assert!(shown.contains("<1 hidden>"), "{shown}");
+        assert!(format!("{:?}", m("description")).contains("{SSHA}c2VjcmV0"));
     }
 }
