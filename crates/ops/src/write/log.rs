@@ -15,17 +15,18 @@ use pando_config::ReplicationConfig;
 /// removed (so they go at least as fast as they come).
 const PURGE_PER_WRITE: usize = 16;
 
-/// The count bound (`changelog_max_changes`) is kept within this many
-/// records (or a 64th of the bound, when smaller): once the log holds that
-/// many more, they go in one write. Removing the oldest record on every
-/// write rewrote the front pages of the log and of its change numbers, and
-/// the floor, in each commit; a batch does it once per this many writes.
+/// The count bound (`changelog_max_changes`) may be passed by this many
+/// records, or a 64th of the bound when that is smaller, before the
+/// surplus goes at once (one operation logging many entries, a tree
+/// delete, or a small bound). Otherwise the bound is kept on the writes
+/// that also check the age ([`AGE_CHECK_EVERY`]). Removing the oldest
+/// record on every write, as before, rewrote the front pages of the log
+/// and of its change numbers, and the floor, in each commit.
 const PURGE_BATCH: u64 = 1024;
 
-/// The count bound (`changelog_max_changes`) is looked at on every write; the
-/// age bound (`changelog_days`), which reads the oldest record, on one
-/// write in this many, removing as many records as the writes between
-/// would have.
+/// The age bound (`changelog_days`), which reads the oldest record, is
+/// looked at on one write in this many, removing as many records as the
+/// writes between would have, and every record over the count bound.
 const AGE_CHECK_EVERY: u64 = 64;
 
 /// Writes since the server started (all stores: it only spaces out the
@@ -58,13 +59,13 @@ pub(super) fn log(
         .entry()
         .get("entryUUID")
         .and_then(|a| a.values.first())
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .unwrap_or("");
+        .map(|v| String::from_utf8_lossy(v))
+        .unwrap_or_default();
     w.log(&ChangeToLog {
         csn,
         seq,
         kind: logged,
-        uuid,
+        uuid: &uuid,
         dn: &dn,
         old_dn: old_dn.as_deref(),
         mods,
@@ -77,8 +78,9 @@ fn before_entry(c: &Change) -> &Entry {
 }
 
 /// Remove what is past the configured retention (called on every write):
-/// records over the count (with its slack, [`PURGE_BATCH`]) at once,
-/// records past their age every [`AGE_CHECK_EVERY`] writes.
+/// on one write in [`AGE_CHECK_EVERY`], records past their age and over
+/// the count; on the others, records over the count only once they pass
+/// it by its slack ([`PURGE_BATCH`]).
 pub(super) fn purge(w: &mut WriteTxn<'_>, cfg: &ReplicationConfig) -> Result<(), StoreError> {
     let age_check = WRITES
         .fetch_add(1, Ordering::Relaxed)
@@ -290,9 +292,10 @@ mod tests {
     }
 
     /// The count bound is kept in batches: over 1,000 writes past a full
-    /// log of 4,096 records, the log never holds more than the bound and
-    /// its slack (64), always keeps the newest records, and the front of
-    /// the log is rewritten on a few dozen writes, not on every one.
+    /// log of 640 records (slack 10), the log never holds more than the
+    /// bound and its slack, always keeps the newest records, its floor
+    /// covers what went, and the front of the log is rewritten on about
+    /// one write in 11 (every write before).
     #[test]
     fn the_count_bound_is_kept_in_batches() {
         use pando_store::{LoggedChange, Store, StoreOptions};
@@ -304,7 +307,7 @@ mod tests {
         };
         let store = Store::open(dir.path(), schema, &opts).unwrap();
         let cfg = ReplicationConfig {
-            changelog_max_changes: 4096,
+            changelog_max_changes: 640,
             ..ReplicationConfig::default()
         };
         let day = pando_store::clock::csn_floor(pando_store::clock::now_micros());
@@ -319,7 +322,7 @@ mod tests {
             by: String::new(),
         };
         let (mut purges, mut last_len) = (0, 0);
-        for i in 0..5096u32 {
+        for i in 0..1640u32 {
             let (c, cfg) = (record(i), cfg.clone());
             let len = store
                 .write_blocking(move |w| {
@@ -328,22 +331,22 @@ mod tests {
                     w.view().changelog_len()
                 })
                 .unwrap();
-            assert!(len <= 4096 + 64, "{len} records after write {i}");
+            assert!(len <= 640 + 10, "{len} records after write {i}");
             if len < last_len + 1 {
                 purges += 1;
-                assert!(len >= 4096, "purged below the bound: {len}");
+                assert!(len >= 640, "purged below the bound: {len}");
             }
             last_len = len;
         }
-        assert!(purges <= 1000 / 64 + 1000 / 64 + 2, "{purges} purges");
+        assert!(purges <= 1000 / 11 + 1000 / 64 + 2, "{purges} purges");
         assert!(purges >= 1000 / 65, "{purges} purges");
         let r = store.read().unwrap();
         let v = r.view();
         let oldest = v.changes_after("").unwrap().next().unwrap().unwrap();
-        let newest = v.changes_at(&record(5095).csn).unwrap();
+        let newest = v.changes_at(&record(1639).csn).unwrap();
         assert_eq!(newest.len(), 1);
         let first_kept: u32 = oldest.dn[4..].parse().unwrap();
-        assert_eq!(first_kept as u64, 5096 - v.changelog_len().unwrap());
+        assert_eq!(first_kept as u64, 1640 - v.changelog_len().unwrap());
         assert!(v.changelog_floor().unwrap() >= record(first_kept - 1).csn);
     }
 }
