@@ -43,28 +43,17 @@ pub(super) fn log(
     c: &Change,
     by: &str,
 ) -> Result<(), StoreError> {
-    let kind = c.kind();
-    let (logged, mods) = match kind {
+    let (kind, mods) = match c.kind() {
         Kind::Add => (LoggedKind::Add, all_added(c.entry())),
         Kind::Delete => (LoggedKind::Delete, Vec::new()),
         Kind::Modify => (LoggedKind::Modify, diff(before_entry(c), c.entry())),
         Kind::ModDn => (LoggedKind::ModDn, diff(before_entry(c), c.entry())),
     };
-    let dn = c.entry().dn.to_string();
-    let old_dn = match kind {
-        Kind::ModDn => c.before.as_ref().map(|b| b.entry.dn.to_string()),
-        _ => None,
-    };
-    let uuid = c
-        .entry()
-        .get("entryUUID")
-        .and_then(|a| a.values.first())
-        .map(|v| String::from_utf8_lossy(v))
-        .unwrap_or_default();
+    let (dn, old_dn, uuid) = (c.entry().dn.to_string(), c.previous_dn(), c.uuid());
     w.log(&ChangeToLog {
         csn,
         seq,
-        kind: logged,
+        kind,
         uuid: &uuid,
         dn: &dn,
         old_dn: old_dn.as_deref(),
