@@ -5,6 +5,7 @@ only). Convergence: the same entries and the same contextCSN per server
 ID on both."""
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -132,5 +133,34 @@ def test_pando_and_slapd_in_one_multi_provider_ring(tmp_path):
             assert rc == 32, gone
         for added in ("pat", "sue"):
             assert attrs_of(pando, "uid=%s,%s" % (added, PEOPLE), "uid")["uid"] == [added]
+    finally:
+        ring.stop()
+
+
+def test_a_delete_on_slapd_reaches_pando_when_its_state_holds_no_slapd_change(tmp_path):
+    # Pando's state for its link to slapd names no change of slapd's (slapd
+    # only loaded Pando's tree). slapd deletes an entry while that link is
+    # cut; healed, slapd answers with a present listing that leaves it out.
+    # Its last change (Pando's load) is one slapd's state takes in, so it
+    # went there: it goes on Pando too. An entry added on Pando meanwhile,
+    # which slapd has not seen yet, is not taken for a delete.
+    ring = MixedRing(tmp_path).start()
+    pando, slapd = ring.pando, ring.slapd
+    try:
+        converge_nodes(ring.nodes, timeout=60, log=ring.logs)
+        ring.to_slapd.cut()
+        write(slapd, "dn: uid=grace,%s\nchangetype: delete\n" % PEOPLE)
+        ring.to_pando.cut()
+        modify(pando, "dn: uid=pat,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: pat\ncn: Pat\nsn: P\n"
+               % PEOPLE)
+        ring.to_slapd.heal()
+        deadline = time.monotonic() + 30
+        while pando.search("uid=grace," + PEOPLE, "(objectClass=*)", scope="base")[0] != 32:
+            assert time.monotonic() < deadline, "the delete never reached Pando\n" + ring.logs()
+            time.sleep(0.2)
+        assert attrs_of(pando, "uid=pat," + PEOPLE, "uid")["uid"] == ["pat"]
+        ring.to_pando.heal()
+        # Equal dumps: pat reached slapd, grace stays deleted on both.
+        converge_nodes(ring.nodes, timeout=60, log=ring.logs)
     finally:
         ring.stop()

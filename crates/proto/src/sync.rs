@@ -389,6 +389,15 @@ impl Cookie {
             .map(String::as_str)
     }
 
+    /// Whether the state this cookie names takes in the change `csn`:
+    /// the cookie holds a CSN of the same server ID at least as new (a
+    /// server's changes travel every path in CSN order).
+    pub fn has_seen(&self, csn: &str) -> bool {
+        csn_sid(csn)
+            .and_then(|sid| self.csn_for(sid))
+            .is_some_and(|held| held >= csn)
+    }
+
     /// Keep `csn` as its server's CSN unless a newer one is held.
     pub fn advance(&mut self, csn: &str) {
         let Some(sid) = csn_sid(csn) else { return };
@@ -537,6 +546,18 @@ mod tests {
         c.advance(CSN);
         c.advance("20000101000000.000000Z#000000#00c#000000");
         assert_eq!(c.csns, [CSN]);
+    }
+
+    #[test]
+    fn a_cookie_has_seen_changes_of_its_server_ids_up_to_their_csns() {
+        let held = "20200101000000.000000Z#000000#001#000000";
+        let c = Cookie::parse(format!("csn={held}").as_bytes()).unwrap();
+        assert!(c.has_seen(held));
+        assert!(c.has_seen("20191231235959.999999Z#000005#001#000000"));
+        assert!(!c.has_seen("20200101000000.000000Z#000001#001#000000"));
+        // Another server ID, or not a CSN at all: not seen.
+        assert!(!c.has_seen("20000101000000.000000Z#000000#002#000000"));
+        assert!(!c.has_seen("garbage"));
     }
 
     #[test]

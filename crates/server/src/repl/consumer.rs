@@ -844,22 +844,27 @@ impl Session2<'_> {
         let mut gone = std::mem::take(&mut self.pending_deletes);
         if (!deletes || self.present_phase || self.initial) && self.server.multi_provider() {
             // With multi-provider, what one provider lacks may be on its
-            // way to it: a provider's state names the newest change of each
-            // server it received from anyone, not all of them. Deletes
-            // come from the server that made them (its change log);
-            // entries the provider did not name are only counted.
-            let unnamed = self.not_present()?.len();
-            if unnamed > 0 {
+            // way to it. An entry whose last change the provider's state
+            // takes in (its entryCSN not newer than the provider's CSN for
+            // that server ID) reached the provider and is gone there: it
+            // goes here too (a provider without tombstones, as slapd, names
+            // no deletes). The others are kept and counted.
+            let (unnamed, kept) = self.not_present(Some(&cookie))?;
+            gone.extend(unnamed);
+            if kept > 0 {
                 tracing::warn!(
                     rid = self.cfg.rid,
                     provider = %self.cfg.provider,
-                    entries = unnamed,
-                    "the provider's refresh did not name some entries held here; with multi-provider they are kept (deleted entries come as deletes from the server that deleted them)"
+                    entries = kept,
+                    "the provider's refresh did not name some entries held here whose last change it has not seen; with multi-provider they are kept (they may be on their way to it)"
                 );
             }
         } else if !deletes || self.present_phase || self.initial {
-            gone.extend(self.not_present()?);
+            gone.extend(self.not_present(None)?.0);
         }
+        // A remembered delete the provider sent is also not named present.
+        let mut once = HashSet::new();
+        gone.retain(|uuid| once.insert(uuid.clone()));
         let n = gone.len() as u64;
         for batch in gone.chunks(WINDOW) {
             self.receive(Received::Gone(batch.to_vec()), None, csn.clone(), false)
@@ -871,8 +876,10 @@ impl Session2<'_> {
     }
 
     /// Entries of the search here (within its base and scope, matching its
-    /// filter) that the provider did not send or name present.
-    fn not_present(&self) -> Result<Vec<String>, Failed> {
+    /// filter) that the provider did not send or name present. With
+    /// `seen_by`, only those whose entryCSN that state takes in; the
+    /// others are counted (the second value).
+    fn not_present(&self, seen_by: Option<&Cookie>) -> Result<(Vec<String>, usize), Failed> {
         let server = self.server;
         let schema = &*server.schema;
         let filter = Filter::parse(&self.cfg.filter)
@@ -883,7 +890,7 @@ impl Session2<'_> {
         let Ok(pando_store::Lookup::Found(base_id)) =
             view.lookup_norm(&crate::ops::norm_dn::split_rdns(&self.replica.base))
         else {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), 0));
         };
         let ids: Vec<u64> = match scope_of(self.cfg) {
             Scope::Base => vec![base_id],
@@ -895,7 +902,7 @@ impl Session2<'_> {
                     .collect()
             }
         };
-        let mut gone = Vec::new();
+        let (mut gone, mut kept) = (Vec::new(), 0);
         for id in ids {
             let Some(entry) = view.entry(id)? else {
                 continue;
@@ -908,11 +915,18 @@ impl Session2<'_> {
             if self.present.contains(&uuid) {
                 continue;
             }
-            if compiled.matches(schema, &entry) == pando_model::Ternary::True {
+            if compiled.matches(schema, &entry) != pando_model::Ternary::True {
+                continue;
+            }
+            let csn = entry.get("entryCSN").and_then(|a| a.values.first());
+            let seen = |c: &Cookie| csn.is_some_and(|v| c.has_seen(&String::from_utf8_lossy(v)));
+            if seen_by.is_none_or(seen) {
                 gone.push(uuid_text(&uuid));
+            } else {
+                kept += 1;
             }
         }
-        Ok(gone)
+        Ok((gone, kept))
     }
 
     /// A malformed or out-of-place message from the provider.
