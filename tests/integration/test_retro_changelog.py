@@ -193,3 +193,50 @@ def test_a_server_without_the_overlay_has_no_changelog(tmp_path):
         assert got["targetdn"][0].lower() == "uid=alice," + PEOPLE.lower()
     finally:
         srv.stop_and_verify()
+
+
+def test_the_overlay_added_and_removed_over_cn_config_numbers_what_the_log_holds(tmp_path):
+    # Without the overlay no change numbers are kept (they cost a write per
+    # change); added over cn=config, every change the log holds is numbered
+    # then; removed and added again, the log is numbered again after the
+    # last number given, so a reader misses nothing and no number comes twice.
+    from test_overlays import DB, ldapi
+    srv = start(tmp_path, PUBLIC_READ, "retrocl-live")
+    overlay = ("dn: olcOverlay=retrochangelog,%s\nobjectClass: olcOverlayConfig\n"
+               "objectClass: pandoRetroChangelogConfig\nolcOverlay: retrochangelog\n" % DB)
+
+    def described(who, text):
+        write(srv, "dn: uid=%s,%s\nchangetype: modify\nreplace: description\ndescription: %s\n"
+              % (who, PEOPLE, text))
+
+    def numbered():
+        rc, entries, err = srv.search("cn=changelog", "(objectClass=*)", "changeNumber", "changes",
+                                      scope="one")
+        assert rc == 0, err
+        return {int(e[1]["changeNumber"][0]): e[1]["changes"][0] for e in entries}
+
+    try:
+        described("alice", "before")
+        rc, _, err = ldapi(srv, "ldapadd", input=overlay)
+        assert rc == 0, err
+        first = numbered()
+        assert any("description: before" in c for c in first.values()), first
+        top = max(first)
+        described("bob", "while on")
+        assert int(root_numbers(srv)["lastchangenumber"][0]) == top + 1
+        rc, _, err = ldapi(srv, "ldapdelete", "olcOverlay={0}retrochangelog," + DB)
+        assert rc == 0, err
+        described("carol", "while off")
+        rc, _, err = ldapi(srv, "ldapadd", input=overlay)
+        assert rc == 0, err
+        again = numbered()
+        assert min(again) == top + 2, (top, sorted(again))
+        texts = list(again.values())
+        for text in ("before", "while on", "while off"):
+            assert sum("description: " + text in c for c in texts) == 1, (text, again)
+        # Kept across a restart with the overlay configured.
+        assert srv.stop() == 0
+        srv.start()
+        assert numbered() == again
+    finally:
+        srv.stop_and_verify()

@@ -135,6 +135,10 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
             tracing::error!("{e}; changes under cn=config will not persist");
         }
     }
+    let numbers = numbers_changes(&cfg.config);
+    if let Err(e) = store.write(move |w| w.number_changes(numbers)).await {
+        return Err(format!("cannot record whether changes are numbered: {e}").into());
+    }
     let durability = store_options(&cfg).durability;
     if tls.is_none()
         && matches!(&bound, Bound::Systemd(b) if b.iter().any(|b| matches!(b, net::listener::Bound::Ldaps(_))))
@@ -511,6 +515,14 @@ pub fn search_threads(limits: &pando_config::Limits) -> usize {
             .clamp(8, pando_config::MAX_SEARCH_THREADS),
         n => n,
     }
+}
+
+/// Whether logged changes get change numbers under `cfg`: only the retro
+/// change log reads them (the index costs a write per change).
+pub(crate) fn numbers_changes(cfg: &pando_config::Config) -> bool {
+    cfg.overlay
+        .iter()
+        .any(|o| matches!(o, pando_config::overlay::OverlayConfig::Retrochangelog(_)))
 }
 
 /// The handles that outlive configuration changes, sized by the first

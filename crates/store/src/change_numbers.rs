@@ -16,6 +16,15 @@
 //! reaches it. `meta:changenumber_next` holds the next number when the
 //! index is empty after a purge, so numbers are never given twice.
 //!
+//! Numbers are given only while they are on ([`WriteTxn::number_changes`],
+//! kept in meta; on in a store that never turned them off): a server turns
+//! them off when no retro change log reads them, since the index costs a
+//! write per change. Turning them off drops the index (the next number
+//! stays in meta); turning them on again numbers every change the log then
+//! holds, in CSN order, after the last number given: a change read before
+//! is read again under a new number, none is missed and no number is given
+//! twice.
+//!
 //! A store written before the index numbers its logged changes in CSN
 //! order when it is first opened.
 
@@ -27,6 +36,13 @@ use crate::{Db, StoreError, View, WriteTxn};
 /// The database's name in the environment.
 pub const NAME: &str = "changenumbers";
 const META_NEXT: &[u8] = b"changenumber_next";
+/// Present while numbers are off.
+const META_OFF: &[u8] = b"changenumbers_off";
+
+/// Whether logged changes get numbers, as meta says.
+pub(crate) fn numbering_on(meta: &Db, txn: &heed::RoTxn<'_>) -> Result<bool, StoreError> {
+    Ok(meta.get(txn, META_OFF)?.is_none())
+}
 
 /// Logged changes with their numbers, as read.
 pub type NumberedChanges<'v> =
@@ -106,12 +122,46 @@ impl View<'_> {
 }
 
 impl WriteTxn<'_> {
+    /// Number logged changes from now on, or stop (see the module's
+    /// header); nothing to do when they already are as asked. The store's
+    /// writers follow at once (the jobs after this one in its batch too).
+    /// Should the transaction not commit, [`crate::Store::reload_numbering`]
+    /// sets them back as meta says.
+    pub fn number_changes(&mut self, on: bool) -> Result<(), StoreError> {
+        let (Some(db), Some(log)) = (self.inner.changenumbers, self.inner.changelog) else {
+            return Ok(());
+        };
+        let meta = self.inner.meta;
+        if numbering_on(&meta, &self.txn)? != on {
+            let next = next_number(&db, &meta, &self.txn)?;
+            if on {
+                number_log(&mut self.txn, db, log, next)?;
+                meta.delete(&mut self.txn, META_OFF)?;
+            } else {
+                db.clear(&mut self.txn)?;
+                meta.put(&mut self.txn, META_NEXT, next.to_string().as_bytes())?;
+                meta.put(&mut self.txn, META_OFF, b"")?;
+            }
+        }
+        self.inner
+            .numbering
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Give the change log record `logkey` (just written, new) the next
     /// number.
     pub(crate) fn number_change(&mut self, logkey: &[u8]) -> Result<(), StoreError> {
         let Some(db) = self.inner.changenumbers else {
             return Ok(());
         };
+        if !self
+            .inner
+            .numbering
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Ok(());
+        }
         let n = next_number(&db, &self.inner.meta, &self.txn)?;
         db.put_with_flags(&mut self.txn, PutFlags::APPEND, &n.to_be_bytes(), logkey)?;
         Ok(())
@@ -157,9 +207,21 @@ pub(crate) fn open(
         return Ok(db);
     }
     let db = env.create_database::<Bytes, Bytes>(wtxn, Some(NAME))?;
+    number_log(wtxn, db, changelog, 1)?;
+    Ok(db)
+}
+
+/// Number every record of the change log into the empty index `db`, in
+/// CSN order, from `first`.
+fn number_log(
+    wtxn: &mut heed::RwTxn<'_>,
+    db: Db,
+    changelog: Db,
+    first: u64,
+) -> Result<(), StoreError> {
     // In chunks, so a long log is not held in memory whole.
     let mut after: Option<Vec<u8>> = None;
-    let mut n = 0u64;
+    let mut n = first;
     loop {
         let start = match &after {
             Some(k) => std::ops::Bound::Excluded(k.as_slice()),
@@ -176,10 +238,10 @@ pub(crate) fn open(
             break;
         };
         for k in &keys {
-            n += 1;
             db.put_with_flags(wtxn, PutFlags::APPEND, &n.to_be_bytes(), k)?;
+            n += 1;
         }
         after = Some(last);
     }
-    Ok(db)
+    Ok(())
 }

@@ -1976,3 +1976,55 @@ fn change_numbers_follow_commit_order_and_survive_purges() {
     assert_eq!(numbered(&store, 0), [(4, "cn=d".to_string())]);
     assert_consistent(&store);
 }
+
+#[test]
+fn change_numbers_turned_off_and_on_again_renumber_the_log_after_the_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let csn = |n: u32| format!("20261125010203.{n:06}Z#000000#000#000000");
+    let log = |store: &Store, n: u32| {
+        let c = logged(&csn(n), 0, LoggedKind::Modify, &format!("cn={n}"));
+        store.write_blocking(move |w| w.log_change(&c)).unwrap();
+    };
+    let turn = |store: &Store, on: bool| {
+        store.write_blocking(move |w| w.number_changes(on)).unwrap();
+    };
+    let numbered = |store: &Store| -> Vec<(u64, String)> {
+        let r = store.read().unwrap();
+        let v = r.view();
+        let out = v
+            .changes_from_number(0)
+            .unwrap()
+            .map(|c| c.map(|(n, c)| (n, c.dn)).unwrap())
+            .collect();
+        out
+    };
+    log(&store, 1);
+    turn(&store, false);
+    log(&store, 2);
+    log(&store, 3);
+    // Logged all the same, numbered none; off is kept across a restart.
+    assert_eq!(numbered(&store), []);
+    store.close();
+    let store = open(dir.path());
+    log(&store, 4);
+    assert_eq!(numbered(&store), []);
+    let r = store.read().unwrap();
+    assert_eq!(r.view().changes_after("").unwrap().count(), 4);
+    drop(r);
+    // On again: the whole log, in CSN order, after the last number given.
+    turn(&store, true);
+    turn(&store, true);
+    log(&store, 5);
+    let want: Vec<(u64, String)> = (1..=5).map(|n| (n as u64 + 1, format!("cn={n}"))).collect();
+    assert_eq!(numbered(&store), want);
+    // Off, purged, on: still no number given twice.
+    turn(&store, false);
+    store
+        .write_blocking(|w| w.purge_changes("20261125010203.000002Z", u64::MAX, 10))
+        .unwrap();
+    turn(&store, true);
+    let want: Vec<(u64, String)> = (2..=5).map(|n| (n as u64 + 5, format!("cn={n}"))).collect();
+    assert_eq!(numbered(&store), want);
+    assert_consistent(&store);
+}

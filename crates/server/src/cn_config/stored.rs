@@ -120,22 +120,31 @@ impl std::fmt::Display for SaveError {
 
 /// Store `config`, and `file` (the configuration file as read) when
 /// given, in one transaction, which also makes the store's schema and
-/// index change `catalog` (see [`pando_store::WriteTxn::change_catalog`]).
+/// index change `catalog` (see [`pando_store::WriteTxn::change_catalog`])
+/// and turns change numbers on or off as `config`'s overlays need
+/// ([`crate::numbers_changes`]).
 pub async fn save(
     store: &pando_store::Store,
     config: &Config,
     file: Option<&Config>,
     catalog: pando_store::CatalogChange,
 ) -> Result<(), SaveError> {
+    let numbers = crate::numbers_changes(config);
     let config = to_text(config).map_err(SaveError::Text)?;
     let file = file.map(to_text).transpose().map_err(SaveError::Text)?;
-    store
+    let saved = store
         .write(move |w| {
             put(w, &config, file.as_deref())?;
+            w.number_changes(numbers)?;
             w.change_catalog(catalog)
         })
-        .await
-        .map_err(SaveError::Store)
+        .await;
+    if saved.is_err() {
+        if let Err(e) = store.reload_numbering() {
+            tracing::error!(error = %e, "cannot read back whether changes are numbered");
+        }
+    }
+    saved.map_err(SaveError::Store)
 }
 
 /// The configuration file as last read, from an open store.
