@@ -1,5 +1,5 @@
-"""A TCP proxy on loopback that a test (or a benchmark) cuts and heals:
-the partitions of multi-server replication tests."""
+"""A TCP proxy on loopback that a test (or a benchmark) cuts and heals,
+or stalls and resumes: the partitions of multi-server replication tests."""
 
 import socket
 import threading
@@ -7,7 +7,8 @@ import threading
 
 class Link:
     """A TCP proxy from one server's consumer to another server; cut()
-    drops its connections and refuses new ones until heal()."""
+    drops its connections and refuses new ones until heal(); stall() holds
+    what its connections carry (they stay open) until resume()."""
 
     def __init__(self, target_port):
         self.target = target_port
@@ -20,6 +21,8 @@ class Link:
         self.open = []
         self.lock = threading.Lock()
         self.closed = False
+        self.flowing = threading.Event()
+        self.flowing.set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -57,6 +60,10 @@ class Link:
                 data = src.recv(65536)
                 if not data:
                     break
+                # Stalled: held here (bounded by the test that stalls).
+                while not self.flowing.wait(0.1):
+                    if self.closed:
+                        return
                 dst.sendall(data)
         except OSError:
             pass
@@ -80,7 +87,14 @@ class Link:
     def heal(self):
         self.up = True
 
+    def stall(self):
+        self.flowing.clear()
+
+    def resume(self):
+        self.flowing.set()
+
     def close(self):
         self.closed = True
+        self.flowing.set()
         self.cut()
         self.sock.close()

@@ -13,7 +13,8 @@ import pytest
 from conftest import ADMIN_DN, PEOPLE, PUBLIC_READ, SUFFIX, Pando, free_port
 from links import Link
 from test_multi_provider import PW, ssha
-from test_replication import HAVE_SLAPD, Node, SlapdProvider, attrs_of, converge_nodes, modify
+from test_replication import (HAVE_SLAPD, Node, SlapdProvider, attrs_of, converge_nodes, modify,
+                              pando_consumer)
 
 pytestmark = pytest.mark.skipif(not HAVE_SLAPD or not Path("/usr/lib/ldap/syncprov.la").exists(),
                                 reason="slapd or its syncprov overlay not installed")
@@ -82,6 +83,32 @@ def write(node, ldif):
 def conflicts(pando):
     got = attrs_of(pando, "cn=Conflicts,cn=Replication,cn=Monitor", "pandoReplConflicts")
     return int(got.get("pandoReplConflicts", ["0"])[0])
+
+
+def conflict_records(pando):
+    got = attrs_of(pando, "cn=Conflicts,cn=Replication,cn=Monitor", "pandoReplConflictRecord")
+    return got.get("pandoReplConflictRecord", [])
+
+
+def following(ring, timeout=30):
+    """Wait until Pando follows slapd's changes (its consumer past its
+    first load): a change made on slapd reaches it."""
+    mark = "mark %f" % time.monotonic()
+    write(ring.slapd, "dn: %s\nchangetype: modify\nreplace: description\ndescription: %s\n" % (SUFFIX, mark))
+    deadline = time.monotonic() + timeout
+    while attrs_of(ring.pando, SUFFIX, "description").get("description") != [mark]:
+        assert time.monotonic() < deadline, "Pando does not follow slapd\n" + ring.logs()
+        time.sleep(0.2)
+    converge_nodes(ring.nodes, log=ring.logs)
+
+
+def slapd_values(slapd, dn, attr, manage=False):
+    """`attr`'s values of `dn` on slapd (ManageDsaIT: glue entries too)."""
+    r = subprocess.run(["ldapsearch", "-x", "-H", slapd.url, "-D", slapd.admin_dn, "-w", slapd.admin_pw,
+                        "-LLL", "-o", "ldif-wrap=no"] + (["-M"] if manage else [])
+                       + ["-b", dn, "-s", "base", attr], capture_output=True, text=True, timeout=30)
+    prefix = attr.lower() + ": "
+    return [ln[len(prefix):] for ln in r.stdout.splitlines() if ln.lower().startswith(prefix)]
 
 
 def test_pando_and_slapd_in_one_multi_provider_ring(tmp_path):
@@ -162,5 +189,85 @@ def test_a_delete_on_slapd_reaches_pando_when_its_state_holds_no_slapd_change(tm
         ring.to_pando.heal()
         # Equal dumps: pat reached slapd, grace stays deleted on both.
         converge_nodes(ring.nodes, timeout=60, log=ring.logs)
+    finally:
+        ring.stop()
+
+
+def test_a_glue_entry_made_by_slapd_does_not_stop_pando(tmp_path):
+    # While apart, slapd deletes ou=Temp and Pando adds an entry below it.
+    # Healed, slapd receives the child with no parent and makes a glue
+    # entry for it (objectClass glue, no RDN value, a new entryUUID). A
+    # Pando consumer loading from slapd then stopped at it for good
+    # (namingViolation at every retry, nothing after it applied): now it
+    # takes it in as it comes. The ring's Pando keeps its ou=Temp (kept for
+    # the entry below it, on record), and changes keep flowing both ways.
+    ring = MixedRing(tmp_path).start()
+    pando, slapd = ring.pando, ring.slapd
+    replica = None
+    try:
+        converge_nodes(ring.nodes, timeout=60, log=ring.logs)
+        write(pando, "dn: ou=Temp,%s\nchangetype: add\nobjectClass: organizationalUnit\nou: Temp\n" % SUFFIX)
+        following(ring)
+        ring.cut()
+        write(slapd, "dn: ou=Temp,%s\nchangetype: delete\n" % SUFFIX)
+        write(pando, "dn: uid=kid,ou=Temp,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: kid\ncn: Kid\n"
+              "sn: K\n" % SUFFIX)
+        ring.heal()
+        deadline = time.monotonic() + 30
+        while "glue" not in slapd_values(slapd, "ou=Temp," + SUFFIX, "objectClass", manage=True):
+            assert time.monotonic() < deadline, "slapd made no glue entry\n" + ring.logs()
+            time.sleep(0.3)
+        while not any("ou=Temp" in r and "stays" in r for r in conflict_records(pando)):
+            assert time.monotonic() < deadline, "no record of the kept entry\n" + ring.logs()
+            time.sleep(0.3)
+        assert "organizationalUnit" in attrs_of(pando, "ou=Temp," + SUFFIX, "objectClass")["objectClass"]
+        # A plain consumer of slapd loads the glue entry and what is below it.
+        replica = pando_consumer(tmp_path / "replica", slapd, name="replica")
+        deadline = time.monotonic() + 30
+        while replica.search("uid=kid,ou=Temp," + SUFFIX, "(objectClass=*)", "1.1", scope="base")[0] != 0:
+            assert time.monotonic() < deadline, "the consumer stopped\n" + replica.logs()
+            time.sleep(0.3)
+        glue = attrs_of(replica, "ou=Temp," + SUFFIX, "objectClass", "ou")
+        assert "glue" in glue["objectClass"] and "ou" not in glue, glue
+        # Changes after it still flow: both ways in the ring, and to it.
+        write(slapd, "dn: uid=alice,%s\nchangetype: modify\nreplace: description\ndescription: from slapd\n"
+              % PEOPLE)
+        modify(pando, "dn: uid=bob,%s\nchangetype: modify\nreplace: description\ndescription: from pando\n"
+               % PEOPLE)
+        deadline = time.monotonic() + 30
+        while (attrs_of(pando, "uid=alice," + PEOPLE, "description").get("description") != ["from slapd"]
+               or attrs_of(replica, "uid=bob," + PEOPLE, "description").get("description") != ["from pando"]):
+            assert time.monotonic() < deadline, "changes stopped flowing\n" + ring.logs() + replica.logs()
+            time.sleep(0.3)
+    finally:
+        if replica is not None:
+            replica.stop_and_verify()
+        ring.stop()
+
+
+def test_a_rename_on_slapd_and_a_modify_on_pando_across_a_stalled_link_end_alike(tmp_path):
+    # Both links stalled (connections held open, nothing passing): bob
+    # renamed to bob2 on slapd, then his title changed on Pando. slapd,
+    # keeping no per-attribute state, takes the newer copy whole (Pando's:
+    # uid=bob with the title). Pando kept both (uid=bob2 with the title),
+    # and the two stayed different for good with equal contextCSN. Now
+    # Pando resolves a copy without state as slapd does, and records the
+    # rename it lost.
+    ring = MixedRing(tmp_path).start()
+    pando, slapd = ring.pando, ring.slapd
+    try:
+        converge_nodes(ring.nodes, timeout=60, log=ring.logs)
+        following(ring)
+        ring.to_slapd.stall()
+        ring.to_pando.stall()
+        write(slapd, "dn: uid=bob,%s\nchangetype: modrdn\nnewrdn: uid=bob2\ndeleteoldrdn: 1\n" % PEOPLE)
+        time.sleep(0.05)
+        modify(pando, "dn: uid=bob,%s\nchangetype: modify\nreplace: title\ntitle: Lead\n" % PEOPLE)
+        ring.to_slapd.resume()
+        ring.to_pando.resume()
+        converge_nodes(ring.nodes, timeout=60, log=ring.logs)
+        assert attrs_of(pando, "uid=bob," + PEOPLE, "title")["title"] == ["Lead"]
+        assert pando.search("uid=bob2," + PEOPLE, "(objectClass=*)", "1.1", scope="base")[0] == 32
+        assert any("lost the name uid=bob2" in r for r in conflict_records(pando)), conflict_records(pando)
     finally:
         ring.stop()

@@ -426,3 +426,32 @@ def test_deletes_during_a_partition_are_remembered_across_restarts(ring):
     # came after), or the one that changed it (the delete came after).
     records = conflict_records(ring)
     assert any("uid=gone2" in r and "the delete stands" in r for r in records), records
+
+
+def test_a_delete_arriving_after_a_change_it_had_not_seen_is_on_record(tmp_path):
+    # Two providers. n1 cut off; E modified on n2, then deleted on n1; n2
+    # receives n1's changes first, n1 receives n2's 3 s later. The delete
+    # stands on both, and n2, where it met the change it had not seen,
+    # records the loss (it was recorded nowhere: the change's CSN is older
+    # than the delete's, so only the deleting server's state tells).
+    ring = Ring(tmp_path, n=2).start()
+    try:
+        n1, n2 = ring.nodes
+        converge(ring)
+        ring.links[(1, 2)].cut()
+        ring.links[(2, 1)].cut()
+        dn = "uid=carol,%s" % PEOPLE
+        write(n2, dn, {"description": ["changed on n2"]})
+        rc, _, err = n1.ldap("ldapmodify", input="dn: %s\nchangetype: delete\n" % dn)
+        assert rc == 0, err
+        ring.links[(2, 1)].heal()
+        time.sleep(3)
+        ring.links[(1, 2)].heal()
+        converge(ring)
+        for node in ring.nodes:
+            assert node.search(dn, "(objectClass=*)", "1.1", scope="base")[0] == 32, node.name
+        records = conflict_records(ring)
+        assert any("uid=carol" in r and "the delete stands" in r for r in records), records
+        assert any("changed on n2" in r for r in records), records
+    finally:
+        ring.stop()

@@ -129,6 +129,14 @@ impl Schema {
         self.check_entry_keeping(entry, None, None)
     }
 
+    /// [`Schema::check_entry`] for a glue entry (`objectClass: glue`, a
+    /// placeholder a replication consumer makes for a missing parent)
+    /// received from a provider: OpenLDAP's hold no value of their RDN
+    /// and slapd does not ask for one, so that rule (step 7) is left out.
+    pub fn check_glue_entry(&self, entry: &mut Entry) -> Result<String, SchemaViolation> {
+        self.check_classes_and_values(entry, None, None)
+    }
+
     /// [`Schema::check_entry`] for a modified entry whose structural class
     /// must stay `stored`: a different one is objectClassModsProhibited,
     /// found before the attributes are checked against it (as slapd).
@@ -138,6 +146,19 @@ impl Schema {
     /// values a modify brings; the rest of the rules apply to the whole
     /// entry.
     pub fn check_entry_keeping(
+        &self,
+        entry: &mut Entry,
+        stored: Option<&str>,
+        old: Option<&Entry>,
+    ) -> Result<String, SchemaViolation> {
+        let structural = self.check_classes_and_values(entry, stored, old)?;
+        // 7. RDN values present.
+        self.check_rdn_values(entry)?;
+        Ok(structural)
+    }
+
+    /// Steps 1 to 6 of [`Schema::check_entry_keeping`].
+    fn check_classes_and_values(
         &self,
         entry: &mut Entry,
         stored: Option<&str>,
@@ -162,8 +183,6 @@ impl Schema {
 
         // 6. MUST and MAY.
         self.check_must_may(entry, &all)?;
-        // 7. RDN values present.
-        self.check_rdn_values(entry)?;
         Ok(most.name().to_string())
     }
 
@@ -751,6 +770,20 @@ mod tests {
         // The root DSE has no RDN to check.
         let mut e = entry("", &[("objectClass", &["device"]), ("cn", &["a"])]);
         assert!(s.check_entry(&mut e).is_ok());
+        // A glue entry as slapd makes it: no RDN value, taken as glue only.
+        let glue = entry(
+            "ou=Temp,o=x",
+            &[
+                ("objectClass", &["top", "glue"]),
+                ("structuralObjectClass", &["glue"]),
+            ],
+        );
+        assert_eq!(code(s.check_entry(&mut glue.clone())), 64);
+        assert_eq!(s.check_glue_entry(&mut glue.clone()).unwrap(), "glue");
+        // The other rules still hold for it.
+        let mut bad = glue.clone();
+        bad.add_values("cn", vec![b"x".to_vec()]);
+        assert_eq!(code(s.check_glue_entry(&mut bad)), 65);
     }
 
     #[test]

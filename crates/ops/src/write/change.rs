@@ -167,6 +167,12 @@ pub struct ReplCtx {
     /// The consumer's search base (normalised): nothing outside it is
     /// touched, whatever the provider sends.
     pub base: String,
+    /// The provider's whole state, when the change comes with it (the
+    /// deletes of a refresh, applied at its end): a deleted entry whose
+    /// last change that state does not take in was deleted by a server
+    /// that had not seen the change (a conflict on record). None: only a
+    /// change newer than the delete tells.
+    pub seen_by: Option<pando_proto::sync::Cookie>,
     /// Counts received changes that met a different state here: an entry
     /// older than the one held (kept), or another entry holding its DN
     /// (replaced). Each is also logged with both sides.

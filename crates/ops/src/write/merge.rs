@@ -246,7 +246,14 @@ fn received_wins(here: &Stamp, got: &Stamp, here_vals: &[Vec<u8>], got_vals: &[V
 /// not have seen the change it replaces: a change recorded here (it has
 /// a `prev`) from another server than the winner's is counted, as a
 /// possible conflict, rather than lost unseen.
-fn is_conflict(winner: &Stamp, loser: &Stamp) -> bool {
+///
+/// A copy with state that won whole over one without (see [`merge`]):
+/// a value of the winner set before the loser's change was not set
+/// knowing it (`winner_whole_with_state`).
+fn is_conflict(winner: &Stamp, loser: &Stamp, winner_whole_with_state: bool) -> bool {
+    if winner.prev.is_empty() && winner_whole_with_state {
+        return loser.csn > winner.csn;
+    }
     if winner.prev.is_empty() {
         let sid = pando_proto::sync::csn_sid;
         return !loser.prev.is_empty() && sid(&winner.csn) != sid(&loser.csn);
@@ -254,11 +261,76 @@ fn is_conflict(winner: &Stamp, loser: &Stamp) -> bool {
     loser.csn > winner.prev
 }
 
+/// The two copies being merged, with their states.
+struct Pair<'e> {
+    here: &'e Entry,
+    got: &'e Entry,
+    hs: State,
+    gs: State,
+    /// Either copy carries no state: they are resolved whole ([`merge`]).
+    whole: bool,
+}
+
+/// How one key (an attribute type, or the name) is resolved.
+struct Decision {
+    /// The received copy's values win.
+    take: bool,
+    winner: Stamp,
+    loser: Stamp,
+    /// The losing values are a conflict (if they differ).
+    conflict: bool,
+}
+
+impl<'e> Pair<'e> {
+    fn new(here: &'e Entry, got: &'e Entry) -> Pair<'e> {
+        let with_state = |e: &Entry| e.get(STATE_ATTR).is_some();
+        Pair {
+            here,
+            got,
+            hs: State::of(here),
+            gs: State::of(got),
+            whole: !with_state(here) || !with_state(got),
+        }
+    }
+
+    /// Resolve `key` (values `hv` here, `gv` received).
+    fn decide(&self, key: &str, hv: &[Vec<u8>], gv: &[Vec<u8>]) -> Decision {
+        let (h, g) = (self.hs.stamp(key), self.gs.stamp(key));
+        let take = if self.whole {
+            let at = |e: &Entry| Stamp {
+                csn: entry_csn(e),
+                prev: String::new(),
+            };
+            received_wins(&at(self.here), &at(self.got), hv, gv)
+        } else {
+            received_wins(&h, &g, hv, gv)
+        };
+        let winner_copy = if take { self.got } else { self.here };
+        let whole_with_state = self.whole && winner_copy.get(STATE_ATTR).is_some();
+        let (winner, loser) = if take { (g, h) } else { (h, g) };
+        let conflict = is_conflict(&winner, &loser, whole_with_state);
+        Decision {
+            take,
+            winner,
+            loser,
+            conflict,
+        }
+    }
+}
+
 /// Merge the copy held here with a copy received (see the module
 /// header). The entry-level stamps (entryCSN, modifiersName,
 /// modifyTimestamp) come from the copy with the greater entryCSN.
+///
+/// When either copy carries no state (sent by a server that keeps none,
+/// as OpenLDAP, or not changed since it was made), the copy with the
+/// greater entryCSN wins whole, its name included: OpenLDAP resolves so
+/// on its side, and a mixed ring ends alike on both (a rename there and a
+/// modify here kept both here and neither there). Between copies with
+/// state (Pando's own), the rules of the module header.
 pub fn merge(here: &Entry, got: &Entry) -> Merged {
-    let (hs, gs) = (State::of(here), State::of(got));
+    let pair = Pair::new(here, got);
+    let (hs, gs) = (&pair.hs, &pair.gs);
     let mut out = here.clone();
     let mut state = State {
         base: hs.base.clone().max(gs.base.clone()),
@@ -274,24 +346,23 @@ pub fn merge(here: &Entry, got: &Entry) -> Merged {
     keys.sort();
     keys.dedup();
     for key in keys {
-        let (h, g) = (hs.stamp(&key), gs.stamp(&key));
         let (hv, gv) = (values_of(here, &key), values_of(got, &key));
-        let take = received_wins(&h, &g, hv, gv);
-        let (winner, loser, lost, side) = if take {
-            (&g, &h, hv, Side::Here)
+        let d = pair.decide(&key, hv, gv);
+        let (lost, side) = if d.take {
+            (hv, Side::Here)
         } else {
-            (&h, &g, gv, Side::Received)
+            (gv, Side::Received)
         };
-        if !same_values(hv, gv) && is_conflict(winner, loser) {
+        if !same_values(hv, gv) && d.conflict {
             losses.push(Loss {
                 attr: key.clone(),
                 values: lost.to_vec(),
                 side,
-                lost_csn: loser.csn.clone(),
-                won_csn: winner.csn.clone(),
+                lost_csn: d.loser.csn.clone(),
+                won_csn: d.winner.csn.clone(),
             });
         }
-        if take && !same_values(hv, gv) {
+        if d.take && !same_values(hv, gv) {
             let desc = got
                 .attrs
                 .iter()
@@ -302,35 +373,35 @@ pub fn merge(here: &Entry, got: &Entry) -> Merged {
                 out.add_values(&desc, gv.to_vec());
             }
         }
-        state.types.insert(key, winner.clone());
+        if key == "objectclass" && d.take {
+            if let Some(a) = got.get("structuralObjectClass") {
+                let a = a.clone();
+                out.remove("structuralObjectClass");
+                out.add_values("structuralObjectClass", a.values);
+            }
+        }
+        state.types.insert(key, d.winner);
     }
     // The name.
-    let (h, g) = (hs.stamp(DN_KEY), gs.stamp(DN_KEY));
     let (hd, gd) = (here.dn.to_string(), got.dn.to_string());
-    let take = received_wins(
-        &h,
-        &g,
+    let d = pair.decide(
+        DN_KEY,
         &[hd.clone().into_bytes()],
         &[gd.clone().into_bytes()],
     );
-    let (winner, loser, lost, side) = if take {
-        (&g, &h, &hd, Side::Here)
-    } else {
-        (&h, &g, &gd, Side::Received)
-    };
-    if hd != gd && is_conflict(winner, loser) {
+    if hd != gd && d.conflict {
         losses.push(Loss {
             attr: DN_KEY.to_string(),
-            values: vec![lost.clone().into_bytes()],
-            side,
-            lost_csn: loser.csn.clone(),
-            won_csn: winner.csn.clone(),
+            values: vec![if d.take { hd } else { gd }.into_bytes()],
+            side: if d.take { Side::Here } else { Side::Received },
+            lost_csn: d.loser.csn.clone(),
+            won_csn: d.winner.csn.clone(),
         });
     }
-    if take {
+    if d.take {
         out.dn = got.dn.clone();
     }
-    state.types.insert(DN_KEY.to_string(), winner.clone());
+    state.types.insert(DN_KEY.to_string(), d.winner);
     keep_rdn_values(&mut out);
     // Entry-level stamps follow the newest change.
     if entry_csn(got) > entry_csn(here) {
@@ -340,14 +411,6 @@ pub fn merge(here: &Entry, got: &Entry) -> Merged {
                 out.add_values(name, a.values.clone());
             }
         }
-    }
-    if let Some(a) = got
-        .get("structuralObjectClass")
-        .filter(|_| gs.stamp("objectclass").csn > hs.stamp("objectclass").csn)
-    {
-        let a = a.clone();
-        out.remove("structuralObjectClass");
-        out.add_values("structuralObjectClass", a.values);
     }
     state.store(&mut out);
     Merged { entry: out, losses }

@@ -38,7 +38,7 @@ fn loss_conflict(dn: &pando_model::Dn, loss: merge::Loss) -> Conflict {
     let (what, lost) = if loss.attr == "@dn" {
         (
             format!(
-                "concurrent renames; lost the name {}",
+                "concurrent changes of the name (a rename); lost the name {}",
                 String::from_utf8_lossy(loss.values.first().map_or(&[][..], |v| v))
             ),
             None,
@@ -151,6 +151,23 @@ impl Replicated {
         let held = before(view, id)?;
         if is_glue(&held.entry) {
             return Ok(None);
+        }
+        if is_glue(got) {
+            // A placeholder another server made (slapd makes one for an
+            // entry whose parent it deleted) never takes the place of an
+            // entry: the servers now differ at this name, on record.
+            self.resolved(Conflict {
+                dn: got.dn.to_string(),
+                what: format!(
+                    "another server holds a glue entry (entryUUID {}) at this name, made for an entry added below it; the entry here stays",
+                    uuid
+                ),
+                lost: None,
+                side: "received",
+                lost_csn: entry_csn(got).unwrap_or_default().to_string(),
+                won_csn: entry_csn(&held.entry).unwrap_or_default().to_string(),
+            });
+            return Ok(Some(Vec::new()));
         }
         Ok(Some(self.name_clash(ctx, view, held, got.clone(), None)?))
     }
@@ -303,7 +320,12 @@ impl Replicated {
             }
             let held = before(view, id)?;
             let changed = entry_csn(&held.entry).unwrap_or_default();
-            if let Some(at) = deleted_at.as_deref().filter(|at| changed > *at) {
+            let unseen = match &self.repl.seen_by {
+                Some(state) => !changed.is_empty() && !state.has_seen(changed),
+                None => deleted_at.as_deref().is_some_and(|at| changed > at),
+            };
+            if unseen {
+                let at = deleted_at.as_deref().unwrap_or_default();
                 self.resolved(entry_lost(
                     &held.entry.dn.to_string(),
                     format!("deleted on another server (at {at}) that had not seen its change here; the delete stands"),

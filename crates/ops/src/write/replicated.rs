@@ -496,7 +496,11 @@ fn locate(ctx: &WriteCtx, view: &View<'_>, base: &str, entry: &Entry) -> OpResul
         )));
     }
     let mut after = entry.clone();
-    server.schema.check_entry(&mut after)?;
+    if is_glue(entry) {
+        server.schema.check_glue_entry(&mut after)?;
+    } else {
+        server.schema.check_entry(&mut after)?;
+    }
     let at_dn = match view.lookup(&entry.dn)? {
         Ok(Lookup::Found(id)) => Some(id),
         _ => None,

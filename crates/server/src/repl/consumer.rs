@@ -652,6 +652,7 @@ impl Session2<'_> {
         cookie: Option<String>,
         csn: Option<String>,
         unlogged: bool,
+        seen_by: Option<Cookie>,
     ) -> impl std::future::Future<Output = crate::error::OpResult<crate::ops::write::Written>>
            + Send
            + 'static {
@@ -671,6 +672,7 @@ impl Session2<'_> {
             refreshing,
             base: self.replica.base.clone(),
             conflicts: self.replica.conflicts.clone(),
+            seen_by,
         };
         apply_received(ctx, repl, received)
     }
@@ -689,7 +691,7 @@ impl Session2<'_> {
         // (its cookie raises the log's floor instead); deletes are always
         // logged.
         let unlogged = self.initial && !self.persisting && matches!(received, Received::Entry(_));
-        let fut = self.receive(received, cookie, csn, unlogged);
+        let fut = self.receive(received, cookie, csn, unlogged, None);
         self.queued.push_back(Box::pin(fut));
         while self.queued.len() >= WINDOW {
             self.settle_one().await?;
@@ -814,8 +816,14 @@ impl Session2<'_> {
             rid: Some(self.cfg.rid),
             ..cookie
         };
-        self.receive(Received::Cookie, Some(cookie.format()), csn, raise_floor)
-            .await?;
+        self.receive(
+            Received::Cookie,
+            Some(cookie.format()),
+            csn,
+            raise_floor,
+            None,
+        )
+        .await?;
         self.last = cookie;
         Ok(())
     }
@@ -866,9 +874,18 @@ impl Session2<'_> {
         let mut once = HashSet::new();
         gone.retain(|uuid| once.insert(uuid.clone()));
         let n = gone.len() as u64;
+        // The provider's state at the end of its refresh: what it names is
+        // what the servers that deleted had seen.
         for batch in gone.chunks(WINDOW) {
-            self.receive(Received::Gone(batch.to_vec()), None, csn.clone(), false)
-                .await?;
+            let seen_by = Some(cookie.clone());
+            self.receive(
+                Received::Gone(batch.to_vec()),
+                None,
+                csn.clone(),
+                false,
+                seen_by,
+            )
+            .await?;
         }
         set(self.replica, |s| s.deleted += n);
         self.present = HashSet::new();

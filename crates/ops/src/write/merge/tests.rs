@@ -227,6 +227,57 @@ fn a_copy_without_history_replacing_a_change_made_here_is_counted() {
     assert!(m.losses.is_empty());
 }
 
+#[test]
+fn a_copy_without_state_meets_one_with_state_whole_by_entry_csn_name_included() {
+    // OpenLDAP (server 2) renamed ann; its copy carries no state. Here
+    // (server 1) sn changed after. The newer copy wins whole, as OpenLDAP
+    // resolves on its side: the name too, and the rename is on record.
+    let b = base();
+    let mut theirs = entry(
+        "uid=ann2,ou=People,dc=example,dc=com",
+        &[
+            ("objectClass", &["top", "inetOrgPerson"]),
+            ("uid", &["ann2"]),
+            ("cn", &["Ann"]),
+            ("sn", &["A"]),
+            ("mail", &["ann@example.com"]),
+        ],
+        &csn(10, 2),
+    );
+    let here = write(&b, &[("sn", &["Z"])], &csn(11, 1));
+    for (h, g) in [(&here, &theirs), (&theirs, &here)] {
+        let m = merge(h, g);
+        assert_eq!(
+            m.entry.dn.to_string(),
+            "uid=ann,ou=People,dc=example,dc=com"
+        );
+        assert_eq!(vals(&m.entry, "uid"), ["ann"]);
+        assert_eq!(vals(&m.entry, "sn"), ["Z"]);
+        let name = m
+            .losses
+            .iter()
+            .find(|l| l.attr == "@dn")
+            .expect("the rename lost");
+        assert_eq!(
+            name.values,
+            [b"uid=ann2,ou=People,dc=example,dc=com".to_vec()]
+        );
+    }
+    // Newer there: its copy whole, this server's change lost on record.
+    theirs.remove("entryCSN");
+    theirs.add_values("entryCSN", vec![csn(12, 2).into_bytes()]);
+    for (h, g) in [(&here, &theirs), (&theirs, &here)] {
+        let m = merge(h, g);
+        assert_eq!(
+            m.entry.dn.to_string(),
+            "uid=ann2,ou=People,dc=example,dc=com"
+        );
+        assert_eq!(vals(&m.entry, "sn"), ["A"]);
+        assert!(m.losses.iter().any(|l| l.attr == "sn"), "{:?}", m.losses);
+        assert!(m.entry.get(STATE_ATTR).is_none(), "taken whole, no state");
+    }
+}
+
 /// Servers that receive the same copies in any order end equal: merging
 /// is commutative and associative on a family of concurrent writes.
 #[test]
