@@ -173,10 +173,20 @@ def test_a_delete_on_slapd_reaches_pando_when_its_state_holds_no_slapd_change(tm
     # which slapd has not seen yet, is not taken for a delete.
     ring = MixedRing(tmp_path).start()
     pando, slapd = ring.pando, ring.slapd
+    sub = "ou=Sub," + SUFFIX
     try:
+        write(pando, "dn: %s\nchangetype: add\nobjectClass: organizationalUnit\nou: Sub\n\n"
+              "dn: ou=Deeper,%s\nchangetype: add\nobjectClass: organizationalUnit\nou: Deeper\n\n"
+              "dn: cn=x,ou=Deeper,%s\nchangetype: add\nobjectClass: organizationalRole\ncn: x\n"
+              % (sub, sub, sub))
         converge_nodes(ring.nodes, timeout=60, log=ring.logs)
         ring.to_slapd.cut()
         write(slapd, "dn: uid=grace,%s\nchangetype: delete\n" % PEOPLE)
+        # A whole subtree too: it goes in one refresh, no entry kept for
+        # the ones below it.
+        r = subprocess.run(["ldapdelete", "-x", "-r", "-H", slapd.url, "-D", slapd.admin_dn, "-w", slapd.admin_pw,
+                            sub], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
         ring.to_pando.cut()
         modify(pando, "dn: uid=pat,%s\nchangetype: add\nobjectClass: inetOrgPerson\nuid: pat\ncn: Pat\nsn: P\n"
                % PEOPLE)
@@ -186,6 +196,10 @@ def test_a_delete_on_slapd_reaches_pando_when_its_state_holds_no_slapd_change(tm
             assert time.monotonic() < deadline, "the delete never reached Pando\n" + ring.logs()
             time.sleep(0.2)
         assert attrs_of(pando, "uid=pat," + PEOPLE, "uid")["uid"] == ["pat"]
+        while pando.search(sub, "(objectClass=*)", "1.1", scope="base")[0] != 32:
+            assert time.monotonic() < deadline, "the subtree stayed\n" + ring.logs()
+            time.sleep(0.2)
+        assert not any("Sub" in r for r in conflict_records(pando)), conflict_records(pando)
         ring.to_pando.heal()
         # Equal dumps: pat reached slapd, grace stays deleted on both.
         converge_nodes(ring.nodes, timeout=60, log=ring.logs)

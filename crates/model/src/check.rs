@@ -132,9 +132,11 @@ impl Schema {
     /// [`Schema::check_entry`] for a glue entry (`objectClass: glue`, a
     /// placeholder a replication consumer makes for a missing parent)
     /// received from a provider: OpenLDAP's hold no value of their RDN
-    /// and slapd does not ask for one, so that rule (step 7) is left out.
+    /// and slapd does not ask for one, so that rule (step 7) is left out;
+    /// Pando's hold their RDN's values, which the class does not list, so
+    /// the RDN's types are allowed.
     pub fn check_glue_entry(&self, entry: &mut Entry) -> Result<String, SchemaViolation> {
-        self.check_classes_and_values(entry, None, None)
+        self.check_classes_and_values(entry, None, None, true)
     }
 
     /// [`Schema::check_entry`] for a modified entry whose structural class
@@ -151,18 +153,20 @@ impl Schema {
         stored: Option<&str>,
         old: Option<&Entry>,
     ) -> Result<String, SchemaViolation> {
-        let structural = self.check_classes_and_values(entry, stored, old)?;
+        let structural = self.check_classes_and_values(entry, stored, old, false)?;
         // 7. RDN values present.
         self.check_rdn_values(entry)?;
         Ok(structural)
     }
 
-    /// Steps 1 to 6 of [`Schema::check_entry_keeping`].
+    /// Steps 1 to 6 of [`Schema::check_entry_keeping`] (`glue`: the RDN's
+    /// types allowed whatever the classes say).
     fn check_classes_and_values(
         &self,
         entry: &mut Entry,
         stored: Option<&str>,
         old: Option<&Entry>,
+        glue: bool,
     ) -> Result<String, SchemaViolation> {
         // 1. Canonical descriptions, merged.
         self.merge_descriptions(entry)?;
@@ -182,7 +186,15 @@ impl Schema {
         }
 
         // 6. MUST and MAY.
-        self.check_must_may(entry, &all)?;
+        let rdn_types: Vec<usize> = match (glue, entry.dn.rdn()) {
+            (true, Some(rdn)) => rdn
+                .avas
+                .iter()
+                .filter_map(|ava| self.attribute_id(&ava.attr))
+                .collect(),
+            _ => Vec::new(),
+        };
+        self.check_must_may(entry, &all, &rdn_types)?;
         Ok(most.name().to_string())
     }
 
@@ -354,7 +366,12 @@ impl Schema {
 
     /// Step 6: every MUST of every class present; every attribute allowed
     /// by some class (operational ones and extensibleObject excepted).
-    fn check_must_may(&self, entry: &Entry, all: &[&ObjectClass]) -> Result<(), SchemaViolation> {
+    fn check_must_may(
+        &self,
+        entry: &Entry,
+        all: &[&ObjectClass],
+        also_allowed: &[usize],
+    ) -> Result<(), SchemaViolation> {
         let extensible = all.iter().any(|c| c.oid == EXTENSIBLE_OBJECT);
         // Types by their place in the schema: each attribute's looked up
         // once, the classes' resolved when they were defined.
@@ -363,7 +380,7 @@ impl Schema {
             .iter()
             .map(|a| self.attribute_id(crate::desc::base(&a.desc)))
             .collect();
-        let mut allowed: Vec<usize> = Vec::new();
+        let mut allowed: Vec<usize> = also_allowed.to_vec();
         for c in all {
             for &id in &c.must_ids {
                 allowed.push(id);
@@ -780,6 +797,11 @@ mod tests {
         );
         assert_eq!(code(s.check_entry(&mut glue.clone())), 64);
         assert_eq!(s.check_glue_entry(&mut glue.clone()).unwrap(), "glue");
+        // Pando's own glue holds its RDN value: allowed in a glue entry.
+        let mut with_rdn = glue.clone();
+        with_rdn.add_values("ou", vec![b"Temp".to_vec()]);
+        assert_eq!(s.check_glue_entry(&mut with_rdn).unwrap(), "glue");
+        assert_eq!(code(s.check_entry(&mut with_rdn.clone())), 65);
         // The other rules still hold for it.
         let mut bad = glue.clone();
         bad.add_values("cn", vec![b"x".to_vec()]);

@@ -123,10 +123,9 @@ impl View<'_> {
 
 impl WriteTxn<'_> {
     /// Number logged changes from now on, or stop (see the module's
-    /// header); nothing to do when they already are as asked. The store's
-    /// writers follow at once (the jobs after this one in its batch too).
-    /// Should the transaction not commit, [`crate::Store::reload_numbering`]
-    /// sets them back as meta says.
+    /// header); nothing to do when they already are as asked. Writes read
+    /// it from meta in their own transaction, so they follow exactly what
+    /// commits.
     pub fn number_changes(&mut self, on: bool) -> Result<(), StoreError> {
         let (Some(db), Some(log)) = (self.inner.changenumbers, self.inner.changelog) else {
             return Ok(());
@@ -143,9 +142,6 @@ impl WriteTxn<'_> {
                 meta.put(&mut self.txn, META_OFF, b"")?;
             }
         }
-        self.inner
-            .numbering
-            .store(on, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -155,11 +151,8 @@ impl WriteTxn<'_> {
         let Some(db) = self.inner.changenumbers else {
             return Ok(());
         };
-        if !self
-            .inner
-            .numbering
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
+        // One read of the small meta table, against the index's write.
+        if !numbering_on(&self.inner.meta, &self.txn)? {
             return Ok(());
         }
         let n = next_number(&db, &self.inner.meta, &self.txn)?;

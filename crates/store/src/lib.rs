@@ -154,8 +154,6 @@ pub(crate) struct Inner {
     changelog: Option<Db>,
     /// Change numbers ([`change_numbers`]); None where the change log is.
     changenumbers: Option<Db>,
-    /// Whether logged changes get numbers now (see [`change_numbers`]).
-    numbering: std::sync::atomic::AtomicBool,
     /// Records of reads, binds and failed writes ([`accesslog`]); None
     /// only in a read-only view of a store written before it existed.
     accesslog: Option<Db>,
@@ -221,7 +219,6 @@ impl Inner {
             id2parent: dbs.id2parent,
             changelog: dbs.changelog,
             changenumbers: dbs.changenumbers,
-            numbering: std::sync::atomic::AtomicBool::new(true),
             accesslog: dbs.accesslog,
             catalog: arc_swap::ArcSwap::from_pointee(Catalog::new(schema, indexes)),
             builds: index_build::Builds::default(),

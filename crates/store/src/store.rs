@@ -333,13 +333,6 @@ impl Store {
         inner
             .max_batch
             .store(opts.max_batch, std::sync::atomic::Ordering::Relaxed);
-        let numbering = {
-            let rtxn = inner.env.read_txn()?;
-            change_numbers::numbering_on(&inner.meta, &rtxn)?
-        };
-        inner
-            .numbering
-            .store(numbering, std::sync::atomic::Ordering::Relaxed);
         let writer = writer::WriterHandle::start(inner.clone())?;
         inner.builds.connect(Arc::downgrade(&inner), writer.clone());
         Ok(Store { inner, writer })
@@ -528,18 +521,6 @@ impl Store {
         let _ = self
             .writer
             .submit(|_w: &mut WriteTxn<'_>| Ok::<(), StoreError>(()));
-    }
-
-    /// Whether logged changes get numbers, set back as meta says (after a
-    /// transaction that changed it did not commit; see
-    /// [`WriteTxn::number_changes`]).
-    pub fn reload_numbering(&self) -> Result<(), StoreError> {
-        let rtxn = self.inner.env.read_txn()?;
-        let on = change_numbers::numbering_on(&self.inner.meta, &rtxn)?;
-        self.inner
-            .numbering
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
     }
 
     /// Most operations in one write transaction, from the writer's next

@@ -637,8 +637,10 @@ impl Scan<'_> {
     /// Multi-provider, before a whole load or a present phase: the entries
     /// deleted here that this server remembers (see `ops::write::tombstones`),
     /// each as a `delete` naming its UUID, so a consumer that holds a copy
-    /// (received from another server) deletes it; its entries this server
-    /// did not name are otherwise kept, as they may be on their way here.
+    /// (received from another server) deletes it; of its entries this
+    /// server did not name, it deletes those whose last change this
+    /// server's state (the refresh's cookie) takes in, and keeps the
+    /// others, as they may be on their way here.
     /// Not as syncIdSets: OpenLDAP's consumer forgets the UUIDs named
     /// present when it deletes UUIDs named in a set, and reads a later set
     /// of present UUIDs as deletes too.

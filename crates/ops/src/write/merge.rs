@@ -19,6 +19,16 @@
 //! end equal. A side's values lost to the other's are a conflict
 //! ([`Loss`]) when the winning change did not overwrite them knowingly:
 //! its `prev` is older than the losing change.
+//!
+//! When either copy carries no state (sent by OpenLDAP, which keeps none;
+//! or never changed since it was added) the copy with the greater
+//! entryCSN wins whole, its name included, as OpenLDAP resolves on its
+//! side, so a ring of Pando and slapd ends alike on both. Between Pando
+//! servers alone this is the same outcome as type by type (a copy without
+//! state there is one never changed). With slapd and two or more Pando
+//! servers in one ring, concurrent changes of one entry can leave the
+//! Pando servers different (whole and type by type do not commute); each
+//! loss is on the conflict record.
 
 use std::collections::BTreeMap;
 
@@ -411,6 +421,15 @@ pub fn merge(here: &Entry, got: &Entry) -> Merged {
                 out.add_values(name, a.values.clone());
             }
         }
+    }
+    if pair.whole {
+        // Whole copies: the state of the copy that won (none when it has
+        // none), not a mix of both.
+        state = if entry_csn(got) > entry_csn(here) {
+            gs.clone()
+        } else {
+            hs.clone()
+        };
     }
     state.store(&mut out);
     Merged { entry: out, losses }

@@ -2,10 +2,13 @@
 //! how a change made elsewhere meets what this server did meanwhile. Every
 //! rule depends only on the entries involved, never on the order changes
 //! arrive in, so servers that have received the same changes hold the
-//! same entries:
+//! same entries (between Pando servers; with slapd and two or more Pando
+//! servers in one ring, see `ops::write::merge`):
 //!
 //! - **the same entry** (same entryUUID): merged attribute by attribute,
-//!   the newer change winning (`ops::write::merge`);
+//!   the newer change winning; a copy without per-attribute state (from
+//!   slapd) against another, the newer copy whole (`ops::write::merge`);
+//!   a glue entry never replaces an entry held here;
 //! - **an entry deleted here**: the delete stands; a change the deleting
 //!   server had not seen is recorded as lost;
 //! - **two entries at one name** (added, or renamed onto it, on two
@@ -153,23 +156,28 @@ impl Replicated {
             return Ok(None);
         }
         if is_glue(got) {
-            // A placeholder another server made (slapd makes one for an
-            // entry whose parent it deleted) never takes the place of an
-            // entry: the servers now differ at this name, on record.
-            self.resolved(Conflict {
-                dn: got.dn.to_string(),
-                what: format!(
-                    "another server holds a glue entry (entryUUID {}) at this name, made for an entry added below it; the entry here stays",
-                    uuid
-                ),
-                lost: None,
-                side: "received",
-                lost_csn: entry_csn(got).unwrap_or_default().to_string(),
-                won_csn: entry_csn(&held.entry).unwrap_or_default().to_string(),
-            });
+            self.glue_not_taken(got, &held.entry);
             return Ok(Some(Vec::new()));
         }
         Ok(Some(self.name_clash(ctx, view, held, got.clone(), None)?))
+    }
+
+    /// A glue entry received for the name (or the UUID) of an entry held
+    /// here: a placeholder another server made (slapd makes one for an
+    /// entry whose parent it deleted, or turns an entry into one) never
+    /// takes an entry's place; the servers now differ there, on record.
+    fn glue_not_taken(&self, got: &Entry, held: &Entry) {
+        self.resolved(Conflict {
+            dn: got.dn.to_string(),
+            what: format!(
+                "another server holds a glue entry (entryUUID {}) here, made for entries below it; the entry here stays",
+                uuid_of(got)
+            ),
+            lost: None,
+            side: "received",
+            lost_csn: entry_csn(got).unwrap_or_default().to_string(),
+            won_csn: entry_csn(held).unwrap_or_default().to_string(),
+        });
     }
 
     /// `got` (new here, or `moving`: the held entry it merges with, being
@@ -244,6 +252,10 @@ impl Replicated {
         held: Before,
         got: Entry,
     ) -> OpResult<Vec<Change>> {
+        if is_glue(&got) && !is_glue(&held.entry) {
+            self.glue_not_taken(&got, &held.entry);
+            return Ok(Vec::new());
+        }
         let schema = &ctx.server.schema;
         let merged = merge::merge(&held.entry, &got);
         let mut after = merged.entry;
@@ -313,28 +325,35 @@ impl Replicated {
         // after the delete, so the deleting server had not seen it.
         let deleted_at = self.repl.csn.clone();
         let mut changes = Vec::new();
-        for id in ids {
-            if !view.children(id)?.is_empty() {
+        let mut deleted = std::collections::HashSet::new();
+        for id in deepest_first(view, ids)? {
+            let held = before(view, id)?;
+            // Entries below it that stay (not deleted with it) keep it.
+            if !view.children(id)?.iter().all(|k| deleted.contains(k)) {
                 self.note_kept_parent(view, id)?;
                 continue;
             }
-            let held = before(view, id)?;
             let changed = entry_csn(&held.entry).unwrap_or_default();
             let unseen = match &self.repl.seen_by {
                 Some(state) => !changed.is_empty() && !state.has_seen(changed),
                 None => deleted_at.as_deref().is_some_and(|at| changed > at),
             };
             if unseen {
+                let what = match &self.repl.seen_by {
+                    Some(_) => "deleted on another server that had not seen its change here (the provider's state does not take it in); the delete stands".to_string(),
+                    None => format!("deleted on another server (at {}) that had not seen its change here; the delete stands", deleted_at.as_deref().unwrap_or_default()),
+                };
                 let at = deleted_at.as_deref().unwrap_or_default();
                 self.resolved(entry_lost(
                     &held.entry.dn.to_string(),
-                    format!("deleted on another server (at {at}) that had not seen its change here; the delete stands"),
+                    what,
                     &held.entry,
                     "here",
                     changed,
                     at,
                 ));
             }
+            deleted.insert(id);
             changes.push(Change::delete(held));
         }
         // Children first: the pipeline writes the list in reverse.
@@ -381,6 +400,17 @@ impl Replicated {
             });
         }
     }
+}
+
+/// `ids` ordered so entries below others come before them (by the depth
+/// of their DNs).
+fn deepest_first(view: &View<'_>, ids: Vec<EntryId>) -> OpResult<Vec<EntryId>> {
+    let mut by_depth = Vec::with_capacity(ids.len());
+    for id in ids {
+        by_depth.push((crate::norm_dn_of(view, id)?.matches(',').count(), id));
+    }
+    by_depth.sort_by_key(|d| std::cmp::Reverse(d.0));
+    Ok(by_depth.into_iter().map(|(_, id)| id).collect())
 }
 
 /// A missing ancestor `dn` (normalised `norm`) of a received entry: the

@@ -132,19 +132,14 @@ pub async fn save(
     let numbers = crate::numbers_changes(config);
     let config = to_text(config).map_err(SaveError::Text)?;
     let file = file.map(to_text).transpose().map_err(SaveError::Text)?;
-    let saved = store
+    store
         .write(move |w| {
             put(w, &config, file.as_deref())?;
             w.number_changes(numbers)?;
             w.change_catalog(catalog)
         })
-        .await;
-    if saved.is_err() {
-        if let Err(e) = store.reload_numbering() {
-            tracing::error!(error = %e, "cannot read back whether changes are numbered");
-        }
-    }
-    saved.map_err(SaveError::Store)
+        .await
+        .map_err(SaveError::Store)
 }
 
 /// The configuration file as last read, from an open store.

@@ -893,7 +893,8 @@ impl Session2<'_> {
     }
 
     /// Entries of the search here (within its base and scope, matching its
-    /// filter) that the provider did not send or name present. With
+    /// filter) that the provider did not send or name present, deepest
+    /// first. With
     /// `seen_by`, only those whose entryCSN that state takes in; the
     /// others are counted (the second value).
     fn not_present(&self, seen_by: Option<&Cookie>) -> Result<(Vec<String>, usize), Failed> {
@@ -938,12 +939,15 @@ impl Session2<'_> {
             let csn = entry.get("entryCSN").and_then(|a| a.values.first());
             let seen = |c: &Cookie| csn.is_some_and(|v| c.has_seen(&String::from_utf8_lossy(v)));
             if seen_by.is_none_or(seen) {
-                gone.push(uuid_text(&uuid));
+                gone.push((entry.dn.rdns.len(), uuid_text(&uuid)));
             } else {
                 kept += 1;
             }
         }
-        Ok((gone, kept))
+        // Entries below others first: a parent goes with (after) them, in
+        // this batch or an earlier one.
+        gone.sort_by_key(|g| std::cmp::Reverse(g.0));
+        Ok((gone.into_iter().map(|(_, u)| u).collect(), kept))
     }
 
     /// A malformed or out-of-place message from the provider.
