@@ -128,16 +128,20 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     let root_pw = first_start(&cfg, &store).await?;
     // The configuration run with, and the file it came from, are stored
     // (see cn_config::stored): changes over LDAP build on them.
+    // Storing it also turns change numbers on or off; without it that is
+    // a write of its own.
+    let mut saved = false;
     if let Some(file) = &opts.file {
-        if let Err(e) =
-            cn_config::stored::save(&store, &cfg.config, Some(file), Default::default()).await
-        {
-            tracing::error!("{e}; changes under cn=config will not persist");
+        match cn_config::stored::save(&store, &cfg.config, Some(file), Default::default()).await {
+            Ok(()) => saved = true,
+            Err(e) => tracing::error!("{e}; changes under cn=config will not persist"),
         }
     }
     let numbers = numbers_changes(&cfg.config);
-    if let Err(e) = store.write(move |w| w.number_changes(numbers)).await {
-        return Err(format!("cannot record whether changes are numbered: {e}").into());
+    if !saved {
+        if let Err(e) = store.write(move |w| w.number_changes(numbers)).await {
+            return Err(format!("cannot record whether changes are numbered: {e}").into());
+        }
     }
     let durability = store_options(&cfg).durability;
     if tls.is_none()
