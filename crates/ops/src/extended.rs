@@ -46,6 +46,7 @@ pub async fn extended(
         }
         super::special::BACKUP_EXOP => online_backup(server, who, req.value).await,
         super::special::CHANGES_BEHIND_EXOP => changes_behind(server, who, req.value).await,
+        super::special::DIGEST_EXOP => super::digest_answer::answer(server, who, req.value).await,
         super::special::PWD_FAILURES_EXOP => {
             let (dn, count) = super::policy::failures_request(req.value.as_deref())?;
             let Some(p) = &server.policy else {

@@ -19,6 +19,8 @@ pub mod compare;
 pub mod config_tree;
 pub mod config_write;
 pub mod controls;
+pub mod digest;
+pub mod digest_answer;
 pub mod error;
 pub mod extended;
 pub mod feed;

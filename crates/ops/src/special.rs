@@ -26,6 +26,11 @@ pub const CHANGES_BEHIND_EXOP: &str = "2.25.159721679311558084960750904978802412
 /// account's DN, a newline, and how many failures; no response value
 /// (see `policy::PasswordPolicy::forwarded_failures`).
 pub const PWD_FAILURES_EXOP: &str = "2.25.15972167931155808496075090497880241257.1.3";
+/// Replica digests (`pando repl check`): request value = a base DN and a
+/// question about its hash tree; response value = the tree's nodes or the
+/// entries under some of them (see `ops::digest`). For authenticated
+/// identities, over what they may read.
+pub const DIGEST_EXOP: &str = "2.25.15972167931155808496075090497880241257.1.4";
 
 /// Extended operations this server implements (and StartTLS when a
 /// certificate is configured).
@@ -36,6 +41,7 @@ pub const SUPPORTED_EXTENSIONS: &[&str] = &[
     BACKUP_EXOP,
     CHANGES_BEHIND_EXOP,
     PWD_FAILURES_EXOP,
+    DIGEST_EXOP,
 ];
 /// SASL mechanisms: EXTERNAL (ldapi peer credentials, TLS client certificates).
 pub const SUPPORTED_SASL_MECHANISMS: &[&str] = &["EXTERNAL"];

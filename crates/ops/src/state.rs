@@ -30,6 +30,8 @@ pub struct Server {
     pub special: crate::special::SpecialEntries,
     /// Sorted search results kept while the store does not change.
     pub sorted: crate::search::sort_cache::SortCache,
+    /// Replica digest trees kept while the store does not change.
+    pub digests: crate::digest::TreeCache,
     /// Where the current configuration is found.
     pub live: Weak<dyn Current>,
 }
@@ -119,6 +121,7 @@ impl Server {
             base_cache: Default::default(),
             special: Default::default(),
             sorted: Default::default(),
+            digests: Default::default(),
             live,
         }
     }

@@ -86,7 +86,8 @@ impl Ldap {
     }
 
     fn connect(url: &str) -> Result<(Ldap, bool), String> {
-        let timeout = Some(Duration::from_secs(10));
+        // Long enough for a server digesting a large subtree (`repl check`).
+        let timeout = Some(Duration::from_secs(120));
         if let Some(rest) = url.strip_prefix("ldap://") {
             let addr = rest.trim_end_matches('/');
             let s = std::net::TcpStream::connect(addr)
@@ -177,6 +178,25 @@ impl Ldap {
                 ProtocolOp::BindResponse(r) => return Ok((r.result.code.0, entries)),
                 ProtocolOp::ExtendedResponse(r) => return Ok((r.result.code.0, entries)),
                 _ => return Err("unexpected response".into()),
+            }
+        }
+    }
+
+    /// A search whose entries go to `each` as they arrive (a large subtree
+    /// is never held whole); its result code and message.
+    pub fn search_each(
+        &mut self,
+        req: SearchRequest,
+        controls: Vec<pando_proto::Control>,
+        each: &mut dyn FnMut(pando_proto::SearchResultEntry),
+    ) -> Result<(u32, String), String> {
+        self.send_with(ProtocolOp::SearchRequest(req), controls)?;
+        loop {
+            match self.recv()?.op {
+                ProtocolOp::SearchResultEntry(e) => each(e),
+                ProtocolOp::SearchResultDone(r) => return Ok((r.code.0, r.message)),
+                ProtocolOp::SearchResultReference(_) | ProtocolOp::IntermediateResponse { .. } => {}
+                _ => return Err("unexpected response to a search".into()),
             }
         }
     }

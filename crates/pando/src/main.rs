@@ -11,6 +11,9 @@ mod acl_check;
 mod ldap_client;
 mod migrate_cmd;
 mod progress;
+mod repl_check;
+mod repl_diff;
+mod repl_repair;
 mod repl_status;
 mod stat;
 
@@ -61,7 +64,8 @@ enum Command {
     /// one line per interval (from /metrics or cn=Monitor).
     Stat(stat::StatArgs),
     /// Replication: `pando repl status URL...` compares contextCSN across
-    /// servers and says who is behind by how much.
+    /// servers and says who is behind by how much; `pando repl check
+    /// URL...` compares the entries themselves and repairs differences.
     Repl(ReplArgs),
     /// The configuration kept in the data directory (changed under
     /// cn=config) merged with the file.
@@ -106,6 +110,11 @@ enum ReplAction {
     /// behind the newest (exit 0: all in step, 1: one behind, 2: one
     /// unreadable).
     Status(repl_status::ReplStatusArgs),
+    /// Whether servers hold the same entries (not only the same
+    /// contextCSN): hash trees over their entries compared top-down, every
+    /// differing entry named; --repair writes the winning copies again
+    /// (exit 0: the same everywhere, 1: some differ, 2: one unreadable).
+    Check(repl_check::ReplCheckArgs),
 }
 
 #[derive(clap::Args)]
@@ -381,6 +390,9 @@ fn main() -> ExitCode {
         Command::Repl(ReplArgs {
             action: ReplAction::Status(args),
         }) => repl_status::run(args),
+        Command::Repl(ReplArgs {
+            action: ReplAction::Check(args),
+        }) => repl_check::run(args),
         Command::Config(ConfigArgs {
             action: ConfigAction::Export(args),
         }) => config_export(args),

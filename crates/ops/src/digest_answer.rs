@@ -1,0 +1,265 @@
+//! The server's side of replica digests (`DIGEST_EXOP`, see `digest`):
+//! a server computes its tree in one pass over the subtree on a search
+//! thread, as the requester may read it (access rules apply entry by
+//! entry and attribute by attribute, as in a search), and keeps it for
+//! the snapshot's content generation, so the descents of one check read
+//! the store once; it lists the entries under leaves in another pass, and
+//! stores a check's repairs in the conflict record.
+
+use std::sync::Arc;
+
+use pando_model::Dn;
+use pando_proto::{ExtendedResponse, LdapResult, ResultCode};
+
+use crate::digest::{
+    digested, encode_entries, encode_nodes, entry_digest, leaf_of, leaf_range, parse_uuid, Deleted,
+    Listed, Request, Tree, TreeKey, MAX_LISTED,
+};
+use crate::error::{LdapError, OpResult};
+use crate::state::Server;
+use pando_access::acl::{self, Access, EntryRules};
+use pando_access::Identity;
+
+/// Answer a digest request (see [`Request`]): for authenticated
+/// identities, over what they may read. Runs on a search thread, holding
+/// one of the `limits.max_search_threads` places as a search does.
+pub async fn answer(
+    server: &Arc<Server>,
+    who: &Identity,
+    value: Option<Vec<u8>>,
+) -> OpResult<ExtendedResponse> {
+    if who.is_anonymous() {
+        return Err(LdapError::access(
+            "comparing replicas needs an authenticated identity",
+        ));
+    }
+    let req = Request::decode(value.as_deref().unwrap_or_default())
+        .map_err(|e| LdapError::protocol(format!("malformed digest request: {e}")))?;
+    if let Request::Record { lines, .. } = req {
+        return record(server, who, lines).await;
+    }
+    let closing = || LdapError::new(ResultCode::UNAVAILABLE, "the server is shutting down");
+    let slot = server
+        .rt
+        .search_threads
+        .places()
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| closing())?;
+    let (server2, who2) = (server.clone(), who.clone());
+    let text = tokio::task::spawn_blocking(move || {
+        let out = run(&server2, &who2, &req);
+        drop(slot);
+        out
+    })
+    .await
+    .map_err(|_| LdapError::new(ResultCode::OTHER, "digest task failed"))??;
+    Ok(ExtendedResponse {
+        result: LdapResult::success(),
+        name: Some(crate::special::DIGEST_EXOP.to_string()),
+        value: Some(text.into_bytes()),
+    })
+}
+
+/// Store a check's repair in the conflict record (one transaction).
+async fn record(
+    server: &Arc<Server>,
+    who: &Identity,
+    lines: Vec<String>,
+) -> OpResult<ExtendedResponse> {
+    if !who.is_admin() && !who.is_break_glass() {
+        return Err(LdapError::access(
+            "only an administrator may add to the conflict record",
+        ));
+    }
+    let at = pando_store::clock::generalized_time(pando_store::clock::now_micros());
+    let lines: Vec<String> = lines.into_iter().map(|l| format!("{at} {l}")).collect();
+    for l in &lines {
+        tracing::warn!(by = %who.dn(), "{l}");
+    }
+    server
+        .rt
+        .store
+        .write(move |w| crate::write::conflicts::store(w, &lines))
+        .await?;
+    Ok(ExtendedResponse {
+        result: LdapResult::success(),
+        name: Some(crate::special::DIGEST_EXOP.to_string()),
+        value: None,
+    })
+}
+
+fn run(server: &Server, who: &Identity, req: &Request) -> OpResult<String> {
+    let rtxn = server.rt.store.read()?;
+    let view = rtxn.view();
+    let (Request::Nodes { base, .. }
+    | Request::Entries { base, .. }
+    | Request::Record { base, .. }) = req;
+    let base_id = base_entry(server, &view, base)?;
+    match req {
+        Request::Nodes { base, prefixes } => {
+            let key = rtxn.generation().map(|generation| TreeKey {
+                generation,
+                base: base.to_ascii_lowercase(),
+                who: who.dn().to_string(),
+            });
+            let tree = match key.as_ref().and_then(|k| server.digests.get(k)) {
+                Some(t) => t,
+                None => {
+                    let mut tree = Tree::default();
+                    walk(server, &view, who, base_id, &[""], &mut |l| {
+                        tree.add(&l.uuid, &l.digest)
+                    })?;
+                    let tree = Arc::new(tree);
+                    if let Some(k) = key {
+                        server.digests.put(k, tree.clone());
+                    }
+                    tree
+                }
+            };
+            let mut nodes = Vec::new();
+            for p in prefixes {
+                nodes.extend(tree.children(p).unwrap_or_default());
+            }
+            Ok(encode_nodes(&nodes))
+        }
+        Request::Entries { prefixes, .. } => {
+            let prefixes: Vec<&str> = prefixes.iter().map(String::as_str).collect();
+            let mut listed = Vec::new();
+            walk(server, &view, who, base_id, &prefixes, &mut |l| {
+                listed.push(l)
+            })?;
+            let deleted = remembered_deletes(&view, &prefixes)?;
+            if listed.len() + deleted.len() > MAX_LISTED {
+                return Err(LdapError::new(
+                    ResultCode::SIZE_LIMIT_EXCEEDED,
+                    format!("more than {MAX_LISTED} entries under these prefixes: ask for fewer"),
+                ));
+            }
+            Ok(encode_entries(&listed, &deleted))
+        }
+        Request::Record { .. } => Ok(String::new()),
+    }
+}
+
+fn base_entry(server: &Server, view: &pando_store::View<'_>, base: &str) -> OpResult<u64> {
+    let dn = Dn::parse(base)
+        .map_err(|e| LdapError::new(ResultCode::INVALID_DN_SYNTAX, format!("base: {e}")))?;
+    let norm = server
+        .schema
+        .normalize_dn(&dn)
+        .map_err(|e| LdapError::new(ResultCode::INVALID_DN_SYNTAX, format!("base: {e}")))?;
+    match view.lookup_norm(&crate::norm_dn::split_rdns(&norm))? {
+        pando_store::Lookup::Found(id) => Ok(id),
+        _ => Err(LdapError::new(
+            ResultCode::NO_SUCH_OBJECT,
+            format!("{base} is not held here"),
+        )),
+    }
+}
+
+/// Every entry of the subtree at `base` under one of `prefixes` that
+/// `who` may read, digested from what it may read of it.
+fn walk(
+    server: &Server,
+    view: &pando_store::View<'_>,
+    who: &Identity,
+    base: u64,
+    prefixes: &[&str],
+    each: &mut dyn FnMut(Listed),
+) -> OpResult<()> {
+    let schema = &*server.schema;
+    let ranges: Vec<_> = prefixes.iter().filter_map(|p| leaf_range(p)).collect();
+    let ids = view.subtree(base, u64::MAX)?.unwrap_or_default();
+    let mut access = Access::new(&server.acl, who);
+    let mut rules = EntryRules::default();
+    let (uuid_at, csn_at) = (schema.attribute("entryUUID"), schema.attribute("entryCSN"));
+    for id in ids.iter() {
+        let Some(attrs) = view.attrs(id)? else {
+            continue;
+        };
+        let uuid = attrs
+            .iter()
+            .find(|a| {
+                uuid_at.is_some_and(|at| schema.attribute(&a.desc).is_some_and(|t| t.oid == at.oid))
+            })
+            .and_then(|a| a.values.first())
+            .and_then(|v| parse_uuid(std::str::from_utf8(v).ok()?));
+        let Some(uuid) = uuid else {
+            continue; // not replicated: nothing to compare it by
+        };
+        if !ranges.iter().any(|r| r.contains(&leaf_of(&uuid))) {
+            continue;
+        }
+        let (dn, norm) = view.dn_pair(id)?;
+        let entry = pando_model::Entry {
+            dn: Dn { rdns: Vec::new() },
+            attrs,
+        };
+        let open = access.unrestricted();
+        if !open {
+            access.entry_into(schema, &norm, &entry, &mut rules);
+            if !access.allows(Some(view), &rules, &norm, None, acl::READ) {
+                continue;
+            }
+        }
+        let mut csn = String::new();
+        let mut kept = Vec::new();
+        for a in &entry.attrs {
+            let base_name = pando_model::desc::base(&a.desc);
+            let Some(at) = schema.attribute(base_name) else {
+                continue;
+            };
+            if !digested(schema, &a.desc)
+                || (!open && !access.allows(Some(view), &rules, &norm, Some(at), acl::READ))
+            {
+                continue;
+            }
+            if csn_at.is_some_and(|c| c.oid == at.oid) {
+                csn = a
+                    .values
+                    .first()
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_default();
+            }
+            kept.push((
+                a.desc.as_str(),
+                a.values.iter().map(Vec::as_slice).collect(),
+            ));
+        }
+        let digest = entry_digest(schema, &uuid, &dn, kept);
+        each(Listed {
+            uuid,
+            csn,
+            digest,
+            dn,
+        });
+    }
+    Ok(())
+}
+
+/// The deletes a multi-provider server remembers under `prefixes`.
+fn remembered_deletes(view: &pando_store::View<'_>, prefixes: &[&str]) -> OpResult<Vec<Deleted>> {
+    let mut out = Vec::new();
+    for uuid in crate::write::tombstones::deleted_uuids(view)? {
+        let Some(u) = parse_uuid(&uuid) else {
+            continue;
+        };
+        if !prefixes
+            .iter()
+            .filter_map(|p| leaf_range(p))
+            .any(|r| r.contains(&leaf_of(&u)))
+        {
+            continue;
+        }
+        if let Some(t) = crate::write::tombstones::get(view, &uuid)? {
+            out.push(Deleted {
+                uuid: u,
+                at: t.deleted_at,
+                dn: t.entry.dn.to_string(),
+            });
+        }
+    }
+    Ok(out)
+}
