@@ -13,9 +13,10 @@ import pytest
 from conftest import PANDO_BIN, PEOPLE, PUBLIC_READ, SUFFIX, Pando
 from test_multi_provider import PW
 from test_mixed_ring import MixedRing, conflict_records, following, slapd_values, write
-from test_replication import HAVE_SLAPD, converge_nodes, modify, pando_consumer
+from test_replication import HAVE_SLAPD, attrs_of, converge_nodes, modify, pando_consumer, wait_monitor
 
 DIGEST_EXOP = "2.25.15972167931155808496075090497880241257.1.4"
+MONITOR = "cn=Consumer 001,cn=Replication,cn=Monitor"
 
 
 def check(*args, timeout=120):
@@ -32,8 +33,9 @@ def named(out):
 
 def test_a_check_names_every_entry_a_stale_consumer_holds_differently(tmp_path):
     srv = Pando(tmp_path / "provider", demo=True, config=PUBLIC_READ).start()
-    # refreshOnly once an hour: after its first refresh it keeps what it has.
-    con = pando_consumer(tmp_path / "consumer", srv, "refreshOnly", interval=3600)
+    # refreshOnly once an hour: after its first refresh it keeps what it
+    # has. It compares itself with its provider every second.
+    con = pando_consumer(tmp_path / "consumer", srv, "refreshOnly", interval=3600, extra="check_secs = 1\n")
     try:
         converge_nodes([srv, con], log=con.logs)
         rc, out = check(srv.ldapi_url, con.ldapi_url)
@@ -41,6 +43,7 @@ def test_a_check_names_every_entry_a_stale_consumer_holds_differently(tmp_path):
         assert out.count(": digests, ") == 2, out
         # The agreeing case costs one question per server.
         assert re.search(r": digests, 2 requests, 0 entries read", out), out
+        wait_monitor(con, "pandoReplCheckDiffering", "0")
         rc, out = check("--read-all", srv.ldapi_url, con.ldapi_url)
         assert rc == 0 and out.count(": read whole, ") == 2, out
 
@@ -57,6 +60,16 @@ def test_a_check_names_every_entry_a_stale_consumer_holds_differently(tmp_path):
         assert "entryCSN" in frank[1] and "entryCSN" in frank[2] and frank[1] != frank[2], out
         newbie = out[out.index("uid=newbie"):].splitlines()
         assert newbie[2].endswith("missing"), out
+        # The consumer found the same by itself, shows it on its cn=Monitor
+        # entry and put each on its conflict record once.
+        wait_monitor(con, "pandoReplCheckDiffering", "3")
+        shown = attrs_of(con, MONITOR, "pandoReplCheckEntry")["pandoReplCheckEntry"]
+        assert sorted(v.split(":")[0].lower() for v in shown) == want, shown
+        assert any("here missing; on the provider entryCSN" in v for v in shown), shown
+        time.sleep(2.5)
+        records = [r for r in conflict_records(con) if "found by a check" in r]
+        assert sorted(r.split(" ")[1].rstrip(":").lower() for r in records) == want, records
+        assert int(attrs_of(con, MONITOR, "pandoReplCheckPasses")["pandoReplCheckPasses"][0]) >= 3
         # The digests descend only where the trees differ: a few leaves'
         # entries are listed, not the whole tree.
         rc, out = check(srv.ldapi_url, con.ldapi_url)
@@ -98,6 +111,8 @@ def test_one_name_added_on_both_sides_of_a_mixed_ring_is_found_and_repaired(tmp_
     conf = ring.slapd.base / "slapd.conf"
     conf.write_text(conf.read_text().replace("rootpw %s" % ring.slapd.admin_pw, "rootpw %s" % PW))
     ring.pando.config = ring.pando.config.replace(ring.slapd.admin_pw, PW)
+    # Pando compares itself with slapd every second (reading slapd whole).
+    ring.pando.config = ring.pando.config.replace("timeout_secs = 5\n", "timeout_secs = 5\ncheck_secs = 1\n")
     ring.slapd.admin_pw = PW
     ring.start()
     pando, slapd = ring.pando, ring.slapd
@@ -129,6 +144,14 @@ def test_one_name_added_on_both_sides_of_a_mixed_ring_is_found_and_repaired(tmp_
             pytest.skip("the two adds converged by protocol this time:\n" + out)
         # slapd ends with neither entry or with its own; Pando with its own.
         assert rc == 1 and twin in named(out), out
+        # Pando found it too, by itself.
+        mon = "cn=Consumer 002,cn=Replication,cn=Monitor"
+        deadline = time.monotonic() + 30
+        while attrs_of(pando, mon).get("pandoReplCheckDiffering", ["0"]) == ["0"]:
+            assert time.monotonic() < deadline, attrs_of(pando, mon)
+            time.sleep(0.3)
+        shown = attrs_of(pando, mon, "pandoReplCheckEntry")["pandoReplCheckEntry"]
+        assert all(v.lower().startswith(twin) for v in shown), shown
 
         rc, out = check("--repair", "--wait", "60", *auth, *urls)
         assert rc == 0 and "after the repair: the same entries everywhere" in out, out
@@ -138,5 +161,10 @@ def test_one_name_added_on_both_sides_of_a_mixed_ring_is_found_and_repaired(tmp_
         assert got[0] and got[0] == got[1], got
         records = conflict_records(pando)
         assert any("uid=twin,%s: repaired by a check" % PEOPLE in r for r in records), records
+        assert any("found by a check" in r for r in records), records
+        deadline = time.monotonic() + 30
+        while attrs_of(pando, mon).get("pandoReplCheckDiffering") != ["0"]:
+            assert time.monotonic() < deadline, attrs_of(pando, mon)
+            time.sleep(0.3)
     finally:
         ring.stop()

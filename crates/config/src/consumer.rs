@@ -154,6 +154,16 @@ pub struct ConsumerConfig {
     /// (`repl::lag`), in seconds (0: never).
     #[serde(default = "default_count_behind")]
     pub count_behind_secs: u64,
+    /// How often to compare the subtree held here with the provider's by
+    /// content (`repl::check`: hash trees over the entries, not contextCSN),
+    /// in seconds (0: never).
+    #[serde(default = "default_check")]
+    pub check_secs: u64,
+    /// Into how many slices of the entryUUID space each comparison is cut,
+    /// one slice per pass (1, 16, 256 or 4096): what bounds a pass's cost
+    /// when the provider is read whole (slapd).
+    #[serde(default = "default_check_slices")]
+    pub check_slices: u32,
     /// `default` (entries whole) or `accesslog`: delta-sync, following
     /// the provider's access log (OpenLDAP's `syncdata=accesslog`) once a
     /// full refresh of the data has given a cookie.
@@ -206,6 +216,12 @@ fn default_timeout() -> u64 {
 }
 fn default_count_behind() -> u64 {
     30
+}
+fn default_check() -> u64 {
+    3600
+}
+fn default_check_slices() -> u32 {
+    1
 }
 
 /// How long to wait before each retry after a failure, from a retry
@@ -292,6 +308,40 @@ impl ConsumerConfig {
         if let Err(p) = Retry::parse(&self.retry) {
             return e("retry", p);
         }
+        if !matches!(self.check_slices, 1 | 16 | 256 | 4096) {
+            return e(
+                "check_slices",
+                format!("{} is not one of 1, 16, 256, 4096", self.check_slices),
+            );
+        }
+        self.check_bind()?;
+        if self.start_tls && self.provider.starts_with("ldaps://") {
+            return e("start_tls", "an ldaps:// provider is already TLS".into());
+        }
+        if self.timeout_secs == 0 {
+            return e("timeout_secs", "must be at least 1".into());
+        }
+        if !matches!(self.syncdata.as_str(), "default" | "accesslog") {
+            return e(
+                "syncdata",
+                format!("'{}' is not default or accesslog", self.syncdata),
+            );
+        }
+        if pando_model::Dn::parse(&self.logbase).is_err() {
+            return e("logbase", format!("'{}' is not a DN", self.logbase));
+        }
+        if pando_proto::Filter::parse(&self.logfilter).is_err() {
+            return e(
+                "logfilter",
+                format!("'{}' is not a valid LDAP filter", self.logfilter),
+            );
+        }
+        Ok(())
+    }
+
+    /// The bind settings (part of [`ConsumerConfig::check`]).
+    fn check_bind(&self) -> Result<(), (String, String)> {
+        let e = |k: &str, p: String| Err((k.to_string(), p));
         match self.bind_method.as_str() {
             "simple" => {
                 if self.bind_dn.is_empty() {
@@ -329,27 +379,6 @@ impl ConsumerConfig {
                     format!("'{other}' is not one of simple, sasl_external, none"),
                 )
             }
-        }
-        if self.start_tls && self.provider.starts_with("ldaps://") {
-            return e("start_tls", "an ldaps:// provider is already TLS".into());
-        }
-        if self.timeout_secs == 0 {
-            return e("timeout_secs", "must be at least 1".into());
-        }
-        if !matches!(self.syncdata.as_str(), "default" | "accesslog") {
-            return e(
-                "syncdata",
-                format!("'{}' is not default or accesslog", self.syncdata),
-            );
-        }
-        if pando_model::Dn::parse(&self.logbase).is_err() {
-            return e("logbase", format!("'{}' is not a DN", self.logbase));
-        }
-        if pando_proto::Filter::parse(&self.logfilter).is_err() {
-            return e(
-                "logfilter",
-                format!("'{}' is not a valid LDAP filter", self.logfilter),
-            );
         }
         Ok(())
     }
@@ -429,6 +458,17 @@ mod tests {
             "rid = 5\nprovider = \"{provider}\"\nsearch_base = \"dc=x\"\nbind_dn = \"cn=r\"\ncredentials = \"pw\"\n{extra}"
         );
         toml::from_str(&text).unwrap()
+    }
+
+    #[test]
+    fn check_slices_are_powers_of_16_up_to_4096() {
+        assert_eq!(consumer("ldaps://db", "").check_slices, 1);
+        assert!(consumer("ldaps://db", "check_slices = 256").check().is_ok());
+        let (key, problem) = consumer("ldaps://db", "check_slices = 10")
+            .check()
+            .unwrap_err();
+        assert_eq!(key, "check_slices");
+        assert!(problem.contains("1, 16, 256, 4096"), "{problem}");
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! Servers that do not know the operation (slapd) are read with searches
 //! and digested by the caller with the same functions.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use pando_model::Dn;
@@ -105,10 +105,73 @@ pub fn canonical_name(schema: &pando_model::Schema, desc: &str) -> String {
     out
 }
 
+/// Attribute names as compared ([`canonical_name`]) and whether they go
+/// into a digest ([`digested`]), remembered per description: a subtree
+/// uses few, and looking each up in the schema for every value of every
+/// entry was most of a digest's cost.
+pub struct Names<'s> {
+    schema: &'s pando_model::Schema,
+    seen: HashMap<String, Named, std::hash::BuildHasherDefault<Fnv>>,
+}
+
+/// FNV-1a: the names hashed are a few short ASCII strings from this
+/// server's own store or a search's answer, so a fast hash is enough.
+#[derive(Default)]
+pub struct Fnv(u64);
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for b in bytes {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+/// What [`Names`] knows of one description.
+#[derive(Clone, Debug)]
+pub struct Named {
+    pub canonical: String,
+    pub digested: bool,
+}
+
+impl<'s> Names<'s> {
+    pub fn new(schema: &'s pando_model::Schema) -> Names<'s> {
+        Names {
+            schema,
+            seen: HashMap::default(),
+        }
+    }
+
+    pub fn get(&mut self, desc: &str) -> &Named {
+        if !self.seen.contains_key(desc) {
+            let named = Named {
+                canonical: canonical_name(self.schema, desc),
+                digested: digested(self.schema, desc),
+            };
+            self.seen.insert(desc.to_string(), named);
+        }
+        &self.seen[desc]
+    }
+
+    pub fn schema(&self) -> &'s pando_model::Schema {
+        self.schema
+    }
+}
+
 /// A DN as compared: each attribute type's canonical name, values
 /// lowercase (ASCII) and trimmed, the AVAs of an RDN sorted. A DN that
 /// does not parse is compared as its lowercase text.
-pub fn dn_key(schema: &pando_model::Schema, dn: &str) -> String {
+pub fn dn_key(names: &mut Names<'_>, dn: &str) -> String {
     let Ok(parsed) = Dn::parse(dn) else {
         return dn.to_ascii_lowercase();
     };
@@ -124,7 +187,7 @@ pub fn dn_key(schema: &pando_model::Schema, dn: &str) -> String {
                 let value = String::from_utf8_lossy(&a.value)
                     .trim()
                     .to_ascii_lowercase();
-                format!("{}={}", canonical_name(schema, &a.attr), value)
+                format!("{}={}", names.get(&a.attr).canonical, value)
             })
             .collect();
         avas.sort();
@@ -134,24 +197,33 @@ pub fn dn_key(schema: &pando_model::Schema, dn: &str) -> String {
 }
 
 /// The digest of one entry: its UUID, its DN (as [`dn_key`] compares it)
-/// and its attributes (canonical names; values as bytes, in any order).
+/// and its attributes (values as bytes, in any order; only those
+/// [`digested`] count).
 pub fn entry_digest<'v>(
-    schema: &pando_model::Schema,
+    names: &mut Names<'_>,
     uuid: &Uuid,
     dn: &str,
     attrs: impl IntoIterator<Item = (&'v str, Vec<&'v [u8]>)>,
 ) -> Hash {
-    let mut by_name: BTreeMap<String, Vec<&[u8]>> = BTreeMap::new();
+    let attrs: Vec<(&str, Vec<&[u8]>)> = attrs.into_iter().collect();
+    for (desc, _) in &attrs {
+        names.get(desc);
+    }
+    let dn = dn_key(names, dn);
+    let mut by_name: BTreeMap<&str, Vec<&[u8]>> = BTreeMap::new();
     for (desc, values) in attrs {
-        by_name
-            .entry(canonical_name(schema, desc))
-            .or_default()
-            .extend(values);
+        let named = &names.seen[desc];
+        if named.digested {
+            by_name
+                .entry(named.canonical.as_str())
+                .or_default()
+                .extend(values);
+        }
     }
     let mut h = Sha256::new();
     h.update(b"pando-digest-1\0");
     h.update(uuid);
-    h.update(dn_key(schema, dn).as_bytes());
+    h.update(dn.as_bytes());
     h.update([0]);
     for (name, mut values) in by_name {
         values.sort();
@@ -181,6 +253,34 @@ pub fn digested(schema: &pando_model::Schema, desc: &str) -> bool {
         }
         None => true,
     }
+}
+
+/// An entry as a search for `* entryUUID entryCSN` returned it, digested
+/// (None without an entryUUID: nothing to compare it by).
+pub fn listed_from_search(
+    names: &mut Names<'_>,
+    e: &pando_proto::SearchResultEntry,
+) -> Option<Listed> {
+    let value = |name: &str| {
+        e.attrs
+            .iter()
+            .find(|a| a.name.eq_ignore_ascii_case(name))
+            .and_then(|a| a.values.first())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    let uuid = parse_uuid(&value("entryUUID")?)?;
+    let attrs = e.attrs.iter().map(|a| {
+        (
+            a.name.as_str(),
+            a.values.iter().map(Vec::as_slice).collect(),
+        )
+    });
+    Some(Listed {
+        uuid,
+        csn: value("entryCSN").unwrap_or_default(),
+        digest: entry_digest(names, &uuid, &e.dn, attrs),
+        dn: e.dn.clone(),
+    })
 }
 
 /// One node of a tree: its prefix (hex digits of entryUUID), how many
@@ -488,10 +588,11 @@ mod tests {
 
     #[test]
     fn a_digest_ignores_value_order_name_spelling_and_dn_case() {
-        let s = schema();
+        let schema = schema();
+        let s = &mut Names::new(&schema);
         let u = [7u8; 16];
         let a = entry_digest(
-            &s,
+            s,
             &u,
             "uid=Bob,ou=People,dc=example,dc=com",
             vec![
@@ -500,7 +601,7 @@ mod tests {
             ],
         );
         let b = entry_digest(
-            &s,
+            s,
             &u,
             "UID=bob, ou=people,dc=EXAMPLE,dc=com",
             vec![
@@ -511,7 +612,7 @@ mod tests {
         assert_eq!(a, b);
         // A value, a name, the UUID: each changes it.
         let c = entry_digest(
-            &s,
+            s,
             &u,
             "uid=bob,ou=people,dc=example,dc=com",
             vec![
@@ -521,7 +622,7 @@ mod tests {
         );
         assert_ne!(a, c);
         let d = entry_digest(
-            &s,
+            s,
             &u,
             "uid=bob2,ou=people,dc=example,dc=com",
             vec![
@@ -531,7 +632,7 @@ mod tests {
         );
         assert_ne!(a, d);
         let e = entry_digest(
-            &s,
+            s,
             &[8u8; 16],
             "uid=bob,ou=people,dc=example,dc=com",
             vec![

@@ -12,8 +12,8 @@ use pando_model::Dn;
 use pando_proto::{ExtendedResponse, LdapResult, ResultCode};
 
 use crate::digest::{
-    digested, encode_entries, encode_nodes, entry_digest, leaf_of, leaf_range, parse_uuid, Deleted,
-    Listed, Request, Tree, TreeKey, MAX_LISTED,
+    encode_entries, encode_nodes, entry_digest, leaf_of, leaf_range, parse_uuid, Deleted, Listed,
+    Names, Request, Tree, TreeKey, MAX_LISTED,
 };
 use crate::error::{LdapError, OpResult};
 use crate::state::Server;
@@ -108,7 +108,7 @@ fn run(server: &Server, who: &Identity, req: &Request) -> OpResult<String> {
                 Some(t) => t,
                 None => {
                     let mut tree = Tree::default();
-                    walk(server, &view, who, base_id, &[""], &mut |l| {
+                    walk(server, &view, Some(who), base_id, &[""], &mut |l| {
                         tree.add(&l.uuid, &l.digest)
                     })?;
                     let tree = Arc::new(tree);
@@ -127,7 +127,7 @@ fn run(server: &Server, who: &Identity, req: &Request) -> OpResult<String> {
         Request::Entries { prefixes, .. } => {
             let prefixes: Vec<&str> = prefixes.iter().map(String::as_str).collect();
             let mut listed = Vec::new();
-            walk(server, &view, who, base_id, &prefixes, &mut |l| {
+            walk(server, &view, Some(who), base_id, &prefixes, &mut |l| {
                 listed.push(l)
             })?;
             let deleted = remembered_deletes(&view, &prefixes)?;
@@ -141,6 +141,35 @@ fn run(server: &Server, who: &Identity, req: &Request) -> OpResult<String> {
         }
         Request::Record { .. } => Ok(String::new()),
     }
+}
+
+/// This server's own tree of the subtree at `base` (every entry, no
+/// access rules: for the server's own comparisons), below `prefix`.
+pub fn local_tree(server: &Server, base: &str, prefix: &str) -> OpResult<Tree> {
+    let rtxn = server.rt.store.read()?;
+    let view = rtxn.view();
+    let base_id = base_entry(server, &view, base)?;
+    let mut tree = Tree::default();
+    walk(server, &view, None, base_id, &[prefix], &mut |l| {
+        tree.add(&l.uuid, &l.digest)
+    })?;
+    Ok(tree)
+}
+
+/// This server's own entries and remembered deletes under `prefixes`.
+pub fn local_entries(
+    server: &Server,
+    base: &str,
+    prefixes: &[&str],
+) -> OpResult<(Vec<Listed>, Vec<Deleted>)> {
+    let rtxn = server.rt.store.read()?;
+    let view = rtxn.view();
+    let base_id = base_entry(server, &view, base)?;
+    let mut listed = Vec::new();
+    walk(server, &view, None, base_id, prefixes, &mut |l| {
+        listed.push(l)
+    })?;
+    Ok((listed, remembered_deletes(&view, prefixes)?))
 }
 
 fn base_entry(server: &Server, view: &pando_store::View<'_>, base: &str) -> OpResult<u64> {
@@ -159,33 +188,73 @@ fn base_entry(server: &Server, view: &pando_store::View<'_>, base: &str) -> OpRe
     }
 }
 
+/// The entries of the subtree at `base` that may be under `prefixes`:
+/// for leaves, those the entryUUID index lists under them (a few among
+/// many); else every entry of the subtree.
+fn candidates(
+    view: &pando_store::View<'_>,
+    base: u64,
+    prefixes: &[&str],
+) -> OpResult<roaring::RoaringTreemap> {
+    let ids = view.subtree(base, u64::MAX)?.unwrap_or_default();
+    if prefixes
+        .iter()
+        .any(|p| p.len() < crate::digest::LEAF_DIGITS)
+    {
+        return Ok(ids);
+    }
+    let mut under = roaring::RoaringTreemap::new();
+    for p in prefixes {
+        let to = format!("{p}\u{7f}");
+        let eq = pando_store::IndexKind::Eq;
+        match view.ids_in_key_range("entryuuid", eq, p.as_bytes(), to.as_bytes())? {
+            Some(found) => under |= found,
+            None => return Ok(ids),
+        }
+    }
+    Ok(under & ids)
+}
+
 /// Every entry of the subtree at `base` under one of `prefixes` that
-/// `who` may read, digested from what it may read of it.
+/// `who` may read (None: the server itself, reading all), digested from
+/// what it may read of it.
 fn walk(
     server: &Server,
     view: &pando_store::View<'_>,
-    who: &Identity,
+    who: Option<&Identity>,
     base: u64,
     prefixes: &[&str],
     each: &mut dyn FnMut(Listed),
 ) -> OpResult<()> {
     let schema = &*server.schema;
     let ranges: Vec<_> = prefixes.iter().filter_map(|p| leaf_range(p)).collect();
-    let ids = view.subtree(base, u64::MAX)?.unwrap_or_default();
-    let mut access = Access::new(&server.acl, who);
+    let mut access = who.map(|w| Access::new(&server.acl, w));
     let mut rules = EntryRules::default();
-    let (uuid_at, csn_at) = (schema.attribute("entryUUID"), schema.attribute("entryCSN"));
-    for id in ids.iter() {
+    let mut names = Names::new(schema);
+    let open = access.as_ref().is_none_or(|a| a.unrestricted());
+    for id in candidates(view, base, prefixes)?.iter() {
+        if open {
+            if let Some(l) = digest_whole(view, &mut names, id, &ranges)? {
+                each(l);
+            }
+            continue;
+        }
         let Some(attrs) = view.attrs(id)? else {
             continue;
         };
-        let uuid = attrs
-            .iter()
-            .find(|a| {
-                uuid_at.is_some_and(|at| schema.attribute(&a.desc).is_some_and(|t| t.oid == at.oid))
-            })
-            .and_then(|a| a.values.first())
-            .and_then(|v| parse_uuid(std::str::from_utf8(v).ok()?));
+        let (mut uuid, mut csn) = (None, String::new());
+        for a in &attrs {
+            let first = || {
+                a.values
+                    .first()
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            };
+            match names.get(&a.desc).canonical.as_str() {
+                "entryuuid" => uuid = first().and_then(|v| parse_uuid(&v)),
+                "entrycsn" => csn = first().unwrap_or_default(),
+                _ => {}
+            }
+        }
         let Some(uuid) = uuid else {
             continue; // not replicated: nothing to compare it by
         };
@@ -197,38 +266,30 @@ fn walk(
             dn: Dn { rdns: Vec::new() },
             attrs,
         };
-        let open = access.unrestricted();
-        if !open {
-            access.entry_into(schema, &norm, &entry, &mut rules);
-            if !access.allows(Some(view), &rules, &norm, None, acl::READ) {
+        let mut guard = access.as_mut().filter(|a| !a.unrestricted());
+        if let Some(a) = guard.as_mut() {
+            a.entry_into(schema, &norm, &entry, &mut rules);
+            if !a.allows(Some(view), &rules, &norm, None, acl::READ) {
                 continue;
             }
         }
-        let mut csn = String::new();
-        let mut kept = Vec::new();
+        let mut kept = Vec::with_capacity(entry.attrs.len());
         for a in &entry.attrs {
-            let base_name = pando_model::desc::base(&a.desc);
-            let Some(at) = schema.attribute(base_name) else {
-                continue;
-            };
-            if !digested(schema, &a.desc)
-                || (!open && !access.allows(Some(view), &rules, &norm, Some(at), acl::READ))
-            {
-                continue;
-            }
-            if csn_at.is_some_and(|c| c.oid == at.oid) {
-                csn = a
-                    .values
-                    .first()
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-                    .unwrap_or_default();
+            if let Some(g) = guard.as_mut() {
+                let at = schema.attribute(pando_model::desc::base(&a.desc));
+                if !at.is_some_and(|at| g.allows(Some(view), &rules, &norm, Some(at), acl::READ)) {
+                    if names.get(&a.desc).canonical == "entrycsn" {
+                        csn.clear();
+                    }
+                    continue;
+                }
             }
             kept.push((
                 a.desc.as_str(),
                 a.values.iter().map(Vec::as_slice).collect(),
             ));
         }
-        let digest = entry_digest(schema, &uuid, &dn, kept);
+        let digest = entry_digest(&mut names, &uuid, &dn, kept);
         each(Listed {
             uuid,
             csn,
@@ -237,6 +298,41 @@ fn walk(
         });
     }
     Ok(())
+}
+
+/// Entry `id` digested whole from its stored record (no copy made), if
+/// it is replicated and under one of `ranges`: for requesters every
+/// attribute is open to.
+fn digest_whole(
+    view: &pando_store::View<'_>,
+    names: &mut Names<'_>,
+    id: u64,
+    ranges: &[std::ops::Range<usize>],
+) -> OpResult<Option<Listed>> {
+    let got = view.with_raw_attrs(id, |raw| -> OpResult<Option<Listed>> {
+        let attrs: Vec<(&str, Vec<&[u8]>)> = raw.map(|(d, v)| (d, v.collect())).collect();
+        let (mut uuid, mut csn) = (None, String::new());
+        for (desc, values) in &attrs {
+            let first = || values.first().and_then(|v| std::str::from_utf8(v).ok());
+            match names.get(desc).canonical.as_str() {
+                "entryuuid" => uuid = first().and_then(parse_uuid),
+                "entrycsn" => csn = first().unwrap_or_default().to_string(),
+                _ => {}
+            }
+        }
+        let Some(uuid) = uuid.filter(|u| ranges.iter().any(|r| r.contains(&leaf_of(u)))) else {
+            return Ok(None);
+        };
+        let dn = view.dn_string(id)?;
+        let digest = entry_digest(names, &uuid, &dn, attrs);
+        Ok(Some(Listed {
+            uuid,
+            csn,
+            digest,
+            dn,
+        }))
+    })?;
+    got.transpose().map(Option::flatten)
 }
 
 /// The deletes a multi-provider server remembers under `prefixes`.

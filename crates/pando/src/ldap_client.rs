@@ -44,8 +44,8 @@ pub struct Ldap {
     next_id: i32,
 }
 
-trait ReadWrite: Read + Write {}
-impl<T: Read + Write> ReadWrite for T {}
+trait ReadWrite: Read + Write + Send {}
+impl<T: Read + Write + Send> ReadWrite for T {}
 
 impl Ldap {
     /// Connect to `url` and bind: simple with `dn` and the password (or

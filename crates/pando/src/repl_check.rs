@@ -79,34 +79,6 @@ fn knows_digests(l: &mut Ldap) -> Result<bool, String> {
     }))
 }
 
-/// An entry as a search returned it: its UUID and digest.
-fn digest_of(schema: &pando_model::Schema, e: &pando_proto::SearchResultEntry) -> Option<Listed> {
-    let value = |name: &str| {
-        e.attrs
-            .iter()
-            .find(|a| a.name.eq_ignore_ascii_case(name))
-            .and_then(|a| a.values.first())
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-    };
-    let uuid = digest::parse_uuid(&value("entryUUID")?)?;
-    let attrs = e
-        .attrs
-        .iter()
-        .filter(|a| digest::digested(schema, &a.name))
-        .map(|a| {
-            (
-                a.name.as_str(),
-                a.values.iter().map(Vec::as_slice).collect(),
-            )
-        });
-    Some(Listed {
-        uuid,
-        csn: value("entryCSN").unwrap_or_default(),
-        digest: digest::entry_digest(schema, &uuid, &e.dn, attrs),
-        dn: e.dn.clone(),
-    })
-}
-
 impl Server {
     fn open(
         args: &ReplCheckArgs,
@@ -135,9 +107,10 @@ impl Server {
             &["*", "entryUUID", "entryCSN"],
         )?;
         let mut read = 0u64;
+        let mut names = digest::Names::new(schema);
         let (code, message) = ldap.search_each(req, vec![manage_dsa_it()], &mut |e| {
             read += 1;
-            if let Some(l) = digest_of(schema, &e) {
+            if let Some(l) = digest::listed_from_search(&mut names, &e) {
                 tree.add(&l.uuid, &l.digest);
                 entries.insert(l.uuid, l);
             }
@@ -221,12 +194,26 @@ impl Server {
 fn differing_leaves(servers: &mut [Server], base: &str) -> Result<Vec<String>, String> {
     let mut level = vec![String::new()];
     for _ in 0..digest::LEAF_DIGITS {
+        // Every server at once: each computes its tree the first time.
+        let asked: Vec<Result<Vec<Node>, String>> = std::thread::scope(|t| {
+            let level = &level;
+            let running: Vec<_> = servers
+                .iter_mut()
+                .map(|s| {
+                    t.spawn(move || {
+                        s.children(base, level)
+                            .map_err(|e| format!("{}: {e}", s.url))
+                    })
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err("a thread failed".into())))
+                .collect()
+        });
         let mut seen: Vec<BTreeMap<String, Node>> = Vec::new();
-        for s in servers.iter_mut() {
-            let nodes = s
-                .children(base, &level)
-                .map_err(|e| format!("{}: {e}", s.url))?;
-            seen.push(nodes.into_iter().map(|n| (n.prefix.clone(), n)).collect());
+        for nodes in asked {
+            seen.push(nodes?.into_iter().map(|n| (n.prefix.clone(), n)).collect());
         }
         let all: BTreeSet<&String> = seen.iter().flat_map(|m| m.keys()).collect();
         level = all
@@ -332,10 +319,22 @@ fn check_once(
     args: &ReplCheckArgs,
     schema: &pando_model::Schema,
 ) -> Result<(Vec<Server>, Vec<Differing>), String> {
-    let mut servers = Vec::new();
-    for url in &args.urls {
-        servers.push(Server::open(args, url, schema).map_err(|e| format!("{url}: {e}"))?);
-    }
+    // Every server at once: reading one whole can take a while.
+    let opened: Vec<Result<Server, String>> = std::thread::scope(|t| {
+        let running: Vec<_> = args
+            .urls
+            .iter()
+            .map(|url| {
+                t.spawn(move || Server::open(args, url, schema).map_err(|e| format!("{url}: {e}")))
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a thread failed".into())))
+            .collect()
+    });
+    let servers: Result<Vec<Server>, String> = opened.into_iter().collect();
+    let mut servers = servers?;
     let diffs = compare(&mut servers, &args.base)?;
     Ok((servers, diffs))
 }

@@ -132,7 +132,8 @@ pub(crate) fn differing_attrs(
         .filter(|n| va.get(*n) != vb.get(*n))
         .cloned()
         .collect();
-    if digest::dn_key(schema, &a.dn) != digest::dn_key(schema, &b.dn) {
+    let names = &mut digest::Names::new(schema);
+    if digest::dn_key(names, &a.dn) != digest::dn_key(names, &b.dn) {
         out.insert(0, "the DN".into());
     }
     out

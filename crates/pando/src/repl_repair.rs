@@ -60,7 +60,7 @@ fn decide(schema: &pando_model::Schema, diffs: &[Differing]) -> Vec<Action> {
     for (i, d) in diffs.iter().enumerate() {
         if let (Action::Rewrite { .. }, Some((_, l))) = (&actions[i], d.newest()) {
             by_name
-                .entry(digest::dn_key(schema, &l.dn))
+                .entry(digest::dn_key(&mut digest::Names::new(schema), &l.dn))
                 .or_default()
                 .push(i);
         }

@@ -437,6 +437,22 @@ impl<'t> View<'t> {
         crate::postings::read(self.txn, db, key)
     }
 
+    /// The IDs listed under the keys of index (`attr_lower`, `kind`) from
+    /// `from` through `to`, both included; None when that index is not
+    /// ready.
+    pub fn ids_in_key_range(
+        &self,
+        attr_lower: &str,
+        kind: IndexKind,
+        from: &[u8],
+        to: &[u8],
+    ) -> Result<Option<RoaringTreemap>, StoreError> {
+        match self.index_db(attr_lower, kind) {
+            Some(db) => crate::postings::read_range(self.txn, db, Some(from), Some(to)).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// The index (attribute, kind) if the planner may use it.
     pub(crate) fn index_db(&self, attr_lower: &str, kind: IndexKind) -> Option<&'t Db> {
         self.catalog.ready_db(attr_lower, kind)

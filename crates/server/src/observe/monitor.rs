@@ -429,6 +429,25 @@ fn passwords_node(server: &Server) -> (String, Entry) {
 /// with OpenLDAP's olmSR* names where they exist.
 /// cn=Conflicts,cn=Replication,cn=Monitor: how many conflict records the
 /// store holds, and the newest.
+/// A consumer's last comparison with its provider by content.
+fn checked_attrs(c: &crate::repl::check::Checked) -> Vec<Attribute> {
+    let mut out = vec![num("pandoReplCheckPasses", c.passes)];
+    if let Some(t) = c.last {
+        out.push(attr(
+            "pandoReplCheckTime",
+            [pando_store::clock::generalized_time(t)],
+        ));
+        out.push(num("pandoReplCheckDiffering", c.differing));
+    }
+    if !c.shown.is_empty() {
+        out.push(attr("pandoReplCheckEntry", c.shown.clone()));
+    }
+    if let Some(e) = &c.error {
+        out.push(attr("pandoReplCheckError", [e.clone()]));
+    }
+    out
+}
+
 fn conflicts_node(server: &Server) -> (String, Entry) {
     use crate::ops::write::conflicts;
     let (total, recent) = server
@@ -511,6 +530,7 @@ fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
                 .collect();
             attrs.push(attr("pandoReplChangesBehind", values));
         }
+        attrs.extend(checked_attrs(&s.checked));
         let (dn, mut entry) = node(
             "monitoredObject",
             &cn,

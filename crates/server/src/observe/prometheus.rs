@@ -280,6 +280,19 @@ fn replication(t: &mut Text, server: &Server) {
         "Operations a consumer's provider logged past its cookie, per server ID (counted every count_behind_secs; a lower bound when the provider's log does not reach back).",
         behind,
     );
+    t.family(
+        "pando_repl_check_differing",
+        "gauge",
+        "Entries a consumer holds differently from its provider, in its last comparison by content (every check_secs).",
+    );
+    for (rid, s) in statuses.iter().filter(|(_, s)| s.checked.last.is_some()) {
+        let differing = s.checked.differing;
+        t.sample(
+            "pando_repl_check_differing",
+            &format!("rid=\"{rid:03}\""),
+            differing,
+        );
+    }
 }
 
 /// A gauge per consumer and server ID.

@@ -86,6 +86,8 @@ pub struct Status {
     /// Per server ID: changes the provider logged past this consumer's
     /// cookie, as it last counted them (`super::lag`).
     pub behind: std::collections::BTreeMap<u16, super::lag::Behind>,
+    /// The last comparison with the provider by content (`super::check`).
+    pub checked: super::check::Checked,
 }
 
 impl Status {

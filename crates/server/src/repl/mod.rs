@@ -4,6 +4,7 @@
 //! variant (`ops::search::sync_provider`); the received changes are applied
 //! by `ops::write::replicated`.
 
+pub mod check;
 pub mod consumer;
 pub mod delta;
 pub mod lag;
@@ -33,7 +34,8 @@ pub struct Replica {
     pub conflicts: Arc<std::sync::atomic::AtomicU64>,
     /// Set when the consumer is removed or replaced: its tasks end.
     stop: watch::Sender<bool>,
-    /// Its tasks (the consumer, the counting of changes behind).
+    /// Its tasks (the consumer, the counting of changes behind, the
+    /// comparison by content).
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -76,6 +78,7 @@ impl Replica {
     fn start(self: &Arc<Self>, server: &Arc<Server>) {
         let handles = vec![
             tokio::spawn(lag::follow(server.clone(), self.clone())),
+            tokio::spawn(check::follow(server.clone(), self.clone())),
             tokio::spawn(consumer::run(server.clone(), self.clone())),
         ];
         if let Ok(mut t) = self.tasks.lock() {
