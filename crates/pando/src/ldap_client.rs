@@ -42,6 +42,8 @@ pub struct Ldap {
     stream: Box<dyn ReadWrite>,
     buf: Vec<u8>,
     next_id: i32,
+    /// Bytes received so far.
+    pub received: u64,
 }
 
 trait ReadWrite: Read + Write + Send {}
@@ -112,6 +114,7 @@ impl Ldap {
             stream,
             buf: Vec::new(),
             next_id: 1,
+            received: 0,
         }
     }
 
@@ -152,6 +155,7 @@ impl Ldap {
             if n == 0 {
                 return Err("the server closed the connection".into());
             }
+            self.received += n as u64;
             self.buf.extend_from_slice(&chunk[..n]);
         }
     }

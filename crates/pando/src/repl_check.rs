@@ -67,6 +67,8 @@ struct Server {
     /// Requests sent and entries received (the check's cost).
     requests: u64,
     entries_read: u64,
+    /// Bytes received from a server read whole.
+    read_bytes: u64,
 }
 
 /// Whether the server answers digest requests (its root DSE says so).
@@ -94,6 +96,7 @@ impl Server {
             },
             requests: 1,
             entries_read: 0,
+            read_bytes: 0,
         };
         if !args.read_all && knows_digests(&mut ldap)? {
             server.source = Source::Digests { ldap };
@@ -120,6 +123,7 @@ impl Server {
         }
         server.requests += 1;
         server.entries_read = read;
+        server.read_bytes = ldap.received;
         server.source = Source::Read { tree, entries };
         Ok(server)
     }
@@ -179,6 +183,14 @@ impl Server {
                 }
                 Ok((listed, deleted))
             }
+        }
+    }
+
+    /// Bytes received from the server.
+    fn received(&self) -> u64 {
+        match &self.source {
+            Source::Digests { ldap } => ldap.received,
+            Source::Read { .. } => self.read_bytes,
         }
     }
 
@@ -342,12 +354,13 @@ fn check_once(
 fn summary(servers: &[Server], diffs: &[Differing], took: Duration) {
     for (i, s) in servers.iter().enumerate() {
         println!(
-            "[{}] {}: {}, {} requests, {} entries read",
+            "[{}] {}: {}, {} requests, {} entries read, {} bytes received",
             i + 1,
             s.url,
             s.kind(),
             s.requests,
-            s.entries_read
+            s.entries_read,
+            s.received()
         );
     }
     match diffs.len() {
