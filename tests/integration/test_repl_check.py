@@ -32,7 +32,9 @@ def named(out):
 
 
 def test_a_check_names_every_entry_a_stale_consumer_holds_differently(tmp_path):
-    srv = Pando(tmp_path / "provider", demo=True, config=PUBLIC_READ).start()
+    # Identities other than administrators may walk 5 entries unindexed.
+    srv = Pando(tmp_path / "provider", demo=True,
+                config=PUBLIC_READ + "\n[limits]\nunindexed_search_limit = 5\n").start()
     # refreshOnly once an hour: after its first refresh it keeps what it
     # has. It compares itself with its provider every second.
     con = pando_consumer(tmp_path / "consumer", srv, "refreshOnly", interval=3600, extra="check_secs = 1\n")
@@ -91,6 +93,12 @@ def test_a_check_names_every_entry_a_stale_consumer_holds_differently(tmp_path):
                             DIGEST_EXOP + ":base %s\nrecord\nhello\n" % SUFFIX],
                            capture_output=True, text=True, timeout=30)
         assert "(50)" in r.stderr and "administrator" in r.stderr, r.stdout + r.stderr
+        # A digest pass is an unindexed search of the subtree, held to the
+        # same limits.
+        r = subprocess.run(["ldapexop", "-x", "-H", srv.url, "-D", "uid=alice,%s" % PEOPLE, "-w", "alice-pw",
+                            DIGEST_EXOP + ":base %s\nnodes -\n" % SUFFIX],
+                           capture_output=True, text=True, timeout=30)
+        assert "(11)" in r.stderr and "unindexed search limit (5)" in r.stderr, r.stdout + r.stderr
         # A server that cannot be read: exit 2, named.
         rc, out = check(srv.ldapi_url, "ldap://127.0.0.1:1")
         assert rc == 2 and "ldap://127.0.0.1:1" in out, out

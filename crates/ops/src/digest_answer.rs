@@ -62,6 +62,31 @@ pub async fn answer(
     })
 }
 
+/// What one requester's pass may cost: a pass over a subtree is an
+/// unindexed search of it, held to the same limits (administrators and
+/// the server itself: none).
+pub(crate) struct Budget {
+    pub(crate) deadline: Option<std::time::Instant>,
+    pub(crate) unindexed: u64,
+}
+
+impl Budget {
+    const NONE: Budget = Budget {
+        deadline: None,
+        unindexed: u64::MAX,
+    };
+
+    fn for_requester(server: &Server, who: &Identity, view: &pando_store::View<'_>) -> Budget {
+        let l = crate::search::limits::Limits::for_requester(server, who, view);
+        Budget {
+            deadline: (l.time > 0).then(|| {
+                std::time::Instant::now() + std::time::Duration::from_secs(u64::from(l.time))
+            }),
+            unindexed: l.unindexed,
+        }
+    }
+}
+
 /// Store a check's repair in the conflict record (one transaction).
 async fn record(
     server: &Arc<Server>,
@@ -97,6 +122,7 @@ fn run(server: &Server, who: &Identity, req: &Request) -> OpResult<String> {
     | Request::Entries { base, .. }
     | Request::Record { base, .. }) = req;
     let base_id = base_entry(server, &view, base)?;
+    let budget = Budget::for_requester(server, who, &view);
     match req {
         Request::Nodes { base, prefixes } => {
             let key = rtxn.generation().map(|generation| TreeKey {
@@ -108,9 +134,15 @@ fn run(server: &Server, who: &Identity, req: &Request) -> OpResult<String> {
                 Some(t) => t,
                 None => {
                     let mut tree = Tree::default();
-                    walk(server, &view, Some(who), base_id, &[""], &mut |l| {
-                        tree.add(&l.uuid, &l.digest)
-                    })?;
+                    walk(
+                        server,
+                        &view,
+                        Some(who),
+                        &budget,
+                        base_id,
+                        &[""],
+                        &mut |l| tree.add(&l.uuid, &l.digest),
+                    )?;
                     let tree = Arc::new(tree);
                     if let Some(k) = key {
                         server.digests.put(k, tree.clone());
@@ -127,9 +159,15 @@ fn run(server: &Server, who: &Identity, req: &Request) -> OpResult<String> {
         Request::Entries { prefixes, .. } => {
             let prefixes: Vec<&str> = prefixes.iter().map(String::as_str).collect();
             let mut listed = Vec::new();
-            walk(server, &view, Some(who), base_id, &prefixes, &mut |l| {
-                listed.push(l)
-            })?;
+            walk(
+                server,
+                &view,
+                Some(who),
+                &budget,
+                base_id,
+                &prefixes,
+                &mut |l| listed.push(l),
+            )?;
             let deleted = remembered_deletes(&view, &prefixes)?;
             if listed.len() + deleted.len() > MAX_LISTED {
                 return Err(LdapError::new(
@@ -150,9 +188,15 @@ pub fn local_tree(server: &Server, base: &str, prefix: &str) -> OpResult<Tree> {
     let view = rtxn.view();
     let base_id = base_entry(server, &view, base)?;
     let mut tree = Tree::default();
-    walk(server, &view, None, base_id, &[prefix], &mut |l| {
-        tree.add(&l.uuid, &l.digest)
-    })?;
+    walk(
+        server,
+        &view,
+        None,
+        &Budget::NONE,
+        base_id,
+        &[prefix],
+        &mut |l| tree.add(&l.uuid, &l.digest),
+    )?;
     Ok(tree)
 }
 
@@ -166,9 +210,15 @@ pub fn local_entries(
     let view = rtxn.view();
     let base_id = base_entry(server, &view, base)?;
     let mut listed = Vec::new();
-    walk(server, &view, None, base_id, prefixes, &mut |l| {
-        listed.push(l)
-    })?;
+    walk(
+        server,
+        &view,
+        None,
+        &Budget::NONE,
+        base_id,
+        prefixes,
+        &mut |l| listed.push(l),
+    )?;
     Ok((listed, remembered_deletes(&view, prefixes)?))
 }
 
@@ -193,15 +243,29 @@ fn base_entry(server: &Server, view: &pando_store::View<'_>, base: &str) -> OpRe
 /// many); else every entry of the subtree.
 fn candidates(
     view: &pando_store::View<'_>,
+    budget: &Budget,
     base: u64,
     prefixes: &[&str],
 ) -> OpResult<roaring::RoaringTreemap> {
     let ids = view.subtree(base, u64::MAX)?.unwrap_or_default();
+    let whole = || {
+        if ids.len() > budget.unindexed {
+            return Err(LdapError::new(
+                ResultCode::ADMIN_LIMIT_EXCEEDED,
+                format!(
+                    "the subtree holds {} entries, more than this identity's unindexed search limit ({})",
+                    ids.len(),
+                    budget.unindexed
+                ),
+            ));
+        }
+        Ok(ids.clone())
+    };
     if prefixes
         .iter()
         .any(|p| p.len() < crate::digest::LEAF_DIGITS)
     {
-        return Ok(ids);
+        return whole();
     }
     let mut under = roaring::RoaringTreemap::new();
     for p in prefixes {
@@ -209,7 +273,7 @@ fn candidates(
         let eq = pando_store::IndexKind::Eq;
         match view.ids_in_key_range("entryuuid", eq, p.as_bytes(), to.as_bytes())? {
             Some(found) => under |= found,
-            None => return Ok(ids),
+            None => return whole(),
         }
     }
     Ok(under & ids)
@@ -222,6 +286,7 @@ fn walk(
     server: &Server,
     view: &pando_store::View<'_>,
     who: Option<&Identity>,
+    budget: &Budget,
     base: u64,
     prefixes: &[&str],
     each: &mut dyn FnMut(Listed),
@@ -232,7 +297,17 @@ fn walk(
     let mut rules = EntryRules::default();
     let mut names = Names::new(schema);
     let open = access.as_ref().is_none_or(|a| a.unrestricted());
-    for id in candidates(view, base, prefixes)?.iter() {
+    for (n, id) in candidates(view, budget, base, prefixes)?.iter().enumerate() {
+        if n % 1024 == 1023
+            && budget
+                .deadline
+                .is_some_and(|d| std::time::Instant::now() > d)
+        {
+            return Err(LdapError::new(
+                ResultCode::TIME_LIMIT_EXCEEDED,
+                "the digest pass ran past this identity's time limit",
+            ));
+        }
         if open {
             if let Some(l) = digest_whole(view, &mut names, id, &ranges)? {
                 each(l);
