@@ -391,12 +391,24 @@ impl Client {
 
     /// The value of an extended operation's successful answer.
     pub async fn extended(&mut self, name: &str, value: Vec<u8>) -> Result<Vec<u8>, ClientError> {
+        let wait = self.timeout;
+        self.extended_within(name, value, wait).await
+    }
+
+    /// [`Client::extended`], waiting at most `wait` for the answer (an
+    /// operation known to take long on the peer).
+    pub async fn extended_within(
+        &mut self,
+        name: &str,
+        value: Vec<u8>,
+        wait: Duration,
+    ) -> Result<Vec<u8>, ClientError> {
         let op = ProtocolOp::ExtendedRequest(pando_proto::ExtendedRequest {
             name: name.into(),
             value: Some(value),
         });
         let id = self.send(op, Vec::new()).await?;
-        let m = self.recv(Some(self.timeout)).await?;
+        let m = self.recv(Some(wait)).await?;
         match m.op {
             ProtocolOp::ExtendedResponse(r)
                 if m.id == id && r.result.code == ResultCode::SUCCESS =>

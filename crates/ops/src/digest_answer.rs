@@ -38,15 +38,7 @@ pub async fn answer(
     if let Request::Record { lines, .. } = req {
         return record(server, who, lines).await;
     }
-    let closing = || LdapError::new(ResultCode::UNAVAILABLE, "the server is shutting down");
-    let slot = server
-        .rt
-        .search_threads
-        .places()
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| closing())?;
+    let slot = crate::extended::search_place(server).await?;
     let (server2, who2) = (server.clone(), who.clone());
     let text = tokio::task::spawn_blocking(move || {
         let out = run(&server2, &who2, &req);
@@ -184,19 +176,10 @@ fn run(server: &Server, who: &Identity, req: &Request) -> OpResult<String> {
 /// This server's own tree of the subtree at `base` (every entry, no
 /// access rules: for the server's own comparisons), below `prefix`.
 pub fn local_tree(server: &Server, base: &str, prefix: &str) -> OpResult<Tree> {
-    let rtxn = server.rt.store.read()?;
-    let view = rtxn.view();
-    let base_id = base_entry(server, &view, base)?;
     let mut tree = Tree::default();
-    walk(
-        server,
-        &view,
-        None,
-        &Budget::NONE,
-        base_id,
-        &[prefix],
-        &mut |l| tree.add(&l.uuid, &l.digest),
-    )?;
+    local_walk(server, base, &[prefix], &mut |l| {
+        tree.add(&l.uuid, &l.digest)
+    })?;
     Ok(tree)
 }
 
@@ -206,20 +189,24 @@ pub fn local_entries(
     base: &str,
     prefixes: &[&str],
 ) -> OpResult<(Vec<Listed>, Vec<Deleted>)> {
+    let mut listed = Vec::new();
+    let view_deletes = local_walk(server, base, prefixes, &mut |l| listed.push(l))?;
+    Ok((listed, view_deletes))
+}
+
+/// [`walk`] as the server itself (no access rules, no limits); the
+/// deletes remembered under `prefixes`, from the same snapshot.
+fn local_walk(
+    server: &Server,
+    base: &str,
+    prefixes: &[&str],
+    each: &mut dyn FnMut(Listed),
+) -> OpResult<Vec<Deleted>> {
     let rtxn = server.rt.store.read()?;
     let view = rtxn.view();
     let base_id = base_entry(server, &view, base)?;
-    let mut listed = Vec::new();
-    walk(
-        server,
-        &view,
-        None,
-        &Budget::NONE,
-        base_id,
-        prefixes,
-        &mut |l| listed.push(l),
-    )?;
-    Ok((listed, remembered_deletes(&view, prefixes)?))
+    walk(server, &view, None, &Budget::NONE, base_id, prefixes, each)?;
+    remembered_deletes(&view, prefixes)
 }
 
 fn base_entry(server: &Server, view: &pando_store::View<'_>, base: &str) -> OpResult<u64> {

@@ -359,6 +359,19 @@ async fn online_backup(
     })
 }
 
+/// One of the `limits.max_search_threads` places, as a search takes: for
+/// work that reads as much as a search (counting changes, digests).
+pub async fn search_place(server: &Server) -> OpResult<tokio::sync::OwnedSemaphorePermit> {
+    server
+        .rt
+        .search_threads
+        .places()
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| LdapError::new(ResultCode::UNAVAILABLE, "the server is shutting down"))
+}
+
 /// Whoever is authenticated and may read contextCSN on a suffix entry (a
 /// replica's identity) may count the changes behind it (a count reads the
 /// change log's keys: not for anonymous clients).
@@ -416,15 +429,7 @@ async fn changes_behind(
             .ok_or_else(|| LdapError::protocol(format!("'{csn}' is not a CSN")))?;
         seen.insert(sid, csn.to_string());
     }
-    let closing = || LdapError::new(ResultCode::UNAVAILABLE, "the server is shutting down");
-    let slot = server
-        .rt
-        .search_threads
-        .places()
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| closing())?;
+    let slot = search_place(server).await?;
     let max = server.cfg.config.replication.max_changes_counted;
     let (server2, seen2, who2) = (server.clone(), seen.clone(), who.clone());
     let (counts, exact, floor) = tokio::task::spawn_blocking(move || -> OpResult<_> {

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use pando_proto::{
-    AddRequest, Ava, Change, CompareRequest, Control, DerefAliases, Filter, ModOp, ModifyRequest,
-    PartialAttribute, ProtocolOp, Scope, SearchRequest,
+    AddRequest, Ava, Change, CompareRequest, Control, ModOp, ModifyRequest, PartialAttribute,
+    ProtocolOp, Scope,
 };
 
 use crate::ldap_client::Ldap;
@@ -95,20 +95,8 @@ fn search(
     filter: &str,
     attrs: &[&str],
 ) -> Result<(u32, View), String> {
-    let filter = Filter::parse(filter).map_err(|e| e.to_string())?;
-    let (code, entries) = l.request(
-        ProtocolOp::SearchRequest(SearchRequest {
-            base: base.into(),
-            scope,
-            deref: DerefAliases::Never,
-            size_limit: 0,
-            time_limit: 0,
-            types_only: false,
-            filter,
-            attrs: attrs.iter().map(|a| a.to_string()).collect(),
-        }),
-        Vec::new(),
-    )?;
+    let req = crate::ldap_client::search_request(base, scope, filter, attrs)?;
+    let (code, entries) = l.request(ProtocolOp::SearchRequest(req), Vec::new())?;
     let mut view = View::new();
     for e in entries {
         let attrs = view.entry(norm_dn(&e.dn)).or_default();

@@ -38,6 +38,25 @@ impl BindArgs {
     }
 }
 
+/// A search request with no limits of its own, aliases not dereferenced.
+pub fn search_request(
+    base: &str,
+    scope: Scope,
+    filter: &str,
+    attrs: &[&str],
+) -> Result<SearchRequest, String> {
+    Ok(SearchRequest {
+        base: base.into(),
+        scope,
+        deref: DerefAliases::Never,
+        size_limit: 0,
+        time_limit: 0,
+        types_only: false,
+        filter: Filter::parse(filter).map_err(|e| e.to_string())?,
+        attrs: attrs.iter().map(|a| a.to_string()).collect(),
+    })
+}
+
 pub struct Ldap {
     stream: Box<dyn ReadWrite>,
     buf: Vec<u8>,
@@ -265,21 +284,12 @@ impl Ldap {
         scope: Scope,
         extra: &[&str],
     ) -> Result<HashMap<String, HashMap<String, Vec<String>>>, String> {
-        let filter = Filter::parse("(objectClass=*)").map_err(|e| e.to_string())?;
-        let mut attrs: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+        let mut attrs: Vec<&str> = extra.to_vec();
         if !attrs.is_empty() {
-            attrs.push("*".into());
+            attrs.push("*");
         }
-        self.send(ProtocolOp::SearchRequest(SearchRequest {
-            base: base.into(),
-            scope,
-            deref: DerefAliases::Never,
-            size_limit: 0,
-            time_limit: 0,
-            types_only: false,
-            filter,
-            attrs,
-        }))?;
+        let req = search_request(base, scope, "(objectClass=*)", &attrs)?;
+        self.send(ProtocolOp::SearchRequest(req))?;
         let mut out = HashMap::new();
         loop {
             match self.recv()?.op {

@@ -21,8 +21,9 @@ use pando_proto::Scope;
 use pando_server::ops::digest::{self, Deleted, Listed, Node, Request, Tree, Uuid};
 use pando_server::ops::special::DIGEST_EXOP;
 
+use crate::ldap_client::search_request as search;
 use crate::ldap_client::Ldap;
-use crate::repl_diff::{differing_attrs, fetch, manage_dsa_it, search, shown, Differing, Held};
+use crate::repl_diff::{differing_attrs, fetch, manage_dsa_it, shown, Differing, Held};
 
 #[derive(clap::Args)]
 pub struct ReplCheckArgs {

@@ -4,10 +4,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use pando_proto::{Control, DerefAliases, Filter, Scope, SearchRequest};
+use pando_proto::{Control, Scope};
 use pando_server::ops::digest::{self, Deleted, Listed, Uuid};
 
-use crate::ldap_client::BindArgs;
+use crate::ldap_client::{search_request as search, BindArgs};
 
 pub(crate) fn manage_dsa_it() -> Control {
     Control {
@@ -15,24 +15,6 @@ pub(crate) fn manage_dsa_it() -> Control {
         critical: false,
         value: None,
     }
-}
-
-pub(crate) fn search(
-    base: &str,
-    scope: Scope,
-    filter: &str,
-    attrs: &[&str],
-) -> Result<SearchRequest, String> {
-    Ok(SearchRequest {
-        base: base.into(),
-        scope,
-        deref: DerefAliases::Never,
-        size_limit: 0,
-        time_limit: 0,
-        types_only: false,
-        filter: Filter::parse(filter).map_err(|e| e.to_string())?,
-        attrs: attrs.iter().map(|a| a.to_string()).collect(),
-    })
 }
 
 /// What one server holds of one entry.

@@ -80,22 +80,13 @@ fn decide(schema: &pando_model::Schema, diffs: &[Differing]) -> Vec<Action> {
     actions
 }
 
-/// The values of an entry as the record shows them (passwords counted).
+/// The values of an entry as the record shows them (secrets counted,
+/// not shown, as in every conflict record).
 fn content(e: &pando_proto::SearchResultEntry) -> String {
+    use pando_server::ops::write::conflicts::shown_values;
     e.attrs
         .iter()
-        .map(|a| {
-            if a.name.to_ascii_lowercase().contains("password") {
-                format!("{}: ({} values)", a.name, a.values.len())
-            } else {
-                let v: Vec<String> = a
-                    .values
-                    .iter()
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-                    .collect();
-                format!("{}: {}", a.name, v.join(" | "))
-            }
-        })
+        .map(|a| format!("{}: {}", a.name, shown_values(&a.name, &a.values)))
         .collect::<Vec<_>>()
         .join("; ")
 }

@@ -44,6 +44,11 @@ pub struct Checked {
 /// Most differences described on the monitor entry.
 const SHOWN: usize = 100;
 
+/// How long a Pando provider may take to answer a digest question (its
+/// first builds its tree: a pass over the subtree, about 8 s per million
+/// entries here).
+const DIGEST_WAIT: Duration = Duration::from_secs(600);
+
 /// One entry as one side holds it.
 #[derive(Clone, Debug, PartialEq)]
 enum Held {
@@ -208,12 +213,17 @@ async fn one_pass(
     client.bind(&endpoint).await.map_err(|e| e.0)?;
     let base = cfg.search_base.clone();
     let (s2, b2, p2) = (server.clone(), base.clone(), prefix.to_string());
-    let local = blocking(move || local_tree(&s2, &b2, &p2)).await?;
     let first = Request::Nodes {
         base: base.clone(),
         prefixes: vec![prefix.to_string()],
     };
-    let found = match client.extended(DIGEST_EXOP, first.encode()).await {
+    // Both trees at once: each is a pass over a subtree.
+    let (local, asked) = tokio::join!(
+        blocking(server, move || local_tree(&s2, &b2, &p2)),
+        client.extended_within(DIGEST_EXOP, first.encode(), DIGEST_WAIT)
+    );
+    let local = local?;
+    let found = match asked {
         Ok(answer) => {
             let roots = digest::decode_nodes(&String::from_utf8_lossy(&answer))?;
             by_digests(server, &mut client, &base, &local, prefix, roots).await
@@ -228,13 +238,21 @@ async fn one_pass(
     found
 }
 
+/// Run `f` (a pass over this server's subtree) on a search thread,
+/// holding one of the places searches take.
 async fn blocking<T: Send + 'static>(
+    server: &Server,
     f: impl FnOnce() -> crate::error::OpResult<T> + Send + 'static,
 ) -> Result<T, String> {
-    tokio::task::spawn_blocking(f)
+    let place = crate::ops::extended::search_place(server)
+        .await
+        .map_err(|e| e.message)?;
+    let out = tokio::task::spawn_blocking(f)
         .await
         .map_err(|_| "the comparison's task failed".to_string())?
-        .map_err(|e| e.message)
+        .map_err(|e| e.message);
+    drop(place);
+    out
 }
 
 /// The leaves below `prefix` whose nodes differ, descending the
@@ -312,7 +330,7 @@ async fn entries_here(
     leaves: &[String],
 ) -> Result<(Vec<Listed>, Vec<Deleted>), String> {
     let (s2, b2, l2) = (server.clone(), base.to_string(), leaves.to_vec());
-    blocking(move || {
+    blocking(server, move || {
         let prefixes: Vec<&str> = l2.iter().map(String::as_str).collect();
         local_entries(&s2, &b2, &prefixes)
     })
