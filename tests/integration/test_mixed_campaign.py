@@ -74,6 +74,7 @@ search_base = "%s"
 retry = "1 1000 1 +"
 timeout_secs = 5
 check_secs = 2
+check_slices = 1
 bind_dn = "%s"
 credentials = "%s"
 """ % (q, self.links[(p.sid, q)].url, SUFFIX, ADMIN_DN, PW) for q in (1, 2, 3) if q != p.sid)

@@ -120,7 +120,8 @@ def test_one_name_added_on_both_sides_of_a_mixed_ring_is_found_and_repaired(tmp_
     conf.write_text(conf.read_text().replace("rootpw %s" % ring.slapd.admin_pw, "rootpw %s" % PW))
     ring.pando.config = ring.pando.config.replace(ring.slapd.admin_pw, PW)
     # Pando compares itself with slapd every second (reading slapd whole).
-    ring.pando.config = ring.pando.config.replace("timeout_secs = 5\n", "timeout_secs = 5\ncheck_secs = 1\n")
+    ring.pando.config = ring.pando.config.replace("timeout_secs = 5\n",
+                                                  "timeout_secs = 5\ncheck_secs = 1\ncheck_slices = 1\n")
     ring.slapd.admin_pw = PW
     ring.start()
     pando, slapd = ring.pando, ring.slapd

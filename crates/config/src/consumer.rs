@@ -159,9 +159,11 @@ pub struct ConsumerConfig {
     /// in seconds (0: never).
     #[serde(default = "default_check")]
     pub check_secs: u64,
-    /// Into how many slices of the entryUUID space each comparison is cut,
-    /// one slice per pass (1, 16, 256 or 4096): what bounds a pass's cost
-    /// when the provider is read whole (slapd).
+    /// Into how many slices of the entryUUID space a comparison with a
+    /// provider read whole (slapd) is cut, one slice per pass (1, 16, 256
+    /// or 4096): what bounds a pass's reading and memory (the slice's
+    /// digests, about 200 bytes an entry). A Pando provider is compared
+    /// whole at every pass.
     #[serde(default = "default_check_slices")]
     pub check_slices: u32,
     /// `default` (entries whole) or `accesslog`: delta-sync, following
@@ -221,7 +223,7 @@ fn default_check() -> u64 {
     3600
 }
 fn default_check_slices() -> u32 {
-    1
+    16
 }
 
 /// How long to wait before each retry after a failure, from a retry
@@ -462,7 +464,7 @@ mod tests {
 
     #[test]
     fn check_slices_are_powers_of_16_up_to_4096() {
-        assert_eq!(consumer("ldaps://db", "").check_slices, 1);
+        assert_eq!(consumer("ldaps://db", "").check_slices, 16);
         assert!(consumer("ldaps://db", "check_slices = 256").check().is_ok());
         let (key, problem) = consumer("ldaps://db", "check_slices = 10")
             .check()

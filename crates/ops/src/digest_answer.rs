@@ -120,7 +120,9 @@ fn run(server: &Server, who: &Identity, req: &Request) -> OpResult<String> {
             let key = rtxn.generation().map(|generation| TreeKey {
                 generation,
                 base: base.to_ascii_lowercase(),
-                who: who.dn().to_string(),
+                // As the sort cache: DN, roles and transport facts, which
+                // access rules may depend on.
+                who: format!("{who:?}"),
             });
             let tree = match key.as_ref().and_then(|k| server.digests.get(k)) {
                 Some(t) => t,

@@ -112,7 +112,7 @@ pub async fn follow(server: Arc<Server>, replica: Arc<super::Replica>) {
     }
     let every = Duration::from_secs(cfg.check_secs);
     let mut closing = server.rt.feed.closing();
-    let mut recorded: BTreeSet<(Uuid, Option<Hash>, Option<Hash>)> = BTreeSet::new();
+    let mut recorded: BTreeMap<String, Recorded> = BTreeMap::new();
     let mut pass = 0u64;
     loop {
         tokio::select! {
@@ -124,6 +124,7 @@ pub async fn follow(server: Arc<Server>, replica: Arc<super::Replica>) {
         pass += 1;
         let found = tokio::select! {
             f = one_pass(&server, &cfg, &prefix) => f,
+            _ = closing.changed() => return,
             _ = replica.stopped() => return,
         };
         let found = match found {
@@ -137,7 +138,9 @@ pub async fn follow(server: Arc<Server>, replica: Arc<super::Replica>) {
                 continue;
             }
         };
-        record_new(&server, &cfg, &found, &mut recorded).await;
+        let known = recorded.entry(found.slice.clone()).or_default();
+        record_new(&server, &cfg, &found.differ, known).await;
+        let found = found.differ;
         let shown = found
             .iter()
             .take(SHOWN)
@@ -156,6 +159,16 @@ pub async fn follow(server: Arc<Server>, replica: Arc<super::Replica>) {
 /// A difference: the entry, what this server and the provider hold.
 type Found = (Uuid, Held, Held);
 
+/// The differences on record, per slice compared (those of other slices
+/// are kept until their slice comes round again).
+type Recorded = BTreeSet<(Uuid, Option<Hash>, Option<Hash>)>;
+
+/// What one pass found, and over which slice ("" the whole subtree).
+struct Pass {
+    slice: String,
+    differ: Vec<Found>,
+}
+
 fn describe((uuid, here, there): &Found, provider: &str) -> String {
     let dn = there.dn().or(here.dn()).unwrap_or("");
     format!(
@@ -171,7 +184,7 @@ async fn record_new(
     server: &Arc<Server>,
     cfg: &pando_config::consumer::ConsumerConfig,
     found: &[Found],
-    recorded: &mut BTreeSet<(Uuid, Option<Hash>, Option<Hash>)>,
+    recorded: &mut Recorded,
 ) {
     let now: BTreeSet<_> = found
         .iter()
@@ -200,37 +213,48 @@ async fn record_new(
     }
 }
 
-/// One pass over the slice `prefix`: every entry that differs.
+/// One pass: every entry that differs (in the slice `prefix` when the
+/// provider is read whole).
 async fn one_pass(
     server: &Arc<Server>,
     cfg: &pando_config::consumer::ConsumerConfig,
     prefix: &str,
-) -> Result<Vec<Found>, String> {
+) -> Result<Pass, String> {
     let endpoint = pando_client::Endpoint::from(cfg);
     let mut client = Client::connect(&endpoint, server.cfg.config.limits.max_pdu_bytes)
         .await
         .map_err(|e| e.0)?;
     client.bind(&endpoint).await.map_err(|e| e.0)?;
     let base = cfg.search_base.clone();
-    let (s2, b2, p2) = (server.clone(), base.clone(), prefix.to_string());
+    let (s2, b2) = (server.clone(), base.clone());
     let first = Request::Nodes {
         base: base.clone(),
-        prefixes: vec![prefix.to_string()],
+        prefixes: vec![String::new()],
     };
-    // Both trees at once: each is a pass over a subtree.
+    // Both whole trees at once: each is a pass over the subtree (a slice
+    // would cost a Pando provider the same pass), so a Pando provider is
+    // compared whole at every pass.
     let (local, asked) = tokio::join!(
-        blocking(server, move || local_tree(&s2, &b2, &p2)),
+        blocking(server, move || local_tree(&s2, &b2, "")),
         client.extended_within(DIGEST_EXOP, first.encode(), DIGEST_WAIT)
     );
     let local = local?;
     let found = match asked {
         Ok(answer) => {
             let roots = digest::decode_nodes(&String::from_utf8_lossy(&answer))?;
-            by_digests(server, &mut client, &base, &local, prefix, roots).await
+            let differ = by_digests(server, &mut client, &base, &local, "", roots).await;
+            differ.map(|differ| Pass {
+                slice: String::new(),
+                differ,
+            })
         }
         // Not a Pando server (or one refusing this identity): read it.
         Err(e) if e.0.contains("(protocolError)") || e.0.contains("(insufficientAccessRights)") => {
-            by_reading(server, &mut client, &base, &local, prefix).await
+            let differ = by_reading(server, &mut client, &base, &local, prefix).await;
+            differ.map(|differ| Pass {
+                slice: prefix.to_string(),
+                differ,
+            })
         }
         Err(e) => Err(e.0),
     };
