@@ -162,10 +162,6 @@ impl<'s> Names<'s> {
         }
         &self.seen[desc]
     }
-
-    pub fn schema(&self) -> &'s pando_model::Schema {
-        self.schema
-    }
 }
 
 /// A DN as compared: each attribute type's canonical name, values

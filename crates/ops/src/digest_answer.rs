@@ -176,12 +176,10 @@ fn run(server: &Server, who: &Identity, req: &Request) -> OpResult<String> {
 }
 
 /// This server's own tree of the subtree at `base` (every entry, no
-/// access rules: for the server's own comparisons), below `prefix`.
-pub fn local_tree(server: &Server, base: &str, prefix: &str) -> OpResult<Tree> {
+/// access rules: for the server's own comparisons).
+pub fn local_tree(server: &Server, base: &str) -> OpResult<Tree> {
     let mut tree = Tree::default();
-    local_walk(server, base, &[prefix], &mut |l| {
-        tree.add(&l.uuid, &l.digest)
-    })?;
+    local_walk(server, base, &[""], &mut |l| tree.add(&l.uuid, &l.digest))?;
     Ok(tree)
 }
 

@@ -235,14 +235,14 @@ async fn one_pass(
     // would cost a Pando provider the same pass), so a Pando provider is
     // compared whole at every pass.
     let (local, asked) = tokio::join!(
-        blocking(server, move || local_tree(&s2, &b2, "")),
+        blocking(server, move || local_tree(&s2, &b2)),
         client.extended_within(DIGEST_EXOP, first.encode(), DIGEST_WAIT)
     );
     let local = local?;
     let found = match asked {
         Ok(answer) => {
             let roots = digest::decode_nodes(&String::from_utf8_lossy(&answer))?;
-            let differ = by_digests(server, &mut client, &base, &local, "", roots).await;
+            let differ = by_digests(server, &mut client, &base, &local, roots).await;
             differ.map(|differ| Pass {
                 slice: String::new(),
                 differ,
@@ -279,17 +279,16 @@ async fn blocking<T: Send + 'static>(
     out
 }
 
-/// The leaves below `prefix` whose nodes differ, descending the
-/// provider's tree one level per request (`top`: its first level).
+/// The leaves whose nodes differ, descending the provider's tree one
+/// level per request (`top`: the root's children).
 async fn by_digests(
     server: &Arc<Server>,
     client: &mut Client,
     base: &str,
     local: &Tree,
-    prefix: &str,
     top: Vec<Node>,
 ) -> Result<Vec<Found>, String> {
-    let mut level = vec![prefix.to_string()];
+    let mut level = vec![String::new()];
     let mut remote = top;
     while level.first().is_some_and(|p| p.len() < digest::LEAF_DIGITS) {
         level = differing(local, &level, &remote);
