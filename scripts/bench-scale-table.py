@@ -79,6 +79,24 @@ def size_table(size, r):
         p99 = num(r, "auth-pando-noupgrade", "p99_ms")
         print(f"| auth, `upgrade_on_bind = false` (ops/s; p99 {cell(p99, '{:.2f}')} ms) "
               f"| {cell(o, '{:,.0f}')} | {a:,.0f} | {ratio} |")
+    modify_rounds(r)
+
+
+def modify_rounds(r):
+    """The alternating durable-modify runs: each run's rate, and the
+    ratio of each pair (slapd's run then Pando's)."""
+    rounds = []
+    i = 1
+    while f"modify-slapd-r{i}" in r or f"modify-pando-r{i}" in r:
+        rounds.append((num(r, f"modify-slapd-r{i}", "ops_per_s"),
+                       num(r, f"modify-pando-r{i}", "ops_per_s")))
+        i += 1
+    if not rounds:
+        return
+    o = " / ".join(cell(a, "{:,.0f}") for a, _ in rounds)
+    p = " / ".join(cell(b, "{:,.0f}") for _, b in rounds)
+    ratios = " / ".join(f"{b / a:.2f}×" if a and b is not None else "—" for a, b in rounds)
+    print(f"| modify, durable, {len(rounds)} alternating runs (ops/s) | {o} | {p} | {ratios} |")
 
 
 def growth_table(sizes, results):
