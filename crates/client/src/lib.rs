@@ -79,7 +79,8 @@ fn fail<T>(why: impl Into<String>) -> Result<T, ClientError> {
     Err(ClientError(why.into()))
 }
 
-trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+/// A connection's byte stream: TCP, or TLS over it.
+pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
 /// A connection to another server.
@@ -341,6 +342,13 @@ impl Client {
                 self.timeout.as_secs()
             )),
         }
+    }
+
+    /// The stream, connected (TLS included) and bound, with the bytes
+    /// already read from it and the next message ID: for a caller that
+    /// relays messages itself (`pando proxy`).
+    pub fn into_parts(self) -> (Box<dyn Stream>, Vec<u8>, i32) {
+        (self.stream, self.buf, self.next_id)
     }
 
     /// How long each wait for the peer may take.

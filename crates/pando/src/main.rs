@@ -11,6 +11,7 @@ mod acl_check;
 mod ldap_client;
 mod migrate_cmd;
 mod progress;
+mod proxy_cmd;
 mod repl_check;
 mod repl_diff;
 mod repl_repair;
@@ -74,6 +75,10 @@ enum Command {
     /// Pando one, with a report of what could not be translated exactly;
     /// --verify-against compares access on slapd and Pando.
     Migrate(migrate_cmd::MigrateArgs),
+    /// An LDAP proxy in front of several servers: reads balanced over the
+    /// replicas in rotation, writes to the active provider (moved to the
+    /// next when it fails), every message decodable to a log.
+    Proxy(proxy_cmd::ProxyArgs),
     /// Write the manual pages (pando.1 and one per command) into a directory.
     Man {
         /// e.g. /usr/local/share/man/man1
@@ -397,6 +402,7 @@ fn main() -> ExitCode {
             action: ConfigAction::Export(args),
         }) => config_export(args),
         Command::Migrate(args) => migrate_cmd::run(args),
+        Command::Proxy(args) => proxy_cmd::run(args),
         Command::Man { out } => write_man_pages(&out),
         Command::Completions { shell } => {
             use clap::CommandFactory;

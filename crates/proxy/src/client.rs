@@ -1,0 +1,487 @@
+//! One client connection: its requests decoded (strictly, as the server
+//! decodes them), routed (reads to a replica in rotation, writes to the
+//! active provider), and relayed; the responses written back in the
+//! order they come.
+//!
+//! Identity: an anonymous client's operations share the proxy's few
+//! connections to each server. A simple bind is made on a connection of
+//! the client's own, to the server its reads go to; when the client then
+//! uses another server (a write to the provider, a read elsewhere), the
+//! proxy binds a connection there with the same DN and password, which it
+//! keeps in memory for the connection's life and never prints. A SASL
+//! bind pins the whole session to the active provider's connection it
+//! was made on (its steps cannot be replayed); SASL EXTERNAL is refused,
+//! since the server would see the proxy's credentials, not the client's.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use pando_proto::{
+    frame_length, notice_of_disconnection, oid, BindAuth, CancelRequest, DecodeLimits,
+    ExtendedRequest, LdapMessage, LdapResult, ProtocolOp, ResultCode,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use crate::frame;
+use crate::link::{ClientOut, Link, Peer};
+use crate::settle::{self, SharedFence};
+use crate::Proxy;
+
+/// A password held for a bound client; never printed.
+struct Password(Vec<u8>);
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+#[derive(Debug)]
+enum Auth {
+    Anonymous,
+    Simple { dn: String, password: Password },
+    Sasl { upstream: usize },
+}
+
+enum Flow {
+    Continue,
+    Close,
+}
+
+struct Session {
+    proxy: Arc<Proxy>,
+    out: ClientOut,
+    auth: Auth,
+    /// The client's own connections (bound), by server.
+    pinned: HashMap<usize, Arc<Link>>,
+    /// Shared connections this client has sent operations on.
+    used: Vec<Arc<Link>>,
+    /// Where its reads may go after its last write (read your writes).
+    fence: SharedFence,
+}
+
+/// Serve one client until it unbinds or goes away.
+pub async fn serve<S>(proxy: Arc<Proxy>, stream: S, id: u64)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut rd, wr) = tokio::io::split(stream);
+    let (tx, rx) = mpsc::channel(1024);
+    let writer = tokio::spawn(write_loop(wr, rx));
+    let max = proxy.cfg.max_pdu_bytes;
+    let mut s = Session {
+        proxy,
+        out: ClientOut { id, tx },
+        auth: Auth::Anonymous,
+        pinned: HashMap::new(),
+        used: Vec::new(),
+        fence: SharedFence::default(),
+    };
+    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    'conn: loop {
+        let mut used = 0;
+        loop {
+            match frame_length(&buf[used..], max) {
+                Ok(Some(n)) => {
+                    let frame = buf[used..used + n].to_vec();
+                    used += n;
+                    if let Flow::Close = s.handle(&frame).await {
+                        break 'conn;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    s.refuse(&buf[used..], &e.to_string()).await;
+                    break 'conn;
+                }
+            }
+        }
+        buf.drain(..used);
+        if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(16 * 1024);
+        }
+        match rd.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    s.leave();
+    drop(s);
+    let _ = writer.await;
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Vec<u8>>) {
+    let mut batch = Vec::new();
+    while let Some(first) = rx.recv().await {
+        batch.clear();
+        batch.extend_from_slice(&first);
+        while batch.len() < 256 * 1024 {
+            match rx.try_recv() {
+                Ok(more) => batch.extend_from_slice(&more),
+                Err(_) => break,
+            }
+        }
+        if wr.write_all(&batch).await.is_err() {
+            return;
+        }
+    }
+    let _ = wr.shutdown().await;
+}
+
+impl Session {
+    async fn handle(&mut self, frame: &[u8]) -> Flow {
+        let msg = match LdapMessage::decode(frame, &DecodeLimits::default()) {
+            Ok(m) => m,
+            Err(e) => {
+                self.refuse(frame, &e.reason).await;
+                return Flow::Close;
+            }
+        };
+        let Some((_, tag, rest)) = frame::split(frame) else {
+            self.refuse(frame, "no message ID").await;
+            return Flow::Close;
+        };
+        match &msg.op {
+            ProtocolOp::UnbindRequest => {
+                self.log(&msg, "proxy", frame.len());
+                return Flow::Close;
+            }
+            ProtocolOp::AbandonRequest(target) => {
+                self.log(&msg, "proxy", frame.len());
+                self.abandon(*target);
+            }
+            ProtocolOp::BindRequest(_) => self.bind(msg, tag, rest, frame.len()).await,
+            ProtocolOp::ExtendedRequest(e) if e.name == oid::START_TLS => {
+                self.log(&msg, "proxy", frame.len());
+                let why = "StartTLS is not offered by this proxy yet";
+                self.answer(msg.id, tag, ResultCode::UNAVAILABLE, why).await;
+            }
+            ProtocolOp::ExtendedRequest(e) if e.name == oid::CANCEL => {
+                self.log(&msg, "proxy", frame.len());
+                let e = e.clone();
+                self.cancel(msg.id, tag, &e).await;
+            }
+            op => {
+                let write = is_write(op);
+                self.forward(&msg, tag, rest, write, frame.len()).await;
+            }
+        }
+        Flow::Continue
+    }
+
+    fn log(&self, msg: &LdapMessage, to: &str, size: usize) {
+        if let Some(l) = &self.proxy.log {
+            l.request(self.out.id, msg, to, size);
+        }
+    }
+
+    /// Not LDAP: said so (a notice of disconnection), and the connection ends.
+    async fn refuse(&self, bytes: &[u8], why: &str) {
+        if let Some(l) = &self.proxy.log {
+            l.garbage("client", &format!("conn={}", self.out.id), bytes);
+        }
+        tracing::debug!(conn = self.out.id, why, "client sent what is not LDAP");
+        let notice = notice_of_disconnection(ResultCode::PROTOCOL_ERROR, why);
+        let _ = self.out.tx.send(notice).await;
+    }
+
+    /// A response made by the proxy (the request's kind of response).
+    async fn answer(&self, id: i32, request_tag: u8, code: ResultCode, why: &str) {
+        if let Some(op) = ProtocolOp::response_for(request_tag, LdapResult::new(code, why)) {
+            let m = LdapMessage {
+                id,
+                op,
+                controls: Vec::new(),
+            };
+            let _ = self.out.tx.send(m.to_bytes()).await;
+        }
+    }
+
+    async fn forward(&mut self, msg: &LdapMessage, tag: u8, rest: &[u8], write: bool, size: usize) {
+        let target = match self.auth {
+            Auth::Sasl { upstream } => Some(upstream),
+            _ if write => self.proxy.write_target(),
+            _ => settle::read_target(&self.proxy, &self.fence).await,
+        };
+        let Some(u) = target else {
+            self.log(msg, "proxy", size);
+            let why = if write {
+                "no provider is reachable through this proxy"
+            } else {
+                "no server is reachable through this proxy"
+            };
+            self.answer(msg.id, tag, ResultCode::UNAVAILABLE, why).await;
+            return;
+        };
+        let url = self.proxy.upstreams[u].url.clone();
+        self.log(msg, &url, size);
+        let link = match self.link_for(u).await {
+            Ok(l) => l,
+            Err(why) => {
+                self.answer(msg.id, tag, ResultCode::UNAVAILABLE, &why)
+                    .await;
+                return;
+            }
+        };
+        let settles =
+            write && self.proxy.settles_writes() && !matches!(self.auth, Auth::Sasl { .. });
+        let sent = if settles {
+            link.forward_held(&self.out, msg.id, tag, rest).map(|held| {
+                let (p, out, fence) = (self.proxy.clone(), self.out.tx.clone(), self.fence.clone());
+                tokio::spawn(settle::settle(p, u, held, out, fence, tag));
+            })
+        } else {
+            link.forward(&self.out, msg.id, tag, rest).then_some(())
+        };
+        if sent.is_none() {
+            let why = format!("{url}: the connection to it was lost");
+            self.answer(msg.id, tag, ResultCode::UNAVAILABLE, &why)
+                .await;
+        }
+    }
+
+    /// The connection this client's operations to server `u` go on.
+    async fn link_for(&mut self, u: usize) -> Result<Arc<Link>, String> {
+        if let Some(l) = self.pinned.get(&u).filter(|l| l.is_alive()) {
+            return Ok(l.clone());
+        }
+        let up = self.proxy.upstreams[u].clone();
+        match &self.auth {
+            Auth::Anonymous => {
+                let link = up.shared().await?;
+                if !self.used.iter().any(|l| Arc::ptr_eq(l, &link)) {
+                    self.used.push(link.clone());
+                }
+                Ok(link)
+            }
+            Auth::Simple { dn, password } => {
+                let mut client = up.connect().await?;
+                let bind = ProtocolOp::BindRequest(pando_proto::BindRequest {
+                    version: 3,
+                    name: dn.clone(),
+                    auth: BindAuth::Simple(password.0.clone()),
+                });
+                let (code, diag) = bind_on(&mut client, bind, Vec::new()).await?;
+                if code != ResultCode::SUCCESS {
+                    return Err(format!(
+                        "{}: the proxy could not bind there as {dn}: {} ({}) {diag}",
+                        up.url,
+                        code.0,
+                        code.name()
+                    ));
+                }
+                let link = up.link(client);
+                self.pinned.insert(u, link.clone());
+                Ok(link)
+            }
+            Auth::Sasl { .. } => Err(format!(
+                "{}: the connection this session's SASL bind was made on is gone",
+                up.url
+            )),
+        }
+    }
+
+    async fn bind(&mut self, msg: LdapMessage, tag: u8, rest: &[u8], size: usize) {
+        // A bind starts a new identity: the old connections go.
+        for (_, l) in self.pinned.drain() {
+            l.close();
+        }
+        let ProtocolOp::BindRequest(req) = &msg.op else {
+            return;
+        };
+        match &req.auth {
+            BindAuth::Simple(pw) if req.name.is_empty() && pw.is_empty() => {
+                self.auth = Auth::Anonymous;
+                self.forward(&msg, tag, rest, false, size).await;
+            }
+            BindAuth::Simple(pw) => {
+                let pw = pw.clone();
+                self.simple_bind(&msg, tag, pw, size).await;
+            }
+            BindAuth::Sasl { mechanism, .. } if mechanism.eq_ignore_ascii_case("EXTERNAL") => {
+                self.log(&msg, "proxy", size);
+                self.auth = Auth::Anonymous;
+                let why = "SASL EXTERNAL through a proxy would name the proxy, not you: bind to a server directly";
+                self.answer(msg.id, tag, ResultCode::AUTH_METHOD_NOT_SUPPORTED, why)
+                    .await;
+            }
+            BindAuth::Sasl { .. } => {
+                let Some(u) = self.proxy.write_target() else {
+                    self.auth = Auth::Anonymous;
+                    self.forward(&msg, tag, rest, true, size).await;
+                    return;
+                };
+                if !matches!(self.auth, Auth::Sasl { upstream } if upstream == u) {
+                    match self.proxy.upstreams[u].connect().await {
+                        Ok(c) => {
+                            let link = self.proxy.upstreams[u].link(c);
+                            self.pinned.insert(u, link);
+                        }
+                        Err(why) => {
+                            self.log(&msg, "proxy", size);
+                            self.answer(msg.id, tag, ResultCode::UNAVAILABLE, &why)
+                                .await;
+                            return;
+                        }
+                    }
+                }
+                self.auth = Auth::Sasl { upstream: u };
+                self.forward(&msg, tag, rest, true, size).await;
+            }
+        }
+    }
+
+    /// A simple bind, made on a new connection of the client's own to the
+    /// server its reads go to; the server's answer relayed as it is.
+    async fn simple_bind(&mut self, msg: &LdapMessage, tag: u8, password: Vec<u8>, size: usize) {
+        self.auth = Auth::Anonymous;
+        let ProtocolOp::BindRequest(req) = &msg.op else {
+            return;
+        };
+        let target = self.proxy.read_target(|_| true);
+        let Some(u) = target else {
+            self.log(msg, "proxy", size);
+            let why = "no server is reachable through this proxy";
+            self.answer(msg.id, tag, ResultCode::UNAVAILABLE, why).await;
+            return;
+        };
+        let up = self.proxy.upstreams[u].clone();
+        self.log(msg, &up.url, size);
+        let started = Instant::now();
+        let mut client = match up.connect().await {
+            Ok(c) => c,
+            Err(why) => {
+                return self
+                    .answer(msg.id, tag, ResultCode::UNAVAILABLE, &why)
+                    .await
+            }
+        };
+        up.started();
+        let sent = client.send(msg.op.clone(), msg.controls.clone()).await;
+        let reply = match sent {
+            Ok(_) => client.recv(Some(client.timeout())).await.map_err(|e| e.0),
+            Err(e) => Err(e.0),
+        };
+        up.finished();
+        let reply = match reply {
+            Ok(r) => r,
+            Err(why) => {
+                up.suspect(&why);
+                return self
+                    .answer(msg.id, tag, ResultCode::UNAVAILABLE, &why)
+                    .await;
+            }
+        };
+        let ok = matches!(&reply.op, ProtocolOp::BindResponse(r) if r.result.code == ResultCode::SUCCESS);
+        let relayed = LdapMessage {
+            id: msg.id,
+            ..reply
+        };
+        let bytes = relayed.to_bytes();
+        if let (Some(l), Some((_, _, rest))) = (&self.proxy.log, frame::split(&bytes)) {
+            l.response(
+                self.out.id,
+                msg.id,
+                &up.url,
+                rest,
+                started,
+                0,
+                bytes.len() as u64,
+            );
+        }
+        if ok {
+            self.auth = Auth::Simple {
+                dn: req.name.clone(),
+                password: Password(password),
+            };
+            self.pinned.insert(u, up.link(client));
+        }
+        let _ = self.out.tx.send(bytes).await;
+    }
+
+    fn links(&self) -> impl Iterator<Item = &Arc<Link>> {
+        self.pinned.values().chain(self.used.iter())
+    }
+
+    /// Abandon reaches the server running the operation, under its ID there.
+    fn abandon(&self, target: i32) {
+        for link in self.links() {
+            if let Some(id) = link.find(self.out.id, target) {
+                link.abandon(id);
+                return;
+            }
+        }
+    }
+
+    async fn cancel(&mut self, id: i32, tag: u8, req: &ExtendedRequest) {
+        let target = req
+            .value
+            .as_deref()
+            .and_then(|v| CancelRequest::decode(v).ok())
+            .map(|c| c.id);
+        let Some(target) = target else {
+            let why = "the cancel request's value is not a cancelRequestValue";
+            return self.answer(id, tag, ResultCode::PROTOCOL_ERROR, why).await;
+        };
+        let found = self
+            .links()
+            .find_map(|l| l.find(self.out.id, target).map(|lid| (l.clone(), lid)));
+        let Some((link, lid)) = found else {
+            let why = "no operation of that message ID is running";
+            return self.answer(id, tag, ResultCode(119), why).await;
+        };
+        let msg = LdapMessage {
+            id,
+            op: ProtocolOp::ExtendedRequest(ExtendedRequest {
+                name: oid::CANCEL.into(),
+                value: Some(CancelRequest { id: lid }.encode()),
+            }),
+            controls: Vec::new(),
+        };
+        let bytes = msg.to_bytes();
+        let sent =
+            frame::split(&bytes).is_some_and(|(_, t, rest)| link.forward(&self.out, id, t, rest));
+        if !sent {
+            let why = format!("{}: the connection to it was lost", link.upstream.url());
+            self.answer(id, tag, ResultCode::UNAVAILABLE, &why).await;
+        }
+    }
+
+    /// The client is gone: its operations on shared connections abandoned
+    /// there, its own connections closed.
+    fn leave(&mut self) {
+        for link in &self.used {
+            link.drop_client(self.out.id);
+        }
+        for (_, l) in self.pinned.drain() {
+            l.close();
+        }
+    }
+}
+
+/// Send a bind on a connection of the proxy's and read its result.
+async fn bind_on(
+    client: &mut pando_client::Client,
+    op: ProtocolOp,
+    controls: Vec<pando_proto::Control>,
+) -> Result<(ResultCode, String), String> {
+    client.send(op, controls).await.map_err(|e| e.0)?;
+    let reply = client.recv(Some(client.timeout())).await.map_err(|e| e.0)?;
+    match reply.op {
+        ProtocolOp::BindResponse(r) => Ok((r.result.code, r.result.message)),
+        other => Err(format!("answered a bind with message type {}", other.tag())),
+    }
+}
+
+/// Operations that change the directory go to the active provider; so do
+/// extended operations other than Who am I? (they may write: a password
+/// change).
+fn is_write(op: &ProtocolOp) -> bool {
+    match op {
+        ProtocolOp::SearchRequest(_) | ProtocolOp::CompareRequest(_) => false,
+        ProtocolOp::ExtendedRequest(e) => e.name != oid::WHOAMI,
+        _ => true,
+    }
+}

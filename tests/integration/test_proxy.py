@@ -1,0 +1,419 @@
+"""`pando proxy` in front of a multi-provider ring of four Pando servers
+(two providers for writes, two replicas for reads): reads shared between
+the replicas, writes to the active provider and moved to the next when it
+is killed (every operation answered, no acknowledged write lost), a
+lagging or stalled replica taken out of rotation and returned, and every
+message in the decode log, credentials masked."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from conftest import ADMIN_DN, PANDO_BIN, PEOPLE, SUFFIX, free_port, wait_port
+from test_multi_provider import PW, Ring, converge, values
+
+pytest.importorskip("ldap3")
+import ldap3  # noqa: E402
+
+
+class Proxy:
+    def __init__(self, base, ring, providers, replicas, extra=""):
+        self.base = base
+        base.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.decode = base / "decode.jsonl"
+        pw_file = base / "pw"
+        pw_file.write_text(PW)
+        ups = "".join('[[proxy.upstream]]\nurl = "%s"\nrole = "%s"\n' % (ring.nodes[i].url, role)
+                      for role, idx in (("provider", providers), ("replica", replicas)) for i in idx)
+        self.config = base / "proxy.toml"
+        self.config.write_text(
+            'log_level = "info"\n[proxy]\nlisten = ["ldap://127.0.0.1:%d"]\nhealth_secs = 1\ntimeout_secs = 1\n'
+            'bind_dn = "%s"\ncredentials_file = "%s"\ndecode_log = "%s"\ndecode_format = "json"\n%s\n%s'
+            % (self.port, ADMIN_DN, pw_file, self.decode, extra, ups))
+        self.proc = None
+
+    def start(self):
+        self.out = open(self.base / "proxy.out", "w")
+        self.proc = subprocess.Popen([PANDO_BIN, "proxy", "-c", str(self.config)], stdout=self.out,
+                                     stderr=subprocess.STDOUT)
+        assert wait_port(self.port, self.proc, 20), self.logs()
+        return self
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def logs(self):
+        return (self.base / "proxy.out").read_text()[-4000:]
+
+    def lines(self):
+        return [json.loads(ln) for ln in self.decode.read_text().splitlines() if ln.strip()]
+
+    def conn(self, user=ADMIN_DN, password=PW):
+        server = ldap3.Server("127.0.0.1", port=self.port, get_info=ldap3.NONE, connect_timeout=10)
+        c = ldap3.Connection(server, user=user, password=password, raise_exceptions=False,
+                             receive_timeout=30)
+        if user is None:
+            c.open()
+        else:
+            assert c.bind(), c.result
+        return c
+
+
+@pytest.fixture
+def setup(tmp_path):
+    ring = Ring(tmp_path, n=4).start()
+    proxy = None
+    try:
+        converge(ring)
+        proxy = Proxy(tmp_path / "proxy", ring, providers=[0, 1], replicas=[2, 3]).start()
+        yield ring, proxy
+    finally:
+        if proxy:
+            proxy.stop()
+        ring.stop(verify=False)
+
+
+def wait_for(cond, timeout, what, logs=lambda: ""):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail("%s not within %ss\n%s" % (what, timeout, logs()))
+        time.sleep(0.1)
+
+
+def reads_by_server(proxy, since=0.0):
+    return Counter(ln["to"] for ln in proxy.lines()
+                   if ln["dir"] == "request" and ln["op"] == "search" and ln["t"] >= since)
+
+
+def test_reads_are_shared_by_the_replicas_and_writes_go_to_the_active_provider(setup):
+    ring, proxy = setup
+    urls = [n.url for n in ring.nodes]
+    # Anonymous clients share the proxy's connections; bound ones have
+    # their own. Both kinds read from both replicas.
+    clients = [proxy.conn(), proxy.conn(user=None)]
+    for i in range(200):
+        c = clients[i % 2]
+        assert c.search(PEOPLE, "(uid=alice)", attributes=["cn"]), c.result
+        assert len(c.entries) == 1
+    got = reads_by_server(proxy)
+    assert set(got) == {urls[2], urls[3]}, got
+    assert min(got.values()) >= 40, got
+    # Writes (and a password change, an extended operation that writes) go
+    # to the first provider; a read on the same bound connection finds them.
+    c = clients[0]
+    for i in range(10):
+        assert c.modify("uid=alice," + PEOPLE, {"description": [(ldap3.MODIFY_REPLACE, ["w%d" % i])]}), c.result
+    assert c.add("uid=viaproxy," + PEOPLE, ["account"], {"uid": "viaproxy"}), c.result
+    assert c.modify_dn("uid=viaproxy," + PEOPLE, "uid=moved"), c.result
+    assert c.delete("uid=moved," + PEOPLE), c.result
+    assert c.compare("uid=alice," + PEOPLE, "uid", "alice") is True
+    writes = [ln for ln in proxy.lines() if ln["dir"] == "request" and ln["op"] in ("modify", "add", "modrdn", "delete")]
+    assert len(writes) == 13 and {ln["to"] for ln in writes} == {urls[0]}, writes
+    converge(ring)
+    for node in ring.nodes:
+        assert values(node, "uid=alice," + PEOPLE, "description") == ["w9"]
+    # Anonymous writes are refused by the server, through the proxy, as direct.
+    anon, direct = clients[1], ring.nodes[0].conn(admin=False)
+    change = {"description": [(ldap3.MODIFY_REPLACE, ["x"])]}
+    assert not anon.modify("uid=alice," + PEOPLE, change)
+    assert not direct.modify("uid=alice," + PEOPLE, change)
+    assert anon.result["result"] == direct.result["result"] != 0, (anon.result, direct.result)
+    assert anon.result["message"] == direct.result["message"]
+    direct.unbind()
+    for c in clients:
+        c.unbind()
+
+
+def test_a_killed_provider_hands_writes_to_the_next_and_loses_no_acknowledged_write(setup):
+    ring, proxy = setup
+    acked, failed, errors = [], [], []
+    stop = threading.Event()
+
+    def writer(k):
+        c = proxy.conn()
+        i = 0
+        while not stop.is_set() and i < 3000:
+            i += 1
+            dn = "uid=w%d-%d,%s" % (k, i, PEOPLE)
+            try:
+                ok = c.add(dn, ["account"], {"uid": "w%d-%d" % (k, i)})
+            except Exception as e:  # the connection itself must not fail
+                errors.append(repr(e))
+                return
+            (acked if ok else failed).append((time.monotonic(), dn, c.result["result"], c.result["message"]))
+        c.unbind()
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(2)
+    killed_at = time.monotonic()
+    ring.nodes[0].proc.send_signal(signal.SIGKILL)
+    ring.nodes[0].proc.wait()
+    time.sleep(4)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert acked, failed[:5]
+    # Every failed write was answered, as unavailable and naming the server.
+    assert all(code == 52 for _, _, code, _ in failed), failed[:5]
+    assert all(ring.nodes[0].url in msg or "reachable" in msg for _, _, _, msg in failed), failed[:5]
+    after = [t for t, *_ in acked if t > killed_at]
+    assert after, "no write succeeded after the kill\n%s" % proxy.logs()
+    resumed = min(after) - killed_at
+    assert resumed < 3.0, resumed
+    writes_to = Counter(ln["to"] for ln in proxy.lines() if ln["dir"] == "request" and ln["op"] == "add")
+    assert writes_to[ring.nodes[1].url] > 0, writes_to
+    # The killed provider comes back (its store kept every write it
+    # acknowledged); the ring converges and holds every acknowledged write.
+    ring.nodes[0].start(keep_port=True)
+    ring.nodes[0].admin_pw = PW
+    converge(ring, timeout=90)
+    for node in ring.nodes:
+        rc, es, err = node.search(PEOPLE, "(uid=w*)", "1.1", scope="one")
+        held = {d.lower() for d, _ in es}
+        missing = [dn for _, dn, _, _ in acked if dn.lower() not in held]
+        assert not missing, (node.name, missing[:5])
+    print("writes acknowledged %d, answered unavailable %d, resumed after %.2fs"
+          % (len(acked), len(failed), resumed))
+
+
+def test_a_lagging_or_stalled_replica_leaves_the_read_rotation_and_returns(tmp_path):
+    ring = Ring(tmp_path, n=3).start()
+    proxy = None
+    try:
+        converge(ring)
+        proxy = Proxy(tmp_path / "proxy", ring, providers=[0], replicas=[1, 2],
+                      extra='max_lag_secs = 1\nbase = "%s"\n' % SUFFIX).start()
+        url1, url2 = ring.nodes[1].url, ring.nodes[2].url
+        c = proxy.conn()
+
+        answered_unavailable = []
+
+        def share(n=60):
+            """Where n reads went. A read in flight on a replica that stops
+            answering is answered unavailable, naming it."""
+            since = time.time()
+            for _ in range(n):
+                if not c.search(PEOPLE, "(uid=alice)", attributes=["cn"]):
+                    assert c.result["result"] == 52 and url2 in c.result["message"], c.result
+                    answered_unavailable.append(c.result["message"])
+            return reads_by_server(proxy, since)
+
+        assert set(share()) == {url1, url2}
+        # Replica 3 stops receiving changes; a write, then another a few
+        # seconds later, put it more than max_lag behind the provider.
+        assert c.modify("uid=alice," + PEOPLE, {"description": [(ldap3.MODIFY_REPLACE, ["before"])]})
+        converge(ring)
+        for j in (1, 2):
+            ring.links[(3, j)].cut()
+        time.sleep(2.5)
+        assert c.modify("uid=alice," + PEOPLE, {"description": [(ldap3.MODIFY_REPLACE, ["after"])]})
+        wait_for(lambda: set(share(10)) == {url1}, 10, "the lagging replica out of rotation", proxy.logs)
+        assert set(share()) == {url1}
+        for j in (1, 2):
+            ring.links[(3, j)].heal()
+        wait_for(lambda: url2 in share(20), 20, "the replica back in rotation", proxy.logs)
+        # A stalled replica (SIGSTOP): out when a check goes unanswered,
+        # reads go on from the other; back after SIGCONT.
+        os.kill(ring.nodes[2].proc.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: set(share(10)) == {url1}, 10, "the stalled replica out of rotation", proxy.logs)
+        finally:
+            os.kill(ring.nodes[2].proc.pid, signal.SIGCONT)
+        wait_for(lambda: url2 in share(20), 20, "the resumed replica back in rotation", proxy.logs)
+        assert len(answered_unavailable) <= 1, answered_unavailable
+        c.unbind()
+    finally:
+        if proxy:
+            proxy.stop()
+        ring.stop(verify=False)
+
+
+def test_every_message_is_decoded_with_credentials_masked_and_garbage_is_shown(setup):
+    ring, proxy = setup
+    c = proxy.conn()
+    c.search(PEOPLE, "(&(uid=alice)(objectClass=person))", attributes=["cn", "mail"], size_limit=5)
+    c.add("uid=dec," + PEOPLE, ["account"], {"uid": "dec", "description": "x"})
+    c.modify("uid=dec," + PEOPLE, {"description": [(ldap3.MODIFY_REPLACE, ["y"])]})
+    c.compare("uid=dec," + PEOPLE, "uid", "dec")
+    c.modify_dn("uid=dec," + PEOPLE, "uid=dec2")
+    c.delete("uid=dec2," + PEOPLE)
+    c.extend.standard.who_am_i()
+    c.unbind()
+    # A client sending garbage is told so and cut; the proxy goes on.
+    s = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+    s.sendall(b"\x31\x05hello")
+    reply = s.recv(4096)
+    s.close()
+    assert b"1.3.6.1.4.1.1466.20036" in reply, reply
+    c = proxy.conn()
+    assert c.search(PEOPLE, "(uid=alice)", attributes=["cn"]) and len(c.entries) == 1
+    c.unbind()
+    lines = proxy.lines()
+    text = proxy.decode.read_text()
+    assert PW not in text
+    ops = [(ln["dir"], ln["op"]) for ln in lines if ln.get("conn") == lines[0]["conn"]]
+    for op in ("bind", "search", "add", "modify", "compare", "modrdn", "delete", "extended", "unbind"):
+        assert ("request", op) in ops, (op, ops)
+    search = next(ln for ln in lines if ln["op"] == "search")
+    assert search["filter"] == "(&(uid=alice)(objectClass=person))" and search["attrs"] == "cn,mail", search
+    assert search["base"] == PEOPLE and search["size_limit"] == 5, search
+    done = next(ln for ln in lines if ln["op"] == "search_done")
+    assert done["result"] == 0 and done["entries"] == 1 and done["ms"] >= 0, done
+    bind = next(ln for ln in lines if ln["op"] == "bind")
+    assert bind["dn"] == ADMIN_DN and bind["password"] == "<redacted>", bind
+    add = next(ln for ln in lines if ln["op"] == "add")
+    assert sorted(add["attrs"].split(",")) == ["description:1", "objectClass:1", "uid:1"], add
+    assert any(ln["dir"] == "garbage" and ln["from"] == "client" for ln in lines), lines[-5:]
+    assert oct(os.stat(proxy.decode).st_mode & 0o777) == "0o600"
+
+
+def test_a_write_then_a_read_always_sees_it_with_a_replica_held_back(tmp_path):
+    ring = Ring(tmp_path, n=3).start()
+    proxy = None
+    try:
+        converge(ring)
+        proxy = Proxy(tmp_path / "proxy", ring, providers=[0], replicas=[1, 2]).start()
+        url2 = ring.nodes[2].url
+        # Replica 3 receives changes only after a delay (its links stalled).
+        for j in (1, 2):
+            ring.links[(3, j)].stall()
+        c = proxy.conn()
+        since = time.time()
+        for i in range(40):
+            assert c.modify("uid=alice," + PEOPLE, {"description": [(ldap3.MODIFY_REPLACE, ["v%d" % i])]}), c.result
+            assert c.search(PEOPLE, "(uid=alice)", attributes=["description"]), c.result
+            assert c.entries[0].description.value == "v%d" % i, (i, c.entries)
+        reads = reads_by_server(proxy, since)
+        assert url2 not in reads, reads
+        assert sum(reads.values()) == 40
+        # Without writes the held-back replica is read again once it has
+        # caught up (as the next health check sees).
+        for j in (1, 2):
+            ring.links[(3, j)].resume()
+        converge(ring)
+        time.sleep(1.5)
+        since = time.time()
+        for _ in range(40):
+            assert c.search(PEOPLE, "(uid=alice)", attributes=["description"]), c.result
+        assert url2 in reads_by_server(proxy, since)
+        c.unbind()
+    finally:
+        if proxy:
+            proxy.stop()
+        ring.stop(verify=False)
+
+
+def acked_writes(proxy, writers, seconds, kill=None):
+    """`writers` clients adding entries through the proxy for `seconds`;
+    `kill` called halfway. (acknowledged, failed) as (time, dn, code, message)."""
+    acked, failed, errors = [], [], []
+    stop = threading.Event()
+
+    def writer(k):
+        c = proxy.conn()
+        for i in range(1, 5000):
+            if stop.is_set():
+                break
+            dn = "uid=a%d-%d,%s" % (k, i, PEOPLE)
+            t = time.monotonic()
+            try:
+                ok = c.add(dn, ["account"], {"uid": "a%d-%d" % (k, i)})
+            except Exception as e:
+                errors.append(repr(e))
+                return
+            (acked if ok else failed).append((t, time.monotonic() - t, dn, c.result["result"], c.result["message"]))
+        c.unbind()
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(writers)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds / 2)
+    if kill:
+        kill()
+    time.sleep(seconds / 2)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return acked, failed
+
+
+def test_with_acknowledge_replicas_1_a_kill_of_the_provider_loses_no_acknowledged_write(tmp_path):
+    ring = Ring(tmp_path, n=3).start()
+    proxy = None
+    try:
+        converge(ring)
+        proxy = Proxy(tmp_path / "proxy", ring, providers=[0, 1], replicas=[2],
+                      extra='acknowledge = "replicas:1"\n').start()
+
+        def kill():
+            ring.nodes[0].proc.send_signal(signal.SIGKILL)
+            ring.nodes[0].proc.wait()
+
+        acked, failed = acked_writes(proxy, 4, 6, kill)
+        assert len(acked) > 50, (len(acked), failed[:3])
+        assert all(code == 52 for *_, code, _ in failed), failed[:5]
+        # The killed provider stays down: the survivors alone hold every
+        # write that was acknowledged.
+        survivors = ring.nodes[1:]
+        deadline = time.monotonic() + 60
+        while True:
+            missing = {}
+            for node in survivors:
+                rc, es, err = node.search(PEOPLE, "(uid=a*)", "1.1", scope="one")
+                held = {d.lower() for d, _ in es}
+                missing[node.name] = [dn for _, _, dn, _, _ in acked if dn.lower() not in held]
+            if not any(missing.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert not any(missing.values()), {k: v[:5] for k, v in missing.items()}
+        mean = sum(d for _, d, *_ in acked) / len(acked)
+        print("acknowledged %d (mean %.2f ms), answered unavailable %d" % (len(acked), mean * 1000, len(failed)))
+    finally:
+        if proxy:
+            proxy.stop()
+        ring.stop(verify=False)
+
+
+def test_a_write_not_copied_in_time_is_answered_unavailable_saying_so(tmp_path):
+    ring = Ring(tmp_path, n=3).start()
+    proxy = None
+    try:
+        converge(ring)
+        proxy = Proxy(tmp_path / "proxy", ring, providers=[0], replicas=[1, 2],
+                      extra='acknowledge = "replicas:2"\nacknowledge_timeout_secs = 1\n').start()
+        c = proxy.conn()
+        assert c.modify("uid=alice," + PEOPLE, {"description": [(ldap3.MODIFY_REPLACE, ["both"])]}), c.result
+        for j in (1, 2):
+            ring.links[(3, j)].cut()
+        t = time.monotonic()
+        assert not c.modify("uid=alice," + PEOPLE, {"description": [(ldap3.MODIFY_REPLACE, ["one"])]})
+        took = time.monotonic() - t
+        assert c.result["result"] == 52, c.result
+        assert "the change was made on %s but only 1 of the 2" % ring.nodes[0].url in c.result["message"], c.result
+        assert 0.9 < took < 3, took
+        # It was made (the provider has it).
+        assert values(ring.nodes[0], "uid=alice," + PEOPLE, "description") == ["one"]
+        c.unbind()
+    finally:
+        if proxy:
+            proxy.stop()
+        ring.stop(verify=False)
