@@ -417,3 +417,73 @@ def test_a_write_not_copied_in_time_is_answered_unavailable_saying_so(tmp_path):
         if proxy:
             proxy.stop()
         ring.stop(verify=False)
+
+
+def test_binds_on_one_connection_change_who_the_client_is(setup):
+    ring, proxy = setup
+    c = proxy.conn(user=None)
+    server = c.server
+    # A wrong password: refused, and the connection is anonymous.
+    c = ldap3.Connection(server, user=ADMIN_DN, password="wrong", raise_exceptions=False)
+    assert not c.bind() and c.result["result"] == 49, c.result
+    assert c.extend.standard.who_am_i() in (None, "")
+    # The right one on the same connection, then a write (on the provider,
+    # bound there as the same DN), then back to anonymous.
+    c.password = PW
+    assert c.rebind(user=ADMIN_DN, password=PW), c.result
+    assert c.extend.standard.who_am_i() == "dn:" + ADMIN_DN
+    assert c.modify("uid=alice," + PEOPLE, {"description": [(ldap3.MODIFY_REPLACE, ["rebound"])]}), c.result
+    c.user = c.password = None
+    assert c.rebind(authentication=ldap3.ANONYMOUS), c.result
+    assert c.extend.standard.who_am_i() in (None, "")
+    assert not c.modify("uid=alice," + PEOPLE, {"description": [(ldap3.MODIFY_REPLACE, ["anon"])]})
+    # SASL EXTERNAL would be the proxy's identity: refused, saying why.
+    ext = ldap3.Connection(server, authentication=ldap3.SASL, sasl_mechanism=ldap3.EXTERNAL,
+                           raise_exceptions=False)
+    ext.open()
+    assert not ext.bind() and ext.result["result"] == 7, ext.result
+    assert "proxy" in ext.result["message"], ext.result
+    c.unbind()
+    ext.unbind()
+
+
+def test_a_connection_s_running_operations_are_bounded_and_a_stalled_server_s_answered(tmp_path):
+    import ber
+    ring = Ring(tmp_path, n=2).start()
+    proxy = None
+    try:
+        converge(ring)
+        proxy = Proxy(tmp_path / "proxy", ring, providers=[0], replicas=[1],
+                      extra="max_ops_per_connection = 2\n").start()
+        os.kill(ring.nodes[1].proc.pid, signal.SIGSTOP)
+        try:
+            s = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+            for i in (1, 2, 3):
+                s.sendall(ber.message(i, ber.search_op(PEOPLE, filt=ber.f_eq("uid", "alice"), attrs=("cn",))))
+            got, buf, t0 = {}, b"", time.monotonic()
+            while len(got) < 3 and time.monotonic() - t0 < 10:
+                buf += s.recv(65536)
+                while True:
+                    try:
+                        end = ber.read_tlv(buf, 0)[2]
+                    except Exception:
+                        break
+                    m = ber.decode_message(buf[:end])
+                    buf = buf[end:]
+                    got[m["id"]] = (m, time.monotonic() - t0)
+            s.close()
+        finally:
+            os.kill(ring.nodes[1].proc.pid, signal.SIGCONT)
+        assert sorted(got) == [1, 2, 3], got
+        # The third is refused at once; the two on the stalled replica are
+        # answered unavailable when a health check goes unanswered.
+        third, t3 = got[3]
+        assert third["code"] == 51 and t3 < 0.5, got[3]
+        for i in (1, 2):
+            m, t = got[i]
+            assert m["code"] == 52 and ring.nodes[1].url in m["diag"], m
+            assert t < 6, t
+    finally:
+        if proxy:
+            proxy.stop()
+        ring.stop(verify=False)

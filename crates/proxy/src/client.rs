@@ -15,7 +15,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 use pando_proto::{
     frame_length, notice_of_disconnection, oid, BindAuth, CancelRequest, DecodeLimits,
@@ -25,8 +24,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::frame;
-use crate::link::{ClientOut, Link, Peer};
+use crate::link::{ClientOut, Link};
 use crate::settle::{self, SharedFence};
+use crate::upstream::Role;
 use crate::Proxy;
 
 /// A password held for a bound client; never printed.
@@ -73,7 +73,11 @@ where
     let max = proxy.cfg.max_pdu_bytes;
     let mut s = Session {
         proxy,
-        out: ClientOut { id, tx },
+        out: ClientOut {
+            id,
+            tx,
+            inflight: Arc::default(),
+        },
         auth: Auth::Anonymous,
         pinned: HashMap::new(),
         used: Vec::new(),
@@ -200,6 +204,12 @@ impl Session {
     }
 
     async fn forward(&mut self, msg: &LdapMessage, tag: u8, rest: &[u8], write: bool, size: usize) {
+        let busy = self.out.inflight.load(std::sync::atomic::Ordering::Relaxed);
+        if busy >= self.proxy.cfg.max_ops_per_connection {
+            self.log(msg, "proxy", size);
+            let why = format!("{busy} operations of this connection are already running");
+            return self.answer(msg.id, tag, ResultCode::BUSY, &why).await;
+        }
         let target = match self.auth {
             Auth::Sasl { upstream } => Some(upstream),
             _ if write => self.proxy.write_target(),
@@ -284,119 +294,135 @@ impl Session {
     }
 
     async fn bind(&mut self, msg: LdapMessage, tag: u8, rest: &[u8], size: usize) {
-        // A bind starts a new identity: the old connections go.
-        for (_, l) in self.pinned.drain() {
-            l.close();
-        }
         let ProtocolOp::BindRequest(req) = &msg.op else {
             return;
         };
         match &req.auth {
             BindAuth::Simple(pw) if req.name.is_empty() && pw.is_empty() => {
+                self.close_pinned(None);
                 self.auth = Auth::Anonymous;
                 self.forward(&msg, tag, rest, false, size).await;
             }
             BindAuth::Simple(pw) => {
                 let pw = pw.clone();
-                self.simple_bind(&msg, tag, pw, size).await;
+                self.simple_bind(&msg, tag, rest, pw, size).await;
             }
             BindAuth::Sasl { mechanism, .. } if mechanism.eq_ignore_ascii_case("EXTERNAL") => {
+                self.close_pinned(None);
                 self.log(&msg, "proxy", size);
                 self.auth = Auth::Anonymous;
                 let why = "SASL EXTERNAL through a proxy would name the proxy, not you: bind to a server directly";
                 self.answer(msg.id, tag, ResultCode::AUTH_METHOD_NOT_SUPPORTED, why)
                     .await;
             }
-            BindAuth::Sasl { .. } => {
-                let Some(u) = self.proxy.write_target() else {
-                    self.auth = Auth::Anonymous;
-                    self.forward(&msg, tag, rest, true, size).await;
-                    return;
-                };
-                if !matches!(self.auth, Auth::Sasl { upstream } if upstream == u) {
-                    match self.proxy.upstreams[u].connect().await {
-                        Ok(c) => {
-                            let link = self.proxy.upstreams[u].link(c);
-                            self.pinned.insert(u, link);
-                        }
-                        Err(why) => {
-                            self.log(&msg, "proxy", size);
-                            self.answer(msg.id, tag, ResultCode::UNAVAILABLE, &why)
-                                .await;
-                            return;
-                        }
-                    }
-                }
-                self.auth = Auth::Sasl { upstream: u };
-                self.forward(&msg, tag, rest, true, size).await;
-            }
+            BindAuth::Sasl { .. } => self.sasl_bind(&msg, tag, rest, size).await,
         }
     }
 
-    /// A simple bind, made on a new connection of the client's own to the
-    /// server its reads go to; the server's answer relayed as it is.
-    async fn simple_bind(&mut self, msg: &LdapMessage, tag: u8, password: Vec<u8>, size: usize) {
+    /// A bind starts a new identity: the client's own connections go,
+    /// except the one the bind is made on.
+    fn close_pinned(&mut self, keep: Option<usize>) {
+        self.pinned.retain(|u, l| {
+            let kept = Some(*u) == keep && l.is_alive();
+            if !kept {
+                l.close();
+            }
+            kept
+        });
+    }
+
+    /// A SASL step: on the active provider, on the connection the earlier
+    /// steps were made on (or a new one for a first step).
+    async fn sasl_bind(&mut self, msg: &LdapMessage, tag: u8, rest: &[u8], size: usize) {
+        let Some(u) = self.proxy.write_target() else {
+            self.close_pinned(None);
+            self.auth = Auth::Anonymous;
+            self.forward(msg, tag, rest, true, size).await;
+            return;
+        };
+        let going_on = matches!(self.auth, Auth::Sasl { upstream } if upstream == u);
+        self.close_pinned(going_on.then_some(u));
+        if !self.pinned.contains_key(&u) {
+            match self.proxy.upstreams[u].connect().await {
+                Ok(c) => {
+                    let link = self.proxy.upstreams[u].link(c);
+                    self.pinned.insert(u, link);
+                }
+                Err(why) => {
+                    self.log(msg, "proxy", size);
+                    self.answer(msg.id, tag, ResultCode::UNAVAILABLE, &why)
+                        .await;
+                    return;
+                }
+            }
+        }
+        self.auth = Auth::Sasl { upstream: u };
+        self.forward(msg, tag, rest, true, size).await;
+    }
+
+    /// A simple bind, on the client's own connection to the server its
+    /// reads go to (kept from its last bind there, or new); the server's
+    /// answer relayed as it is.
+    async fn simple_bind(
+        &mut self,
+        msg: &LdapMessage,
+        tag: u8,
+        rest: &[u8],
+        password: Vec<u8>,
+        size: usize,
+    ) {
         self.auth = Auth::Anonymous;
         let ProtocolOp::BindRequest(req) = &msg.op else {
             return;
         };
-        let target = self.proxy.read_target(|_| true);
+        // A rebind stays on the server of the client's own connection
+        // while that server is in rotation (a new connection per bind
+        // would cost a connect); else where reads go.
+        let kept = self.pinned.iter().find(|(u, l)| {
+            let up = &self.proxy.upstreams[**u];
+            l.is_alive() && up.in_rotation() && up.role == Role::Replica
+        });
+        let target = kept
+            .map(|(u, _)| *u)
+            .or_else(|| self.proxy.read_target(|_| true));
         let Some(u) = target else {
+            self.close_pinned(None);
             self.log(msg, "proxy", size);
             let why = "no server is reachable through this proxy";
-            self.answer(msg.id, tag, ResultCode::UNAVAILABLE, why).await;
-            return;
+            return self.answer(msg.id, tag, ResultCode::UNAVAILABLE, why).await;
         };
+        self.close_pinned(Some(u));
         let up = self.proxy.upstreams[u].clone();
         self.log(msg, &up.url, size);
-        let started = Instant::now();
-        let mut client = match up.connect().await {
-            Ok(c) => c,
-            Err(why) => {
-                return self
-                    .answer(msg.id, tag, ResultCode::UNAVAILABLE, &why)
-                    .await
-            }
+        let link = match self.pinned.get(&u) {
+            Some(l) => l.clone(),
+            None => match up.connect().await {
+                Ok(c) => up.link(c),
+                Err(why) => {
+                    return self
+                        .answer(msg.id, tag, ResultCode::UNAVAILABLE, &why)
+                        .await
+                }
+            },
         };
-        up.started();
-        let sent = client.send(msg.op.clone(), msg.controls.clone()).await;
-        let reply = match sent {
-            Ok(_) => client.recv(Some(client.timeout())).await.map_err(|e| e.0),
-            Err(e) => Err(e.0),
+        self.pinned.insert(u, link.clone());
+        let Some(held) = link.forward_held(&self.out, msg.id, tag, rest) else {
+            let why = format!("{}: the connection to it was lost", up.url);
+            return self
+                .answer(msg.id, tag, ResultCode::UNAVAILABLE, &why)
+                .await;
         };
-        up.finished();
-        let reply = match reply {
-            Ok(r) => r,
-            Err(why) => {
-                up.suspect(&why);
-                return self
-                    .answer(msg.id, tag, ResultCode::UNAVAILABLE, &why)
-                    .await;
-            }
+        let Ok(bytes) = held.await else {
+            return;
         };
-        let ok = matches!(&reply.op, ProtocolOp::BindResponse(r) if r.result.code == ResultCode::SUCCESS);
-        let relayed = LdapMessage {
-            id: msg.id,
-            ..reply
-        };
-        let bytes = relayed.to_bytes();
-        if let (Some(l), Some((_, _, rest))) = (&self.proxy.log, frame::split(&bytes)) {
-            l.response(
-                self.out.id,
-                msg.id,
-                &up.url,
-                rest,
-                started,
-                0,
-                bytes.len() as u64,
-            );
-        }
+        let ok = LdapMessage::decode(&bytes, &DecodeLimits::default()).is_ok_and(
+            |m| matches!(m.op, ProtocolOp::BindResponse(r) if r.result.code == ResultCode::SUCCESS),
+        );
         if ok {
             self.auth = Auth::Simple {
                 dn: req.name.clone(),
                 password: Password(password),
             };
-            self.pinned.insert(u, up.link(client));
         }
         let _ = self.out.tx.send(bytes).await;
     }

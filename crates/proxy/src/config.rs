@@ -44,6 +44,11 @@ pub struct ProxyConfig {
     pub decode_format: String,
     /// The largest message taken from a client or a server, bytes.
     pub max_pdu_bytes: usize,
+    /// Client connections served at once; more are closed on accept.
+    pub max_connections: usize,
+    /// Operations one client connection may have running; more are
+    /// answered `busy`.
+    pub max_ops_per_connection: usize,
     /// After a client's write, its reads go only to servers that hold it
     /// (by contextCSN), the provider if no replica does yet.
     pub read_your_writes: bool,
@@ -70,6 +75,8 @@ impl Default for ProxyConfig {
             decode_log: None,
             decode_format: "text".into(),
             max_pdu_bytes: 16 << 20,
+            max_connections: 10_000,
+            max_ops_per_connection: 256,
             read_your_writes: true,
             acknowledge: "none".into(),
             acknowledge_timeout_secs: 5,
@@ -151,6 +158,11 @@ impl ProxyConfig {
         self.acknowledge_replicas()?;
         if self.acknowledge_timeout_secs == 0 {
             return Err("proxy.acknowledge_timeout_secs: at least 1".into());
+        }
+        if self.max_connections == 0 || self.max_ops_per_connection == 0 {
+            return Err(
+                "proxy.max_connections and proxy.max_ops_per_connection: at least 1".into(),
+            );
         }
         if self.max_pdu_bytes < 1024 {
             return Err("proxy.max_pdu_bytes: at least 1024".into());

@@ -123,7 +123,7 @@ mod tests {
             x ^= x << 17;
             let len = (x % 40) as usize;
             let mut bytes: Vec<u8> = (0..len).map(|i| (x >> (i % 8 * 8)) as u8).collect();
-            if x % 3 == 0 && len > 4 {
+            if x.is_multiple_of(3) && len > 4 {
                 bytes[0] = 0x30;
                 bytes[1] = (len - 2) as u8;
                 bytes[2] = 0x02;

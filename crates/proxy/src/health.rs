@@ -39,7 +39,7 @@ async fn check_all(proxy: &Arc<Proxy>) {
             tokio::spawn(async move { check(&p, &u).await })
         })
         .collect();
-    let mut results: Vec<Result<Csns, String>> = Vec::with_capacity(handles.len());
+    let mut results: Vec<Result<Result<Csns, String>, String>> = Vec::with_capacity(handles.len());
     for h in handles {
         results.push(
             h.await
@@ -54,21 +54,33 @@ async fn check_all(proxy: &Arc<Proxy>) {
         .and_then(|(_, r)| r.as_ref().ok());
     let max_lag = proxy.cfg.max_lag_secs as f64;
     for (u, r) in proxy.upstreams.iter().zip(&results) {
-        match r {
-            Err(why) => u.set_health(false, false, why),
-            Ok(csns) => {
-                let behind = match active {
-                    Some(p) if max_lag > 0.0 && u.role == Role::Replica => csn::lag(p, csns),
-                    _ => 0.0,
-                };
-                let why = format!("{behind:.1}s behind the active provider");
-                u.set_health(true, behind > max_lag, &why);
-            }
+        let Ok(csns) = r else {
+            let why = r.as_ref().err().map_or("", |w| w.as_str());
+            u.set_health(false, false, why);
+            continue;
+        };
+        if max_lag == 0.0 || u.role != Role::Replica {
+            u.set_health(true, false, "answering");
+            continue;
         }
+        let (lagging, why) = match (active, csns) {
+            (Some(Ok(p)), Ok(mine)) => {
+                let behind = csn::lag(p, mine);
+                (
+                    behind > max_lag,
+                    format!("{behind:.1}s behind the active provider"),
+                )
+            }
+            (Some(Err(why)), _) => (false, format!("the active provider's {why}")),
+            (None, _) => (false, "no provider to compare with".to_string()),
+            (_, Err(why)) => (true, why.clone()),
+        };
+        u.set_health(true, lagging, &why);
     }
 }
 
-async fn check(proxy: &Proxy, u: &Upstream) -> Result<Csns, String> {
+/// Ok when the server answered; inside, its contextCSN or why not.
+async fn check(proxy: &Proxy, u: &Upstream) -> Result<Result<Csns, String>, String> {
     let whole = proxy.cfg.timeout_secs * 2 + 1;
     let run = async {
         let mut c = Client::connect(&u.endpoint(), proxy.cfg.max_pdu_bytes)
@@ -83,12 +95,18 @@ async fn check(proxy: &Proxy, u: &Upstream) -> Result<Csns, String> {
             (_, Some(first)) => first.clone(),
             (_, None) => String::new(),
         };
-        let csns = if base.is_empty() {
-            Csns::new()
-        } else {
-            csn::from_values(&csn::read(&mut c, &base, "contextCSN").await?)
+        // contextCSN unreadable (no suffix, or not for this identity):
+        // the server is healthy, and known to hold nothing (reads after a
+        // write stay on the provider; with a lag check it is lagging).
+        let csns = match base.is_empty() {
+            true => Err("no naming context".to_string()),
+            false => csn::read(&mut c, &base, "contextCSN").await,
         };
-        u.learned(&base, csns.clone());
+        let csns = match csns {
+            Ok(values) => Ok(csn::from_values(&values)),
+            Err(why) => Err(format!("contextCSN not readable: {why}")),
+        };
+        u.learned(&base, csns.clone().unwrap_or_default());
         c.unbind().await;
         Ok(csns)
     };

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 
 pub use config::{ProxyConfig, ProxyFile, UpstreamConfig};
 use decode_log::DecodeLog;
@@ -180,14 +180,27 @@ async fn bind(url: &str) -> Result<Listener, String> {
     Ok(Listener::Tcp(l))
 }
 
-async fn accept_loop(proxy: Arc<Proxy>, listener: Listener, next: Arc<AtomicU64>) {
+async fn accept_loop(
+    proxy: Arc<Proxy>,
+    listener: Listener,
+    next: Arc<AtomicU64>,
+    slots: Arc<Semaphore>,
+) {
     loop {
         let id = next.fetch_add(1, Ordering::Relaxed);
         match &listener {
             Listener::Tcp(l) => match l.accept().await {
-                Ok((s, _)) => {
+                Ok((s, peer)) => {
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        tracing::warn!(%peer, "max_connections reached: connection closed");
+                        continue;
+                    };
                     let _ = s.set_nodelay(true);
-                    tokio::spawn(client::serve(proxy.clone(), s, id));
+                    let p = proxy.clone();
+                    tokio::spawn(async move {
+                        client::serve(p, s, id).await;
+                        drop(slot);
+                    });
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -196,7 +209,15 @@ async fn accept_loop(proxy: Arc<Proxy>, listener: Listener, next: Arc<AtomicU64>
             },
             Listener::Unix(l, _) => match l.accept().await {
                 Ok((s, _)) => {
-                    tokio::spawn(client::serve(proxy.clone(), s, id));
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        tracing::warn!("max_connections reached: connection closed");
+                        continue;
+                    };
+                    let p = proxy.clone();
+                    tokio::spawn(async move {
+                        client::serve(p, s, id).await;
+                        drop(slot);
+                    });
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -233,12 +254,13 @@ pub async fn run(cfg: ProxyConfig) -> Result<(), String> {
     }
     println!("to:\n{}", proxy.status().trim_end());
     let next = Arc::new(AtomicU64::new(1));
+    let slots = Arc::new(Semaphore::new(proxy.cfg.max_connections));
     let mut paths = Vec::new();
     for l in listeners {
         if let Listener::Unix(_, p) = &l {
             paths.push(p.clone());
         }
-        tokio::spawn(accept_loop(proxy.clone(), l, next.clone()));
+        tokio::spawn(accept_loop(proxy.clone(), l, next.clone(), slots.clone()));
     }
     wait_for_signal().await;
     for p in paths {

@@ -6,7 +6,7 @@
 //! answered `unavailable` naming the server: none is dropped silently.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -34,6 +34,16 @@ pub trait Peer: Send + Sync {
 pub struct ClientOut {
     pub id: u64,
     pub tx: mpsc::Sender<Vec<u8>>,
+    /// Its operations sent and not finished, over every link.
+    pub inflight: Arc<AtomicUsize>,
+}
+
+impl ClientOut {
+    fn done(&self) {
+        let _ = self
+            .inflight
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
 }
 
 /// An operation sent on a link and not yet finished.
@@ -147,6 +157,7 @@ impl Link {
                 },
             );
             self.upstream.started();
+            client.inflight.fetch_add(1, Ordering::Relaxed);
         }
         let mut out = Vec::with_capacity(rest.len() + 8);
         frame::with_id(id, rest, &mut out);
@@ -219,7 +230,8 @@ impl Link {
 
     fn forget(&self, id: i32) {
         if let Ok(mut p) = self.pending.lock() {
-            if p.remove(&id).is_some() {
+            if let Some(gone) = p.remove(&id) {
+                gone.client.done();
                 self.upstream.finished();
             }
         }
@@ -245,6 +257,7 @@ impl Link {
             Err(_) => Vec::new(),
         };
         for p in waiting {
+            p.client.done();
             self.upstream.finished();
             let msg = if why.contains(self.upstream.url()) {
                 why.to_string()
@@ -386,6 +399,7 @@ async fn relay_one(
         let mut route = (pending.client.clone(), pending.client_msg, None);
         if last {
             if let Some(done) = p.remove(&id) {
+                done.client.done();
                 if let Some(l) = log {
                     let url = link.upstream.url();
                     l.response(
