@@ -487,3 +487,43 @@ def test_a_connection_s_running_operations_are_bounded_and_a_stalled_server_s_an
         if proxy:
             proxy.stop()
         ring.stop(verify=False)
+
+
+def test_clients_reach_the_proxy_over_ldaps_and_starttls(tmp_path):
+    from test_tls import Pki
+    (tmp_path / "pki").mkdir()
+    pki = Pki(tmp_path / "pki")
+    cert, key = pki.issue("proxy", "/O=Pando Test/CN=localhost", server=True)
+    ring = Ring(tmp_path, n=2).start()
+    proxy = None
+    try:
+        converge(ring)
+        tls_port = free_port()
+        proxy = Proxy(tmp_path / "proxy", ring, providers=[0], replicas=[1],
+                      extra='tls_cert_file = "%s"\ntls_key_file = "%s"\n' % (cert, key))
+        text = proxy.config.read_text().replace(
+            'listen = ["ldap://127.0.0.1:%d"]' % proxy.port,
+            'listen = ["ldap://127.0.0.1:%d", "ldaps://127.0.0.1:%d"]' % (proxy.port, tls_port))
+        proxy.config.write_text(text)
+        proxy.start()
+        env = dict(os.environ, LDAPTLS_CACERT=str(pki.ca), LDAPTLS_REQCERT="demand")
+        for url, extra in (("ldaps://127.0.0.1:%d" % tls_port, []), ("ldap://127.0.0.1:%d" % proxy.port, ["-ZZ"])):
+            r = subprocess.run(["ldapsearch", "-x", "-H", url, *extra, "-o", "nettimeout=10", "-D", ADMIN_DN,
+                                "-w", PW, "-b", PEOPLE, "-LLL", "(uid=alice)", "uid"],
+                               capture_output=True, text=True, timeout=30, env=env)
+            assert r.returncode == 0 and "uid: alice" in r.stdout, (url, r.stdout, r.stderr)
+        # Plain LDAP still works on the ldap:// listener, and StartTLS after
+        # another request is refused saying why.
+        c = proxy.conn()
+        assert c.search(PEOPLE, "(uid=alice)", attributes=["uid"]) and len(c.entries) == 1
+        with pytest.raises(Exception):
+            c.start_tls()
+        c.unbind()
+        r = subprocess.run(["ldapsearch", "-x", "-H", "ldaps://127.0.0.1:%d" % tls_port, "-o", "nettimeout=10",
+                            "-b", "", "-s", "base"], capture_output=True, text=True, timeout=30,
+                           env=dict(os.environ, LDAPTLS_REQCERT="demand", LDAPTLS_CACERT="/dev/null"))
+        assert r.returncode != 0  # an untrusted certificate is the client's to refuse
+    finally:
+        if proxy:
+            proxy.stop()
+        ring.stop(verify=False)

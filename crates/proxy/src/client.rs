@@ -18,14 +18,16 @@ use std::sync::Arc;
 
 use pando_proto::{
     frame_length, notice_of_disconnection, oid, BindAuth, CancelRequest, DecodeLimits,
-    ExtendedRequest, LdapMessage, LdapResult, ProtocolOp, ResultCode,
+    ExtendedRequest, ExtendedResponse, LdapMessage, LdapResult, ProtocolOp, ResultCode,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::frame;
 use crate::link::{ClientOut, Link};
 use crate::settle::{self, SharedFence};
+use crate::tls;
 use crate::upstream::Role;
 use crate::Proxy;
 
@@ -62,8 +64,79 @@ struct Session {
     fence: SharedFence,
 }
 
-/// Serve one client until it unbinds or goes away.
-pub async fn serve<S>(proxy: Arc<Proxy>, stream: S, id: u64)
+/// A TCP client: TLS first (ldaps), or StartTLS taken when it is the
+/// connection's first request; then served.
+pub async fn serve_tcp(proxy: Arc<Proxy>, mut stream: TcpStream, id: u64, ldaps: bool) {
+    let Some(acceptor) = proxy.tls.clone() else {
+        return serve(proxy, stream, id, Vec::new()).await;
+    };
+    let mut buf = Vec::new();
+    if !ldaps {
+        let max = proxy.cfg.max_pdu_bytes;
+        let first =
+            tokio::time::timeout(tls::HANDSHAKE, first_frame(&mut stream, &mut buf, max)).await;
+        let Ok(Some(n)) = first else {
+            return serve(proxy, stream, id, buf).await;
+        };
+        let msg = LdapMessage::decode(&buf[..n], &DecodeLimits::default()).ok();
+        let Some(start) = msg.filter(
+            |m| matches!(&m.op, ProtocolOp::ExtendedRequest(e) if e.name == oid::START_TLS),
+        ) else {
+            return serve(proxy, stream, id, buf).await;
+        };
+        if let Some(l) = &proxy.log {
+            l.request(id, &start, "proxy", n);
+        }
+        if buf.len() > n {
+            // Bytes after StartTLS before the handshake: not TLS.
+            let why = "data sent after StartTLS before the TLS handshake";
+            let _ = stream
+                .write_all(&notice_of_disconnection(ResultCode::PROTOCOL_ERROR, why))
+                .await;
+            return;
+        }
+        let ok = ExtendedResponse {
+            result: LdapResult::success(),
+            name: Some(oid::START_TLS.into()),
+            value: None,
+        };
+        let reply = LdapMessage {
+            id: start.id,
+            op: ProtocolOp::ExtendedResponse(ok),
+            controls: Vec::new(),
+        };
+        if stream.write_all(&reply.to_bytes()).await.is_err() {
+            return;
+        }
+        buf.clear();
+    }
+    match tokio::time::timeout(tls::HANDSHAKE, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => serve(proxy, tls, id, buf).await,
+        Ok(Err(e)) => tracing::debug!(conn = id, error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!(conn = id, "TLS handshake not finished in time"),
+    }
+}
+
+/// Read until `buf` holds one whole message: its length; None when the
+/// client closed, or sent what is not LDAP (left to `serve` to answer).
+async fn first_frame(stream: &mut TcpStream, buf: &mut Vec<u8>, max: usize) -> Option<usize> {
+    loop {
+        match frame_length(buf, max) {
+            Ok(Some(n)) => return Some(n),
+            Ok(None) => {}
+            Err(_) => return None,
+        }
+        buf.reserve(4096);
+        match stream.read_buf(buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Serve one client until it unbinds or goes away; `initial`: bytes
+/// already read from it.
+pub async fn serve<S>(proxy: Arc<Proxy>, stream: S, id: u64, initial: Vec<u8>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -83,7 +156,8 @@ where
         used: Vec::new(),
         fence: SharedFence::default(),
     };
-    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut buf = initial;
+    buf.reserve(16 * 1024);
     'conn: loop {
         let mut used = 0;
         loop {
@@ -159,8 +233,17 @@ impl Session {
             ProtocolOp::BindRequest(_) => self.bind(msg, tag, rest, frame.len()).await,
             ProtocolOp::ExtendedRequest(e) if e.name == oid::START_TLS => {
                 self.log(&msg, "proxy", frame.len());
-                let why = "StartTLS is not offered by this proxy yet";
-                self.answer(msg.id, tag, ResultCode::UNAVAILABLE, why).await;
+                let (code, why) = match self.proxy.tls {
+                    Some(_) => (
+                        ResultCode::OPERATIONS_ERROR,
+                        "StartTLS is taken only as a connection's first request by this proxy",
+                    ),
+                    None => (
+                        ResultCode::UNAVAILABLE,
+                        "StartTLS is not offered: the proxy has no certificate (proxy.tls_cert_file)",
+                    ),
+                };
+                self.answer(msg.id, tag, code, why).await;
             }
             ProtocolOp::ExtendedRequest(e) if e.name == oid::CANCEL => {
                 self.log(&msg, "proxy", frame.len());

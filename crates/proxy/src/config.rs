@@ -17,8 +17,12 @@ pub struct ProxyFile {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProxyConfig {
-    /// Listener URLs: `ldap://host:port` or `ldapi:///absolute/path`.
+    /// Listener URLs: `ldap://host:port` (StartTLS offered when a
+    /// certificate is set), `ldaps://host:port` or `ldapi:///absolute/path`.
     pub listen: Vec<String>,
+    /// The certificate chain (PEM) clients are shown, and its key.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
     /// `[[proxy.upstream]]`: the servers, in order of preference for writes.
     pub upstream: Vec<UpstreamConfig>,
     /// Seconds between two health checks of each server.
@@ -64,6 +68,8 @@ impl Default for ProxyConfig {
     fn default() -> Self {
         ProxyConfig {
             listen: vec!["ldap://127.0.0.1:3390".into()],
+            tls_cert_file: None,
+            tls_key_file: None,
             upstream: Vec::new(),
             health_secs: 2,
             timeout_secs: 5,
@@ -120,12 +126,21 @@ impl ProxyConfig {
             return Err("proxy.listen: at least one listener is needed".into());
         }
         for l in &self.listen {
-            let ok = l.starts_with("ldap://") || l.starts_with("ldapi:///");
+            let ok =
+                l.starts_with("ldap://") || l.starts_with("ldaps://") || l.starts_with("ldapi:///");
             if !ok {
                 return Err(format!(
-                    "proxy.listen: {l:?}: ldap://host:port or ldapi:///absolute/path (ldaps and StartTLS are not offered yet)"
+                    "proxy.listen: {l:?}: ldap://host:port, ldaps://host:port or ldapi:///absolute/path"
                 ));
             }
+            if l.starts_with("ldaps://") && self.tls_cert_file.is_none() {
+                return Err(format!(
+                    "proxy.listen: {l:?} needs proxy.tls_cert_file and proxy.tls_key_file"
+                ));
+            }
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            return Err("proxy.tls_cert_file and proxy.tls_key_file go together".into());
         }
         for u in &self.upstream {
             if u.role != "provider" && u.role != "replica" {

@@ -20,6 +20,7 @@ pub mod frame;
 mod health;
 mod link;
 mod settle;
+mod tls;
 mod upstream;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -40,6 +41,8 @@ pub struct Proxy {
     /// Where the search for the least-loaded replica starts (ties rotate).
     next_read: AtomicUsize,
     check_now: Arc<Notify>,
+    /// TLS towards clients (ldaps listeners, StartTLS), when configured.
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl Proxy {
@@ -84,7 +87,9 @@ impl Proxy {
                 ))
             })
             .collect();
+        let tls = tls::acceptor(&cfg)?;
         Ok(Proxy {
+            tls,
             cfg,
             upstreams,
             log,
@@ -153,7 +158,8 @@ impl Proxy {
 }
 
 enum Listener {
-    Tcp(TcpListener),
+    /// `true`: ldaps (TLS from the first byte).
+    Tcp(TcpListener, bool),
     Unix(UnixListener, std::path::PathBuf),
 }
 
@@ -170,14 +176,19 @@ async fn bind(url: &str) -> Result<Listener, String> {
         let l = UnixListener::bind(&path).map_err(|e| format!("cannot listen on {url}: {e}"))?;
         return Ok(Listener::Unix(l, path));
     }
-    let hostport = url
-        .strip_prefix("ldap://")
-        .map(|r| r.trim_end_matches('/'))
-        .ok_or_else(|| format!("cannot listen on {url}: ldap:// or ldapi:// only"))?;
-    let l = TcpListener::bind(hostport)
+    let (rest, ldaps) = match (url.strip_prefix("ldap://"), url.strip_prefix("ldaps://")) {
+        (Some(r), _) => (r, false),
+        (_, Some(r)) => (r, true),
+        _ => {
+            return Err(format!(
+                "cannot listen on {url}: ldap://, ldaps:// or ldapi:// only"
+            ))
+        }
+    };
+    let l = TcpListener::bind(rest.trim_end_matches('/'))
         .await
         .map_err(|e| format!("cannot listen on {url}: {e}"))?;
-    Ok(Listener::Tcp(l))
+    Ok(Listener::Tcp(l, ldaps))
 }
 
 async fn accept_loop(
@@ -189,16 +200,16 @@ async fn accept_loop(
     loop {
         let id = next.fetch_add(1, Ordering::Relaxed);
         match &listener {
-            Listener::Tcp(l) => match l.accept().await {
+            Listener::Tcp(l, ldaps) => match l.accept().await {
                 Ok((s, peer)) => {
                     let Ok(slot) = slots.clone().try_acquire_owned() else {
                         tracing::warn!(%peer, "max_connections reached: connection closed");
                         continue;
                     };
                     let _ = s.set_nodelay(true);
-                    let p = proxy.clone();
+                    let (p, ldaps) = (proxy.clone(), *ldaps);
                     tokio::spawn(async move {
-                        client::serve(p, s, id).await;
+                        client::serve_tcp(p, s, id, ldaps).await;
                         drop(slot);
                     });
                 }
@@ -215,7 +226,7 @@ async fn accept_loop(
                     };
                     let p = proxy.clone();
                     tokio::spawn(async move {
-                        client::serve(p, s, id).await;
+                        client::serve(p, s, id, Vec::new()).await;
                         drop(slot);
                     });
                 }
