@@ -124,6 +124,15 @@ pub struct BenchArgs {
     /// Report this process's CPU use over the measured time (the server's).
     #[arg(long)]
     pub server_pid: Option<u32>,
+    /// Play a record made by `pando proxy --record FILE` instead of a
+    /// workload: each recorded connection's requests in order, at the
+    /// recorded pace times --speed (withheld bind passwords from -w/-y).
+    #[arg(long)]
+    pub replay: Option<PathBuf>,
+    /// With --replay: 1 the recorded pace, N times faster, 0 as fast as
+    /// the server answers.
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -20,6 +20,7 @@
 mod client;
 pub mod config;
 pub mod keys;
+mod replay;
 mod report;
 mod runner;
 pub mod schedule;
@@ -33,6 +34,9 @@ pub use config::BenchArgs;
 /// printed. An error names what was wrong (bad option, connection refused,
 /// bind failure with the LDAP result, a fatal protocol problem).
 pub fn run(args: BenchArgs) -> Result<(), String> {
+    if args.replay.is_some() {
+        return replay::run(args);
+    }
     let plan = config::Plan::from_args(args)?;
     runner::execute(plan)
 }

@@ -39,6 +39,10 @@ pub struct ProxyArgs {
     /// The decode log as JSON lines.
     #[arg(long)]
     json: bool,
+    /// Record every client request to this file, replayable with
+    /// `pando bench --replay FILE` (simple binds' passwords withheld).
+    #[arg(long)]
+    record: Option<PathBuf>,
     /// error, warn, info, debug or trace.
     #[arg(long)]
     log_level: Option<String>,
@@ -78,6 +82,9 @@ pub fn run(args: ProxyArgs) -> Result<ExitCode, String> {
     }
     if args.json {
         cfg.decode_format = "json".into();
+    }
+    if let Some(r) = &args.record {
+        cfg.record = Some(r.clone());
     }
     cfg.validate()?;
     let level = args

@@ -221,6 +221,9 @@ impl Session {
             self.refuse(frame, "no message ID").await;
             return Flow::Close;
         };
+        if let Some(r) = &self.proxy.record {
+            r.request(self.out.id, frame, &msg);
+        }
         match &msg.op {
             ProtocolOp::UnbindRequest => {
                 self.log(&msg, "proxy", frame.len());

@@ -46,6 +46,11 @@ pub struct ProxyConfig {
     pub decode_log: Option<PathBuf>,
     /// `text` or `json` lines in the decode log.
     pub decode_format: String,
+    /// Every client request recorded, replayable with `pando bench
+    /// --replay`, to this file. Unset: none.
+    pub record: Option<PathBuf>,
+    /// Keep simple binds' passwords in the record (else withheld).
+    pub record_credentials: bool,
     /// The largest message taken from a client or a server, bytes.
     pub max_pdu_bytes: usize,
     /// Client connections served at once; more are closed on accept.
@@ -80,6 +85,8 @@ impl Default for ProxyConfig {
             credentials_file: None,
             decode_log: None,
             decode_format: "text".into(),
+            record: None,
+            record_credentials: false,
             max_pdu_bytes: 16 << 20,
             max_connections: 10_000,
             max_ops_per_connection: 256,

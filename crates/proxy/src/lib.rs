@@ -19,6 +19,7 @@ mod decode_log;
 pub mod frame;
 mod health;
 mod link;
+mod record;
 mod settle;
 mod tls;
 mod upstream;
@@ -38,6 +39,7 @@ pub struct Proxy {
     cfg: ProxyConfig,
     upstreams: Vec<Arc<Upstream>>,
     log: Option<Arc<DecodeLog>>,
+    record: Option<record::Recorder>,
     /// Where the search for the least-loaded replica starts (ties rotate).
     next_read: AtomicUsize,
     check_now: Arc<Notify>,
@@ -88,7 +90,12 @@ impl Proxy {
             })
             .collect();
         let tls = tls::acceptor(&cfg)?;
+        let record = match &cfg.record {
+            Some(p) => Some(record::Recorder::open(p, cfg.record_credentials)?),
+            None => None,
+        };
         Ok(Proxy {
+            record,
             tls,
             cfg,
             upstreams,
