@@ -590,3 +590,65 @@ def test_a_recorded_session_replayed_on_another_server_gives_the_same_data(tmp_p
         if other:
             other.stop()
         ring.stop(verify=False)
+
+
+def test_ldap_read_out_of_a_tcpdump_capture_is_decoded_and_replays(tmp_path):
+    import shutil
+    from conftest import Pando
+    from test_multi_provider import ssha
+    if not shutil.which("tcpdump"):
+        pytest.skip("tcpdump not installed")
+    cfg = 'root_password_hash = "%s"\n' % ssha(PW)
+    first = Pando(tmp_path / "first", demo=True, name="first", config=cfg).start()
+    first.admin_pw = PW
+    second = None
+    cap = tmp_path / "ldap.pcap"
+    dump = subprocess.Popen(["tcpdump", "-i", "lo", "-U", "-w", str(cap), "tcp port %d" % first.port],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while not (cap.exists() and cap.stat().st_size >= 24) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if dump.poll() is not None or not cap.exists():
+            pytest.skip("tcpdump cannot capture here: %s" % dump.stderr.read().decode()[:200])
+        time.sleep(0.5)
+        c = first.conn()
+        assert c.add("uid=cap1," + PEOPLE, ["inetOrgPerson"], {"uid": "cap1", "cn": "C", "sn": "C"}), c.result
+        assert c.modify("uid=cap1," + PEOPLE, {"description": [(ldap3.MODIFY_ADD, ["x"])]}), c.result
+        assert c.compare("uid=cap1," + PEOPLE, "sn", "C") is True
+        assert c.modify_dn("uid=cap1," + PEOPLE, "uid=cap2"), c.result
+        assert c.search(PEOPLE, "(uid=cap2)", attributes=["description"]) and len(c.entries) == 1
+        assert c.delete("uid=bob," + PEOPLE), c.result
+        c.unbind()
+        r = subprocess.run(["ldapsearch", "-x", "-H", first.url, "-D", ADMIN_DN, "-w", PW, "-b", PEOPLE,
+                            "(uid=alice)", "cn"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0
+        time.sleep(1)
+    finally:
+        dump.send_signal(signal.SIGINT)
+        dump.wait(10)
+    try:
+        record = tmp_path / "cap.record"
+        r = subprocess.run([PANDO_BIN, "proxy", "--read-capture", str(cap), "--ldap-port", str(first.port),
+                            "--json", "--record", str(record)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        lines = [json.loads(ln) for ln in r.stdout.splitlines()]
+        ops = Counter(ln["op"] for ln in lines if ln["dir"] == "request")
+        assert ops == {"bind": 2, "add": 1, "modify": 1, "compare": 1, "modrdn": 1, "search": 2, "delete": 1,
+                       "unbind": 2}, ops
+        done = [ln for ln in lines if ln["dir"] == "response"]
+        assert len(done) == 9 and all(ln["result"] in (0, 6) for ln in done), done
+        assert any(ln["op"] == "search" and ln["filter"] == "(uid=cap2)" for ln in lines)
+        assert "2 connections" in r.stderr and "0 gaps" in r.stderr, r.stderr
+        assert PW not in r.stdout and PW not in record.read_text()
+        # Replayed on a server as the first was before: the same data.
+        second = Pando(tmp_path / "second", demo=True, name="second", config=cfg).start()
+        second.admin_pw = PW
+        r = subprocess.run([PANDO_BIN, "bench", "--replay", str(record), "-H", second.url, "-w", PW, "--speed", "0"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert user_dump(second) == user_dump(first), r.stdout
+    finally:
+        first.stop()
+        if second:
+            second.stop()

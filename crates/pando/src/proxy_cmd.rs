@@ -43,6 +43,14 @@ pub struct ProxyArgs {
     /// `pando bench --replay FILE` (simple binds' passwords withheld).
     #[arg(long)]
     record: Option<PathBuf>,
+    /// Read LDAP out of this packet capture (pcap or pcapng, e.g. from
+    /// tcpdump) instead of relaying: printed decoded (--decode, default
+    /// standard output) and recorded (--record); then exit.
+    #[arg(long)]
+    read_capture: Option<PathBuf>,
+    /// With --read-capture: the server's port.
+    #[arg(long, default_value_t = 389)]
+    ldap_port: u16,
     /// error, warn, info, debug or trace.
     #[arg(long)]
     log_level: Option<String>,
@@ -85,6 +93,25 @@ pub fn run(args: ProxyArgs) -> Result<ExitCode, String> {
     }
     if let Some(r) = &args.record {
         cfg.record = Some(r.clone());
+    }
+    if let Some(path) = &args.read_capture {
+        if cfg.decode_log.is_none() {
+            cfg.decode_log = Some(PathBuf::from("-"));
+        }
+        let s = pando_proxy::read_capture(path, args.ldap_port, cfg)?;
+        eprintln!(
+            "{}: {} TCP segments ({} other packets skipped), {} connections to port {}, {} requests, {} responses, {} bytes not LDAP, {} gaps",
+            path.display(),
+            s.segments,
+            s.skipped_packets,
+            s.connections,
+            args.ldap_port,
+            s.requests,
+            s.responses,
+            s.garbage,
+            s.gaps
+        );
+        return Ok(ExitCode::SUCCESS);
     }
     cfg.validate()?;
     let level = args

@@ -15,6 +15,8 @@ use pando_proto::{BindAuth, Control, DecodeLimits, LdapMessage, ProtocolOp};
 pub struct DecodeLog {
     out: Mutex<Box<dyn Write + Send>>,
     json: bool,
+    /// The time lines carry when not now (a capture's packet times).
+    at: Mutex<Option<f64>>,
 }
 
 impl DecodeLog {
@@ -35,12 +37,25 @@ impl DecodeLog {
         Ok(DecodeLog {
             out: Mutex::new(out),
             json,
+            at: Mutex::new(None),
         })
+    }
+
+    /// The lines that follow carry this time (seconds since 1970).
+    pub fn set_time(&self, t: f64) {
+        if let Ok(mut at) = self.at.lock() {
+            *at = Some(t);
+        }
+    }
+
+    fn fields(&self) -> Fields {
+        let at = self.at.lock().ok().and_then(|a| *a);
+        Fields::new(self.json, at)
     }
 
     /// A client's request, and where it goes ("proxy": answered here).
     pub fn request(&self, client: u64, msg: &LdapMessage, to: &str, size: usize) {
-        let mut f = Fields::new(self.json);
+        let mut f = self.fields();
         f.num("conn", client);
         f.num("id", msg.id as u64);
         f.word("dir", "request");
@@ -63,9 +78,25 @@ impl DecodeLog {
         entries: u64,
         bytes: u64,
     ) {
+        let ms = started.elapsed().as_secs_f64() * 1000.0;
+        self.response_ms(client, id, from, rest, ms, entries, bytes);
+    }
+
+    /// As `response`, the time to it given (`ms`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn response_ms(
+        &self,
+        client: u64,
+        id: i32,
+        from: &str,
+        rest: &[u8],
+        ms: f64,
+        entries: u64,
+        bytes: u64,
+    ) {
         let mut frame = Vec::with_capacity(rest.len() + 8);
         crate::frame::with_id(id, rest, &mut frame);
-        let mut f = Fields::new(self.json);
+        let mut f = self.fields();
         f.num("conn", client);
         f.num("id", id as u64);
         f.word("dir", "response");
@@ -87,14 +118,14 @@ impl DecodeLog {
         }
         f.num("entries", entries);
         f.num("bytes", bytes);
-        f.float("ms", started.elapsed().as_secs_f64() * 1000.0);
+        f.float("ms", ms);
         f.text("from", from);
         self.write(f);
     }
 
     /// Bytes from a client or a server that are not LDAP.
     pub fn garbage(&self, side: &str, who: &str, bytes: &[u8]) {
-        let mut f = Fields::new(self.json);
+        let mut f = self.fields();
         f.word("dir", "garbage");
         f.word("from", side);
         f.text("who", who);
@@ -269,16 +300,18 @@ struct Fields {
 }
 
 impl Fields {
-    fn new(json: bool) -> Fields {
-        let t = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
+    fn new(json: bool, at: Option<f64>) -> Fields {
+        let now = || {
+            let d = SystemTime::now().duration_since(UNIX_EPOCH);
+            d.unwrap_or_default().as_secs_f64()
+        };
+        let t = at.unwrap_or_else(now);
         let mut f = Fields {
             json,
             line: String::with_capacity(200),
         };
         f.line.push_str(if json { "{" } else { "" });
-        f.float("t", t.as_secs_f64());
+        f.float("t", t);
         f
     }
 

@@ -12,6 +12,7 @@
 //! LDAP only: it must not touch the server's state, store, operations or
 //! replication (it reaches servers, Pando or not, over the wire).
 
+mod capture;
 mod client;
 pub mod config;
 mod csn;
@@ -19,6 +20,7 @@ mod decode_log;
 pub mod frame;
 mod health;
 mod link;
+pub mod pcap;
 mod record;
 mod settle;
 mod tls;
@@ -31,6 +33,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{Notify, Semaphore};
 
+pub use capture::Summary as CaptureSummary;
 pub use config::{ProxyConfig, ProxyFile, UpstreamConfig};
 use decode_log::DecodeLog;
 use upstream::{Identity, Role, Upstream};
@@ -298,4 +301,23 @@ async fn wait_for_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+/// Read LDAP out of a packet capture (the server on `port`): the decode
+/// log and the record as `[proxy]` configures them (`decode_log`,
+/// `decode_format`, `record`, `record_credentials`).
+pub fn read_capture(
+    path: &std::path::Path,
+    port: u16,
+    cfg: &ProxyConfig,
+) -> Result<CaptureSummary, String> {
+    let log = match &cfg.decode_log {
+        Some(p) => Some(DecodeLog::open(p, cfg.decode_format == "json")?),
+        None => None,
+    };
+    let record = match &cfg.record {
+        Some(p) => Some(record::Recorder::open(p, cfg.record_credentials)?),
+        None => None,
+    };
+    capture::read(path, port, log.as_ref(), record.as_ref())
 }

@@ -38,6 +38,11 @@ impl Recorder {
 
     /// One request: `frame` as received, `msg` decoded from it.
     pub fn request(&self, conn: u64, frame: &[u8], msg: &LdapMessage) {
+        self.request_at(self.started.elapsed().as_secs_f64(), conn, frame, msg);
+    }
+
+    /// As `request`, at `t` seconds from the start of the record.
+    pub fn request_at(&self, t: f64, conn: u64, frame: &[u8], msg: &LdapMessage) {
         let withheld = !self.credentials
             && matches!(&msg.op, ProtocolOp::BindRequest(b) if matches!(&b.auth, BindAuth::Simple(p) if !p.is_empty()));
         let bytes = if withheld {
@@ -50,7 +55,6 @@ impl Recorder {
             frame.to_vec()
         };
         let mut line = String::with_capacity(bytes.len() * 2 + 64);
-        let t = self.started.elapsed().as_secs_f64();
         let _ = write!(line, "{{\"t\":{t:.6},\"conn\":{conn},\"ber\":\"");
         for b in &bytes {
             let _ = write!(line, "{b:02x}");
