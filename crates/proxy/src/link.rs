@@ -144,6 +144,11 @@ impl Link {
             let Ok(mut p) = self.pending.lock() else {
                 return false;
             };
+            // Checked under the lock `fail_all` drains with: an operation
+            // is either answered by it or never taken.
+            if !self.is_alive() {
+                return false;
+            }
             p.insert(
                 id,
                 Pending {
@@ -251,9 +256,11 @@ impl Link {
 
     /// The server is gone: every waiting operation answered `unavailable`.
     async fn fail_all(&self, why: &str) {
-        self.alive.store(false, Ordering::Release);
         let waiting: Vec<Pending> = match self.pending.lock() {
-            Ok(mut p) => p.drain().map(|(_, v)| v).collect(),
+            Ok(mut p) => {
+                self.alive.store(false, Ordering::Release);
+                p.drain().map(|(_, v)| v).collect()
+            }
             Err(_) => Vec::new(),
         };
         for p in waiting {
