@@ -5,6 +5,7 @@ is killed (every operation answered, no acknowledged write lost), a
 lagging or stalled replica taken out of rotation and returned, and every
 message in the decode log, credentials masked."""
 
+import contextlib
 import json
 import os
 import signal
@@ -73,18 +74,26 @@ class Proxy:
         return c
 
 
-@pytest.fixture
-def setup(tmp_path):
-    ring = Ring(tmp_path, n=4).start()
+@contextlib.contextmanager
+def proxied_ring(tmp_path, n, providers, replicas, extra=""):
+    """A ring of n providers (see test_multi_provider.Ring), converged, and
+    a proxy in front of it (the nodes' indexes as providers and replicas)."""
+    ring = Ring(tmp_path, n=n).start()
     proxy = None
     try:
         converge(ring)
-        proxy = Proxy(tmp_path / "proxy", ring, providers=[0, 1], replicas=[2, 3]).start()
+        proxy = Proxy(tmp_path / "proxy", ring, providers=providers, replicas=replicas, extra=extra).start()
         yield ring, proxy
     finally:
         if proxy:
             proxy.stop()
         ring.stop(verify=False)
+
+
+@pytest.fixture
+def setup(tmp_path):
+    with proxied_ring(tmp_path, 4, [0, 1], [2, 3]) as both:
+        yield both
 
 
 def wait_for(cond, timeout, what, logs=lambda: ""):
@@ -122,7 +131,8 @@ def test_reads_are_shared_by_the_replicas_and_writes_go_to_the_active_provider(s
     assert c.modify_dn("uid=viaproxy," + PEOPLE, "uid=moved"), c.result
     assert c.delete("uid=moved," + PEOPLE), c.result
     assert c.compare("uid=alice," + PEOPLE, "uid", "alice") is True
-    writes = [ln for ln in proxy.lines() if ln["dir"] == "request" and ln["op"] in ("modify", "add", "modrdn", "delete")]
+    writes = [ln for ln in proxy.lines()
+              if ln["dir"] == "request" and ln["op"] in ("modify", "add", "modrdn", "delete")]
     assert len(writes) == 13 and {ln["to"] for ln in writes} == {urls[0]}, writes
     converge(ring)
     for node in ring.nodes:
@@ -195,12 +205,7 @@ def test_a_killed_provider_hands_writes_to_the_next_and_loses_no_acknowledged_wr
 
 
 def test_a_lagging_or_stalled_replica_leaves_the_read_rotation_and_returns(tmp_path):
-    ring = Ring(tmp_path, n=3).start()
-    proxy = None
-    try:
-        converge(ring)
-        proxy = Proxy(tmp_path / "proxy", ring, providers=[0], replicas=[1, 2],
-                      extra='max_lag_secs = 1\nbase = "%s"\n' % SUFFIX).start()
+    with proxied_ring(tmp_path, 3, [0], [1, 2], extra='max_lag_secs = 1\nbase = "%s"\n' % SUFFIX) as (ring, proxy):
         url1, url2 = ring.nodes[1].url, ring.nodes[2].url
         c = proxy.conn()
 
@@ -240,10 +245,6 @@ def test_a_lagging_or_stalled_replica_leaves_the_read_rotation_and_returns(tmp_p
         wait_for(lambda: url2 in share(20), 20, "the resumed replica back in rotation", proxy.logs)
         assert len(answered_unavailable) <= 1, answered_unavailable
         c.unbind()
-    finally:
-        if proxy:
-            proxy.stop()
-        ring.stop(verify=False)
 
 
 def test_every_message_is_decoded_with_credentials_masked_and_garbage_is_shown(setup):
@@ -286,11 +287,7 @@ def test_every_message_is_decoded_with_credentials_masked_and_garbage_is_shown(s
 
 
 def test_a_write_then_a_read_always_sees_it_with_a_replica_held_back(tmp_path):
-    ring = Ring(tmp_path, n=3).start()
-    proxy = None
-    try:
-        converge(ring)
-        proxy = Proxy(tmp_path / "proxy", ring, providers=[0], replicas=[1, 2]).start()
+    with proxied_ring(tmp_path, 3, [0], [1, 2]) as (ring, proxy):
         url2 = ring.nodes[2].url
         # Replica 3 receives changes only after a delay (its links stalled).
         for j in (1, 2):
@@ -315,10 +312,6 @@ def test_a_write_then_a_read_always_sees_it_with_a_replica_held_back(tmp_path):
             assert c.search(PEOPLE, "(uid=alice)", attributes=["description"]), c.result
         assert url2 in reads_by_server(proxy, since)
         c.unbind()
-    finally:
-        if proxy:
-            proxy.stop()
-        ring.stop(verify=False)
 
 
 def acked_writes(proxy, writers, seconds, kill=None):
@@ -357,12 +350,7 @@ def acked_writes(proxy, writers, seconds, kill=None):
 
 
 def test_with_acknowledge_replicas_1_a_kill_of_the_provider_loses_no_acknowledged_write(tmp_path):
-    ring = Ring(tmp_path, n=3).start()
-    proxy = None
-    try:
-        converge(ring)
-        proxy = Proxy(tmp_path / "proxy", ring, providers=[0, 1], replicas=[2],
-                      extra='acknowledge = "replicas:1"\n').start()
+    with proxied_ring(tmp_path, 3, [0, 1], [2], extra='acknowledge = "replicas:1"\n') as (ring, proxy):
 
         def kill():
             ring.nodes[0].proc.send_signal(signal.SIGKILL)
@@ -387,19 +375,11 @@ def test_with_acknowledge_replicas_1_a_kill_of_the_provider_loses_no_acknowledge
         assert not any(missing.values()), {k: v[:5] for k, v in missing.items()}
         mean = sum(d for _, d, *_ in acked) / len(acked)
         print("acknowledged %d (mean %.2f ms), answered unavailable %d" % (len(acked), mean * 1000, len(failed)))
-    finally:
-        if proxy:
-            proxy.stop()
-        ring.stop(verify=False)
 
 
 def test_a_write_not_copied_in_time_is_answered_unavailable_saying_so(tmp_path):
-    ring = Ring(tmp_path, n=3).start()
-    proxy = None
-    try:
-        converge(ring)
-        proxy = Proxy(tmp_path / "proxy", ring, providers=[0], replicas=[1, 2],
-                      extra='acknowledge = "replicas:2"\nacknowledge_timeout_secs = 1\n').start()
+    concern = 'acknowledge = "replicas:2"\nacknowledge_timeout_secs = 1\n'
+    with proxied_ring(tmp_path, 3, [0], [1, 2], extra=concern) as (ring, proxy):
         c = proxy.conn()
         assert c.modify("uid=alice," + PEOPLE, {"description": [(ldap3.MODIFY_REPLACE, ["both"])]}), c.result
         for j in (1, 2):
@@ -413,10 +393,6 @@ def test_a_write_not_copied_in_time_is_answered_unavailable_saying_so(tmp_path):
         # It was made (the provider has it).
         assert values(ring.nodes[0], "uid=alice," + PEOPLE, "description") == ["one"]
         c.unbind()
-    finally:
-        if proxy:
-            proxy.stop()
-        ring.stop(verify=False)
 
 
 def test_binds_on_one_connection_change_who_the_client_is(setup):
@@ -449,12 +425,7 @@ def test_binds_on_one_connection_change_who_the_client_is(setup):
 
 def test_a_connection_s_running_operations_are_bounded_and_a_stalled_server_s_answered(tmp_path):
     import ber
-    ring = Ring(tmp_path, n=2).start()
-    proxy = None
-    try:
-        converge(ring)
-        proxy = Proxy(tmp_path / "proxy", ring, providers=[0], replicas=[1],
-                      extra="max_ops_per_connection = 2\n").start()
+    with proxied_ring(tmp_path, 2, [0], [1], extra="max_ops_per_connection = 2\n") as (ring, proxy):
         os.kill(ring.nodes[1].proc.pid, signal.SIGSTOP)
         try:
             s = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
@@ -483,10 +454,6 @@ def test_a_connection_s_running_operations_are_bounded_and_a_stalled_server_s_an
             m, t = got[i]
             assert m["code"] == 52 and ring.nodes[1].url in m["diag"], m
             assert t < 6, t
-    finally:
-        if proxy:
-            proxy.stop()
-        ring.stop(verify=False)
 
 
 def test_clients_reach_the_proxy_over_ldaps_and_starttls(tmp_path):
