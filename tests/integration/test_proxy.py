@@ -619,3 +619,34 @@ def test_ldap_read_out_of_a_tcpdump_capture_is_decoded_and_replays(tmp_path):
         first.stop()
         if second:
             second.stop()
+
+
+def test_servers_closing_idle_connections_stay_in_rotation(tmp_path):
+    """The servers close the proxy's idle anonymous connections (their
+    anonymous idle timeout): nothing was lost, so neither leaves the
+    rotation, and writes stay on the first provider."""
+    ring = Ring(tmp_path, n=2)
+    for node in ring.nodes:
+        node.config += "\n[limits.anonymous]\nidle_timeout = 1\n"
+    ring.start()
+    proxy = None
+    try:
+        converge(ring)
+        proxy = Proxy(tmp_path / "proxy", ring, providers=[0, 1], replicas=[]).start()
+        anon = proxy.conn(user=None)
+        assert anon.search(PEOPLE, "(uid=alice)", attributes=["cn"]) and len(anon.entries) == 1
+        time.sleep(3)
+        for _ in range(3):
+            assert anon.search(PEOPLE, "(uid=alice)", attributes=["cn"]), anon.result
+            c = proxy.conn()
+            assert c.modify("uid=alice," + PEOPLE, {"description": [(ldap3.MODIFY_REPLACE, ["idle"])]}), c.result
+            c.unbind()
+            time.sleep(1.5)
+        writes = {ln["to"] for ln in proxy.lines() if ln["dir"] == "request" and ln["op"] == "modify"}
+        assert writes == {ring.nodes[0].url}, writes
+        assert "out of rotation" not in proxy.logs(), proxy.logs()
+        anon.unbind()
+    finally:
+        if proxy:
+            proxy.stop()
+        ring.stop(verify=False)

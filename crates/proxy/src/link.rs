@@ -338,9 +338,15 @@ async fn read_loop(
             return;
         }
     };
-    if link.is_alive() || link.waiting() > 0 {
-        tracing::info!(upstream = %link.upstream.url(), why, "a connection to a server ended");
+    // Operations were lost with it: the server may be gone, so it leaves
+    // the rotation until a check says otherwise. An idle connection the
+    // server closed (its idle timeout) says nothing about the server: the
+    // next operation opens another.
+    if link.waiting() > 0 {
+        tracing::info!(upstream = %link.upstream.url(), why, "a connection to a server ended with operations running");
         link.upstream.suspect(&why);
+    } else {
+        tracing::debug!(upstream = %link.upstream.url(), why, "an idle connection to a server ended");
     }
     link.fail_all(&why).await;
 }
