@@ -39,7 +39,7 @@ ALLOWED = {
                      "pando-access", "pando-observe", "pando-client", "pando-ops", "pando-overlays"},
     "pando-migrate": {"pando-proto", "pando-model", "pando-ldif", "pando-password", "pando-config", "pando-server"},
     # The proxy speaks LDAP to servers: the codec and the client only.
-    "pando-proxy": {"pando-proto", "pando-client", "pando-config"},
+    "pando-proxy": {"pando-proto", "pando-client"},
     "pando": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password", "pando-config", "pando-access", "pando-observe", "pando-client", "pando-server",
               "pando-gen", "pando-bench", "pando-migrate", "pando-proxy"},
 }
