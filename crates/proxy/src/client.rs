@@ -28,7 +28,7 @@ use crate::frame;
 use crate::link::{ClientOut, Link};
 use crate::settle::{self, SharedFence};
 use crate::tls;
-use crate::upstream::Role;
+use crate::upstream::{Role, Upstream};
 use crate::Proxy;
 
 /// A password held for a bound client; never printed.
@@ -163,9 +163,9 @@ where
         loop {
             match frame_length(&buf[used..], max) {
                 Ok(Some(n)) => {
-                    let frame = buf[used..used + n].to_vec();
+                    let frame = &buf[used..used + n];
                     used += n;
-                    if let Flow::Close = s.handle(&frame).await {
+                    if let Flow::Close = s.handle(frame).await {
                         break 'conn;
                     }
                 }
@@ -354,12 +354,7 @@ impl Session {
             }
             Auth::Simple { dn, password } => {
                 let mut client = up.connect().await?;
-                let bind = ProtocolOp::BindRequest(pando_proto::BindRequest {
-                    version: 3,
-                    name: dn.clone(),
-                    auth: BindAuth::Simple(password.0.clone()),
-                });
-                let (code, diag) = bind_on(&mut client, bind, Vec::new()).await?;
+                let (code, diag) = Upstream::bind_as(&mut client, dn, &password.0).await?;
                 if code != ResultCode::SUCCESS {
                     return Err(format!(
                         "{}: the proxy could not bind there as {dn}: {} ({}) {diag}",
@@ -570,20 +565,6 @@ impl Session {
         for (_, l) in self.pinned.drain() {
             l.close();
         }
-    }
-}
-
-/// Send a bind on a connection of the proxy's and read its result.
-async fn bind_on(
-    client: &mut pando_client::Client,
-    op: ProtocolOp,
-    controls: Vec<pando_proto::Control>,
-) -> Result<(ResultCode, String), String> {
-    client.send(op, controls).await.map_err(|e| e.0)?;
-    let reply = client.recv(Some(client.timeout())).await.map_err(|e| e.0)?;
-    match reply.op {
-        ProtocolOp::BindResponse(r) => Ok((r.result.code, r.result.message)),
-        other => Err(format!("answered a bind with message type {}", other.tag())),
     }
 }
 

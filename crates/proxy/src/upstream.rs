@@ -208,27 +208,39 @@ impl Upstream {
         }
     }
 
-    /// Bind a connection of the proxy's own as its identity (if any).
-    pub async fn bind_control(&self, c: &mut Client) -> Result<(), String> {
-        if self.identity.bind_dn.is_empty() {
-            return Ok(());
-        }
+    /// A simple bind on a connection of the proxy's: the result code and
+    /// diagnostic the server answered.
+    pub async fn bind_as(
+        c: &mut Client,
+        dn: &str,
+        password: &[u8],
+    ) -> Result<(ResultCode, String), String> {
         let op = ProtocolOp::BindRequest(BindRequest {
             version: 3,
-            name: self.identity.bind_dn.clone(),
-            auth: BindAuth::Simple(self.identity.password.clone()),
+            name: dn.to_string(),
+            auth: BindAuth::Simple(password.to_vec()),
         });
         c.send(op, Vec::new()).await.map_err(|e| e.0)?;
         match c.recv(Some(c.timeout())).await.map_err(|e| e.0)?.op {
-            ProtocolOp::BindResponse(r) if r.result.code == ResultCode::SUCCESS => Ok(()),
-            ProtocolOp::BindResponse(r) => Err(format!(
-                "the proxy's bind as {} failed: {} ({}) {}",
-                self.identity.bind_dn,
-                r.result.code.0,
-                r.result.code.name(),
-                r.result.message
+            ProtocolOp::BindResponse(r) => Ok((r.result.code, r.result.message)),
+            other => Err(format!("answered a bind with message type {}", other.tag())),
+        }
+    }
+
+    /// Bind a connection of the proxy's own as its identity (if any).
+    pub async fn bind_control(&self, c: &mut Client) -> Result<(), String> {
+        let id = &self.identity;
+        if id.bind_dn.is_empty() {
+            return Ok(());
+        }
+        match Self::bind_as(c, &id.bind_dn, &id.password).await? {
+            (ResultCode::SUCCESS, _) => Ok(()),
+            (code, diag) => Err(format!(
+                "the proxy's bind as {} failed: {} ({}) {diag}",
+                id.bind_dn,
+                code.0,
+                code.name()
             )),
-            _ => Err("answered a bind with another message".into()),
         }
     }
 
