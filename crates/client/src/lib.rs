@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use pando_proto::{
     frame_length, oid, BindAuth, BindRequest, Control, DecodeLimits, ExtendedRequest, LdapMessage,
-    ProtocolOp, ResultCode,
+    LdapResult, PagedResults, ProtocolOp, ResultCode, SearchRequest, SearchResultEntry,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{PrivateKeyDer, ServerName};
@@ -95,22 +95,28 @@ pub struct Client {
     pub url: String,
 }
 
-/// How a consumer reaches and binds to its provider.
-impl From<&pando_config::consumer::ConsumerConfig> for Endpoint {
-    fn from(c: &pando_config::consumer::ConsumerConfig) -> Endpoint {
+/// How a consumer reaches and binds to its provider, or a push its target.
+impl From<pando_config::consumer::Link<'_>> for Endpoint {
+    fn from(c: pando_config::consumer::Link<'_>) -> Endpoint {
         Endpoint {
-            url: c.provider.clone(),
-            bind_method: c.bind_method.clone(),
-            bind_dn: c.bind_dn.clone(),
-            credentials: c.credentials.clone(),
-            credentials_file: c.credentials_file.clone(),
+            url: c.url.to_string(),
+            bind_method: c.bind_method.to_string(),
+            bind_dn: c.bind_dn.to_string(),
+            credentials: c.credentials.cloned(),
+            credentials_file: c.credentials_file.cloned(),
             start_tls: c.start_tls,
-            tls_ca_file: c.tls_ca_file.clone(),
-            tls_cert_file: c.tls_cert_file.clone(),
-            tls_key_file: c.tls_key_file.clone(),
+            tls_ca_file: c.tls_ca_file.cloned(),
+            tls_cert_file: c.tls_cert_file.cloned(),
+            tls_key_file: c.tls_key_file.cloned(),
             keepalive_secs: c.keepalive_secs,
             timeout_secs: c.timeout_secs,
         }
+    }
+}
+
+impl From<&pando_config::consumer::ConsumerConfig> for Endpoint {
+    fn from(c: &pando_config::consumer::ConsumerConfig) -> Endpoint {
+        Endpoint::from(c.link())
     }
 }
 
@@ -435,6 +441,91 @@ impl Client {
                 self.url,
                 other.tag()
             )),
+        }
+    }
+
+    /// Send a request answered by one response (add, delete, modify,
+    /// modify DN, compare) and wait for its result, whatever its code.
+    pub async fn request(
+        &mut self,
+        op: ProtocolOp,
+        controls: Vec<Control>,
+    ) -> Result<LdapResult, ClientError> {
+        let id = self.send(op, controls).await?;
+        let wait = self.timeout;
+        let m = self.recv(Some(wait)).await?;
+        if m.id != id {
+            return fail(format!(
+                "{} answered message {} (expected {id})",
+                self.url, m.id
+            ));
+        }
+        match m.op {
+            ProtocolOp::AddResponse(r)
+            | ProtocolOp::DelResponse(r)
+            | ProtocolOp::ModifyResponse(r)
+            | ProtocolOp::ModifyDnResponse(r)
+            | ProtocolOp::CompareResponse(r) => Ok(r),
+            other => fail(format!(
+                "{} answered with an unexpected {:?}",
+                self.url,
+                other.tag()
+            )),
+        }
+    }
+
+    /// Every entry `req` finds, read in pages of `page` (RFC 2696, so a
+    /// server's size limit for the identity does not cut the answer
+    /// short), with the last page's result. A server without paging
+    /// answers at once, whole.
+    pub async fn search_all(
+        &mut self,
+        req: SearchRequest,
+        page: i32,
+    ) -> Result<(Vec<SearchResultEntry>, LdapResult), ClientError> {
+        let mut entries = Vec::new();
+        let mut cookie = Vec::new();
+        let wait = self.timeout;
+        loop {
+            let paged = Control {
+                oid: pando_proto::oid::PAGED_RESULTS.into(),
+                critical: false,
+                value: Some(PagedResults { size: page, cookie }.encode()),
+            };
+            let id = self
+                .send(ProtocolOp::SearchRequest(req.clone()), vec![paged])
+                .await?;
+            let (done, controls) = loop {
+                let m = self.recv(Some(wait)).await?;
+                match m.op {
+                    _ if m.id != id => {
+                        return fail(format!(
+                            "{} answered message {} (expected {id})",
+                            self.url, m.id
+                        ))
+                    }
+                    ProtocolOp::SearchResultEntry(e) => entries.push(e),
+                    ProtocolOp::SearchResultReference(_) => {}
+                    ProtocolOp::SearchResultDone(r) => break (r, m.controls),
+                    other => {
+                        return fail(format!(
+                            "{} answered a search with {:?}",
+                            self.url,
+                            other.tag()
+                        ))
+                    }
+                }
+            };
+            let next = controls
+                .iter()
+                .find(|c| c.oid == pando_proto::oid::PAGED_RESULTS)
+                .and_then(|c| PagedResults::decode(c.value.as_deref()?).ok())
+                .map(|p| p.cookie)
+                .unwrap_or_default();
+            if done.code != ResultCode::SUCCESS || next.is_empty() {
+                return Ok((entries, done));
+            }
+            cookie = next;
         }
     }
 

@@ -24,32 +24,53 @@ impl fmt::Debug for Secret {
 /// ([`keep_hidden_credentials`]).
 pub const HIDDEN_CREDENTIALS: &str = "****";
 
-/// The consumers as a configuration read shows them: inline passwords
+/// A configuration table holding a password for another server (a
+/// consumer's provider, a push's target).
+pub trait Credentialed {
+    /// Its inline password.
+    fn credentials(&self) -> Option<&Secret>;
+    fn set_credentials(&mut self, secret: Option<Secret>);
+    /// The same table talking to the same server as the same identity
+    /// (for a consumer: rid, provider and bind_dn).
+    fn same_peer(&self, other: &Self) -> bool;
+}
+
+impl Credentialed for ConsumerConfig {
+    fn credentials(&self) -> Option<&Secret> {
+        self.credentials.as_ref()
+    }
+    fn set_credentials(&mut self, secret: Option<Secret>) {
+        self.credentials = secret;
+    }
+    fn same_peer(&self, o: &Self) -> bool {
+        o.rid == self.rid && o.provider == self.provider && o.bind_dn == self.bind_dn
+    }
+}
+
+/// The tables as a configuration read shows them: inline passwords
 /// replaced by [`HIDDEN_CREDENTIALS`].
-pub fn hide_credentials(consumers: &mut [ConsumerConfig]) {
-    for c in consumers {
-        if c.credentials.is_some() {
-            c.credentials = Some(Secret(HIDDEN_CREDENTIALS.into()));
+pub fn hide_credentials<T: Credentialed>(tables: &mut [T]) {
+    for c in tables {
+        if c.credentials().is_some() {
+            c.set_credentials(Some(Secret(HIDDEN_CREDENTIALS.into())));
         }
     }
 }
 
-/// A consumer given back with the placeholder password (a tool writing
-/// back what it read) keeps the password `stored` holds for it, as long as
-/// it is the same consumer talking to the same provider as the same
-/// identity (same rid, provider and bind_dn): the stored password never
-/// goes to a host an administrator names without giving it again. Where
-/// that does not hold the placeholder stays, and validation refuses it.
-pub fn keep_hidden_credentials(consumers: &mut [ConsumerConfig], stored: &[ConsumerConfig]) {
-    for c in consumers {
-        if c.credentials.as_ref().map(|s| s.0.as_str()) != Some(HIDDEN_CREDENTIALS) {
+/// A table given back with the placeholder password (a tool writing back
+/// what it read) keeps the password `stored` holds for it, as long as it
+/// is the same table talking to the same server as the same identity
+/// ([`Credentialed::same_peer`]): the stored password never goes to a host
+/// an administrator names without giving it again. Where that does not
+/// hold the placeholder stays, and validation refuses it.
+pub fn keep_hidden_credentials<T: Credentialed>(tables: &mut [T], stored: &[T]) {
+    for c in tables {
+        if c.credentials().map(|s| s.0.as_str()) != Some(HIDDEN_CREDENTIALS) {
             continue;
         }
-        let same = stored
-            .iter()
-            .find(|o| o.rid == c.rid && o.provider == c.provider && o.bind_dn == c.bind_dn);
-        if let Some(secret) = same.and_then(|o| o.credentials.clone()) {
-            c.credentials = Some(secret);
+        let same = stored.iter().find(|o| o.same_peer(c));
+        if let Some(secret) = same.and_then(|o| o.credentials().cloned()) {
+            c.set_credentials(Some(secret));
         }
     }
 }
@@ -272,6 +293,113 @@ impl Retry {
     }
 }
 
+/// How a server reaches and binds to another (a consumer to its provider,
+/// a push to its target): the settings both share, checked alike.
+#[derive(Clone, Debug)]
+pub struct Link<'a> {
+    /// What the other server is to this one (`provider`, `target`).
+    pub role: &'static str,
+    /// What the table is called in messages (`consumer rid 001`).
+    pub name: String,
+    pub url: &'a str,
+    pub bind_method: &'a str,
+    pub bind_dn: &'a str,
+    pub credentials: Option<&'a Secret>,
+    pub credentials_file: Option<&'a PathBuf>,
+    pub start_tls: bool,
+    pub allow_plaintext_password: bool,
+    pub tls_ca_file: Option<&'a PathBuf>,
+    pub tls_cert_file: Option<&'a PathBuf>,
+    pub tls_key_file: Option<&'a PathBuf>,
+    pub keepalive_secs: u64,
+    pub timeout_secs: u64,
+}
+
+impl Link<'_> {
+    /// The bind, TLS and timeout settings; the error names the key and
+    /// the problem.
+    pub fn check(&self) -> Result<(), (String, String)> {
+        let e = |k: &str, p: String| Err((k.to_string(), p));
+        let role = self.role;
+        match self.bind_method {
+            "simple" => {
+                if self.bind_dn.is_empty() {
+                    return e("bind_dn", "a simple bind needs bind_dn".into());
+                }
+                if self.credentials.is_none() == self.credentials_file.is_none() {
+                    return e(
+                        "credentials",
+                        "a simple bind needs exactly one of credentials and credentials_file"
+                            .into(),
+                    );
+                }
+                if let Some(p) = self.hidden_or_plaintext() {
+                    return Err(p);
+                }
+            }
+            "sasl_external" => {
+                if self.tls_cert_file.is_none() || self.tls_key_file.is_none() {
+                    return e(
+                        "tls_cert_file",
+                        "sasl_external needs tls_cert_file and tls_key_file".into(),
+                    );
+                }
+                if !(self.start_tls || self.url.starts_with("ldaps://")) {
+                    return e(
+                        "bind_method",
+                        format!("sasl_external needs TLS: an ldaps:// {role} or start_tls = true"),
+                    );
+                }
+            }
+            "none" => {}
+            other => {
+                return e(
+                    "bind_method",
+                    format!("'{other}' is not one of simple, sasl_external, none"),
+                )
+            }
+        }
+        if self.start_tls && self.url.starts_with("ldaps://") {
+            return e("start_tls", format!("an ldaps:// {role} is already TLS"));
+        }
+        if self.timeout_secs == 0 {
+            return e("timeout_secs", "must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// A simple bind's password must be given (not the placeholder of a
+    /// read) and must not cross a network in clear: an ldaps:// URL,
+    /// StartTLS, a loopback address (the password never leaves the host),
+    /// or the explicit `allow_plaintext_password`.
+    fn hidden_or_plaintext(&self) -> Option<(String, String)> {
+        let (name, role) = (&self.name, self.role);
+        if self.credentials.map(|s| s.0.as_str()) == Some(HIDDEN_CREDENTIALS) {
+            return Some((
+                "credentials".into(),
+                format!(
+                    "{name}: '{HIDDEN_CREDENTIALS}' is what configuration reads show in place of the password; \
+                     it keeps the stored password only for the same rid, {role} and bind_dn. Give the password (or credentials_file)"
+                ),
+            ));
+        }
+        let clear = self.url.starts_with("ldap://")
+            && !self.start_tls
+            && !self.allow_plaintext_password
+            && !pando_proto::url::is_loopback(self.url);
+        clear.then(|| {
+            (
+                "start_tls".into(),
+                format!(
+                    "{name}: a simple bind to {} over plain ldap:// sends the password in clear; \
+                     use an ldaps:// {role} or start_tls = true (allow_plaintext_password = true accepts it, for a lab)",
+                    self.url
+                ),
+            )
+        })
+    }
+}
+
 impl ConsumerConfig {
     /// Check the settings; the error names the problem (the caller adds
     /// the key).
@@ -316,13 +444,7 @@ impl ConsumerConfig {
                 format!("{} is not one of 1, 16, 256, 4096", self.check_slices),
             );
         }
-        self.check_bind()?;
-        if self.start_tls && self.provider.starts_with("ldaps://") {
-            return e("start_tls", "an ldaps:// provider is already TLS".into());
-        }
-        if self.timeout_secs == 0 {
-            return e("timeout_secs", "must be at least 1".into());
-        }
+        self.link().check()?;
         if !matches!(self.syncdata.as_str(), "default" | "accesslog") {
             return e(
                 "syncdata",
@@ -341,79 +463,24 @@ impl ConsumerConfig {
         Ok(())
     }
 
-    /// The bind settings (part of [`ConsumerConfig::check`]).
-    fn check_bind(&self) -> Result<(), (String, String)> {
-        let e = |k: &str, p: String| Err((k.to_string(), p));
-        match self.bind_method.as_str() {
-            "simple" => {
-                if self.bind_dn.is_empty() {
-                    return e("bind_dn", "a simple bind needs bind_dn".into());
-                }
-                if self.credentials.is_none() == self.credentials_file.is_none() {
-                    return e(
-                        "credentials",
-                        "a simple bind needs exactly one of credentials and credentials_file"
-                            .into(),
-                    );
-                }
-                if let Some(p) = self.hidden_or_plaintext() {
-                    return Err(p);
-                }
-            }
-            "sasl_external" => {
-                if self.tls_cert_file.is_none() || self.tls_key_file.is_none() {
-                    return e(
-                        "tls_cert_file",
-                        "sasl_external needs tls_cert_file and tls_key_file".into(),
-                    );
-                }
-                if !(self.start_tls || self.provider.starts_with("ldaps://")) {
-                    return e(
-                        "bind_method",
-                        "sasl_external needs TLS: an ldaps:// provider or start_tls = true".into(),
-                    );
-                }
-            }
-            "none" => {}
-            other => {
-                return e(
-                    "bind_method",
-                    format!("'{other}' is not one of simple, sasl_external, none"),
-                )
-            }
+    /// How this consumer reaches and binds to its provider.
+    pub fn link(&self) -> Link<'_> {
+        Link {
+            role: "provider",
+            name: format!("consumer rid {:03}", self.rid),
+            url: &self.provider,
+            bind_method: &self.bind_method,
+            bind_dn: &self.bind_dn,
+            credentials: self.credentials.as_ref(),
+            credentials_file: self.credentials_file.as_ref(),
+            start_tls: self.start_tls,
+            allow_plaintext_password: self.allow_plaintext_password,
+            tls_ca_file: self.tls_ca_file.as_ref(),
+            tls_cert_file: self.tls_cert_file.as_ref(),
+            tls_key_file: self.tls_key_file.as_ref(),
+            keepalive_secs: self.keepalive_secs,
+            timeout_secs: self.timeout_secs,
         }
-        Ok(())
-    }
-
-    /// A simple bind's password must be given (not the placeholder of a
-    /// read) and must not cross a network in clear: an ldaps:// provider,
-    /// StartTLS, a loopback provider (the password never leaves the host),
-    /// or the explicit `allow_plaintext_password`.
-    fn hidden_or_plaintext(&self) -> Option<(String, String)> {
-        let rid = self.rid;
-        if self.credentials.as_ref().map(|s| s.0.as_str()) == Some(HIDDEN_CREDENTIALS) {
-            return Some((
-                "credentials".into(),
-                format!(
-                    "consumer rid {rid:03}: '{HIDDEN_CREDENTIALS}' is what configuration reads show in place of the password; \
-                     it keeps the stored password only for the same rid, provider and bind_dn. Give the password (or credentials_file)"
-                ),
-            ));
-        }
-        let clear = self.provider.starts_with("ldap://")
-            && !self.start_tls
-            && !self.allow_plaintext_password
-            && !pando_proto::url::is_loopback(&self.provider);
-        clear.then(|| {
-            (
-                "start_tls".into(),
-                format!(
-                    "consumer rid {rid:03}: a simple bind to {} over plain ldap:// sends the password in clear; \
-                     use an ldaps:// provider or start_tls = true (allow_plaintext_password = true accepts it, for a lab)",
-                    self.provider
-                ),
-            )
-        })
     }
 
     pub fn persist(&self) -> bool {

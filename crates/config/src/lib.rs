@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod consumer;
 pub mod overlay;
+pub mod push;
 pub mod schema_files;
 
 pub use overlay::OverlayConfig;
@@ -137,6 +138,9 @@ pub struct ReplicationConfig {
     pub multi_provider: bool,
     /// `[[replication.consumer]]`: subtrees kept in step with providers.
     pub consumer: Vec<consumer::ConsumerConfig>,
+    /// `[[replication.push]]`: subtrees written to servers that cannot
+    /// pull them.
+    pub push: Vec<push::PushConfig>,
 }
 
 impl Default for ReplicationConfig {
@@ -149,6 +153,7 @@ impl Default for ReplicationConfig {
             max_changes_counted: 100_000,
             multi_provider: false,
             consumer: Vec::new(),
+            push: Vec::new(),
         }
     }
 }
@@ -1477,26 +1482,8 @@ impl ReplicationConfig {
         for (i, c) in r.consumer.iter().enumerate() {
             let key = |k: &str| format!("replication.consumer[{i}].{k}");
             c.check().map_err(|(k, p)| err(key(&k), p))?;
-            let base = Dn::parse(&c.search_base)
-                .map_err(|e| err(key("search_base"), format!("'{}': {e}", c.search_base)))?;
-            let norm = schema
-                .normalize_dn(&base)
-                .map_err(|e| err(key("search_base"), format!("'{}': {e}", c.search_base)))?;
-            let inside = suffixes.iter().any(|s| {
-                Dn::parse(s)
-                    .ok()
-                    .and_then(|d| schema.normalize_dn(&d).ok())
-                    .is_some_and(|s| norm == s || norm.ends_with(&format!(",{s}")))
-            });
-            if !inside {
-                return Err(err(
-                    key("search_base"),
-                    format!(
-                        "'{}' is not within a suffix this server holds",
-                        c.search_base
-                    ),
-                ));
-            }
+            within_suffix(schema, suffixes, &c.search_base)
+                .map_err(|p| err(key("search_base"), p))?;
             if r.multi_provider && c.delta() {
                 return Err(err(
                     key("syncdata"),
@@ -1507,7 +1494,35 @@ impl ReplicationConfig {
                 return Err(err(key("rid"), format!("rid {} is used twice", c.rid)));
             }
         }
+        for (i, p) in r.push.iter().enumerate() {
+            let key = |k: &str| format!("replication.push[{i}].{k}");
+            p.check().map_err(|(k, why)| err(key(&k), why))?;
+            within_suffix(schema, suffixes, &p.search_base)
+                .map_err(|why| err(key("search_base"), why))?;
+            if r.push[..i].iter().any(|o| o.rid == p.rid) {
+                return Err(err(key("rid"), format!("push rid {} is used twice", p.rid)));
+            }
+        }
         Ok(())
+    }
+}
+
+/// Whether the subtree `base` lies within one of `suffixes`; the problem
+/// when not.
+fn within_suffix(schema: &Schema, suffixes: &[String], base: &str) -> Result<(), String> {
+    let dn = Dn::parse(base).map_err(|e| format!("'{base}': {e}"))?;
+    let norm = schema
+        .normalize_dn(&dn)
+        .map_err(|e| format!("'{base}': {e}"))?;
+    let inside = suffixes.iter().any(|s| {
+        Dn::parse(s)
+            .ok()
+            .and_then(|d| schema.normalize_dn(&d).ok())
+            .is_some_and(|s| norm == s || norm.ends_with(&format!(",{s}")))
+    });
+    match inside {
+        true => Ok(()),
+        false => Err(format!("'{base}' is not within a suffix this server holds")),
     }
 }
 

@@ -373,6 +373,7 @@ async fn shut_down(
     {
         tracing::warn!("some connections did not close within 10 s; closing anyway");
     }
+    repl::Replicas::of(&live.server()).end_pushes().await;
     let w = store.writer_stats();
     tracing::info!(
         batches = w.batches,
@@ -550,7 +551,7 @@ fn new_runtime(
         feed: Arc::new(ops::feed::Feed::new(limits.persistent_search_backlog)),
         persistent_searches: capacity::Capacity::new(limits.max_persistent_searches),
         persistent_holders: Default::default(),
-        replicas: Arc::new(repl::Replicas::new(&c.schema, &cfg.replication.consumer)),
+        replicas: Arc::new(repl::Replicas::new(&c.schema, &cfg.replication)),
         config_tree,
     }
 }

@@ -250,6 +250,7 @@ pub const KEYS: &[Key] = &[
     k(123, "replication.refresh_required", "", Global, Boolean),
     k(129, "replication.max_changes_counted", "", Global, Integer),
     k(124, "replication.consumer", "", Database, Tables),
+    k(127, "replication.push", "", Database, Tables),
     k(
         125,
         "replication.multi_provider",
@@ -323,16 +324,15 @@ pub fn attr_of(key: &str) -> String {
 ///
 /// [`hide_credentials`]: pando_config::consumer::hide_credentials
 pub fn shown(cfg: &Config) -> std::borrow::Cow<'_, Config> {
-    if cfg
-        .replication
-        .consumer
-        .iter()
-        .all(|c| c.credentials.is_none())
+    let r = &cfg.replication;
+    if r.consumer.iter().all(|c| c.credentials.is_none())
+        && r.push.iter().all(|p| p.credentials.is_none())
     {
         return std::borrow::Cow::Borrowed(cfg);
     }
     let mut out = cfg.clone();
     pando_config::consumer::hide_credentials(&mut out.replication.consumer);
+    pando_config::consumer::hide_credentials(&mut out.replication.push);
     std::borrow::Cow::Owned(out)
 }
 
@@ -549,6 +549,10 @@ pub fn apply(desired: &Config, norm: &str, changes: &[Change]) -> Result<Config,
     pando_config::consumer::keep_hidden_credentials(
         &mut cfg.replication.consumer,
         &desired.replication.consumer,
+    );
+    pando_config::consumer::keep_hidden_credentials(
+        &mut cfg.replication.push,
+        &desired.replication.push,
     );
     // No rules configured shows the built-in ones; unless changed, they
     // stay built in rather than becoming configured copies.

@@ -200,7 +200,7 @@ impl Staged<'_> {
     }
 
     /// The audit log's record of the change made. A modify of an
-    /// attribute that may hold a credential (a consumer's password) is
+    /// attribute that may hold a credential (a consumer's or a push's password) is
     /// logged as a replace with the values a read shows afterwards, never
     /// with what was sent.
     fn audit(&self, server: &Server, after: Option<&Entry>) {
@@ -289,7 +289,8 @@ fn entry_named(
 /// Whether values of the configuration attribute `name` may hold a
 /// credential.
 fn holds_secrets(name: &str) -> bool {
-    super::key_for_attr(name).is_some_and(|k| k.key == "replication.consumer")
+    super::key_for_attr(name)
+        .is_some_and(|k| matches!(k.key, "replication.consumer" | "replication.push"))
 }
 
 /// `changes` with every change of an attribute holding secrets replaced

@@ -89,7 +89,7 @@ pub(super) fn catalog_change(current: &Server, next: &Server) -> pando_store::Ca
 }
 
 /// After `server` replaced `before`: the server ID CSNs carry, the
-/// consumers running, the entries of new suffixes.
+/// consumers and pushes running, the entries of new suffixes.
 pub(super) async fn follow(server: &Arc<Server>, before: &Server) {
     let (old, new) = (
         &before.cfg.config.replication,
@@ -105,6 +105,11 @@ pub(super) async fn follow(server: &Arc<Server>, before: &Server) {
     if old.consumer != new.consumer {
         crate::repl::Replicas::of(server)
             .follow_configuration(server)
+            .await;
+    }
+    if old.push != new.push {
+        crate::repl::Replicas::of(server)
+            .follow_pushes(server)
             .await;
     }
     if server.cfg.suffixes != before.cfg.suffixes {

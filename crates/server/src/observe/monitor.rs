@@ -480,9 +480,16 @@ fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
         "monitoredObject",
         "Replication",
         "cn=Replication,cn=Monitor",
-        vec![num("pandoReplConsumers", replicas.len() as u64)],
+        vec![
+            num("pandoReplConsumers", replicas.len() as u64),
+            num(
+                "pandoReplPushes",
+                crate::repl::Replicas::of(server).pushes().len() as u64,
+            ),
+        ],
     ));
     out.push(conflicts_node(server));
+    pushes(server, out);
     let time = |t: Option<u64>| t.map(pando_store::clock::generalized_time);
     for r in replicas.iter() {
         let Some(s) = r.snapshot() else {
@@ -552,6 +559,40 @@ fn replication(server: &Server, out: &mut Vec<(String, Entry)>) {
                 values: classes,
             },
         );
+        out.push((dn, entry));
+    }
+}
+
+/// One `cn=Push NNN,cn=Replication,cn=Monitor` per push.
+fn pushes(server: &Server, out: &mut Vec<(String, Entry)>) {
+    for p in crate::repl::Replicas::of(server).pushes().iter() {
+        let s = p.snapshot();
+        let cn = format!("Push {:03}", p.rid);
+        let mut attrs = vec![
+            attr("pandoPushTarget", [p.cfg.target.clone()]),
+            attr("pandoPushPhase", [s.phase]),
+            num("pandoPushPushed", s.pushed),
+            num("pandoPushRefused", s.refused),
+            num("pandoPushLoads", s.loads),
+            num("pandoReplFailures", s.failures),
+        ];
+        if !s.place.is_empty() {
+            attrs.push(attr("pandoPushPlace", s.place));
+        }
+        if let Some(t) = s.last_push {
+            attrs.push(attr(
+                "pandoPushLastTime",
+                [pando_store::clock::generalized_time(t)],
+            ));
+        }
+        if let Some(e) = s.last_error {
+            attrs.push(attr("pandoReplLastError", [e]));
+        }
+        let dn = format!("cn={cn},cn=Replication,cn=Monitor");
+        let (dn, mut entry) = node("monitoredObject", &cn, &dn, attrs);
+        if let Some(oc) = entry.attrs.iter_mut().find(|a| a.desc == "objectClass") {
+            oc.values.push(b"pandoPushInstance".to_vec());
+        }
         out.push((dn, entry));
     }
 }

@@ -8,6 +8,7 @@ pub mod check;
 pub mod consumer;
 pub mod delta;
 pub mod lag;
+pub mod push;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -39,9 +40,11 @@ pub struct Replica {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
-/// Every configured consumer; the list changes with the configuration.
+/// Every configured consumer and push; the lists change with the
+/// configuration.
 pub struct Replicas {
     list: ArcSwap<Vec<Arc<Replica>>>,
+    pushes: ArcSwap<Vec<Arc<push::Pusher>>>,
 }
 
 impl Replica {
@@ -107,15 +110,26 @@ impl Replica {
 
 impl Replicas {
     /// From the validated configuration (search bases were checked then).
-    pub fn new(schema: &Schema, consumers: &[pando_config::consumer::ConsumerConfig]) -> Replicas {
+    pub fn new(schema: &Schema, cfg: &pando_config::ReplicationConfig) -> Replicas {
         Replicas {
             list: ArcSwap::from_pointee(
-                consumers
+                cfg.consumer
                     .iter()
                     .map(|c| Arc::new(Replica::new(schema, c)))
                     .collect(),
             ),
+            pushes: ArcSwap::from_pointee(
+                cfg.push
+                    .iter()
+                    .map(|p| Arc::new(push::Pusher::new(schema, p)))
+                    .collect(),
+            ),
         }
+    }
+
+    /// The pushes now.
+    pub fn pushes(&self) -> Arc<Vec<Arc<push::Pusher>>> {
+        self.pushes.load_full()
     }
 
     /// The consumers now.
@@ -123,10 +137,53 @@ impl Replicas {
         self.list.load_full()
     }
 
-    /// Start every consumer's tasks (at start).
+    /// Start every consumer's and push's tasks (at start).
     pub fn start_all(&self, server: &Arc<Server>) {
         for r in self.list().iter() {
             r.start(server);
+        }
+        for p in self.pushes().iter() {
+            p.start(server);
+        }
+    }
+
+    /// Stop every push, each writing its place (at shutdown, before the
+    /// store closes: a clean restart pushes nothing twice).
+    pub async fn end_pushes(&self) {
+        for p in self.pushes().iter() {
+            p.end().await;
+        }
+    }
+
+    /// Make the pushes those of `server`'s configuration, as
+    /// [`Replicas::follow_configuration`] does the consumers (a changed
+    /// push starts again from the place stored for its rid).
+    pub async fn follow_pushes(&self, server: &Arc<Server>) {
+        let wanted = &server.cfg.config.replication.push;
+        let old = self.pushes();
+        let new: Vec<Arc<push::Pusher>> = wanted
+            .iter()
+            .map(|c| {
+                old.iter()
+                    .find(|p| p.cfg == *c)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(push::Pusher::new(&server.schema, c)))
+            })
+            .collect();
+        for p in old
+            .iter()
+            .filter(|o| !new.iter().any(|n| Arc::ptr_eq(n, o)))
+        {
+            tracing::info!(rid = p.rid, target = %p.cfg.target, "push stopped (configuration changed)");
+            p.end().await;
+        }
+        self.pushes.store(Arc::new(new.clone()));
+        for p in new
+            .iter()
+            .filter(|n| !old.iter().any(|o| Arc::ptr_eq(o, n)))
+        {
+            tracing::info!(rid = p.rid, target = %p.cfg.target, "push started (configuration changed)");
+            p.start(server);
         }
     }
 
