@@ -198,6 +198,14 @@ pub struct ConsumerConfig {
     /// Delta-sync: which of its records are changes to apply.
     #[serde(default = "default_logfilter")]
     pub logfilter: String,
+    /// Also follow the provider's configuration (OpenLDAP replicates
+    /// cn=config with a consumer of it): every shared key changed there
+    /// later than here is taken (all keys but this server's own: its ID,
+    /// listeners, files, consumers and pushes). The provider must be a
+    /// Pando server and the consumer's identity one of its
+    /// administrators.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub config: bool,
 }
 
 fn default_syncdata() -> String {

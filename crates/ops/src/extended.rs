@@ -47,6 +47,7 @@ pub async fn extended(
         super::special::BACKUP_EXOP => online_backup(server, who, req.value).await,
         super::special::CHANGES_BEHIND_EXOP => changes_behind(server, who, req.value).await,
         super::special::DIGEST_EXOP => super::digest_answer::answer(server, who, req.value).await,
+        super::special::CONFIG_STATE_EXOP => config_state(server, who, req.value),
         super::special::PWD_FAILURES_EXOP => {
             let (dn, count) = super::policy::failures_request(req.value.as_deref())?;
             let Some(p) = &server.policy else {
@@ -322,6 +323,35 @@ impl WriteOp for SetPassword {
             },
         );
     }
+}
+
+/// The shared configuration, for a server following this one's (the
+/// request's value, if any, is empty).
+fn config_state(
+    server: &Arc<Server>,
+    who: &Identity,
+    value: Option<Vec<u8>>,
+) -> OpResult<ExtendedResponse> {
+    if !who.is_admin() && !who.is_break_glass() {
+        return Err(LdapError::access(
+            "only an administrator may read the configuration",
+        ));
+    }
+    if value.is_some_and(|v| !v.is_empty()) {
+        return Err(LdapError::protocol(
+            "the configuration state request has no request value",
+        ));
+    }
+    let state = server
+        .rt
+        .config_tree
+        .shared_state(server)
+        .map_err(|e| LdapError::new(ResultCode::OTHER, e))?;
+    Ok(ExtendedResponse {
+        result: LdapResult::success(),
+        name: Some(super::special::CONFIG_STATE_EXOP.to_string()),
+        value: Some(state),
+    })
 }
 
 /// Back up the running store into a directory on the server host.

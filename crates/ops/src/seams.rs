@@ -71,6 +71,14 @@ pub trait ConfigTree: Send + Sync {
         server: &'a Arc<Server>,
         change: ConfigChange<'a>,
     ) -> ConfigFuture<'a, Box<dyn StagedConfig<'a> + 'a>>;
+
+    /// The configuration other servers share with this one (its shared
+    /// keys and when each last changed), as `CONFIG_STATE_EXOP` answers
+    /// it to a consumer that follows this server's configuration.
+    fn shared_state(&self, server: &Server) -> Result<Vec<u8>, String>;
+
+    /// This tree, for the layer that made it.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// A change of cn=config begun and not yet made.

@@ -31,6 +31,11 @@ pub const PWD_FAILURES_EXOP: &str = "2.25.15972167931155808496075090497880241257
 /// entries under some of them (see `ops::digest`). For authenticated
 /// identities, over what they may read.
 pub const DIGEST_EXOP: &str = "2.25.15972167931155808496075090497880241257.1.4";
+/// The shared configuration (a consumer with `config = true` follows its
+/// provider's): no request value (or an empty one); response value = the shared keys'
+/// values and when each last changed (see `ConfigTree::shared_state`).
+/// Administrators only.
+pub const CONFIG_STATE_EXOP: &str = "2.25.15972167931155808496075090497880241257.1.5";
 
 /// Extended operations this server implements (and StartTLS when a
 /// certificate is configured).
@@ -42,6 +47,7 @@ pub const SUPPORTED_EXTENSIONS: &[&str] = &[
     CHANGES_BEHIND_EXOP,
     PWD_FAILURES_EXOP,
     DIGEST_EXOP,
+    CONFIG_STATE_EXOP,
 ];
 /// SASL mechanisms: EXTERNAL (ldapi peer credentials, TLS client certificates).
 pub const SUPPORTED_SASL_MECHANISMS: &[&str] = &["EXTERNAL"];

@@ -132,7 +132,10 @@ pub async fn run(cfg: Resolved, schema: Arc<Schema>, opts: ServeOptions) -> Resu
     // a write of its own.
     let mut saved = false;
     if let Some(file) = &opts.file {
-        match cn_config::stored::save(&store, &cfg.config, Some(file), Default::default()).await {
+        let stamps = cn_config::stored::start_stamps(&store, &cfg.config, &csn.next());
+        match cn_config::stored::save(&store, &cfg.config, Some(file), Default::default(), stamps)
+            .await
+        {
             Ok(()) => saved = true,
             Err(e) => tracing::error!("{e}; changes under cn=config will not persist"),
         }
@@ -646,7 +649,8 @@ async fn apply_reload(live: &live::Live, reload: Option<&Reloader>) {
         None => file.clone(),
     };
     // Schema files are read again; the schema changes when they did.
-    let installed = match live.commit(merged, Some(&file), false).await {
+    let stamp = live::Stamp::New(server.rt.csn.next());
+    let installed = match live.commit(merged, Some(&file), false, stamp).await {
         Ok(i) => i,
         Err(e) => return refused(e.to_string()),
     };

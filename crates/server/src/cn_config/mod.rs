@@ -25,6 +25,7 @@ pub mod overlay_tree;
 pub mod rule_text;
 pub mod schema_tree;
 pub mod serve;
+pub mod shared;
 pub mod stored;
 
 use std::collections::BTreeMap;

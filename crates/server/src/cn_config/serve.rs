@@ -29,6 +29,16 @@ impl ConfigTree for Tree {
         super::entries(&server.desired, &server.cfg.config)
     }
 
+    fn shared_state(&self, server: &Server) -> Result<Vec<u8>, String> {
+        let rtxn = server.rt.store.read().map_err(|e| e.to_string())?;
+        let stamps = super::stored::stamps(&rtxn.view()).map_err(|e| e.to_string())?;
+        Ok(super::shared::state_text(&server.desired, &stamps)?.into_bytes())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn stage<'a>(
         &'a self,
         _server: &'a Arc<Server>,
@@ -141,9 +151,10 @@ impl<'a> StagedConfig<'a> for Staged<'a> {
                 let running = self.live.rehearse(&desired, relax).await.map_err(refused)?;
                 (self.current.clone(), running)
             } else {
+                let stamp = crate::live::Stamp::New(self.current.rt.csn.next());
                 let installed = self
                     .live
-                    .commit(desired.clone(), None, relax)
+                    .commit(desired.clone(), None, relax, stamp)
                     .await
                     .map_err(refused)?;
                 log_installed(&installed, self.change.who, self.change.dn);

@@ -7,6 +7,16 @@
 //! | `config`      | the configuration as changed over LDAP (TOML)      |
 //! | `config.file` | the configuration file (with command-line options) |
 //! |               | as it read when last taken (TOML)                  |
+//! | `config.csns` | per shared key, the CSN of its last change, made   |
+//! |               | here or copied (`key csn` lines)                   |
+//!
+//! The stamps let servers share a configuration (`repl::config_sync`):
+//! a follower takes each shared key stamped later on the server it
+//! follows than here. A key is stamped when it changes on a server that
+//! already had a configuration (over LDAP, SIGHUP, the file edited
+//! before a start), never by a first start, so servers started from
+//! different files do not overwrite each other until someone changes a
+//! key.
 //!
 //! At start the file is compared with `config.file`: a key whose value in
 //! the file changed since then was edited by the operator, and the file's
@@ -21,6 +31,33 @@ use pando_config::Config;
 
 pub const META_CONFIG: &str = "config";
 pub const META_CONFIG_FILE: &str = "config.file";
+pub const META_CONFIG_CSNS: &str = "config.csns";
+
+/// Per shared key, the CSN of its last change.
+pub type Stamps = std::collections::BTreeMap<String, String>;
+
+/// The stamps `text` holds (`key csn` lines; what does not read is
+/// skipped).
+pub fn parse_stamps(text: &str) -> Stamps {
+    text.lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(k, c)| !k.is_empty() && pando_proto::sync::csn_sid(c).is_some())
+        .map(|(k, c)| (k.to_string(), c.to_string()))
+        .collect()
+}
+
+/// `stamps` as stored.
+pub fn stamps_text(stamps: &Stamps) -> String {
+    stamps.iter().map(|(k, c)| format!("{k} {c}\n")).collect()
+}
+
+/// The stamps the store holds.
+pub fn stamps(view: &pando_store::View<'_>) -> Result<Stamps, pando_store::StoreError> {
+    Ok(view
+        .meta_get(META_CONFIG_CSNS)?
+        .map(|v| parse_stamps(&String::from_utf8_lossy(&v)))
+        .unwrap_or_default())
+}
 
 /// What the store holds.
 pub struct Stored {
@@ -122,12 +159,13 @@ impl std::fmt::Display for SaveError {
 /// given, in one transaction, which also makes the store's schema and
 /// index change `catalog` (see [`pando_store::WriteTxn::change_catalog`])
 /// and turns change numbers on or off as `config`'s overlays need
-/// ([`crate::numbers_changes`]).
+/// ([`crate::numbers_changes`]); `stamps` are laid over the stored ones.
 pub async fn save(
     store: &pando_store::Store,
     config: &Config,
     file: Option<&Config>,
     catalog: pando_store::CatalogChange,
+    stamps: Stamps,
 ) -> Result<(), SaveError> {
     let numbers = crate::numbers_changes(config);
     let config = to_text(config).map_err(SaveError::Text)?;
@@ -135,11 +173,36 @@ pub async fn save(
     store
         .write(move |w| {
             put(w, &config, file.as_deref())?;
+            if !stamps.is_empty() {
+                let mut all = self::stamps(&w.view())?;
+                all.extend(stamps);
+                w.meta_put(META_CONFIG_CSNS, stamps_text(&all).as_bytes())?;
+            }
             w.number_changes(numbers)?;
             w.change_catalog(catalog)
         })
         .await
         .map_err(SaveError::Store)
+}
+
+/// At a start: the shared keys in which `config` differs from the
+/// configuration the store held (the file edited while the server was
+/// down), stamped with `csn`. None for a store that held none (a first
+/// start stamps nothing).
+pub fn start_stamps(store: &pando_store::Store, config: &Config, csn: &str) -> Stamps {
+    let before = store
+        .read()
+        .ok()
+        .and_then(|r| r.view().meta_get(META_CONFIG).ok().flatten())
+        .and_then(|t| from_text(&t, META_CONFIG, store.path()).ok());
+    match before {
+        Some(before) => crate::live::changed_keys(&before, config)
+            .into_iter()
+            .filter(|k| crate::live::shared(k))
+            .map(|k| (k, csn.to_string()))
+            .collect(),
+        None => Stamps::new(),
+    }
 }
 
 /// The configuration file as last read, from an open store.

@@ -20,14 +20,45 @@ pub const AT_NEXT_START: &[&str] = &[
     "limits.persistent_search_backlog",
 ];
 
-/// Whether `key` is taken only at the next start.
-pub fn at_next_start(key: &str) -> bool {
-    AT_NEXT_START.iter().any(|k| {
+/// Keys each server keeps for itself when configurations are shared
+/// (a consumer with `config = true`): where it listens and keeps its
+/// files, its server ID, its own consumers and pushes, its tuning. A key
+/// names itself and everything below it.
+pub const LOCAL: &[&str] = &[
+    "data_dir",
+    "listen",
+    "threads",
+    "user",
+    "group",
+    "log_level",
+    "schema_files",
+    "tls",
+    "logs",
+    "metrics",
+    "store",
+    "replication.server_id",
+    "replication.consumer",
+    "replication.push",
+];
+
+/// Whether `key` is shared with the servers that follow this one's
+/// configuration (not in [`LOCAL`]).
+pub fn shared(key: &str) -> bool {
+    !under(LOCAL, key)
+}
+
+fn under(list: &[&str], key: &str) -> bool {
+    list.iter().any(|k| {
         key == *k
             || key
                 .strip_prefix(k)
                 .is_some_and(|rest| rest.starts_with('.'))
     })
+}
+
+/// Whether `key` is taken only at the next start.
+pub fn at_next_start(key: &str) -> bool {
+    under(AT_NEXT_START, key)
 }
 
 /// The configuration as `section.key → value` leaves (arrays are leaves).

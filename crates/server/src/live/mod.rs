@@ -23,7 +23,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use pando_model::Schema;
 
-pub use keys::{at_next_start, changed_keys, leaves, with_keys_from, AT_NEXT_START};
+pub use keys::{at_next_start, changed_keys, leaves, shared, with_keys_from, AT_NEXT_START, LOCAL};
 
 use crate::net::frontend::{Frontend, Serving};
 use crate::settings::Validate;
@@ -117,6 +117,17 @@ impl std::fmt::Display for Refused {
     }
 }
 
+/// How a change's shared keys are stamped (see `cn_config::stored`'s
+/// stamps): a server following another's configuration takes the keys
+/// stamped later there than here.
+pub enum Stamp {
+    /// Made here: every shared key it changes is stamped with this CSN.
+    New(String),
+    /// Copied from another server: these keys take the stamps they had
+    /// there.
+    Copied(std::collections::BTreeMap<String, String>),
+}
+
 /// What [`Live::commit`] installed.
 pub struct Installed {
     pub server: Arc<Server>,
@@ -134,19 +145,30 @@ impl Live {
     /// validated whole and compiled; it is stored, with `file` (the
     /// configuration file as read) when given, in one transaction; it is
     /// installed. Until the store write commits nothing has changed; from
-    /// then on a crash restarts with the new configuration.
+    /// then on a crash restarts with the new configuration. The shared
+    /// keys it changes are stamped as `stamp` says, in the same
+    /// transaction.
     pub async fn commit(
         &self,
         desired: Config,
         file: Option<&Config>,
         relax_schema: bool,
+        stamp: Stamp,
     ) -> Result<Installed, Refused> {
         let current = self.server();
         let prepared = self.checked(&current, &desired, relax_schema).await?;
         // The store takes the new schema and indexes in the transaction
         // that stores the configuration naming them.
         let catalog = steps::catalog_change(&current, &prepared.server);
-        crate::cn_config::stored::save(&current.rt.store, &desired, file, catalog)
+        let stamps = match stamp {
+            Stamp::New(csn) => changed_keys(&current.desired, &desired)
+                .into_iter()
+                .filter(|k| shared(k))
+                .map(|k| (k, csn.clone()))
+                .collect(),
+            Stamp::Copied(stamps) => stamps,
+        };
+        crate::cn_config::stored::save(&current.rt.store, &desired, file, catalog, stamps)
             .await
             .map_err(Refused::NotStored)?;
         let (changed, at_next_start) = (prepared.changed.clone(), prepared.at_next_start.clone());

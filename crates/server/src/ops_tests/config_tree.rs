@@ -56,6 +56,14 @@ impl ConfigTree for Recording {
         });
         Box::pin(async move { Ok(staged) })
     }
+
+    fn shared_state(&self, _: &Server) -> Result<Vec<u8>, String> {
+        Err("not shared".into())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 struct Staged {

@@ -1,10 +1,13 @@
 //! Replication, the consumer's side (RFC 4533 with OpenLDAP's
 //! conventions): the task that keeps a subtree in step with a provider
-//! (`consumer`, talking through `pando_client`). The provider's side is a search
+//! (`consumer`, talking through `pando_client`), and with `config = true`
+//! the provider's shared configuration (`config_sync`); pushes of a
+//! subtree to servers that cannot pull (`push`). The provider's side is a search
 //! variant (`ops::search::sync_provider`); the received changes are applied
 //! by `ops::write::replicated`.
 
 pub mod check;
+pub mod config_sync;
 pub mod consumer;
 pub mod delta;
 pub mod lag;
@@ -83,6 +86,7 @@ impl Replica {
             tokio::spawn(lag::follow(server.clone(), self.clone())),
             tokio::spawn(check::follow(server.clone(), self.clone())),
             tokio::spawn(consumer::run(server.clone(), self.clone())),
+            tokio::spawn(config_sync::follow(server.clone(), self.clone())),
         ];
         if let Ok(mut t) = self.tasks.lock() {
             t.extend(handles);

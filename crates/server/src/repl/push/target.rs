@@ -569,7 +569,10 @@ mod tests {
             logged(Logged::Delete, "sn", &[]),
         ]);
         assert_eq!(mods.len(), 1);
-        assert_eq!((mods[0].op, mods[0].attr.name.as_str()), (ModOp::Delete, "sn"));
+        assert_eq!(
+            (mods[0].op, mods[0].attr.name.as_str()),
+            (ModOp::Delete, "sn")
+        );
     }
 
     #[test]
@@ -596,7 +599,10 @@ mod tests {
             .collect();
         assert_eq!(
             shown,
-            [(ModOp::Replace, "sn", 1), (ModOp::Replace, "description", 0)]
+            [
+                (ModOp::Replace, "sn", 1),
+                (ModOp::Replace, "description", 0)
+            ]
         );
         assert!(pushed.differences(&here, &here).is_empty());
     }
