@@ -5,9 +5,11 @@
 
 Two Pando providers replicating each other (multi-provider, as in
 tests/integration/test_multi_provider.py), and in front of them either
-`pando proxy` (both as providers, in order) or HAProxy 2.6 from Debian
+`pando proxy` (both as providers, in order), HAProxy 2.6 from Debian
 (`mode tcp`, the second server `backup`, `option ldap-check`, checks every
-500 ms, `option redispatch`). WRITERS clients add entries through the
+500 ms, `option redispatch`), or Debian's slapd with back-ldap and both
+URIs (`uri "ldap://a/ ldap://b/"`, `network-timeout 1`: it tries them in
+order). WRITERS clients add entries through the
 front end for SECS seconds; the first provider is killed (SIGKILL) at
 KILL_AT. A client whose connection drops reconnects at once (each drop is
 counted). Per front end: writes acknowledged, writes answered with an
@@ -49,6 +51,12 @@ def start_front(kind, ring, base):
                        % (port, ADMIN_DN, base / "pw", ups))
         proc = subprocess.Popen([PANDO_BIN, "proxy", "-c", str(cfg)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
+    elif kind == "back-ldap":
+        a, b = (n.port for n in ring.nodes)
+        cfg = base / "back-ldap.conf"
+        cfg.write_text(back_ldap_conf(base, "ldap://127.0.0.1:%d/ ldap://127.0.0.1:%d/" % (a, b)))
+        proc = subprocess.Popen([SLAPD, "-f", str(cfg), "-h", "ldap://127.0.0.1:%d/" % port, "-d", "0"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     else:
         a, b = (n.port for n in ring.nodes)
         cfg = base / "haproxy.cfg"
@@ -72,6 +80,19 @@ listen ldap
         raise SystemExit("%s did not start" % kind)
     time.sleep(1.5)  # its first health checks
     return proc, port
+
+
+SLAPD = "/usr/sbin/slapd"
+
+
+def back_ldap_conf(base, uris):
+    """slapd relaying dc=example,dc=com to `uris` (back-ldap tries them in
+    order); clients' binds are passed on."""
+    lines = ["include /etc/ldap/schema/%s.schema" % s for s in ("core", "cosine", "inetorgperson", "nis")]
+    lines += ["modulepath /usr/lib/ldap", "moduleload back_ldap", "pidfile %s/slapd.pid" % base,
+              "argsfile %s/slapd.args" % base, "database ldap", 'suffix "dc=example,dc=com"',
+              'uri "%s"' % uris, "network-timeout 1", "rebind-as-user yes"]
+    return "\n".join(lines) + "\n"
 
 
 def connect(port):
@@ -156,6 +177,10 @@ def main():
     fronts = ["pando-proxy"] + (["haproxy"] if shutil.which("haproxy") else [])
     if "haproxy" not in fronts:
         print("haproxy not installed (apt-get install haproxy): its rows are skipped", file=sys.stderr)
+    if os.path.exists("/usr/lib/ldap/back_ldap.so"):
+        fronts.append("back-ldap")
+    else:
+        print("slapd's back_ldap module not installed: its rows are skipped", file=sys.stderr)
     for _ in range(args.rounds):
         for kind in fronts:
             with tempfile.TemporaryDirectory(prefix="pando-failover-") as d:

@@ -650,3 +650,43 @@ def test_servers_closing_idle_connections_stay_in_rotation(tmp_path):
         if proxy:
             proxy.stop()
         ring.stop(verify=False)
+
+
+def test_a_client_that_stops_reading_holds_up_no_one_and_is_disconnected(tmp_path):
+    """A client sending searches and never reading shares the replica
+    connection with another client; the other's searches keep being
+    answered at once, and the slow one is disconnected once more than
+    max_client_queue_bytes of its responses wait."""
+    import ber
+    extra = "max_pdu_bytes = 65536\nmax_client_queue_bytes = 262144\nmax_ops_per_connection = 100000\n"
+    with proxied_ring(tmp_path, 2, [0], [1], extra=extra) as (ring, proxy):
+        slow = socket.socket()
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.connect(("127.0.0.1", proxy.port))
+        other = proxy.conn(user=None)
+        request = b"".join(ber.message(i, ber.search_op(SUFFIX, attrs=("*",))) for i in range(1, 4001))
+        slow.settimeout(30)
+        sender = threading.Thread(target=lambda: slow.sendall(request))
+        sender.start()
+        worst = 0.0
+        t_end = time.monotonic() + 8
+        while time.monotonic() < t_end and "client disconnected" not in proxy.logs():
+            t0 = time.monotonic()
+            assert other.search(PEOPLE, "(uid=alice)", attributes=["cn"]), other.result
+            worst = max(worst, time.monotonic() - t0)
+        sender.join(30)
+        assert "client disconnected" in proxy.logs(), proxy.logs()
+        assert worst < 1.0, worst
+        # The slow client's connection is closed: reading drains to its end.
+        slow.settimeout(10)
+        got = 0
+        while True:
+            try:
+                chunk = slow.recv(1 << 20)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            got += len(chunk)
+        assert got < 64 << 20
+        assert other.search(PEOPLE, "(uid=bob)", attributes=["cn"]), other.result

@@ -22,7 +22,6 @@ use pando_proto::{
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 
 use crate::frame;
 use crate::link::{ClientOut, Link};
@@ -141,7 +140,9 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (mut rd, wr) = tokio::io::split(stream);
-    let (tx, rx) = mpsc::channel(1024);
+    let limit = proxy.cfg.max_client_queue_bytes;
+    let (tx, rx) = crate::link::ClientTx::new(limit);
+    let slow = tx.slow.clone();
     let writer = tokio::spawn(write_loop(wr, rx));
     let max = proxy.cfg.max_pdu_bytes;
     let mut s = Session {
@@ -180,9 +181,15 @@ where
         if buf.capacity() - buf.len() < 4096 {
             buf.reserve(16 * 1024);
         }
-        match rd.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
+        tokio::select! {
+            read = rd.read_buf(&mut buf) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            },
+            _ = slow.notified() => {
+                tracing::warn!(conn = id, "client disconnected: it let more than {limit} bytes of responses wait unread");
+                break;
+            }
         }
     }
     s.leave();
@@ -190,15 +197,15 @@ where
     let _ = writer.await;
 }
 
-async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Vec<u8>>) {
+async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: crate::link::ClientRx) {
     let mut batch = Vec::new();
     while let Some(first) = rx.recv().await {
         batch.clear();
         batch.extend_from_slice(&first);
         while batch.len() < 256 * 1024 {
             match rx.try_recv() {
-                Ok(more) => batch.extend_from_slice(&more),
-                Err(_) => break,
+                Some(more) => batch.extend_from_slice(&more),
+                None => break,
             }
         }
         if wr.write_all(&batch).await.is_err() {
@@ -274,7 +281,7 @@ impl Session {
         }
         tracing::debug!(conn = self.out.id, why, "client sent what is not LDAP");
         let notice = notice_of_disconnection(ResultCode::PROTOCOL_ERROR, why);
-        let _ = self.out.tx.send(notice).await;
+        self.out.tx.send(notice);
     }
 
     /// A response made by the proxy (the request's kind of response).
@@ -285,7 +292,7 @@ impl Session {
                 op,
                 controls: Vec::new(),
             };
-            let _ = self.out.tx.send(m.to_bytes()).await;
+            self.out.tx.send(m.to_bytes());
         }
     }
 
@@ -505,7 +512,7 @@ impl Session {
                 password: Password(password),
             };
         }
-        let _ = self.out.tx.send(bytes).await;
+        self.out.tx.send(bytes);
     }
 
     fn links(&self) -> impl Iterator<Item = &Arc<Link>> {

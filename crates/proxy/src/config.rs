@@ -58,6 +58,9 @@ pub struct ProxyConfig {
     /// Operations one client connection may have running; more are
     /// answered `busy`.
     pub max_ops_per_connection: usize,
+    /// Bytes of responses that may wait for one client (a slow reader)
+    /// before it is disconnected; until then it holds up no one else.
+    pub max_client_queue_bytes: usize,
     /// After a client's write, its reads go only to servers that hold it
     /// (by contextCSN), the provider if no replica does yet.
     pub read_your_writes: bool,
@@ -90,6 +93,7 @@ impl Default for ProxyConfig {
             max_pdu_bytes: 16 << 20,
             max_connections: 10_000,
             max_ops_per_connection: 256,
+            max_client_queue_bytes: 32 << 20,
             read_your_writes: true,
             acknowledge: "none".into(),
             acknowledge_timeout_secs: 5,
@@ -188,6 +192,11 @@ impl ProxyConfig {
         }
         if self.max_pdu_bytes < 1024 {
             return Err("proxy.max_pdu_bytes: at least 1024".into());
+        }
+        if self.max_client_queue_bytes < self.max_pdu_bytes {
+            return Err(
+                "proxy.max_client_queue_bytes: at least max_pdu_bytes (a response must fit)".into(),
+            );
         }
         Ok(())
     }

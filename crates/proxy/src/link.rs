@@ -29,11 +29,71 @@ pub trait Peer: Send + Sync {
     fn suspect(&self, why: &str);
 }
 
+/// A client's responses on their way to its writer: a queue bounded in
+/// bytes, never waited on, so a client reading slowly never holds up the
+/// server connection it shares with others (a large search's entries wait
+/// for it here). One that lets more than its bound pile up is
+/// disconnected (`slow` fires; its session ends and its operations are
+/// dropped).
+#[derive(Clone)]
+pub struct ClientTx {
+    tx: mpsc::UnboundedSender<Vec<u8>>,
+    queued: Arc<AtomicUsize>,
+    limit: usize,
+    pub slow: Arc<tokio::sync::Notify>,
+}
+
+impl ClientTx {
+    /// A queue of at most `limit` bytes, and its receiving end.
+    pub fn new(limit: usize) -> (ClientTx, ClientRx) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let tx = ClientTx {
+            tx,
+            queued: queued.clone(),
+            limit,
+            slow: Arc::default(),
+        };
+        (tx, ClientRx { rx, queued })
+    }
+
+    /// Queue `bytes` for the client; false when it is gone or too slow.
+    pub fn send(&self, bytes: Vec<u8>) -> bool {
+        let n = bytes.len();
+        if self.queued.fetch_add(n, Ordering::AcqRel) + n > self.limit {
+            self.queued.fetch_sub(n, Ordering::AcqRel);
+            self.slow.notify_one();
+            return false;
+        }
+        self.tx.send(bytes).is_ok()
+    }
+}
+
+/// The writer's end of a [`ClientTx`].
+pub struct ClientRx {
+    rx: mpsc::UnboundedReceiver<Vec<u8>>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl ClientRx {
+    pub async fn recv(&mut self) -> Option<Vec<u8>> {
+        let m = self.rx.recv().await?;
+        self.queued.fetch_sub(m.len(), Ordering::AcqRel);
+        Some(m)
+    }
+
+    pub fn try_recv(&mut self) -> Option<Vec<u8>> {
+        let m = self.rx.try_recv().ok()?;
+        self.queued.fetch_sub(m.len(), Ordering::AcqRel);
+        Some(m)
+    }
+}
+
 /// Where a client's responses go: its writer, and who it is.
 #[derive(Clone)]
 pub struct ClientOut {
     pub id: u64,
-    pub tx: mpsc::Sender<Vec<u8>>,
+    pub tx: ClientTx,
     /// Its operations sent and not finished, over every link.
     pub inflight: Arc<AtomicUsize>,
 }
@@ -283,7 +343,7 @@ impl Link {
                         let _ = hold.send(m.to_bytes());
                     }
                     None => {
-                        let _ = p.client.tx.send(m.to_bytes()).await;
+                        p.client.tx.send(m.to_bytes());
                     }
                 }
             }
@@ -440,7 +500,7 @@ async fn relay_one(
             let _ = h.send(out);
         }
         None => {
-            let _ = client.tx.send(out).await;
+            client.tx.send(out);
         }
     }
 }

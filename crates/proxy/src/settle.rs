@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pando_proto::{DecodeLimits, LdapMessage, LdapResult, ProtocolOp, ResultCode};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::csn::{self, Csns};
 use crate::upstream::Role;
@@ -35,7 +35,7 @@ pub async fn settle(
     proxy: Arc<Proxy>,
     provider: usize,
     held: oneshot::Receiver<Vec<u8>>,
-    out: mpsc::Sender<Vec<u8>>,
+    out: crate::link::ClientTx,
     fence: SharedFence,
     request_tag: u8,
 ) {
@@ -48,7 +48,7 @@ pub async fn settle(
         .and_then(|m| result_code(&m.op))
         .is_some_and(|c| c == ResultCode::SUCCESS);
     if !succeeded {
-        let _ = out.send(bytes).await;
+        out.send(bytes);
         return;
     }
     let up = &proxy.upstreams[provider];
@@ -83,7 +83,7 @@ pub async fn settle(
             }
         }
     };
-    let _ = out.send(reply).await;
+    out.send(reply);
 }
 
 fn result_code(op: &ProtocolOp) -> Option<ResultCode> {
