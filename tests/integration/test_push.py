@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ADMIN_DN, PEOPLE, PUBLIC_READ, SUFFIX, Pando, free_port, parse_ldif, wait_port
+from conftest import ADMIN_DN, PEOPLE, PUBLIC_READ, SUFFIX, Pando, parse_ldif
+from test_replication import SlapdConsumer
 
 SLAPD = "/usr/sbin/slapd"
 HAVE_SLAPD = Path(SLAPD).exists() and shutil.which("ldapsearch") is not None
@@ -32,6 +33,7 @@ class SlapdTarget:
         (self.base / "db").mkdir(parents=True, exist_ok=True)
         self.port, self.proc = None, None
         self.admin_dn, self.admin_pw = ADMIN_DN, "target-secret"
+        self.pw = self.admin_pw
         lines = ["include /etc/ldap/schema/%s.schema" % s for s in ("core", "cosine", "inetorgperson", "nis")]
         lines += ["modulepath /usr/lib/ldap", "moduleload back_mdb",
                   "pidfile %s/slapd.pid" % self.base, "argsfile %s/slapd.args" % self.base,
@@ -40,26 +42,9 @@ class SlapdTarget:
                   "index objectClass eq", "access to * by * read"]
         (self.base / "slapd.conf").write_text("\n".join(lines) + "\n")
 
-    @property
-    def url(self):
-        return "ldap://127.0.0.1:%d" % self.port
-
-    def start(self):
-        self.port = self.port or free_port()
-        log = open(self.base / "slapd.log", "ab")
-        self.proc = subprocess.Popen([SLAPD, "-f", str(self.base / "slapd.conf"), "-h", self.url + "/",
-                                      "-d", "0"], stdout=log, stderr=log)
-        assert wait_port(self.port, timeout=30), "slapd not listening"
-        return self
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+    url = SlapdConsumer.url
+    start = SlapdConsumer.start
+    stop = SlapdConsumer.stop
 
 
 def push_config(target, rid=1, base=SUFFIX, extra=""):

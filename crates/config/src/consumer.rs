@@ -236,13 +236,13 @@ fn default_interval() -> Interval {
 fn default_retry() -> String {
     "60 10 300 +".into()
 }
-fn default_bind() -> String {
+pub(crate) fn default_bind() -> String {
     "simple".into()
 }
-fn default_keepalive() -> u64 {
+pub(crate) fn default_keepalive() -> u64 {
     60
 }
-fn default_timeout() -> u64 {
+pub(crate) fn default_timeout() -> u64 {
     30
 }
 fn default_count_behind() -> u64 {

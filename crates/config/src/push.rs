@@ -7,7 +7,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::consumer::{Credentialed, Link, Retry, Secret};
+use crate::consumer::{
+    default_bind, default_keepalive, default_timeout, Credentialed, Link, Retry, Secret,
+};
 
 /// One push: this server's subtree `search_base` written to `target`.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -64,15 +66,6 @@ pub struct PushConfig {
 
 fn default_retry() -> String {
     "10 30 60 +".into()
-}
-fn default_bind() -> String {
-    "simple".into()
-}
-fn default_keepalive() -> u64 {
-    60
-}
-fn default_timeout() -> u64 {
-    30
 }
 
 impl PushConfig {

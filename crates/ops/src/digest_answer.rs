@@ -85,11 +85,7 @@ async fn record(
     who: &Identity,
     lines: Vec<String>,
 ) -> OpResult<ExtendedResponse> {
-    if !who.is_admin() && !who.is_break_glass() {
-        return Err(LdapError::access(
-            "only an administrator may add to the conflict record",
-        ));
-    }
+    crate::extended::admin_only(who, "add to the conflict record")?;
     let at = pando_store::clock::generalized_time(pando_store::clock::now_micros());
     let lines: Vec<String> = lines.into_iter().map(|l| format!("{at} {l}")).collect();
     for l in &lines {

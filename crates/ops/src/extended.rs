@@ -325,6 +325,17 @@ impl WriteOp for SetPassword {
     }
 }
 
+/// Refused (insufficientAccessRights) unless `who` is an administrator or
+/// the break-glass identity.
+pub(crate) fn admin_only(who: &Identity, what: &str) -> OpResult<()> {
+    match who.is_admin() || who.is_break_glass() {
+        true => Ok(()),
+        false => Err(LdapError::access(format!(
+            "only an administrator may {what}"
+        ))),
+    }
+}
+
 /// The shared configuration, for a server following this one's (the
 /// request's value, if any, is empty).
 fn config_state(
@@ -332,11 +343,7 @@ fn config_state(
     who: &Identity,
     value: Option<Vec<u8>>,
 ) -> OpResult<ExtendedResponse> {
-    if !who.is_admin() && !who.is_break_glass() {
-        return Err(LdapError::access(
-            "only an administrator may read the configuration",
-        ));
-    }
+    admin_only(who, "read the configuration")?;
     if value.is_some_and(|v| !v.is_empty()) {
         return Err(LdapError::protocol(
             "the configuration state request has no request value",
@@ -360,11 +367,7 @@ async fn online_backup(
     who: &Identity,
     value: Option<Vec<u8>>,
 ) -> OpResult<ExtendedResponse> {
-    if !who.is_admin() && !who.is_break_glass() {
-        return Err(LdapError::access(
-            "only an administrator may start a backup",
-        ));
-    }
+    admin_only(who, "start a backup")?;
     let dest = value
         .as_deref()
         .and_then(|v| std::str::from_utf8(v).ok())
