@@ -91,7 +91,7 @@ def back_ldap_conf(base, uris):
     lines = ["include /etc/ldap/schema/%s.schema" % s for s in ("core", "cosine", "inetorgperson", "nis")]
     lines += ["modulepath /usr/lib/ldap", "moduleload back_ldap", "pidfile %s/slapd.pid" % base,
               "argsfile %s/slapd.args" % base, "database ldap", 'suffix "dc=example,dc=com"',
-              'uri "%s"' % uris, "network-timeout 1", "rebind-as-user yes"]
+              'uri "%s"' % uris, "network-timeout 1", "rebind-as-user yes", "single-conn yes"]
     return "\n".join(lines) + "\n"
 
 
