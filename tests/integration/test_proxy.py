@@ -480,11 +480,22 @@ def test_clients_reach_the_proxy_over_ldaps_and_starttls(tmp_path):
                                capture_output=True, text=True, timeout=30, env=env)
             assert r.returncode == 0 and "uid: alice" in r.stdout, (url, r.stdout, r.stderr)
         # Plain LDAP still works on the ldap:// listener, and StartTLS after
-        # another request is refused saying why.
-        c = proxy.conn()
+        # a bind and a search on the same connection turns it to TLS, the
+        # client still bound as before.
+        import ssl
+        tls = ldap3.Tls(validate=ssl.CERT_REQUIRED, ca_certs_file=str(pki.ca))
+        server = ldap3.Server("localhost", port=proxy.port, get_info=ldap3.NONE, tls=tls, connect_timeout=10)
+        c = ldap3.Connection(server, user=ADMIN_DN, password=PW, raise_exceptions=False, receive_timeout=30)
+        assert c.bind(), c.result
         assert c.search(PEOPLE, "(uid=alice)", attributes=["uid"]) and len(c.entries) == 1
-        with pytest.raises(Exception):
-            c.start_tls()
+        assert c.start_tls(), c.result
+        assert c.tls_started
+        assert c.search(PEOPLE, "(uid=bob)", attributes=["uid"]) and len(c.entries) == 1
+        assert c.extend.standard.who_am_i() == "dn:" + ADMIN_DN
+        # A second StartTLS on the same connection is refused.
+        r = c.extended("1.3.6.1.4.1.1466.20037")
+        assert not r and c.result["result"] == 1, c.result
+        assert c.search(PEOPLE, "(uid=carol)", attributes=["uid"]) and len(c.entries) == 1
         c.unbind()
         r = subprocess.run(["ldapsearch", "-x", "-H", "ldaps://127.0.0.1:%d" % tls_port, "-o", "nettimeout=10",
                             "-b", "", "-s", "base"], capture_output=True, text=True, timeout=30,
@@ -690,3 +701,54 @@ def test_a_client_that_stops_reading_holds_up_no_one_and_is_disconnected(tmp_pat
             got += len(chunk)
         assert got < 64 << 20
         assert other.search(PEOPLE, "(uid=bob)", attributes=["cn"]), other.result
+
+
+def test_starttls_waits_for_outstanding_operations_and_refuses_data_before_the_handshake(tmp_path):
+    import ber
+    from test_tls import Pki
+    (tmp_path / "pki").mkdir()
+    pki = Pki(tmp_path / "pki")
+    cert, key = pki.issue("proxy", "/O=Pando Test/CN=localhost", server=True)
+    extra = 'tls_cert_file = "%s"\ntls_key_file = "%s"\n' % (cert, key)
+    start_tls = ber.message(9, ber.tlv(0x77, ber.tlv(0x80, b"1.3.6.1.4.1.1466.20037")))
+    search = ber.message(1, ber.search_op(PEOPLE, filt=ber.f_eq("uid", "alice"), attrs=("cn",)))
+
+    def answers(sock, want, secs=10):
+        got, buf, t0 = {}, b"", time.monotonic()
+        while len(got) < want and time.monotonic() - t0 < secs:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            while True:
+                try:
+                    end = ber.read_tlv(buf, 0)[2]
+                except Exception:
+                    break
+                m = ber.decode_message(buf[:end])
+                buf = buf[end:]
+                got.setdefault(m["id"], m)
+        return got
+
+    with proxied_ring(tmp_path, 2, [0], [1], extra=extra) as (ring, proxy):
+        # A search outstanding (its replica stopped): StartTLS is refused,
+        # the connection stays plain and the search is answered later.
+        os.kill(ring.nodes[1].proc.pid, signal.SIGSTOP)
+        try:
+            s = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+            s.sendall(search + start_tls)
+            got = answers(s, 1, secs=3)
+            assert got.get(9, {}).get("code") == 1, got
+        finally:
+            os.kill(ring.nodes[1].proc.pid, signal.SIGCONT)
+        got = answers(s, 1)
+        assert 1 in got, got
+        s.close()
+        # Bytes after StartTLS before the handshake: not TLS, the
+        # connection ends with a notice of disconnection.
+        s = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+        s.sendall(start_tls + search)
+        got = answers(s, 1)
+        assert 0 in got and got[0]["code"] == 2, got
+        assert s.recv(65536) == b""
+        s.close()

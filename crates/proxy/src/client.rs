@@ -16,11 +16,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use pando_client::Stream;
 use pando_proto::{
     frame_length, notice_of_disconnection, oid, BindAuth, CancelRequest, DecodeLimits,
     ExtendedRequest, ExtendedResponse, LdapMessage, LdapResult, ProtocolOp, ResultCode,
 };
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::frame;
@@ -49,6 +50,9 @@ enum Auth {
 enum Flow {
     Continue,
     Close,
+    /// StartTLS (its message ID): the connection turns to TLS once this
+    /// request's answer is written.
+    StartTls(i32),
 }
 
 struct Session {
@@ -61,89 +65,38 @@ struct Session {
     used: Vec<Arc<Link>>,
     /// Where its reads may go after its last write (read your writes).
     fence: SharedFence,
+    /// The connection is TLS (ldaps, or after StartTLS).
+    tls_on: bool,
 }
 
-/// A TCP client: TLS first (ldaps), or StartTLS taken when it is the
-/// connection's first request; then served.
-pub async fn serve_tcp(proxy: Arc<Proxy>, mut stream: TcpStream, id: u64, ldaps: bool) {
-    let Some(acceptor) = proxy.tls.clone() else {
-        return serve(proxy, stream, id, Vec::new()).await;
+/// A TCP client: TLS first (ldaps); then served (StartTLS is taken
+/// while serving).
+pub async fn serve_tcp(proxy: Arc<Proxy>, stream: TcpStream, id: u64, ldaps: bool) {
+    let acceptor = match (&proxy.tls, ldaps) {
+        (Some(a), true) => a.clone(),
+        _ => return serve(proxy, Box::new(stream), id, Vec::new(), false).await,
     };
-    let mut buf = Vec::new();
-    if !ldaps {
-        let max = proxy.cfg.max_pdu_bytes;
-        let first =
-            tokio::time::timeout(tls::HANDSHAKE, first_frame(&mut stream, &mut buf, max)).await;
-        let Ok(Some(n)) = first else {
-            return serve(proxy, stream, id, buf).await;
-        };
-        let msg = LdapMessage::decode(&buf[..n], &DecodeLimits::default()).ok();
-        let Some(start) = msg.filter(
-            |m| matches!(&m.op, ProtocolOp::ExtendedRequest(e) if e.name == oid::START_TLS),
-        ) else {
-            return serve(proxy, stream, id, buf).await;
-        };
-        if let Some(l) = &proxy.log {
-            l.request(id, &start, "proxy", n);
-        }
-        if buf.len() > n {
-            // Bytes after StartTLS before the handshake: not TLS.
-            let why = "data sent after StartTLS before the TLS handshake";
-            let _ = stream
-                .write_all(&notice_of_disconnection(ResultCode::PROTOCOL_ERROR, why))
-                .await;
-            return;
-        }
-        let ok = ExtendedResponse {
-            result: LdapResult::success(),
-            name: Some(oid::START_TLS.into()),
-            value: None,
-        };
-        let reply = LdapMessage {
-            id: start.id,
-            op: ProtocolOp::ExtendedResponse(ok),
-            controls: Vec::new(),
-        };
-        if stream.write_all(&reply.to_bytes()).await.is_err() {
-            return;
-        }
-        buf.clear();
-    }
     match tokio::time::timeout(tls::HANDSHAKE, acceptor.accept(stream)).await {
-        Ok(Ok(tls)) => serve(proxy, tls, id, buf).await,
+        Ok(Ok(tls)) => serve(proxy, Box::new(tls), id, Vec::new(), true).await,
         Ok(Err(e)) => tracing::debug!(conn = id, error = %e, "TLS handshake failed"),
         Err(_) => tracing::debug!(conn = id, "TLS handshake not finished in time"),
     }
 }
 
-/// Read until `buf` holds one whole message: its length; None when the
-/// client closed, or sent what is not LDAP (left to `serve` to answer).
-async fn first_frame(stream: &mut TcpStream, buf: &mut Vec<u8>, max: usize) -> Option<usize> {
-    loop {
-        match frame_length(buf, max) {
-            Ok(Some(n)) => return Some(n),
-            Ok(None) => {}
-            Err(_) => return None,
-        }
-        buf.reserve(4096);
-        match stream.read_buf(buf).await {
-            Ok(0) | Err(_) => return None,
-            Ok(_) => {}
-        }
-    }
-}
-
 /// Serve one client until it unbinds or goes away; `initial`: bytes
-/// already read from it.
-pub async fn serve<S>(proxy: Arc<Proxy>, stream: S, id: u64, initial: Vec<u8>)
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
+/// already read from it; `tls_on`: the connection is TLS already.
+pub async fn serve(
+    proxy: Arc<Proxy>,
+    stream: Box<dyn Stream>,
+    id: u64,
+    initial: Vec<u8>,
+    tls_on: bool,
+) {
     let (mut rd, wr) = tokio::io::split(stream);
     let limit = proxy.cfg.max_client_queue_bytes;
     let (tx, rx) = crate::link::ClientTx::new(limit);
     let slow = tx.slow.clone();
-    let writer = tokio::spawn(write_loop(wr, rx));
+    let mut writer = tokio::spawn(write_loop(wr, rx));
     let max = proxy.cfg.max_pdu_bytes;
     let mut s = Session {
         proxy,
@@ -156,28 +109,39 @@ where
         pinned: HashMap::new(),
         used: Vec::new(),
         fence: SharedFence::default(),
+        tls_on,
     };
     let mut buf = initial;
     buf.reserve(16 * 1024);
     'conn: loop {
         let mut used = 0;
-        loop {
-            match frame_length(&buf[used..], max) {
-                Ok(Some(n)) => {
-                    let frame = &buf[used..used + n];
-                    used += n;
-                    if let Flow::Close = s.handle(frame).await {
-                        break 'conn;
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    s.refuse(&buf[used..], &e.to_string()).await;
-                    break 'conn;
+        let mut upgrade = None;
+        while let Ok(Some(n)) = frame_length(&buf[used..], max) {
+            let frame = &buf[used..used + n];
+            used += n;
+            match s.handle(frame).await {
+                Flow::Continue => {}
+                Flow::Close => break 'conn,
+                Flow::StartTls(msg_id) => {
+                    upgrade = Some(msg_id);
+                    break;
                 }
             }
         }
+        if upgrade.is_none() {
+            if let Err(e) = frame_length(&buf[used..], max) {
+                s.refuse(&buf[used..], &e.to_string()).await;
+                break 'conn;
+            }
+        }
         buf.drain(..used);
+        if let Some(msg_id) = upgrade {
+            match s.start_tls(msg_id, rd, writer, buf.is_empty()).await {
+                Some((r, w)) => (rd, writer) = (r, w),
+                None => return s.leave(),
+            }
+            continue;
+        }
         if buf.capacity() - buf.len() < 4096 {
             buf.reserve(16 * 1024);
         }
@@ -197,22 +161,37 @@ where
     let _ = writer.await;
 }
 
-async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: crate::link::ClientRx) {
+type Reader = tokio::io::ReadHalf<Box<dyn Stream>>;
+type Writer = tokio::io::WriteHalf<Box<dyn Stream>>;
+type WriterTask = tokio::task::JoinHandle<Option<(Writer, crate::link::ClientRx)>>;
+
+/// Write the client's responses as they come, a batch per system call;
+/// an empty message hands the stream and the queue back (StartTLS).
+async fn write_loop(
+    mut wr: Writer,
+    mut rx: crate::link::ClientRx,
+) -> Option<(Writer, crate::link::ClientRx)> {
     let mut batch = Vec::new();
     while let Some(first) = rx.recv().await {
+        let mut hand_back = first.is_empty();
         batch.clear();
         batch.extend_from_slice(&first);
-        while batch.len() < 256 * 1024 {
+        while !hand_back && batch.len() < 256 * 1024 {
             match rx.try_recv() {
+                Some(more) if more.is_empty() => hand_back = true,
                 Some(more) => batch.extend_from_slice(&more),
                 None => break,
             }
         }
-        if wr.write_all(&batch).await.is_err() {
-            return;
+        if wr.write_all(&batch).await.is_err() || wr.flush().await.is_err() {
+            return None;
+        }
+        if hand_back {
+            return Some((wr, rx));
         }
     }
     let _ = wr.shutdown().await;
+    None
 }
 
 impl Session {
@@ -243,12 +222,13 @@ impl Session {
             ProtocolOp::BindRequest(_) => self.bind(msg, tag, rest, frame.len()).await,
             ProtocolOp::ExtendedRequest(e) if e.name == oid::START_TLS => {
                 self.log(&msg, "proxy", frame.len());
-                let (code, why) = match self.proxy.tls {
-                    Some(_) => (
+                let (code, why) = match (&self.proxy.tls, self.tls_on) {
+                    (Some(_), false) => return Flow::StartTls(msg.id),
+                    (Some(_), true) => (
                         ResultCode::OPERATIONS_ERROR,
-                        "StartTLS is taken only as a connection's first request by this proxy",
+                        "TLS is already on for this connection",
                     ),
-                    None => (
+                    (None, _) => (
                         ResultCode::UNAVAILABLE,
                         "StartTLS is not offered: the proxy has no certificate (proxy.tls_cert_file)",
                     ),
@@ -565,6 +545,68 @@ impl Session {
 
     /// The client is gone: its operations on shared connections abandoned
     /// there, its own connections closed.
+    /// StartTLS (message `msg_id`) with the connection's halves: refused
+    /// while operations are outstanding (RFC 4511 4.14.1: the connection
+    /// stays as it is) or when bytes followed it before the handshake (not
+    /// TLS: the connection ends); else answered, the writer's queue
+    /// drained, and the handshake made. The new halves, or None when the
+    /// connection ends.
+    async fn start_tls(
+        &mut self,
+        msg_id: i32,
+        rd: Reader,
+        writer: WriterTask,
+        nothing_after: bool,
+    ) -> Option<(Reader, WriterTask)> {
+        let tag = pando_proto::op_tag::EXTENDED_REQUEST;
+        if self.out.inflight.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+            let why =
+                "operations are outstanding on this connection: StartTLS waits for their answers";
+            self.answer(msg_id, tag, ResultCode::OPERATIONS_ERROR, why)
+                .await;
+            return Some((rd, writer));
+        }
+        if !nothing_after {
+            let why = "data sent after StartTLS before the TLS handshake";
+            self.refuse(b"", why).await;
+            self.out.tx.hand_back();
+            let _ = writer.await;
+            return None;
+        }
+        let acceptor = self.proxy.tls.clone()?;
+        let ok = LdapMessage {
+            id: msg_id,
+            op: ProtocolOp::ExtendedResponse(ExtendedResponse {
+                result: LdapResult::success(),
+                name: Some(oid::START_TLS.into()),
+                value: None,
+            }),
+            controls: Vec::new(),
+        };
+        self.out.tx.send(ok.to_bytes());
+        self.out.tx.hand_back();
+        let (wr, rx) = writer.await.ok()??;
+        let stream = rd.unsplit(wr);
+        let id = self.out.id;
+        let tls = match tokio::time::timeout(tls::HANDSHAKE, acceptor.accept(stream)).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => {
+                tracing::debug!(conn = id, error = %e, "TLS handshake after StartTLS failed");
+                return None;
+            }
+            Err(_) => {
+                tracing::debug!(
+                    conn = id,
+                    "TLS handshake after StartTLS not finished in time"
+                );
+                return None;
+            }
+        };
+        self.tls_on = true;
+        let (rd, wr) = tokio::io::split(Box::new(tls) as Box<dyn Stream>);
+        Some((rd, tokio::spawn(write_loop(wr, rx))))
+    }
+
     fn leave(&mut self) {
         for link in &self.used {
             link.drop_client(self.out.id);

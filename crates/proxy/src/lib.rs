@@ -236,7 +236,7 @@ async fn accept_loop(
                     };
                     let p = proxy.clone();
                     tokio::spawn(async move {
-                        client::serve(p, s, id, Vec::new()).await;
+                        client::serve(p, Box::new(s), id, Vec::new(), false).await;
                         drop(slot);
                     });
                 }

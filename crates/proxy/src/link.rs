@@ -57,6 +57,12 @@ impl ClientTx {
         (tx, ClientRx { rx, queued })
     }
 
+    /// Have the writer hand the stream back once what is queued is
+    /// written (StartTLS).
+    pub fn hand_back(&self) {
+        let _ = self.tx.send(Vec::new());
+    }
+
     /// Queue `bytes` for the client; false when it is gone or too slow.
     pub fn send(&self, bytes: Vec<u8>) -> bool {
         let n = bytes.len();
