@@ -10,36 +10,20 @@ import time
 
 import pytest
 
-from conftest import ADMIN_DN, PEOPLE, PUBLIC_READ, SUFFIX, Pando, free_port
-from test_multi_provider import PW, ssha
+from conftest import ADMIN_DN, PEOPLE, PUBLIC_READ, SUFFIX, Pando
+from test_multi_provider import PW, Ring
 
 # What each server keeps for itself, as cn=config names it.
 LOCAL = {"olcserverid", "pandolisten", "olcdbdirectory", "pandoreplicationconsumer"}
 
 
 def ring(base):
-    nodes = []
-    for i in (1, 2, 3):
-        node = Pando(base / ("node%d" % i), demo=(i == 1), name="node%d" % i)
-        node.port = free_port()
-        node.sid = i
-        nodes.append(node)
-    pw_hash = ssha(PW)
-    for node in nodes:
-        consumers = "".join("""
-[[replication.consumer]]
-rid = %d
-provider = "%s"
-search_base = "%s"
-retry = "1 1000 1 +"
-timeout_secs = 5
-bind_dn = "%s"
-credentials = "%s"
-config = true
-""" % (peer.sid, peer.url, SUFFIX, ADMIN_DN, PW) for peer in nodes if peer is not node)
-        node.config = ('root_password_hash = "%s"\n' % pw_hash + PUBLIC_READ
-                       + "\n[replication]\nserver_id = %d\nmulti_provider = true\n" % node.sid + consumers)
-    return nodes
+    """Three providers (test_multi_provider.Ring), each following the
+    others' configuration."""
+    r = Ring(base, n=3)
+    for node in r.nodes:
+        node.config = node.config.replace('credentials = "%s"\n' % PW, 'credentials = "%s"\nconfig = true\n' % PW)
+    return r
 
 
 def config_ldif(node):
@@ -88,11 +72,9 @@ GLOBAL = "dn: cn=config\nchangetype: modify\n"
 
 
 def test_three_servers_share_one_configuration_and_keep_their_own_ids(tmp_path):
-    nodes = ring(tmp_path)
+    group = ring(tmp_path).start()
+    nodes = group.nodes
     try:
-        for n in nodes:
-            n.start(keep_port=True)
-            n.admin_pw = PW
         a, b, c = nodes
         cn_config(a, DB + "add: olcDbIndex\nolcDbIndex: description eq\n")
         cn_config(b, DB + "add: olcAccess\nolcAccess: {0}to dn.subtree=\"ou=Groups,%s\" by * read\n" % SUFFIX)
@@ -133,8 +115,7 @@ def test_three_servers_share_one_configuration_and_keep_their_own_ids(tmp_path):
         wait_same(nodes, check=lambda: values(c, "olcSizeLimit", "cn=config") == ["654"])
         assert values(c, "olcServerID", "cn=config") == ["3"]
     finally:
-        for n in nodes:
-            n.stop_and_verify()
+        group.stop()
 
 
 CONFIG_STATE = "2.25.15972167931155808496075090497880241257.1.5"

@@ -423,6 +423,29 @@ def test_binds_on_one_connection_change_who_the_client_is(setup):
     ext.unbind()
 
 
+def answers(sock, want, secs=10):
+    """The messages read from a raw connection by message ID (the first
+    of each, with "t": seconds from the call to its arrival), until `want`
+    are read, the peer closes or `secs` pass."""
+    import ber
+    got, buf, t0 = {}, b"", time.monotonic()
+    while len(got) < want and time.monotonic() - t0 < secs:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while True:
+            try:
+                end = ber.read_tlv(buf, 0)[2]
+            except Exception:
+                break
+            m = ber.decode_message(buf[:end])
+            m["t"] = time.monotonic() - t0
+            buf = buf[end:]
+            got.setdefault(m["id"], m)
+    return got
+
+
 def test_a_connection_s_running_operations_are_bounded_and_a_stalled_server_s_answered(tmp_path):
     import ber
     with proxied_ring(tmp_path, 2, [0], [1], extra="max_ops_per_connection = 2\n") as (ring, proxy):
@@ -431,17 +454,7 @@ def test_a_connection_s_running_operations_are_bounded_and_a_stalled_server_s_an
             s = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
             for i in (1, 2, 3):
                 s.sendall(ber.message(i, ber.search_op(PEOPLE, filt=ber.f_eq("uid", "alice"), attrs=("cn",))))
-            got, buf, t0 = {}, b"", time.monotonic()
-            while len(got) < 3 and time.monotonic() - t0 < 10:
-                buf += s.recv(65536)
-                while True:
-                    try:
-                        end = ber.read_tlv(buf, 0)[2]
-                    except Exception:
-                        break
-                    m = ber.decode_message(buf[:end])
-                    buf = buf[end:]
-                    got[m["id"]] = (m, time.monotonic() - t0)
+            got = {i: (m, m["t"]) for i, m in answers(s, 3).items()}
             s.close()
         finally:
             os.kill(ring.nodes[1].proc.pid, signal.SIGCONT)
@@ -712,23 +725,6 @@ def test_starttls_waits_for_outstanding_operations_and_refuses_data_before_the_h
     extra = 'tls_cert_file = "%s"\ntls_key_file = "%s"\n' % (cert, key)
     start_tls = ber.message(9, ber.tlv(0x77, ber.tlv(0x80, b"1.3.6.1.4.1.1466.20037")))
     search = ber.message(1, ber.search_op(PEOPLE, filt=ber.f_eq("uid", "alice"), attrs=("cn",)))
-
-    def answers(sock, want, secs=10):
-        got, buf, t0 = {}, b"", time.monotonic()
-        while len(got) < want and time.monotonic() - t0 < secs:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-            while True:
-                try:
-                    end = ber.read_tlv(buf, 0)[2]
-                except Exception:
-                    break
-                m = ber.decode_message(buf[:end])
-                buf = buf[end:]
-                got.setdefault(m["id"], m)
-        return got
 
     with proxied_ring(tmp_path, 2, [0], [1], extra=extra) as (ring, proxy):
         # A search outstanding (its replica stopped): StartTLS is refused,
