@@ -444,30 +444,34 @@ fn first_uid(marked_dn: &str) -> Option<&str> {
         .then_some(value)
 }
 
+/// The password given (`--bind-pw`, or `--bind-pw-file` with its
+/// trailing newline dropped), if any.
+pub(crate) fn given_password(a: &BenchArgs) -> Result<Option<Vec<u8>>, String> {
+    if let Some(pw) = &a.bind_pw {
+        return Ok(Some(pw.as_bytes().to_vec()));
+    }
+    let Some(f) = &a.bind_pw_file else {
+        return Ok(None);
+    };
+    let mut text = std::fs::read(f).map_err(|e| format!("--bind-pw-file {}: {e}", f.display()))?;
+    while matches!(text.last(), Some(b'\n' | b'\r')) {
+        text.pop();
+    }
+    Ok(Some(text))
+}
+
 /// The identity the load binds as (`--bind-dn` with `--bind-pw` or
-/// `--bind-pw-file`, its trailing newline dropped), if any.
+/// `--bind-pw-file`), if any.
 fn credentials(a: &BenchArgs) -> Result<Option<Credentials>, String> {
-    Ok(match (&a.bind_dn, &a.bind_pw, &a.bind_pw_file) {
-        (None, None, None) => None,
-        (None, _, _) => return Err("--bind-pw/--bind-pw-file need --bind-dn".into()),
-        (Some(_), None, None) => return Err("--bind-dn needs --bind-pw or --bind-pw-file".into()),
-        (Some(dn), Some(pw), _) => Some(Credentials {
+    match (&a.bind_dn, given_password(a)?) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err("--bind-pw/--bind-pw-file need --bind-dn".into()),
+        (Some(_), None) => Err("--bind-dn needs --bind-pw or --bind-pw-file".into()),
+        (Some(dn), Some(password)) => Ok(Some(Credentials {
             dn: dn.clone(),
-            password: pw.as_bytes().to_vec(),
-        }),
-        (Some(dn), None, Some(f)) => {
-            let text =
-                std::fs::read(f).map_err(|e| format!("--bind-pw-file {}: {e}", f.display()))?;
-            let end = text
-                .iter()
-                .rposition(|&b| b != b'\n' && b != b'\r')
-                .map_or(0, |i| i + 1);
-            Some(Credentials {
-                dn: dn.clone(),
-                password: text.get(..end).unwrap_or_default().to_vec(),
-            })
-        }
-    })
+            password,
+        })),
+    }
 }
 
 /// The workload (`--workload`, `--mix`) and the operations it runs with

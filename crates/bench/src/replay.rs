@@ -86,7 +86,7 @@ impl Order {
 
 pub fn run(args: BenchArgs) -> Result<(), String> {
     let path = args.replay.clone().unwrap_or_default();
-    let password = password(&args)?;
+    let password = crate::config::given_password(&args)?;
     let conns = read(&path, password.as_deref())?;
     let target = parse_url(&args.url, args.allow_remote)?;
     if !(args.speed >= 0.0 && args.speed.is_finite()) {
@@ -114,20 +114,6 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     let results = rt.block_on(play(conns, target, args.speed))?;
     report(&results, started.elapsed());
     Ok(())
-}
-
-fn password(args: &BenchArgs) -> Result<Option<Vec<u8>>, String> {
-    if let Some(p) = &args.bind_pw {
-        return Ok(Some(p.as_bytes().to_vec()));
-    }
-    let Some(f) = &args.bind_pw_file else {
-        return Ok(None);
-    };
-    let mut text = std::fs::read(f).map_err(|e| format!("--bind-pw-file {}: {e}", f.display()))?;
-    while matches!(text.last(), Some(b'\n' | b'\r')) {
-        text.pop();
-    }
-    Ok(Some(text))
 }
 
 /// The record, by connection. A line that is not a record names its
