@@ -36,11 +36,57 @@ pub struct Replica {
     /// Received changes that met a different state here (see
     /// `ReplCtx::conflicts`), counted by the writer.
     pub conflicts: Arc<std::sync::atomic::AtomicU64>,
-    /// Set when the consumer is removed or replaced: its tasks end.
-    stop: watch::Sender<bool>,
     /// Its tasks (the consumer, the counting of changes behind, the
-    /// comparison by content).
-    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// comparison by content, the configuration followed).
+    tasks: Tasks,
+}
+
+/// The tasks of a consumer or a push, and the signal that ends them when
+/// it is removed or replaced.
+pub(crate) struct Tasks {
+    stop: watch::Sender<bool>,
+    handles: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl Default for Tasks {
+    fn default() -> Self {
+        Tasks {
+            stop: watch::channel(false).0,
+            handles: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Tasks {
+    pub(crate) fn add(&self, handles: impl IntoIterator<Item = tokio::task::JoinHandle<()>>) {
+        if let Ok(mut t) = self.handles.lock() {
+            t.extend(handles);
+        }
+    }
+
+    /// Resolves once the owner is removed or replaced.
+    pub(crate) async fn stopped(&self) {
+        let mut rx = self.stop.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Signal the tasks to end and wait (at most 10 s each) for them.
+    pub(crate) async fn end(&self, rid: u16) {
+        let _ = self.stop.send(true);
+        let tasks: Vec<_> = self
+            .handles
+            .lock()
+            .map(|mut t| t.drain(..).collect())
+            .unwrap_or_default();
+        for t in tasks {
+            if tokio::time::timeout(Duration::from_secs(10), t)
+                .await
+                .is_err()
+            {
+                tracing::warn!(rid, "a replication task did not end within 10 s");
+            }
+        }
+    }
 }
 
 /// Every configured consumer and push; the lists change with the
@@ -62,8 +108,7 @@ impl Replica {
             referral: c.referral(),
             status: Mutex::new(consumer::Status::new(&c.provider)),
             conflicts: Default::default(),
-            stop: watch::channel(false).0,
-            tasks: Mutex::new(Vec::new()),
+            tasks: Tasks::default(),
         }
     }
 
@@ -76,39 +121,22 @@ impl Replica {
 
     /// Resolves once the consumer is removed or replaced.
     pub async fn stopped(&self) {
-        let mut rx = self.stop.subscribe();
-        let _ = rx.wait_for(|s| *s).await;
+        self.tasks.stopped().await
     }
 
     /// Start its tasks.
     fn start(self: &Arc<Self>, server: &Arc<Server>) {
-        let handles = vec![
+        self.tasks.add([
             tokio::spawn(lag::follow(server.clone(), self.clone())),
             tokio::spawn(check::follow(server.clone(), self.clone())),
             tokio::spawn(consumer::run(server.clone(), self.clone())),
             tokio::spawn(config_sync::follow(server.clone(), self.clone())),
-        ];
-        if let Ok(mut t) = self.tasks.lock() {
-            t.extend(handles);
-        }
+        ]);
     }
 
     /// Stop its tasks and wait (at most 10 s) for them to end.
     async fn end(&self) {
-        let _ = self.stop.send(true);
-        let tasks: Vec<_> = self
-            .tasks
-            .lock()
-            .map(|mut t| t.drain(..).collect())
-            .unwrap_or_default();
-        for t in tasks {
-            if tokio::time::timeout(Duration::from_secs(10), t)
-                .await
-                .is_err()
-            {
-                tracing::warn!(rid = self.rid, "a replication task did not end within 10 s");
-            }
-        }
+        self.tasks.end(self.rid).await
     }
 }
 

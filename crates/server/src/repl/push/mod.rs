@@ -41,7 +41,6 @@ use pando_model::{Dn, Schema};
 use pando_proto::sync::csn_sid;
 use pando_proto::{PartialAttribute, Scope};
 use pando_store::{LoggedChange, LoggedKind, View};
-use tokio::sync::watch;
 
 use crate::state::Server;
 use target::{Item, Target};
@@ -65,9 +64,8 @@ pub struct Pusher {
     /// target's restart costs no change pushed again), and whether it
     /// moved since it was last written.
     place: Mutex<Option<(Place, bool)>>,
-    /// Set when the push is removed or replaced: its task ends.
-    stop: watch::Sender<bool>,
-    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Its task, ended when the push is removed or replaced.
+    tasks: super::Tasks,
 }
 
 /// How a push is doing (`pando repl status`, cn=Monitor).
@@ -102,8 +100,7 @@ impl Pusher {
                 phase: "connecting",
                 ..Status::default()
             }),
-            stop: watch::channel(false).0,
-            task: Mutex::new(None),
+            tasks: super::Tasks::default(),
             place: Mutex::new(None),
         }
     }
@@ -140,29 +137,17 @@ impl Pusher {
     }
 
     pub(super) fn start(self: &Arc<Self>, server: &Arc<Server>) {
-        let task = tokio::spawn(run(server.clone(), self.clone()));
-        if let Ok(mut t) = self.task.lock() {
-            *t = Some(task);
-        }
+        self.tasks
+            .add([tokio::spawn(run(server.clone(), self.clone()))]);
     }
 
     /// Stop its task and wait (at most 10 s) for it to end.
     pub(super) async fn end(&self) {
-        let _ = self.stop.send(true);
-        let task = self.task.lock().ok().and_then(|mut t| t.take());
-        if let Some(t) = task {
-            if tokio::time::timeout(Duration::from_secs(10), t)
-                .await
-                .is_err()
-            {
-                tracing::warn!(rid = self.rid, "a push task did not end within 10 s");
-            }
-        }
+        self.tasks.end(self.rid).await
     }
 
     async fn stopped(&self) {
-        let mut rx = self.stop.subscribe();
-        let _ = rx.wait_for(|s| *s).await;
+        self.tasks.stopped().await
     }
 }
 
