@@ -200,6 +200,15 @@ struct ExportArgs {
     /// Fold lines at this width (0 = no folding).
     #[arg(long, default_value_t = 76)]
     wrap: usize,
+    /// Export the entries as they were at this point, from a backup chain
+    /// (--backup): a CSN, or a UTC time (20261130120000Z or
+    /// 2026-11-30T12:00:00Z; to the second, the whole second).
+    #[arg(long, requires = "backup", value_name = "CSN|TIME")]
+    as_of: Option<String>,
+    /// With --as-of: the newest backup of the chain to read (a full backup
+    /// or an incremental one); the live store is not read.
+    #[arg(long, requires = "as_of", value_name = "DIR")]
+    backup: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -250,14 +259,31 @@ struct BackupArgs {
     store: StoreArgs,
     /// New directory to hold the backup.
     dest: PathBuf,
+    /// Copy only what was committed since this backup (full or
+    /// incremental), from the change log.
+    #[arg(long, value_name = "PARENT")]
+    incremental_from: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
 struct RestoreArgs {
     #[command(flatten)]
     store: StoreArgs,
-    /// A directory made by `pando backup`.
+    /// A directory made by `pando backup`: a full backup, or the last
+    /// incremental one of a chain (the backups it follows are found
+    /// through their links).
     src: PathBuf,
+    /// Restore up to and including this change (point-in-time restore).
+    #[arg(long, value_name = "CSN", conflicts_with = "to_time")]
+    to_csn: Option<String>,
+    /// Restore up to and including this UTC time: 20261130120000Z or
+    /// 2026-11-30T12:00:00Z (to the second: the whole second).
+    #[arg(long, value_name = "TIME")]
+    to_time: Option<String>,
+    /// Only check the chain (every link and checksum) and list it; restore
+    /// nothing.
+    #[arg(long, conflicts_with_all = ["to_csn", "to_time"])]
+    check: bool,
 }
 
 #[derive(clap::Args)]
@@ -677,38 +703,92 @@ fn memberof_problems(
 fn backup(args: BackupArgs) -> Result<ExitCode, String> {
     let (resolved, schema) = resolve(&args.store)?;
     let dir = pando_server::store_dir(&resolved.config.data_dir);
-    let r = pando_server::backup::backup(
-        &dir,
-        &args.dest,
-        schema,
-        &pando_server::store_options(&resolved),
-    )?;
+    let opts = pando_server::store_options(&resolved);
+    let Some(parent) = &args.incremental_from else {
+        let r = pando_server::backup::backup(&dir, &args.dest, schema, &opts)?;
+        let m = &r.manifest;
+        println!(
+            "backup of {} entries ({} MiB) written to {} in {:.2} s (copy {:.2} s); sha256 {}",
+            m.entries,
+            m.bytes >> 20,
+            r.dest.display(),
+            r.total_secs,
+            r.copy_secs,
+            m.sha256
+        );
+        return Ok(ExitCode::SUCCESS);
+    };
+    let r = pando_server::backup::incremental(&dir, &args.dest, parent, schema, &opts)?;
     let m = &r.manifest;
     println!(
-        "backup of {} entries ({} MiB) written to {} in {:.2} s (copy {:.2} s); sha256 {}",
-        m.entries,
-        m.bytes >> 20,
+        "incremental backup of {} changes since {} ({} KiB) written to {} in {:.2} s; {} entries; sha256 {}",
+        m.changes,
+        parent.display(),
+        m.bytes.div_ceil(1024),
         r.dest.display(),
         r.total_secs,
-        r.copy_secs,
+        m.entries,
         m.sha256
     );
     Ok(ExitCode::SUCCESS)
 }
 
+/// Where a restore stops, from `--to-csn` / `--to-time`.
+fn restore_until(
+    csn: Option<&str>,
+    time: Option<&str>,
+) -> Result<pando_server::backup::Until, String> {
+    use pando_server::backup::Until;
+    match (csn, time) {
+        (Some(c), _) => Until::csn(c),
+        (None, Some(t)) => Until::time(t),
+        (None, None) => Ok(Until::End),
+    }
+}
+
 fn restore(args: RestoreArgs) -> Result<ExitCode, String> {
-    let cfg = load_config(&args.store)?;
-    let data_dir = cfg.data_dir.clone();
+    if args.check {
+        let links = pando_server::backup::chain::chain(&args.src)?;
+        for l in &links {
+            let m = &l.manifest;
+            println!(
+                "{:<11} {}  made {}  {} entries  {} changes  newest {}",
+                format!("{:?}", m.kind).to_lowercase(),
+                l.dir.display(),
+                m.created,
+                m.entries,
+                m.changes,
+                m.context_csn.as_deref().unwrap_or("-")
+            );
+        }
+        println!("the chain of {} backup(s) checks", links.len());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let until = restore_until(args.to_csn.as_deref(), args.to_time.as_deref())?;
+    let (resolved, schema) = resolve(&args.store)?;
+    let data_dir = resolved.config.data_dir.clone();
     std::fs::create_dir_all(&data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
     let _lock = pando_server::datadir::lock(&data_dir)
         .map_err(|e| format!("{e}; stop the server before restoring"))?;
-    let m = pando_server::backup::restore(&args.src, &data_dir)?;
+    let opts = pando_server::store_options(&resolved);
+    let r = pando_server::backup::restore(&args.src, &data_dir, schema, &opts, &until)?;
+    let full = &r.links[0].manifest;
     println!(
-        "restored {} entries (backup of {}, suffixes {}) into {}",
-        m.entries,
-        m.created,
-        m.suffixes.join("; "),
-        pando_server::store_dir(&data_dir).display()
+        "restored {} entries into {}: full backup {} (of {}, suffixes {}){}, newest change {}",
+        r.entries,
+        pando_server::store_dir(&data_dir).display(),
+        r.links[0].dir.display(),
+        full.created,
+        full.suffixes.join("; "),
+        match r.applied_links {
+            1 => String::new(),
+            n => format!(
+                " and {} incremental(s), {} changes replayed",
+                n - 1,
+                r.changes
+            ),
+        },
+        r.newest_csn.as_deref().unwrap_or("none")
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -1015,13 +1095,45 @@ fn salvage(args: SalvageArgs) -> Result<ExitCode, String> {
 }
 
 fn export(args: ExportArgs) -> Result<ExitCode, String> {
-    use std::io::Write;
     let (resolved, schema) = resolve(&args.store)?;
-    let dir = pando_server::store_dir(&resolved.config.data_dir);
-    pando_store::preflight(&dir, false, true).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let store =
-        pando_store::Store::open_read_only(&dir, schema, &pando_server::store_options(&resolved))
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let opts = pando_server::store_options(&resolved);
+    let (Some(as_of), Some(chain)) = (&args.as_of, &args.backup) else {
+        let dir = pando_server::store_dir(&resolved.config.data_dir);
+        return export_from(&args, &dir, schema, &opts);
+    };
+    let until = match as_of.contains('#') {
+        true => restore_until(Some(as_of), None)?,
+        false => restore_until(None, Some(as_of))?,
+    };
+    // The chain is restored up to that point into a private directory of
+    // its own, exported from, and removed.
+    let tmp = std::env::temp_dir().join(format!("pando-as-of.{}", std::process::id()));
+    let built = pando_server::backup::chain::build(chain, &tmp, schema.clone(), &opts, &until);
+    let r = built.and_then(|b| {
+        eprintln!(
+            "{} as of {}: {} entries from {} backup(s)",
+            chain.display(),
+            b.newest_csn.as_deref().unwrap_or("the full backup"),
+            b.entries,
+            b.applied_links
+        );
+        export_from(&args, &tmp, schema, &opts)
+    });
+    let _ = std::fs::remove_dir_all(&tmp);
+    r
+}
+
+/// Export the store in `dir` as `args` say.
+fn export_from(
+    args: &ExportArgs,
+    dir: &std::path::Path,
+    schema: Arc<Schema>,
+    store_opts: &pando_store::StoreOptions,
+) -> Result<ExitCode, String> {
+    use std::io::Write;
+    pando_store::preflight(dir, false, true).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let store = pando_store::Store::open_read_only(dir, schema, store_opts)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
     let opts = pando_server::bulk::ExportOptions {
         base: match &args.base {
             Some(b) => Some(pando_model::Dn::parse(b).map_err(|e| format!("--base '{b}': {e}"))?),

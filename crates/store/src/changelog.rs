@@ -36,6 +36,11 @@
 //! raises it to the newest CSN removed; writing data around the log (a new
 //! store's first entries, `pando import`) raises it to the newest CSN
 //! written. Absent: everything was logged from the start.
+//!
+//! **Writes around the log.** `meta:changelog_unlogged` counts the times
+//! entries were written without records (a refresh from a provider, an
+//! import, a restore): an incremental backup is exact only when the count
+//! is the same as at its parent (u64, big-endian; absent = 0).
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -52,6 +57,7 @@ pub const NAME: &str = "changelog";
 /// What the change log replaced (deletes only); emptied when found.
 const OLD_TOMBSTONES: &str = "tombstones";
 const META_FLOOR: &[u8] = b"changelog_floor";
+pub(crate) const META_UNLOGGED: &[u8] = b"changelog_unlogged";
 /// Records are written in format 2 (with who made the change); format 1
 /// records (without) are still read.
 const RECORD_FORMAT: u8 = 2;
@@ -249,7 +255,7 @@ fn text(f: &mut Reader<'_>) -> Option<String> {
     std::str::from_utf8(f.bytes()?).ok().map(str::to_string)
 }
 
-fn decode(k: &[u8], v: &[u8]) -> Result<LoggedChange, StoreError> {
+pub(crate) fn decode(k: &[u8], v: &[u8]) -> Result<LoggedChange, StoreError> {
     let bad = || {
         StoreError::Corrupt(format!(
             "change log record {:?} is malformed",
@@ -315,6 +321,10 @@ fn decode(k: &[u8], v: &[u8]) -> Result<LoggedChange, StoreError> {
     })
 }
 
+/// The log's records as stored (key, value).
+pub(crate) type RawRecords<'v> =
+    Box<dyn Iterator<Item = Result<(&'v [u8], &'v [u8]), StoreError>> + 'v>;
+
 /// What the change log holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ChangelogSummary {
@@ -338,6 +348,35 @@ impl View<'_> {
             None if self.changelog_db().is_none() => "~".to_string(),
             None => String::new(),
         })
+    }
+
+    /// How many times entries were written around the log (see the
+    /// module's header).
+    pub fn unlogged_writes(&self) -> Result<u64, StoreError> {
+        Ok(match self.inner.meta.get(self.txn, META_UNLOGGED)? {
+            Some(v) => <[u8; 8]>::try_from(v).map_or(0, u64::from_be_bytes),
+            None => 0,
+        })
+    }
+
+    /// The raw records (key, value) with a CSN greater than `after` ("":
+    /// all), in key order: for a backup, which copies them as they are.
+    pub(crate) fn raw_changes_after<'v>(
+        &'v self,
+        after: &str,
+    ) -> Result<RawRecords<'v>, StoreError> {
+        let Some(db) = self.changelog_db() else {
+            return Ok(Box::new(std::iter::empty()));
+        };
+        let mut from = after.as_bytes().to_vec();
+        from.push(1);
+        let start = match after {
+            "" => Bound::Unbounded,
+            _ => Bound::Included(from.as_slice()),
+        };
+        let range: (Bound<&[u8]>, Bound<&[u8]>) = (start, Bound::Unbounded);
+        let iter = db.range(self.txn, &range)?;
+        Ok(Box::new(iter.map(|item| item.map_err(StoreError::from))))
     }
 
     /// The logged changes with a CSN greater than `after` ("": all), in
@@ -514,6 +553,16 @@ impl WriteTxn<'_> {
         if new {
             self.number_change(&k)?;
         }
+        Ok(())
+    }
+
+    /// Entries were written without change log records (counted: see the
+    /// module's header).
+    pub fn count_unlogged_write(&mut self) -> Result<(), StoreError> {
+        let n = self.view().unlogged_writes()? + 1;
+        self.inner
+            .meta
+            .put(&mut self.txn, META_UNLOGGED, &n.to_be_bytes())?;
         Ok(())
     }
 

@@ -424,6 +424,9 @@ fn apply<W: WriteOp>(
     // names that change (`change::GLUE_PARENT - index`).
     let mut added: Vec<(usize, EntryId)> = Vec::new();
     let count = changes.len();
+    if logged_as.is_none() && count > 0 {
+        w.count_unlogged_write()?;
+    }
     let multi_provider = ctx.server.multi_provider();
     for (seq, (index, c)) in changes.iter_mut().enumerate().rev().enumerate() {
         if let Some(place) = c.place.as_mut() {

@@ -765,6 +765,7 @@ fn declare_complete(
         if let Some(newest) = w.view().newest_csn()? {
             w.raise_changelog_floor(&newest)?;
         }
+        w.count_unlogged_write()?;
         w.meta_delete(META_IMPORTING)
     })?;
     Ok(())
