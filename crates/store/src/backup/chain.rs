@@ -9,7 +9,7 @@ use pando_model::Schema;
 use super::incremental::{parent_dir, store_owned, Item, Records};
 use super::replay::{self, ReplayError};
 use super::{check_link, exchange, sha256_file, sync_dir, Kind, Manifest, CHANGES_FILE, DATA_FILE};
-use crate::{LoggedChange, Store, StoreError, StoreOptions};
+use crate::{IndexKind, IndexSpec, LoggedChange, Store, StoreError, StoreOptions};
 
 /// Longest chain followed (a loop of links is refused, not followed).
 const MAX_LINKS: usize = 10_000;
@@ -206,8 +206,13 @@ pub fn build(
             staged.display()
         ));
     }
+    // Opened with the indexes the backup keeps (whatever the configuration
+    // says: the server reconciles them when it starts), written without
+    // syncs but synced at the end, its pages already checked by checksum.
     let opts = StoreOptions {
         durability: crate::Durability::None,
+        indexes: kept_indexes(dir, &opts.indexes)?,
+        check_all_pages: false,
         ..opts.clone()
     };
     let store = Store::open(dir, schema, &opts).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -233,6 +238,32 @@ pub fn build(
         changes,
         entries: entries?,
     })
+}
+
+/// The indexes the store in `dir` keeps (`meta:indexes`), so that opening
+/// it to replay changes neither empties nor builds one; for a store from
+/// before that list, `configured`.
+fn kept_indexes(dir: &Path, configured: &[IndexSpec]) -> Result<Vec<IndexSpec>, String> {
+    let found =
+        Store::peek_meta(dir, &["indexes"]).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let Some(list) = found.and_then(|v| v.into_iter().next().flatten()) else {
+        return Ok(configured.to_vec());
+    };
+    let mut specs: Vec<IndexSpec> = Vec::new();
+    for name in crate::parse_listed(&list) {
+        let Some((attr, kind)) = name.strip_prefix("ix:").and_then(|n| n.rsplit_once(':')) else {
+            continue;
+        };
+        let kind: IndexKind = kind.parse()?;
+        match specs.iter_mut().find(|s| s.attr == attr) {
+            Some(s) => s.kinds.push(kind),
+            None => specs.push(IndexSpec {
+                attr: attr.to_string(),
+                kinds: vec![kind],
+            }),
+        }
+    }
+    Ok(specs)
 }
 
 /// A point in time must be inside the chain: not before what the full
@@ -375,4 +406,63 @@ fn set_state(store: &Store, metas: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), StoreE
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Opening a backup to replay changes keeps its indexes whatever the
+    /// configuration the restore runs with lists (none here): it neither
+    /// empties nor builds one.
+    #[test]
+    fn a_restore_keeps_the_indexes_the_backup_has() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Arc::new(Schema::standard());
+        let spec = |attr: &str, kinds: &[IndexKind]| IndexSpec {
+            attr: attr.into(),
+            kinds: kinds.to_vec(),
+        };
+        let indexes = vec![
+            spec("uid", &[IndexKind::Eq]),
+            spec("cn", &[IndexKind::Eq, IndexKind::Sub]),
+        ];
+        let opts = StoreOptions {
+            indexes: indexes.clone(),
+            ..StoreOptions::default()
+        };
+        Store::open(dir.path(), schema, &opts).unwrap().close();
+        let mut kept = kept_indexes(dir.path(), &[]).unwrap();
+        kept.sort_by(|a, b| a.attr.cmp(&b.attr));
+        let mut want = indexes;
+        want.sort_by(|a, b| a.attr.cmp(&b.attr));
+        for s in kept.iter_mut().chain(want.iter_mut()) {
+            s.kinds.sort_by_key(|k| k.as_str());
+        }
+        assert_eq!(kept, want);
+    }
+
+    #[test]
+    fn a_time_takes_in_its_whole_second_and_a_fraction_is_exact() {
+        let Until::Csn(b) = Until::time("2026-11-30T12:00:00Z").unwrap() else {
+            panic!()
+        };
+        assert!(Until::Csn(b.clone()).includes("20261130120000.999999Z#00000f#001#000000"));
+        assert!(!Until::Csn(b).includes("20261130120001.000000Z#000000#001#000000"));
+        let Until::Csn(b) = Until::time("20261130120000.5Z").unwrap() else {
+            panic!()
+        };
+        assert!(Until::Csn(b.clone()).includes("20261130120000.500000Z#000003#002#000000"));
+        assert!(!Until::Csn(b).includes("20261130120000.500001Z#000000#001#000000"));
+        for bad in [
+            "yesterday",
+            "20261130120000",
+            "2026113012000Z",
+            "20261130120000.1234567Z",
+        ] {
+            assert!(Until::time(bad).is_err(), "{bad}");
+        }
+        assert!(Until::csn("20261130120000.000000Z#000000#001#000000").is_ok());
+        assert!(Until::csn("20261130").is_err());
+    }
 }
