@@ -277,6 +277,10 @@ pub struct MetricsConfig {
     /// endpoint (`GET /metrics`); unset = off. Keep it on loopback unless
     /// deliberately exposing it: the figures are not access-controlled.
     pub listen: Option<String>,
+    /// Serve the live dashboard (`GET /dashboard`) there too. On a
+    /// non-loopback address the endpoint speaks TLS (the server's
+    /// certificate) and the dashboard asks for the root DN's password.
+    pub dashboard: bool,
 }
 
 impl MetricsConfig {
@@ -1070,7 +1074,14 @@ impl Config {
         let listeners = self.resolve_listeners()?;
         let tls = self.tls.resolve(&self.data_dir)?;
         self.logs.validate()?;
-        self.metrics.addr()?;
+        if let (Some(a), true) = (self.metrics.addr()?, self.metrics.dashboard) {
+            if !a.ip().is_loopback() && tls.is_none() {
+                return Err(err(
+                    "metrics.dashboard",
+                    format!("on {a}, not a loopback address, the dashboard is served over TLS only: set tls.cert_file and tls.key_file (or listen on 127.0.0.1)"),
+                ));
+            }
+        }
         if tls.is_none() {
             if let Some(i) = listeners
                 .iter()

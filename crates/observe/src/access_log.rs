@@ -118,6 +118,25 @@ impl Request {
     }
 }
 
+/// The tag a request of `kind` has in its log line, for a line made
+/// without the request at hand (the dashboard's, when the access log is
+/// off).
+pub fn tag_of(kind: crate::metrics::OpKind) -> &'static str {
+    use crate::metrics::OpKind::*;
+    match kind {
+        Bind => "BIND",
+        Search => "SRCH",
+        Compare => "CMP",
+        Add => "ADD",
+        Delete => "DEL",
+        Modify => "MOD",
+        ModDn => "MODRDN",
+        Extended => "EXT",
+        Abandon => "ABANDON",
+        Unbind => "UNBIND",
+    }
+}
+
 /// The response's application tag (OpenLDAP prints it as `tag=`).
 pub fn result_tag(request_tag: &str) -> u64 {
     match request_tag {

@@ -1,5 +1,6 @@
 //! Observability's sinks (the crate `pando-observe`): counters and latency
-//! histograms ([`metrics`]), the log files and their writer thread
+//! histograms ([`metrics`]), the dashboard's second-by-second record
+//! ([`station`]), the log files and their writer thread
 //! ([`logfile`]), and the lines of the access and audit logs
 //! ([`access_log`], [`audit`]). What reads the running server (cn=Monitor,
 //! Prometheus) and the hooks operations call are the server's
@@ -12,6 +13,7 @@ pub mod access_log;
 pub mod audit;
 pub mod logfile;
 pub mod metrics;
+pub mod station;
 
 use pando_proto::ProtocolOp;
 

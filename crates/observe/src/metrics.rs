@@ -220,6 +220,10 @@ pub struct Metrics {
     /// The in-directory access log's counters, shared with its writer jobs.
     pub accesslog: std::sync::Arc<AccesslogCounters>,
     latency: Vec<Sharded>,
+    /// Per second, for the dashboard (`crate::station`): what operations
+    /// record, and the last hour made of it.
+    pub seconds: crate::station::Recorder,
+    pub station: crate::station::Station,
 }
 
 /// What the in-directory access log (`overlays::accesslog`) did not keep.
@@ -261,6 +265,8 @@ impl Metrics {
             log_write_errors: AtomicU64::new(0),
             accesslog: Default::default(),
             latency: OP_KINDS.iter().map(|_| Sharded::new()).collect(),
+            seconds: Default::default(),
+            station: Default::default(),
         }
     }
 
@@ -290,6 +296,7 @@ impl Metrics {
             self.entries_sent.fetch_add(entries, Ordering::Relaxed);
         }
         self.latency[kind as usize].record(etime_us);
+        self.seconds.record(kind, etime_us);
     }
 
     pub fn add(&self, counter: &AtomicU64, n: u64) {

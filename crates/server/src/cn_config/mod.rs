@@ -239,6 +239,7 @@ pub const KEYS: &[Key] = &[
     k(106, "logs.rotate_daily", "", Global, Boolean),
     k(107, "logs.file_mode", "", Global, Text),
     k(110, "metrics.listen", "", Global, Text),
+    k(111, "metrics.dashboard", "", Global, Boolean),
     k(120, "replication.server_id", "olcServerID", Global, Integer),
     k(121, "replication.changelog_days", "", Global, Integer),
     k(

@@ -1,10 +1,11 @@
 //! Observability: counters and latency histograms ([`metrics`]), the
-//! access and audit logs, the `cn=Monitor` subtree and the Prometheus
-//! endpoint.
+//! access and audit logs, the `cn=Monitor` subtree, the Prometheus
+//! endpoint and the live dashboard beside it.
 //!
 //! The network calls [`conn_opened`]/[`conn_closed`]; a request is
 //! observed by the operations' stack (`ops::stack::observed`).
 
+pub mod dashboard;
 pub mod monitor;
 mod monitor_slapd;
 pub mod prometheus;

@@ -13,8 +13,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::state::Server;
@@ -34,14 +34,16 @@ pub fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, String> {
 }
 
 /// Answer on `listener` until `shutdown` flips, or `stop` (the endpoint
-/// moved or was turned off).
+/// moved or was turned off); with the dashboard on, close a second on its
+/// station every second.
 pub async fn serve(
     listener: TcpListener,
-    live: Arc<dyn crate::state::Current>,
+    live: Arc<dyn crate::net::frontend::Serving>,
     mut shutdown: watch::Receiver<bool>,
     mut stop: watch::Receiver<bool>,
 ) {
-    if let Ok(a) = listener.local_addr() {
+    let local = listener.local_addr().ok();
+    if let Some(a) = local {
         tracing::info!("metrics endpoint: http://{a}/metrics");
         if !a.ip().is_loopback() {
             tracing::warn!(
@@ -49,15 +51,38 @@ pub async fn serve(
             );
         }
     }
+    let exposed = local.is_some_and(|a| !a.ip().is_loopback());
+    let mut second = tokio::time::interval(Duration::from_secs(1));
+    second.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
             _ = stop.changed() => return,
+            _ = second.tick() => {
+                let server = live.server();
+                if server.cfg.config.metrics.dashboard {
+                    super::dashboard::tick(&server);
+                }
+            }
             a = listener.accept() => match a {
                 Ok((stream, _)) => {
                     let server = live.server();
+                    let tls = live.frontend().tls();
                     tokio::spawn(async move {
-                        let _ = tokio::time::timeout(READ_TIMEOUT * 2, answer(stream, server)).await;
+                        let secure = exposed && server.cfg.config.metrics.dashboard;
+                        let _ = tokio::time::timeout(READ_TIMEOUT * 2, async move {
+                            match (secure, tls) {
+                                (false, _) => answer(stream, server, false).await,
+                                (true, Some(tls)) => {
+                                    if let Ok(s) = tls.accept(stream).await {
+                                        answer(s.stream, server, true).await;
+                                    }
+                                }
+                                // Refused by the configuration's check.
+                                (true, None) => {}
+                            }
+                        })
+                        .await;
                     });
                 }
                 Err(e) => {
@@ -69,7 +94,12 @@ pub async fn serve(
     }
 }
 
-async fn answer(mut stream: TcpStream, server: Arc<Server>) {
+/// Answer one request on `stream`; `secure`: the endpoint is exposed, the
+/// dashboard asks for credentials.
+async fn answer<S>(mut stream: S, server: Arc<Server>, secure: bool)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut buf = Vec::with_capacity(1024);
     let head_end = loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -87,31 +117,59 @@ async fn answer(mut stream: TcpStream, server: Arc<Server>) {
             Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
         }
     };
-    let head = String::from_utf8_lossy(&buf[..head_end]);
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
     let mut first = head.lines().next().unwrap_or("").split(' ');
     let (method, target) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    let reply = match (method, path) {
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let dashboard = server.cfg.config.metrics.dashboard && path.starts_with("/dashboard");
+    let mut reply = match (method, path) {
         ("GET", "/metrics") | ("HEAD", "/metrics") => {
             let s = server.clone();
             let body = tokio::task::spawn_blocking(move || render(&s))
                 .await
                 .unwrap_or_default();
-            let mut r = response(200, "text/plain; version=0.0.4; charset=utf-8", &body);
-            if method == "HEAD" {
-                let at = r.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4;
-                r.truncate(at);
+            response(200, "text/plain; version=0.0.4; charset=utf-8", &body)
+        }
+        ("GET", _) | ("HEAD", _) if dashboard => {
+            if secure && !super::dashboard::authorized(&server, &head).await {
+                unauthorized()
+            } else if path == "/dashboard/data" {
+                let body = super::dashboard::data(&server, query);
+                response(200, "application/json", &body)
+            } else {
+                match super::dashboard::asset(path) {
+                    Some((ctype, body)) => response_bytes(200, ctype, body),
+                    None => response(404, "text/plain", "not found: try /dashboard\n"),
+                }
             }
-            r
         }
         ("GET", _) | ("HEAD", _) => response(404, "text/plain", "not found: try /metrics\n"),
         _ => response(405, "text/plain", "method not allowed\n"),
     };
+    if method == "HEAD" {
+        let at = reply.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4;
+        reply.truncate(at);
+    }
     let _ = stream.write_all(&reply).await;
     let _ = stream.shutdown().await;
 }
 
+fn unauthorized() -> Vec<u8> {
+    let body = "the dashboard asks for the root DN and its password\n";
+    format!(
+        "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"pando dashboard\", charset=\"UTF-8\"\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
 fn response(code: u16, ctype: &str, body: &str) -> Vec<u8> {
+    response_bytes(code, ctype, body.as_bytes())
+}
+
+/// A whole response. The page and its data come from this endpoint only
+/// (`default-src 'self'`): nothing is fetched from elsewhere.
+fn response_bytes(code: u16, ctype: &str, body: &[u8]) -> Vec<u8> {
     let reason = match code {
         200 => "OK",
         404 => "Not Found",
@@ -120,11 +178,14 @@ fn response(code: u16, ctype: &str, body: &str) -> Vec<u8> {
         _ => "Error",
     };
     let mut r = format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\
+         Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n\
+         Content-Security-Policy: default-src 'self'; style-src 'self' 'unsafe-inline'\r\n\
+         Connection: close\r\n\r\n",
         body.len()
     )
     .into_bytes();
-    r.extend_from_slice(body.as_bytes());
+    r.extend_from_slice(body);
     r
 }
 
