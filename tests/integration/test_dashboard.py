@@ -141,6 +141,25 @@ def test_each_second_carries_what_else_the_server_did(tmp_path):
             "http://127.0.0.1:%d/dashboard/data?since=%d" % (port, seconds[-2]["t"]), timeout=10))["seconds"]
         assert 1 <= len(newer) <= 3 and newer[0]["t"] > seconds[-2]["t"]
         c.unbind()
+
+        # Switched off and on over cn=config, on the same listener.
+        def switch(value):
+            r = subprocess.run(["ldapmodify", "-Q", "-Y", "EXTERNAL", "-H", srv.ldapi_url], text=True,
+                               capture_output=True, timeout=30, input=(
+                                   "dn: cn=config\nchangetype: modify\nreplace: pandoMetricsDashboard\n"
+                                   "pandoMetricsDashboard: %s\n" % value))
+            assert r.returncode == 0, r.stderr
+
+        def status(path):
+            try:
+                return urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=10).status
+            except urllib.error.HTTPError as e:
+                return e.code
+
+        switch("FALSE")
+        assert status("/dashboard") == 404 and status("/metrics") == 200
+        switch("TRUE")
+        assert status("/dashboard") == 200
     finally:
         srv.stop_and_verify()
 

@@ -83,6 +83,12 @@ thread_local! {
 }
 static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
 
+/// This thread's slot among `n` (a power of two dividing `SHARDS`): which
+/// copy of a per-thread structure it writes to.
+pub(crate) fn slot(n: usize) -> usize {
+    SLOT.with(|s| *s) % n
+}
+
 fn new_histogram() -> Histogram<u64> {
     // Bounds are constants that hdrhistogram accepts.
     Histogram::new_with_bounds(1, MAX_MICROS, 3).expect("valid histogram bounds")

@@ -286,7 +286,9 @@ impl Live {
             }
         }
         let tls = self.tls_for(&resolved, &old)?;
-        let metrics = if resolved.config.metrics == old.cfg.config.metrics {
+        // The dashboard switch is read per request: only a new address
+        // binds again.
+        let metrics = if resolved.config.metrics.listen == old.cfg.config.metrics.listen {
             None
         } else {
             match resolved.config.metrics.addr().map_err(|e| e.to_string())? {
