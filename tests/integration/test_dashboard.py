@@ -204,3 +204,58 @@ def test_an_exposed_dashboard_needs_tls_and_the_root_password(tmp_path):
             urllib.request.urlopen("http://127.0.0.2:%d/dashboard" % port, timeout=5).read()
     finally:
         srv.stop_and_verify()
+
+
+def test_the_proxy_dashboard_shows_each_server_and_a_failover(tmp_path):
+    """pando proxy's dashboard: operations per server move while clients
+    read through it; a provider that stops answering is shown down, the
+    writes moved to the next, both listed as the second's events."""
+    import signal
+    from test_proxy import proxied_ring
+    port = free_port()
+    with proxied_ring(tmp_path, 3, [0, 1], [2], extra='dashboard_listen = "127.0.0.1:%d"\n' % port) as (ring, proxy):
+        banner = "dashboard: http://127.0.0.1:%d/dashboard" % port
+        deadline = time.monotonic() + 20
+        while banner not in proxy.logs() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert banner in proxy.logs(), proxy.logs()
+        b = Browser(tmp_path / "profile")
+        stop = threading.Event()
+
+        def reads():
+            c = proxy.conn()
+            n = 0
+            while not stop.is_set() and n < 20000:
+                c.search(PEOPLE, "(uid=alice)", attributes=["cn"])
+                n += 1
+            c.unbind()
+
+        t = threading.Thread(target=reads, daemon=True)
+        t.start()
+        try:
+            origin = "http://127.0.0.1:%d" % port
+            b.open(origin + "/dashboard")
+            resources = b.eval("performance.getEntriesByType('resource').map(e => e.name)")
+            assert resources and all(r.startswith(origin + "/dashboard/") for r in resources), resources
+            replica = ring.nodes[2].url
+            wait_for(b, "pandoProxyDashboard.seconds.some(s => s.servers.some("
+                        "x => x.url === %r && x.ops > 20))" % replica)
+            assert b.eval("pandoProxyDashboard.charts.length") == 3
+            first = b.eval("pandoProxyDashboard.charts[0].plot.data[0].slice(-1)[0]")
+            time.sleep(2.2)
+            assert b.eval("pandoProxyDashboard.charts[0].plot.data[0].slice(-1)[0]") >= first + 2
+            os.kill(ring.nodes[0].proc.pid, signal.SIGSTOP)
+            try:
+                events = wait_for(b, "(() => { const t = document.querySelector('#events').innerText;"
+                                     " return t.includes('writes moved to') && t; })()", timeout=20)
+            finally:
+                os.kill(ring.nodes[0].proc.pid, signal.SIGCONT)
+            assert "%s: down" % ring.nodes[0].url in events, events
+            assert "writes moved to %s" % ring.nodes[1].url in events, events
+            wait_for(b, "document.querySelector('#events').innerText.includes('back in rotation')", timeout=20)
+            if SHOTS:
+                b.screenshot(os.path.join(SHOTS, "dashboard-proxy.png"))
+        finally:
+            stop.set()
+            t.join(20)
+            b.close()

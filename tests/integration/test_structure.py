@@ -29,6 +29,8 @@ ALLOWED = {
     "pando-access": {"pando-proto", "pando-model", "pando-store", "pando-config"},
     "pando-observe": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-config"},
     "pando-client": {"pando-proto", "pando-config"},
+    # The HTTP of the metrics endpoint and the dashboards: nothing of Pando's.
+    "pando-web": set(),
     "pando-ops": {"pando-proto", "pando-model", "pando-store", "pando-password", "pando-config", "pando-access",
                   "pando-observe"},
     "pando-overlays": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password", "pando-config",
@@ -36,10 +38,11 @@ ALLOWED = {
     "pando-gen": {"pando-ldif"},
     "pando-bench": {"pando-proto"},
     "pando-server": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password", "pando-config",
-                     "pando-access", "pando-observe", "pando-client", "pando-ops", "pando-overlays"},
+                     "pando-access", "pando-observe", "pando-client", "pando-ops", "pando-overlays", "pando-web"},
     "pando-migrate": {"pando-proto", "pando-model", "pando-ldif", "pando-password", "pando-config", "pando-server"},
-    # The proxy speaks LDAP to servers: the codec and the client only.
-    "pando-proxy": {"pando-proto", "pando-client"},
+    # The proxy speaks LDAP to servers: the codec and the client only (and
+    # HTTP for its dashboard).
+    "pando-proxy": {"pando-proto", "pando-client", "pando-web"},
     "pando": {"pando-proto", "pando-model", "pando-ldif", "pando-store", "pando-password", "pando-config", "pando-access", "pando-observe", "pando-client", "pando-server",
               "pando-gen", "pando-bench", "pando-migrate", "pando-proxy"},
 }

@@ -121,8 +121,8 @@ impl Request {
 /// The tag a request of `kind` has in its log line, for a line made
 /// without the request at hand (the dashboard's, when the access log is
 /// off).
-pub fn tag_of(kind: crate::metrics::OpKind) -> &'static str {
-    use crate::metrics::OpKind::*;
+pub fn tag_of(kind: crate::op_kind::OpKind) -> &'static str {
+    use crate::op_kind::OpKind::*;
     match kind {
         Bind => "BIND",
         Search => "SRCH",

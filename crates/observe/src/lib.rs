@@ -13,6 +13,7 @@ pub mod access_log;
 pub mod audit;
 pub mod logfile;
 pub mod metrics;
+mod op_kind;
 pub mod station;
 
 use pando_proto::ProtocolOp;

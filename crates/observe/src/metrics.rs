@@ -10,7 +10,7 @@
 //! thread records into the shard picked by its own slot number, so two
 //! threads rarely meet on one lock. A reader merges the shards.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime};
 
@@ -22,71 +22,11 @@ const SHARDS: usize = 16;
 /// ones are recorded as this value.
 const MAX_MICROS: u64 = 3_600_000_000;
 
-/// Operation types, in the order the counters and the monitor list them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OpKind {
-    Bind = 0,
-    Search,
-    Compare,
-    Add,
-    Delete,
-    Modify,
-    ModDn,
-    Extended,
-    Abandon,
-    Unbind,
-}
-
-pub const OP_KINDS: [OpKind; 10] = [
-    OpKind::Bind,
-    OpKind::Search,
-    OpKind::Compare,
-    OpKind::Add,
-    OpKind::Delete,
-    OpKind::Modify,
-    OpKind::ModDn,
-    OpKind::Extended,
-    OpKind::Abandon,
-    OpKind::Unbind,
-];
-
-impl OpKind {
-    /// Lower-case name used in metric labels, monitor RDNs and `pando stat`.
-    pub fn name(self) -> &'static str {
-        match self {
-            OpKind::Bind => "bind",
-            OpKind::Search => "search",
-            OpKind::Compare => "compare",
-            OpKind::Add => "add",
-            OpKind::Delete => "delete",
-            OpKind::Modify => "modify",
-            OpKind::ModDn => "moddn",
-            OpKind::Extended => "extended",
-            OpKind::Abandon => "abandon",
-            OpKind::Unbind => "unbind",
-        }
-    }
-
-    pub fn from_name(s: &str) -> Option<OpKind> {
-        OP_KINDS.iter().copied().find(|k| k.name() == s)
-    }
-}
+pub use crate::op_kind::{OpKind, OP_KINDS};
 
 /// One latency histogram, sharded by thread.
 struct Sharded {
     shards: Vec<Mutex<Histogram<u64>>>,
-}
-
-thread_local! {
-    /// This thread's shard slot, given out round robin on first use.
-    static SLOT: usize = NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % SHARDS;
-}
-static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
-
-/// This thread's slot among `n` (a power of two dividing `SHARDS`): which
-/// copy of a per-thread structure it writes to.
-pub(crate) fn slot(n: usize) -> usize {
-    SLOT.with(|s| *s) % n
 }
 
 fn new_histogram() -> Histogram<u64> {
@@ -102,7 +42,7 @@ impl Sharded {
     }
 
     fn record(&self, micros: u64) {
-        let slot = SLOT.with(|s| *s);
+        let slot = crate::op_kind::slot(SHARDS);
         if let Ok(mut h) = self.shards[slot].lock() {
             h.saturating_record(micros.clamp(1, MAX_MICROS));
         }

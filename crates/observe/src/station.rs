@@ -6,7 +6,7 @@
 //! them, and the slowest operations of each second with their access log
 //! line.
 //!
-//! Recording ([`Recorder`], inside [`crate::metrics::Metrics`]) costs an
+//! Recording ([`Recorder`], inside the metrics registry) costs an
 //! operation two relaxed atomic adds and a `fetch_max`: per type a
 //! cumulative count per latency bucket (quarter powers of two, so a
 //! percentile is within 12% of the truth) and the second's maximum. An
@@ -23,7 +23,7 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
-use crate::metrics::{OpKind, OP_KINDS};
+use crate::op_kind::{OpKind, OP_KINDS};
 
 /// Latency buckets: four per power of two from 1 µs; the last one holds
 /// everything from 2^28 µs (268 s) up.
@@ -97,7 +97,7 @@ impl Default for Recorder {
 impl Recorder {
     pub fn record(&self, kind: OpKind, etime_us: u64) {
         let k = kind as usize;
-        let copy = k * COPIES + crate::metrics::slot(COPIES);
+        let copy = k * COPIES + crate::op_kind::slot(COPIES);
         self.buckets[copy][bucket(etime_us)].fetch_add(1, Ordering::Relaxed);
         // Mostly a read: the line is written only by a new maximum.
         if etime_us > self.max[k].load(Ordering::Relaxed) {

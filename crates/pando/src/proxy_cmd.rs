@@ -51,6 +51,10 @@ pub struct ProxyArgs {
     /// With --read-capture: the server's port.
     #[arg(long, default_value_t = 389)]
     ldap_port: u16,
+    /// Serve the live dashboard at http://ADDR/dashboard (a loopback
+    /// address, e.g. 127.0.0.1:9390).
+    #[arg(long, value_name = "ADDR")]
+    dashboard: Option<String>,
     /// error, warn, info, debug or trace.
     #[arg(long)]
     log_level: Option<String>,
@@ -93,6 +97,9 @@ pub fn run(args: ProxyArgs) -> Result<ExitCode, String> {
     }
     if let Some(r) = &args.record {
         cfg.record = Some(r.clone());
+    }
+    if let Some(a) = &args.dashboard {
+        cfg.dashboard_listen = Some(a.clone());
     }
     if let Some(path) = &args.read_capture {
         if cfg.decode_log.is_none() {

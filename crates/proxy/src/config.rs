@@ -70,6 +70,10 @@ pub struct ProxyConfig {
     /// How long a write waits for those N, seconds; past it the client is
     /// answered `unavailable` (the write was made, not yet copied).
     pub acknowledge_timeout_secs: u64,
+    /// `host:port` of the live dashboard (`GET /dashboard`): each server's
+    /// state, operations and outstanding ones second by second. Loopback
+    /// addresses only. Unset: off.
+    pub dashboard_listen: Option<String>,
 }
 
 impl Default for ProxyConfig {
@@ -97,6 +101,7 @@ impl Default for ProxyConfig {
             read_your_writes: true,
             acknowledge: "none".into(),
             acknowledge_timeout_secs: 5,
+            dashboard_listen: None,
         }
     }
 }
@@ -147,6 +152,16 @@ impl ProxyConfig {
             if l.starts_with("ldaps://") && self.tls_cert_file.is_none() {
                 return Err(format!(
                     "proxy.listen: {l:?} needs proxy.tls_cert_file and proxy.tls_key_file"
+                ));
+            }
+        }
+        if let Some(a) = &self.dashboard_listen {
+            let addr: std::net::SocketAddr = a.parse().map_err(|_| {
+                format!("proxy.dashboard_listen: {a:?} is not an address like 127.0.0.1:9390")
+            })?;
+            if !addr.ip().is_loopback() {
+                return Err(format!(
+                    "proxy.dashboard_listen: {a:?} is not a loopback address: the proxy's dashboard has no login; reach it through an SSH tunnel"
                 ));
             }
         }

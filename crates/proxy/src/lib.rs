@@ -8,14 +8,16 @@
 //! share a few connections per server (message IDs rewritten); bound
 //! clients have their own. Every message can be written out decoded.
 //!
-//! Layer: beside the server, above the codec and the client. It speaks
-//! LDAP only: it must not touch the server's state, store, operations or
-//! replication (it reaches servers, Pando or not, over the wire).
+//! Layer: beside the server, above the codec, the client and `pando-web`
+//! (its dashboard's HTTP). It reaches servers, Pando or not, over the
+//! wire: it must not touch the server's state, store, operations or
+//! replication.
 
 mod capture;
 mod client;
 pub mod config;
 mod csn;
+mod dashboard;
 mod decode_log;
 pub mod frame;
 mod health;
@@ -256,6 +258,14 @@ pub async fn run(cfg: ProxyConfig) -> Result<(), String> {
     for url in &proxy.cfg.listen {
         listeners.push(bind(url).await?);
     }
+    let dashboard = match &proxy.cfg.dashboard_listen {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .map_err(|e| format!("proxy.dashboard_listen: cannot listen on {a}: {e}"))?,
+        ),
+        None => None,
+    };
     tokio::spawn(health::run(proxy.clone()));
     // The first check decides where the first requests go.
     for _ in 0..(proxy.cfg.timeout_secs * 20 + 20) {
@@ -276,6 +286,12 @@ pub async fn run(cfg: ProxyConfig) -> Result<(), String> {
     println!("to:\n{}", proxy.status().trim_end());
     let next = Arc::new(AtomicU64::new(1));
     let slots = Arc::new(Semaphore::new(proxy.cfg.max_connections));
+    if let Some(l) = dashboard {
+        if let Ok(a) = l.local_addr() {
+            println!("dashboard: http://{a}/dashboard");
+        }
+        tokio::spawn(dashboard::serve(proxy.clone(), l, slots.clone()));
+    }
     let mut paths = Vec::new();
     for l in listeners {
         if let Listener::Unix(_, p) = &l {

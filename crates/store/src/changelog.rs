@@ -368,6 +368,8 @@ impl View<'_> {
         let Some(db) = self.changelog_db() else {
             return Ok(Box::new(std::iter::empty()));
         };
+        // Every key of CSN `after` is `after` ‖ 0 ‖ …, which sorts before
+        // `after` ‖ 1: the range starts past all of them.
         let mut from = after.as_bytes().to_vec();
         from.push(1);
         let start = match after {
@@ -385,20 +387,8 @@ impl View<'_> {
         &'v self,
         after: &str,
     ) -> Result<Box<dyn Iterator<Item = Result<LoggedChange, StoreError>> + 'v>, StoreError> {
-        let Some(db) = self.changelog_db() else {
-            return Ok(Box::new(std::iter::empty()));
-        };
-        // Every key of CSN `after` is `after` ‖ 0 ‖ …, which sorts before
-        // `after` ‖ 1: the range starts past all of them.
-        let mut from = after.as_bytes().to_vec();
-        from.push(1);
-        let start = match after {
-            "" => Bound::Unbounded,
-            _ => Bound::Included(from.as_slice()),
-        };
-        let range: (Bound<&[u8]>, Bound<&[u8]>) = (start, Bound::Unbounded);
-        let iter = db.range(self.txn, &range)?;
-        Ok(Box::new(iter.map(|item| {
+        let raw = self.raw_changes_after(after)?;
+        Ok(Box::new(raw.map(|item| {
             let (k, v) = item?;
             decode(k, v)
         })))

@@ -250,9 +250,14 @@ impl Listeners {
             return;
         };
         let (stop_tx, stop_rx) = watch::channel(false);
+        let tls_now: crate::observe::prometheus::TlsNow = {
+            let live = live.clone();
+            Arc::new(move || live.frontend().tls())
+        };
         let task = tokio::spawn(crate::observe::prometheus::serve(
             l,
             live.clone(),
+            tls_now,
             shutdown,
             stop_rx,
         ));

@@ -21,35 +21,29 @@ use pando_observe::station::{ConsumerInput, Inputs};
 
 const PAGE: &[u8] = include_bytes!("../../assets/dashboard/index.html");
 const SCRIPT: &[u8] = include_bytes!("../../assets/dashboard/app.js");
-const UPLOT_JS: &[u8] = include_bytes!("../../assets/dashboard/uPlot.iife.min.js");
-const UPLOT_CSS: &[u8] = include_bytes!("../../assets/dashboard/uPlot.min.css");
-const UPLOT_LICENSE: &[u8] = include_bytes!("../../assets/dashboard/LICENSE.uPlot");
-const ICON: &[u8] = include_bytes!("../../assets/dashboard/favicon.svg");
 
-/// The embedded file at `path`, with its content type.
-pub fn asset(path: &str) -> Option<(&'static str, &'static [u8])> {
-    Some(match path {
+/// The answer to a request under `/dashboard` (authorised already).
+pub fn answer(server: &Server, req: &pando_web::Request) -> Vec<u8> {
+    let (ctype, body): (&str, &[u8]) = match req.path.as_str() {
         "/dashboard" | "/dashboard/" => ("text/html; charset=utf-8", PAGE),
         "/dashboard/app.js" => ("text/javascript; charset=utf-8", SCRIPT),
-        "/dashboard/uPlot.iife.min.js" => ("text/javascript; charset=utf-8", UPLOT_JS),
-        "/dashboard/uPlot.min.css" => ("text/css; charset=utf-8", UPLOT_CSS),
-        "/dashboard/LICENSE.uPlot" => ("text/plain; charset=utf-8", UPLOT_LICENSE),
-        "/dashboard/favicon.svg" => ("image/svg+xml", ICON),
-        _ => return None,
-    })
+        "/dashboard/data" => {
+            let since = req.param("since").and_then(|v| v.parse().ok()).unwrap_or(0);
+            return pando_web::response(200, "application/json", data(server, since).as_bytes());
+        }
+        path => match pando_web::shared_asset(path) {
+            Some(found) => found,
+            None => return pando_web::response(404, "text/plain", b"not found: try /dashboard\n"),
+        },
+    };
+    pando_web::response(200, ctype, body)
 }
 
-/// `{"now": T, "seconds": [...]}`: the seconds kept after `since` (from
-/// the query `since=T`; all of the last hour without it).
-pub fn data(server: &Server, query: &str) -> String {
-    let since = query
-        .split('&')
-        .find_map(|p| p.strip_prefix("since="))
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
+/// `{"now": T, "seconds": [...]}`: the seconds kept after `since` (unix
+/// time; 0: all of the last hour).
+pub fn data(server: &Server, since: u64) -> String {
     let seconds = server.rt.metrics.station.since(since);
-    let now = unix_now();
-    serde_json::json!({ "now": now, "seconds": seconds }).to_string()
+    serde_json::json!({ "now": unix_now(), "seconds": seconds }).to_string()
 }
 
 fn unix_now() -> u64 {
@@ -103,41 +97,19 @@ pub fn tick(server: &Server) {
     m.station.tick(&m.seconds, unix_now(), inputs);
 }
 
-/// Whether the request head `head` carries the root DN and its password
+/// Whether the request carries the root DN and its password
 /// (`Authorization: Basic`). Nothing of it is logged.
-pub async fn authorized(server: &Server, head: &str) -> bool {
-    use base64::Engine;
-    let Some(value) = head.lines().find_map(|l| {
-        let (name, value) = l.split_once(':')?;
-        name.trim()
-            .eq_ignore_ascii_case("authorization")
-            .then(|| value.trim().to_string())
-    }) else {
+pub async fn authorized(server: &Server, req: &pando_web::Request) -> bool {
+    let Some((dn, pw)) = req.basic_credentials() else {
         return false;
     };
-    let Some(b64) = value
-        .split_once(' ')
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("basic"))
-        .map(|(_, v)| v.trim())
-    else {
-        return false;
-    };
-    let Ok(raw) = base64::engine::general_purpose::STANDARD.decode(b64) else {
-        return false;
-    };
-    // The user ID of Basic cannot hold ':' (RFC 7617); the password can.
-    let Some(at) = raw.iter().position(|&b| b == b':') else {
-        return false;
-    };
-    let (dn, pw) = (&raw[..at], raw[at + 1..].to_vec());
     let Some(hash) = server.root_pw_hash.clone() else {
         return false;
     };
-    let norm = std::str::from_utf8(dn)
+    let norm = pando_model::Dn::parse(&dn)
         .ok()
-        .and_then(|d| pando_model::Dn::parse(d).ok())
         .and_then(|d| server.schema.normalize_dn(&d).ok());
-    if norm.as_deref() != Some(server.root_dn_norm.as_str()) || server.root_dn_norm.is_empty() {
+    if server.root_dn_norm.is_empty() || norm.as_deref() != Some(server.root_dn_norm.as_str()) {
         return false;
     }
     server.passwords.verify(pw, vec![hash.into_bytes()]).await

@@ -1,7 +1,8 @@
 //! The Prometheus endpoint (`[metrics] listen`): `GET /metrics` answers the
 //! figures of `cn=Monitor` in the text exposition format 0.0.4; anything
-//! else is 404 (405 for other methods). A minimal HTTP/1.1 responder, one
-//! request per connection (`Connection: close`): scrapers need no more.
+//! else is 404 (405 for other methods), but for the dashboard's paths when
+//! it is on (`super::dashboard`). The HTTP is `pando_web`'s: one request
+//! per connection, which is all scrapers and the dashboard need.
 //!
 //! Latencies are exported twice: as a histogram
 //! (`pando_operation_duration_seconds`, buckets from 10 µs to 10 s, from
@@ -13,17 +14,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::state::Server;
 use pando_observe::metrics::{Metrics, ProcessFigures, LATENCY_BOUNDS, OP_KINDS};
 
-/// Longest request head accepted.
-const MAX_REQUEST: usize = 8192;
-/// A client gets this long to send its request.
-const READ_TIMEOUT: Duration = Duration::from_secs(10);
+use pando_web::READ_TIMEOUT;
 
 /// Bind the endpoint (inside the runtime: the socket is registered with it).
 pub fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, String> {
@@ -33,12 +31,16 @@ pub fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, String> {
     TcpListener::from_std(l).map_err(named)
 }
 
+/// The server's TLS context as it is now (a SIGHUP may replace it).
+pub type TlsNow = Arc<dyn Fn() -> Option<Arc<crate::net::tls::TlsContext>> + Send + Sync>;
+
 /// Answer on `listener` until `shutdown` flips, or `stop` (the endpoint
 /// moved or was turned off); with the dashboard on, close a second on its
 /// station every second.
 pub async fn serve(
     listener: TcpListener,
-    live: Arc<dyn crate::net::frontend::Serving>,
+    live: Arc<dyn crate::state::Current>,
+    tls_now: TlsNow,
     mut shutdown: watch::Receiver<bool>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -67,7 +69,7 @@ pub async fn serve(
             a = listener.accept() => match a {
                 Ok((stream, _)) => {
                     let server = live.server();
-                    let tls = live.frontend().tls();
+                    let tls = tls_now();
                     tokio::spawn(async move {
                         let secure = exposed && server.cfg.config.metrics.dashboard;
                         let _ = tokio::time::timeout(READ_TIMEOUT * 2, async move {
@@ -100,93 +102,44 @@ async fn answer<S>(mut stream: S, server: Arc<Server>, secure: bool)
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut buf = Vec::with_capacity(1024);
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i;
-        }
-        if buf.len() > MAX_REQUEST {
-            let _ = stream
-                .write_all(&response(431, "text/plain", "request too large\n"))
-                .await;
+    let req = match pando_web::read_request(&mut stream).await {
+        Ok(r) => r,
+        Err(reply) => {
+            if !reply.is_empty() {
+                pando_web::send(&mut stream, "GET", reply).await;
+            }
             return;
         }
-        let mut chunk = [0u8; 1024];
-        match tokio::time::timeout(READ_TIMEOUT, stream.read(&mut chunk)).await {
-            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return,
-            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
-        }
     };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let mut first = head.lines().next().unwrap_or("").split(' ');
-    let (method, target) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let dashboard = server.cfg.config.metrics.dashboard && path.starts_with("/dashboard");
-    let mut reply = match (method, path) {
+    let dashboard = server.cfg.config.metrics.dashboard && req.path.starts_with("/dashboard");
+    let reply = match (req.method.as_str(), req.path.as_str()) {
         ("GET", "/metrics") | ("HEAD", "/metrics") => {
             let s = server.clone();
             let body = tokio::task::spawn_blocking(move || render(&s))
                 .await
                 .unwrap_or_default();
-            response(200, "text/plain; version=0.0.4; charset=utf-8", &body)
+            pando_web::response(
+                200,
+                "text/plain; version=0.0.4; charset=utf-8",
+                body.as_bytes(),
+            )
         }
         ("GET", _) | ("HEAD", _) if dashboard => {
-            if secure && !super::dashboard::authorized(&server, &head).await {
-                unauthorized()
-            } else if path == "/dashboard/data" {
-                let body = super::dashboard::data(&server, query);
-                response(200, "application/json", &body)
+            if secure && !super::dashboard::authorized(&server, &req).await {
+                pando_web::unauthorized(
+                    "pando dashboard",
+                    "the dashboard asks for the root DN and its password",
+                )
             } else {
-                match super::dashboard::asset(path) {
-                    Some((ctype, body)) => response_bytes(200, ctype, body),
-                    None => response(404, "text/plain", "not found: try /dashboard\n"),
-                }
+                super::dashboard::answer(&server, &req)
             }
         }
-        ("GET", _) | ("HEAD", _) => response(404, "text/plain", "not found: try /metrics\n"),
-        _ => response(405, "text/plain", "method not allowed\n"),
+        ("GET", _) | ("HEAD", _) => {
+            pando_web::response(404, "text/plain", b"not found: try /metrics\n")
+        }
+        _ => pando_web::response(405, "text/plain", b"method not allowed\n"),
     };
-    if method == "HEAD" {
-        let at = reply.windows(4).position(|w| w == b"\r\n\r\n").unwrap_or(0) + 4;
-        reply.truncate(at);
-    }
-    let _ = stream.write_all(&reply).await;
-    let _ = stream.shutdown().await;
-}
-
-fn unauthorized() -> Vec<u8> {
-    let body = "the dashboard asks for the root DN and its password\n";
-    format!(
-        "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"pando dashboard\", charset=\"UTF-8\"\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
-}
-
-fn response(code: u16, ctype: &str, body: &str) -> Vec<u8> {
-    response_bytes(code, ctype, body.as_bytes())
-}
-
-/// A whole response. The page and its data come from this endpoint only
-/// (`default-src 'self'`): nothing is fetched from elsewhere.
-fn response_bytes(code: u16, ctype: &str, body: &[u8]) -> Vec<u8> {
-    let reason = match code {
-        200 => "OK",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        431 => "Request Header Fields Too Large",
-        _ => "Error",
-    };
-    let mut r = format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\
-         Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n\
-         Content-Security-Policy: default-src 'self'; style-src 'self' 'unsafe-inline'\r\n\
-         Connection: close\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    r.extend_from_slice(body);
-    r
+    pando_web::send(&mut stream, &req.method, reply).await;
 }
 
 /// Writes one metric family: HELP, TYPE, then its samples.
@@ -814,14 +767,6 @@ fn process(t: &mut Text) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn responses_are_well_formed() {
-        let r = String::from_utf8(response(200, "text/plain", "a 1\n")).unwrap();
-        assert!(r.starts_with("HTTP/1.1 200 OK\r\n"));
-        assert!(r.contains("Content-Length: 4\r\n"));
-        assert!(r.ends_with("\r\n\r\na 1\n"));
-    }
 
     #[test]
     fn families_and_samples() {

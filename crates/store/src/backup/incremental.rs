@@ -73,12 +73,7 @@ pub fn incremental(
     schema: Arc<Schema>,
     opts: &StoreOptions,
 ) -> Result<BackupReport, String> {
-    if dest.exists() {
-        return Err(format!(
-            "{} already exists; a backup goes into a new directory",
-            dest.display()
-        ));
-    }
+    super::fresh(dest)?;
     let store = Store::open_read_only(store_dir, schema, opts)
         .map_err(|e| format!("{}: {e}", store_dir.display()))?;
     let r = incremental_store(&store, dest, parent);

@@ -159,12 +159,7 @@ pub fn backup(
     schema: std::sync::Arc<Schema>,
     opts: &StoreOptions,
 ) -> Result<BackupReport, String> {
-    if dest.exists() {
-        return Err(format!(
-            "{} already exists; a backup goes into a new directory",
-            dest.display()
-        ));
-    }
+    fresh(dest)?;
     // Every page is checked before LMDB copies them all.
     crate::preflight(store_dir, false, true)
         .map_err(|e| format!("{}: {e}", store_dir.display()))?;
@@ -236,16 +231,22 @@ pub(crate) fn describe(v: &crate::View<'_>) -> Result<Manifest, crate::StoreErro
     })
 }
 
+/// A backup goes into a new directory: never over anything.
+pub(crate) fn fresh(dest: &Path) -> Result<(), String> {
+    match dest.exists() {
+        true => Err(format!(
+            "{} already exists; a backup goes into a new directory",
+            dest.display()
+        )),
+        false => Ok(()),
+    }
+}
+
 /// Start a backup into `dest`: the directory it is built in, under a
 /// temporary name, so that a directory with the backup's name is always a
 /// complete backup.
 pub(crate) fn begin(dest: &Path) -> Result<PathBuf, String> {
-    if dest.exists() {
-        return Err(format!(
-            "{} already exists; a backup goes into a new directory",
-            dest.display()
-        ));
-    }
+    fresh(dest)?;
     let partial = partial_name(dest);
     if partial.exists() {
         return Err(format!(
