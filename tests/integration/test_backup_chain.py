@@ -184,13 +184,20 @@ def diff(a, b):
     return {"only restored": only_a, "only live": only_b, "differ": changed}
 
 
-def test_a_broken_chain_is_refused_naming_the_link(tmp_path):
-    srv = Pando(tmp_path / "live", demo=True).start()
+def live_with_a_full_backup(tmp_path, config=None):
+    """A server with the test's tree, a connection to it, and a full backup
+    of it in bk/full."""
+    srv = Pando(tmp_path / "live", demo=True, config=config).start()
     c = srv.conn()
     setup_tree(c)
     bk = tmp_path / "bk"
     bk.mkdir()
     ok("backup", "--data-dir", srv.data_dir, bk / "full")
+    return srv, c, bk
+
+
+def test_a_broken_chain_is_refused_naming_the_link(tmp_path):
+    srv, c, bk = live_with_a_full_backup(tmp_path)
     rnd, live = random.Random(7), set()
     prev = bk / "full"
     for n in (1, 2):
@@ -237,13 +244,7 @@ def test_a_broken_chain_is_refused_naming_the_link(tmp_path):
 
 
 def test_an_incremental_that_would_miss_changes_is_refused(tmp_path):
-    srv = Pando(tmp_path / "live", demo=True,
-                config="[replication]\nchangelog_max_changes = 50\n").start()
-    c = srv.conn()
-    setup_tree(c)
-    bk = tmp_path / "bk"
-    bk.mkdir()
-    ok("backup", "--data-dir", srv.data_dir, bk / "full")
+    srv, c, bk = live_with_a_full_backup(tmp_path, "[replication]\nchangelog_max_changes = 50\n")
     rnd, live = random.Random(3), set()
     writes(c, rnd, live, 20)
     ok("backup", "--data-dir", srv.data_dir, "--incremental-from", bk / "full", bk / "inc1")

@@ -2,7 +2,7 @@
 //! endpoint and the live dashboards of the server and of `pando proxy`.
 //! One request per connection (`Connection: close`), a bounded head read
 //! within a time limit, whole responses; and the assets both dashboards
-//! load (uPlot, its license, an icon), embedded in the binary so a page
+//! load (uPlot, its license, an icon, the styles they share), embedded in the binary so a page
 //! works with no internet access.
 //!
 //! Layer: below the server and the proxy, above nothing of Pando's: it
@@ -22,6 +22,8 @@ pub const UPLOT_JS: &[u8] = include_bytes!("../assets/uPlot.iife.min.js");
 pub const UPLOT_CSS: &[u8] = include_bytes!("../assets/uPlot.min.css");
 pub const UPLOT_LICENSE: &[u8] = include_bytes!("../assets/LICENSE.uPlot");
 pub const ICON: &[u8] = include_bytes!("../assets/favicon.svg");
+/// The styles both pages share.
+pub const STYLE: &[u8] = include_bytes!("../assets/dashboard.css");
 
 /// An asset every dashboard page loads, by its path under `/dashboard/`.
 pub fn shared_asset(path: &str) -> Option<(&'static str, &'static [u8])> {
@@ -30,6 +32,7 @@ pub fn shared_asset(path: &str) -> Option<(&'static str, &'static [u8])> {
         "/dashboard/uPlot.min.css" => ("text/css; charset=utf-8", UPLOT_CSS),
         "/dashboard/LICENSE.uPlot" => ("text/plain; charset=utf-8", UPLOT_LICENSE),
         "/dashboard/favicon.svg" => ("image/svg+xml", ICON),
+        "/dashboard/dashboard.css" => ("text/css; charset=utf-8", STYLE),
         _ => return None,
     })
 }
