@@ -127,13 +127,6 @@ impl Board {
     }
 }
 
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
 /// Tick every second and answer on `listener`.
 pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, slots: Arc<Semaphore>) {
     let board = Arc::new(Board::default());
@@ -143,7 +136,7 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, slots: Arc<Semaphor
         tokio::select! {
             _ = second.tick() => {
                 let clients = proxy.cfg.max_connections.saturating_sub(slots.available_permits());
-                board.tick(&proxy, clients, unix_now());
+                board.tick(&proxy, clients, pando_web::unix_now());
             }
             a = listener.accept() => match a {
                 Ok((mut stream, _)) => {
@@ -179,7 +172,8 @@ fn answer(board: &Board, req: &pando_web::Request) -> Vec<u8> {
         "/dashboard/proxy.js" => ("text/javascript; charset=utf-8", SCRIPT),
         "/dashboard/data" => {
             let since = req.param("since").and_then(|v| v.parse().ok()).unwrap_or(0);
-            let body = serde_json::json!({ "now": unix_now(), "seconds": board.since(since) });
+            let body =
+                serde_json::json!({ "now": pando_web::unix_now(), "seconds": board.since(since) });
             return pando_web::response(200, "application/json", body.to_string().as_bytes());
         }
         path => match pando_web::shared_asset(path) {

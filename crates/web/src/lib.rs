@@ -37,6 +37,14 @@ pub fn shared_asset(path: &str) -> Option<(&'static str, &'static [u8])> {
     })
 }
 
+/// Now, in seconds since 1970: how the dashboards' data names a second.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
 /// A request's first line and head.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {

@@ -43,14 +43,7 @@ pub fn answer(server: &Server, req: &pando_web::Request) -> Vec<u8> {
 /// time; 0: all of the last hour).
 pub fn data(server: &Server, since: u64) -> String {
     let seconds = server.rt.metrics.station.since(since);
-    serde_json::json!({ "now": unix_now(), "seconds": seconds }).to_string()
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    serde_json::json!({ "now": pando_web::unix_now(), "seconds": seconds }).to_string()
 }
 
 /// Close one second on the station.
@@ -94,7 +87,7 @@ pub fn tick(server: &Server) {
         consumers,
         index_builds,
     };
-    m.station.tick(&m.seconds, unix_now(), inputs);
+    m.station.tick(&m.seconds, pando_web::unix_now(), inputs);
 }
 
 /// Whether the request carries the root DN and its password
