@@ -6,6 +6,18 @@
 //! Whatever is pending is written whenever the task runs, so a small search
 //! costs one read and one write, with no task spawned or woken.
 //!
+//! Responses to requests that arrived together go out together: with output
+//! pending, a connection's task steps aside once before writing, so the
+//! other connections its thread found ready answer theirs first and the
+//! sends follow one another. The client is then woken once for the batch
+//! instead of once per response; that wake-up (an interprocessor interrupt,
+//! dear on a virtual machine) was the largest single cost of a small search
+//! (docs/performance.md, issue 39, sixth part). At most [`BATCH`]
+//! connections of a thread hold their output back at once, so a response
+//! waits for at most that many others: with every connection of a thread
+//! held back, clients whose requests alternate between two connections
+//! (search, then bind) would move between the threads in convoys.
+//!
 //! Flow control: while more than [`OUTPUT_HIGH`] bytes wait for a client that
 //! is not reading, no more requests are read and the channel is left alone
 //! (operations on other tasks then wait on it); a client that takes nothing
@@ -30,6 +42,32 @@ pub const WRITE_STALL: Duration = Duration::from_secs(60);
 
 /// Output waiting beyond this stops reading requests.
 pub const OUTPUT_HIGH: usize = 256 * 1024;
+
+/// Most connections of one thread holding their output back at once.
+pub const BATCH: u32 = 4;
+
+thread_local! {
+    /// Connections of this thread holding their output back now.
+    static HELD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether a connection holds one of its thread's places; a connection
+/// that ends while holding one gives it back.
+struct Held(bool);
+
+impl Held {
+    fn release(&mut self) {
+        if std::mem::take(&mut self.0) {
+            HELD.with(|h| h.set(h.get().saturating_sub(1)));
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
 
 /// Why [`Wire::turn`] returned.
 #[derive(Debug, PartialEq, Eq)]
@@ -70,6 +108,8 @@ pub struct Wire<S> {
     min_rate: u64,
     /// Set once writing failed or stalled: output is discarded from then on.
     broken: bool,
+    /// This connection holds one of its thread's [`BATCH`] places.
+    held: Held,
     /// Responses of operations running on other tasks.
     rx: mpsc::Receiver<Vec<u8>>,
     idle: Option<Idle>,
@@ -103,6 +143,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
             write_window: Duration::from_secs(server.cfg.config.limits.write_timeout.max(1)),
             min_rate: server.cfg.config.limits.min_write_rate,
             broken: false,
+            held: Held(false),
             rx,
             idle: idle.map(|limit| Idle {
                 limit,
@@ -143,6 +184,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
     /// a request arrives or the connection must end.
     pub async fn turn<F: Future>(&mut self, mut shutdown: Pin<&mut F>) -> Event {
         std::future::poll_fn(|cx| {
+            if self.hold_back(cx) {
+                return Poll::Pending;
+            }
             if let Poll::Ready(Err(())) = self.poll_output(cx) {
                 return Poll::Ready(Event::WriteFailed);
             }
@@ -186,6 +230,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Wire<S> {
             Poll::Pending
         })
         .await
+    }
+
+    /// With output pending, step aside once (woken again at once, behind
+    /// the tasks already ready on this thread) if fewer than [`BATCH`]
+    /// connections of the thread are holding back; true when it did.
+    fn hold_back(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.held.0 {
+            self.held.release();
+            return false;
+        }
+        if self.pending() == 0 || HELD.with(|h| h.get()) >= BATCH {
+            return false;
+        }
+        HELD.with(|h| h.set(h.get() + 1));
+        self.held.0 = true;
+        cx.waker().wake_by_ref();
+        true
     }
 
     /// Await `fut` while keeping output flowing (operations on other tasks
@@ -506,5 +567,92 @@ mod tests {
         // and moves to 50 s.
         assert_eq!(wire.turn(never.as_mut()).await, Event::Idle);
         assert!(read_at.elapsed() >= limit, "{:?}", read_at.elapsed());
+    }
+
+    /// A stream recording, into a shared log, the order in which the
+    /// wires wrote.
+    struct Logged {
+        name: u8,
+        log: Arc<std::sync::Mutex<Vec<u8>>>,
+    }
+
+    impl AsyncRead for Logged {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Poll::Pending
+        }
+    }
+
+    impl AsyncWrite for Logged {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.log.lock().unwrap().push(self.name);
+            Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Six connections of one thread, each with a response to write, run
+    /// in order: the first BATCH step aside, the other two write at once,
+    /// then the first four write in their turn; no place stays taken.
+    #[test]
+    fn responses_of_connections_ready_together_go_out_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let local = tokio::task::LocalSet::new();
+        let mut senders = Vec::new();
+        for name in 0..6u8 {
+            let (tx, rx) = mpsc::channel(4);
+            senders.push(tx);
+            let stream = Logged {
+                name,
+                log: log.clone(),
+            };
+            let mut wire = Wire::new(stream, rx, None, server.clone());
+            wire.output.push(name);
+            local.spawn_local(async move {
+                let stop = std::future::ready(());
+                tokio::pin!(stop);
+                assert_eq!(wire.turn(stop.as_mut()).await, Event::Shutdown);
+                assert!(!wire.held.0);
+            });
+        }
+        rt.block_on(local);
+        assert_eq!(*log.lock().unwrap(), vec![4, 5, 0, 1, 2, 3]);
+        assert_eq!(HELD.with(|h| h.get()), 0);
+    }
+
+    /// A connection dropped while holding back gives its place back.
+    #[test]
+    fn a_connection_ended_while_holding_back_frees_its_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_tx, rx) = mpsc::channel(4);
+        let stream = Logged {
+            name: 0,
+            log: Arc::new(std::sync::Mutex::new(Vec::new())),
+        };
+        let mut wire = Wire::new(stream, rx, None, server(dir.path()));
+        wire.output.push(1);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(wire.hold_back(&mut cx));
+        assert_eq!(HELD.with(|h| h.get()), 1);
+        drop(wire);
+        assert_eq!(HELD.with(|h| h.get()), 0);
     }
 }
