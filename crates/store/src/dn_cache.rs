@@ -117,8 +117,9 @@ pub(crate) struct Node {
 struct Cache {
     snapshot: Option<Snapshot>,
     nodes: HashMap<EntryId, Node>,
-    /// Normalised RDNs (leftmost first) of entries in `nodes`.
-    ids: HashMap<Vec<String>, EntryId>,
+    /// Normalised RDNs (leftmost first) of entries in `nodes`, with the
+    /// content generation of the snapshot that resolved them, when known.
+    ids: HashMap<Vec<String>, (EntryId, Option<u64>)>,
 }
 
 thread_local! {
@@ -183,20 +184,32 @@ pub(crate) fn remember(snap: Option<Snapshot>, id: EntryId, node: Node) {
     });
 }
 
-/// The ID of a normalised DN resolved before, if it is a remembered entry.
-pub(crate) fn id_of(snap: Option<Snapshot>, norm_rdns: &[String]) -> Option<EntryId> {
+/// The ID of a normalised DN resolved before, if it is a remembered entry,
+/// and the content generation of the snapshot that resolved it (a snapshot
+/// of the same DN generation whose content generation is known and not
+/// older holds that entry).
+pub(crate) fn id_of(
+    snap: Option<Snapshot>,
+    norm_rdns: &[String],
+) -> Option<(EntryId, Option<u64>)> {
     with(snap, |c| c.ids.get(norm_rdns).copied()).flatten()
 }
 
 /// Remember that `norm_rdns` names `id`, when `id` is a remembered entry
-/// (an entry with children: the bases of searches, not every user).
-pub(crate) fn remember_id(snap: Option<Snapshot>, norm_rdns: &[String], id: EntryId) {
+/// (an entry with children: the bases of searches, not every user), as
+/// resolved by a snapshot of content generation `content`.
+pub(crate) fn remember_id(
+    snap: Option<Snapshot>,
+    norm_rdns: &[String],
+    id: EntryId,
+    content: Option<u64>,
+) {
     with(snap, |c| {
         if c.nodes.contains_key(&id) {
             if c.ids.len() >= MAX_NODES {
                 c.ids.clear();
             }
-            c.ids.insert(norm_rdns.to_vec(), id);
+            c.ids.insert(norm_rdns.to_vec(), (id, content));
         }
     });
 }
@@ -241,9 +254,9 @@ mod tests {
             norm: dn.into(),
         };
         remember(s0, 7, node("o=a"));
-        remember_id(s0, &["o=a".to_string()], 7);
+        remember_id(s0, &["o=a".to_string()], 7, None);
         assert_eq!(node_dn(s0, 7).as_deref(), Some("o=a"));
-        assert_eq!(id_of(s0, &["o=a".to_string()]), Some(7));
+        assert_eq!(id_of(s0, &["o=a".to_string()]), Some((7, None)));
         g.changing();
         g.settled();
         let s1 = g.after_open(g.before_open());
@@ -258,7 +271,7 @@ mod tests {
         remember(None, 8, node("o=c"));
         assert_eq!(node_dn(None, 8), None);
         // Only remembered entries get their DN resolved from the cache.
-        remember_id(s1, &["o=x".to_string()], 99);
+        remember_id(s1, &["o=x".to_string()], 99, None);
         assert_eq!(id_of(s1, &["o=x".to_string()]), None);
     }
 

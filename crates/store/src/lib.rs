@@ -277,6 +277,7 @@ impl<'s> ReadTxn<'s> {
             inner: self.inner,
             catalog: &self.catalog,
             dn_snapshot: self.dn_snapshot,
+            content: self.generation(),
         }
     }
 }
@@ -315,6 +316,8 @@ pub struct View<'t> {
     inner: &'t Inner,
     catalog: &'t Catalog,
     dn_snapshot: Option<dn_cache::Snapshot>,
+    /// The content generation the snapshot holds, when known.
+    content: Option<u64>,
 }
 
 #[cfg(test)]

@@ -413,11 +413,16 @@ fn an_older_reader_does_not_find_entries_added_since_through_the_dn_cache() {
     drop(r);
     let v = old.view();
     assert_eq!(v.attrs(ou).unwrap(), None, "not in the older snapshot");
+    let checks = crate::view::HOLDS_CHECKED.with(|n| n.get());
     assert_eq!(
         v.lookup_norm(&ou_rdns).unwrap(),
         Lookup::Missing {
             matched: Some(suffix)
         }
+    );
+    assert!(
+        crate::view::HOLDS_CHECKED.with(|n| n.get()) > checks,
+        "the older snapshot checked"
     );
     assert_eq!(
         v.lookup_norm(&user_rdns).unwrap(),
@@ -426,9 +431,13 @@ fn an_older_reader_does_not_find_entries_added_since_through_the_dn_cache() {
         }
     );
     drop(old);
-    // And the newer snapshot still finds both, from the cache or not.
+    // And the newer snapshot still finds both, from the cache or not; the
+    // cached base without reading whether it holds it (it holds all the
+    // snapshot that resolved it held).
     let r = store.read().unwrap();
+    let checks = crate::view::HOLDS_CHECKED.with(|n| n.get());
     assert_eq!(r.view().lookup_norm(&ou_rdns).unwrap(), Lookup::Found(ou));
+    assert_eq!(crate::view::HOLDS_CHECKED.with(|n| n.get()), checks);
     assert_eq!(
         r.view().lookup_norm(&user_rdns).unwrap(),
         Lookup::Found(user)

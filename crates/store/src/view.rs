@@ -62,9 +62,12 @@ impl<'t> View<'t> {
     pub fn lookup_norm(&self, norm_rdns: &[String]) -> Result<Lookup, StoreError> {
         // A cached ID may have been learnt by a newer snapshot of the same
         // generation, holding entries added since this one was taken (see
-        // `dn_cache`): it counts only if this snapshot holds the entry too.
-        if let Some(id) = dn_cache::id_of(self.dn_snapshot, norm_rdns) {
-            if self.holds(id)? {
+        // `dn_cache`): it counts only if this snapshot holds the entry too,
+        // as it does when it holds everything the learning one held (its
+        // content generation is known and not older).
+        if let Some((id, learnt)) = dn_cache::id_of(self.dn_snapshot, norm_rdns) {
+            let newer = matches!((self.content, learnt), (Some(now), Some(then)) if now >= then);
+            if newer || self.holds(id)? {
                 return Ok(Lookup::Found(id));
             }
         }
@@ -72,7 +75,7 @@ impl<'t> View<'t> {
         // child found in this snapshot's dn2id is in it; on a miss the
         // parent is the matched entry only if this snapshot holds it.
         if let Some((rdn, up)) = norm_rdns.split_first() {
-            if let Some(parent) = dn_cache::id_of(self.dn_snapshot, up) {
+            if let Some((parent, _)) = dn_cache::id_of(self.dn_snapshot, up) {
                 match self.inner.dn2id.get(self.txn, &dn2id_key(parent, rdn))? {
                     Some(v) => return Ok(Lookup::Found(id_from(v)?)),
                     None if self.holds(parent)? => {
@@ -86,7 +89,7 @@ impl<'t> View<'t> {
         }
         let found = lookup_in(self.inner, self.txn, norm_rdns)?;
         if let Lookup::Found(id) = found {
-            dn_cache::remember_id(self.dn_snapshot, norm_rdns, id);
+            dn_cache::remember_id(self.dn_snapshot, norm_rdns, id, self.content);
         }
         Ok(found)
     }
@@ -94,6 +97,8 @@ impl<'t> View<'t> {
     /// Whether entry `id` is in this snapshot (its id2parent record, the
     /// smallest of its records, is).
     pub(crate) fn holds(&self, id: EntryId) -> Result<bool, StoreError> {
+        #[cfg(test)]
+        HOLDS_CHECKED.with(|n| n.set(n.get() + 1));
         Ok(self.inner.id2parent.get(self.txn, &id_bytes(id))?.is_some())
     }
 
@@ -649,4 +654,10 @@ impl Wanted {
             Wanted::Many(set) => set.clone(),
         }
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Presence checks made by this thread (`View::holds`).
+    pub(crate) static HOLDS_CHECKED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }

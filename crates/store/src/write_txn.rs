@@ -25,6 +25,7 @@ impl<'e> WriteTxn<'e> {
             inner: self.inner,
             catalog: &self.catalog,
             dn_snapshot: None,
+            content: None,
         }
     }
 
