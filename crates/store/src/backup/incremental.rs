@@ -126,13 +126,18 @@ pub fn incremental_store(
     })
 }
 
-/// Per server ID, the CSN after which the incremental takes records, once
-/// the log is known to hold every change made since the parent.
-fn starting_points(
-    v: &View<'_>,
-    parent: &Manifest,
-    parent_unlogged: u64,
-) -> Result<BTreeMap<u16, String>, String> {
+/// Where an incremental takes the log's records from: per server ID the
+/// CSN after which it takes them (an ID not listed, from its start), and
+/// where the log is read from (the smallest of those CSNs, or its start
+/// when the store has changes of an ID the parent had none of).
+struct Since {
+    after: BTreeMap<u16, String>,
+    scan: String,
+}
+
+/// [`Since`], once the log is known to hold every change made since the
+/// parent.
+fn starting_points(v: &View<'_>, parent: &Manifest, parent_unlogged: u64) -> Result<Since, String> {
     let e = |e: StoreError| e.to_string();
     let unlogged = v.unlogged_writes().map_err(e)?;
     if unlogged != parent_unlogged {
@@ -167,14 +172,19 @@ fn starting_points(
             "the change log no longer reaches back to the parent backup (it holds changes after {floor}, the parent ends at {oldest}: purged by changelog_max_changes or changelog_days); take a full backup"
         ));
     }
-    if let Some(sid) = live.keys().find(|s| !from.contains_key(s)) {
+    let new_sid = live.keys().find(|s| !from.contains_key(s));
+    if let Some(sid) = new_sid {
         if !floor.is_empty() {
             return Err(format!(
                 "server ID {sid} has changes here that the parent backup has none of, and the change log was purged (it holds changes after {floor}): some of them may be gone; take a full backup"
             ));
         }
     }
-    Ok(from)
+    let scan = match new_sid {
+        Some(_) => String::new(),
+        None => from.values().min().cloned().unwrap_or_default(),
+    };
+    Ok(Since { after: from, scan })
 }
 
 /// The parent's path as the incremental records it: its name when both
@@ -201,10 +211,9 @@ pub(crate) fn parent_dir(dir: &Path, link: &ParentLink) -> PathBuf {
     }
 }
 
-/// Write `changes.zst`: the log's records past `from` (per server ID; an
-/// ID not in it from the start), then the meta records. Returns how many
-/// change records it holds.
-fn write_changes(v: &View<'_>, from: &BTreeMap<u16, String>, path: &Path) -> Result<u64, String> {
+/// Write `changes.zst`: the log's records past `from`, then the meta
+/// records. Returns how many change records it holds.
+fn write_changes(v: &View<'_>, from: &Since, path: &Path) -> Result<u64, String> {
     let io = |e: std::io::Error| format!("{}: {e}", path.display());
     let file = std::fs::OpenOptions::new()
         .write(true)
@@ -214,18 +223,13 @@ fn write_changes(v: &View<'_>, from: &BTreeMap<u16, String>, path: &Path) -> Res
     let mut z = zstd::stream::Encoder::new(std::io::BufWriter::with_capacity(1 << 20, file), 3)
         .map_err(io)?;
     z.write_all(MAGIC).map_err(io)?;
-    let start = if from.len() < v.context_csns().map_err(|e| e.to_string())?.len() {
-        ""
-    } else {
-        from.values().min().map_or("", String::as_str)
-    };
     let mut buf = Vec::new();
     let (mut changes, mut metas) = (0u64, 0u64);
-    for item in v.raw_changes_after(start).map_err(|e| e.to_string())? {
+    for item in v.raw_changes_after(&from.scan).map_err(|e| e.to_string())? {
         let (k, val) = item.map_err(|e| e.to_string())?;
         let csn = std::str::from_utf8(&k[..k.iter().position(|&b| b == 0).unwrap_or(k.len())])
             .unwrap_or("");
-        let past = match csn_sid(csn).and_then(|sid| from.get(&sid)) {
+        let past = match csn_sid(csn).and_then(|sid| from.after.get(&sid)) {
             Some(seen) => csn > seen.as_str(),
             None => true,
         };
