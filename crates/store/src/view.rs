@@ -53,6 +53,12 @@ pub(crate) fn attr_keys_into<'a>(
     }
 }
 
+thread_local! {
+    /// Presence checks made by this thread (`View::holds`), counted in
+    /// tests only.
+    pub(crate) static HOLDS_CHECKED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 impl<'t> View<'t> {
     pub fn schema(&self) -> &'t Schema {
         &self.catalog.schema
@@ -97,8 +103,9 @@ impl<'t> View<'t> {
     /// Whether entry `id` is in this snapshot (its id2parent record, the
     /// smallest of its records, is).
     pub(crate) fn holds(&self, id: EntryId) -> Result<bool, StoreError> {
-        #[cfg(test)]
-        HOLDS_CHECKED.with(|n| n.set(n.get() + 1));
+        if cfg!(test) {
+            HOLDS_CHECKED.with(|n| n.set(n.get() + 1));
+        }
         Ok(self.inner.id2parent.get(self.txn, &id_bytes(id))?.is_some())
     }
 
@@ -654,10 +661,4 @@ impl Wanted {
             Wanted::Many(set) => set.clone(),
         }
     }
-}
-
-#[cfg(test)]
-thread_local! {
-    /// Presence checks made by this thread (`View::holds`).
-    pub(crate) static HOLDS_CHECKED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
