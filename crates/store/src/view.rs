@@ -68,12 +68,9 @@ impl<'t> View<'t> {
     pub fn lookup_norm(&self, norm_rdns: &[String]) -> Result<Lookup, StoreError> {
         // A cached ID may have been learnt by a newer snapshot of the same
         // generation, holding entries added since this one was taken (see
-        // `dn_cache`): it counts only if this snapshot holds the entry too,
-        // as it does when it holds everything the learning one held (its
-        // content generation is known and not older).
+        // `dn_cache`): it counts only if this snapshot holds the entry too.
         if let Some((id, learnt)) = dn_cache::id_of(self.dn_snapshot, norm_rdns) {
-            let newer = matches!((self.content, learnt), (Some(now), Some(then)) if now >= then);
-            if newer || self.holds(id)? {
+            if self.holds_cached(id, learnt)? {
                 return Ok(Lookup::Found(id));
             }
         }
@@ -81,10 +78,10 @@ impl<'t> View<'t> {
         // child found in this snapshot's dn2id is in it; on a miss the
         // parent is the matched entry only if this snapshot holds it.
         if let Some((rdn, up)) = norm_rdns.split_first() {
-            if let Some((parent, _)) = dn_cache::id_of(self.dn_snapshot, up) {
+            if let Some((parent, learnt)) = dn_cache::id_of(self.dn_snapshot, up) {
                 match self.inner.dn2id.get(self.txn, &dn2id_key(parent, rdn))? {
                     Some(v) => return Ok(Lookup::Found(id_from(v)?)),
-                    None if self.holds(parent)? => {
+                    None if self.holds_cached(parent, learnt)? => {
                         return Ok(Lookup::Missing {
                             matched: Some(parent),
                         })
@@ -98,6 +95,15 @@ impl<'t> View<'t> {
             dn_cache::remember_id(self.dn_snapshot, norm_rdns, id, self.content);
         }
         Ok(found)
+    }
+
+    /// Whether this snapshot holds `id`, an ID the DN cache remembers as
+    /// resolved by a snapshot of content generation `learnt`: without a
+    /// lookup when this one's is known and not older (it holds everything
+    /// that one held; the cache's DN generation rules out deletes between).
+    fn holds_cached(&self, id: EntryId, learnt: Option<u64>) -> Result<bool, StoreError> {
+        let newer = matches!((self.content, learnt), (Some(now), Some(then)) if now >= then);
+        Ok(newer || self.holds(id)?)
     }
 
     /// Whether entry `id` is in this snapshot (its id2parent record, the
