@@ -75,7 +75,7 @@ use std::fmt::{self, Write as _};
 
 use crate::check::SchemaViolation;
 use crate::desc::AttrDesc;
-use crate::dn::{escape_value, is_numericoid, Dn, Rdn};
+use crate::dn::{escape_value, is_numericoid, Dn, Rdn, RdnAva};
 use crate::matching::{find_rule, phonetic, Algo, MATCHING_RULES};
 use crate::prep::{prepare_bytes, Spaces};
 use crate::syntax::{check_value, is_descr, Check, BUILTIN_SYNTAXES};
@@ -1208,26 +1208,37 @@ impl Schema {
     }
 
     fn normalize_rdn_depth(&self, rdn: &Rdn, depth: u32) -> Result<String, String> {
+        // One AVA (nearly every RDN): nothing to sort or join.
+        if let [ava] = rdn.avas.as_slice() {
+            return self.normalize_ava(ava, depth);
+        }
         let mut avas = Vec::with_capacity(rdn.avas.len());
         for ava in &rdn.avas {
-            let at = self
-                .attribute(&ava.attr)
-                .ok_or_else(|| format!("undefined attribute type '{}' in DN", ava.attr))?;
-            let value = match Self::rule_of(&at.equality) {
-                Some(rule) => self
-                    .normalize_with(rule, &ava.value, depth)
-                    .map_err(|e| format!("invalid value for '{}' in DN: {e}", ava.attr))?,
-                None => ava.value.clone(),
-            };
-            let mut s = at.name().to_ascii_lowercase();
-            s.push('=');
-            escape_value(&value, &mut s);
-            avas.push(s);
+            avas.push(self.normalize_ava(ava, depth)?);
         }
         avas.sort();
         // Two AVAs with the same type and value are one AVA.
         avas.dedup();
         Ok(avas.join("+"))
+    }
+
+    /// `type=value` of one AVA, both normalised, the value escaped.
+    fn normalize_ava(&self, ava: &RdnAva, depth: u32) -> Result<String, String> {
+        let at = self
+            .attribute(&ava.attr)
+            .ok_or_else(|| format!("undefined attribute type '{}' in DN", ava.attr))?;
+        let value = match Self::rule_of(&at.equality) {
+            Some(rule) => self
+                .normalize_with(rule, &ava.value, depth)
+                .map_err(|e| format!("invalid value for '{}' in DN: {e}", ava.attr))?,
+            None => ava.value.clone(),
+        };
+        let mut s = String::with_capacity(at.name().len() + 1 + value.len());
+        s.push_str(at.name());
+        s.make_ascii_lowercase();
+        s.push('=');
+        escape_value(&value, &mut s);
+        Ok(s)
     }
 
     // -----------------------------------------------------------------------

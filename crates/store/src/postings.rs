@@ -121,21 +121,33 @@ fn decode_chunk(chunk: u64, v: &[u8]) -> Result<RoaringBitmap, StoreError> {
 }
 
 /// Chunks gathered into a treemap: each OR-ed into the bitmap of its
-/// 2^32-ID bucket (one key's chunks never overlap; a range's may).
+/// 2^32-ID bucket (one key's chunks never overlap; a range's may). A
+/// chunk of one ID (a unique attribute's key: the usual search) goes
+/// straight into the treemap, without a bitmap of its own.
 #[derive(Default)]
 struct Gather {
+    ids: RoaringTreemap,
     buckets: BTreeMap<u32, RoaringBitmap>,
 }
 
 impl Gather {
     fn add(&mut self, chunk: u64, v: &[u8]) -> Result<(), StoreError> {
+        if let Ok(two) = <[u8; 2]>::try_from(v) {
+            // A record key's chunk number has 48 bits: the ID fits.
+            self.ids
+                .insert(chunk << LOW_BITS | u16::from_be_bytes(two) as u64);
+            return Ok(());
+        }
         let bits = decode_chunk(chunk, v)?;
         *self.buckets.entry((chunk >> 16) as u32).or_default() |= bits;
         Ok(())
     }
 
     fn done(self) -> RoaringTreemap {
-        RoaringTreemap::from_bitmaps(self.buckets)
+        if self.buckets.is_empty() {
+            return self.ids;
+        }
+        RoaringTreemap::from_bitmaps(self.buckets) | self.ids
     }
 }
 

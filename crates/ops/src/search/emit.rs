@@ -27,6 +27,34 @@ pub(super) struct Selection {
     pub(super) stored_only: bool,
 }
 
+/// The requested types met so far, so each is kept once.
+enum Seen {
+    /// Few: `named` itself is searched.
+    Few,
+    Many(std::collections::HashSet<(String, Vec<String>)>),
+}
+
+impl Seen {
+    fn new(many: bool) -> Seen {
+        if many {
+            Seen::Many(Default::default())
+        } else {
+            Seen::Few
+        }
+    }
+
+    /// Push `want` onto `named` unless it is there already.
+    fn add(&mut self, named: &mut Vec<(String, Vec<String>)>, want: (String, Vec<String>)) {
+        let new = match self {
+            Seen::Few => !named.contains(&want),
+            Seen::Many(set) => set.insert(want.clone()),
+        };
+        if new {
+            named.push(want);
+        }
+    }
+}
+
 impl Selection {
     /// Each requested type is kept once, and not at all with options when
     /// it is also requested without (that request already covers it): a
@@ -41,7 +69,9 @@ impl Selection {
             named_oids: Vec::new(),
             stored_only: false,
         };
-        let mut seen = std::collections::HashSet::new();
+        // The usual list names a few types: compared one by one, without
+        // hashing; a long one (any number of names) through a set.
+        let mut seen = Seen::new(attrs.len() > 8);
         let mut classes = std::collections::HashSet::new();
         for a in attrs {
             match a.as_str() {
@@ -53,25 +83,28 @@ impl Selection {
                         continue;
                     }
                     for at in schema.object_class_attrs(&a[1..]).unwrap_or_default() {
-                        let want = (at.name().to_ascii_lowercase(), Vec::new());
-                        if seen.insert(want.clone()) {
-                            s.named.push(want);
-                        }
+                        seen.add(&mut s.named, (at.name().to_ascii_lowercase(), Vec::new()));
                     }
                 }
                 // Unrecognised descriptions are ignored (RFC 4511 4.5.1.8).
                 _ => {
                     if let Ok((desc, at)) = schema.canonical_desc(a) {
                         let want = (at.name().to_ascii_lowercase(), options_of(&desc));
-                        if seen.insert(want.clone()) {
-                            s.named.push(want);
-                        }
+                        seen.add(&mut s.named, want);
                     }
                 }
             }
         }
-        s.named
-            .retain(|(n, opts)| opts.is_empty() || !seen.contains(&(n.clone(), Vec::new())));
+        if s.named.iter().any(|(_, opts)| !opts.is_empty()) {
+            let plain: std::collections::HashSet<String> = s
+                .named
+                .iter()
+                .filter(|(_, opts)| opts.is_empty())
+                .map(|(n, _)| n.clone())
+                .collect();
+            s.named
+                .retain(|(n, opts)| opts.is_empty() || !plain.contains(n));
+        }
         s.named_oids = s
             .named
             .iter()
@@ -461,6 +494,10 @@ mod tests {
         let once = Selection::new(&schema, &["@inetOrgPerson".to_string()]);
         // cn comes with the class; cn;lang-de is covered by cn; sn;x by sn.
         assert_eq!(sel.named, once.named);
+        // The same short list (compared one by one, not through a set).
+        let short = Selection::new(&schema, &attrs[999..]);
+        assert_eq!(attrs[999..].len(), 7);
+        assert_eq!(short.named, once.named);
         let tagged = Selection::new(&schema, &["sn;x".into(), "sn;x".into(), "cn".into()]);
         assert_eq!(tagged.named.len(), 2);
     }
