@@ -894,7 +894,7 @@ mod tests {
     fn who(dn: &str, session: Session) -> Identity {
         let schema = Schema::standard();
         let norm = schema.normalize_dn(&Dn::parse(dn).unwrap()).unwrap();
-        Identity::authenticated(dn.into(), norm, Arc::new(session))
+        Identity::authenticated(dn, norm, Arc::new(session))
     }
 
     fn entry() -> Entry {

@@ -29,10 +29,11 @@ pub struct PeerCred {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
     /// The DN as bound (recorded in creatorsName/modifiersName, WhoAmI);
-    /// empty when anonymous.
-    dn: String,
+    /// empty when anonymous. Shared, not copied, by every operation's copy
+    /// of the identity.
+    dn: std::sync::Arc<str>,
     /// Normalised form of `dn`, for comparing with targets.
-    norm: String,
+    norm: std::sync::Arc<str>,
     /// Holds the administrator role (the root DN, or an identity mapped to
     /// it). Administrators are subject to access rules like anyone else.
     admin: bool,
@@ -65,8 +66,8 @@ impl Eq for Restriction {}
 impl Identity {
     pub fn anonymous(session: std::sync::Arc<Session>) -> Identity {
         Identity {
-            dn: String::new(),
-            norm: String::new(),
+            dn: "".into(),
+            norm: "".into(),
             admin: false,
             break_glass: false,
             proxied_by: None,
@@ -76,10 +77,14 @@ impl Identity {
     }
 
     /// An authenticated identity; `norm` is the normalised form of `dn`.
-    pub fn authenticated(dn: String, norm: String, session: std::sync::Arc<Session>) -> Identity {
+    pub fn authenticated(
+        dn: impl Into<std::sync::Arc<str>>,
+        norm: impl Into<std::sync::Arc<str>>,
+        session: std::sync::Arc<Session>,
+    ) -> Identity {
         Identity {
-            dn,
-            norm,
+            dn: dn.into(),
+            norm: norm.into(),
             admin: false,
             break_glass: false,
             proxied_by: None,
@@ -126,7 +131,7 @@ impl Identity {
     /// DN (normalised; empty when there is none) and the `[auth]` policy,
     /// for this identity over its session.
     pub fn with_admin_from(mut self, root_dn_norm: &str, auth: &AuthPolicy) -> Identity {
-        let root = !root_dn_norm.is_empty() && self.norm == root_dn_norm;
+        let root = !root_dn_norm.is_empty() && &*self.norm == root_dn_norm;
         self.admin = root || auth.is_admin(&self.norm, &self.session);
         self.break_glass = auth.is_break_glass(&self.norm, &self.session);
         self

@@ -210,7 +210,7 @@ impl Schema {
             match attrs.iter_mut().find(|x| x.desc == desc) {
                 Some(x) => x.values.extend(a.values),
                 None => attrs.push(Attribute {
-                    desc,
+                    desc: desc.into_owned(),
                     values: a.values,
                 }),
             }

@@ -22,6 +22,7 @@
 //!   canonical names of the built-in rules;
 //! - MUST/MAY/SUP lists hold primary names (`name()`) of the items.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -955,8 +956,12 @@ impl Schema {
 
     /// Resolve an attribute description ("CN;Lang-EN") to its canonical
     /// form ("cn;lang-en": primary name as defined, options lowercased,
-    /// sorted and deduplicated) and its type.
-    pub fn canonical_desc(&self, desc: &str) -> Result<(String, &AttributeType), SchemaViolation> {
+    /// sorted and deduplicated) and its type. Without options the form is
+    /// the type's name, borrowed (most callers want only the type).
+    pub fn canonical_desc(
+        &self,
+        desc: &str,
+    ) -> Result<(Cow<'_, str>, &AttributeType), SchemaViolation> {
         let undefined = |message: String| SchemaViolation {
             code: ResultCode::UNDEFINED_ATTRIBUTE_TYPE,
             message,
@@ -972,6 +977,9 @@ impl Schema {
             }
             opts.push(o.to_ascii_lowercase());
         }
+        if opts.is_empty() {
+            return Ok((Cow::Borrowed(at.name()), at));
+        }
         opts.sort();
         opts.dedup();
         let mut s = at.name().to_string();
@@ -979,7 +987,7 @@ impl Schema {
             s.push(';');
             s.push_str(&o);
         }
-        Ok((s, at))
+        Ok((Cow::Owned(s), at))
     }
 
     /// Whether a description a client sent names userPassword, by any of

@@ -166,7 +166,7 @@ async fn check_simple(
     pw: Vec<u8>,
     want_account: bool,
 ) -> OpResult<(Option<Identity>, Option<crate::seams::Account>, Upgrade)> {
-    let who = || Identity::authenticated(name.to_string(), norm.to_string(), Arc::default());
+    let who = || Identity::authenticated(name, norm, Arc::default());
     let mut checked_root = false;
     if !server.root_dn_norm.is_empty() && norm == server.root_dn_norm {
         let hash = server.root_pw_hash.clone();

@@ -53,24 +53,48 @@ use crate::error::{LdapError, OpResult};
 use crate::state::Server;
 use pando_access::Identity;
 
-/// Most distinct search bases remembered; past it the cache starts over.
-const BASE_CACHE_MAX: usize = 4096;
+/// Most distinct search bases a thread remembers; past it its cache starts
+/// over. Kept small: every thread that runs searches (up to the blocking
+/// pool's) keeps its own, and a search with a new base only pays for
+/// parsing it.
+const BASE_CACHE_MAX: usize = 256;
 
 /// Parsed and normalised search bases by their text. Normalisation depends
 /// only on the schema, which does not change while the server runs, so
-/// entries never go stale.
-#[derive(Default)]
+/// entries never go stale. Each thread keeps its own (a search takes no
+/// lock and touches no cache line another core writes); a thread's cache
+/// holds one server's bases at a time, told apart by `id`.
 pub struct BaseCache {
-    map: std::sync::Mutex<std::collections::HashMap<String, ParsedBase>>,
+    id: u64,
 }
 
-/// A search base parsed, with its normalised RDNs.
-pub type ParsedBase = Arc<(Dn, Vec<String>)>;
+impl Default for BaseCache {
+    fn default() -> BaseCache {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        BaseCache {
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+}
+
+/// A search base parsed, with its normalised RDNs and its normalised DN
+/// (the RDNs joined).
+pub type ParsedBase = Arc<(Dn, Vec<String>, String)>;
+
+thread_local! {
+    /// This thread's bases: the owning cache's `id` and the map.
+    static BASES: std::cell::RefCell<(u64, std::collections::HashMap<String, ParsedBase>)> =
+        std::cell::RefCell::new((0, std::collections::HashMap::new()));
+}
 
 impl BaseCache {
     /// `raw` parsed and normalised (invalidDNSyntax naming the problem).
     pub fn get(&self, schema: &Schema, raw: &str) -> OpResult<ParsedBase> {
-        if let Some(hit) = self.map.lock().ok().and_then(|m| m.get(raw).cloned()) {
+        let hit = BASES.with(|b| {
+            let b = b.borrow();
+            (b.0 == self.id).then(|| b.1.get(raw).cloned()).flatten()
+        });
+        if let Some(hit) = hit {
             return Ok(hit);
         }
         let dn = parse_dn(raw)?;
@@ -80,13 +104,16 @@ impl BaseCache {
             .map(|r| schema.normalize_rdn(r))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| LdapError::invalid_dn(format!("invalid DN '{raw}': {e}")))?;
-        let v = Arc::new((dn, rdns));
-        if let Ok(mut m) = self.map.lock() {
-            if m.len() >= BASE_CACHE_MAX {
-                m.clear();
+        let norm = rdns.join(",");
+        let v = Arc::new((dn, rdns, norm));
+        BASES.with(|b| {
+            let mut b = b.borrow_mut();
+            if b.0 != self.id || b.1.len() >= BASE_CACHE_MAX {
+                b.1.clear();
+                b.0 = self.id;
             }
-            m.insert(raw.to_string(), v.clone());
-        }
+            b.1.insert(raw.to_string(), v.clone());
+        });
         Ok(v)
     }
 }
@@ -246,7 +273,8 @@ pub fn resolve_norm_for(
     dn: &Dn,
 ) -> OpResult<(EntryId, Vec<String>)> {
     let rdns = norm_rdns(view, dn)?;
-    resolve_rdns_for(server, view, who, rdns)
+    let id = resolve_rdns_for(server, view, who, &rdns)?;
+    Ok((id, rdns))
 }
 
 /// [`resolve_norm_for`] with the RDNs already normalised.
@@ -254,10 +282,10 @@ pub fn resolve_rdns_for(
     server: &Server,
     view: &View<'_>,
     who: &Identity,
-    rdns: Vec<String>,
-) -> OpResult<(EntryId, Vec<String>)> {
-    match view.lookup_norm(&rdns)? {
-        Lookup::Found(id) => Ok((id, rdns)),
+    rdns: &[String],
+) -> OpResult<EntryId> {
+    match view.lookup_norm(rdns)? {
+        Lookup::Found(id) => Ok(id),
         Lookup::Missing { matched: None } => Err(no_such_object(view, None)?),
         Lookup::Missing { matched: Some(m) } => {
             let mut access = Access::new(&server.acl, who);

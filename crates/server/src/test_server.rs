@@ -69,7 +69,7 @@ pub fn add(server: &Arc<Server>, dn: &str, attrs: &[(&str, &str)]) {
 /// An authenticated requester (`admin`: with the administrator role).
 pub fn user(server: &Server, dn: &str, admin: bool) -> Identity {
     let norm = server.schema.normalize_dn(&Dn::parse(dn).unwrap()).unwrap();
-    Identity::authenticated(dn.into(), norm, Arc::default()).with_roles(admin, false)
+    Identity::authenticated(dn, norm, Arc::default()).with_roles(admin, false)
 }
 
 /// Add an entry whose parent exists straight into the store, around the

@@ -188,10 +188,19 @@ pub(crate) fn exact(view: &View<'_>, f: &Filter) -> bool {
         .is_some_and(|k| index::is_whole(&k))
 }
 
-fn resolve<'t>(view: &View<'t>, desc: &str) -> Option<(String, &'t pando_model::AttributeType)> {
+/// The type `desc` names, with its name in lowercase (the indexes' key;
+/// borrowed when the name already is).
+fn resolve<'t>(
+    view: &View<'t>,
+    desc: &str,
+) -> Option<(std::borrow::Cow<'t, str>, &'t pando_model::AttributeType)> {
     let base = pando_model::desc::base(desc);
     let at = view.schema().attribute(base)?;
-    Some((at.name().to_ascii_lowercase(), at))
+    let name = at.name();
+    Some(match name.bytes().any(|b| b.is_ascii_uppercase()) {
+        true => (name.to_ascii_lowercase().into(), at),
+        false => (name.into(), at),
+    })
 }
 
 /// The index for (attr, kind), if there is one and it covers the assertion:

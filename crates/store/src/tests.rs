@@ -380,6 +380,52 @@ fn cached_dns_follow_renames_and_deletes() {
 /// ID its own snapshot does not hold; below that entry, a missing DN named
 /// it as the matched entry.
 #[test]
+fn a_dn_resolved_from_the_suffix_teaches_the_dn_cache_its_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    add(
+        &store,
+        "dc=example,dc=com",
+        attrs(&[("objectClass", "domain")]),
+    );
+    let ou = add(
+        &store,
+        "ou=People,dc=example,dc=com",
+        attrs(&[("objectClass", "organizationalUnit")]),
+    );
+    let a = add(&store, "cn=a,ou=People,dc=example,dc=com", person("a", "1"));
+    let b = add(&store, "cn=b,ou=People,dc=example,dc=com", person("b", "2"));
+    let rdns = |cn: &str| -> Vec<String> {
+        vec![
+            format!("cn={cn}"),
+            "ou=people".into(),
+            "dc=example".into(),
+            "dc=com".into(),
+        ]
+    };
+    // Binds only: nothing on this thread formatted a DN under ou=People or
+    // searched from it. The first bind DN walks down from the suffix ...
+    let r = store.read().unwrap();
+    let v = r.view();
+    let walks = || crate::view::WALKS.with(|n| n.get());
+    let before = walks();
+    assert_eq!(v.lookup_norm(&rdns("a")).unwrap(), Lookup::Found(a));
+    assert_eq!(walks(), before + 1);
+    // ... and the next ones below the same parent do not.
+    assert_eq!(v.lookup_norm(&rdns("b")).unwrap(), Lookup::Found(b));
+    assert_eq!(
+        v.lookup_norm(&rdns("nobody")).unwrap(),
+        Lookup::Missing { matched: Some(ou) }
+    );
+    assert_eq!(walks(), before + 1, "resolved below the remembered parent");
+    drop(r);
+    // A later snapshot uses it too.
+    let r = store.read().unwrap();
+    assert_eq!(r.view().lookup_norm(&rdns("a")).unwrap(), Lookup::Found(a));
+    assert_eq!(walks(), before + 1);
+}
+
+#[test]
 fn an_older_reader_does_not_find_entries_added_since_through_the_dn_cache() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());

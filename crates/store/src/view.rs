@@ -57,6 +57,9 @@ thread_local! {
     /// Presence checks made by this thread (`View::holds`), counted in
     /// tests only.
     pub(crate) static HOLDS_CHECKED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// DNs this thread resolved by walking down from the suffix, counted in
+    /// tests only.
+    pub(crate) static WALKS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 impl<'t> View<'t> {
@@ -90,11 +93,34 @@ impl<'t> View<'t> {
                 }
             }
         }
+        if cfg!(test) {
+            WALKS.with(|n| n.set(n.get() + 1));
+        }
         let found = lookup_in(self.inner, self.txn, norm_rdns)?;
         if let Lookup::Found(id) = found {
             dn_cache::remember_id(self.dn_snapshot, norm_rdns, id, self.content);
+            self.remember_parent(norm_rdns, id)?;
         }
         Ok(found)
+    }
+
+    /// After a walk from the suffix resolved `norm_rdns` to `id`: remember
+    /// its parent (an entry with children), so the next DN below it (the
+    /// next user's bind on a thread that serves only binds) takes one
+    /// lookup instead of a walk.
+    fn remember_parent(&self, norm_rdns: &[String], id: EntryId) -> Result<(), StoreError> {
+        let Some((_, up)) = norm_rdns.split_first() else {
+            return Ok(());
+        };
+        if up.is_empty() || self.dn_snapshot.is_none() {
+            return Ok(());
+        }
+        if let Some(parent) = self.parent_of(id)? {
+            if self.learn_node(parent, 0)?.is_some() {
+                dn_cache::remember_id(self.dn_snapshot, up, parent, self.content);
+            }
+        }
+        Ok(())
     }
 
     /// Whether this snapshot holds `id`, an ID the DN cache remembers as
@@ -174,12 +200,16 @@ impl<'t> View<'t> {
         p: &Placement,
         depth: u32,
     ) -> Result<(String, String), StoreError> {
-        let join = |n: &dn_cache::Node| {
-            (
-                format!("{},{}", p.rdn, n.dn),
-                format!("{},{}", p.norm_rdn, n.norm),
-            )
+        // Each string allocated once at its size (a search formats one DN
+        // pair per entry it returns).
+        let concat = |rdn: &str, up: &str| {
+            let mut s = String::with_capacity(rdn.len() + 1 + up.len());
+            s.push_str(rdn);
+            s.push(',');
+            s.push_str(up);
+            s
         };
+        let join = |n: &dn_cache::Node| (concat(&p.rdn, &n.dn), concat(&p.norm_rdn, &n.norm));
         if p.parent != 0 {
             if let Some(pair) = dn_cache::with_node(self.dn_snapshot, p.parent, join) {
                 return Ok(pair);

@@ -264,24 +264,16 @@ fn search_unhooked(
     // The time limit counts from here (or from the first run, resumed).
     let started = resume.map_or_else(Instant::now, |r| r.started);
     let cached = server.base_cache.get(schema, &req.base)?;
-    let (base, base_norm_rdns) = (&cached.0, &cached.1);
+    let (base, base_norm_rdns, base_norm) = (&cached.0, &cached.1, &cached.2);
     let emitter = emitter_for(job);
     if let Some(tree) = virtual_tree::owner(server, base) {
         return search_virtual(job, out, tree, &emitter, base);
     }
     let rtxn = server.rt.store.read()?;
     let view = rtxn.view();
-    let (base_id, base_rdns) =
-        super::resolve_rdns_for(server, &view, &job.who, base_norm_rdns.clone())?;
+    let base_id = super::resolve_rdns_for(server, &view, &job.who, base_norm_rdns)?;
     let mut access = Access::new(&server.acl, &job.who);
-    check_base(
-        job,
-        &view,
-        &mut access,
-        base_id,
-        &base_rdns.join(","),
-        resume,
-    )?;
+    check_base(job, &view, &mut access, base_id, base_norm, resume)?;
     let limits = Limits::for_requester(server, &job.who, &view);
     // Sorting (and a virtual list view, which needs it) is settled first:
     // a sort that cannot be done fails a critical request, and otherwise

@@ -245,8 +245,8 @@ pub(super) fn settle(job: &SearchJob, what: &str, needs_auth: bool) -> OpResult<
     }
     let rtxn = server.rt.store.read()?;
     let view = rtxn.view();
-    let (id, rdns) = crate::resolve_rdns_for(server, &view, &job.who, cached.1.clone())?;
-    let norm = rdns.join(",");
+    let id = crate::resolve_rdns_for(server, &view, &job.who, &cached.1)?;
+    let norm = cached.2.clone();
     let mut access = Access::new(&server.acl, &job.who);
     check_base(job, &view, &mut access, id, &norm, None)?;
     Ok(norm)

@@ -374,7 +374,7 @@ fn decode_entry(
         .filter(|a| !DROPPED.iter().any(|d| d.eq_ignore_ascii_case(&a.name)))
         .map(|a| {
             let desc = match schema.canonical_desc(&a.name) {
-                Ok((d, _)) => d,
+                Ok((d, _)) => d.into_owned(),
                 Err(_) => a.name,
             };
             Attribute {
