@@ -302,6 +302,29 @@ impl Dn {
 }
 
 impl Rdn {
+    /// The first RDN of a DN string and, when a `,` follows it, the rest of
+    /// the string after that comma: where both parse, [`Dn::parse`] of `s`
+    /// is this RDN followed by the RDNs of the rest (the rest's own AVA
+    /// count starts again at zero; a caller relying on the limits parses
+    /// whole).
+    pub fn parse_first(s: &str) -> Result<(Rdn, Option<&str>), DnError> {
+        if s.len() > MAX_DN_LEN {
+            return err(MAX_DN_LEN, "DN too long");
+        }
+        let mut p = Parser {
+            s: s.as_bytes(),
+            pos: 0,
+            avas: 0,
+        };
+        p.skip_spaces();
+        let rdn = p.rdn()?;
+        match p.peek() {
+            None => Ok((rdn, None)),
+            Some(b',') => Ok((rdn, Some(&s[p.pos + 1..]))),
+            Some(_) => err(p.pos, "expected ',' or '+'"),
+        }
+    }
+
     /// Parse one RDN (`cn=a+uid=b`); a `,` outside an escape is an error.
     pub fn parse(s: &str) -> Result<Rdn, DnError> {
         if s.len() > MAX_DN_LEN {

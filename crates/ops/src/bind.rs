@@ -60,15 +60,8 @@ pub async fn bind(
             "simple binds with a password need TLS (StartTLS or ldaps://) or ldapi",
         ));
     }
-    let dn = super::parse_dn(&req.name)?;
     // Normalised once: the RDNs find the entry, their join is the identity.
-    let rdns = dn
-        .rdns
-        .iter()
-        .map(|r| server.schema.normalize_rdn(r))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
-    let norm = rdns.join(",");
+    let (rdns, norm) = super::bind_dn_rdns(server, &req.name)?;
     let attempt = server
         .rt
         .throttle

@@ -185,6 +185,49 @@ pub fn parse_dn(s: &str) -> OpResult<Dn> {
     Dn::parse(s).map_err(|e| LdapError::invalid_dn(format!("invalid DN '{s}': {e}")))
 }
 
+/// A bind DN's normalised RDNs and their join (the identity's normalised
+/// DN), or invalidDNSyntax naming the problem.
+pub fn bind_dn_rdns(server: &Server, raw: &str) -> OpResult<(Vec<String>, String)> {
+    if let Some(done) = split_norm(&server.schema, &server.base_cache, raw) {
+        return Ok(done);
+    }
+    let dn = parse_dn(raw)?;
+    let rdns = dn
+        .rdns
+        .iter()
+        .map(|r| server.schema.normalize_rdn(r))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| LdapError::invalid_dn(format!("invalid DN: {e}")))?;
+    let norm = rdns.join(",");
+    Ok((rdns, norm))
+}
+
+/// [`bind_dn_rdns`] without parsing the whole DN: only its first RDN is
+/// parsed and normalised, the rest (the parent every user below it shares)
+/// comes from this thread's base cache. None for anything but a short DN
+/// with a parent that both parse and normalise: the caller then takes the
+/// general path, which gives the same answer (or the same error).
+fn split_norm(schema: &Schema, bases: &BaseCache, raw: &str) -> Option<(Vec<String>, String)> {
+    // Short enough that no RDN or AVA limit can be reached.
+    if raw.len() > 1024 {
+        return None;
+    }
+    let (first, rest) = pando_model::Rdn::parse_first(raw).ok()?;
+    let parent = bases.get(schema, rest?).ok()?;
+    if parent.1.is_empty() {
+        return None;
+    }
+    let first = schema.normalize_rdn(&first).ok()?;
+    let mut norm = String::with_capacity(first.len() + 1 + parent.2.len());
+    norm.push_str(&first);
+    norm.push(',');
+    norm.push_str(&parent.2);
+    let mut rdns = Vec::with_capacity(1 + parent.1.len());
+    rdns.push(first);
+    rdns.extend(parent.1.iter().cloned());
+    Some((rdns, norm))
+}
+
 /// Normalised RDNs of `dn`, or invalidDNSyntax naming the problem.
 pub fn norm_rdns(view: &View<'_>, dn: &Dn) -> OpResult<Vec<String>> {
     view.normalize_rdns(dn)
@@ -406,4 +449,69 @@ pub fn stored_entry(view: &View<'_>, id: EntryId) -> OpResult<Entry> {
 /// The normalised DN of a stored entry (normalised RDNs joined by commas).
 pub fn norm_dn_of(view: &View<'_>, id: EntryId) -> OpResult<String> {
     Ok(view.dn_pair(id)?.1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole DN parsed and normalised: what `split_norm` must agree with.
+    fn whole(schema: &Schema, raw: &str) -> Option<(Vec<String>, String)> {
+        let dn = Dn::parse(raw).ok()?;
+        let rdns = dn
+            .rdns
+            .iter()
+            .map(|r| schema.normalize_rdn(r))
+            .collect::<Result<Vec<_>, _>>()
+            .ok()?;
+        let norm = rdns.join(",");
+        Some((rdns, norm))
+    }
+
+    #[test]
+    fn a_bind_dn_split_at_its_first_rdn_normalises_as_the_whole() {
+        let schema = Schema::standard();
+        let bases = BaseCache::default();
+        for raw in [
+            "uid=user.1,ou=People,dc=example,dc=com",
+            "UID=User.1 , OU=people,DC=Example,dc=COM",
+            "  cn=Ann  Lee+uid=ann,ou=People,dc=example,dc=com",
+            "cn=a\\,b,ou=People,dc=example,dc=com",
+            "cn=\\20lead,ou=People,dc=example,dc=com",
+            "cn=#04024869,ou=People,dc=example,dc=com",
+            "2.5.4.3=x,o=y",
+            "cn=only",
+        ] {
+            let split = split_norm(&schema, &bases, raw);
+            if raw == "cn=only" {
+                assert_eq!(split, None, "no parent: the general path");
+            } else {
+                assert_eq!(split, whole(&schema, raw), "{raw}");
+                assert!(split.is_some(), "{raw}");
+            }
+        }
+        // Anything the whole DN refuses goes the general way, for its error.
+        assert_eq!(
+            split_norm(&schema, &bases, ""),
+            None,
+            "the root: the general path"
+        );
+        for bad in [
+            "uid=a,",
+            "uid=a,,dc=com",
+            "uid=a+,dc=com",
+            "nosuchtype=a,dc=com",
+            "uid=a,nosuchtype=b",
+            "=a,dc=com",
+        ] {
+            assert_eq!(whole(&schema, bad), None, "{bad}");
+            assert_eq!(split_norm(&schema, &bases, bad), None, "{bad}");
+        }
+        let long = format!("cn={},dc=com", "a".repeat(2000));
+        assert_eq!(
+            split_norm(&schema, &bases, &long),
+            None,
+            "long: parsed whole"
+        );
+    }
 }
