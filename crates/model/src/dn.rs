@@ -71,6 +71,19 @@ struct Parser<'a> {
 }
 
 impl<'a> Parser<'a> {
+    /// A parser at the start of `s`, which must not be longer than a DN
+    /// may be (`what` names it in the error).
+    fn start(s: &'a str, what: &str) -> Result<Parser<'a>, DnError> {
+        if s.len() > MAX_DN_LEN {
+            return err(MAX_DN_LEN, &format!("{what} too long"));
+        }
+        Ok(Parser {
+            s: s.as_bytes(),
+            pos: 0,
+            avas: 0,
+        })
+    }
+
     fn peek(&self) -> Option<u8> {
         self.s.get(self.pos).copied()
     }
@@ -224,14 +237,7 @@ pub(crate) fn is_numericoid(s: &[u8]) -> bool {
 impl Dn {
     /// Parse an RFC 4514 DN string. "" (or only spaces) is the root DSE.
     pub fn parse(s: &str) -> Result<Dn, DnError> {
-        if s.len() > MAX_DN_LEN {
-            return err(MAX_DN_LEN, "DN too long");
-        }
-        let mut p = Parser {
-            s: s.as_bytes(),
-            pos: 0,
-            avas: 0,
-        };
+        let mut p = Parser::start(s, "DN")?;
         p.skip_spaces();
         let mut rdns = Vec::new();
         if p.peek().is_none() {
@@ -308,14 +314,7 @@ impl Rdn {
     /// count starts again at zero; a caller relying on the limits parses
     /// whole).
     pub fn parse_first(s: &str) -> Result<(Rdn, Option<&str>), DnError> {
-        if s.len() > MAX_DN_LEN {
-            return err(MAX_DN_LEN, "DN too long");
-        }
-        let mut p = Parser {
-            s: s.as_bytes(),
-            pos: 0,
-            avas: 0,
-        };
+        let mut p = Parser::start(s, "DN")?;
         p.skip_spaces();
         let rdn = p.rdn()?;
         match p.peek() {
@@ -327,14 +326,7 @@ impl Rdn {
 
     /// Parse one RDN (`cn=a+uid=b`); a `,` outside an escape is an error.
     pub fn parse(s: &str) -> Result<Rdn, DnError> {
-        if s.len() > MAX_DN_LEN {
-            return err(MAX_DN_LEN, "RDN too long");
-        }
-        let mut p = Parser {
-            s: s.as_bytes(),
-            pos: 0,
-            avas: 0,
-        };
+        let mut p = Parser::start(s, "RDN")?;
         let rdn = p.rdn()?;
         if p.peek().is_some() {
             return err(p.pos, "trailing characters after RDN");
