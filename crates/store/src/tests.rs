@@ -426,6 +426,41 @@ fn a_dn_resolved_from_the_suffix_teaches_the_dn_cache_its_parent() {
 }
 
 #[test]
+fn a_search_base_found_below_its_parent_is_remembered_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    add(
+        &store,
+        "dc=example,dc=com",
+        attrs(&[("objectClass", "domain")]),
+    );
+    let ou = add(
+        &store,
+        "ou=People,dc=example,dc=com",
+        attrs(&[("objectClass", "organizationalUnit")]),
+    );
+    let a = add(&store, "cn=a,ou=People,dc=example,dc=com", person("a", "1"));
+    let ou_rdns: Vec<String> = ["ou=people", "dc=example", "dc=com"]
+        .map(String::from)
+        .into();
+    let below = || crate::view::BELOW_PARENT.with(|n| n.get());
+    let r = store.read().unwrap();
+    let v = r.view();
+    // The first search from ou=People walks from the suffix (and remembers
+    // the suffix, ou=People's parent); its first result's DN makes
+    // ou=People a remembered parent.
+    assert_eq!(v.lookup_norm(&ou_rdns).unwrap(), Lookup::Found(ou));
+    v.dn_pair(a).unwrap();
+    // The next finds ou=People below the suffix, once; after that the
+    // cache names it without a lookup.
+    let before = below();
+    for _ in 0..3 {
+        assert_eq!(v.lookup_norm(&ou_rdns).unwrap(), Lookup::Found(ou));
+    }
+    assert_eq!(below(), before + 1);
+}
+
+#[test]
 fn an_older_reader_does_not_find_entries_added_since_through_the_dn_cache() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());

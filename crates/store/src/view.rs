@@ -60,6 +60,9 @@ thread_local! {
     /// DNs this thread resolved by walking down from the suffix, counted in
     /// tests only.
     pub(crate) static WALKS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// DNs this thread looked up below a remembered parent, counted in tests
+    /// only.
+    pub(crate) static BELOW_PARENT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 impl<'t> View<'t> {
@@ -82,8 +85,17 @@ impl<'t> View<'t> {
         // parent is the matched entry only if this snapshot holds it.
         if let Some((rdn, up)) = norm_rdns.split_first() {
             if let Some((parent, learnt)) = dn_cache::id_of(self.dn_snapshot, up) {
+                if cfg!(test) {
+                    BELOW_PARENT.with(|n| n.set(n.get() + 1));
+                }
                 match self.inner.dn2id.get(self.txn, &dn2id_key(parent, rdn))? {
-                    Some(v) => return Ok(Lookup::Found(id_from(v)?)),
+                    Some(v) => {
+                        // An entry with children (a search base) is
+                        // remembered itself, for the next time.
+                        let id = id_from(v)?;
+                        dn_cache::remember_id(self.dn_snapshot, norm_rdns, id, self.content);
+                        return Ok(Lookup::Found(id));
+                    }
                     None if self.holds_cached(parent, learnt)? => {
                         return Ok(Lookup::Missing {
                             matched: Some(parent),
