@@ -374,13 +374,9 @@ fn cached_dns_follow_renames_and_deletes() {
     assert_consistent(&store);
 }
 
-/// Regression (found by the model check): a read transaction older than an
-/// add resolved the added entry's DN through the DN cache, filled by a
-/// newer transaction of the same generation (adds do not change it), to an
-/// ID its own snapshot does not hold; below that entry, a missing DN named
-/// it as the matched entry.
-#[test]
-fn a_dn_resolved_from_the_suffix_teaches_the_dn_cache_its_parent() {
+/// A store holding dc=example,dc=com, ou=People below it and cn=a below
+/// that: the directory, the store, ou=People's ID and cn=a's.
+fn people_store() -> (tempfile::TempDir, Store, EntryId, EntryId) {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     add(
@@ -394,6 +390,12 @@ fn a_dn_resolved_from_the_suffix_teaches_the_dn_cache_its_parent() {
         attrs(&[("objectClass", "organizationalUnit")]),
     );
     let a = add(&store, "cn=a,ou=People,dc=example,dc=com", person("a", "1"));
+    (dir, store, ou, a)
+}
+
+#[test]
+fn a_dn_resolved_from_the_suffix_teaches_the_dn_cache_its_parent() {
+    let (_dir, store, ou, a) = people_store();
     let b = add(&store, "cn=b,ou=People,dc=example,dc=com", person("b", "2"));
     let rdns = |cn: &str| -> Vec<String> {
         vec![
@@ -427,19 +429,7 @@ fn a_dn_resolved_from_the_suffix_teaches_the_dn_cache_its_parent() {
 
 #[test]
 fn a_search_base_found_below_its_parent_is_remembered_itself() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    add(
-        &store,
-        "dc=example,dc=com",
-        attrs(&[("objectClass", "domain")]),
-    );
-    let ou = add(
-        &store,
-        "ou=People,dc=example,dc=com",
-        attrs(&[("objectClass", "organizationalUnit")]),
-    );
-    let a = add(&store, "cn=a,ou=People,dc=example,dc=com", person("a", "1"));
+    let (_dir, store, ou, a) = people_store();
     let ou_rdns: Vec<String> = ["ou=people", "dc=example", "dc=com"]
         .map(String::from)
         .into();
@@ -460,6 +450,11 @@ fn a_search_base_found_below_its_parent_is_remembered_itself() {
     assert_eq!(below(), before + 1);
 }
 
+/// Regression (found by the model check): a read transaction older than an
+/// add resolved the added entry's DN through the DN cache, filled by a
+/// newer transaction of the same generation (adds do not change it), to an
+/// ID its own snapshot does not hold; below that entry, a missing DN named
+/// it as the matched entry.
 #[test]
 fn an_older_reader_does_not_find_entries_added_since_through_the_dn_cache() {
     let dir = tempfile::tempdir().unwrap();
