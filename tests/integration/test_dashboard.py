@@ -7,6 +7,7 @@ with its cause: the operation's access log line and what else happened.
 
 import base64
 import os
+import re
 import subprocess
 import threading
 import time
@@ -84,19 +85,24 @@ def test_the_dashboard_moves_and_marks_a_slow_second_with_its_cause(tmp_path):
         assert last >= first + 2, (first, last)
         drawn = b.eval("pandoDashboard.charts[0].plot.data[1].filter(v => v > 100).length")
         assert drawn >= 2, drawn
-        # No slow second yet.
-        assert b.eval("document.querySelectorAll('#outliers tr.outlier').length") == 0, \
-            b.eval("document.querySelector('#outliers').innerText")
+        # No second-long operation yet. A loaded machine may already have
+        # marked a second of its own (a modify's sync taking 30 ms against
+        # a usual 3 ms is an outlier too), never one near the injected delay.
+        noise = b.eval("pandoDashboard.seconds.flatMap(s => s.outliers)")
+        slowest = [float(m) for o in noise for m in re.findall(r"max ([0-9.]+) ms", o)]
+        assert all(ms < 1000 for ms in slowest), noise
+        assert not b.eval("[...document.querySelectorAll('#outliers tr.outlier')]"
+                          ".some(r => r.innerText.includes('uid=carol'))")
         # One modify held 1.5 s by the error injection overlay.
         rc, out, err = srv.ldap("ldapmodify", input="dn: uid=carol,%s\nchangetype: modify\nreplace: description\ndescription: slow\n" % PEOPLE)
         assert rc == 0, err
-        row = wait_for(b, "(() => { const r = document.querySelector('#outliers tr.outlier');"
-                          " return r && r.innerText; })()")
+        carol = "[...document.querySelectorAll('#outliers tr.outlier')].find(r => r.innerText.includes('uid=carol'))"
+        row = wait_for(b, "(() => { const r = %s; return r && r.innerText; })()" % carol)
         assert "modify: max 15" in row, row
         assert 'MOD dn="uid=carol,ou=People,dc=example,dc=com"' in row, row
         assert "etime=1.5" in row, row
         # The second is shaded on the charts and its operations shown when picked.
-        b.eval("document.querySelector('#outliers tr.outlier').click()")
+        b.eval(carol + ".click()")
         picked = b.eval("document.getElementById('second').innerText")
         assert "uid=carol" in picked, picked
         if SHOTS:
