@@ -30,15 +30,37 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
 }
 
 fn parts(micros: u64) -> String {
+    let mut out = String::with_capacity(CSN_LEN);
+    push_parts(&mut out, micros);
+    out
+}
+
+/// The length of a CSN text.
+const CSN_LEN: usize = "YYYYmmddHHMMSS.uuuuuuZ#cccccc#sss#000000".len();
+
+/// [`parts`] appended to `out`, digit by digit (every write takes a CSN:
+/// the formatting machinery cost more than the rest of it).
+fn push_parts(out: &mut String, micros: u64) {
     let secs = (micros / 1_000_000) as i64;
     let (y, mo, d) = civil(secs.div_euclid(86_400));
     let s = secs.rem_euclid(86_400);
-    format!(
-        "{y:04}{mo:02}{d:02}{:02}{:02}{:02}",
-        s / 3600,
-        s % 3600 / 60,
-        s % 60
-    )
+    push_radix(out, y.max(0) as u64, 4, 10);
+    for v in [mo as i64, d as i64, s / 3600, s % 3600 / 60, s % 60] {
+        push_radix(out, v as u64, 2, 10);
+    }
+}
+
+/// `v` in `radix` (10 or 16, lowercase), zero-padded to `width` digits
+/// (more when it needs them).
+fn push_radix(out: &mut String, mut v: u64, width: usize, radix: u64) {
+    let mut digits = [0u8; 20];
+    let mut n = 0;
+    while v > 0 || n < width {
+        digits[n] = b"0123456789abcdef"[(v % radix) as usize];
+        v /= radix;
+        n += 1;
+    }
+    out.extend(digits[..n].iter().rev().map(|&b| b as char));
 }
 
 pub fn now_micros() -> u64 {
@@ -176,12 +198,16 @@ impl CsnClock {
         };
         let micros = packed >> COUNT_BITS;
         let count = packed & ((1 << COUNT_BITS) - 1);
-        format!(
-            "{}.{:06}Z#{count:06x}#{:03x}#000000",
-            parts(micros),
-            micros % 1_000_000,
-            self.sid.load(Ordering::Relaxed)
-        )
+        let mut csn = String::with_capacity(CSN_LEN);
+        push_parts(&mut csn, micros);
+        csn.push('.');
+        push_radix(&mut csn, micros % 1_000_000, 6, 10);
+        csn.push_str("Z#");
+        push_radix(&mut csn, count, 6, 16);
+        csn.push('#');
+        push_radix(&mut csn, self.sid.load(Ordering::Relaxed) as u64, 3, 16);
+        csn.push_str("#000000");
+        csn
     }
 }
 
@@ -277,6 +303,38 @@ mod tests {
         // 2000-02-29 12:34:56 UTC
         assert_eq!(generalized_time(951_827_696_000_000), "20000229123456Z");
         assert_eq!(generalized_time(4_102_444_799_000_000), "20991231235959Z");
+    }
+
+    #[test]
+    fn csns_are_written_as_the_formatting_machinery_would() {
+        let c = CsnClock::new(0x2a);
+        for micros in [
+            0,
+            951_827_696_000_001,
+            3_000_000_000_123_456,
+            4_102_444_799_999_999,
+        ] {
+            c.last
+                .store(micros << COUNT_BITS | 0xabc, Ordering::Relaxed);
+            let secs = (micros / 1_000_000) as i64;
+            let (y, mo, d) = civil(secs.div_euclid(86_400));
+            let s = secs.rem_euclid(86_400);
+            let want = format!(
+                "{y:04}{mo:02}{d:02}{:02}{:02}{:02}.{:06}Z#{:06x}#{:03x}#000000",
+                s / 3600,
+                s % 3600 / 60,
+                s % 60,
+                micros % 1_000_000,
+                0xabd,
+                0x2a
+            );
+            // The wall clock is behind: the next CSN counts on from the stored one.
+            if micros > now_micros() {
+                assert_eq!(c.next(), want);
+                assert_eq!(c.next().len(), CSN_LEN);
+            }
+            assert_eq!(generalized_time(micros), format!("{}Z", &want[..14]));
+        }
     }
 
     #[test]

@@ -450,6 +450,41 @@ fn a_search_base_found_below_its_parent_is_remembered_itself() {
     assert_eq!(below(), before + 1);
 }
 
+#[test]
+fn a_stored_dn_is_formatted_below_its_remembered_parent() {
+    let (_dir, store, ou, a) = people_store();
+    let reads = || crate::view::PLACEMENTS_READ.with(|n| n.get());
+    {
+        let r = store.read().unwrap();
+        let v = r.view();
+        // The first learns ou=People (and the suffix) ...
+        assert_eq!(v.dn_string(a).unwrap(), "cn=a,ou=People,dc=example,dc=com");
+        // ... the next reads the entry's own record only.
+        let before = reads();
+        assert_eq!(
+            v.dn(a).unwrap().to_string(),
+            "cn=a,ou=People,dc=example,dc=com"
+        );
+        assert_eq!(reads(), before + 1);
+    }
+    // A rename above it is seen by the next reader.
+    let suffix = find(&store, "dc=example,dc=com").unwrap();
+    let staff = Placement {
+        parent: suffix,
+        rdn: "ou=Staff".into(),
+        norm_rdn: "ou=staff".into(),
+    };
+    store.write_blocking(move |w| w.rename(ou, &staff)).unwrap();
+    let r = store.read().unwrap();
+    assert_eq!(
+        r.view().dn_string(a).unwrap(),
+        "cn=a,ou=Staff,dc=example,dc=com"
+    );
+    // A write view (no DN cache) walks, with the same answer.
+    let dn = store.write_blocking(move |w| w.view().dn_string(a));
+    assert_eq!(dn.unwrap(), "cn=a,ou=Staff,dc=example,dc=com");
+}
+
 /// Regression (found by the model check): a read transaction older than an
 /// add resolved the added entry's DN through the DN cache, filled by a
 /// newer transaction of the same generation (adds do not change it), to an

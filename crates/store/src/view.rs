@@ -5,16 +5,14 @@
 use super::*;
 use std::collections::BTreeMap;
 
-/// The values of attribute `attr_lower` (any options) in stored order.
-pub(crate) fn values_of<'a>(
-    attrs: &'a [Attribute],
-    attr_lower: &str,
-) -> Vec<(&'a str, &'a [Vec<u8>])> {
-    attrs
-        .iter()
-        .filter(|a| pando_model::desc::base(&a.desc).eq_ignore_ascii_case(attr_lower))
-        .map(|a| (a.desc.as_str(), a.values.as_slice()))
-        .collect()
+/// `rdn,up`, allocated once at its size (a search formats one DN pair per
+/// entry it returns).
+fn join_dn(rdn: &str, up: &str) -> String {
+    let mut s = String::with_capacity(rdn.len() + 1 + up.len());
+    s.push_str(rdn);
+    s.push(',');
+    s.push_str(up);
+    s
 }
 
 /// The keys that the values of `attr_lower` in `attrs` produce for `kind`.
@@ -63,6 +61,9 @@ thread_local! {
     /// DNs this thread looked up below a remembered parent, counted in tests
     /// only.
     pub(crate) static BELOW_PARENT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// `id2parent` records this thread read (`View::placement`), counted in
+    /// tests only.
+    pub(crate) static PLACEMENTS_READ: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 impl<'t> View<'t> {
@@ -169,6 +170,9 @@ impl<'t> View<'t> {
     }
 
     pub fn placement(&self, id: EntryId) -> Result<Option<Placement>, StoreError> {
+        if cfg!(test) {
+            PLACEMENTS_READ.with(|n| n.set(n.get() + 1));
+        }
         match self.inner.id2parent.get(self.txn, &id_bytes(id))? {
             Some(v) => decode_placement(id, v).map(Some),
             None => Ok(None),
@@ -212,16 +216,7 @@ impl<'t> View<'t> {
         p: &Placement,
         depth: u32,
     ) -> Result<(String, String), StoreError> {
-        // Each string allocated once at its size (a search formats one DN
-        // pair per entry it returns).
-        let concat = |rdn: &str, up: &str| {
-            let mut s = String::with_capacity(rdn.len() + 1 + up.len());
-            s.push_str(rdn);
-            s.push(',');
-            s.push_str(up);
-            s
-        };
-        let join = |n: &dn_cache::Node| (concat(&p.rdn, &n.dn), concat(&p.norm_rdn, &n.norm));
+        let join = |n: &dn_cache::Node| (join_dn(&p.rdn, &n.dn), join_dn(&p.norm_rdn, &n.norm));
         if p.parent != 0 {
             if let Some(pair) = dn_cache::with_node(self.dn_snapshot, p.parent, join) {
                 return Ok(pair);
@@ -262,6 +257,19 @@ impl<'t> View<'t> {
 
     /// The entry's DN as stored (RDNs as given when added or renamed).
     pub fn dn_string(&self, id: EntryId) -> Result<String, StoreError> {
+        // A read view formats it below its parent's remembered DN: one
+        // `id2parent` read instead of one per level.
+        if self.dn_snapshot.is_some() {
+            if let Some(p) = self.placement(id)?.filter(|p| p.parent != 0) {
+                let below = |n: &dn_cache::Node| join_dn(&p.rdn, &n.dn);
+                if let Some(dn) = dn_cache::with_node(self.dn_snapshot, p.parent, below) {
+                    return Ok(dn);
+                }
+                if let Some(parent) = self.learn_node(p.parent, 0)? {
+                    return Ok(below(&parent));
+                }
+            }
+        }
         let mut out = String::new();
         let mut cur = id;
         // Depth is bounded by the DN length limit; the counter also stops a

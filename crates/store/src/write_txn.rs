@@ -166,11 +166,14 @@ impl<'e> WriteTxn<'e> {
     ) -> Result<(), StoreError> {
         // Building indexes too (see `index_build`).
         let catalog = self.catalog.clone();
+        // Most modifications leave most indexed attributes alone: when the
+        // values are the same, so are the keys.
+        let changed = (!old.is_empty() && !new.is_empty()).then(|| changed_bases(old, new));
         for (attr, dbs) in &catalog.indexes {
-            // Most modifications leave most indexed attributes alone: when
-            // the values are the same, so are the keys.
-            if !old.is_empty() && !new.is_empty() && values_of(old, attr) == values_of(new, attr) {
-                continue;
+            if let Some(changed) = &changed {
+                if !changed.iter().any(|b| b.eq_ignore_ascii_case(attr)) {
+                    continue;
+                }
             }
             for idx in dbs {
                 let (before, after) = {
@@ -199,5 +202,65 @@ impl<'e> WriteTxn<'e> {
         add: bool,
     ) -> Result<(), StoreError> {
         crate::postings::change(&mut self.txn, db, key, id, add)
+    }
+}
+
+/// The base types (as written) of the attributes of `old` and `new` that
+/// have no twin (same description, same values) on the other side: the
+/// only ones whose index keys can differ. A modification usually changes
+/// a few of an entry's attributes, and keeps their order.
+fn changed_bases<'a>(old: &'a [Attribute], new: &'a [Attribute]) -> Vec<&'a str> {
+    let twin = |list: &[Attribute], i: usize, a: &Attribute| {
+        let same = |b: &Attribute| b.desc == a.desc && b.values == a.values;
+        list.get(i).is_some_and(same) || list.iter().any(same)
+    };
+    let mut changed = Vec::new();
+    for (i, a) in new.iter().enumerate() {
+        if !twin(old, i, a) {
+            changed.push(pando_model::desc::base(&a.desc));
+        }
+    }
+    for (i, a) in old.iter().enumerate() {
+        if !twin(new, i, a) {
+            changed.push(pando_model::desc::base(&a.desc));
+        }
+    }
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(list: &[(&str, &[&str])]) -> Vec<Attribute> {
+        list.iter()
+            .map(|(d, vs)| Attribute {
+                desc: d.to_string(),
+                values: vs.iter().map(|v| v.as_bytes().to_vec()).collect(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn only_attributes_without_a_twin_count_as_changed() {
+        let old = attrs(&[("cn", &["a"]), ("sn", &["b"]), ("mail", &["m"])]);
+        // One value replaced, one attribute added: both named, nothing else.
+        let new = attrs(&[
+            ("cn", &["a"]),
+            ("sn", &["c"]),
+            ("mail", &["m"]),
+            ("uid", &["u"]),
+        ]);
+        assert_eq!(changed_bases(&old, &new), ["sn", "uid", "sn"]);
+        // Reordered, same values: nothing changed.
+        let reordered = attrs(&[("mail", &["m"]), ("cn", &["a"]), ("sn", &["b"])]);
+        assert!(changed_bases(&old, &reordered).is_empty());
+        // A second description of one type removed, options dropped from the base.
+        let old = attrs(&[("cn", &["a"]), ("cn;lang-en", &["b"])]);
+        let new = attrs(&[("cn", &["a"])]);
+        assert_eq!(changed_bases(&old, &new), ["cn"]);
+        // Another spelling of the type is a change (its keys are recomputed).
+        let new = attrs(&[("CN", &["a"]), ("cn;lang-en", &["b"])]);
+        assert_eq!(changed_bases(&old, &new), ["CN", "cn"]);
     }
 }
