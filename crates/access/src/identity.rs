@@ -65,9 +65,15 @@ impl Eq for Restriction {}
 
 impl Identity {
     pub fn anonymous(session: std::sync::Arc<Session>) -> Identity {
+        // Every bind builds one for its access check: the empty DN shared,
+        // not allocated twice each time.
+        thread_local! {
+            static EMPTY: std::sync::Arc<str> = std::sync::Arc::from("");
+        }
+        let empty = EMPTY.with(std::sync::Arc::clone);
         Identity {
-            dn: "".into(),
-            norm: "".into(),
+            dn: empty.clone(),
+            norm: empty,
             admin: false,
             break_glass: false,
             proxied_by: None,
