@@ -217,15 +217,26 @@ impl<'t> View<'t> {
         depth: u32,
     ) -> Result<(String, String), StoreError> {
         let join = |n: &dn_cache::Node| (join_dn(&p.rdn, &n.dn), join_dn(&p.norm_rdn, &n.norm));
-        if p.parent != 0 {
-            if let Some(pair) = dn_cache::with_node(self.dn_snapshot, p.parent, join) {
-                return Ok(pair);
-            }
-            if let Some(parent) = self.learn_node(p.parent, depth)? {
-                return Ok(join(&parent));
-            }
+        Ok(self
+            .below_parent(p, depth, join)?
+            .unwrap_or_else(|| (p.rdn.clone(), p.norm_rdn.clone())))
+    }
+
+    /// `f` of the parent of the entry placed at `p`, cached or read (and
+    /// then remembered); None for a suffix entry or a missing parent.
+    fn below_parent<R>(
+        &self,
+        p: &Placement,
+        depth: u32,
+        f: impl Fn(&dn_cache::Node) -> R,
+    ) -> Result<Option<R>, StoreError> {
+        if p.parent == 0 {
+            return Ok(None);
         }
-        Ok((p.rdn.clone(), p.norm_rdn.clone()))
+        if let Some(r) = dn_cache::with_node(self.dn_snapshot, p.parent, &f) {
+            return Ok(Some(r));
+        }
+        Ok(self.learn_node(p.parent, depth)?.map(|n| f(&n)))
     }
 
     /// Read what [`View::dn_pair`] needs of a parent that is not cached, and
@@ -260,13 +271,9 @@ impl<'t> View<'t> {
         // A read view formats it below its parent's remembered DN: one
         // `id2parent` read instead of one per level.
         if self.dn_snapshot.is_some() {
-            if let Some(p) = self.placement(id)?.filter(|p| p.parent != 0) {
-                let below = |n: &dn_cache::Node| join_dn(&p.rdn, &n.dn);
-                if let Some(dn) = dn_cache::with_node(self.dn_snapshot, p.parent, below) {
+            if let Some(p) = self.placement(id)? {
+                if let Some(dn) = self.below_parent(&p, 0, |n| join_dn(&p.rdn, &n.dn))? {
                     return Ok(dn);
-                }
-                if let Some(parent) = self.learn_node(p.parent, 0)? {
-                    return Ok(below(&parent));
                 }
             }
         }
