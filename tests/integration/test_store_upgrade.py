@@ -1,9 +1,13 @@
-"""A store written by the previous store format is upgraded in place.
+"""A store written by an earlier store format is upgraded in place.
 
 fixtures/store-format-2.mdb.gz is the data file of a store made by the
 release before chunked posting lists (commit 810ab12, store format 2: one
 serialised posting list per index key in `idx:` databases), holding 60
 users from `../shared/bench/gen_ldif.py -n 60 --password-scheme ssha`.
+fixtures/store-format-4.mdb.gz holds the same users imported by the
+release before short index records (commit b8ccdb3, store format 4: every
+index record ending in a 6-byte chunk number, UUIDs keyed by their text),
+with the default indexes.
 """
 
 import gzip
@@ -13,13 +17,13 @@ import subprocess
 from conftest import PANDO_BIN, SUFFIX, Pando
 
 
-def unpack(tmp_path):
+def unpack(tmp_path, fixture="store-format-2.mdb.gz"):
     srv = Pando(tmp_path)
     db = srv.data_dir / "db"
     db.mkdir(parents=True)
     srv.data_dir.chmod(0o700)
     db.chmod(0o700)
-    fixture = __file__.rsplit("/", 1)[0] + "/fixtures/store-format-2.mdb.gz"
+    fixture = __file__.rsplit("/", 1)[0] + "/fixtures/" + fixture
     with gzip.open(fixture, "rb") as src, open(db / "data.mdb", "wb") as dst:
         shutil.copyfileobj(src, dst)
     (db / "data.mdb").chmod(0o600)
@@ -56,5 +60,34 @@ def test_a_format_2_store_is_upgraded_and_answers_as_before(tmp_path):
     srv.start()
     rc, entries, err = srv.search(SUFFIX, "(mail=user.1*)", "uid")
     assert rc == 0 and len(entries) == 10, err
+    assert srv.logs(tail=100000).count("store format upgrade") == 1
+    srv.stop_and_verify()
+
+
+def test_a_format_4_store_gets_short_index_records_and_answers_as_before(tmp_path):
+    srv = unpack(tmp_path, "store-format-4.mdb.gz")
+    rc, out = verify(srv)
+    assert rc == 0, out
+    assert "store format 4" in out and "62 entries, consistent" in out, out
+    srv.start()
+    assert srv.logs(tail=100000).count("store format upgrade") == 1
+    rc, entries, err = srv.search(SUFFIX, "(uid=user.7)", "entryUUID")
+    assert rc == 0 and len(entries) == 1, err
+    uuid = entries[0][1]["entryUUID"][0]
+    # The UUID index is keyed by the 16 bytes now: any case of the text finds it.
+    for flt, want in [("(uid=user.7)", 1), ("(mail=user.1*)", 11),
+                      ("(objectClass=inetOrgPerson)", 60), ("(cn=*)", 60),
+                      (f"(entryUUID={uuid.upper()})", 1), (f"(entryUUID={uuid})", 1),
+                      ("(entryUUID=00000000-0000-0000-0000-000000000000)", 0)]:
+        rc, entries, err = srv.search(SUFFIX, flt, "uid")
+        assert rc == 0 and len(entries) == want, (flt, len(entries), err)
+    rc, _, err = srv.ldap("ldapdelete", "uid=user.7,ou=People," + SUFFIX)
+    assert rc == 0, err
+    rc, entries, err = srv.search(SUFFIX, f"(entryUUID={uuid})", "uid")
+    assert rc == 0 and entries == [], err
+    assert srv.stop() == 0
+    rc, out = verify(srv)
+    assert rc == 0 and "61 entries, consistent" in out and "store format" not in out, out
+    srv.start()
     assert srv.logs(tail=100000).count("store format upgrade") == 1
     srv.stop_and_verify()

@@ -259,6 +259,21 @@ fn is_uuid(v: &[u8]) -> bool {
         })
 }
 
+/// The 16 bytes of a UUID written as 8-4-4-4-12 hex digits (either case);
+/// None when `v` is not one.
+pub(crate) fn uuid_bytes(v: &[u8]) -> Option<[u8; 16]> {
+    if !is_uuid(v) {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut nibbles = v.iter().filter(|&&c| c != b'-').map(|&c| digit(c));
+    let mut out = [0u8; 16];
+    for b in &mut out {
+        *b = (nibbles.next()?? << 4) | nibbles.next()??;
+    }
+    Some(out)
+}
+
 /// A parsed INTEGER: sign and decimal magnitude without leading zeros.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Integer<'a> {

@@ -252,9 +252,16 @@ fn candidates(
     }
     let mut under = roaring::RoaringTreemap::new();
     for p in prefixes {
-        let to = format!("{p}\u{7f}");
+        // The index's keys are the UUIDs' 16 bytes (`normalize_compact`):
+        // those under a prefix of hex digits lie between it filled out
+        // with 0s and with fs.
+        let from = crate::digest::parse_uuid(&format!("{p:0<32}"));
+        let to = crate::digest::parse_uuid(&format!("{p:f<32}"));
+        let (Some(from), Some(to)) = (from, to) else {
+            return whole();
+        };
         let eq = pando_store::IndexKind::Eq;
-        match view.ids_in_key_range("entryuuid", eq, p.as_bytes(), to.as_bytes())? {
+        match view.ids_in_key_range("entryuuid", eq, &from, &to)? {
             Some(found) => under |= found,
             None => return whole(),
         }

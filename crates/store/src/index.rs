@@ -6,7 +6,8 @@
 //!
 //! | kind   | key                                                              |
 //! |--------|------------------------------------------------------------------|
-//! | `eq`   | equality-normalised value (truncated, see `MAX_KEY`)             |
+//! | `eq`   | equality-normalised value, compact (`Schema::normalize_compact`: |
+//! |        | a UUID's 16 bytes), truncated (see `MAX_KEY`)                    |
 //! | `pres` | the single byte `0x00`                                           |
 //! | `sub`  | every 3-byte gram of `^` + normalised value + `$`                |
 //! | `approx` | the schema's approximate key of the value                     |
@@ -135,7 +136,7 @@ pub fn assertion_key(
 ) -> Option<Vec<u8>> {
     match kind {
         IndexKind::Pres => Some(PRESENCE_KEY.to_vec()),
-        IndexKind::Eq => schema.normalize(at, value).ok().map(cut),
+        IndexKind::Eq => schema.normalize_compact(at, value).ok().map(cut),
         IndexKind::Approx => Some(cut(schema.approx_key(at, value))),
         IndexKind::Ord => schema.ordering_key(at, value).map(cut),
         IndexKind::Sub => None,
@@ -172,7 +173,7 @@ pub fn keys_for(
                     return;
                 }
             }
-            if let Ok(n) = schema.normalize(at, value) {
+            if let Ok(n) = schema.normalize_compact(at, value) {
                 out.insert(cut(n));
             }
         }

@@ -109,11 +109,14 @@ pub const DATA_FILE: &str = "data.mdb";
 /// same rebuild as for an index added to the configuration). 4: an
 /// `id2parent` record leaves out the normalised RDN when it is the RDN as
 /// given or its ASCII lowercase ([`keys`]); format 3 records read as they
-/// are, nothing is rebuilt.
-pub const FORMAT_VERSION: u32 = 4;
+/// are, nothing is rebuilt. 5: index records end with the chunk number in
+/// one byte where it fits ([`postings`]), and a UUID's equality key is its
+/// 16 bytes ([`index`]); older stores' indexes are rebuilt once, in place.
+pub const FORMAT_VERSION: u32 = 5;
 /// The first format whose index databases are in this version's layout:
-/// an older store's indexes are rebuilt when it is opened for writing.
-pub const INDEX_FORMAT: u32 = 3;
+/// an older store's indexes are rebuilt when it is opened for writing, and
+/// not used (searches scan) when it is opened read-only.
+pub const INDEX_FORMAT: u32 = 5;
 /// Oldest store format this version reads.
 pub const OLDEST_FORMAT: u32 = 1;
 const META_FORMAT: &[u8] = b"format";

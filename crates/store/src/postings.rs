@@ -5,10 +5,13 @@
 //! store of ten million). Reading a key's list reads its records in order.
 //!
 //! A record's key is the index key with each NUL byte written as `00 FF`,
-//! then `00 00`, then the chunk number (the ID's bits above the low 16) as
-//! 6 bytes big-endian. The escape keeps LMDB's byte order equal to the
-//! order of (index key, chunk), so ranges of index keys (the ordering
-//! index) are ranges of records, and one key's records are contiguous.
+//! then `00 00`, then the chunk number (the ID's bits above the low 16) in
+//! as few bytes as sort in its order: one byte below 248 (every chunk of a
+//! store of up to 16 million entries), else a byte 248 + n - 1 and the
+//! number's n bytes big-endian (format 5; format 4 wrote 6 bytes always).
+//! The escape keeps LMDB's byte order equal to the order of (index key,
+//! chunk), so ranges of index keys (the ordering index) are ranges of
+//! records, and one key's records are contiguous.
 //! A record's value is the chunk's IDs: 2 bytes (the low 16 bits) when it
 //! holds one ID, as for a unique attribute, otherwise a serialised
 //! RoaringBitmap of the IDs' low 32 bits (never 2 bytes long).
@@ -26,10 +29,13 @@ use crate::{Db, EntryId, StoreError};
 
 /// Bits of an ID below its chunk number.
 const LOW_BITS: u32 = 16;
-/// Bytes of the chunk number ending a record's key.
+/// Most bytes of a chunk number written big-endian after its length byte.
 const CHUNK_BYTES: usize = 6;
-/// The highest chunk number a record's key can hold.
-const LAST_CHUNK: u64 = u64::MAX >> (64 - 8 * CHUNK_BYTES);
+/// The highest chunk number a record's key can hold (IDs have 64 bits).
+const LAST_CHUNK: u64 = u64::MAX >> LOW_BITS;
+/// Chunk numbers below this are written as one byte; a byte from here on
+/// starts a longer number (its length - 1 added to this).
+const ONE_BYTE: u64 = 0xF8;
 /// Ends the escaped index key; sorts below every escaped byte.
 const END: [u8; 2] = [0, 0];
 
@@ -57,24 +63,62 @@ fn chunk_of(id: EntryId) -> u64 {
 }
 
 fn record_key(prefix: &[u8], chunk: u64) -> Vec<u8> {
-    let mut k = Vec::with_capacity(prefix.len() + CHUNK_BYTES);
+    let mut k = Vec::with_capacity(prefix.len() + 1 + CHUNK_BYTES);
     k.extend_from_slice(prefix);
-    k.extend_from_slice(&chunk.to_be_bytes()[8 - CHUNK_BYTES..]);
+    put_chunk(&mut k, chunk);
     k
+}
+
+/// `chunk` in its shortest form (see the module comment): numbers sort as
+/// their forms do, and no form is a prefix of another.
+fn put_chunk(out: &mut Vec<u8>, chunk: u64) {
+    if chunk < ONE_BYTE {
+        out.push(chunk as u8);
+        return;
+    }
+    let n = (64 - chunk.leading_zeros() as usize).div_ceil(8);
+    out.push((ONE_BYTE as usize + n - 1) as u8);
+    out.extend_from_slice(&chunk.to_be_bytes()[8 - n..]);
+}
+
+/// The chunk number written as `form` (all of it); None unless `form` is
+/// the shortest form of a number a record may hold.
+fn read_chunk(form: &[u8]) -> Option<u64> {
+    let (&first, rest) = form.split_first()?;
+    if u64::from(first) < ONE_BYTE {
+        return rest.is_empty().then_some(u64::from(first));
+    }
+    let n = usize::from(first) - ONE_BYTE as usize + 1;
+    if n > CHUNK_BYTES || rest.len() != n || (n > 1 && rest[0] == 0) {
+        return None;
+    }
+    let mut b = [0u8; 8];
+    b[8 - n..].copy_from_slice(rest);
+    let chunk = u64::from_be_bytes(b);
+    (chunk >= ONE_BYTE).then_some(chunk)
+}
+
+/// Where the chunk number starts in a record's key: after the first
+/// `00 00` (an escaped key's NUL bytes are each followed by `FF`).
+fn chunk_start(rec: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    while let Some(i) = rec[at..].iter().position(|&b| b == 0) {
+        let i = at + i;
+        match rec.get(i + 1)? {
+            0 => return Some(i + 2),
+            0xFF => at = i + 2,
+            _ => return None,
+        }
+    }
+    None
 }
 
 /// A record's key as (index key, chunk number).
 pub fn split_record_key(rec: &[u8]) -> Result<(Vec<u8>, u64), StoreError> {
     let bad = || StoreError::Corrupt(format!("index record key {rec:02x?} is malformed"));
-    let cut = rec
-        .len()
-        .checked_sub(CHUNK_BYTES + END.len())
-        .ok_or_else(bad)?;
-    let (body, tail) = rec.split_at(cut);
-    if tail[..END.len()] != END {
-        return Err(bad());
-    }
-    let chunk = chunk_number(rec)?;
+    let start = chunk_start(rec).ok_or_else(bad)?;
+    let body = &rec[..start - END.len()];
+    let chunk = read_chunk(&rec[start..]).ok_or_else(bad)?;
     let mut key = Vec::with_capacity(body.len());
     let mut bytes = body.iter();
     while let Some(&b) = bytes.next() {
@@ -167,14 +211,9 @@ pub fn read(txn: &RoTxn<'_>, db: &Db, key: &[u8]) -> Result<RoaringTreemap, Stor
 
 /// The chunk number ending a record's key.
 fn chunk_number(rec: &[u8]) -> Result<u64, StoreError> {
-    let tail = rec
-        .len()
-        .checked_sub(CHUNK_BYTES)
-        .map(|at| &rec[at..])
-        .ok_or_else(|| StoreError::Corrupt(format!("index record key {rec:02x?} is too short")))?;
-    let mut n = [0u8; 8];
-    n[8 - CHUNK_BYTES..].copy_from_slice(tail);
-    Ok(u64::from_be_bytes(n))
+    chunk_start(rec)
+        .and_then(|at| read_chunk(&rec[at..]))
+        .ok_or_else(|| StoreError::Corrupt(format!("index record key {rec:02x?} is malformed")))
 }
 
 /// The IDs listed under every key from `from` (or the first) through
@@ -349,7 +388,7 @@ mod tests {
         ];
         let mut recs = Vec::new();
         for (i, k) in keys.iter().enumerate() {
-            for chunk in [0u64, 1, 255, 256, LAST_CHUNK] {
+            for chunk in [0u64, 1, 247, 248, 255, 256, 65_535, 1 << 40, LAST_CHUNK] {
                 recs.push(((i, chunk), record_key(&prefix(k), chunk)));
             }
         }
@@ -364,6 +403,22 @@ mod tests {
         }
         assert!(split_record_key(b"a\x00b\x00\x00\x00\x00\x00\x00\x00\x01").is_err());
         assert!(split_record_key(b"short").is_err());
+        // Chunk numbers in their shortest form only, and nothing after.
+        assert_eq!(record_key(b"a\x00\x00", 247), b"a\x00\x00\xf7");
+        assert_eq!(record_key(b"a\x00\x00", 248), b"a\x00\x00\xf8\xf8");
+        assert_eq!(record_key(b"a\x00\x00", 256), b"a\x00\x00\xf9\x01\x00");
+        assert_eq!(record_key(b"", LAST_CHUNK).len(), 7);
+        for bad in [
+            &b"a\x00\x00"[..],
+            b"a\x00\x00\x01\x02",
+            b"a\x00\x00\xf8\x05",
+            b"a\x00\x00\xf9\x00\xff",
+            b"a\x00\x00\xf9\x01",
+            b"a\x00\x00\xfe\x01\x01\x01\x01\x01\x01\x01",
+        ] {
+            assert!(split_record_key(bad).is_err(), "{bad:02x?}");
+            assert!(chunk_number(bad).is_err(), "{bad:02x?}");
+        }
     }
 
     #[test]

@@ -105,12 +105,14 @@ pub fn preflight(path: &Path, writable: bool, whole: bool) -> Result<bool, Store
 
 /// The store's format: written when the store is new, checked when it
 /// is not (one this Pando can read), raised to this Pando's when older.
+/// True when the indexes are in an older layout and must be rebuilt.
 fn check_format(
     meta: Db,
     wtxn: &mut RwTxn<'_>,
     existing: bool,
     path: &Path,
-) -> Result<(), StoreError> {
+) -> Result<bool, StoreError> {
+    let mut rebuild = false;
     match meta.get(wtxn, META_FORMAT)? {
         None if existing => {
             return Err(StoreError::Damaged(format!(
@@ -136,8 +138,9 @@ fn check_format(
                     store = %path.display(),
                     from = found,
                     to = FORMAT_VERSION,
-                    "store format upgrade: the indexes are rebuilt with chunked posting lists, once"
+                    "store format upgrade: the indexes are rebuilt in this version's layout, once"
                 );
+                rebuild = true;
             }
             if found < FORMAT_VERSION {
                 // From now on records of the new format may be written.
@@ -145,14 +148,15 @@ fn check_format(
             }
         }
     }
-    Ok(())
+    Ok(rebuild)
 }
 
 /// The configured indexes' databases. `meta:indexes` lists the index
 /// databases kept up to date. A configured index not on the list (new,
 /// or dropped from the configuration earlier and so stale) is rebuilt, and
 /// the list updated, in this same transaction: an index that is listed is
-/// always complete. Indexes no longer configured are emptied.
+/// always complete. Indexes no longer configured are emptied. `rebuild`:
+/// every configured index is rebuilt (they are in an older layout).
 #[allow(clippy::too_many_arguments)]
 fn open_indexes(
     env: &Env,
@@ -163,6 +167,7 @@ fn open_indexes(
     codec: &crate::entry_codec::Codec,
     opts: &StoreOptions,
     path: &Path,
+    rebuild: bool,
 ) -> Result<HashMap<String, Vec<IndexDb>>, StoreError> {
     let listed: HashSet<String> = match meta.get(wtxn, META_INDEXES)? {
         Some(v) => parse_listed(v).into_iter().collect(),
@@ -191,7 +196,7 @@ fn open_indexes(
         for &kind in &spec.kinds {
             let name = index::db_name(&attr, kind);
             let db: Db = env.create_database(wtxn, Some(&name))?;
-            if !listed.contains(&name) {
+            if rebuild || !listed.contains(&name) {
                 db.clear(wtxn)?;
                 to_build.push((attr.clone(), kind, db));
             }
@@ -294,9 +299,11 @@ impl Store {
                 env.create_database(&mut wtxn, Some("id2parent"))?,
             )
         };
-        check_format(meta, &mut wtxn, existing, path)?;
+        let rebuild = check_format(meta, &mut wtxn, existing, path)?;
         let codec = load_codec(&wtxn, meta, opts.compression)?;
-        let indexes = open_indexes(&env, &mut wtxn, meta, id2entry, &schema, &codec, opts, path)?;
+        let indexes = open_indexes(
+            &env, &mut wtxn, meta, id2entry, &schema, &codec, opts, path, rebuild,
+        )?;
         context_csn::migrate(meta, &mut wtxn)?;
         let newest = newest_context_csn(meta, &wtxn)?;
         let changelog = Some(changelog::open(
@@ -431,7 +438,8 @@ impl Store {
                     indexes.entry(attr.clone()).or_default().push(IndexDb {
                         kind,
                         db,
-                        ready: listed.as_ref().is_none_or(|l| l.contains(&name)),
+                        ready: found >= Some(INDEX_FORMAT)
+                            && listed.as_ref().is_none_or(|l| l.contains(&name)),
                     });
                 }
             }

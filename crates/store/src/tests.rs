@@ -1061,6 +1061,137 @@ fn format_3_placements_read_as_they_are() {
     assert_eq!(rec.len(), 10 + "uid=new".len());
 }
 
+/// A format 4 store (index records ending in a 6-byte chunk number, UUIDs
+/// keyed by their text) opened by this version: read-only, its indexes
+/// are not used and searches still answer right; opened for writing, they
+/// are rebuilt in the short layout, once, and answer as before.
+#[test]
+fn format_4_indexes_are_rebuilt_in_the_short_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = StoreOptions {
+        durability: Durability::Durable,
+        ..crate::model_check::options()
+    };
+    opts.indexes.push(IndexSpec {
+        attr: "entryUUID".into(),
+        kinds: vec![IndexKind::Eq],
+    });
+    let schema = Arc::new(Schema::standard());
+    let store = Store::open(dir.path(), schema.clone(), &opts).unwrap();
+    tree(&store);
+    let uuid = |i: u32| format!("{i:08x}-75f2-44a3-91aa-5b2ce7704b{:02x}", i * 7);
+    for i in 0..30u32 {
+        let mut a = person(&format!("u{i}"), &(100 + i).to_string());
+        a.push(Attribute {
+            desc: "entryUUID".into(),
+            values: vec![uuid(i).into_bytes()],
+        });
+        add(&store, &format!("cn=u{i},ou=People,dc=example,dc=com"), a);
+    }
+    let wanted = uuid(17).to_ascii_uppercase();
+    let filters = [
+        "(cn=USER3)".to_string(),
+        "(cn=*ser1*)".into(),
+        "(uidNumber>=115)".into(),
+        format!("(entryUUID={wanted})"),
+    ];
+    let probe = |store: &Store| -> Vec<Vec<u64>> {
+        let r = store.read().unwrap();
+        let v = r.view();
+        filters
+            .iter()
+            .map(|f| ids(v.candidates(&Filter::parse(f).unwrap()).unwrap()))
+            .collect()
+    };
+    let before = probe(&store);
+    assert_eq!(
+        before.iter().map(Vec::len).collect::<Vec<_>>(),
+        [1, 11, 15, 1]
+    );
+    // Rewrite every index record as format 4 had it.
+    let text = |k: &[u8]| {
+        let h: String = k.iter().map(|b| format!("{b:02x}")).collect();
+        format!(
+            "{}-{}-{}-{}-{}",
+            &h[..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..]
+        )
+    };
+    store
+        .write_blocking(move |w| -> Result<(), StoreError> {
+            let dbs: Vec<(String, Db)> = w
+                .inner
+                .catalog
+                .load()
+                .ready()
+                .map(|(a, i)| (a.to_string(), i.db))
+                .collect();
+            for (attr, db) in dbs {
+                let mut old = Vec::new();
+                for item in db.iter(&w.txn)? {
+                    let (k, v) = item?;
+                    let (mut key, chunk) = postings::split_record_key(k)?;
+                    if attr == "entryuuid" {
+                        assert_eq!(key.len(), 16, "a UUID keyed by its bytes");
+                        key = text(&key).into_bytes();
+                    }
+                    let mut rec = Vec::new();
+                    for b in key {
+                        rec.push(b);
+                        if b == 0 {
+                            rec.push(0xFF);
+                        }
+                    }
+                    rec.extend_from_slice(&[0, 0]);
+                    rec.extend_from_slice(&chunk.to_be_bytes()[2..]);
+                    old.push((rec, v.to_vec()));
+                }
+                db.clear(&mut w.txn)?;
+                for (k, v) in old {
+                    db.put(&mut w.txn, &k, &v)?;
+                }
+            }
+            w.inner
+                .meta
+                .put(&mut w.txn, META_FORMAT, &4u32.to_be_bytes())?;
+            Ok(())
+        })
+        .unwrap();
+    store.close();
+    // Read-only: no index of the old layout is used (searches scan).
+    let ro = Store::open_read_only(dir.path(), schema.clone(), &opts).unwrap();
+    {
+        let r = ro.read().unwrap();
+        let v = r.view();
+        for f in &filters {
+            let f = Filter::parse(f).unwrap();
+            assert_eq!(v.candidates(&f).unwrap(), Candidates::All, "{f:?}");
+        }
+        assert_eq!(v.store_format().unwrap(), 4);
+    }
+    ro.close();
+    let store = Store::open(dir.path(), schema, &opts).unwrap();
+    assert_eq!(probe(&store), before);
+    assert_consistent(&store);
+    let r = store.read().unwrap();
+    let v = r.view();
+    assert_eq!(v.store_format().unwrap(), FORMAT_VERSION);
+    let db = v.index_db("entryuuid", IndexKind::Eq).unwrap();
+    let mut records = 0;
+    for item in db.iter(&r.txn).unwrap() {
+        let rec = item.unwrap().0;
+        let (key, chunk) = postings::split_record_key(rec).unwrap();
+        assert_eq!((key.len(), chunk), (16, 0));
+        // The key, END and a one-byte chunk number.
+        assert_eq!(rec.len(), postings::escaped_len(&key) + 2 + 1);
+        records += 1;
+    }
+    assert_eq!(records, 30);
+}
+
 /// A load into an empty store writes dn2id again in key order at the end:
 /// every DN resolves, duplicates were still refused during the load, and
 /// its pages are full (inserted in input order they came out half full).
