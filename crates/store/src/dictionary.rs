@@ -12,10 +12,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::{entry_codec, id_from, Store, StoreError};
 
-/// Entries sampled (as `pando import` samples).
+/// Entries sampled, and the store's size when one is trained (`pando
+/// import` samples more: it trains before it writes).
 pub const SAMPLES: usize = 5_000;
 /// Largest dictionary, bytes (as `pando import` makes them).
-pub const MAX_BYTES: usize = 32 << 10;
+pub const MAX_BYTES: usize = 64 << 10;
 
 /// One training at a time in this process (a second caller goes away).
 static TRAINING: AtomicBool = AtomicBool::new(false);
