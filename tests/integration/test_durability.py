@@ -5,6 +5,7 @@ one server per data directory, durability changed by SIGHUP."""
 import base64
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -308,8 +309,9 @@ def test_restore_refuses_another_format(tmp_path):
     srv.stop_and_verify()
     m = dest / "manifest.toml"
     text = m.read_text()
-    assert "store_format = 4" in text, text
-    m.write_text(text.replace("store_format = 4", "store_format = 99"))
+    found = re.search(r"^store_format = (\d+)$", text, re.M)
+    assert found, text
+    m.write_text(text.replace(found.group(0), "store_format = 99"))
     r = subprocess.run([PANDO_BIN, "restore", "--data-dir", str(tmp_path / "b"), str(dest)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "store format 99" in r.stderr, r.stderr

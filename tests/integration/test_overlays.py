@@ -147,10 +147,19 @@ def state(conn):
 
 
 def same_state(pair):
+    # slapd's refint rewrites references in a task of its own after it has
+    # answered the delete or rename: on a loaded machine its state may lag
+    # for a moment. Pando's changes are in place when it answers; looked at
+    # again (up to 10 s), slapd must catch up to the same state.
     slapd, pando = pair
-    a, b = state(slapd.conn()), state(pando.conn())
-    diffs = ["%s: slapd=%s pando=%s" % (d, a.get(d), b.get(d))
-             for d in sorted(set(a) | set(b)) if a.get(d) != b.get(d)]
+    deadline = time.monotonic() + 10
+    while True:
+        a, b = state(slapd.conn()), state(pando.conn())
+        diffs = ["%s: slapd=%s pando=%s" % (d, a.get(d), b.get(d))
+                 for d in sorted(set(a) | set(b)) if a.get(d) != b.get(d)]
+        if not diffs or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert not diffs, "\n".join(diffs)
     return b
 

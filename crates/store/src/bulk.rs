@@ -40,8 +40,8 @@ use roaring::RoaringTreemap;
 use crate::entry_codec::{self, Dict};
 use crate::index::{self, IndexKind};
 use crate::{
-    attr_keys, attr_keys_into, dn2id_key, encode_placement, id_bytes, id_from, Db, EntryId, Inner,
-    Lookup, Placement, Store, StoreError, META_NEXT_ID,
+    attr_keys, attr_keys_into, dn2id_key, id_bytes, id_from, put_place, Db, EntryId, Inner, Lookup,
+    Placement, Store, StoreError, META_NEXT_ID,
 };
 
 /// The runs' slot of dn2id records (see [`BulkLoad::finish`]): above
@@ -445,8 +445,10 @@ pub struct BulkLoad<'s> {
     uncommitted: usize,
     commit_every: usize,
     entries: u64,
-    /// Reused buffer for id2parent records.
+    /// Reused buffer for placements.
     buf: Vec<u8>,
+    /// The record being written, placed (see `entry_codec::place`).
+    placed: Vec<u8>,
     /// dn2id was empty at the start: its records also go to the runs, and
     /// it is written again from them in key order at the end.
     repack_dn2id: bool,
@@ -507,6 +509,7 @@ impl Store {
             commit_every: opts.commit_every.max(1),
             entries: 0,
             buf: Vec::new(),
+            placed: Vec::new(),
             repack_dn2id,
         })
     }
@@ -578,14 +581,12 @@ impl<'s> BulkLoad<'s> {
             }
             Err(e) => return Err(e.into()),
         }
-        // IDs only grow: both records go at the end of their database.
+        // IDs only grow: the record goes at the end of id2entry.
+        put_place(place, &mut self.buf);
+        entry_codec::place(record, &self.buf, &mut self.placed)?;
         inner
             .id2entry
-            .put_with_flags(txn, PutFlags::APPEND, &id_bytes(id), record)?;
-        self.buf = encode_placement(place);
-        inner
-            .id2parent
-            .put_with_flags(txn, PutFlags::APPEND, &id_bytes(id), &self.buf)?;
+            .put_with_flags(txn, PutFlags::APPEND, &id_bytes(id), &self.placed)?;
         self.runs.push_packed(keys, id)?;
         if self.repack_dn2id {
             self.runs.push(DN2ID_SLOT, &key, id)?;

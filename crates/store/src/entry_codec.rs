@@ -18,10 +18,21 @@
 //! 5       var   dictionary ID (LEB128; 0 = compressed without a dictionary)
 //!         var   length of the body once decompressed (LEB128)
 //!         rest  one zstd frame holding the format-1 body
+//!
+//! placed (store format 6): the format byte with PLACED (0x80) set
+//! 0       1     format (0x81 or 0x82)
+//! 1       4     CRC-32 (IEEE) of every byte after this field, little-endian
+//! 5       var   placement length P (LEB128)
+//!         P     placement: the parent's ID (LEB128), then the RDN field
+//!               of an `id2parent` record (see `keys`)
+//!         rest  as format 1 or 2 after its CRC
 //! ```
 //!
-//! The DN is not stored here: it is derived from `id2parent` so that renaming
-//! or moving a subtree rewrites one record, not every descendant. The checksum
+//! The DN is not stored here, only the entry's place: its parent and RDN,
+//! so that renaming or moving a subtree rewrites one record, not every
+//! descendant. Stores before format 6 kept the place in `id2parent`; their
+//! records (formats 1 and 2) read as they are, and gain their place when
+//! next written. Reading the place needs no decompression. The checksum
 //! lets reads and `pando verify` detect corruption end to end without
 //! decompressing.
 //!
@@ -42,6 +53,8 @@ use crate::StoreError;
 
 pub const ENTRY_FORMAT: u8 = 1;
 pub const ENTRY_FORMAT_ZSTD: u8 = 2;
+/// Set in the format byte of a record that holds its entry's placement.
+pub const PLACED: u8 = 0x80;
 const HEADER: usize = 5;
 /// Bodies are never this large (a PDU is capped far below); a stored length
 /// above it means corruption, not a reason to allocate.
@@ -268,12 +281,16 @@ impl Codec {
         if crc32fast::hash(&bytes[HEADER..]) != stored_crc {
             return Err(corrupt("checksum mismatch"));
         }
-        match bytes[0] {
-            ENTRY_FORMAT => f(&bytes[HEADER..]),
+        let mut after = &bytes[HEADER..];
+        if bytes[0] & PLACED != 0 {
+            let mut r = Reader { buf: after };
+            r.bytes().ok_or_else(|| corrupt("truncated placement"))?;
+            after = r.buf;
+        }
+        match bytes[0] & !PLACED {
+            ENTRY_FORMAT => f(after),
             ENTRY_FORMAT_ZSTD => {
-                let mut r = Reader {
-                    buf: &bytes[HEADER..],
-                };
+                let mut r = Reader { buf: after };
                 let dict_id = r
                     .varint()
                     .ok_or_else(|| corrupt("truncated dictionary ID"))?;
@@ -334,6 +351,57 @@ impl Codec {
             }
             f => Err(corrupt(&format!("unknown entry format {f}"))),
         }
+    }
+}
+
+/// `record` (a stored entry, placed or not) placed at `placement` (the
+/// placement's bytes, see [`crate::keys::put_place`]), into `out`
+/// (cleared first). The record's checksum is recomputed, not checked.
+pub(crate) fn place(record: &[u8], placement: &[u8], out: &mut Vec<u8>) -> Result<(), StoreError> {
+    let rest = unplaced_rest(record)?;
+    out.clear();
+    out.reserve(HEADER + 2 + placement.len() + rest.len());
+    out.push(record[0] | PLACED);
+    out.extend_from_slice(&[0; 4]);
+    put_varint(out, placement.len() as u64);
+    out.extend_from_slice(placement);
+    out.extend_from_slice(rest);
+    let crc = crc32fast::hash(&out[HEADER..]);
+    out[1..HEADER].copy_from_slice(&crc.to_le_bytes());
+    Ok(())
+}
+
+/// What follows the header (and the placement, when there is one) of a
+/// stored entry.
+fn unplaced_rest(record: &[u8]) -> Result<&[u8], StoreError> {
+    let bad = || StoreError::Corrupt("id2entry record too short or malformed".into());
+    if record.len() < HEADER || !matches!(record[0] & !PLACED, ENTRY_FORMAT | ENTRY_FORMAT_ZSTD) {
+        return Err(bad());
+    }
+    let mut r = Reader {
+        buf: &record[HEADER..],
+    };
+    if record[0] & PLACED != 0 {
+        r.bytes().ok_or_else(bad)?;
+    }
+    Ok(r.buf)
+}
+
+/// The placement bytes a stored entry holds; None for a record written
+/// before store format 6 (its placement is in `id2parent`). Not checked
+/// against the record's checksum (reads of the entry check it).
+pub(crate) fn placement_of(id: u64, record: &[u8]) -> Result<Option<&[u8]>, StoreError> {
+    match record.first() {
+        Some(f) if f & PLACED != 0 && record.len() > HEADER => Reader {
+            buf: &record[HEADER..],
+        }
+        .bytes()
+        .map(Some)
+        .ok_or_else(|| StoreError::Corrupt(format!("id2entry record {id}: truncated placement"))),
+        Some(_) => Ok(None),
+        None => Err(StoreError::Corrupt(format!(
+            "id2entry record {id} is empty"
+        ))),
     }
 }
 
@@ -562,8 +630,18 @@ impl<'a> Reader<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// `record` without its placement, as stores before format 6 wrote it.
+    pub(crate) fn unplaced(record: &[u8]) -> Result<Vec<u8>, StoreError> {
+        let rest = unplaced_rest(record)?;
+        let mut out = vec![record[0] & !PLACED, 0, 0, 0, 0];
+        out.extend_from_slice(rest);
+        let crc = crc32fast::hash(&out[HEADER..]);
+        out[1..HEADER].copy_from_slice(&crc.to_le_bytes());
+        Ok(out)
+    }
 
     fn sample(n: usize) -> Vec<Attribute> {
         vec![
@@ -612,6 +690,46 @@ mod tests {
             };
             assert_eq!(buf[0], format, "{name}");
         }
+    }
+
+    /// A record placed, placed again elsewhere and unplaced decodes to the
+    /// same entry in every form, and holds the placement it was given;
+    /// damage to the placement is caught by the checksum or named.
+    #[test]
+    fn placed_records_hold_their_placement_and_decode_as_before() {
+        for (c, name) in codecs() {
+            let mut rec = Vec::new();
+            c.encode(&sample(7), &mut rec);
+            assert_eq!(placement_of(7, &rec).unwrap(), None, "{name}");
+            let mut placed = Vec::new();
+            place(&rec, b"first place", &mut placed).unwrap();
+            assert_eq!(placed[0], rec[0] | PLACED, "{name}");
+            assert_eq!(placement_of(7, &placed).unwrap(), Some(&b"first place"[..]));
+            let mut moved = Vec::new();
+            place(&placed, b"second", &mut moved).unwrap();
+            assert_eq!(placement_of(7, &moved).unwrap(), Some(&b"second"[..]));
+            assert_eq!(
+                moved.len(),
+                placed.len() - 5,
+                "{name}: the old placement replaced"
+            );
+            for r in [&rec, &placed, &moved, &unplaced(&moved).unwrap()] {
+                assert_eq!(c.decode(7, none(), r).unwrap().attrs, sample(7), "{name}");
+                let raw = c.with_raw(7, r, |a| a.count()).unwrap();
+                assert_eq!(raw, 3, "{name}");
+            }
+            assert_eq!(unplaced(&moved).unwrap(), rec, "{name}");
+            let mut bad = moved.clone();
+            bad[6] ^= 1;
+            let e = c.decode(7, none(), &bad).unwrap_err().to_string();
+            assert!(e.contains("checksum"), "{name}: {e}");
+            // A placement length past the record's end.
+            let cut = &moved[..8];
+            assert!(placement_of(7, cut).is_err(), "{name}");
+            assert!(place(cut, b"x", &mut Vec::new()).is_err(), "{name}");
+        }
+        assert!(place(&[9, 0, 0, 0, 0], b"x", &mut Vec::new()).is_err());
+        assert!(placement_of(7, &[]).is_err());
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Byte layouts of the DN databases (`dn2id`, `id2parent`) and DN
-//! resolution through them.
+//! Byte layouts of the DN records (`dn2id`, an entry's placement, and
+//! `id2parent` of stores before format 6) and DN resolution through them.
 
 use super::*;
 
@@ -30,9 +30,17 @@ const NORM_LOWER: u16 = 0x4000;
 /// bits above are never part of a length.
 const LEN_MASK: u16 = 0x3FFF;
 
-pub(crate) fn encode_placement(p: &Placement) -> Vec<u8> {
-    let mut v = Vec::with_capacity(10 + p.rdn.len() + p.norm_rdn.len());
-    v.extend_from_slice(&id_bytes(p.parent));
+/// The placement an entry's record holds (format 6, see `entry_codec`):
+/// the parent's ID as LEB128, then the RDN field.
+pub(crate) fn put_place(p: &Placement, out: &mut Vec<u8>) {
+    out.clear();
+    crate::entry_codec::put_varint(out, p.parent);
+    put_rdn_field(p, out);
+}
+
+/// The RDN as given, with its length and flags, and the normalised RDN
+/// unless a flag says how to derive it.
+fn put_rdn_field(p: &Placement, v: &mut Vec<u8>) {
     let len = p.rdn.len() as u16;
     let flag = if p.rdn.len() > usize::from(LEN_MASK) {
         0
@@ -52,32 +60,42 @@ pub(crate) fn encode_placement(p: &Placement) -> Vec<u8> {
     if flag == 0 {
         v.extend_from_slice(p.norm_rdn.as_bytes());
     }
-    v
 }
 
+/// An `id2parent` record of entry `id`.
 pub(crate) fn decode_placement(id: EntryId, v: &[u8]) -> Result<Placement, StoreError> {
     let bad = || StoreError::Corrupt(format!("id2parent record {id} is malformed"));
     if v.len() < 10 {
         return Err(bad());
     }
     let parent = id_from(&v[..8])?;
-    let field = u16::from_be_bytes([v[8], v[9]]);
+    read_rdn_field(parent, &v[8..]).ok_or_else(bad)
+}
+
+/// The placement held in entry `id`'s record ([`put_place`]).
+pub(crate) fn read_place(id: EntryId, v: &[u8]) -> Result<Placement, StoreError> {
+    let mut r = crate::entry_codec::Reader { buf: v };
+    r.varint()
+        .and_then(|parent| read_rdn_field(parent, r.buf))
+        .ok_or_else(|| StoreError::Corrupt(format!("the placement of entry {id} is malformed")))
+}
+
+fn read_rdn_field(parent: EntryId, v: &[u8]) -> Option<Placement> {
+    let field = u16::from_be_bytes([*v.first()?, *v.get(1)?]);
     let len = usize::from(field & LEN_MASK);
-    let rest = &v[10..];
+    let rest = &v[2..];
     if rest.len() < len {
-        return Err(bad());
+        return None;
     }
-    let rdn = std::str::from_utf8(&rest[..len])
-        .map_err(|_| bad())?
-        .to_string();
+    let rdn = std::str::from_utf8(&rest[..len]).ok()?.to_string();
     let tail = &rest[len..];
     let norm_rdn = match field & !LEN_MASK {
-        0 => std::str::from_utf8(tail).map_err(|_| bad())?.to_string(),
+        0 => std::str::from_utf8(tail).ok()?.to_string(),
         NORM_SAME if tail.is_empty() => rdn.clone(),
         NORM_LOWER if tail.is_empty() => rdn.to_ascii_lowercase(),
-        _ => return Err(bad()),
+        _ => return None,
     };
-    Ok(Placement {
+    Some(Placement {
         parent,
         rdn,
         norm_rdn,
@@ -110,6 +128,15 @@ pub(crate) fn lookup_in(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An `id2parent` record (stores before format 6): the parent's ID as
+    /// 8 bytes, then the RDN field.
+    fn encode_placement(p: &Placement) -> Vec<u8> {
+        let mut v = Vec::with_capacity(10 + p.rdn.len() + p.norm_rdn.len());
+        v.extend_from_slice(&id_bytes(p.parent));
+        put_rdn_field(p, &mut v);
+        v
+    }
 
     fn place(rdn: &str, norm: &str) -> Placement {
         Placement {
@@ -145,6 +172,25 @@ mod tests {
             (back.rdn.as_str(), back.norm_rdn.as_str()),
             ("uid=ann", "uid=ann")
         );
+        // The form an entry's record holds: the parent as LEB128.
+        for p in [place("uid=ann", "uid=ann"), place("cn=Åsa", "cn=åsa")] {
+            let mut v = Vec::new();
+            put_place(
+                &Placement {
+                    parent: 300,
+                    ..p.clone()
+                },
+                &mut v,
+            );
+            assert_eq!(v.len(), encode_placement(&p).len() - 8 + 2);
+            let back = read_place(1, &v).unwrap();
+            assert_eq!(
+                (back.parent, back.rdn, back.norm_rdn),
+                (300, p.rdn, p.norm_rdn)
+            );
+            assert!(read_place(1, &v[..3]).is_err());
+        }
+        assert!(read_place(1, &[0x80]).is_err());
         // A flag with bytes after the RDN, or both flags, is damage.
         let mut bad = encode_placement(&place("uid=ann", "uid=ann"));
         bad.push(b'x');

@@ -4,15 +4,18 @@
 //! `docs/design.md`):
 //!
 //! * `meta`      — format version, next entry ID, server secrets (hashes only)
-//! * `id2entry`  — entry ID (u64 BE) → stored entry (see [`entry_codec`])
+//! * `id2entry`  — entry ID (u64 BE) → the entry's placement (parent ID,
+//!   RDN) and its attributes (see [`entry_codec`])
 //! * `dn2id`     — parent ID (u64 BE) ‖ normalised RDN → entry ID (u64 BE);
 //!   a suffix entry has parent 0 and its whole normalised DN as "RDN"
-//! * `id2parent` — entry ID → parent ID ‖ u16 len ‖ RDN as given ‖ normalised RDN
+//! * `id2parent` — entry ID → parent ID ‖ u16 len ‖ RDN as given ‖ normalised
+//!   RDN, for records written before format 6 only (empty in newer stores)
 //! * `ix:<attr>:<kind>` — index key → its entry IDs, one record per 65,536
 //!   IDs (see [`index`] and [`postings`])
 //!
 //! Invariants (checked by `verify`): every id2entry record has exactly one
-//! id2parent record and one dn2id key pointing back at it; every parent ID
+//! placement (in the record, or in id2parent for an older record, never
+//! both) and one dn2id key pointing back at it; every parent ID
 //! other than 0 exists; every index posting names an existing entry whose
 //! values produce that key, and every such key lists the entry.
 //!
@@ -112,7 +115,12 @@ pub const DATA_FILE: &str = "data.mdb";
 /// are, nothing is rebuilt. 5: index records end with the chunk number in
 /// one byte where it fits ([`postings`]), and a UUID's equality key is its
 /// 16 bytes ([`index`]); older stores' indexes are rebuilt once, in place.
-pub const FORMAT_VERSION: u32 = 5;
+/// 6: an entry's `id2entry` record holds its placement (parent and RDN,
+/// [`entry_codec`]), so reading an entry and its place is one lookup and
+/// `id2parent` stays empty; records of older stores read as they are, with
+/// their placement from `id2parent`, and move it into the record when next
+/// written.
+pub const FORMAT_VERSION: u32 = 6;
 /// The first format whose index databases are in this version's layout:
 /// an older store's indexes are rebuilt when it is opened for writing, and
 /// not used (searches scan) when it is opened read-only.

@@ -4,7 +4,8 @@
 //! checked), never through LMDB: a store LMDB cannot open still gives up
 //! what survived. The newest snapshot is used; if its main database cannot
 //! be read, the previous one. Entries come out parents first with their DN
-//! rebuilt from `id2parent`; an entry whose checksum fails is left out, and
+//! rebuilt from the placements their records hold (`id2parent` in stores
+//! before format 6); an entry whose checksum fails is left out, and
 //! one whose DN cannot be rebuilt (its placement or a parent's is lost) is
 //! reported with its content rather than placed somewhere it never was.
 
@@ -14,7 +15,7 @@ use std::path::Path;
 use pando_model::{Attribute, Dn};
 
 use crate::file_check::{DataFile, DbRecord};
-use crate::{decode_placement, entry_codec, EntryId, Placement, StoreError, DATA_FILE};
+use crate::{decode_placement, entry_codec, read_place, EntryId, Placement, StoreError, DATA_FILE};
 
 /// What salvage found, for its report.
 #[derive(Debug, Default)]
@@ -107,6 +108,33 @@ pub struct Salvaged<'a> {
     pub placeholder: bool,
 }
 
+type Places = HashMap<EntryId, Placement>;
+
+/// Every readable placement and entry record: placements from `id2parent`
+/// (stores before format 6) and from the records themselves.
+fn places_and_entries(
+    snapshot: &DataFile<'_, std::fs::File>,
+    dbs: &BTreeMap<String, DbRecord>,
+    damage: &mut Vec<String>,
+) -> (Places, BTreeMap<EntryId, Vec<u8>>) {
+    let mut places = Places::new();
+    records(snapshot, dbs, "id2parent", damage, &mut |id, v| {
+        if let Ok(p) = decode_placement(id, v) {
+            places.insert(id, p);
+        }
+    });
+    let mut entries = BTreeMap::new();
+    records(snapshot, dbs, "id2entry", damage, &mut |id, v| {
+        if let Ok(Some(p)) = entry_codec::placement_of(id, v) {
+            if let Ok(p) = read_place(id, p) {
+                places.insert(id, p);
+            }
+        }
+        entries.insert(id, v.to_vec());
+    });
+    (places, entries)
+}
+
 /// Read what can be read from the store in `store_dir`; give each entry to
 /// `out`, parents before children.
 pub fn salvage(
@@ -143,28 +171,7 @@ pub fn salvage(
     }
     report.txnid = snapshot.meta.txnid;
     let codec = codec_from(snapshot, dbs.get("meta"), &mut report.damage);
-    let mut places: HashMap<EntryId, Placement> = HashMap::new();
-    records(
-        snapshot,
-        &dbs,
-        "id2parent",
-        &mut report.damage,
-        &mut |id, v| {
-            if let Ok(p) = decode_placement(id, v) {
-                places.insert(id, p);
-            }
-        },
-    );
-    let mut entries: BTreeMap<EntryId, Vec<u8>> = BTreeMap::new();
-    records(
-        snapshot,
-        &dbs,
-        "id2entry",
-        &mut report.damage,
-        &mut |id, v| {
-            entries.insert(id, v.to_vec());
-        },
-    );
+    let (places, entries) = places_and_entries(snapshot, &dbs, &mut report.damage);
     let (order, lost) = in_order(&places, &entries);
     let decode = |id: EntryId, bytes: &[u8]| -> Result<Vec<Attribute>, String> {
         codec

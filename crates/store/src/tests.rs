@@ -996,12 +996,13 @@ fn format_2_indexes_are_rebuilt_in_chunks() {
     assert_eq!(old.len(&r.txn).unwrap(), 0, "the format 2 index is emptied");
 }
 
-/// A format 3 store (every id2parent record holding its normalised RDN)
-/// opened by this version: marked format 4, nothing rebuilt, every DN and
-/// lookup as before, and records written from then on leave a normalised
-/// RDN equal to the given one out.
+/// A store of format 3 to 5 (placements in `id2parent`, a format 3
+/// record holding the normalised RDN always) opened by this version:
+/// marked current, nothing rebuilt, every DN and lookup as before; an
+/// entry added or written from then on holds its placement in its record,
+/// and its `id2parent` record goes.
 #[test]
-fn format_3_placements_read_as_they_are() {
+fn id2parent_placements_read_as_they_are_and_move_into_records_when_written() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     tree(&store);
@@ -1009,7 +1010,7 @@ fn format_3_placements_read_as_they_are() {
         let r = store.read().unwrap();
         let v = r.view();
         let mut out = Vec::new();
-        for item in v.inner.id2parent.iter(&r.txn).unwrap() {
+        for item in v.inner.id2entry.iter(&r.txn).unwrap() {
             let id = id_from(item.unwrap().0).unwrap();
             out.push(v.dn_pair(id).unwrap());
         }
@@ -1017,20 +1018,23 @@ fn format_3_placements_read_as_they_are() {
     };
     let before = dns(&store);
     let people = find(&store, "ou=People,dc=example,dc=com").unwrap();
+    let user3 = find(&store, "cn=user3,ou=People,dc=example,dc=com").unwrap();
     store
         .write_blocking(|w| -> Result<(), StoreError> {
             let mut old = Vec::new();
-            for item in w.inner.id2parent.iter(&w.txn)? {
+            for item in w.inner.id2entry.iter(&w.txn)? {
                 let (k, v) = item?;
-                let p = decode_placement(id_from(k)?, v)?;
-                let mut rec = id_bytes(p.parent).to_vec();
-                rec.extend_from_slice(&(p.rdn.len() as u16).to_be_bytes());
-                rec.extend_from_slice(p.rdn.as_bytes());
-                rec.extend_from_slice(p.norm_rdn.as_bytes());
-                old.push((k.to_vec(), rec));
+                let id = id_from(k)?;
+                let p = read_place(id, entry_codec::placement_of(id, v)?.unwrap())?;
+                let mut place = id_bytes(p.parent).to_vec();
+                place.extend_from_slice(&(p.rdn.len() as u16).to_be_bytes());
+                place.extend_from_slice(p.rdn.as_bytes());
+                place.extend_from_slice(p.norm_rdn.as_bytes());
+                old.push((k.to_vec(), place, entry_codec::tests::unplaced(v)?));
             }
-            for (k, rec) in old {
-                w.inner.id2parent.put(&mut w.txn, &k, &rec)?;
+            for (k, place, rec) in old {
+                w.inner.id2parent.put(&mut w.txn, &k, &place)?;
+                w.inner.id2entry.put(&mut w.txn, &k, &rec)?;
             }
             w.inner
                 .meta
@@ -1048,17 +1052,55 @@ fn format_3_placements_read_as_they_are() {
         "uid=new,ou=People,dc=example,dc=com",
         attrs(&[("objectClass", "account"), ("uid", "new")]),
     );
-    let id = find(&store, "UID=New,ou=people,dc=example,dc=com").unwrap();
+    let new = find(&store, "UID=New,ou=people,dc=example,dc=com").unwrap();
+    // An old entry modified, another renamed: their placements move.
+    let old = store.read().unwrap().view().attrs(user3).unwrap().unwrap();
+    let mut changed = old.clone();
+    changed.push(Attribute {
+        desc: "description".into(),
+        values: vec![b"moved".to_vec()],
+    });
+    store
+        .write_blocking(move |w| w.replace(user3, &old, &changed))
+        .unwrap();
+    let user4 = find(&store, "cn=user4,ou=People,dc=example,dc=com").unwrap();
+    let to = Placement {
+        parent: people,
+        rdn: "cn=User4b".into(),
+        norm_rdn: "cn=user4b".into(),
+    };
+    store.write_blocking(move |w| w.rename(user4, &to)).unwrap();
+    assert_consistent(&store);
     let r = store.read().unwrap();
     let v = r.view();
     assert_eq!(v.store_format().unwrap(), FORMAT_VERSION);
-    let rec = v
-        .inner
-        .id2parent
-        .get(&r.txn, &id_bytes(id))
-        .unwrap()
-        .unwrap();
-    assert_eq!(rec.len(), 10 + "uid=new".len());
+    for id in [new, user3, user4] {
+        let rec = v.entry_bytes(id).unwrap().unwrap();
+        assert!(
+            entry_codec::placement_of(id, rec).unwrap().is_some(),
+            "{id}"
+        );
+        assert!(v
+            .inner
+            .id2parent
+            .get(&r.txn, &id_bytes(id))
+            .unwrap()
+            .is_none());
+    }
+    assert_eq!(
+        v.dn_pair(user4).unwrap().0,
+        "cn=User4b,ou=People,dc=example,dc=com"
+    );
+    assert_eq!(
+        v.inner.id2parent.len(&r.txn).unwrap(),
+        before.len() as u64 - 2,
+        "the entries not written keep theirs"
+    );
+    drop(r);
+    for id in [user3, user4] {
+        delete(&store, id).unwrap();
+    }
+    assert_consistent(&store);
 }
 
 /// A format 4 store (index records ending in a 6-byte chunk number, UUIDs
@@ -1335,7 +1377,7 @@ fn an_entry_decoded_while_a_raw_entry_is_borrowed_reads_correctly() {
         let b = view.entry_bytes(id).unwrap().unwrap();
         assert_eq!(
             b[0],
-            entry_codec::ENTRY_FORMAT_ZSTD,
+            entry_codec::ENTRY_FORMAT_ZSTD | entry_codec::PLACED,
             "entry {id} compressed"
         );
     }
@@ -1877,11 +1919,10 @@ fn a_store_filled_without_a_dictionary_gets_one_trained_on_its_entries() {
         let v = r.view().entry_bytes(id).unwrap().unwrap().to_vec();
         v
     };
-    // Format 2, dictionary ID right after the CRC.
-    assert_eq!(
-        (raw(&store, after)[0], raw(&store, after)[5] as u32),
-        (2, id)
-    );
+    // Format 2, placed, dictionary ID right after the CRC and placement.
+    let rec = raw(&store, after);
+    let at = 5 + 1 + rec[5] as usize;
+    assert_eq!((rec[0], rec[at] as u32), (2 | entry_codec::PLACED, id));
     store.close();
     let store = open(dir.path());
     assert_eq!(store.codec().current_dict().map(|d| d.id), Some(id));

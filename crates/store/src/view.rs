@@ -5,6 +5,10 @@
 use super::*;
 use std::collections::BTreeMap;
 
+fn parse_stored_dn(id: EntryId, s: String) -> Result<Dn, StoreError> {
+    Dn::parse(&s).map_err(|e| StoreError::Corrupt(format!("stored DN '{s}' of entry {id}: {e}")))
+}
+
 /// `rdn,up`, allocated once at its size (a search formats one DN pair per
 /// entry it returns).
 fn join_dn(rdn: &str, up: &str) -> String {
@@ -145,13 +149,12 @@ impl<'t> View<'t> {
         Ok(newer || self.holds(id)?)
     }
 
-    /// Whether entry `id` is in this snapshot (its id2parent record, the
-    /// smallest of its records, is).
+    /// Whether entry `id` is in this snapshot.
     pub(crate) fn holds(&self, id: EntryId) -> Result<bool, StoreError> {
         if cfg!(test) {
             HOLDS_CHECKED.with(|n| n.set(n.get() + 1));
         }
-        Ok(self.inner.id2parent.get(self.txn, &id_bytes(id))?.is_some())
+        Ok(self.entry_bytes(id)?.is_some())
     }
 
     /// Normalise each RDN of `dn` with the schema.
@@ -169,26 +172,35 @@ impl<'t> View<'t> {
         }
     }
 
+    /// Where entry `id` is (its parent and RDN); None for a missing entry.
     pub fn placement(&self, id: EntryId) -> Result<Option<Placement>, StoreError> {
-        if cfg!(test) {
-            PLACEMENTS_READ.with(|n| n.set(n.get() + 1));
-        }
-        match self.inner.id2parent.get(self.txn, &id_bytes(id))? {
-            Some(v) => decode_placement(id, v).map(Some),
+        match self.entry_bytes(id)? {
+            Some(rec) => self.placement_in(id, rec).map(Some),
             None => Ok(None),
         }
     }
 
-    /// Parent ID (None for a suffix entry or a missing one), reading only
-    /// the first field of the id2parent record.
-    pub fn parent_of(&self, id: EntryId) -> Result<Option<EntryId>, StoreError> {
-        match self.inner.id2parent.get(self.txn, &id_bytes(id))? {
-            Some(v) if v.len() >= 8 => Ok(Some(id_from(&v[..8])?).filter(|&p| p != 0)),
-            Some(_) => Err(StoreError::Corrupt(format!(
-                "id2parent record {id} is malformed"
-            ))),
-            None => Ok(None),
+    /// [`View::placement`] of entry `id` whose record `rec` the caller
+    /// read (a search reads it once for the scope and the attributes).
+    pub fn placement_in(&self, id: EntryId, rec: &[u8]) -> Result<Placement, StoreError> {
+        if cfg!(test) {
+            PLACEMENTS_READ.with(|n| n.set(n.get() + 1));
         }
+        if let Some(place) = entry_codec::placement_of(id, rec)? {
+            return read_place(id, place);
+        }
+        // Written before store format 6.
+        match self.inner.id2parent.get(self.txn, &id_bytes(id))? {
+            Some(v) => decode_placement(id, v),
+            None => Err(StoreError::Corrupt(format!(
+                "entry {id} has no placement (neither in its record nor in id2parent)"
+            ))),
+        }
+    }
+
+    /// Parent ID (None for a suffix entry or a missing one).
+    pub fn parent_of(&self, id: EntryId) -> Result<Option<EntryId>, StoreError> {
+        Ok(self.placement(id)?.map(|p| p.parent).filter(|&p| p != 0))
     }
 
     /// The DN of `id` as stored and normalised (empty for a missing entry).
@@ -268,30 +280,36 @@ impl<'t> View<'t> {
 
     /// The entry's DN as stored (RDNs as given when added or renamed).
     pub fn dn_string(&self, id: EntryId) -> Result<String, StoreError> {
+        let rec = self
+            .entry_bytes(id)?
+            .ok_or_else(|| StoreError::Corrupt(format!("entry {id} is missing")))?;
+        self.dn_string_in(id, rec)
+    }
+
+    /// [`View::dn_string`] of entry `id` whose record `rec` the caller
+    /// read.
+    pub fn dn_string_in(&self, id: EntryId, rec: &[u8]) -> Result<String, StoreError> {
+        let p = self.placement_in(id, rec)?;
         // A read view formats it below its parent's remembered DN: one
-        // `id2parent` read instead of one per level.
+        // placement read instead of one per level.
         if self.dn_snapshot.is_some() {
-            if let Some(p) = self.placement(id)? {
-                if let Some(dn) = self.below_parent(&p, 0, |n| join_dn(&p.rdn, &n.dn))? {
-                    return Ok(dn);
-                }
+            if let Some(dn) = self.below_parent(&p, 0, |n| join_dn(&p.rdn, &n.dn))? {
+                return Ok(dn);
             }
         }
-        let mut out = String::new();
-        let mut cur = id;
+        let mut out = p.rdn;
+        let mut cur = p.parent;
         // Depth is bounded by the DN length limit; the counter also stops a
         // corrupted parent cycle from looping forever.
         for _ in 0..1024 {
-            let p = self.placement(cur)?.ok_or_else(|| {
-                StoreError::Corrupt(format!("entry {cur} has no id2parent record"))
-            })?;
-            if !out.is_empty() {
-                out.push(',');
-            }
-            out.push_str(&p.rdn);
-            if p.parent == 0 {
+            if cur == 0 {
                 return Ok(out);
             }
+            let p = self.placement(cur)?.ok_or_else(|| {
+                StoreError::Corrupt(format!("entry {cur} in a parent chain is missing"))
+            })?;
+            out.push(',');
+            out.push_str(&p.rdn);
             cur = p.parent;
         }
         Err(StoreError::Corrupt(format!(
@@ -301,8 +319,13 @@ impl<'t> View<'t> {
 
     pub fn dn(&self, id: EntryId) -> Result<Dn, StoreError> {
         let s = self.dn_string(id)?;
-        Dn::parse(&s)
-            .map_err(|e| StoreError::Corrupt(format!("stored DN '{s}' of entry {id}: {e}")))
+        parse_stored_dn(id, s)
+    }
+
+    /// [`View::dn`] of entry `id` whose record `rec` the caller read.
+    pub fn dn_in(&self, id: EntryId, rec: &[u8]) -> Result<Dn, StoreError> {
+        let s = self.dn_string_in(id, rec)?;
+        parse_stored_dn(id, s)
     }
 
     /// The stored (possibly compressed) record of entry `id`.
@@ -326,14 +349,24 @@ impl<'t> View<'t> {
         keep: &dyn Fn(&str) -> bool,
     ) -> Result<Option<Vec<Attribute>>, StoreError> {
         match self.entry_bytes(id)? {
-            Some(b) => Ok(Some(
-                self.inner
-                    .codec
-                    .decode_where(id, Dn { rdns: vec![] }, b, Some(keep))?
-                    .attrs,
-            )),
+            Some(b) => self.attrs_where_in(id, b, keep).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// [`View::attrs_where`] from entry `id`'s record `rec`, read by the
+    /// caller with [`View::entry_bytes`].
+    pub fn attrs_where_in(
+        &self,
+        id: EntryId,
+        rec: &[u8],
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<Attribute>, StoreError> {
+        Ok(self
+            .inner
+            .codec
+            .decode_where(id, Dn { rdns: vec![] }, rec, Some(keep))?
+            .attrs)
     }
 
     /// Run `f` on entry `id`'s attributes borrowed from the store, without
@@ -344,9 +377,20 @@ impl<'t> View<'t> {
         f: impl FnOnce(entry_codec::RawAttrs<'_>) -> R,
     ) -> Result<Option<R>, StoreError> {
         match self.entry_bytes(id)? {
-            Some(b) => Ok(Some(self.inner.codec.with_raw(id, b, f)?)),
+            Some(b) => self.with_raw_in(id, b, f).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// [`View::with_raw_attrs`] on entry `id`'s record `rec`, read by the
+    /// caller with [`View::entry_bytes`].
+    pub fn with_raw_in<R>(
+        &self,
+        id: EntryId,
+        rec: &[u8],
+        f: impl FnOnce(entry_codec::RawAttrs<'_>) -> R,
+    ) -> Result<R, StoreError> {
+        self.inner.codec.with_raw(id, rec, f)
     }
 
     /// The entry without its DN resolved (cheaper when the DN is not needed).
@@ -360,7 +404,7 @@ impl<'t> View<'t> {
     pub fn entry(&self, id: EntryId) -> Result<Option<Entry>, StoreError> {
         match self.entry_bytes(id)? {
             Some(b) => {
-                let dn = self.dn(id)?;
+                let dn = self.dn_in(id, b)?;
                 Ok(Some(self.inner.codec.decode(id, dn, b)?))
             }
             None => Ok(None),
@@ -559,8 +603,14 @@ impl<'t> View<'t> {
         for item in self.inner.id2parent.iter(self.txn)? {
             let (k, _) = item?;
             let id = id_from(k)?;
-            if !ids.contains(id) {
-                problems.push(format!("id2parent has a record for missing entry {id}"));
+            match self.entry_bytes(id)? {
+                None => problems.push(format!("id2parent has a record for missing entry {id}")),
+                Some(rec) if entry_codec::placement_of(id, rec)?.is_some() => {
+                    problems.push(format!(
+                        "id2parent still has a record for entry {id}, which holds its placement"
+                    ))
+                }
+                Some(_) => {}
             }
         }
         // One indexed attribute at a time: what its entries should produce
@@ -587,9 +637,9 @@ impl<'t> View<'t> {
                 problems.push(e.to_string());
                 continue;
             }
-            match self.placement(id)? {
-                None => problems.push(format!("entry {id} has no id2parent record")),
-                Some(p) => {
+            match self.placement_in(id, v) {
+                Err(e) => problems.push(e.to_string()),
+                Ok(p) => {
                     match self
                         .inner
                         .dn2id

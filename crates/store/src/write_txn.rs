@@ -57,7 +57,7 @@ impl<'e> WriteTxn<'e> {
         Ok(id)
     }
 
-    /// id2entry, id2parent and dn2id records of a new entry (no indexes).
+    /// id2entry and dn2id records of a new entry (no indexes).
     pub(crate) fn insert_records(
         &mut self,
         place: &Placement,
@@ -73,14 +73,37 @@ impl<'e> WriteTxn<'e> {
         let id = self.allocate_id()?;
         let mut buf = Vec::new();
         self.inner.codec.encode(attrs, &mut buf);
-        self.inner
-            .id2entry
-            .put(&mut self.txn, &id_bytes(id), &buf)?;
-        self.inner
-            .id2parent
-            .put(&mut self.txn, &id_bytes(id), &encode_placement(place))?;
+        self.put_placed(id, place, &buf)?;
         self.inner.dn2id.put(&mut self.txn, &key, &id_bytes(id))?;
         Ok(id)
+    }
+
+    /// Store `record` (an encoded entry) as entry `id`'s, holding `place`;
+    /// an `id2parent` record of a store before format 6 goes (the record
+    /// holds the placement from now on).
+    fn put_placed(
+        &mut self,
+        id: EntryId,
+        place: &Placement,
+        record: &[u8],
+    ) -> Result<(), StoreError> {
+        let (mut placement, mut placed) = (Vec::with_capacity(32), Vec::new());
+        put_place(place, &mut placement);
+        entry_codec::place(record, &placement, &mut placed)?;
+        self.inner
+            .id2entry
+            .put(&mut self.txn, &id_bytes(id), &placed)?;
+        // Empty but in stores older than format 6: a lookup on an empty
+        // database ends at once.
+        self.inner.id2parent.delete(&mut self.txn, &id_bytes(id))?;
+        Ok(())
+    }
+
+    /// Entry `id`'s placement as stored now.
+    fn current_place(&self, id: EntryId) -> Result<Placement, StoreError> {
+        self.view()
+            .placement(id)?
+            .ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no id2entry record")))
     }
 
     /// Replace the attributes of entry `id` (`old` must be what is stored).
@@ -90,11 +113,10 @@ impl<'e> WriteTxn<'e> {
         old: &[Attribute],
         new: &[Attribute],
     ) -> Result<(), StoreError> {
+        let place = self.current_place(id)?;
         let mut buf = Vec::new();
         self.inner.codec.encode(new, &mut buf);
-        self.inner
-            .id2entry
-            .put(&mut self.txn, &id_bytes(id), &buf)?;
+        self.put_placed(id, &place, &buf)?;
         self.update_indexes(id, old, new)
     }
 
@@ -106,10 +128,7 @@ impl<'e> WriteTxn<'e> {
                 "delete of entry {id}, which has children"
             )));
         }
-        let place = self
-            .view()
-            .placement(id)?
-            .ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no id2parent record")))?;
+        let place = self.current_place(id)?;
         self.inner
             .dn2id
             .delete(&mut self.txn, &dn2id_key(place.parent, &place.norm_rdn))?;
@@ -129,10 +148,7 @@ impl<'e> WriteTxn<'e> {
     /// every suffix in a parent cycle.
     pub fn rename(&mut self, id: EntryId, to: &Placement) -> Result<(), StoreError> {
         self.inner.dn_generation.changing();
-        let from = self
-            .view()
-            .placement(id)?
-            .ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no id2parent record")))?;
+        let from = self.current_place(id)?;
         let key = dn2id_key(to.parent, &to.norm_rdn);
         // The entry's own key is free for it: a change of case only.
         if let Some(v) = self.inner.dn2id.get(&self.txn, &key)? {
@@ -152,10 +168,13 @@ impl<'e> WriteTxn<'e> {
             .dn2id
             .delete(&mut self.txn, &dn2id_key(from.parent, &from.norm_rdn))?;
         self.inner.dn2id.put(&mut self.txn, &key, &id_bytes(id))?;
-        self.inner
-            .id2parent
-            .put(&mut self.txn, &id_bytes(id), &encode_placement(to))?;
-        Ok(())
+        let record = self
+            .inner
+            .id2entry
+            .get(&self.txn, &id_bytes(id))?
+            .ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no id2entry record")))?
+            .to_vec();
+        self.put_placed(id, to, &record)
     }
 
     pub(crate) fn update_indexes(

@@ -14,11 +14,13 @@ use pando_access::acl::{self, Access, EntryRules};
 
 /// A candidate that matched: its DN (as stored and normalised) and what
 /// was decoded of it (nothing on the `no_decode` and `raw` paths).
-pub(super) struct Hit {
+pub(super) struct Hit<'t> {
     pub(super) id: EntryId,
     pub(super) dn: String,
     pub(super) norm: String,
     pub(super) entry: Entry,
+    /// The entry's stored record, read once for its place and attributes.
+    record: &'t [u8],
 }
 
 pub struct Matcher<'a, 's> {
@@ -66,11 +68,12 @@ impl<'a, 's> Matcher<'a, 's> {
 
     /// The candidate `id` as a hit, or None when it is out of scope,
     /// invisible to the requester or not matching.
-    pub(super) fn test(&mut self, id: EntryId) -> OpResult<Option<Hit>> {
+    pub(super) fn test(&mut self, id: EntryId) -> OpResult<Option<Hit<'a>>> {
         let (view, plan) = (self.view, self.plan);
-        let Some(place) = view.placement(id)? else {
+        let Some(record) = view.entry_bytes(id)? else {
             return Ok(None);
         };
+        let place = view.placement_in(id, record)?;
         let in_scope = match plan.check_scope {
             None => true,
             Some(Scope::One) => place.parent == self.base,
@@ -88,10 +91,7 @@ impl<'a, 's> Matcher<'a, 's> {
             Vec::new()
         } else {
             let keep = |desc: &str| plan.wanted.as_ref().is_none_or(|w| w.keep(desc));
-            let Some(attrs) = view.attrs_where(id, &keep)? else {
-                return Ok(None);
-            };
-            attrs
+            view.attrs_where_in(id, record, &keep)?
         };
         let (dn, norm) = view.dn_pair_of(&place)?;
         // The parsed DN is only consulted by extensible matches with dnAttributes.
@@ -110,6 +110,7 @@ impl<'a, 's> Matcher<'a, 's> {
             dn,
             norm,
             entry,
+            record,
         }))
     }
 
@@ -242,14 +243,13 @@ impl<'a, 's> Matcher<'a, 's> {
             .matches(schema, entry)
     }
 
-    /// Encode the hit just tested into `buf`; false when its record went
-    /// away meanwhile (raw path only; not reached within one snapshot).
+    /// Encode the hit just tested into `buf`.
     pub(super) fn emit(
         &mut self,
         emitter: &Emitter<'_>,
-        hit: &Hit,
+        hit: &Hit<'_>,
         buf: &mut Vec<u8>,
-    ) -> OpResult<bool> {
+    ) -> OpResult<()> {
         let view = self.view;
         let guard = (!self.access.unrestricted()).then_some(Guard {
             access: &mut self.access,
@@ -261,14 +261,11 @@ impl<'a, 's> Matcher<'a, 's> {
             // before any schema lookup (a search naming one attribute
             // skips the other dozen of a person entry here).
             let wanted = self.plan.wanted.as_ref();
-            let emitted = view.with_raw_attrs(hit.id, |attrs| {
+            let emitted = view.with_raw_in(hit.id, hit.record, |attrs| {
                 let attrs = attrs.filter_names(|desc| wanted.is_none_or(|w| w.keep_bytes(desc)));
                 emitter.emit_attrs(Some(view), Some(hit.id), &hit.dn, attrs, guard, &[], buf)
             })?;
-            return match emitted {
-                Some(r) => r.map(|()| true),
-                None => Ok(false),
-            };
+            return emitted;
         }
         emitter.emit(
             Some(view),
@@ -278,7 +275,6 @@ impl<'a, 's> Matcher<'a, 's> {
             guard,
             &[],
             buf,
-        )?;
-        Ok(true)
+        )
     }
 }

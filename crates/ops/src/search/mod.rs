@@ -694,9 +694,7 @@ fn stream(
                 entries: sent_now,
             })));
         }
-        if !matcher.emit(emitter, &hit, &mut buf)? {
-            continue;
-        }
+        matcher.emit(emitter, &hit, &mut buf)?;
         sent_now += 1;
         last_id = Some(id);
         if buf.len() >= CHUNK {

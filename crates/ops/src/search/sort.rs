@@ -339,9 +339,7 @@ pub(super) fn run(
         let Some(hit) = matcher.test(id)? else {
             continue;
         };
-        if !matcher.emit(emitter, &hit, &mut buf)? {
-            continue;
-        }
+        matcher.emit(emitter, &hit, &mut buf)?;
         sent_now += 1;
         if buf.len() >= super::CHUNK {
             if let Some(chunk) = send_or_hold(out, &mut buf)? {

@@ -34,7 +34,7 @@ impl Before {
             .map(<[u8]>::to_vec)
             .unwrap_or_default();
         let entry = Entry {
-            dn: view.dn(id)?,
+            dn: view.dn_in(id, &bytes)?,
             attrs: view.decode_attrs(id, &bytes)?,
         };
         Ok(Before {
