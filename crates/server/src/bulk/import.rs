@@ -43,11 +43,12 @@ use pando_store::clock::{generalized_time, now_micros, CsnClock};
 /// Bytes of input per chunk handed to a worker.
 const CHUNK_BYTES: usize = 512 << 10;
 /// Entries a dictionary is trained on (fewer when the input is smaller):
-/// held, not yet written, until it is trained. 30,000 entries of the
-/// benchmark's users and a 64 KiB dictionary compress the entries 8% better
-/// than the 5,000 and 32 KiB of before (docs/performance.md, issue 39
-/// ninth part), for ~1.5 s of training and ~60 MiB held once.
-const DICT_SAMPLES: usize = 30_000;
+/// held, not yet written, until it is trained. 15,000 entries of the
+/// benchmark's users and a 64 KiB dictionary compress the entries 7% better
+/// than the 5,000 and 32 KiB of before; 30,000 gained 1% more but the
+/// training and the held entries' compression, while the import waits,
+/// cost 4 s of a 1M import (docs/performance.md, issue 39 ninth part).
+const DICT_SAMPLES: usize = 15_000;
 /// Largest dictionary trained.
 const DICT_BYTES: usize = 64 << 10;
 /// Normalised DNs remembered to find parents without a dn2id walk.
