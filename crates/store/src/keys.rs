@@ -80,6 +80,13 @@ pub(crate) fn read_place(id: EntryId, v: &[u8]) -> Result<Placement, StoreError>
         .ok_or_else(|| StoreError::Corrupt(format!("the placement of entry {id} is malformed")))
 }
 
+/// The parent's ID alone from entry `id`'s placement ([`put_place`]).
+pub(crate) fn place_parent(id: EntryId, v: &[u8]) -> Result<EntryId, StoreError> {
+    crate::entry_codec::Reader { buf: v }
+        .varint()
+        .ok_or_else(|| StoreError::Corrupt(format!("the placement of entry {id} is malformed")))
+}
+
 fn read_rdn_field(parent: EntryId, v: &[u8]) -> Option<Placement> {
     let field = u16::from_be_bytes([*v.first()?, *v.get(1)?]);
     let len = usize::from(field & LEN_MASK);
@@ -183,6 +190,7 @@ mod tests {
                 &mut v,
             );
             assert_eq!(v.len(), encode_placement(&p).len() - 8 + 2);
+            assert_eq!(place_parent(1, &v).unwrap(), 300);
             let back = read_place(1, &v).unwrap();
             assert_eq!(
                 (back.parent, back.rdn, back.norm_rdn),
@@ -191,6 +199,7 @@ mod tests {
             assert!(read_place(1, &v[..3]).is_err());
         }
         assert!(read_place(1, &[0x80]).is_err());
+        assert!(place_parent(1, &[0x80]).is_err());
         // A flag with bytes after the RDN, or both flags, is damage.
         let mut bad = encode_placement(&place("uid=ann", "uid=ann"));
         bad.push(b'x');

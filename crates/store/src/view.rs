@@ -5,6 +5,13 @@
 use super::*;
 use std::collections::BTreeMap;
 
+/// An entry's placement as stored: in its record (format 6), or in
+/// `id2parent` for a record written before.
+enum PlaceBytes<'r, 't> {
+    InRecord(&'r [u8]),
+    Id2parent(&'t [u8]),
+}
+
 fn parse_stored_dn(id: EntryId, s: String) -> Result<Dn, StoreError> {
     Dn::parse(&s).map_err(|e| StoreError::Corrupt(format!("stored DN '{s}' of entry {id}: {e}")))
 }
@@ -186,21 +193,46 @@ impl<'t> View<'t> {
         if cfg!(test) {
             PLACEMENTS_READ.with(|n| n.set(n.get() + 1));
         }
+        match self.place_bytes(id, rec)? {
+            PlaceBytes::InRecord(place) => read_place(id, place),
+            PlaceBytes::Id2parent(v) => decode_placement(id, v),
+        }
+    }
+
+    /// Where entry `id`'s placement is stored, given its record.
+    fn place_bytes<'r>(
+        &self,
+        id: EntryId,
+        rec: &'r [u8],
+    ) -> Result<PlaceBytes<'r, 't>, StoreError> {
         if let Some(place) = entry_codec::placement_of(id, rec)? {
-            return read_place(id, place);
+            return Ok(PlaceBytes::InRecord(place));
         }
         // Written before store format 6.
         match self.inner.id2parent.get(self.txn, &id_bytes(id))? {
-            Some(v) => decode_placement(id, v),
+            Some(v) => Ok(PlaceBytes::Id2parent(v)),
             None => Err(StoreError::Corrupt(format!(
                 "entry {id} has no placement (neither in its record nor in id2parent)"
             ))),
         }
     }
 
-    /// Parent ID (None for a suffix entry or a missing one).
+    /// Parent ID (None for a suffix entry or a missing one), reading only
+    /// the parent's field of the placement (a scope check walks up with it).
     pub fn parent_of(&self, id: EntryId) -> Result<Option<EntryId>, StoreError> {
-        Ok(self.placement(id)?.map(|p| p.parent).filter(|&p| p != 0))
+        let Some(rec) = self.entry_bytes(id)? else {
+            return Ok(None);
+        };
+        let parent = match self.place_bytes(id, rec)? {
+            PlaceBytes::InRecord(place) => place_parent(id, place)?,
+            PlaceBytes::Id2parent(v) if v.len() >= 8 => id_from(&v[..8])?,
+            PlaceBytes::Id2parent(_) => {
+                return Err(StoreError::Corrupt(format!(
+                    "id2parent record {id} is malformed"
+                )))
+            }
+        };
+        Ok(Some(parent).filter(|&p| p != 0))
     }
 
     /// The DN of `id` as stored and normalised (empty for a missing entry).

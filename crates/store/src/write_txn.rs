@@ -148,7 +148,14 @@ impl<'e> WriteTxn<'e> {
     /// every suffix in a parent cycle.
     pub fn rename(&mut self, id: EntryId, to: &Placement) -> Result<(), StoreError> {
         self.inner.dn_generation.changing();
-        let from = self.current_place(id)?;
+        // Read once: its place now, and the attributes it keeps at the new one.
+        let record = self
+            .inner
+            .id2entry
+            .get(&self.txn, &id_bytes(id))?
+            .ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no id2entry record")))?
+            .to_vec();
+        let from = self.view().placement_in(id, &record)?;
         let key = dn2id_key(to.parent, &to.norm_rdn);
         // The entry's own key is free for it: a change of case only.
         if let Some(v) = self.inner.dn2id.get(&self.txn, &key)? {
@@ -168,12 +175,6 @@ impl<'e> WriteTxn<'e> {
             .dn2id
             .delete(&mut self.txn, &dn2id_key(from.parent, &from.norm_rdn))?;
         self.inner.dn2id.put(&mut self.txn, &key, &id_bytes(id))?;
-        let record = self
-            .inner
-            .id2entry
-            .get(&self.txn, &id_bytes(id))?
-            .ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no id2entry record")))?
-            .to_vec();
         self.put_placed(id, to, &record)
     }
 
