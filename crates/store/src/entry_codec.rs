@@ -355,7 +355,7 @@ impl Codec {
 }
 
 /// `record` (a stored entry, placed or not) placed at `placement` (the
-/// placement's bytes, see [`crate::keys::put_place`]), into `out`
+/// placement's bytes, as the DN layouts write them), into `out`
 /// (cleared first). The record's checksum is recomputed, not checked.
 pub(crate) fn place(record: &[u8], placement: &[u8], out: &mut Vec<u8>) -> Result<(), StoreError> {
     let rest = unplaced_rest(record)?;
