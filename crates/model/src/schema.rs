@@ -1104,6 +1104,13 @@ impl Schema {
         })
     }
 
+    /// Whether the type's equality rule is uuidMatch: its compact values
+    /// (16 bytes) are uniformly spread, so their first bytes serve as an
+    /// index key that keeps ranges of UUIDs ranges of keys.
+    pub fn equality_is_uuid(&self, at: &AttributeType) -> bool {
+        Self::rule_of(&at.equality).is_some_and(|r| matches!(r.algo, Algo::Uuid))
+    }
+
     /// A substring assertion part under the type's substrings rule (runs of
     /// spaces collapsed to one, ends kept).
     pub fn normalize_substring_part(

@@ -252,16 +252,15 @@ fn candidates(
     }
     let mut under = roaring::RoaringTreemap::new();
     for p in prefixes {
-        // The index's keys are the UUIDs' 16 bytes (`normalize_compact`):
-        // those under a prefix of hex digits lie between it filled out
-        // with 0s and with fs.
+        // The UUIDs under a prefix of hex digits lie between it filled out
+        // with 0s and with fs; the index gives a superset of them, which
+        // the walk tests against the prefixes.
         let from = crate::digest::parse_uuid(&format!("{p:0<32}"));
         let to = crate::digest::parse_uuid(&format!("{p:f<32}"));
         let (Some(from), Some(to)) = (from, to) else {
             return whole();
         };
-        let eq = pando_store::IndexKind::Eq;
-        match view.ids_in_key_range("entryuuid", eq, &from, &to)? {
+        match view.ids_in_uuid_range("entryuuid", &from, &to)? {
             Some(found) => under |= found,
             None => return whole(),
         }

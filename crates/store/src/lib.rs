@@ -119,12 +119,14 @@ pub const DATA_FILE: &str = "data.mdb";
 /// [`entry_codec`]), so reading an entry and its place is one lookup and
 /// `id2parent` stays empty; records of older stores read as they are, with
 /// their placement from `id2parent`, and move it into the record when next
-/// written.
-pub const FORMAT_VERSION: u32 = 6;
+/// written. 7: equality keys of values longer than 3 bytes are 4 bytes,
+/// a hash of the value or a UUID's first bytes ([`index::eq_key`]); older
+/// stores' indexes are rebuilt once, in place.
+pub const FORMAT_VERSION: u32 = 7;
 /// The first format whose index databases are in this version's layout:
 /// an older store's indexes are rebuilt when it is opened for writing, and
 /// not used (searches scan) when it is opened read-only.
-pub const INDEX_FORMAT: u32 = 5;
+pub const INDEX_FORMAT: u32 = 7;
 /// Oldest store format this version reads.
 pub const OLDEST_FORMAT: u32 = 1;
 const META_FORMAT: &[u8] = b"format";

@@ -169,8 +169,9 @@ fn intersect(
 /// True when the candidates of `f` are exactly its matches, so testing them
 /// against `f` would change nothing: a single equality on an attribute with
 /// an equality index, written without options, with no subtypes, other than
-/// objectClass (whose keys include superclasses), and a key short enough not
-/// to be cut.
+/// objectClass (whose keys include superclasses), and a literal key (a value
+/// of at most 3 bytes: longer ones are hashed, and values sharing a hash
+/// share a posting list).
 pub(crate) fn exact(view: &View<'_>, f: &Filter) -> bool {
     let Filter::Equality(ava) = f else {
         return false;
@@ -185,7 +186,7 @@ pub(crate) fn exact(view: &View<'_>, f: &Filter) -> bool {
         return false;
     }
     index::assertion_key(view.schema(), at, IndexKind::Eq, &ava.value)
-        .is_some_and(|k| index::is_whole(&k))
+        .is_some_and(|k| index::is_literal(&k))
 }
 
 /// The type `desc` names, with its name in lowercase (the indexes' key;

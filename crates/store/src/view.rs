@@ -588,17 +588,18 @@ impl<'t> View<'t> {
         crate::postings::read(self.txn, db, key)
     }
 
-    /// The IDs listed under the keys of index (`attr_lower`, `kind`) from
-    /// `from` through `to`, both included; None when that index is not
-    /// ready.
-    pub fn ids_in_key_range(
+    /// The entries whose `attr_lower` (an attribute under uuidMatch with an
+    /// equality index) holds a UUID from `from` through `to`, and possibly
+    /// others (keys are the UUIDs' first bytes, [`index::eq_key`]): a
+    /// superset to test. None when that index is not ready.
+    pub fn ids_in_uuid_range(
         &self,
         attr_lower: &str,
-        kind: IndexKind,
-        from: &[u8],
-        to: &[u8],
+        from: &[u8; 16],
+        to: &[u8; 16],
     ) -> Result<Option<RoaringTreemap>, StoreError> {
-        match self.index_db(attr_lower, kind) {
+        let (from, to) = (index::uuid_key(from), index::uuid_key(to));
+        match self.index_db(attr_lower, IndexKind::Eq) {
             Some(db) => crate::postings::read_range(self.txn, db, Some(from), Some(to)).map(Some),
             None => Ok(None),
         }
