@@ -5,16 +5,24 @@
 //! store of ten million). Reading a key's list reads its records in order.
 //!
 //! A record's key is the index key with each NUL byte written as `00 FF`,
-//! then `00 00`, then the chunk number (the ID's bits above the low 16) in
-//! as few bytes as sort in its order: one byte below 248 (every chunk of a
+//! then `00`, then the chunk number (the ID's bits above the low 16) in as
+//! few bytes as sort in its order: one byte below 248 (every chunk of a
 //! store of up to 16 million entries), else a byte 248 + n - 1 and the
-//! number's n bytes big-endian (format 5; format 4 wrote 6 bytes always).
-//! The escape keeps LMDB's byte order equal to the order of (index key,
-//! chunk), so ranges of index keys (the ordering index) are ranges of
-//! records, and one key's records are contiguous.
-//! A record's value is the chunk's IDs: 2 bytes (the low 16 bits) when it
-//! holds one ID, as for a unique attribute, otherwise a serialised
-//! RoaringBitmap of the IDs' low 32 bits (never 2 bytes long).
+//! number's n bytes big-endian. A chunk number's first byte is at most
+//! `FD`, so a NUL followed by anything but `FF` ends the key. The escape
+//! keeps LMDB's byte order equal to the order of (index key, chunk), so
+//! ranges of index keys (the ordering index) are ranges of records, and
+//! one key's records are contiguous. (Format 7; format 5 ended the key
+//! with `00 00`, format 4 also wrote 6 bytes of chunk number always.)
+//!
+//! A record's value is the chunk's IDs, in the shortest of three forms:
+//! 2 bytes (the low 16 bits) when it holds one ID, as for a unique
+//! attribute; [`GAPS`] then the low 16 bits of the first ID and the gap
+//! before each next one (minus one) as LEB128, when the IDs are sparse (a
+//! substring gram shared by a thousand entries of a chunk: about a byte
+//! each, half of Roaring's array); or a serialised RoaringBitmap of the
+//! IDs' low 32 bits (a dense chunk: 8 KiB for any number of IDs), whose
+//! first byte is never [`GAPS`].
 //!
 //! Must not know what the keys mean (the index layer does) or which
 //! database holds them.
@@ -36,8 +44,13 @@ const LAST_CHUNK: u64 = u64::MAX >> LOW_BITS;
 /// Chunk numbers below this are written as one byte; a byte from here on
 /// starts a longer number (its length - 1 added to this).
 const ONE_BYTE: u64 = 0xF8;
-/// Ends the escaped index key; sorts below every escaped byte.
-const END: [u8; 2] = [0, 0];
+/// Ends the escaped index key; sorts below every escaped byte, and an
+/// escaped NUL (`00 FF`) is told from it by the next byte (no chunk
+/// number starts with `FF`).
+const END: [u8; 1] = [0];
+/// First byte of a value holding a chunk's IDs as gaps (a serialised
+/// RoaringBitmap starts with its cookie, `3A` or `3B`).
+const GAPS: u8 = 1;
 
 /// The bytes an index key takes in a record's key before [`END`]: its
 /// length plus one per NUL byte (each is escaped).
@@ -98,16 +111,15 @@ fn read_chunk(form: &[u8]) -> Option<u64> {
     (chunk >= ONE_BYTE).then_some(chunk)
 }
 
-/// Where the chunk number starts in a record's key: after the first
-/// `00 00` (an escaped key's NUL bytes are each followed by `FF`).
+/// Where the chunk number starts in a record's key: after the first NUL
+/// byte not followed by `FF` (an escaped key's NUL bytes are).
 fn chunk_start(rec: &[u8]) -> Option<usize> {
     let mut at = 0;
     while let Some(i) = rec[at..].iter().position(|&b| b == 0) {
         let i = at + i;
         match rec.get(i + 1)? {
-            0 => return Some(i + 2),
             0xFF => at = i + 2,
-            _ => return None,
+            _ => return Some(i + 1),
         }
     }
     None
@@ -139,9 +151,53 @@ fn encode_chunk(bits: &RoaringBitmap, out: &mut Vec<u8>) {
             return;
         }
     }
-    out.reserve(bits.serialized_size());
+    let roaring = bits.serialized_size();
+    let gaps = 1 + gaps_len(bits);
+    if gaps <= roaring {
+        out.reserve(gaps);
+        out.push(GAPS);
+        let mut next = 0u32;
+        for low in bits.iter().map(|x| x & 0xFFFF) {
+            crate::entry_codec::put_varint(out, u64::from(low - next));
+            next = low + 1;
+        }
+        return;
+    }
+    out.reserve(roaring);
     // Writing into a Vec cannot fail.
     let _ = bits.serialize_into(&mut *out);
+}
+
+/// Bytes of `bits` (one chunk's IDs) written as gaps, without the tag.
+fn gaps_len(bits: &RoaringBitmap) -> usize {
+    let mut next = 0u32;
+    let mut len = 0;
+    for low in bits.iter().map(|x| x & 0xFFFF) {
+        len += match low - next {
+            0..=0x7F => 1,
+            0x80..=0x3FFF => 2,
+            _ => 3,
+        };
+        next = low + 1;
+    }
+    len
+}
+
+/// The IDs of a [`GAPS`] value (after the tag) in the chunk at `base`;
+/// None when malformed (past the chunk, or cut short).
+fn decode_gaps(base: u32, v: &[u8]) -> Option<RoaringBitmap> {
+    let mut r = crate::entry_codec::Reader { buf: v };
+    let mut bits = RoaringBitmap::new();
+    let mut next = 0u64;
+    while !r.buf.is_empty() {
+        let low = next.checked_add(r.varint()?)?;
+        if low > 0xFFFF {
+            return None;
+        }
+        bits.push(base | low as u32);
+        next = low + 1;
+    }
+    (bits.len() >= 2).then_some(bits)
 }
 
 /// A chunk's IDs (low 32 bits) from its record; every ID must lie in
@@ -152,6 +208,10 @@ fn decode_chunk(chunk: u64, v: &[u8]) -> Result<RoaringBitmap, StoreError> {
         let mut one = RoaringBitmap::new();
         one.insert(base | u16::from_be_bytes(two) as u32);
         return Ok(one);
+    }
+    if let Some((&GAPS, gaps)) = v.split_first() {
+        return decode_gaps(base, gaps)
+            .ok_or_else(|| StoreError::Corrupt(format!("index chunk {chunk}: malformed gaps")));
     }
     let bits = RoaringBitmap::deserialize_from(v)
         .map_err(|e| StoreError::Corrupt(format!("index chunk {chunk}: {e}")))?;
@@ -404,17 +464,20 @@ mod tests {
         assert!(split_record_key(b"a\x00b\x00\x00\x00\x00\x00\x00\x00\x01").is_err());
         assert!(split_record_key(b"short").is_err());
         // Chunk numbers in their shortest form only, and nothing after.
-        assert_eq!(record_key(b"a\x00\x00", 247), b"a\x00\x00\xf7");
-        assert_eq!(record_key(b"a\x00\x00", 248), b"a\x00\x00\xf8\xf8");
-        assert_eq!(record_key(b"a\x00\x00", 256), b"a\x00\x00\xf9\x01\x00");
+        assert_eq!(record_key(&prefix(b"a"), 247), b"a\x00\xf7");
+        assert_eq!(record_key(&prefix(b"a"), 248), b"a\x00\xf8\xf8");
+        assert_eq!(record_key(&prefix(b"a"), 256), b"a\x00\xf9\x01\x00");
+        assert_eq!(record_key(&prefix(b"a\x00"), 0), b"a\x00\xff\x00\x00");
         assert_eq!(record_key(b"", LAST_CHUNK).len(), 7);
+        assert!(record_key(b"", LAST_CHUNK)[0] < 0xFF);
         for bad in [
-            &b"a\x00\x00"[..],
-            b"a\x00\x00\x01\x02",
-            b"a\x00\x00\xf8\x05",
-            b"a\x00\x00\xf9\x00\xff",
-            b"a\x00\x00\xf9\x01",
-            b"a\x00\x00\xfe\x01\x01\x01\x01\x01\x01\x01",
+            &b"a\x00"[..],
+            b"a\x00\x01\x02",
+            b"a\x00\xf8\x05",
+            b"a\x00\xf9\x00\xff",
+            b"a\x00\xf9\x01",
+            b"a\x00\xfe\x01\x01\x01\x01\x01\x01\x01",
+            b"a\x00\xff",
         ] {
             assert!(split_record_key(bad).is_err(), "{bad:02x?}");
             assert!(chunk_number(bad).is_err(), "{bad:02x?}");
@@ -442,6 +505,25 @@ mod tests {
             assert_eq!(g.done(), set);
         }
         assert!(decode_chunk(0, b"garbage").is_err());
+        // Sparse chunks are gaps, about a byte per ID; dense ones Roaring.
+        let sparse: RoaringBitmap = (0..1000u32).map(|i| (3 << 16) | (i * 60)).collect();
+        let mut buf = Vec::new();
+        encode_chunk(&sparse, &mut buf);
+        assert_eq!((buf[0], buf.len()), (GAPS, 1 + 1000));
+        assert_eq!(decode_chunk(3, &buf).unwrap(), sparse);
+        let dense: RoaringBitmap = (0..30_000u32).map(|i| i * 2).collect();
+        encode_chunk(&dense, &mut buf);
+        assert_ne!(buf[0], GAPS);
+        assert_eq!(decode_chunk(0, &buf).unwrap(), dense);
+        for bad in [
+            &[GAPS][..],
+            &[GAPS, 5, 0x80],
+            &[GAPS, 0x85, 0x80],
+            &[GAPS, 0xFF, 0xFF, 0x03, 1],
+            &[GAPS, 0xFF, 0xFF, 0x03, 0],
+        ] {
+            assert!(decode_chunk(0, bad).is_err(), "{bad:02x?}");
+        }
         let mut far = RoaringBitmap::new();
         far.insert(1 << 20);
         far.insert(5);

@@ -1217,7 +1217,7 @@ fn format_4_indexes_are_rebuilt_in_the_short_layout() {
         let (key, chunk) = postings::split_record_key(rec).unwrap();
         assert_eq!((key.len(), chunk), (index::EQ_KEY_LEN, 0));
         // The key, END and a one-byte chunk number.
-        assert_eq!(rec.len(), postings::escaped_len(&key) + 2 + 1);
+        assert_eq!(rec.len(), postings::escaped_len(&key) + 1 + 1);
         records += 1;
     }
     assert_eq!(records, 30);
