@@ -12,20 +12,24 @@
 //!                   var   value count (LEB128)
 //!                   per value: var length (LEB128), then the value bytes
 //!
-//! format 2 (compressed)
-//! 0       1     format (2)
+//! format 3 (compressed; store format 7)
+//! 0       1     format (3)
 //! 1       4     CRC-32 (IEEE) of every byte after this field, little-endian
 //! 5       var   dictionary ID (LEB128; 0 = compressed without a dictionary)
 //!         var   length of the body once decompressed (LEB128)
-//!         rest  one zstd frame holding the format-1 body
+//!         rest  one zstd frame holding the format-1 body, without the
+//!               frame's 4-byte magic number (zstd's magicless format)
+//!
+//! format 2 (compressed, written before store format 7): as format 3, the
+//! frame with its magic number
 //!
 //! placed (store format 6): the format byte with PLACED (0x80) set
-//! 0       1     format (0x81 or 0x82)
+//! 0       1     format (0x81, 0x82 or 0x83)
 //! 1       4     CRC-32 (IEEE) of every byte after this field, little-endian
 //! 5       var   placement length P (LEB128)
 //!         P     placement: the parent's ID (LEB128), then the RDN field
 //!               of an `id2parent` record (see `keys`)
-//!         rest  as format 1 or 2 after its CRC
+//!         rest  as format 1, 2 or 3 after its CRC
 //! ```
 //!
 //! The DN is not stored here, only the entry's place: its parent and RDN,
@@ -52,7 +56,11 @@ use zstd::zstd_safe::{self, CCtx, CDict, CParameter, DCtx, DDict};
 use crate::StoreError;
 
 pub const ENTRY_FORMAT: u8 = 1;
+/// Compressed, the zstd frame with its magic number (read only: written
+/// before store format 7).
 pub const ENTRY_FORMAT_ZSTD: u8 = 2;
+/// Compressed, the zstd frame without its magic number.
+pub const ENTRY_FORMAT_ZSTD_BARE: u8 = 3;
 /// Set in the format byte of a record that holds its entry's placement.
 pub const PLACED: u8 = 0x80;
 const HEADER: usize = 5;
@@ -107,6 +115,7 @@ pub struct Codec {
 thread_local! {
     static CCTX: RefCell<CCtx<'static>> = RefCell::new(frame_cctx());
     static DCTX: RefCell<DCtx<'static>> = RefCell::new(DCtx::create());
+    static DCTX_BARE: RefCell<DCtx<'static>> = RefCell::new(bare_dctx());
     /// Decompressed bodies, reused; empty while a decode on this thread
     /// holds it (see `Codec::with_body`).
     static BODY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -114,13 +123,24 @@ thread_local! {
 
 /// A compression context whose frames carry neither the content size nor
 /// the dictionary ID (the entry header holds both) nor a checksum (CRC-32
-/// covers the record).
+/// covers the record) nor the magic number (the format byte says what
+/// follows).
 fn frame_cctx() -> CCtx<'static> {
     let mut c = CCtx::create();
     let _ = c.set_parameter(CParameter::ContentSizeFlag(false));
     let _ = c.set_parameter(CParameter::DictIdFlag(false));
     let _ = c.set_parameter(CParameter::ChecksumFlag(false));
+    let _ = c.set_parameter(CParameter::Format(zstd_safe::FrameFormat::Magicless));
     c
+}
+
+/// A decompression context for frames without their magic number.
+fn bare_dctx() -> DCtx<'static> {
+    let mut d = DCtx::create();
+    let _ = d.set_parameter(zstd_safe::DParameter::Format(
+        zstd_safe::FrameFormat::Magicless,
+    ));
+    d
 }
 
 /// `Codec::level` when entries are stored plain.
@@ -206,7 +226,7 @@ impl Codec {
             return encode_plain(attrs, out);
         }
         out.clear();
-        out.push(ENTRY_FORMAT_ZSTD);
+        out.push(ENTRY_FORMAT_ZSTD_BARE);
         out.extend_from_slice(&[0; 4]);
         put_varint(out, dict.map_or(0, |d| d.id) as u64);
         put_varint(out, body.len() as u64);
@@ -289,7 +309,7 @@ impl Codec {
         }
         match bytes[0] & !PLACED {
             ENTRY_FORMAT => f(after),
-            ENTRY_FORMAT_ZSTD => {
+            format @ (ENTRY_FORMAT_ZSTD | ENTRY_FORMAT_ZSTD_BARE) => {
                 let mut r = Reader { buf: after };
                 let dict_id = r
                     .varint()
@@ -321,7 +341,11 @@ impl Codec {
                 body.reserve(len as usize);
                 // Borrowed only for the zstd call, which runs no Pando code,
                 // so this borrow cannot nest.
-                let res = DCTX.with(|c| {
+                let ctx = match format {
+                    ENTRY_FORMAT_ZSTD => &DCTX,
+                    _ => &DCTX_BARE,
+                };
+                let res = ctx.with(|c| {
                     let mut c = c.borrow_mut();
                     match dict {
                         Some(d) => c.decompress_using_ddict(&mut body, r.buf, &d.ddict),
@@ -375,7 +399,12 @@ pub(crate) fn place(record: &[u8], placement: &[u8], out: &mut Vec<u8>) -> Resul
 /// stored entry.
 fn unplaced_rest(record: &[u8]) -> Result<&[u8], StoreError> {
     let bad = || StoreError::Corrupt("id2entry record too short or malformed".into());
-    if record.len() < HEADER || !matches!(record[0] & !PLACED, ENTRY_FORMAT | ENTRY_FORMAT_ZSTD) {
+    if record.len() < HEADER
+        || !matches!(
+            record[0] & !PLACED,
+            ENTRY_FORMAT | ENTRY_FORMAT_ZSTD | ENTRY_FORMAT_ZSTD_BARE
+        )
+    {
         return Err(bad());
     }
     let mut r = Reader {
@@ -686,7 +715,7 @@ pub(crate) mod tests {
             let format = if name == "plain" {
                 ENTRY_FORMAT
             } else {
-                ENTRY_FORMAT_ZSTD
+                ENTRY_FORMAT_ZSTD_BARE
             };
             assert_eq!(buf[0], format, "{name}");
         }
@@ -732,6 +761,44 @@ pub(crate) mod tests {
         assert!(placement_of(7, &[]).is_err());
     }
 
+    /// A record compressed before store format 7 (format 2, the frame
+    /// with its magic number) reads as it did, with or without a
+    /// dictionary and placed or not.
+    #[test]
+    fn frames_with_their_magic_number_still_read() {
+        for (c, name) in codecs().into_iter().skip(1) {
+            let mut bare = Vec::new();
+            c.encode(&sample(4), &mut bare);
+            assert_eq!(bare[0], ENTRY_FORMAT_ZSTD_BARE, "{name}");
+            // The same frame with zstd's magic number (28 B5 2F FD) put back.
+            let mut r = Reader {
+                buf: &bare[HEADER..],
+            };
+            r.varint().unwrap();
+            r.varint().unwrap();
+            let at = bare.len() - r.buf.len();
+            let mut old = bare.clone();
+            old.splice(at..at, [0x28, 0xB5, 0x2F, 0xFD]);
+            old[0] = ENTRY_FORMAT_ZSTD;
+            let crc = crc32fast::hash(&old[HEADER..]);
+            old[1..HEADER].copy_from_slice(&crc.to_le_bytes());
+            assert_eq!(
+                c.decode(4, none(), &old).unwrap().attrs,
+                sample(4),
+                "{name}"
+            );
+            let mut placed = Vec::new();
+            place(&old, b"here", &mut placed).unwrap();
+            assert_eq!(c.with_raw(4, &placed, |a| a.count()).unwrap(), 3, "{name}");
+            // Read as the other form, each is damage, named as such.
+            old[0] = ENTRY_FORMAT_ZSTD_BARE;
+            let crc = crc32fast::hash(&old[HEADER..]);
+            old[1..HEADER].copy_from_slice(&crc.to_le_bytes());
+            let e = c.decode(4, none(), &old).unwrap_err().to_string();
+            assert!(e.contains("zstd") || e.contains("length"), "{name}: {e}");
+        }
+    }
+
     #[test]
     fn the_level_changes_for_new_entries_and_old_ones_stay_readable() {
         let (dict, _) = codecs().pop().unwrap();
@@ -740,11 +807,11 @@ pub(crate) mod tests {
         dict.set_level(None);
         let mut plain = Vec::new();
         dict.encode(&sample(2), &mut plain);
-        assert_eq!((zstd[0], plain[0]), (ENTRY_FORMAT_ZSTD, ENTRY_FORMAT));
+        assert_eq!((zstd[0], plain[0]), (ENTRY_FORMAT_ZSTD_BARE, ENTRY_FORMAT));
         dict.set_level(Some(9));
         let mut again = Vec::new();
         dict.encode(&sample(3), &mut again);
-        assert_eq!(again[0], ENTRY_FORMAT_ZSTD);
+        assert_eq!(again[0], ENTRY_FORMAT_ZSTD_BARE);
         assert_eq!(dict.current_dict().map(|d| d.id), Some(1));
         for (n, buf) in [(1, &zstd), (2, &plain), (3, &again)] {
             assert_eq!(

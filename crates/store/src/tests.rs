@@ -1366,7 +1366,7 @@ fn an_entry_decoded_while_a_raw_entry_is_borrowed_reads_correctly() {
         let b = view.entry_bytes(id).unwrap().unwrap();
         assert_eq!(
             b[0],
-            entry_codec::ENTRY_FORMAT_ZSTD | entry_codec::PLACED,
+            entry_codec::ENTRY_FORMAT_ZSTD_BARE | entry_codec::PLACED,
             "entry {id} compressed"
         );
     }
@@ -1908,10 +1908,16 @@ fn a_store_filled_without_a_dictionary_gets_one_trained_on_its_entries() {
         let v = r.view().entry_bytes(id).unwrap().unwrap().to_vec();
         v
     };
-    // Format 2, placed, dictionary ID right after the CRC and placement.
+    // Format 3, placed, dictionary ID right after the CRC and placement.
     let rec = raw(&store, after);
     let at = 5 + 1 + rec[5] as usize;
-    assert_eq!((rec[0], rec[at] as u32), (2 | entry_codec::PLACED, id));
+    assert_eq!(
+        (rec[0], rec[at] as u32),
+        (
+            entry_codec::ENTRY_FORMAT_ZSTD_BARE | entry_codec::PLACED,
+            id
+        )
+    );
     store.close();
     let store = open(dir.path());
     assert_eq!(store.codec().current_dict().map(|d| d.id), Some(id));
