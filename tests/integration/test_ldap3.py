@@ -324,6 +324,22 @@ def test_values_sharing_an_index_key_answer_apart(srv, admin):
     admin.modify(dn_of(b, base), {"mail": [(MODIFY_DELETE, ["%s@example.com" % b])]})
     assert found("(mail=%s@example.com)" % b) == []
     assert found("(mail=%s@example.com)" % a) == [b]
+    # Two uids sharing a key, each its entry's RDN (confirmed by the RDN,
+    # the entry not read), and one held by an entry named otherwise.
+    c, d = "user.53498", "user.64960"
+    for uid in (c, d):
+        assert add(admin, dn_of(uid, base), person_attrs(uid)) == 0, admin.result
+    other = "cn=holder,%s" % base
+    assert add(admin, other, dict(person_attrs("x"), uid=["holder", c.upper()])) == 0, admin.result
+
+    def dns(flt):
+        assert admin.search(base, flt, SUBTREE, attributes=["1.1"]) or rc(admin) == 0, admin.result
+        return sorted(e["dn"].lower() for e in entries(admin))
+
+    assert dns("(uid=%s)" % c) == sorted([dn_of(c, base).lower(), other.lower()])
+    assert dns("(uid=%s)" % d) == [dn_of(d, base).lower()]
+    assert found("(uid=%s)" % d) == [d]
+    assert found("(uid=USER.64961)") == []
 
 
 # ------------------------------------------------------------------ operational attributes

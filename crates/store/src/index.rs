@@ -289,11 +289,13 @@ mod tests {
             "{} shared",
             1_000_000 - keys.len()
         );
-        // The first two that do (tests/integration/test_indexes.py searches them).
+        // The first two that do, and two uids that do (test_ldap3.py
+        // searches them).
         assert_eq!(
             key("mail", "user.773@example.com"),
             key("mail", "user.13670@example.com")
         );
+        assert_eq!(key("uid", "user.53498"), key("uid", "user.64960"));
         // A key written as a value (written with keys_for) is the one looked up.
         let mut written = BTreeSet::new();
         keys_for(

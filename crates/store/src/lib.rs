@@ -86,7 +86,7 @@ pub use index::IndexKind;
 pub use index_build::{BuildProgress, CatalogChange, IndexState};
 use keys::*;
 pub use options::*;
-pub use plan::Candidates;
+pub use plan::{Candidates, Exactness};
 pub use store::{preflight, DbFigures, StoreStats};
 pub use unsynced_marker::{sync_dir, write_private};
 use view::*;

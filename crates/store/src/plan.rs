@@ -166,27 +166,56 @@ fn intersect(
 }
 
 /// Lowercase canonical name and type of a filter attribute; None if unknown.
-/// True when the candidates of `f` are exactly its matches, so testing them
-/// against `f` would change nothing: a single equality on an attribute with
-/// an equality index, written without options, with no subtypes, other than
-/// objectClass (whose keys include superclasses), and a literal key (a value
-/// of at most 3 bytes: longer ones are hashed, and values sharing a hash
-/// share a posting list).
-pub(crate) fn exact(view: &View<'_>, f: &Filter) -> bool {
+/// How far the candidates of a filter are its matches (see [`exact`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exactness {
+    /// Candidates must be tested against the filter.
+    Test,
+    /// Every candidate matches: testing would change nothing.
+    Exact,
+    /// A candidate whose normalised RDN is this one matches (its RDN
+    /// holds the asserted value, so the entry does); any other must be
+    /// tested. An equality on the RDN's attribute (`uid=...` under
+    /// `uid=...,ou=People`) under a hashed key: confirmed without
+    /// decoding the entry.
+    WhenRdnIs(String),
+}
+
+/// How far the candidates of `f` are exactly its matches: a single
+/// equality on an attribute with an equality index, written without
+/// options, with no subtypes, other than objectClass (whose keys include
+/// superclasses); [`Exactness::Exact`] when its key is literal (a value of
+/// at most 3 bytes), [`Exactness::WhenRdnIs`] when it is hashed (values
+/// sharing a hash share a posting list).
+pub(crate) fn exact(view: &View<'_>, f: &Filter) -> Exactness {
     let Filter::Equality(ava) = f else {
-        return false;
+        return Exactness::Test;
     };
     if pando_model::AttrDesc::new(&ava.attr).has_options() {
-        return false;
+        return Exactness::Test;
     }
     let Some((name, at)) = resolve(view, &ava.attr) else {
-        return false;
+        return Exactness::Test;
     };
     if name == "objectclass" || usable(view, &name, IndexKind::Eq).is_none() {
-        return false;
+        return Exactness::Test;
     }
-    index::assertion_key(view.schema(), at, IndexKind::Eq, &ava.value)
-        .is_some_and(|k| index::is_literal(&k))
+    let schema = view.schema();
+    match index::assertion_key(schema, at, IndexKind::Eq, &ava.value) {
+        None => Exactness::Test,
+        Some(k) if index::is_literal(&k) => Exactness::Exact,
+        Some(_) => {
+            let rdn = pando_model::Rdn {
+                avas: vec![pando_model::RdnAva {
+                    attr: at.name().to_string(),
+                    value: ava.value.clone(),
+                }],
+            };
+            schema
+                .normalize_rdn(&rdn)
+                .map_or(Exactness::Test, Exactness::WhenRdnIs)
+        }
+    }
 }
 
 /// The type `desc` names, with its name in lowercase (the indexes' key;

@@ -578,9 +578,10 @@ impl<'t> View<'t> {
         plan::candidates(self, filter)
     }
 
-    /// The candidates of `filter` are exactly the entries it matches (see
-    /// `plan::exact`): a caller may skip testing them.
-    pub fn candidates_are_exact(&self, filter: &pando_proto::Filter) -> bool {
+    /// Whether the candidates of `filter` are exactly the entries it
+    /// matches, or are when their RDN says so (see [`plan::Exactness`]):
+    /// a caller may skip testing those.
+    pub fn candidates_exactness(&self, filter: &pando_proto::Filter) -> Exactness {
         plan::exact(self, filter)
     }
 

@@ -87,6 +87,13 @@ impl<'a, 's> Matcher<'a, 's> {
         if !in_scope {
             return Ok(None);
         }
+        let unconfirmed = plan
+            .confirm_rdn
+            .as_ref()
+            .is_some_and(|rdn| *rdn != place.norm_rdn);
+        if unconfirmed && !self.holds_asserted_value(id, record)? {
+            return Ok(None);
+        }
         let attrs = if plan.no_decode || plan.raw {
             Vec::new()
         } else {
@@ -112,6 +119,24 @@ impl<'a, 's> Matcher<'a, 's> {
             entry,
             record,
         }))
+    }
+
+    /// Whether the stored entry holds what the filter (one equality under
+    /// a hashed key, see [`Plan::confirm_rdn`]) asserts: the test an
+    /// exact plan skips, on the filter's attribute alone, before access
+    /// is considered (the plan then applies it as for exact candidates).
+    fn holds_asserted_value(&self, id: EntryId, record: &[u8]) -> OpResult<bool> {
+        let types = &self.plan.filter_types;
+        let keep = |desc: &str| {
+            let base = pando_model::desc::base(desc);
+            types.iter().any(|at| at.has_name(base))
+        };
+        let attrs = self.view.attrs_where_in(id, record, &keep)?;
+        let entry = Entry {
+            dn: Dn { rdns: Vec::new() },
+            attrs,
+        };
+        Ok(self.compiled.matches(self.schema, &entry) == Ternary::True)
     }
 
     /// The computed attributes the filter tests, added to `entry` (stored

@@ -108,8 +108,13 @@ pub struct Plan<'s> {
     pub(super) uses_dn: bool,
     /// Computed attributes the filter tests (added before it is tested).
     pub(super) needed_computed: Vec<&'static str>,
-    /// The index candidates are exactly the matches: no filter test.
+    /// The index candidates are exactly the matches: no filter test
+    /// (those whose RDN is not `confirm_rdn`, when set, are tested first).
     pub(super) exact: bool,
+    /// A hashed equality key's candidates: one whose normalised RDN is
+    /// this matches as is; any other is tested against the filter before
+    /// it counts as exact ([`pando_store::Exactness::WhenRdnIs`]).
+    pub(super) confirm_rdn: Option<String>,
     /// Nothing is decoded: exact candidates, no attribute goes out.
     pub(super) no_decode: bool,
     /// Attributes go from the stored record to the wire undecoded.
@@ -172,7 +177,15 @@ impl<'s> Plan<'s> {
         let uses_dn = uses_dn_attributes(filter);
         let mut needed_computed = Vec::new();
         computed_in_filter(filter, &mut needed_computed);
-        let exact = scope != Scope::Base && view.candidates_are_exact(filter);
+        let exactness = match scope {
+            Scope::Base => pando_store::Exactness::Test,
+            _ => view.candidates_exactness(filter),
+        };
+        let exact = exactness != pando_store::Exactness::Test;
+        let confirm_rdn = match exactness {
+            pando_store::Exactness::WhenRdnIs(rdn) => Some(rdn),
+            _ => None,
+        };
         // Then, when no access rule looks inside entries, no computed
         // attribute is tested and nothing else needs decoding, only the
         // emitter reads the attributes: a search returning none ("1.1", as
@@ -208,6 +221,7 @@ impl<'s> Plan<'s> {
             uses_dn,
             needed_computed,
             exact,
+            confirm_rdn,
             no_decode,
             raw,
             filter_types,
@@ -230,6 +244,7 @@ impl<'s> Plan<'s> {
             uses_dn: uses_dn_attributes(filter),
             needed_computed,
             exact: false,
+            confirm_rdn: None,
             no_decode: false,
             raw: false,
             filter_types,
