@@ -18,11 +18,11 @@
 //! A record's value is the chunk's IDs, in the shortest of three forms:
 //! 2 bytes (the low 16 bits) when it holds one ID, as for a unique
 //! attribute; [`GAPS`] then the low 16 bits of the first ID and the gap
-//! before each next one (minus one) as LEB128, when the IDs are sparse (a
-//! substring gram shared by a thousand entries of a chunk: about a byte
-//! each, half of Roaring's array); or a serialised RoaringBitmap of the
-//! IDs' low 32 bits (a dense chunk: 8 KiB for any number of IDs), whose
-//! first byte is never [`GAPS`].
+//! before each next one (minus one) as LEB128, when the IDs are sparse (at
+//! most 4,096, as many as a Roaring array holds: a substring gram shared
+//! by a thousand entries of a chunk takes about a byte each, half of
+//! Roaring's array); or a serialised RoaringBitmap of the IDs' low 32 bits
+//! (8 KiB for a dense chunk), whose first byte is never [`GAPS`].
 //!
 //! Must not know what the keys mean (the index layer does) or which
 //! database holds them.
@@ -48,6 +48,8 @@ const ONE_BYTE: u64 = 0xF8;
 /// escaped NUL (`00 FF`) is told from it by the next byte (no chunk
 /// number starts with `FF`).
 const END: [u8; 1] = [0];
+/// Most IDs a chunk holds as gaps: Roaring's largest array container.
+const SPARSE_MAX: u64 = 4096;
 /// First byte of a value holding a chunk's IDs as gaps (a serialised
 /// RoaringBitmap starts with its cookie, `3A` or `3B`).
 const GAPS: u8 = 1;
@@ -152,7 +154,15 @@ fn encode_chunk(bits: &RoaringBitmap, out: &mut Vec<u8>) {
         }
     }
     let roaring = bits.serialized_size();
-    let gaps = 1 + gaps_len(bits);
+    // Gaps only where Roaring would keep an array: a chunk decoded from
+    // gaps is then built by appending to an array, never to a bitmap
+    // (whose append scans for its maximum each time).
+    let one_chunk = bits.min().map(|x| x >> LOW_BITS) == bits.max().map(|x| x >> LOW_BITS);
+    let gaps = if bits.len() <= SPARSE_MAX && one_chunk {
+        1 + gaps_len(bits)
+    } else {
+        usize::MAX
+    };
     if gaps <= roaring {
         out.reserve(gaps);
         out.push(GAPS);
@@ -191,7 +201,7 @@ fn decode_gaps(base: u32, v: &[u8]) -> Option<RoaringBitmap> {
     let mut next = 0u64;
     while !r.buf.is_empty() {
         let low = next.checked_add(r.varint()?)?;
-        if low > 0xFFFF {
+        if low > 0xFFFF || bits.len() >= SPARSE_MAX {
             return None;
         }
         bits.push(base | low as u32);
@@ -515,6 +525,16 @@ mod tests {
         encode_chunk(&dense, &mut buf);
         assert_ne!(buf[0], GAPS);
         assert_eq!(decode_chunk(0, &buf).unwrap(), dense);
+        // Past Roaring's arrays, a bitmap, even where gaps would be shorter
+        // (consecutive IDs: a byte each); and gaps listing more are refused.
+        let run: RoaringBitmap = (0..4097u32).collect();
+        encode_chunk(&run, &mut buf);
+        assert_ne!(buf[0], GAPS);
+        let at_most: RoaringBitmap = (0..4096u32).collect();
+        encode_chunk(&at_most, &mut buf);
+        assert_eq!((buf[0], buf.len()), (GAPS, 1 + 4096));
+        buf.push(0);
+        assert!(decode_chunk(0, &buf).is_err(), "4,097 IDs as gaps");
         for bad in [
             &[GAPS][..],
             &[GAPS, 5, 0x80],
