@@ -40,8 +40,8 @@ use roaring::RoaringTreemap;
 use crate::entry_codec::{self, Dict};
 use crate::index::{self, IndexKind};
 use crate::{
-    attr_keys, attr_keys_into, dn2id_key, id_bytes, id_from, put_place, Db, EntryId, Inner, Lookup,
-    Placement, Store, StoreError, META_NEXT_ID,
+    attr_keys, attr_keys_into, dn2id_id, dn2id_key, dn2id_value, id_bytes, id_from, put_place, Db,
+    EntryId, Inner, Lookup, Placement, Store, StoreError, META_NEXT_ID,
 };
 
 /// The runs' slot of dn2id records (see [`BulkLoad::finish`]): above
@@ -572,11 +572,11 @@ impl<'s> BulkLoad<'s> {
         let txn = self.txn.as_mut().ok_or(StoreError::Closed)?;
         match inner
             .dn2id
-            .put_with_flags(txn, PutFlags::NO_OVERWRITE, &key, &id_bytes(id))
+            .put_with_flags(txn, PutFlags::NO_OVERWRITE, &key, &dn2id_value(id))
         {
             Ok(()) => {}
             Err(heed::Error::Mdb(heed::MdbError::KeyExist)) => {
-                let existing = inner.dn2id.get(txn, &key)?.map(id_from).transpose()?;
+                let existing = inner.dn2id.get(txn, &key)?.map(dn2id_id).transpose()?;
                 return Ok(Err(existing.unwrap_or(0)));
             }
             Err(e) => return Err(e.into()),
@@ -667,7 +667,7 @@ impl<'s> BulkLoad<'s> {
                 for &id in ids {
                     inner
                         .dn2id
-                        .put_with_flags(txn, PutFlags::APPEND, key, &id_bytes(id))?;
+                        .put_with_flags(txn, PutFlags::APPEND, key, &dn2id_value(id))?;
                 }
             } else {
                 let t = targets.get(slot as usize).ok_or_else(|| {

@@ -13,6 +13,42 @@ pub(crate) fn id_from(b: &[u8]) -> Result<EntryId, StoreError> {
         .map_err(|_| StoreError::Corrupt(format!("bad entry ID of {} bytes", b.len())))
 }
 
+/// A `dn2id` value: the entry's ID big-endian without its leading zero
+/// bytes (3 bytes below 16M entries; store format 7). The 8-byte values
+/// written before read the same ([`dn2id_id`]).
+pub(crate) fn dn2id_value(id: EntryId) -> ShortId {
+    ShortId {
+        bytes: id.to_be_bytes(),
+        start: (id.leading_zeros() as usize / 8).min(7),
+    }
+}
+
+/// An entry ID in as few big-endian bytes as it takes (at least one).
+pub(crate) struct ShortId {
+    bytes: [u8; 8],
+    start: usize,
+}
+
+impl std::ops::Deref for ShortId {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes[self.start..]
+    }
+}
+
+/// The entry ID a `dn2id` value names (1 to 8 bytes, big-endian).
+pub(crate) fn dn2id_id(v: &[u8]) -> Result<EntryId, StoreError> {
+    if v.is_empty() || v.len() > 8 {
+        return Err(StoreError::Corrupt(format!(
+            "bad dn2id value of {} bytes",
+            v.len()
+        )));
+    }
+    let mut b = [0u8; 8];
+    b[8 - v.len()..].copy_from_slice(v);
+    Ok(u64::from_be_bytes(b))
+}
+
 pub(crate) fn dn2id_key(parent: EntryId, norm_rdn: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(8 + norm_rdn.len());
     k.extend_from_slice(&id_bytes(parent));
@@ -119,10 +155,10 @@ pub(crate) fn lookup_in(
     for start in 0..norm_rdns.len() {
         let suffix = norm_rdns[start..].join(",");
         if let Some(v) = inner.dn2id.get(txn, &dn2id_key(0, &suffix))? {
-            let mut id = id_from(v)?;
+            let mut id = dn2id_id(v)?;
             for i in (0..start).rev() {
                 match inner.dn2id.get(txn, &dn2id_key(id, &norm_rdns[i]))? {
-                    Some(v) => id = id_from(v)?,
+                    Some(v) => id = dn2id_id(v)?,
                     None => return Ok(Lookup::Missing { matched: Some(id) }),
                 }
             }
@@ -151,6 +187,29 @@ mod tests {
             rdn: rdn.into(),
             norm_rdn: norm.into(),
         }
+    }
+
+    #[test]
+    fn dn2id_values_are_short_and_eight_bytes_read_the_same() {
+        for (id, len) in [
+            (0u64, 1),
+            (1, 1),
+            (255, 1),
+            (256, 2),
+            (1_000_002, 3),
+            (u64::MAX, 8),
+        ] {
+            let v = dn2id_value(id);
+            assert_eq!(v.len(), len, "{id}");
+            assert_eq!(dn2id_id(&v).unwrap(), id);
+            assert_eq!(
+                dn2id_id(&id_bytes(id)).unwrap(),
+                id,
+                "the 8-byte form of {id}"
+            );
+        }
+        assert!(dn2id_id(&[]).is_err());
+        assert!(dn2id_id(&[1; 9]).is_err());
     }
 
     #[test]

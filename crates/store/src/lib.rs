@@ -6,7 +6,8 @@
 //! * `meta`      — format version, next entry ID, server secrets (hashes only)
 //! * `id2entry`  — entry ID (u64 BE) → the entry's placement (parent ID,
 //!   RDN) and its attributes (see [`entry_codec`])
-//! * `dn2id`     — parent ID (u64 BE) ‖ normalised RDN → entry ID (u64 BE);
+//! * `dn2id`     — parent ID (u64 BE) ‖ normalised RDN → entry ID (BE, without
+//!   leading zero bytes; 8 bytes in records written before format 7);
 //!   a suffix entry has parent 0 and its whole normalised DN as "RDN"
 //! * `id2parent` — entry ID → parent ID ‖ u16 len ‖ RDN as given ‖ normalised
 //!   RDN, for records written before format 6 only (empty in newer stores)
@@ -121,7 +122,10 @@ pub const DATA_FILE: &str = "data.mdb";
 /// their placement from `id2parent`, and move it into the record when next
 /// written. 7: equality keys of values longer than 3 bytes are 4 bytes,
 /// a hash of the value or a UUID's first bytes ([`index::eq_key`]); older
-/// stores' indexes are rebuilt once, in place.
+/// stores' indexes are rebuilt once, in place. Also new in 7, read
+/// alongside the older forms: sparse posting chunks as gaps
+/// ([`postings`]), compressed entries without zstd's frame magic (entry
+/// format 3, [`entry_codec`]), short `dn2id` values ([`keys`]).
 pub const FORMAT_VERSION: u32 = 7;
 /// The first format whose index databases are in this version's layout:
 /// an older store's indexes are rebuilt when it is opened for writing, and

@@ -104,7 +104,7 @@ impl<'t> View<'t> {
                     Some(v) => {
                         // An entry with children (a search base) is
                         // remembered itself, for the next time.
-                        let id = id_from(v)?;
+                        let id = dn2id_id(v)?;
                         dn_cache::remember_id(self.dn_snapshot, norm_rdns, id, self.content);
                         return Ok(Lookup::Found(id));
                     }
@@ -447,7 +447,7 @@ impl<'t> View<'t> {
     pub fn children(&self, id: EntryId) -> Result<Vec<EntryId>, StoreError> {
         let mut out = Vec::new();
         for item in self.inner.dn2id.prefix_iter(self.txn, &id_bytes(id))? {
-            out.push(id_from(item?.1)?);
+            out.push(dn2id_id(item?.1)?);
         }
         Ok(out)
     }
@@ -462,7 +462,7 @@ impl<'t> View<'t> {
             .prefix_iter(self.txn, &id_bytes(id))?
             .take(max)
         {
-            out.push(id_from(item?.1)?);
+            out.push(dn2id_id(item?.1)?);
         }
         Ok(out)
     }
@@ -494,7 +494,7 @@ impl<'t> View<'t> {
         let mut stack = vec![id];
         while let Some(cur) = stack.pop() {
             for item in self.inner.dn2id.prefix_iter(self.txn, &id_bytes(cur))? {
-                let child = id_from(item?.1)?;
+                let child = dn2id_id(item?.1)?;
                 set.insert(child);
                 if set.len() > limit {
                     return Ok(None);
@@ -627,7 +627,7 @@ impl<'t> View<'t> {
         let ids = self.verify_entries(&mut problems)?;
         for item in self.inner.dn2id.iter(self.txn)? {
             let (_, v) = item?;
-            let id = id_from(v)?;
+            let id = dn2id_id(v)?;
             if !ids.contains(id) {
                 problems.push(format!(
                     "dn2id names entry {id}, which has no id2entry record"
@@ -679,7 +679,7 @@ impl<'t> View<'t> {
                         .dn2id
                         .get(self.txn, &dn2id_key(p.parent, &p.norm_rdn))?
                     {
-                        Some(v) if id_from(v)? == id => {}
+                        Some(v) if dn2id_id(v)? == id => {}
                         _ => problems.push(format!("entry {id} ({}) is missing from dn2id", p.rdn)),
                     }
                     if p.parent != 0

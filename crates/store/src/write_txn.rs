@@ -74,7 +74,9 @@ impl<'e> WriteTxn<'e> {
         let mut buf = Vec::new();
         self.inner.codec.encode(attrs, &mut buf);
         self.put_placed(id, place, &buf)?;
-        self.inner.dn2id.put(&mut self.txn, &key, &id_bytes(id))?;
+        self.inner
+            .dn2id
+            .put(&mut self.txn, &key, &dn2id_value(id))?;
         Ok(id)
     }
 
@@ -159,7 +161,7 @@ impl<'e> WriteTxn<'e> {
         let key = dn2id_key(to.parent, &to.norm_rdn);
         // The entry's own key is free for it: a change of case only.
         if let Some(v) = self.inner.dn2id.get(&self.txn, &key)? {
-            if id_from(v)? != id {
+            if dn2id_id(v)? != id {
                 return Err(StoreError::Corrupt(format!(
                     "dn2id already holds '{}'",
                     to.rdn
@@ -174,7 +176,9 @@ impl<'e> WriteTxn<'e> {
         self.inner
             .dn2id
             .delete(&mut self.txn, &dn2id_key(from.parent, &from.norm_rdn))?;
-        self.inner.dn2id.put(&mut self.txn, &key, &id_bytes(id))?;
+        self.inner
+            .dn2id
+            .put(&mut self.txn, &key, &dn2id_value(id))?;
         self.put_placed(id, to, &record)
     }
 
