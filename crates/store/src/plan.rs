@@ -165,7 +165,6 @@ fn intersect(
     Ok(acc)
 }
 
-/// Lowercase canonical name and type of a filter attribute; None if unknown.
 /// How far the candidates of a filter are its matches (see [`exact`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Exactness {
