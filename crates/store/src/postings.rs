@@ -156,41 +156,24 @@ fn encode_chunk(bits: &RoaringBitmap, out: &mut Vec<u8>) {
     let roaring = bits.serialized_size();
     // Gaps only where Roaring would keep an array: a chunk decoded from
     // gaps is then built by appending to an array, never to a bitmap
-    // (whose append scans for its maximum each time).
+    // (whose append scans for its maximum each time). Kept when no longer
+    // than Roaring's form.
     let one_chunk = bits.min().map(|x| x >> LOW_BITS) == bits.max().map(|x| x >> LOW_BITS);
-    let gaps = if bits.len() <= SPARSE_MAX && one_chunk {
-        1 + gaps_len(bits)
-    } else {
-        usize::MAX
-    };
-    if gaps <= roaring {
-        out.reserve(gaps);
+    if bits.len() <= SPARSE_MAX && one_chunk {
         out.push(GAPS);
         let mut next = 0u32;
         for low in bits.iter().map(|x| x & 0xFFFF) {
             crate::entry_codec::put_varint(out, u64::from(low - next));
             next = low + 1;
         }
-        return;
+        if out.len() <= roaring {
+            return;
+        }
+        out.clear();
     }
     out.reserve(roaring);
     // Writing into a Vec cannot fail.
     let _ = bits.serialize_into(&mut *out);
-}
-
-/// Bytes of `bits` (one chunk's IDs) written as gaps, without the tag.
-fn gaps_len(bits: &RoaringBitmap) -> usize {
-    let mut next = 0u32;
-    let mut len = 0;
-    for low in bits.iter().map(|x| x & 0xFFFF) {
-        len += match low - next {
-            0..=0x7F => 1,
-            0x80..=0x3FFF => 2,
-            _ => 3,
-        };
-        next = low + 1;
-    }
-    len
 }
 
 /// The IDs of a [`GAPS`] value (after the tag) in the chunk at `base`;
