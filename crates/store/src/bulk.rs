@@ -6,7 +6,8 @@
 //! grow, so every page is filled before the next is started) and to
 //! `dn2id`. Its index keys go to [`Runs`]: (index slot, key, ID) triples
 //! gathered in memory up to a budget, sorted and spilled to a file as a
-//! sorted run when the budget is reached. [`BulkLoad::finish`] merges all
+//! sorted run when the budget is reached (sorted in parts, one per core,
+//! merged as they are written out). [`BulkLoad::finish`] merges all
 //! runs once and writes each posting list exactly once, in key order
 //! (append mode again when the index was empty). So the input is read once
 //! whatever its size, memory stays within the budget, and no posting list
@@ -27,7 +28,7 @@
 //! ties broken by ID yields each key's IDs ascending.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -188,19 +189,14 @@ impl Runs {
         Ok(())
     }
 
-    fn sort(&mut self) {
-        let arena = &self.arena;
-        self.order.sort_unstable_by(|a, b| compare(arena, a, b));
-    }
-
     /// Sort what is buffered and write it to a new run file.
     fn spill(&mut self) -> Result<(), StoreError> {
-        self.sort();
+        let parts = sort_parts(&self.arena, &mut self.order);
         std::fs::create_dir_all(&self.dir)?;
         let path = self.dir.join(format!("run-{:04}", self.files.len()));
         let mut out = BufWriter::with_capacity(1 << 20, File::create(&path)?);
-        for e in &self.order {
-            let off = e.off as usize;
+        let mut sorted = Sorted::new(&self.arena, &self.order, &parts);
+        while let Some(off) = sorted.next_offset() {
             let klen = u16::from_be_bytes([self.arena[off], self.arena[off + 1]]) as usize;
             out.write_all(&self.arena[off..off + 12 + klen])?;
         }
@@ -224,7 +220,9 @@ impl Runs {
     /// distinct (slot, key), in `slot ‖ key` order, IDs ascending. Spill
     /// files are removed afterwards.
     pub fn merge(mut self, each: &mut PostingSink<'_>) -> Result<(), StoreError> {
-        self.sort();
+        let arena = std::mem::take(&mut self.arena);
+        let mut order = std::mem::take(&mut self.order);
+        let parts = sort_parts(&arena, &mut order);
         let mut sources: Vec<Source> = Vec::with_capacity(self.files.len() + 1);
         for f in &self.files {
             sources.push(Source::File {
@@ -233,47 +231,40 @@ impl Runs {
                 id: 0,
             });
         }
-        let memory = std::mem::take(&mut self.order);
         sources.push(Source::Memory {
-            arena: std::mem::take(&mut self.arena),
-            order: memory,
-            pos: 0,
-            cur: 0,
+            sorted: Sorted::new(&arena, &order, &parts),
+            key: &[],
+            id: 0,
         });
-        let mut heap = BinaryHeap::with_capacity(sources.len());
+        // A min-heap of the sources with a record left, by (key, ID,
+        // source): a sorted list is one.
+        let mut heap = Vec::with_capacity(sources.len());
         for (i, s) in sources.iter_mut().enumerate() {
             if s.advance()? {
-                heap.push(Head {
-                    key: s.key().to_vec(),
-                    id: s.id(),
-                    source: i,
-                });
+                heap.push(i);
             }
         }
+        heap.sort_by(|&a, &b| head_order(&sources, a, b));
         let mut group_key: Vec<u8> = Vec::new();
         let mut ids: Vec<EntryId> = Vec::new();
-        while let Some(top) = heap.pop() {
-            if top.key != group_key {
+        while let Some(&top) = heap.first() {
+            let s = &sources[top];
+            if s.key() != group_key.as_slice() {
                 if !ids.is_empty() {
                     emit(&group_key, &ids, each)?;
                 }
                 ids.clear();
-                group_key.clone_from(&top.key);
+                group_key.clear();
+                group_key.extend_from_slice(s.key());
             }
-            if ids.last() != Some(&top.id) {
-                ids.push(top.id);
+            let id = s.id();
+            if ids.last() != Some(&id) {
+                ids.push(id);
             }
-            let s = &mut sources[top.source];
-            if s.advance()? {
-                let mut key = top.key;
-                key.clear();
-                key.extend_from_slice(s.key());
-                heap.push(Head {
-                    key,
-                    id: s.id(),
-                    source: top.source,
-                });
+            if !sources[top].advance()? {
+                heap.swap_remove(0);
             }
+            sift_down(&mut heap, &sources);
         }
         if !ids.is_empty() {
             emit(&group_key, &ids, each)?;
@@ -284,6 +275,107 @@ impl Runs {
         }
         self.files.clear();
         Ok(())
+    }
+}
+
+/// Sorts `order` in parts, one per thread the machine runs at once (up to
+/// four), in parallel; returns each part's end. The parts hold records
+/// pushed one after another, so merging them with ties broken by offset
+/// ([`Sorted`]) gives the order of one sort.
+fn sort_parts(arena: &[u8], order: &mut [SortEntry]) -> Vec<usize> {
+    /// Below this many records one thread sorts them all.
+    const MIN_PART: usize = 1 << 16;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    sort_in(arena, order, threads.min(4).min(order.len() / MIN_PART))
+}
+
+/// [`sort_parts`] in `parts` parts (at least one).
+fn sort_in(arena: &[u8], order: &mut [SortEntry], parts: usize) -> Vec<usize> {
+    let parts = parts.max(1);
+    let size = order.len().div_ceil(parts).max(1);
+    let sort = |part: &mut [SortEntry]| part.sort_unstable_by(|a, b| compare(arena, a, b));
+    std::thread::scope(|scope| {
+        let mut chunks = order.chunks_mut(size);
+        let first = chunks.next();
+        for part in chunks {
+            scope.spawn(move || sort(part));
+        }
+        if let Some(part) = first {
+            sort(part);
+        }
+    });
+    (1..=parts).map(|i| (i * size).min(order.len())).collect()
+}
+
+/// The records of sorted parts of one buffer, merged.
+struct Sorted<'a> {
+    arena: &'a [u8],
+    /// What is left of each part.
+    parts: Vec<&'a [SortEntry]>,
+}
+
+impl<'a> Sorted<'a> {
+    fn new(arena: &'a [u8], order: &'a [SortEntry], ends: &[usize]) -> Sorted<'a> {
+        let mut start = 0;
+        let mut parts = Vec::with_capacity(ends.len());
+        for &end in ends {
+            parts.push(&order[start..end]);
+            start = end;
+        }
+        Sorted { arena, parts }
+    }
+
+    /// The arena offset of the next record in order; None at the end.
+    fn next_offset(&mut self) -> Option<usize> {
+        let mut best: Option<usize> = None;
+        for (i, part) in self.parts.iter().enumerate() {
+            let Some(head) = part.first() else { continue };
+            let better = match best {
+                Some(b) => compare(self.arena, head, &self.parts[b][0]) == Ordering::Less,
+                None => true,
+            };
+            if better {
+                best = Some(i);
+            }
+        }
+        let b = best?;
+        let head = self.parts[b][0];
+        self.parts[b] = &self.parts[b][1..];
+        Some(head.off as usize)
+    }
+}
+
+/// Orders two sources of a merge by their current records: key, ID, then
+/// the source's place (earlier runs hold earlier IDs).
+fn head_order(sources: &[Source], a: usize, b: usize) -> Ordering {
+    let (x, y) = (&sources[a], &sources[b]);
+    x.key()
+        .cmp(y.key())
+        .then(x.id().cmp(&y.id()))
+        .then(a.cmp(&b))
+}
+
+/// Restores the min-heap `heap` of sources after its first one moved on.
+fn sift_down(heap: &mut [usize], sources: &[Source]) {
+    let mut i = 0;
+    loop {
+        let left = 2 * i + 1;
+        if left >= heap.len() {
+            return;
+        }
+        let right = left + 1;
+        let child = if right < heap.len()
+            && head_order(sources, heap[right], heap[left]) == Ordering::Less
+        {
+            right
+        } else {
+            left
+        };
+        if head_order(sources, heap[child], heap[i]) != Ordering::Less {
+            return;
+        }
+        heap.swap(i, child);
+        i = child;
     }
 }
 
@@ -301,49 +393,21 @@ fn emit(sk: &[u8], ids: &[EntryId], each: &mut PostingSink<'_>) -> Result<(), St
     each(slot, &sk[2..], ids)
 }
 
-/// The smallest head comes out of the (max-)heap first.
-struct Head {
-    key: Vec<u8>,
-    id: EntryId,
-    source: usize,
-}
-
-impl Ord for Head {
-    fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .key
-            .cmp(&self.key)
-            .then(other.id.cmp(&self.id))
-            .then(other.source.cmp(&self.source))
-    }
-}
-impl PartialOrd for Head {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl PartialEq for Head {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Head {}
-
-enum Source {
+enum Source<'a> {
     File {
         reader: BufReader<File>,
         key: Vec<u8>,
         id: EntryId,
     },
     Memory {
-        arena: Vec<u8>,
-        order: Vec<SortEntry>,
-        pos: usize,
-        cur: usize,
+        sorted: Sorted<'a>,
+        /// The current record's `slot ‖ key` and ID.
+        key: &'a [u8],
+        id: EntryId,
     },
 }
 
-impl Source {
+impl Source<'_> {
     /// Move to the next record; false at the end.
     fn advance(&mut self) -> Result<bool, StoreError> {
         match self {
@@ -362,30 +426,27 @@ impl Source {
                 *id = u64::from_be_bytes(b);
                 Ok(true)
             }
-            Source::Memory {
-                order, pos, cur, ..
-            } => {
-                if *pos >= order.len() {
-                    return Ok(false);
+            Source::Memory { sorted, key, id } => match sorted.next_offset() {
+                Some(off) => {
+                    (*key, *id) = record_at(sorted.arena, off);
+                    Ok(true)
                 }
-                *cur = order[*pos].off as usize;
-                *pos += 1;
-                Ok(true)
-            }
+                None => Ok(false),
+            },
         }
     }
 
     fn key(&self) -> &[u8] {
         match self {
             Source::File { key, .. } => key,
-            Source::Memory { arena, cur, .. } => record_at(arena, *cur).0,
+            Source::Memory { key, .. } => key,
         }
     }
 
     fn id(&self) -> EntryId {
         match self {
             Source::File { id, .. } => *id,
-            Source::Memory { arena, cur, .. } => record_at(arena, *cur).1,
+            Source::Memory { id, .. } => *id,
         }
     }
 }
@@ -702,9 +763,12 @@ fn write_posting(
     ids: &[EntryId],
     buf: &mut Vec<u8>,
 ) -> Result<(), StoreError> {
+    if t.was_empty {
+        return crate::postings::append_sorted(txn, &t.db, key, ids, buf);
+    }
     let set = RoaringTreemap::from_sorted_iter(ids.iter().copied())
         .map_err(|_| StoreError::Corrupt("index IDs out of order in the merge".into()))?;
-    crate::postings::merge(txn, &t.db, key, &set, t.was_empty, buf)
+    crate::postings::merge(txn, &t.db, key, &set, buf)
 }
 
 /// Build the postings of every entry into the (emptied) index databases
@@ -804,6 +868,27 @@ mod tests {
         assert_eq!(&slot2[5..], &[&b"ab"[..], b"ab\0", b"ab\0\0"]);
         // Spill files are gone.
         assert!(!dir.path().join("b").exists());
+    }
+
+    /// Parts sorted apart and merged give the order of one sort, ties
+    /// (equal keys) by push order.
+    #[test]
+    fn parts_sorted_apart_merge_as_one_sort() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = sample(1 << 30, dir.path());
+        let mut whole = r.order.clone();
+        whole.sort_unstable_by(|a, b| compare(&r.arena, a, b));
+        let want: Vec<u32> = whole.iter().map(|e| e.off).collect();
+        for parts in [1, 2, 3, 4, 7] {
+            let mut order = r.order.clone();
+            let ends = sort_in(&r.arena, &mut order, parts);
+            assert_eq!((ends.len(), ends.last()), (parts, Some(&order.len())));
+            let mut sorted = Sorted::new(&r.arena, &order, &ends);
+            let got: Vec<u32> = std::iter::from_fn(|| sorted.next_offset())
+                .map(|o| o as u32)
+                .collect();
+            assert_eq!(got, want, "{parts} parts");
+        }
     }
 
     #[test]

@@ -353,7 +353,7 @@ fn chunk(w: &mut WriteTxn<'_>) -> Result<Step, StoreError> {
     let mut buf = Vec::new();
     for ((i, key), ids) in postings {
         let db = building[i].2;
-        crate::postings::merge(&mut w.txn, &db, &key, &ids, false, &mut buf)?;
+        crate::postings::merge(&mut w.txn, &db, &key, &ids, &mut buf)?;
     }
     if complete {
         let mut listed = w.name_list(META_INDEXES)?;

@@ -153,27 +153,59 @@ fn encode_chunk(bits: &RoaringBitmap, out: &mut Vec<u8>) {
             return;
         }
     }
-    let roaring = bits.serialized_size();
     // Gaps only where Roaring would keep an array: a chunk decoded from
     // gaps is then built by appending to an array, never to a bitmap
-    // (whose append scans for its maximum each time). Kept when no longer
-    // than Roaring's form.
+    // (whose append scans for its maximum each time).
     let one_chunk = bits.min().map(|x| x >> LOW_BITS) == bits.max().map(|x| x >> LOW_BITS);
-    if bits.len() <= SPARSE_MAX && one_chunk {
-        out.push(GAPS);
-        let mut next = 0u32;
-        for low in bits.iter().map(|x| x & 0xFFFF) {
-            crate::entry_codec::put_varint(out, u64::from(low - next));
-            next = low + 1;
-        }
-        if out.len() <= roaring {
-            return;
-        }
-        out.clear();
+    if bits.len() <= SPARSE_MAX && one_chunk && put_gaps(bits.iter(), bits.serialized_size(), out) {
+        return;
     }
-    out.reserve(roaring);
+    out.reserve(bits.serialized_size());
     // Writing into a Vec cannot fail.
     let _ = bits.serialize_into(&mut *out);
+}
+
+/// [`encode_chunk`] of the IDs `ids` (ascending, all in one chunk)
+/// without building their bitmap unless Roaring's form is the shortest.
+fn encode_sorted(ids: &[EntryId], out: &mut Vec<u8>) {
+    out.clear();
+    if let [one] = ids {
+        out.extend_from_slice(&(*one as u16).to_be_bytes());
+        return;
+    }
+    let lows = ids.iter().map(|&id| id as u32);
+    if ids.len() as u64 <= SPARSE_MAX && put_gaps(lows.clone(), array_form_len(ids.len()), out) {
+        return;
+    }
+    // Ascending by the caller's contract; a bitmap refusing them would
+    // be a bug in the bulk merge, caught by `pando verify`.
+    let bits = RoaringBitmap::from_sorted_iter(lows).unwrap_or_default();
+    out.reserve(bits.serialized_size());
+    let _ = bits.serialize_into(&mut *out);
+}
+
+/// Bytes of a serialised RoaringBitmap holding `n` IDs (2 ≤ n ≤
+/// [`SPARSE_MAX`]) of one chunk: one array container (a unit test holds
+/// it to `serialized_size`).
+fn array_form_len(n: usize) -> usize {
+    16 + 2 * n
+}
+
+/// Write [`GAPS`] and the gaps of `lows` (ascending, one chunk) to the
+/// empty `out`; kept and true when no longer than `limit` bytes, else
+/// `out` is emptied again.
+fn put_gaps(lows: impl Iterator<Item = u32>, limit: usize, out: &mut Vec<u8>) -> bool {
+    out.push(GAPS);
+    let mut next = 0u32;
+    for low in lows.map(|x| x & 0xFFFF) {
+        crate::entry_codec::put_varint(out, u64::from(low - next));
+        next = low + 1;
+    }
+    if out.len() <= limit {
+        return true;
+    }
+    out.clear();
+    false
 }
 
 /// The IDs of a [`GAPS`] value (after the tag) in the chunk at `base`;
@@ -339,30 +371,43 @@ pub fn change(
 }
 
 /// Add the IDs `ids` to the list under `key`: each chunk they touch read
-/// and rewritten once. `append`: the database holds no key after this
-/// one's records (an import writing keys in order), so records are
-/// appended without a lookup.
+/// and rewritten once.
 pub fn merge(
     txn: &mut RwTxn<'_>,
     db: &Db,
     key: &[u8],
     ids: &RoaringTreemap,
-    append: bool,
     buf: &mut Vec<u8>,
 ) -> Result<(), StoreError> {
     let p = prefix(key);
     for (chunk, mut bits) in chunks(ids) {
         let rk = record_key(&p, chunk);
-        if append {
-            encode_chunk(&bits, buf);
-            db.put_with_flags(txn, PutFlags::APPEND, &rk, buf)?;
-            continue;
-        }
         if let Some(v) = db.get(txn, &rk)? {
             bits |= decode_chunk(chunk, v)?;
         }
         encode_chunk(&bits, buf);
         db.put(txn, &rk, buf)?;
+    }
+    Ok(())
+}
+
+/// Write the records of `key` holding `ids` (ascending) after every
+/// record of `db`: a bulk build filling an empty index in key order.
+pub fn append_sorted(
+    txn: &mut RwTxn<'_>,
+    db: &Db,
+    key: &[u8],
+    ids: &[EntryId],
+    buf: &mut Vec<u8>,
+) -> Result<(), StoreError> {
+    let p = prefix(key);
+    let mut rest = ids;
+    while let Some(&first) = rest.first() {
+        let chunk = chunk_of(first);
+        let (these, tail) = rest.split_at(rest.partition_point(|&id| chunk_of(id) == chunk));
+        encode_sorted(these, buf);
+        db.put_with_flags(txn, PutFlags::APPEND, &record_key(&p, chunk), buf)?;
+        rest = tail;
     }
     Ok(())
 }
@@ -538,6 +583,44 @@ mod tests {
         );
     }
 
+    /// The bulk build's encoding from a sorted slice writes what
+    /// [`encode_chunk`] writes for the same IDs, chunk by chunk.
+    #[test]
+    fn sorted_slices_encode_as_their_bitmaps() {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let base = 5u64 << 16;
+        let mut sets: Vec<Vec<u64>> = vec![
+            vec![base + 9],
+            vec![base, base + 65_535],
+            (0..4096).map(|i| base + i).collect(),
+            (0..4097).map(|i| base + i).collect(),
+            (0..4096).map(|i| base + i * 16).collect(),
+            (0..30_000).map(|i| base + i * 2).collect(),
+        ];
+        for n in [2usize, 3, 15, 16, 17, 200, 4095, 4096, 4097, 9000] {
+            let mut ids: Vec<u64> = (0..n).map(|_| base + next() % 65_536).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            sets.push(ids);
+        }
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for ids in &sets {
+            let bits: RoaringBitmap = ids.iter().map(|&id| id as u32).collect();
+            if (2..=SPARSE_MAX).contains(&bits.len()) {
+                assert_eq!(array_form_len(ids.len()), bits.serialized_size());
+            }
+            encode_chunk(&bits, &mut a);
+            encode_sorted(ids, &mut b);
+            assert_eq!(a, b, "{} IDs", ids.len());
+        }
+    }
+
     /// Random adds and removes on a few keys (one a prefix of another, one
     /// with NUL bytes), with IDs around chunk boundaries and beyond 2^32:
     /// after each step, every key's list, the key walk and ranges of keys
@@ -586,7 +669,7 @@ mod tests {
                 let key = keys[(next() % keys.len() as u64) as usize];
                 let more: RoaringTreemap = (0..300).map(|_| next() % 200_000).collect();
                 let mut buf = Vec::new();
-                merge(&mut w, &db, key, &more, false, &mut buf).unwrap();
+                merge(&mut w, &db, key, &more, &mut buf).unwrap();
                 model.entry(key.to_vec()).or_default().extend(more.iter());
             }
             w.commit().unwrap();
@@ -634,7 +717,7 @@ mod tests {
         let mut w = env.write_txn().unwrap();
         let big: RoaringTreemap = (0..1_000_000u64).collect();
         let mut buf = Vec::new();
-        merge(&mut w, &db, b"big", &big, false, &mut buf).unwrap();
+        merge(&mut w, &db, b"big", &big, &mut buf).unwrap();
         w.commit().unwrap();
         let r = env.read_txn().unwrap();
         let records = db.prefix_iter(&r, &prefix(b"big")).unwrap().count();
@@ -646,6 +729,18 @@ mod tests {
             .max()
             .unwrap();
         assert!(largest <= 8_300, "largest record {largest} bytes");
+        assert_eq!(read(&r, &db, b"big").unwrap(), big);
+        drop(r);
+        // A bulk build appends a key's records after every other key's.
+        let appended: Vec<u64> = (0..70_000u64)
+            .chain([200_000, 300_000, 300_001, 1 << 32, (1 << 40) + 3])
+            .collect();
+        let mut w = env.write_txn().unwrap();
+        append_sorted(&mut w, &db, b"zz\x00", &appended, &mut buf).unwrap();
+        w.commit().unwrap();
+        let r = env.read_txn().unwrap();
+        let want: RoaringTreemap = appended.iter().copied().collect();
+        assert_eq!(read(&r, &db, b"zz\x00").unwrap(), want);
         assert_eq!(read(&r, &db, b"big").unwrap(), big);
     }
 }
