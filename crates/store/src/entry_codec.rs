@@ -118,7 +118,34 @@ thread_local! {
     static DCTX_BARE: RefCell<DCtx<'static>> = RefCell::new(bare_dctx());
     /// Decompressed bodies, reused; empty while a decode on this thread
     /// holds it (see `Codec::with_body`).
-    static BODY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    static BODY: RefCell<Body> = RefCell::new(Body::default());
+}
+
+/// The last body decompressed on a thread, with what it was decompressed
+/// from: a search testing a candidate's attribute and then sending its
+/// attributes reads one record twice, and decompresses it once. The
+/// record's bytes and the dictionary itself (not its number, which a
+/// store may reuse) decide; everything is kept in one cell so that the
+/// body and its source are always taken and put back together.
+#[derive(Default)]
+struct Body {
+    plain: Vec<u8>,
+    /// The format byte and the record's bytes after its header and
+    /// placement; empty when `plain` holds nothing reusable.
+    source: Vec<u8>,
+    dict: Option<Arc<Dict>>,
+}
+
+impl Body {
+    fn holds(&self, format: u8, stored: &[u8], dict: Option<&Arc<Dict>>, len: u64) -> bool {
+        self.source.split_first() == Some((&format, stored))
+            && self.plain.len() as u64 == len
+            && match (&self.dict, dict) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            }
+    }
 }
 
 /// A compression context whose frames carry neither the content size nor
@@ -310,6 +337,7 @@ impl Codec {
         match bytes[0] & !PLACED {
             ENTRY_FORMAT => f(after),
             format @ (ENTRY_FORMAT_ZSTD | ENTRY_FORMAT_ZSTD_BARE) => {
+                let stored = after;
                 let mut r = Reader { buf: after };
                 let dict_id = r
                     .varint()
@@ -318,55 +346,68 @@ impl Codec {
                 if len > MAX_BODY {
                     return Err(corrupt("implausible body length"));
                 }
-                // The dictionaries' lock is held (shared) only while
-                // decompressing, not while `f` runs: a nested decode taking
-                // it again could wait behind an `add_dict` waiting for us.
-                let dicts = self.dicts.read().unwrap_or_else(|e| e.into_inner());
                 let dict = match dict_id {
                     0 => None,
-                    n => Some(dicts.get(&(n as u32)).ok_or_else(|| {
-                        corrupt(&format!(
-                            "compressed with dictionary {n}, which the store does not hold"
-                        ))
-                    })?),
+                    n => Some(
+                        self.dicts
+                            .read()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get(&(n as u32))
+                            .cloned()
+                            .ok_or_else(|| {
+                                corrupt(&format!(
+                                    "compressed with dictionary {n}, which the store does not hold"
+                                ))
+                            })?,
+                    ),
                 };
-                // The body buffer is taken out of its cell while `f` runs,
-                // so that `f` may decode another entry on this thread (the
-                // raw search path runs access checks that read groups): the
-                // nested decode finds the cell empty and uses a fresh buffer.
-                // Taking and putting back move a pointer; the common case
+                // The body is taken out of its cell while `f` runs, so that
+                // `f` may decode another entry on this thread (the raw
+                // search path runs access checks that read groups): the
+                // nested decode finds the cell empty and uses a fresh one.
+                // Taking and putting back move pointers; the common case
                 // reuses one buffer and allocates nothing.
                 let mut body = BODY.with(RefCell::take);
-                body.clear();
-                body.reserve(len as usize);
-                // Borrowed only for the zstd call, which runs no Pando code,
-                // so this borrow cannot nest.
-                let ctx = match format {
-                    ENTRY_FORMAT_ZSTD => &DCTX,
-                    _ => &DCTX_BARE,
-                };
-                let res = ctx.with(|c| {
-                    let mut c = c.borrow_mut();
-                    match dict {
-                        Some(d) => c.decompress_using_ddict(&mut body, r.buf, &d.ddict),
-                        None => c.decompress(&mut body, r.buf),
+                if !body.holds(format, stored, dict.as_ref(), len) {
+                    body.source.clear();
+                    body.plain.clear();
+                    body.plain.reserve(len as usize);
+                    // Borrowed only for the zstd call, which runs no Pando
+                    // code, so this borrow cannot nest.
+                    let ctx = match format {
+                        ENTRY_FORMAT_ZSTD => &DCTX,
+                        _ => &DCTX_BARE,
+                    };
+                    let res = ctx.with(|c| {
+                        let mut c = c.borrow_mut();
+                        match &dict {
+                            Some(d) => c.decompress_using_ddict(&mut body.plain, r.buf, &d.ddict),
+                            None => c.decompress(&mut body.plain, r.buf),
+                        }
+                    });
+                    match res {
+                        Ok(n) if n as u64 == len => {}
+                        Ok(_) => {
+                            return Err(corrupt("decompressed length differs from the stored one"))
+                        }
+                        Err(code) => {
+                            return Err(corrupt(&format!(
+                                "zstd: {}",
+                                zstd_safe::get_error_name(code)
+                            )))
+                        }
                     }
-                });
-                drop(dicts);
-                let out = match res {
-                    Ok(n) if n as u64 == len => f(&body),
-                    Ok(_) => Err(corrupt("decompressed length differs from the stored one")),
-                    Err(code) => Err(corrupt(&format!(
-                        "zstd: {}",
-                        zstd_safe::get_error_name(code)
-                    ))),
-                };
+                    body.source.push(format);
+                    body.source.extend_from_slice(stored);
+                    body.dict = dict;
+                }
+                let out = f(&body.plain);
                 // Put back unless huge (a huge entry's buffer is not kept);
                 // after nested decodes, the larger of the buffers stays.
-                if body.capacity() <= 1 << 20 {
+                if body.plain.capacity() <= 1 << 20 {
                     BODY.with(|cell| {
                         let mut kept = cell.borrow_mut();
-                        if body.capacity() >= kept.capacity() {
+                        if body.plain.capacity() >= kept.plain.capacity() {
                             *kept = body;
                         }
                     });
@@ -865,6 +906,60 @@ pub(crate) mod tests {
             let e = c.decode_where(9, none(), &buf, Some(&keep)).unwrap();
             assert_eq!(e.attrs, vec![sample(9)[1].clone()], "{name}");
         }
+    }
+
+    /// A body decompressed once is reused only for the same record bytes
+    /// and the same dictionary: records decoded in turn, one inside
+    /// another's decode, and one record read through two stores whose
+    /// dictionaries share a number each decode as on their own.
+    #[test]
+    fn a_reused_body_is_the_records_own() {
+        let cs = codecs();
+        for (c, name) in &cs {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            c.encode(&sample(1), &mut a);
+            c.encode(&sample(2), &mut b);
+            for rec in [&a, &a, &b, &a, &b, &b] {
+                let want = if rec == &a { sample(1) } else { sample(2) };
+                assert_eq!(c.decode(1, none(), rec).unwrap().attrs, want, "{name}");
+            }
+            let inner = c
+                .with_raw(1, &a, |_| c.decode(2, none(), &b).unwrap().attrs)
+                .unwrap();
+            assert_eq!(inner, sample(2), "{name}");
+            assert_eq!(c.decode(1, none(), &a).unwrap().attrs, sample(1), "{name}");
+            assert_eq!(c.decode(2, none(), &b).unwrap().attrs, sample(2), "{name}");
+        }
+        // Another dictionary under the same number: the record's bytes are
+        // the same, what they decompress to is not.
+        let other = Codec::new(Some(3));
+        let samples: Vec<Vec<u8>> = (0..500)
+            .map(|i| {
+                let mut attrs = sample(i);
+                attrs[2].values[0] = format!("Quite another text, number {i}").into_bytes();
+                body_of(&attrs)
+            })
+            .collect();
+        other.add_dict(1, train(&samples, 4096).expect("trainable"), true);
+        let mut rec = Vec::new();
+        cs[2].0.encode(&sample(3), &mut rec);
+        let fresh = std::thread::scope(|s| {
+            s.spawn(|| {
+                other
+                    .decode(3, none(), &rec)
+                    .map(|e| e.attrs)
+                    .map_err(|e| e.to_string())
+            })
+            .join()
+            .unwrap()
+        });
+        assert_eq!(cs[2].0.decode(3, none(), &rec).unwrap().attrs, sample(3));
+        let after = other
+            .decode(3, none(), &rec)
+            .map(|e| e.attrs)
+            .map_err(|e| e.to_string());
+        assert_eq!(after, fresh);
+        assert_ne!(after, Ok(sample(3)));
     }
 
     #[test]
