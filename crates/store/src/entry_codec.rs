@@ -84,7 +84,13 @@ pub struct Dict {
     pub bytes: Vec<u8>,
     cdict: CDict<'static>,
     ddict: DDict<'static>,
+    /// Unique in the process (a store's dictionary numbers are not):
+    /// names the dictionary a reused body came from (see [`Body`]).
+    serial: u64,
 }
+
+/// The last [`Dict::serial`] given out; 0 stands for no dictionary.
+static DICT_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Dict {
     pub fn new(id: u32, bytes: Vec<u8>, level: i32) -> Dict {
@@ -95,6 +101,7 @@ impl Dict {
             bytes,
             cdict,
             ddict,
+            serial: DICT_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
         }
     }
 }
@@ -124,8 +131,8 @@ thread_local! {
 /// The last body decompressed on a thread, with what it was decompressed
 /// from: a search testing a candidate's attribute and then sending its
 /// attributes reads one record twice, and decompresses it once. The
-/// record's bytes and the dictionary itself (not its number, which a
-/// store may reuse) decide; everything is kept in one cell so that the
+/// record's bytes and the dictionary itself (its serial, not its number,
+/// which another store may give another dictionary) decide; everything is kept in one cell so that the
 /// body and its source are always taken and put back together.
 #[derive(Default)]
 struct Body {
@@ -133,18 +140,15 @@ struct Body {
     /// The format byte and the record's bytes after its header and
     /// placement; empty when `plain` holds nothing reusable.
     source: Vec<u8>,
-    dict: Option<Arc<Dict>>,
+    /// The [`Dict::serial`] of its dictionary, 0 for none.
+    dict: u64,
 }
 
 impl Body {
-    fn holds(&self, format: u8, stored: &[u8], dict: Option<&Arc<Dict>>, len: u64) -> bool {
-        self.source.split_first() == Some((&format, stored))
+    fn holds(&self, format: u8, stored: &[u8], dict: u64, len: u64) -> bool {
+        self.dict == dict
             && self.plain.len() as u64 == len
-            && match (&self.dict, dict) {
-                (None, None) => true,
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                _ => false,
-            }
+            && self.source.split_first() == Some((&format, stored))
     }
 }
 
@@ -346,21 +350,19 @@ impl Codec {
                 if len > MAX_BODY {
                     return Err(corrupt("implausible body length"));
                 }
+                // The dictionaries' lock is held (shared) only while
+                // decompressing, not while `f` runs: a nested decode taking
+                // it again could wait behind an `add_dict` waiting for us.
+                let dicts = self.dicts.read().unwrap_or_else(|e| e.into_inner());
                 let dict = match dict_id {
                     0 => None,
-                    n => Some(
-                        self.dicts
-                            .read()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get(&(n as u32))
-                            .cloned()
-                            .ok_or_else(|| {
-                                corrupt(&format!(
-                                    "compressed with dictionary {n}, which the store does not hold"
-                                ))
-                            })?,
-                    ),
+                    n => Some(dicts.get(&(n as u32)).ok_or_else(|| {
+                        corrupt(&format!(
+                            "compressed with dictionary {n}, which the store does not hold"
+                        ))
+                    })?),
                 };
+                let serial = dict.map_or(0, |d| d.serial);
                 // The body is taken out of its cell while `f` runs, so that
                 // `f` may decode another entry on this thread (the raw
                 // search path runs access checks that read groups): the
@@ -368,7 +370,7 @@ impl Codec {
                 // Taking and putting back move pointers; the common case
                 // reuses one buffer and allocates nothing.
                 let mut body = BODY.with(RefCell::take);
-                if !body.holds(format, stored, dict.as_ref(), len) {
+                if !body.holds(format, stored, serial, len) {
                     body.source.clear();
                     body.plain.clear();
                     body.plain.reserve(len as usize);
@@ -380,7 +382,7 @@ impl Codec {
                     };
                     let res = ctx.with(|c| {
                         let mut c = c.borrow_mut();
-                        match &dict {
+                        match dict {
                             Some(d) => c.decompress_using_ddict(&mut body.plain, r.buf, &d.ddict),
                             None => c.decompress(&mut body.plain, r.buf),
                         }
@@ -399,8 +401,9 @@ impl Codec {
                     }
                     body.source.push(format);
                     body.source.extend_from_slice(stored);
-                    body.dict = dict;
+                    body.dict = serial;
                 }
+                drop(dicts);
                 let out = f(&body.plain);
                 // Put back unless huge (a huge entry's buffer is not kept);
                 // after nested decodes, the larger of the buffers stays.
