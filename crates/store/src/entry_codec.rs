@@ -150,6 +150,44 @@ impl Body {
             && self.plain.len() as u64 == len
             && self.source.split_first() == Some((&format, stored))
     }
+
+    /// Decompress `frame` (of a record in `format` whose bytes after the
+    /// header and placement are `stored`) into `plain`, expecting `len`
+    /// bytes; Err says why not.
+    fn fill(
+        &mut self,
+        format: u8,
+        stored: &[u8],
+        frame: &[u8],
+        dict: Option<&Arc<Dict>>,
+        len: u64,
+    ) -> Result<(), String> {
+        self.source.clear();
+        self.plain.clear();
+        self.plain.reserve(len as usize);
+        // Borrowed only for the zstd call, which runs no Pando code, so
+        // this borrow cannot nest.
+        let ctx = match format {
+            ENTRY_FORMAT_ZSTD => &DCTX,
+            _ => &DCTX_BARE,
+        };
+        let res = ctx.with(|c| {
+            let mut c = c.borrow_mut();
+            match dict {
+                Some(d) => c.decompress_using_ddict(&mut self.plain, frame, &d.ddict),
+                None => c.decompress(&mut self.plain, frame),
+            }
+        });
+        match res {
+            Ok(n) if n as u64 == len => {}
+            Ok(_) => return Err("decompressed length differs from the stored one".into()),
+            Err(code) => return Err(format!("zstd: {}", zstd_safe::get_error_name(code))),
+        }
+        self.source.push(format);
+        self.source.extend_from_slice(stored);
+        self.dict = dict.map_or(0, |d| d.serial);
+        Ok(())
+    }
 }
 
 /// A compression context whose frames carry neither the content size nor
@@ -371,37 +409,8 @@ impl Codec {
                 // reuses one buffer and allocates nothing.
                 let mut body = BODY.with(RefCell::take);
                 if !body.holds(format, stored, serial, len) {
-                    body.source.clear();
-                    body.plain.clear();
-                    body.plain.reserve(len as usize);
-                    // Borrowed only for the zstd call, which runs no Pando
-                    // code, so this borrow cannot nest.
-                    let ctx = match format {
-                        ENTRY_FORMAT_ZSTD => &DCTX,
-                        _ => &DCTX_BARE,
-                    };
-                    let res = ctx.with(|c| {
-                        let mut c = c.borrow_mut();
-                        match dict {
-                            Some(d) => c.decompress_using_ddict(&mut body.plain, r.buf, &d.ddict),
-                            None => c.decompress(&mut body.plain, r.buf),
-                        }
-                    });
-                    match res {
-                        Ok(n) if n as u64 == len => {}
-                        Ok(_) => {
-                            return Err(corrupt("decompressed length differs from the stored one"))
-                        }
-                        Err(code) => {
-                            return Err(corrupt(&format!(
-                                "zstd: {}",
-                                zstd_safe::get_error_name(code)
-                            )))
-                        }
-                    }
-                    body.source.push(format);
-                    body.source.extend_from_slice(stored);
-                    body.dict = serial;
+                    body.fill(format, stored, r.buf, dict, len)
+                        .map_err(|why| corrupt(&why))?;
                 }
                 drop(dicts);
                 let out = f(&body.plain);
