@@ -132,8 +132,9 @@ thread_local! {
 /// from: a search testing a candidate's attribute and then sending its
 /// attributes reads one record twice, and decompresses it once. The
 /// record's bytes and the dictionary itself (its serial, not its number,
-/// which another store may give another dictionary) decide; everything is kept in one cell so that the
-/// body and its source are always taken and put back together.
+/// which another store may give another dictionary) decide; everything is
+/// kept in one cell so that the body and its source are always taken and
+/// put back together.
 #[derive(Default)]
 struct Body {
     plain: Vec<u8>,

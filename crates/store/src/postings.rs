@@ -177,8 +177,8 @@ fn encode_sorted(ids: &[EntryId], out: &mut Vec<u8>) {
     if ids.len() as u64 <= SPARSE_MAX && put_gaps(lows.clone(), array_form_len(ids.len()), out) {
         return;
     }
-    // Ascending by the caller's contract; a bitmap refusing them would
-    // be a bug in the bulk merge, caught by `pando verify`.
+    // Strictly ascending (`append_sorted` checked), so the bitmap takes
+    // every ID.
     let bits = RoaringBitmap::from_sorted_iter(lows).unwrap_or_default();
     out.reserve(bits.serialized_size());
     let _ = bits.serialize_into(&mut *out);
@@ -400,6 +400,11 @@ pub fn append_sorted(
     ids: &[EntryId],
     buf: &mut Vec<u8>,
 ) -> Result<(), StoreError> {
+    if ids.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(StoreError::Corrupt(
+            "index IDs out of order in the merge".into(),
+        ));
+    }
     let p = prefix(key);
     let mut rest = ids;
     while let Some(&first) = rest.first() {
@@ -742,5 +747,11 @@ mod tests {
         let want: RoaringTreemap = appended.iter().copied().collect();
         assert_eq!(read(&r, &db, b"zz\x00").unwrap(), want);
         assert_eq!(read(&r, &db, b"big").unwrap(), big);
+        drop(r);
+        let mut w = env.write_txn().unwrap();
+        for bad in [&[5u64, 5][..], &[7, 3]] {
+            let err = append_sorted(&mut w, &db, b"zzz", bad, &mut buf).unwrap_err();
+            assert!(err.to_string().contains("out of order"), "{err}");
+        }
     }
 }
