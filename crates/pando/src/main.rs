@@ -951,6 +951,7 @@ fn import_options(
         },
         server_id: resolved.config.replication.server_id,
         member_of: configured_memberof(resolved, schema),
+        sample_file: args.file.clone().filter(|p| p.as_os_str() != "-"),
     }
 }
 
