@@ -41,8 +41,8 @@ use roaring::RoaringTreemap;
 use crate::entry_codec::{self, Dict};
 use crate::index::{self, IndexKind};
 use crate::{
-    attr_keys, attr_keys_into, dn2id_id, dn2id_key, dn2id_value, id_bytes, id_from, put_place, Db,
-    EntryId, Inner, Lookup, Placement, Store, StoreError, META_NEXT_ID,
+    attr_keys, attr_keys_into, dn2id_id, dn2id_value, id_bytes, id_from, put_place, Db, EntryId,
+    Inner, Lookup, Placement, Store, StoreError, META_NEXT_ID,
 };
 
 /// The runs' slot of dn2id records (see [`BulkLoad::finish`]): above
@@ -629,7 +629,7 @@ impl<'s> BulkLoad<'s> {
     ) -> Result<Result<EntryId, EntryId>, StoreError> {
         let inner = self.inner;
         let id = self.next_id;
-        let key = dn2id_key(place.parent, &place.norm_rdn);
+        let key = inner.dn2id_layout.key(place.parent, &place.norm_rdn);
         let txn = self.txn.as_mut().ok_or(StoreError::Closed)?;
         match inner
             .dn2id

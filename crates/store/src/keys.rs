@@ -49,11 +49,112 @@ pub(crate) fn dn2id_id(v: &[u8]) -> Result<EntryId, StoreError> {
     Ok(u64::from_be_bytes(b))
 }
 
-pub(crate) fn dn2id_key(parent: EntryId, norm_rdn: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + norm_rdn.len());
-    k.extend_from_slice(&id_bytes(parent));
-    k.extend_from_slice(norm_rdn.as_bytes());
-    k
+/// How a `dn2id` key begins: its parent's ID, then the normalised RDN.
+///
+/// ```text
+/// Short (store format 8):  1 byte n (1 to 8), then the ID in n big-endian
+///                          bytes, as few as it takes (ID 0 is one zero byte)
+/// Wide (formats 1 to 7):   the ID in 8 big-endian bytes
+/// ```
+///
+/// Both sort keys by parent ID, then RDN, and no parent's prefix begins
+/// another's, so a parent's children are one range of keys. The short
+/// form saves 6 bytes of a user's ~38-byte record below ou=People. A
+/// wide key begins with a zero byte (IDs stay below 2^56) and a short
+/// one never does: while a store is upgraded both kinds share the
+/// database, the wide ones first ([`Dn2idLayout::shorten`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dn2idLayout {
+    Wide,
+    Short,
+}
+
+/// The parent-ID prefix of `dn2id` keys (at most 9 bytes, on the stack).
+pub(crate) struct ParentPrefix {
+    bytes: [u8; 9],
+    len: usize,
+}
+
+impl std::ops::Deref for ParentPrefix {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// The first store format with short `dn2id` keys.
+pub(crate) const SHORT_DN2ID_FORMAT: u32 = 8;
+
+impl Dn2idLayout {
+    pub(crate) fn of_format(format: u32) -> Dn2idLayout {
+        if format >= SHORT_DN2ID_FORMAT {
+            Dn2idLayout::Short
+        } else {
+            Dn2idLayout::Wide
+        }
+    }
+
+    /// What every key of `parent`'s children begins with.
+    pub(crate) fn prefix(self, parent: EntryId) -> ParentPrefix {
+        let mut bytes = [0u8; 9];
+        match self {
+            Dn2idLayout::Wide => {
+                bytes[..8].copy_from_slice(&id_bytes(parent));
+                ParentPrefix { bytes, len: 8 }
+            }
+            Dn2idLayout::Short => {
+                let id = dn2id_value(parent);
+                bytes[0] = id.len() as u8;
+                bytes[1..=id.len()].copy_from_slice(&id);
+                ParentPrefix {
+                    bytes,
+                    len: 1 + id.len(),
+                }
+            }
+        }
+    }
+
+    pub(crate) fn key(self, parent: EntryId, norm_rdn: &str) -> Vec<u8> {
+        let prefix = self.prefix(parent);
+        let mut k = Vec::with_capacity(prefix.len() + norm_rdn.len());
+        k.extend_from_slice(&prefix);
+        k.extend_from_slice(norm_rdn.as_bytes());
+        k
+    }
+
+    /// Rewrite every wide key of `dn2id` short, in place, in `txn` (the
+    /// upgrade to store format 8); the number of keys rewritten. Wide keys
+    /// sort before short ones and keep their order when shortened, so
+    /// each batch taken from the front is appended at the end.
+    pub(crate) fn shorten(dn2id: Db, txn: &mut RwTxn<'_>) -> Result<u64, StoreError> {
+        const BATCH: usize = 10_000;
+        let mut moved = 0u64;
+        loop {
+            let mut batch: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(BATCH);
+            for item in dn2id.iter(txn)? {
+                let (k, v) = item?;
+                if k.first() != Some(&0) || batch.len() == BATCH {
+                    break;
+                }
+                batch.push((k.to_vec(), v.to_vec()));
+            }
+            if batch.is_empty() {
+                return Ok(moved);
+            }
+            for (k, _) in &batch {
+                dn2id.delete(txn, k)?;
+            }
+            for (k, v) in &batch {
+                let (parent, rdn) = k.split_at_checked(8).ok_or_else(|| {
+                    StoreError::Corrupt(format!("dn2id key of {} bytes", k.len()))
+                })?;
+                let mut short = Dn2idLayout::Short.prefix(id_from(parent)?).to_vec();
+                short.extend_from_slice(rdn);
+                dn2id.put_with_flags(txn, heed::PutFlags::APPEND, &short, v)?;
+            }
+            moved += batch.len() as u64;
+        }
+    }
 }
 
 /// Set in an id2parent record's length field: the normalised RDN is the
@@ -154,10 +255,13 @@ pub(crate) fn lookup_in(
     // Find the longest suffix entry (parent 0) that ends this DN, then walk down.
     for start in 0..norm_rdns.len() {
         let suffix = norm_rdns[start..].join(",");
-        if let Some(v) = inner.dn2id.get(txn, &dn2id_key(0, &suffix))? {
+        if let Some(v) = inner.dn2id.get(txn, &inner.dn2id_layout.key(0, &suffix))? {
             let mut id = dn2id_id(v)?;
             for i in (0..start).rev() {
-                match inner.dn2id.get(txn, &dn2id_key(id, &norm_rdns[i]))? {
+                match inner
+                    .dn2id
+                    .get(txn, &inner.dn2id_layout.key(id, &norm_rdns[i]))?
+                {
                     Some(v) => id = dn2id_id(v)?,
                     None => return Ok(Lookup::Missing { matched: Some(id) }),
                 }
@@ -187,6 +291,47 @@ mod tests {
             rdn: rdn.into(),
             norm_rdn: norm.into(),
         }
+    }
+
+    #[test]
+    fn short_dn2id_prefixes_keep_order_and_never_begin_one_another() {
+        let ids = [
+            0u64,
+            1,
+            2,
+            255,
+            256,
+            65_535,
+            65_536,
+            1_000_002,
+            u32::MAX as u64,
+            1 << 40,
+            (1 << 56) - 1,
+        ];
+        for layout in [Dn2idLayout::Wide, Dn2idLayout::Short] {
+            for pair in ids.windows(2) {
+                let (a, b) = (layout.prefix(pair[0]), layout.prefix(pair[1]));
+                assert!(*a < *b, "{layout:?} {pair:?}");
+                // No child key of one parent falls among another's.
+                assert!(!b.starts_with(&a) && !a.starts_with(&b), "{pair:?}");
+                let (ka, kb) = (layout.key(pair[0], "\u{ff}"), layout.key(pair[1], ""));
+                assert!(ka < kb, "{layout:?} {pair:?}");
+            }
+        }
+        assert_eq!(&*Dn2idLayout::Short.prefix(0), &[1, 0]);
+        assert_eq!(&*Dn2idLayout::Short.prefix(2), &[1, 2]);
+        assert_eq!(
+            &*Dn2idLayout::Short.prefix(1_000_002),
+            &[3, 0x0F, 0x42, 0x42]
+        );
+        assert_eq!(Dn2idLayout::Short.key(2, "uid=a"), b"\x01\x02uid=a");
+        // Wide keys begin with a zero byte, short ones never do.
+        for id in ids {
+            assert_eq!(Dn2idLayout::Wide.prefix(id)[0], 0);
+            assert_ne!(Dn2idLayout::Short.prefix(id)[0], 0);
+        }
+        assert_eq!(Dn2idLayout::of_format(7), Dn2idLayout::Wide);
+        assert_eq!(Dn2idLayout::of_format(8), Dn2idLayout::Short);
     }
 
     #[test]

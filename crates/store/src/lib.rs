@@ -125,8 +125,11 @@ pub const DATA_FILE: &str = "data.mdb";
 /// stores' indexes are rebuilt once, in place. Also new in 7, read
 /// alongside the older forms: sparse posting chunks as gaps
 /// ([`postings`]), compressed entries without zstd's frame magic (entry
-/// format 3, [`entry_codec`]), short `dn2id` values ([`keys`]).
-pub const FORMAT_VERSION: u32 = 7;
+/// format 3, [`entry_codec`]), short `dn2id` values ([`keys`]). 8: `dn2id`
+/// keys begin with the parent's ID in its shortest form ([`keys`]); older
+/// stores' keys are rewritten once, in place, when opened for writing,
+/// and read as they are when opened read-only.
+pub const FORMAT_VERSION: u32 = 8;
 /// The first format whose index databases are in this version's layout:
 /// an older store's indexes are rebuilt when it is opened for writing, and
 /// not used (searches scan) when it is opened read-only.
@@ -165,6 +168,8 @@ pub(crate) struct Inner {
     meta: Db,
     id2entry: Db,
     dn2id: Db,
+    /// How `dn2id` keys begin (from the store's format).
+    dn2id_layout: Dn2idLayout,
     id2parent: Db,
     /// The change log ([`changelog`]); None only in a read-only view of
     /// a store written before the log existed.
@@ -202,6 +207,7 @@ struct Dbs {
     meta: Db,
     id2entry: Db,
     dn2id: Db,
+    dn2id_layout: Dn2idLayout,
     id2parent: Db,
     changelog: Option<Db>,
     changenumbers: Option<Db>,
@@ -233,6 +239,7 @@ impl Inner {
             meta: dbs.meta,
             id2entry: dbs.id2entry,
             dn2id: dbs.dn2id,
+            dn2id_layout: dbs.dn2id_layout,
             id2parent: dbs.id2parent,
             changelog: dbs.changelog,
             changenumbers: dbs.changenumbers,

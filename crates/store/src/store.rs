@@ -104,10 +104,12 @@ pub fn preflight(path: &Path, writable: bool, whole: bool) -> Result<bool, Store
 }
 
 /// The store's format: written when the store is new, checked when it
-/// is not (one this Pando can read), raised to this Pando's when older.
+/// is not (one this Pando can read), raised to this Pando's when older,
+/// with `dn2id`'s keys rewritten in this version's layout.
 /// True when the indexes are in an older layout and must be rebuilt.
 fn check_format(
     meta: Db,
+    dn2id: Db,
     wtxn: &mut RwTxn<'_>,
     existing: bool,
     path: &Path,
@@ -141,6 +143,16 @@ fn check_format(
                     "store format upgrade: the indexes are rebuilt in this version's layout, once"
                 );
                 rebuild = true;
+            }
+            if found < keys::SHORT_DN2ID_FORMAT {
+                let started = std::time::Instant::now();
+                let keys = Dn2idLayout::shorten(dn2id, wtxn)?;
+                tracing::info!(
+                    store = %path.display(),
+                    keys,
+                    secs = started.elapsed().as_secs_f64(),
+                    "store format upgrade: dn2id keys rewritten with short parent IDs"
+                );
             }
             if found < FORMAT_VERSION {
                 // From now on records of the new format may be written.
@@ -299,7 +311,9 @@ impl Store {
                 env.create_database(&mut wtxn, Some("id2parent"))?,
             )
         };
-        let rebuild = check_format(meta, &mut wtxn, existing, path)?;
+        let rebuild = check_format(meta, dn2id, &mut wtxn, existing, path)?;
+        // Every store this version writes is in its layout.
+        let dn2id_layout = Dn2idLayout::of_format(FORMAT_VERSION);
         let codec = load_codec(&wtxn, meta, opts.compression)?;
         let indexes = open_indexes(
             &env, &mut wtxn, meta, id2entry, &schema, &codec, opts, path, rebuild,
@@ -323,6 +337,7 @@ impl Store {
             meta,
             id2entry,
             dn2id,
+            dn2id_layout,
             id2parent,
             changelog,
             changenumbers,
@@ -444,6 +459,8 @@ impl Store {
                 }
             }
         }
+        // The `found` checked above: Some.
+        let dn2id_layout = Dn2idLayout::of_format(found.unwrap_or(FORMAT_VERSION));
         let codec = load_codec(&rtxn, meta, opts.compression)?;
         let changelog = env.open_database::<Bytes, Bytes>(&rtxn, Some(changelog::NAME))?;
         let changenumbers = env.open_database::<Bytes, Bytes>(&rtxn, Some(change_numbers::NAME))?;
@@ -453,6 +470,7 @@ impl Store {
             meta,
             id2entry,
             dn2id,
+            dn2id_layout,
             id2parent,
             changelog,
             changenumbers,

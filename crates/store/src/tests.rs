@@ -1282,6 +1282,93 @@ fn eight_byte_dn2id_values_read_as_short_ones() {
     assert_consistent(&store);
 }
 
+/// A store of format 7 (`dn2id` keys with 8-byte parent IDs) is read as
+/// it is read-only, and its keys are rewritten short, in the same order,
+/// when it is opened for writing: DNs resolve, children are listed in
+/// order, verify passes, and changes after the upgrade write short keys.
+#[test]
+fn a_format_7_store_gets_short_dn2id_keys_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    let people = find(&store, "ou=People,dc=example,dc=com").unwrap();
+    let u3 = "cn=user3,ou=People,dc=example,dc=com";
+    let listing = |store: &Store| {
+        let r = store.read().unwrap();
+        let v = r.view();
+        let children = v.children(people).unwrap();
+        let sub = v.subtree(people, 100).unwrap().unwrap().len();
+        (children, sub, v.has_children(people).unwrap())
+    };
+    let before = listing(&store);
+    assert_eq!((before.0.len(), before.1), (20, 21));
+    let keys = |store: &Store| -> Vec<Vec<u8>> {
+        let r = store.read().unwrap();
+        let v = r.view();
+        let out = v.inner.dn2id.iter(&r.txn).unwrap();
+        out.map(|i| i.unwrap().0.to_vec()).collect()
+    };
+    let short = keys(&store);
+    // As format 7 wrote them: each parent ID in 8 bytes.
+    store
+        .write_blocking(|w| -> Result<(), StoreError> {
+            let db = w.inner.dn2id;
+            let all: Vec<(Vec<u8>, Vec<u8>)> = db
+                .iter(&w.txn)?
+                .map(|i| i.map(|(k, v)| (k.to_vec(), v.to_vec())))
+                .collect::<Result<_, _>>()?;
+            db.clear(&mut w.txn)?;
+            for (k, v) in all {
+                let n = k[0] as usize;
+                let mut parent = [0u8; 8];
+                parent[8 - n..].copy_from_slice(&k[1..=n]);
+                let mut wide = parent.to_vec();
+                wide.extend_from_slice(&k[1 + n..]);
+                db.put(&mut w.txn, &wide, &v)?;
+            }
+            w.inner
+                .meta
+                .put(&mut w.txn, META_FORMAT, &7u32.to_be_bytes())?;
+            Ok(())
+        })
+        .unwrap();
+    store.close();
+    let schema = Arc::new(Schema::standard());
+    let opts = StoreOptions {
+        max_batch: 16,
+        durability: Durability::Durable,
+        ..crate::model_check::options()
+    };
+    let ro = Store::open_read_only(dir.path(), schema, &opts).unwrap();
+    let wide = keys(&ro);
+    assert!(wide.iter().all(|k| k.len() > 8 && k[0] == 0));
+    assert!(find(&ro, u3).is_some());
+    assert_eq!(listing(&ro), before);
+    assert_consistent(&ro);
+    ro.close();
+    let store = open(dir.path());
+    assert_eq!(
+        keys(&store),
+        short,
+        "the same keys as format 8 writes, in order"
+    );
+    assert_eq!(listing(&store), before);
+    assert_eq!(store.read().unwrap().view().store_format().unwrap(), 8);
+    assert_consistent(&store);
+    let id = find(&store, u3).unwrap();
+    delete(&store, id).unwrap();
+    add_under(&store, people, "new", person("new", "1"));
+    assert!(find(&store, u3).is_none());
+    assert!(find(&store, "cn=new,ou=People,dc=example,dc=com").is_some());
+    assert!(keys(&store).iter().all(|k| k[0] != 0));
+    assert_consistent(&store);
+    store.close();
+    // A second opening finds nothing to rewrite.
+    let store = open(dir.path());
+    assert_eq!(listing(&store).0.len(), 20);
+    assert_consistent(&store);
+}
+
 /// A load into an empty store writes dn2id again in key order at the end:
 /// every DN resolves, duplicates were still refused during the load, and
 /// its pages are full (inserted in input order they came out half full).

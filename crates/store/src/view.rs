@@ -100,7 +100,11 @@ impl<'t> View<'t> {
                 if cfg!(test) {
                     BELOW_PARENT.with(|n| n.set(n.get() + 1));
                 }
-                match self.inner.dn2id.get(self.txn, &dn2id_key(parent, rdn))? {
+                match self
+                    .inner
+                    .dn2id
+                    .get(self.txn, &self.inner.dn2id_layout.key(parent, rdn))?
+                {
                     Some(v) => {
                         // An entry with children (a search base) is
                         // remembered itself, for the next time.
@@ -446,7 +450,11 @@ impl<'t> View<'t> {
     /// Immediate children, in key order.
     pub fn children(&self, id: EntryId) -> Result<Vec<EntryId>, StoreError> {
         let mut out = Vec::new();
-        for item in self.inner.dn2id.prefix_iter(self.txn, &id_bytes(id))? {
+        for item in self
+            .inner
+            .dn2id
+            .prefix_iter(self.txn, &self.inner.dn2id_layout.prefix(id))?
+        {
             out.push(dn2id_id(item?.1)?);
         }
         Ok(out)
@@ -459,7 +467,7 @@ impl<'t> View<'t> {
         for item in self
             .inner
             .dn2id
-            .prefix_iter(self.txn, &id_bytes(id))?
+            .prefix_iter(self.txn, &self.inner.dn2id_layout.prefix(id))?
             .take(max)
         {
             out.push(dn2id_id(item?.1)?);
@@ -471,7 +479,7 @@ impl<'t> View<'t> {
         Ok(self
             .inner
             .dn2id
-            .prefix_iter(self.txn, &id_bytes(id))?
+            .prefix_iter(self.txn, &self.inner.dn2id_layout.prefix(id))?
             .next()
             .transpose()?
             .is_some())
@@ -479,7 +487,11 @@ impl<'t> View<'t> {
 
     pub fn count_children(&self, id: EntryId) -> Result<u64, StoreError> {
         let mut n = 0;
-        for item in self.inner.dn2id.prefix_iter(self.txn, &id_bytes(id))? {
+        for item in self
+            .inner
+            .dn2id
+            .prefix_iter(self.txn, &self.inner.dn2id_layout.prefix(id))?
+        {
             item?;
             n += 1;
         }
@@ -493,7 +505,11 @@ impl<'t> View<'t> {
         set.insert(id);
         let mut stack = vec![id];
         while let Some(cur) = stack.pop() {
-            for item in self.inner.dn2id.prefix_iter(self.txn, &id_bytes(cur))? {
+            for item in self
+                .inner
+                .dn2id
+                .prefix_iter(self.txn, &self.inner.dn2id_layout.prefix(cur))?
+            {
                 let child = dn2id_id(item?.1)?;
                 set.insert(child);
                 if set.len() > limit {
@@ -674,11 +690,10 @@ impl<'t> View<'t> {
             match self.placement_in(id, v) {
                 Err(e) => problems.push(e.to_string()),
                 Ok(p) => {
-                    match self
-                        .inner
-                        .dn2id
-                        .get(self.txn, &dn2id_key(p.parent, &p.norm_rdn))?
-                    {
+                    match self.inner.dn2id.get(
+                        self.txn,
+                        &self.inner.dn2id_layout.key(p.parent, &p.norm_rdn),
+                    )? {
                         Some(v) if dn2id_id(v)? == id => {}
                         _ => problems.push(format!("entry {id} ({}) is missing from dn2id", p.rdn)),
                     }

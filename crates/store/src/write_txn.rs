@@ -63,7 +63,7 @@ impl<'e> WriteTxn<'e> {
         place: &Placement,
         attrs: &[Attribute],
     ) -> Result<EntryId, StoreError> {
-        let key = dn2id_key(place.parent, &place.norm_rdn);
+        let key = self.inner.dn2id_layout.key(place.parent, &place.norm_rdn);
         if self.inner.dn2id.get(&self.txn, &key)?.is_some() {
             return Err(StoreError::Corrupt(format!(
                 "dn2id already holds '{}'",
@@ -131,9 +131,10 @@ impl<'e> WriteTxn<'e> {
             )));
         }
         let place = self.current_place(id)?;
-        self.inner
-            .dn2id
-            .delete(&mut self.txn, &dn2id_key(place.parent, &place.norm_rdn))?;
+        self.inner.dn2id.delete(
+            &mut self.txn,
+            &self.inner.dn2id_layout.key(place.parent, &place.norm_rdn),
+        )?;
         self.inner.id2parent.delete(&mut self.txn, &id_bytes(id))?;
         self.inner.id2entry.delete(&mut self.txn, &id_bytes(id))?;
         self.update_indexes(id, old, &[])
@@ -158,7 +159,7 @@ impl<'e> WriteTxn<'e> {
             .ok_or_else(|| StoreError::Corrupt(format!("entry {id} has no id2entry record")))?
             .to_vec();
         let from = self.view().placement_in(id, &record)?;
-        let key = dn2id_key(to.parent, &to.norm_rdn);
+        let key = self.inner.dn2id_layout.key(to.parent, &to.norm_rdn);
         // The entry's own key is free for it: a change of case only.
         if let Some(v) = self.inner.dn2id.get(&self.txn, &key)? {
             if dn2id_id(v)? != id {
@@ -173,9 +174,10 @@ impl<'e> WriteTxn<'e> {
                 "move of entry {id} below itself"
             )));
         }
-        self.inner
-            .dn2id
-            .delete(&mut self.txn, &dn2id_key(from.parent, &from.norm_rdn))?;
+        self.inner.dn2id.delete(
+            &mut self.txn,
+            &self.inner.dn2id_layout.key(from.parent, &from.norm_rdn),
+        )?;
         self.inner
             .dn2id
             .put(&mut self.txn, &key, &dn2id_value(id))?;
