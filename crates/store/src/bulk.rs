@@ -591,8 +591,9 @@ impl<'s> BulkLoad<'s> {
         crate::lookup_in(inner, txn, norm_rdns)
     }
 
-    /// Keep a trained dictionary in meta (next free ID) and make it the one
-    /// new entries use; returns it for the encoders.
+    /// Keep a dictionary trained on split bodies ([`entry_codec::body_of`])
+    /// in meta (next free ID) and make it the one new entries use; returns
+    /// it for the encoders.
     pub fn install_dict(&mut self, bytes: Vec<u8>) -> Result<Arc<Dict>, StoreError> {
         let inner = self.inner;
         let id = inner.codec.max_dict_id() + 1;
@@ -605,7 +606,11 @@ impl<'s> BulkLoad<'s> {
             entry_codec::META_DICT_CURRENT.as_bytes(),
             &id.to_be_bytes(),
         )?;
-        Ok(inner.codec.add_dict(id, bytes, true))
+        // Trained on `entry_codec::body_of`'s split bodies.
+        inner
+            .meta
+            .put(txn, entry_codec::dict_split_meta_key(id).as_bytes(), b"1")?;
+        Ok(inner.codec.add_dict(id, bytes, true, true))
     }
 
     /// Store one entry: `record` is its encoded form (see

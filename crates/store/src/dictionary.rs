@@ -82,10 +82,16 @@ impl Store {
                 entry_codec::META_DICT_CURRENT.as_bytes(),
                 &id.to_be_bytes(),
             )?;
+            // The samples were `body_of`'s split bodies.
+            meta.put(
+                &mut w.txn,
+                entry_codec::dict_split_meta_key(id).as_bytes(),
+                b"1",
+            )?;
             Ok(Some(id))
         })?;
         if let Some(id) = id {
-            self.codec().add_dict(id, bytes, true);
+            self.codec().add_dict(id, bytes, true, true);
         }
         Ok(id)
     }

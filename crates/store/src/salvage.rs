@@ -325,7 +325,8 @@ fn codec_from(
             .and_then(|n| std::str::from_utf8(n).ok())
             .and_then(|n| n.parse::<u32>().ok())
         {
-            codec.add_dict(id, v.to_vec(), false);
+            // Only read with: how it was trained matters to writes alone.
+            codec.add_dict(id, v.to_vec(), false, false);
         }
     });
     codec

@@ -792,7 +792,10 @@ pub(crate) fn load_codec(
             .ok()
             .and_then(|n| n.parse::<u32>().ok())
             .ok_or_else(|| StoreError::Corrupt("meta: unreadable dictionary key".into()))?;
-        codec.add_dict(id, v.to_vec(), Some(id) == current);
+        let split = meta
+            .get(txn, entry_codec::dict_split_meta_key(id).as_bytes())?
+            .is_some();
+        codec.add_dict(id, v.to_vec(), Some(id) == current, split);
     }
     Ok(codec)
 }

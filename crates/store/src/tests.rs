@@ -2054,21 +2054,26 @@ fn a_store_filled_without_a_dictionary_gets_one_trained_on_its_entries() {
         let v = r.view().entry_bytes(id).unwrap().unwrap().to_vec();
         v
     };
-    // Format 3, placed, dictionary ID right after the CRC and placement.
-    let rec = raw(&store, after);
-    let at = 5 + 1 + rec[5] as usize;
-    assert_eq!(
-        (rec[0], rec[at] as u32),
-        (
-            entry_codec::ENTRY_FORMAT_ZSTD_BARE | entry_codec::PLACED,
-            id
-        )
+    // Format 4 (split: the dictionary was trained on split bodies),
+    // placed, dictionary ID right after the CRC and placement.
+    let format_and_dict = |rec: Vec<u8>| {
+        let at = 5 + 1 + rec[5] as usize;
+        (rec[0], rec[at] as u32)
+    };
+    let written = (
+        entry_codec::ENTRY_FORMAT_ZSTD_SPLIT | entry_codec::PLACED,
+        id,
     );
+    assert_eq!(format_and_dict(raw(&store, after)), written);
     store.close();
     let store = open(dir.path());
     assert_eq!(store.codec().current_dict().map(|d| d.id), Some(id));
+    // Reopened, the dictionary is still known to be for split bodies.
+    add_under(&store, people, "reopened", person("reopened", "1"));
+    let reopened = find(&store, "cn=reopened,ou=People,dc=example,dc=com").unwrap();
+    assert_eq!(format_and_dict(raw(&store, reopened)), written);
     let r = store.read().unwrap();
-    assert_eq!(r.view().entry_count().unwrap(), 22 + n as u64 + 1);
+    assert_eq!(r.view().entry_count().unwrap(), 22 + n as u64 + 2);
     drop(r);
     assert_consistent(&store);
 }
