@@ -321,11 +321,7 @@ impl Codec {
         };
         let split = dict.is_some_and(|d| d.split);
         let mut body = Vec::with_capacity(512);
-        if split {
-            encode_split_body(attrs, &mut body);
-        } else {
-            encode_body(attrs, &mut body);
-        }
+        encode_body(attrs, split, &mut body);
         if dict.is_none() && body.len() < MIN_PLAIN_COMPRESS {
             return encode_plain(attrs, out);
         }
@@ -541,7 +537,7 @@ pub fn train(samples: &[Vec<u8>], max_size: usize) -> Option<Vec<u8>> {
 /// hold it, split (what a dictionary is trained on).
 pub fn body_of(attrs: &[Attribute]) -> Vec<u8> {
     let mut b = Vec::with_capacity(512);
-    encode_split_body(attrs, &mut b);
+    encode_body(attrs, true, &mut b);
     b
 }
 
@@ -550,35 +546,32 @@ pub fn encode_plain(attrs: &[Attribute], out: &mut Vec<u8>) {
     out.clear();
     out.push(ENTRY_FORMAT);
     out.extend_from_slice(&[0; 4]);
-    encode_body(attrs, out);
+    encode_body(attrs, false, out);
     let crc = crc32fast::hash(&out[HEADER..]);
     out[1..HEADER].copy_from_slice(&crc.to_le_bytes());
 }
 
-fn encode_body(attrs: &[Attribute], out: &mut Vec<u8>) {
-    put_varint(out, attrs.len() as u64);
-    for a in attrs {
-        put_varint(out, a.desc.len() as u64);
-        out.extend_from_slice(a.desc.as_bytes());
-        put_varint(out, a.values.len() as u64);
+/// The body of entry formats 1 to 3 (`split` false: each description
+/// and count followed by its values) or 4 (`split`: every description and
+/// count, then every value).
+fn encode_body(attrs: &[Attribute], split: bool, out: &mut Vec<u8>) {
+    let values = |a: &Attribute, out: &mut Vec<u8>| {
         for v in &a.values {
             put_varint(out, v.len() as u64);
             out.extend_from_slice(v);
         }
-    }
-}
-
-/// The body of entry format 4: descriptions and counts, then values.
-fn encode_split_body(attrs: &[Attribute], out: &mut Vec<u8>) {
+    };
     put_varint(out, attrs.len() as u64);
     for a in attrs {
         put_varint(out, a.desc.len() as u64);
         out.extend_from_slice(a.desc.as_bytes());
         put_varint(out, a.values.len() as u64);
+        if !split {
+            values(a, out);
+        }
     }
-    for v in attrs.iter().flat_map(|a| &a.values) {
-        put_varint(out, v.len() as u64);
-        out.extend_from_slice(v);
+    if split {
+        attrs.iter().for_each(|a| values(a, out));
     }
 }
 
@@ -821,7 +814,7 @@ pub(crate) mod tests {
         let samples: Vec<Vec<u8>> = (0..500)
             .map(|i| {
                 let mut b = Vec::new();
-                encode_body(&sample(i), &mut b);
+                encode_body(&sample(i), false, &mut b);
                 b
             })
             .collect();
@@ -865,8 +858,8 @@ pub(crate) mod tests {
             values: (0..200).map(|i| format!("m{i}@x").into_bytes()).collect(),
         });
         let (mut split, mut interleaved) = (Vec::new(), Vec::new());
-        encode_split_body(&attrs, &mut split);
-        encode_body(&attrs, &mut interleaved);
+        encode_body(&attrs, true, &mut split);
+        encode_body(&attrs, false, &mut interleaved);
         assert_eq!(split.len(), interleaved.len());
         assert_ne!(split, interleaved);
         // Descriptions and counts first: the values come after the last one.

@@ -663,25 +663,7 @@ pub fn import(
         newest_csn: Default::default(),
         rejects_out,
     };
-    let result = match (loader.dict_pending, &opts.sample_file) {
-        (true, Some(path)) => loader.train_on_spread(path),
-        _ => Ok(()),
-    }
-    .and_then(|()| {
-        run_workers(
-            &mut loader,
-            input,
-            opts.threads.max(1),
-            &bytes_read,
-            on_progress,
-        )
-    });
-    let finished = result.and_then(|()| {
-        if loader.dict_pending {
-            loader.train()?;
-        }
-        loader.orphans_left()
-    });
+    let finished = load_all(&mut loader, input, &bytes_read, on_progress);
     let Loader {
         load,
         mut report,
@@ -707,6 +689,26 @@ pub fn import(
     report.bytes_read = bytes_read.load(Ordering::Relaxed);
     report.secs = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// Every entry of `input` stored, with a dictionary trained first from
+/// the input file when there is one, or else on the first entries.
+fn load_all(
+    loader: &mut Loader<'_, '_>,
+    input: Box<dyn Read + Send>,
+    bytes_read: &AtomicU64,
+    on_progress: &mut dyn FnMut(Progress),
+) -> Result<(), ImportError> {
+    let opts = loader.shared.opts;
+    if let (true, Some(path)) = (loader.dict_pending, &opts.sample_file) {
+        loader.train_on_spread(path)?;
+    }
+    let threads = opts.threads.max(1);
+    run_workers(loader, input, threads, bytes_read, on_progress)?;
+    if loader.dict_pending {
+        loader.train()?;
+    }
+    loader.orphans_left()
 }
 
 /// Read `input` in chunks on one thread, parse and check them on
