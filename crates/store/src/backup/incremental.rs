@@ -49,6 +49,7 @@ pub const STORE_OWNED: &[&str] = &[
     "indexes.dropped",
     "zstd_dict_current",
     "zstd_dict:",
+    "zstd_dict_split:",
     "changelog_floor",
     "changelog_unlogged",
     "changenumber_next",
@@ -353,6 +354,7 @@ mod tests {
             "format",
             "next_id",
             "zstd_dict:3",
+            "zstd_dict_split:3",
             "changelog_floor",
             "indexes",
         ] {
