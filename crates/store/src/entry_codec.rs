@@ -37,12 +37,12 @@
 //!               bodies only (`zstd_dict_split:<id>` in meta).
 //!
 //! placed (store format 6): the format byte with PLACED (0x80) set
-//! 0       1     format (0x81, 0x82 or 0x83)
+//! 0       1     format (0x81 to 0x84)
 //! 1       4     CRC-32 (IEEE) of every byte after this field, little-endian
 //! 5       var   placement length P (LEB128)
 //!         P     placement: the parent's ID (LEB128), then the RDN field
 //!               of an `id2parent` record (see `keys`)
-//!         rest  as format 1, 2 or 3 after its CRC
+//!         rest  as format 1, 2, 3 or 4 after its CRC
 //! ```
 //!
 //! The DN is not stored here, only the entry's place: its parent and RDN,
