@@ -597,19 +597,7 @@ impl<'s> BulkLoad<'s> {
     pub fn install_dict(&mut self, bytes: Vec<u8>) -> Result<Arc<Dict>, StoreError> {
         let inner = self.inner;
         let id = inner.codec.max_dict_id() + 1;
-        let txn = self.txn()?;
-        inner
-            .meta
-            .put(txn, entry_codec::dict_meta_key(id).as_bytes(), &bytes)?;
-        inner.meta.put(
-            txn,
-            entry_codec::META_DICT_CURRENT.as_bytes(),
-            &id.to_be_bytes(),
-        )?;
-        // Trained on `entry_codec::body_of`'s split bodies.
-        inner
-            .meta
-            .put(txn, entry_codec::dict_split_meta_key(id).as_bytes(), b"1")?;
+        crate::dictionary::put_new_dict(inner.meta, self.txn()?, id, &bytes)?;
         Ok(inner.codec.add_dict(id, bytes, true, true))
     }
 

@@ -24,6 +24,25 @@ static TRAINING: AtomicBool = AtomicBool::new(false);
 /// in this process (the entries are too alike or too small to gain).
 static GAVE_UP: AtomicBool = AtomicBool::new(false);
 
+/// Keep dictionary `id`, trained on `entry_codec::body_of`'s split
+/// bodies, in meta as the one new entries use (what `pando import` and a
+/// store filled over LDAP both write).
+pub(crate) fn put_new_dict(
+    meta: crate::Db,
+    txn: &mut heed::RwTxn<'_>,
+    id: u32,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    meta.put(txn, entry_codec::dict_meta_key(id).as_bytes(), bytes)?;
+    meta.put(
+        txn,
+        entry_codec::META_DICT_CURRENT.as_bytes(),
+        &id.to_be_bytes(),
+    )?;
+    meta.put(txn, entry_codec::dict_split_meta_key(id).as_bytes(), b"1")?;
+    Ok(())
+}
+
 impl Store {
     /// Train and install a dictionary when compression is on, none is in
     /// use, and the store holds at least [`SAMPLES`] entries. Blocking
@@ -75,19 +94,7 @@ impl Store {
                 return Ok(None);
             }
             let id = w.inner.codec.max_dict_id() + 1;
-            let meta = w.inner.meta;
-            meta.put(&mut w.txn, entry_codec::dict_meta_key(id).as_bytes(), &kept)?;
-            meta.put(
-                &mut w.txn,
-                entry_codec::META_DICT_CURRENT.as_bytes(),
-                &id.to_be_bytes(),
-            )?;
-            // The samples were `body_of`'s split bodies.
-            meta.put(
-                &mut w.txn,
-                entry_codec::dict_split_meta_key(id).as_bytes(),
-                b"1",
-            )?;
+            put_new_dict(w.inner.meta, &mut w.txn, id, &kept)?;
             Ok(Some(id))
         })?;
         if let Some(id) = id {

@@ -5,23 +5,31 @@ use std::io::{self, BufRead, BufReader, Read};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// The compression an input starting with `head` is in, by its magic
+/// number: "gzip", "zstd" or "plain".
+fn format_of(head: &[u8]) -> &'static str {
+    if head.starts_with(&[0x1f, 0x8b]) {
+        "gzip"
+    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        "zstd"
+    } else {
+        "plain"
+    }
+}
+
 /// Wrap `raw` in a gzip or zstd decoder when it starts with one of their
 /// magic numbers; otherwise read it as it is.
 pub fn decompressing(
     raw: Box<dyn Read + Send>,
 ) -> io::Result<(Box<dyn Read + Send>, &'static str)> {
     let mut r = BufReader::with_capacity(1 << 20, raw);
-    let head = r.fill_buf()?;
-    if head.starts_with(&[0x1f, 0x8b]) {
-        return Ok((Box::new(flate2::read::MultiGzDecoder::new(r)), "gzip"));
-    }
-    if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-        return Ok((
-            Box::new(zstd::stream::read::Decoder::with_buffer(r)?),
-            "zstd",
-        ));
-    }
-    Ok((Box::new(r), "plain"))
+    let format = format_of(r.fill_buf()?);
+    let out: Box<dyn Read + Send> = match format {
+        "gzip" => Box::new(flate2::read::MultiGzDecoder::new(r)),
+        "zstd" => Box::new(zstd::stream::read::Decoder::with_buffer(r)?),
+        _ => Box::new(r),
+    };
+    Ok((out, format))
 }
 
 /// Counts the bytes read from the underlying file (before decompression),
@@ -179,34 +187,25 @@ pub fn cut(
 /// records cannot be reached at an offset) or holds no more than the
 /// pieces would read, or is no regular file.
 pub fn spread(path: &std::path::Path, pieces: usize, bytes: usize) -> io::Result<Vec<Vec<u8>>> {
-    use std::os::unix::fs::FileExt;
+    use std::io::{Seek, SeekFrom};
     // A pipe or a device is read once, by the import.
     let meta = std::fs::metadata(path)?;
     if !meta.is_file() {
         return Ok(Vec::new());
     }
-    let file = std::fs::File::open(path)?;
+    let mut file = std::fs::File::open(path)?;
     let len = meta.len();
-    let mut head = [0u8; 4];
-    let n = file.read_at(&mut head, 0)?;
-    let compressed = head[..n].starts_with(&[0x1f, 0x8b]) || head[..n] == [0x28, 0xb5, 0x2f, 0xfd];
-    if compressed || len <= (pieces * bytes) as u64 {
+    let mut head = Vec::with_capacity(4);
+    (&mut file).take(4).read_to_end(&mut head)?;
+    if format_of(&head) != "plain" || len <= (pieces * bytes) as u64 {
         return Ok(Vec::new());
     }
     let mut out = Vec::with_capacity(pieces);
     for k in 0..pieces as u64 {
         let at = len / pieces as u64 * k;
-        let mut buf = vec![0u8; bytes];
-        let mut filled = 0;
-        while filled < bytes {
-            match file.read_at(&mut buf[filled..], at + filled as u64) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        buf.truncate(filled);
+        file.seek(SeekFrom::Start(at))?;
+        let mut buf = Vec::with_capacity(bytes);
+        (&mut file).take(bytes as u64).read_to_end(&mut buf)?;
         // A piece starts after a blank line (but the file's first), and
         // ends with one: whole records only.
         let start = if at == 0 {
