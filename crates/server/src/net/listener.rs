@@ -435,7 +435,8 @@ async fn serve(
                 continue;
             }
         };
-        shards.spawn(move || async move {
+        let peer_ip = conn.session.peer_ip;
+        shards.spawn(peer_ip, move || async move {
             serve_connection(conn, stream, ldaps).await;
             drop(ip_slot);
             drop(permit);
