@@ -12,10 +12,10 @@
 //! a second, the first still open) from one address: it joins the first's
 //! thread. A client that looks a user up on one connection and binds as
 //! the user on another (a login service, ldbench's auth) then has its
-//! whole flow on one thread, instead of every lookup
-//! connection on one thread and every bind connection on the other, each
-//! waiting on the other through the client (docs/performance.md, issue 39,
-//! thirteenth part: +14% auths a second, p99 lower).
+//! whole flow on one thread, instead of every lookup connection on one
+//! thread and every bind connection on the other, each waiting on the
+//! other through the client (docs/performance.md, issue 39, thirteenth
+//! part: +14% auths a second, p99 lower).
 //!
 //! This module must not: look at a connection's traffic or state (the
 //! connection's task owns it), or decide limits (the accept loops do).
