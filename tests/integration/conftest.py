@@ -33,10 +33,42 @@ GROUPS = "ou=Groups," + SUFFIX
 DEMO_UIDS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy"]
 
 
+def _port_pool():
+    """Ports below the kernel's ephemeral range, starting at a place set by
+    the process ID so two suites on one machine rarely meet."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    first = max(1024, low - 12000)
+    size = low - first
+    start = os.getpid() % size
+    return first, size, start
+
+
+_POOL = _port_pool()
+_NEXT = [0]
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a server a test starts: free now, not handed out before in
+    this run, and outside the ephemeral range.  A port the kernel picked
+    (bind to 0) comes from the range it also gives to client sockets, so
+    between this call and the server's bind, or while a server is down to be
+    restarted on the same port, a peer's outgoing connection could take it."""
+    first, size, start = _POOL
+    for _ in range(size):
+        port = first + (start + _NEXT[0]) % size
+        _NEXT[0] += 1
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 @contextlib.contextmanager
