@@ -61,6 +61,7 @@ pub mod postings;
 mod readers;
 pub mod salvage;
 mod store;
+mod txn_pool;
 pub mod unsynced_marker;
 mod view;
 mod write_txn;
@@ -200,6 +201,8 @@ pub(crate) struct Inner {
     /// computed from it may be reused while the value stays
     /// ([`ReadTxn::generation`]).
     content_generation: dn_cache::Generation,
+    /// Read transactions between readers ([`txn_pool`]).
+    txns: txn_pool::TxnPool,
 }
 
 /// The fixed databases.
@@ -222,6 +225,9 @@ impl Inner {
         self.content_generation.changing();
         let committed = txn.commit();
         self.content_generation.settled();
+        // Before any job of the batch is answered: no reader that follows
+        // an answer takes a snapshot from before it.
+        self.txns.clear();
         committed
     }
 
@@ -254,6 +260,7 @@ impl Inner {
             readers: readers::Readers::new(),
             dn_generation: dn_cache::Generation::new(),
             content_generation: dn_cache::Generation::new(),
+            txns: txn_pool::TxnPool::default(),
         }
     }
 }
@@ -267,7 +274,8 @@ pub struct Store {
 
 /// A read transaction over the store.
 pub struct ReadTxn<'s> {
-    txn: RoTxn<'s>,
+    /// Taken only by `drop`, to give it back to the pool.
+    txn: Option<RoTxn<'static>>,
     inner: &'s Inner,
     catalog: Arc<Catalog>,
     /// Its entry in the table of open readers (monitoring).
@@ -291,13 +299,30 @@ impl ReadTxn<'_> {
 impl Drop for ReadTxn<'_> {
     fn drop(&mut self) {
         self.inner.readers.leave(self.slot);
+        if let (Some(txn), Some(content)) = (self.txn.take(), self.content) {
+            let current = self.inner.content_generation.before_open();
+            self.inner.txns.give(
+                txn_pool::Pooled {
+                    txn,
+                    content,
+                    dn: self.dn_snapshot,
+                },
+                current,
+            );
+        }
     }
 }
 
 impl<'s> ReadTxn<'s> {
+    pub(crate) fn txn(&self) -> &RoTxn<'static> {
+        self.txn
+            .as_ref()
+            .expect("a read transaction's txn is taken only by drop")
+    }
+
     pub fn view(&self) -> View<'_> {
         View {
-            txn: &self.txn,
+            txn: self.txn(),
             inner: self.inner,
             catalog: &self.catalog,
             dn_snapshot: self.dn_snapshot,

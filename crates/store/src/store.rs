@@ -613,18 +613,35 @@ impl Store {
 
     /// A consistent read-only snapshot.
     pub fn read(&self) -> Result<ReadTxn<'_>, StoreError> {
-        let before = self.inner.dn_generation.before_open();
-        let content = self.inner.content_generation.before_open();
-        let catalog = self.inner.catalog.load_full();
-        let txn = self.inner.env.read_txn()?;
-        let catalog = catalog::for_snapshot(catalog, &self.inner.catalog.load());
+        let inner = &self.inner;
+        let before = inner.dn_generation.before_open();
+        let content = inner.content_generation.before_open();
+        let catalog = inner.catalog.load_full();
+        // An idle snapshot of the current generation holds what a new one
+        // would (`txn_pool`); its DN snapshot stands while DNs did not move.
+        let (txn, dn_snapshot, content) = match inner.txns.take(content) {
+            Some(p) => (
+                p.txn,
+                p.dn.filter(|d| d.generation() == before),
+                Some(p.content),
+            ),
+            None => {
+                let txn = inner.env.clone().static_read_txn()?;
+                (
+                    txn,
+                    inner.dn_generation.after_open(before),
+                    inner.content_generation.after_open(content),
+                )
+            }
+        };
+        let catalog = catalog::for_snapshot(catalog, &inner.catalog.load());
         Ok(ReadTxn {
-            txn,
-            inner: &self.inner,
+            txn: Some(txn),
+            inner,
             catalog,
-            slot: self.inner.readers.enter(),
-            dn_snapshot: self.inner.dn_generation.after_open(before),
-            content: self.inner.content_generation.after_open(content),
+            slot: inner.readers.enter(),
+            dn_snapshot,
+            content,
         })
     }
 
@@ -676,6 +693,8 @@ impl Store {
         // The last handle: close the environment now rather than whenever
         // the final reference happens to drop.
         if let Ok(inner) = Arc::try_unwrap(inner) {
+            // Idle read transactions hold the environment open.
+            inner.txns.clear();
             inner.env.prepare_for_closing().wait();
         }
     }

@@ -891,7 +891,7 @@ fn older_format_is_read_and_marked_current_newer_is_refused() {
         .view()
         .inner
         .meta
-        .get(&r.txn, META_FORMAT)
+        .get(r.txn(), META_FORMAT)
         .unwrap()
         .unwrap()
         .to_vec();
@@ -978,7 +978,7 @@ fn format_2_indexes_are_rebuilt_in_chunks() {
         r.view()
             .inner
             .meta
-            .get(&r.txn, k)
+            .get(r.txn(), k)
             .unwrap()
             .unwrap()
             .to_vec()
@@ -990,10 +990,14 @@ fn format_2_indexes_are_rebuilt_in_chunks() {
         .view()
         .inner
         .env
-        .open_database(&r.txn, Some("idx:cn:eq"))
+        .open_database(r.txn(), Some("idx:cn:eq"))
         .unwrap()
         .unwrap();
-    assert_eq!(old.len(&r.txn).unwrap(), 0, "the format 2 index is emptied");
+    assert_eq!(
+        old.len(r.txn()).unwrap(),
+        0,
+        "the format 2 index is emptied"
+    );
 }
 
 /// A store of format 3 to 5 (placements in `id2parent`, a format 3
@@ -1010,7 +1014,7 @@ fn id2parent_placements_read_as_they_are_and_move_into_records_when_written() {
         let r = store.read().unwrap();
         let v = r.view();
         let mut out = Vec::new();
-        for item in v.inner.id2entry.iter(&r.txn).unwrap() {
+        for item in v.inner.id2entry.iter(r.txn()).unwrap() {
             let id = id_from(item.unwrap().0).unwrap();
             out.push(v.dn_pair(id).unwrap());
         }
@@ -1083,7 +1087,7 @@ fn id2parent_placements_read_as_they_are_and_move_into_records_when_written() {
         assert!(v
             .inner
             .id2parent
-            .get(&r.txn, &id_bytes(id))
+            .get(r.txn(), &id_bytes(id))
             .unwrap()
             .is_none());
     }
@@ -1092,7 +1096,7 @@ fn id2parent_placements_read_as_they_are_and_move_into_records_when_written() {
         "cn=User4b,ou=People,dc=example,dc=com"
     );
     assert_eq!(
-        v.inner.id2parent.len(&r.txn).unwrap(),
+        v.inner.id2parent.len(r.txn()).unwrap(),
         before.len() as u64 - 2,
         "the entries not written keep theirs"
     );
@@ -1212,7 +1216,7 @@ fn format_4_indexes_are_rebuilt_in_the_short_layout() {
     assert_eq!(v.store_format().unwrap(), FORMAT_VERSION);
     let db = v.index_db("entryuuid", IndexKind::Eq).unwrap();
     let mut records = 0;
-    for item in db.iter(&r.txn).unwrap() {
+    for item in db.iter(r.txn()).unwrap() {
         let rec = item.unwrap().0;
         let (key, chunk) = postings::split_record_key(rec).unwrap();
         assert_eq!((key.len(), chunk), (index::EQ_KEY_LEN, 0));
@@ -1238,7 +1242,7 @@ fn eight_byte_dn2id_values_read_as_short_ones() {
         let out = v
             .inner
             .dn2id
-            .iter(&r.txn)
+            .iter(r.txn())
             .unwrap()
             .map(|i| i.unwrap().1.len())
             .collect();
@@ -1305,7 +1309,7 @@ fn a_format_7_store_gets_short_dn2id_keys_once() {
     let keys = |store: &Store| -> Vec<Vec<u8>> {
         let r = store.read().unwrap();
         let v = r.view();
-        let out = v.inner.dn2id.iter(&r.txn).unwrap();
+        let out = v.inner.dn2id.iter(r.txn()).unwrap();
         out.map(|i| i.unwrap().0.to_vec()).collect()
     };
     let short = keys(&store);
@@ -1418,7 +1422,7 @@ fn bulk_load_into_an_empty_store_repacks_dn2id() {
     }
     assert!(find(&store, "cn=user.20000,dc=example,dc=com").is_none());
     let r = store.read().unwrap();
-    let stat = r.view().inner.dn2id.stat(&r.txn).unwrap();
+    let stat = r.view().inner.dn2id.stat(r.txn()).unwrap();
     assert_eq!(stat.entries as u64, n + 1);
     // A record: node header 8, key 8 + ~12, value 3, pointer 2 ≈ 33 bytes.
     let full = (n as usize * 33).div_ceil(stat.page_size as usize - 16);
@@ -1800,6 +1804,47 @@ fn content_generation_moves_with_every_commit() {
     assert!(failed.is_err());
     assert!(g(&store) >= second);
     assert_eq!(g(&store) % 2, 0);
+}
+
+/// A reader's transaction serves the next reader while nothing is
+/// committed (`txn_pool`); a commit ends every idle one, one held across a
+/// commit is not kept, and a reader after a write always sees it.
+#[test]
+fn idle_read_transactions_serve_the_next_reader_until_a_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    tree(&store);
+    let idle = |s: &Store| s.inner.txns.len();
+    drop(store.read().unwrap());
+    assert_eq!(idle(&store), 1);
+    drop(store.read().unwrap());
+    assert_eq!(idle(&store), 1, "the idle one was taken and given back");
+    let (a, b) = (store.read().unwrap(), store.read().unwrap());
+    assert_eq!(idle(&store), 0);
+    drop((a, b));
+    assert_eq!(idle(&store), 2);
+    store.write_blocking(|w| w.meta_put("test", b"1")).unwrap();
+    assert_eq!(idle(&store), 0, "a commit ends the idle transactions");
+    let held = store.read().unwrap();
+    for i in 2..40u32 {
+        let v = i.to_string();
+        let w = v.clone();
+        store
+            .write_blocking(move |t| t.meta_put("test", w.as_bytes()))
+            .unwrap();
+        let r = store.read().unwrap();
+        assert_eq!(
+            r.view().meta_get("test").unwrap().as_deref(),
+            Some(v.as_bytes())
+        );
+    }
+    assert_eq!(
+        held.view().meta_get("test").unwrap().as_deref(),
+        Some(&b"1"[..])
+    );
+    drop(held);
+    assert_eq!(idle(&store), 1, "the one held across commits was not kept");
+    store.close();
 }
 
 fn logged(csn: &str, seq: u32, kind: LoggedKind, dn: &str) -> LoggedChange {
