@@ -62,11 +62,7 @@ pub async fn bind(
     }
     // Normalised once: the RDNs find the entry, their join is the identity.
     let (rdns, norm) = super::bind_dn_rdns(server, &req.name)?;
-    let attempt = server
-        .rt
-        .throttle
-        .begin(crate::throttle::Key::new(&norm, session))
-        .await?;
+    let attempt = server.rt.throttle.begin(&norm, session).await?;
     let policy = server.policy.as_deref();
     // Looked at before the account is read: a failure no longer pending
     // then was committed before the read.

@@ -197,8 +197,12 @@ async fn check_old_password(
     old: Vec<u8>,
 ) -> OpResult<Vec<Vec<u8>>> {
     let wrong = || LdapError::unwilling("the old password is wrong");
-    let key = crate::throttle::Key::new(norm, &who.session);
-    let attempt = server.rt.throttle.begin(key).await.map_err(|_| wrong())?;
+    let attempt = server
+        .rt
+        .throttle
+        .begin(norm, &who.session)
+        .await
+        .map_err(|_| wrong())?;
     let stored = {
         let rtxn = server.rt.store.read()?;
         let view = rtxn.view();

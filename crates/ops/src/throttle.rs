@@ -7,10 +7,16 @@
 //! `failed_bind_lockout_seconds`. Records are forgotten that long after the
 //! last failure; a successful bind clears its DN's record. Independent of
 //! any password policy kept in entries.
+//!
+//! A DN is counted under a hash keyed with this process's random key: no
+//! copy of the DN per attempt, and a client choosing DNs cannot make two
+//! collide without knowing the key. Each step of an attempt takes each
+//! table's lock once.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -35,18 +41,26 @@ struct Record {
 }
 
 /// What one bind attempt is counted against.
-pub struct Key {
-    dn: String,
+struct Key {
+    /// [`dn_key`] of the normalised DN.
+    dn: u64,
     ip: Option<IpAddr>,
 }
 
 impl Key {
-    pub fn new(norm_dn: &str, session: &Session) -> Key {
+    fn new(norm_dn: &str, session: &Session) -> Key {
         Key {
-            dn: norm_dn.to_string(),
+            dn: dn_key(norm_dn),
             ip: session.peer_ip,
         }
     }
+}
+
+/// A normalised DN's key in the DN table: a hash under this process's
+/// random key (see the module header).
+fn dn_key(norm_dn: &str) -> u64 {
+    static HASHER: OnceLock<RandomState> = OnceLock::new();
+    HASHER.get_or_init(RandomState::new).hash_one(norm_dn)
 }
 
 /// The `limits.failed_bind_*` settings; replaced by a configuration
@@ -74,7 +88,7 @@ impl Params {
 
 pub struct BindThrottle {
     params: std::sync::RwLock<Params>,
-    by_dn: Mutex<HashMap<String, Record>>,
+    by_dn: Mutex<HashMap<u64, Record>>,
     by_ip: Mutex<HashMap<IpAddr, Record>>,
 }
 
@@ -96,22 +110,25 @@ impl BindThrottle {
         *self.params.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// (failures, attempts in flight) for `k`; failures are forgotten
-    /// `lockout_for` after the last one.
+    /// (failures, attempts in flight) in `r` at `now`; failures are
+    /// forgotten `lockout_for` after the last one.
+    fn counts(r: Option<&Record>, now: Instant, lockout_for: Duration) -> (u32, u32) {
+        match r {
+            Some(r) if now.duration_since(r.last) < lockout_for => (r.failures, r.in_flight),
+            Some(r) => (0, r.in_flight),
+            None => (0, 0),
+        }
+    }
+
+    #[cfg(test)]
     fn current<K: std::hash::Hash + Eq>(
         &self,
         map: &Mutex<HashMap<K, Record>>,
         k: &K,
         now: Instant,
     ) -> (u32, u32) {
-        let Ok(m) = map.lock() else { return (0, 0) };
-        match m.get(k) {
-            Some(r) if now.duration_since(r.last) < self.params().lockout_for => {
-                (r.failures, r.in_flight)
-            }
-            Some(r) => (0, r.in_flight),
-            None => (0, 0),
-        }
+        let m = map.lock().unwrap();
+        Self::counts(m.get(k), now, self.params().lockout_for)
     }
 
     /// Locked out at `limit` (0 = never): by recorded failures alone, or,
@@ -127,26 +144,39 @@ impl BindThrottle {
     /// Refuse the attempt when the DN or the address is locked out;
     /// otherwise count it as in flight until [`failed`](Self::failed),
     /// [`succeeded`](Self::succeeded) or [`abandoned`](Self::abandoned).
-    pub async fn before_attempt(&self, key: &Key) -> Result<(), LdapError> {
+    /// Both tables are held while looking and counting (the DN's first).
+    async fn before_attempt(&self, key: &Key, norm_dn: &str) -> Result<(), LdapError> {
         let now = Instant::now();
-        let dn = self.current(&self.by_dn, &key.dn, now);
-        let ip = key
-            .ip
-            .map(|ip| self.current(&self.by_ip, &ip, now))
-            .unwrap_or((0, 0));
         let p = self.params();
-        if Self::locked(p.lockout_dn, dn) || Self::locked(p.lockout_ip, ip) {
+        let refused = {
+            let (Ok(mut dns), Ok(mut ips)) = (self.by_dn.lock(), self.by_ip.lock()) else {
+                return Ok(());
+            };
+            let dn = Self::counts(dns.get(&key.dn), now, p.lockout_for);
+            let ip = key
+                .ip
+                .map_or((0, 0), |ip| Self::counts(ips.get(&ip), now, p.lockout_for));
+            let refused = Self::locked(p.lockout_dn, dn) || Self::locked(p.lockout_ip, ip);
+            if !refused {
+                let enter = &mut |r: &mut Record| r.in_flight = r.in_flight.saturating_add(1);
+                Self::update_in(&mut dns, &key.dn, now, p.lockout_for, enter);
+                if let Some(ip) = key.ip {
+                    Self::update_in(&mut ips, &ip, now, p.lockout_for, enter);
+                }
+            }
+            refused
+        };
+        if refused {
             tracing::info!(
-                dn = %key.dn,
+                dn = %norm_dn,
                 ip = ?key.ip,
                 "bind refused: too many failed binds; locked out for a while"
             );
             // Same answer as a wrong password, after the longest delay, so a
             // guesser learns nothing and gains nothing by hammering.
-            tokio::time::sleep(self.params().max_delay).await;
+            tokio::time::sleep(p.max_delay).await;
             return Err(LdapError::new(ResultCode::INVALID_CREDENTIALS, ""));
         }
-        self.each(key, now, |r| r.in_flight = r.in_flight.saturating_add(1));
         Ok(())
     }
 
@@ -171,6 +201,17 @@ impl BindThrottle {
         f: &mut impl FnMut(&mut Record),
     ) -> u32 {
         let Ok(mut m) = map.lock() else { return 0 };
+        Self::update_in(&mut m, k, now, keep, f)
+    }
+
+    /// [`update`](Self::update) on a table already locked.
+    fn update_in<K: std::hash::Hash + Eq + Clone>(
+        m: &mut HashMap<K, Record>,
+        k: &K,
+        now: Instant,
+        keep: Duration,
+        f: &mut impl FnMut(&mut Record),
+    ) -> u32 {
         if m.len() >= MAX_RECORDS && !m.contains_key(k) {
             m.retain(|_, r| now.duration_since(r.last) < keep || r.in_flight > 0);
             if m.len() >= MAX_RECORDS {
@@ -198,7 +239,7 @@ impl BindThrottle {
 
     /// The attempt's password was wrong: record the failure and wait out
     /// its delay before the answer goes back.
-    pub async fn failed(&self, key: &Key) {
+    async fn failed(&self, key: &Key) {
         let now = Instant::now();
         let fails = self.each(key, now, |r| {
             r.in_flight = r.in_flight.saturating_sub(1);
@@ -212,17 +253,17 @@ impl BindThrottle {
     }
 
     /// The attempt succeeded: its DN's failures are cleared.
-    pub fn succeeded(&self, key: &Key) {
-        self.each(key, Instant::now(), |r| {
+    fn succeeded(&self, key: &Key) {
+        let now = Instant::now();
+        let keep = self.params().lockout_for;
+        Self::update(&self.by_dn, &key.dn, now, keep, &mut |r: &mut Record| {
             r.in_flight = r.in_flight.saturating_sub(1);
+            r.failures = 0;
         });
-        if let Ok(mut m) = self.by_dn.lock() {
-            if let Some(r) = m.get_mut(&key.dn) {
-                r.failures = 0;
-                if r.in_flight == 0 {
-                    m.remove(&key.dn);
-                }
-            }
+        if let Some(ip) = key.ip {
+            Self::update(&self.by_ip, &ip, now, keep, &mut |r: &mut Record| {
+                r.in_flight = r.in_flight.saturating_sub(1);
+            });
         }
     }
 
@@ -230,8 +271,9 @@ impl BindThrottle {
     /// an outcome (an internal error, or the client went away mid-bind),
     /// the attempt is [`abandoned`](Self::abandoned), so in-flight counts
     /// never leak.
-    pub async fn begin(&self, key: Key) -> Result<Attempt<'_>, LdapError> {
-        self.before_attempt(&key).await?;
+    pub async fn begin(&self, norm_dn: &str, session: &Session) -> Result<Attempt<'_>, LdapError> {
+        let key = Key::new(norm_dn, session);
+        self.before_attempt(&key, norm_dn).await?;
         Ok(Attempt {
             throttle: self,
             key: Some(key),
@@ -240,7 +282,7 @@ impl BindThrottle {
 
     /// The attempt ended without an answer on the password (an internal
     /// error): it is no longer in flight, and nothing is recorded.
-    pub fn abandoned(&self, key: &Key) {
+    fn abandoned(&self, key: &Key) {
         self.each(key, Instant::now(), |r| {
             r.in_flight = r.in_flight.saturating_sub(1);
         });
@@ -317,18 +359,18 @@ mod tests {
         let t = throttle(0, 3);
         let key = Key::new("uid=a", &Session::default());
         for _ in 0..3 {
-            assert!(t.before_attempt(&key).await.is_ok());
+            assert!(t.before_attempt(&key, "uid=a").await.is_ok());
             t.failed(&key).await;
         }
-        assert!(t.before_attempt(&key).await.is_err());
+        assert!(t.before_attempt(&key, "uid=a").await.is_err());
         // Another DN is unaffected (no address given).
         assert!(t
-            .before_attempt(&Key::new("uid=b", &Session::default()))
+            .before_attempt(&Key::new("uid=b", &Session::default()), "uid=b")
             .await
             .is_ok());
         // The lockout ends with the window.
         tokio::time::advance(Duration::from_secs(61)).await;
-        assert!(t.before_attempt(&key).await.is_ok());
+        assert!(t.before_attempt(&key, "uid=a").await.is_ok());
         t.failed(&key).await;
         t.succeeded(&key);
         assert_eq!(t.current(&t.by_dn, &key.dn, Instant::now()), (0, 0));
@@ -341,7 +383,7 @@ mod tests {
         // A pool binding with the right password: many in flight, no
         // failure, nobody locked out.
         for _ in 0..5 {
-            assert!(t.before_attempt(&key).await.is_ok());
+            assert!(t.before_attempt(&key, "uid=a").await.is_ok());
         }
         for _ in 0..5 {
             t.succeeded(&key);
@@ -349,12 +391,12 @@ mod tests {
         assert!(t.by_dn.lock().unwrap().is_empty());
         // Guesses: once one has failed, those still being checked count.
         for _ in 0..3 {
-            assert!(t.before_attempt(&key).await.is_ok());
+            assert!(t.before_attempt(&key, "uid=a").await.is_ok());
         }
         t.failed(&key).await;
         assert_eq!(t.current(&t.by_dn, &key.dn, Instant::now()), (1, 2));
         assert!(
-            t.before_attempt(&key).await.is_err(),
+            t.before_attempt(&key, "uid=a").await.is_err(),
             "1 failure + 2 in flight"
         );
         // An internal error takes the attempt back without a failure.
@@ -362,7 +404,7 @@ mod tests {
         t.abandoned(&key);
         assert_eq!(t.current(&t.by_dn, &key.dn, Instant::now()), (1, 0));
         // A right password clears the DN's failures.
-        assert!(t.before_attempt(&key).await.is_ok());
+        assert!(t.before_attempt(&key, "uid=a").await.is_ok());
         t.succeeded(&key);
         assert!(t.by_dn.lock().unwrap().is_empty());
     }
@@ -374,7 +416,7 @@ mod tests {
         for i in 0..(MAX_RECORDS + 10) {
             BindThrottle::update(
                 &t.by_dn,
-                &format!("uid={i}"),
+                &dn_key(&format!("uid={i}")),
                 now + Duration::from_micros(i as u64),
                 t.params().lockout_for,
                 &mut |r: &mut Record| r.failures += 1,
