@@ -120,17 +120,6 @@ impl BindThrottle {
         }
     }
 
-    #[cfg(test)]
-    fn current<K: std::hash::Hash + Eq>(
-        &self,
-        map: &Mutex<HashMap<K, Record>>,
-        k: &K,
-        now: Instant,
-    ) -> (u32, u32) {
-        let m = map.lock().unwrap();
-        Self::counts(m.get(k), now, self.params().lockout_for)
-    }
-
     /// Locked out at `limit` (0 = never): by recorded failures alone, or,
     /// once there is a failure, by failures and attempts in flight
     /// together. So a burst of parallel guesses meets the lockout while
@@ -331,6 +320,19 @@ impl Drop for Attempt<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl BindThrottle {
+        /// (failures, attempts in flight) for `k` now.
+        fn current<K: std::hash::Hash + Eq>(
+            &self,
+            map: &Mutex<HashMap<K, Record>>,
+            k: &K,
+            now: Instant,
+        ) -> (u32, u32) {
+            let m = map.lock().unwrap();
+            Self::counts(m.get(k), now, self.params().lockout_for)
+        }
+    }
 
     fn throttle(free: u32, lockout: u32) -> BindThrottle {
         BindThrottle::new(&Limits {
