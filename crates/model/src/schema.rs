@@ -30,7 +30,11 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// built once from trusted schema files (clients cannot insert keys, so a
 /// non-keyed hash invites no flooding).
 #[derive(Clone, Copy)]
-pub(crate) struct Fnv(u64);
+pub struct Fnv(u64);
+
+/// The hasher of tables keyed by names the administrator defines
+/// (attribute types, indexes): for those only, see [`Fnv`].
+pub type NameHash = BuildHasherDefault<Fnv>;
 
 impl Default for Fnv {
     fn default() -> Self {

@@ -14,6 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use pando_model::schema::NameHash;
 use pando_model::Schema;
 
 use crate::index::{self, IndexKind};
@@ -28,20 +29,24 @@ pub(crate) struct IndexDb {
     pub(crate) ready: bool,
 }
 
+/// Indexes by lowercase attribute name: names the administrator defines,
+/// looked up on every search's plan.
+pub(crate) type IndexMap = HashMap<String, Vec<IndexDb>, NameHash>;
+
 pub struct Catalog {
     pub schema: Arc<Schema>,
     /// Lowercase names of attributes that have subtypes: an assertion on them
     /// also matches subtype values, which their own index does not hold.
-    pub(crate) has_subtypes: HashSet<String>,
+    pub(crate) has_subtypes: HashSet<String, NameHash>,
     /// Every index the writer keeps, by lowercase attribute name.
-    pub(crate) indexes: HashMap<String, Vec<IndexDb>>,
+    pub(crate) indexes: IndexMap,
     /// Every (attribute, kind) of `indexes` in a fixed order: the slot
     /// numbers of bulk loads' packed keys (see [`crate::bulk`]).
     pub(crate) slots: Vec<(String, IndexKind)>,
 }
 
 impl Catalog {
-    pub(crate) fn new(schema: Arc<Schema>, indexes: HashMap<String, Vec<IndexDb>>) -> Catalog {
+    pub(crate) fn new(schema: Arc<Schema>, indexes: IndexMap) -> Catalog {
         Catalog {
             has_subtypes: subtype_parents(&schema),
             schema,
@@ -51,7 +56,7 @@ impl Catalog {
     }
 
     /// The same schema with other indexes.
-    pub(crate) fn with_indexes(&self, indexes: HashMap<String, Vec<IndexDb>>) -> Catalog {
+    pub(crate) fn with_indexes(&self, indexes: IndexMap) -> Catalog {
         Catalog {
             schema: self.schema.clone(),
             has_subtypes: self.has_subtypes.clone(),
@@ -140,7 +145,7 @@ pub(crate) fn for_snapshot(before: Arc<Catalog>, after: &Arc<Catalog>) -> Arc<Ca
     }
 }
 
-fn slots_of(indexes: &HashMap<String, Vec<IndexDb>>) -> Vec<(String, IndexKind)> {
+fn slots_of(indexes: &IndexMap) -> Vec<(String, IndexKind)> {
     let mut slots: Vec<(String, IndexKind)> = indexes
         .iter()
         .flat_map(|(a, dbs)| dbs.iter().map(move |d| (a.clone(), d.kind)))
@@ -149,8 +154,8 @@ fn slots_of(indexes: &HashMap<String, Vec<IndexDb>>) -> Vec<(String, IndexKind)>
     slots
 }
 
-fn subtype_parents(schema: &Schema) -> HashSet<String> {
-    let mut out = HashSet::new();
+fn subtype_parents(schema: &Schema) -> HashSet<String, NameHash> {
+    let mut out = HashSet::default();
     for at in schema.attributes() {
         if let Some(sup_at) = at.sup.as_deref().and_then(|s| schema.attribute(s)) {
             out.insert(sup_at.name().to_ascii_lowercase());

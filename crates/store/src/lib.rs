@@ -234,7 +234,7 @@ impl Inner {
     fn new(
         env: Env,
         dbs: Dbs,
-        indexes: HashMap<String, Vec<IndexDb>>,
+        indexes: crate::catalog::IndexMap,
         schema: Arc<Schema>,
         path: &Path,
         d: Durability,

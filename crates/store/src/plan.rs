@@ -180,41 +180,47 @@ pub enum Exactness {
     WhenRdnIs(String),
 }
 
-/// How far the candidates of `f` are exactly its matches: a single
-/// equality on an attribute with an equality index, written without
-/// options, with no subtypes, other than objectClass (whose keys include
-/// superclasses); [`Exactness::Exact`] when its key is literal (a value of
-/// at most 3 bytes), [`Exactness::WhenRdnIs`] when it is hashed (values
-/// sharing a hash share a posting list).
-pub(crate) fn exact(view: &View<'_>, f: &Filter) -> Exactness {
+/// The candidates of `f` ([`candidates`]) and how far they are exactly its
+/// matches: exact for a single equality on an attribute with an equality
+/// index, written without options, with no subtypes, other than objectClass
+/// (whose keys include superclasses); [`Exactness::Exact`] when its key is
+/// literal (a value of at most 3 bytes), [`Exactness::WhenRdnIs`] when it
+/// is hashed (values sharing a hash share a posting list).
+pub(crate) fn candidates_exact(
+    view: &View<'_>,
+    f: &Filter,
+) -> Result<(Candidates, Exactness), StoreError> {
     let Filter::Equality(ava) = f else {
-        return Exactness::Test;
+        return Ok((candidates(view, f)?, Exactness::Test));
     };
-    if pando_model::AttrDesc::new(&ava.attr).has_options() {
-        return Exactness::Test;
-    }
+    // As `candidates` does for an equality, the key computed once for both.
     let Some((name, at)) = resolve(view, &ava.attr) else {
-        return Exactness::Test;
+        return Ok((Candidates::Ids(RoaringTreemap::new()), Exactness::Test));
     };
-    if name == "objectclass" || usable(view, &name, IndexKind::Eq).is_none() {
-        return Exactness::Test;
+    let Some(db) = usable(view, &name, IndexKind::Eq) else {
+        return Ok((Candidates::All, Exactness::Test));
+    };
+    let Some(key) = index::assertion_key(view.schema(), at, IndexKind::Eq, &ava.value) else {
+        return Ok((Candidates::Ids(RoaringTreemap::new()), Exactness::Test));
+    };
+    let ids = view.posting(db, &key)?;
+    if name == "objectclass" || pando_model::AttrDesc::new(&ava.attr).has_options() {
+        return Ok((Candidates::Ids(ids), Exactness::Test));
     }
-    let schema = view.schema();
-    match index::assertion_key(schema, at, IndexKind::Eq, &ava.value) {
-        None => Exactness::Test,
-        Some(k) if index::is_literal(&k) => Exactness::Exact,
-        Some(_) => {
-            let rdn = pando_model::Rdn {
-                avas: vec![pando_model::RdnAva {
-                    attr: at.name().to_string(),
-                    value: ava.value.clone(),
-                }],
-            };
-            schema
-                .normalize_rdn(&rdn)
-                .map_or(Exactness::Test, Exactness::WhenRdnIs)
-        }
+    if index::is_literal(&key) {
+        return Ok((Candidates::Ids(ids), Exactness::Exact));
     }
+    let rdn = pando_model::Rdn {
+        avas: vec![pando_model::RdnAva {
+            attr: at.name().to_string(),
+            value: ava.value.clone(),
+        }],
+    };
+    let exactness = view
+        .schema()
+        .normalize_rdn(&rdn)
+        .map_or(Exactness::Test, Exactness::WhenRdnIs);
+    Ok((Candidates::Ids(ids), exactness))
 }
 
 /// The type `desc` names, with its name in lowercase (the indexes' key;

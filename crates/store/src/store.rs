@@ -180,7 +180,7 @@ fn open_indexes(
     opts: &StoreOptions,
     path: &Path,
     rebuild: bool,
-) -> Result<HashMap<String, Vec<IndexDb>>, StoreError> {
+) -> Result<crate::catalog::IndexMap, StoreError> {
     let listed: HashSet<String> = match meta.get(wtxn, META_INDEXES)? {
         Some(v) => parse_listed(v).into_iter().collect(),
         // Stores from before the list: their existing indexes were built whole.
@@ -200,7 +200,7 @@ fn open_indexes(
             existing
         }
     };
-    let mut indexes: HashMap<String, Vec<IndexDb>> = HashMap::new();
+    let mut indexes: crate::catalog::IndexMap = Default::default();
     let mut to_build = Vec::new();
     let mut maintained: Vec<String> = Vec::new();
     for spec in &opts.indexes {
@@ -443,7 +443,7 @@ impl Store {
         let listed: Option<HashSet<String>> = meta
             .get(&rtxn, META_INDEXES)?
             .map(|v| parse_listed(v).into_iter().collect());
-        let mut indexes: HashMap<String, Vec<IndexDb>> = HashMap::new();
+        let mut indexes: crate::catalog::IndexMap = Default::default();
         for spec in &opts.indexes {
             let attr = spec.attr.to_ascii_lowercase();
             for &kind in &spec.kinds {

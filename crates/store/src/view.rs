@@ -594,11 +594,14 @@ impl<'t> View<'t> {
         plan::candidates(self, filter)
     }
 
-    /// Whether the candidates of `filter` are exactly the entries it
-    /// matches, or are when their RDN says so (see [`plan::Exactness`]):
-    /// a caller may skip testing those.
-    pub fn candidates_exactness(&self, filter: &pando_proto::Filter) -> Exactness {
-        plan::exact(self, filter)
+    /// [`View::candidates`], and whether they are exactly the entries the
+    /// filter matches, or are when their RDN says so (see
+    /// [`plan::Exactness`]): a caller may skip testing those.
+    pub fn candidates_exact(
+        &self,
+        filter: &pando_proto::Filter,
+    ) -> Result<(Candidates, Exactness), StoreError> {
+        plan::candidates_exact(self, filter)
     }
 
     pub(crate) fn posting(&self, db: &Db, key: &[u8]) -> Result<RoaringTreemap, StoreError> {

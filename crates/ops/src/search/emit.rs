@@ -3,6 +3,8 @@
 //! requester may not read, with computed attributes, encoded straight
 //! into the output buffer.
 
+use std::sync::Arc;
+
 use pando_model::{AttributeType, Dn, Entry, Schema};
 use pando_proto::EntryEncoder;
 use pando_store::{EntryId, View};
@@ -14,6 +16,7 @@ use crate::COMPUTED;
 use pando_access::acl::{self, Access, EntryRules};
 
 /// Which attributes a search returns (RFC 4511 4.5.1.8, RFC 3673, RFC 4529).
+#[derive(Clone)]
 pub(super) struct Selection {
     pub(super) all_user: bool,
     pub(super) all_oper: bool,
@@ -55,7 +58,44 @@ impl Seen {
     }
 }
 
+/// How many attribute lists each thread remembers the selection of, and
+/// the longest list (in bytes of names) it remembers.
+const REMEMBERED: usize = 4;
+const REMEMBERED_BYTES: usize = 1024;
+
+/// A remembered selection: the schema it was made against (held, so that
+/// no other schema can take its address), the list, the selection.
+type Remembered = (Arc<Schema>, Vec<String>, Arc<Selection>);
+
+thread_local! {
+    /// The selections this thread made last, newest last.
+    static SELECTIONS: std::cell::RefCell<Vec<Remembered>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl Selection {
+    /// [`Selection::new`], shared: a client names the same attributes
+    /// search after search (a login's lookup, a mail router's), and each
+    /// thread remembers the selections of the last few lists it saw.
+    pub(super) fn remembered(schema: &Arc<Schema>, attrs: &[String]) -> Arc<Selection> {
+        let same = |(s, a, _): &&Remembered| Arc::ptr_eq(s, schema) && a.as_slice() == attrs;
+        let hit = SELECTIONS.with(|c| c.borrow().iter().find(same).map(|e| e.2.clone()));
+        if let Some(sel) = hit {
+            return sel;
+        }
+        let sel = Arc::new(Selection::new(schema, attrs));
+        if attrs.iter().map(String::len).sum::<usize>() <= REMEMBERED_BYTES {
+            SELECTIONS.with(|c| {
+                let mut c = c.borrow_mut();
+                if c.len() >= REMEMBERED {
+                    c.remove(0);
+                }
+                c.push((schema.clone(), attrs.to_vec(), sel.clone()));
+            });
+        }
+        sel
+    }
+
     /// Each requested type is kept once, and not at all with options when
     /// it is also requested without (that request already covers it): a
     /// list naming `cn` 100,000 times, or `@class` as often, selects as
@@ -228,7 +268,7 @@ pub(super) fn options_of(desc: &str) -> Vec<String> {
 /// Build the output of one entry into `buf`.
 pub struct Emitter<'a> {
     pub(super) schema: &'a Schema,
-    pub(super) sel: Selection,
+    pub(super) sel: Arc<Selection>,
     pub(super) types_only: bool,
     /// The response's message ID; None: a bare SearchResultEntry (the
     /// value of a pre-read or post-read response control).
@@ -366,7 +406,7 @@ pub fn encode_read_entry(
 ) -> OpResult<Vec<u8>> {
     let emitter = Emitter {
         schema,
-        sel: Selection::new(schema, attrs),
+        sel: Arc::new(Selection::new(schema, attrs)),
         types_only: false,
         msg_id: None,
         steps: Vec::new(),
@@ -500,6 +540,32 @@ mod tests {
         assert_eq!(short.named, once.named);
         let tagged = Selection::new(&schema, &["sn;x".into(), "sn;x".into(), "cn".into()]);
         assert_eq!(tagged.named.len(), 2);
+    }
+
+    #[test]
+    fn a_thread_remembers_the_selections_of_its_last_lists_per_schema() {
+        let schema = Arc::new(Schema::standard());
+        let list = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        let cn = list(&["cn"]);
+        let first = Selection::remembered(&schema, &cn);
+        assert!(Arc::ptr_eq(&first, &Selection::remembered(&schema, &cn)));
+        assert_eq!(first.named, Selection::new(&schema, &cn).named);
+        // Another list is another selection; so is the same list against
+        // another schema (an equal one: what counts is which).
+        let mail = Selection::remembered(&schema, &list(&["mail"]));
+        assert_eq!(mail.named, vec![("mail".to_string(), Vec::new())]);
+        let other = Arc::new(Schema::standard());
+        assert!(!Arc::ptr_eq(&first, &Selection::remembered(&other, &cn)));
+        // Four lists are remembered: a fifth pushes out the oldest.
+        for names in [&["sn"][..], &["uid"], &["cn", "sn"]] {
+            Selection::remembered(&schema, &list(names));
+        }
+        assert!(!Arc::ptr_eq(&first, &Selection::remembered(&schema, &cn)));
+        // A long list is selected but not kept.
+        let long = vec!["description".to_string(); 200];
+        let a = Selection::remembered(&schema, &long);
+        assert!(!Arc::ptr_eq(&a, &Selection::remembered(&schema, &long)));
+        assert_eq!(a.named.len(), 1);
     }
 
     #[test]

@@ -411,7 +411,7 @@ pub fn emitter_for(job: &SearchJob) -> Emitter<'_> {
     let schema = &*job.server.schema;
     Emitter {
         schema,
-        sel: Selection::new(schema, &job.req.attrs),
+        sel: Selection::remembered(&job.server.schema, &job.req.attrs),
         types_only: job.req.types_only,
         msg_id: Some(job.msg_id),
         steps: hooks::entry_steps(job),

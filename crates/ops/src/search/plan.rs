@@ -159,10 +159,10 @@ impl<'s> Plan<'s> {
         } = input;
         // Inline runs must stay small: give up before any scope walk when
         // the index candidates (or an unindexed scope) could be large.
-        let cands = if scope == Scope::Base {
-            Candidates::All
+        let (cands, exactness) = if scope == Scope::Base {
+            (Candidates::All, pando_store::Exactness::Test)
         } else {
-            view.candidates(filter)?
+            view.candidates_exact(filter)?
         };
         if let (Some(max), false) = (input.inline_max, scope == Scope::Base) {
             if !matches!(&cands, Candidates::Ids(ids) if ids.len() <= max) {
@@ -177,10 +177,6 @@ impl<'s> Plan<'s> {
         let uses_dn = uses_dn_attributes(filter);
         let mut needed_computed = Vec::new();
         computed_in_filter(filter, &mut needed_computed);
-        let exactness = match scope {
-            Scope::Base => pando_store::Exactness::Test,
-            _ => view.candidates_exactness(filter),
-        };
         let exact = exactness != pando_store::Exactness::Test;
         let confirm_rdn = match exactness {
             pando_store::Exactness::WhenRdnIs(rdn) => Some(rdn),

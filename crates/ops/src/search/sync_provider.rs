@@ -227,7 +227,7 @@ fn cookie_origin(req: &SyncRequest) -> Option<u16> {
 /// are each server's own).
 fn stored_emitter(job: &SearchJob) -> Emitter<'_> {
     let mut e = emitter_for(job);
-    e.sel.stored_only = true;
+    std::sync::Arc::make_mut(&mut e.sel).stored_only = true;
     e
 }
 
