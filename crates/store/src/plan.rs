@@ -71,24 +71,14 @@ pub(crate) fn candidates(view: &View<'_>, f: &Filter) -> Result<Candidates, Stor
             }
         }
         Filter::Equality(ava) | Filter::Approx(ava) => {
-            let approx = matches!(f, Filter::Approx(_));
-            let Some((name, at)) = resolve(view, &ava.attr) else {
-                return Ok(Candidates::Ids(RoaringTreemap::new()));
-            };
-            let kind = if approx {
+            let kind = if matches!(f, Filter::Approx(_)) {
                 IndexKind::Approx
             } else {
                 IndexKind::Eq
             };
-            let Some(db) = usable(view, &name, kind) else {
-                // Approximate match falls back to equality candidates only
-                // when there is no approx index: it is not a superset, so don't.
-                return Ok(Candidates::All);
-            };
-            match index::assertion_key(view.schema(), at, kind, &ava.value) {
-                Some(k) => Candidates::Ids(view.posting(db, &k)?),
-                // The assertion value is invalid for the syntax: it matches nothing.
-                None => Candidates::Ids(RoaringTreemap::new()),
+            match keyed(view, ava, kind) {
+                Keyed::Settled(c) => c,
+                Keyed::Key { db, key, .. } => Candidates::Ids(view.posting(db, &key)?),
             }
         }
         Filter::Substrings(sf) => substring_candidates(view, sf)?,
@@ -193,15 +183,10 @@ pub(crate) fn candidates_exact(
     let Filter::Equality(ava) = f else {
         return Ok((candidates(view, f)?, Exactness::Test));
     };
-    // As `candidates` does for an equality, the key computed once for both.
-    let Some((name, at)) = resolve(view, &ava.attr) else {
-        return Ok((Candidates::Ids(RoaringTreemap::new()), Exactness::Test));
-    };
-    let Some(db) = usable(view, &name, IndexKind::Eq) else {
-        return Ok((Candidates::All, Exactness::Test));
-    };
-    let Some(key) = index::assertion_key(view.schema(), at, IndexKind::Eq, &ava.value) else {
-        return Ok((Candidates::Ids(RoaringTreemap::new()), Exactness::Test));
+    // The key computed once, for the candidates and for their exactness.
+    let (name, at, db, key) = match keyed(view, ava, IndexKind::Eq) {
+        Keyed::Settled(c) => return Ok((c, Exactness::Test)),
+        Keyed::Key { name, at, db, key } => (name, at, db, key),
     };
     let ids = view.posting(db, &key)?;
     if name == "objectclass" || pando_model::AttrDesc::new(&ava.attr).has_options() {
@@ -221,6 +206,36 @@ pub(crate) fn candidates_exact(
         .normalize_rdn(&rdn)
         .map_or(Exactness::Test, Exactness::WhenRdnIs);
     Ok((Candidates::Ids(ids), exactness))
+}
+
+/// An equality or approximate assertion's index key, or its candidates
+/// when there is no key to read.
+enum Keyed<'t> {
+    Settled(Candidates),
+    Key {
+        /// The type's name in lowercase (the indexes' key).
+        name: std::borrow::Cow<'t, str>,
+        at: &'t pando_model::AttributeType,
+        db: &'t crate::Db,
+        key: Vec<u8>,
+    },
+}
+
+fn keyed<'t>(view: &View<'t>, ava: &pando_proto::Ava, kind: IndexKind) -> Keyed<'t> {
+    let Some((name, at)) = resolve(view, &ava.attr) else {
+        // No such type: nothing matches.
+        return Keyed::Settled(Candidates::Ids(RoaringTreemap::new()));
+    };
+    let Some(db) = usable(view, &name, kind) else {
+        // Approximate match falls back to equality candidates only when
+        // there is no approx index: it is not a superset, so don't.
+        return Keyed::Settled(Candidates::All);
+    };
+    match index::assertion_key(view.schema(), at, kind, &ava.value) {
+        Some(key) => Keyed::Key { name, at, db, key },
+        // The assertion value is invalid for the syntax: it matches nothing.
+        None => Keyed::Settled(Candidates::Ids(RoaringTreemap::new())),
+    }
 }
 
 /// The type `desc` names, with its name in lowercase (the indexes' key;
