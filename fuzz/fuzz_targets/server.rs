@@ -28,6 +28,8 @@ fn harness() -> &'static Harness {
         let dir = std::env::temp_dir().join(format!("pando-fuzz-server-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
+        // valsort's weighted rule is on an attribute the demo tree does not
+        // use: its descriptions carry no weight, and the tree must load.
         let toml = format!(
             "data_dir = {:?}\n[store]\ndurability = \"none\"\nwarm_start = false\nmap_size_mb = 4096\n\
              [limits]\nfailed_bind_max_delay_ms = 0\nfailed_bind_lockout = 0\nfailed_bind_lockout_ip = 0\n\
@@ -36,7 +38,7 @@ fn harness() -> &'static Harness {
              [[overlay]]\ntype = \"refint\"\n\
              [[overlay]]\ntype = \"unique\"\nattributes = [\"uid\"]\n\
              [[overlay]]\ntype = \"memberof\"\n\
-             [[overlay]]\ntype = \"valsort\"\nrules = [\"description dc=example,dc=com weighted alpha-ascend\"]\n\
+             [[overlay]]\ntype = \"valsort\"\nrules = [\"description dc=example,dc=com alpha-descend\", \"businessCategory dc=example,dc=com weighted alpha-ascend\"]\n\
              [[overlay]]\ntype = \"ppolicy\"\ndefault_policy = \"cn=policy,dc=example,dc=com\"\n\
              [[overlay]]\ntype = \"accesslog\"\nops = [\"all\"]\n",
             dir.display().to_string()
@@ -52,11 +54,7 @@ fn harness() -> &'static Harness {
             &pando_server::store_options(&cfg),
         )
         .expect("store");
-        let csn = pando_store::clock::CsnClock::new(0);
-        let creator = "cn=admin,dc=example,dc=com";
-        pando_server::bootstrap::ensure_suffixes(&store, &cfg.suffixes, creator, &csn)
-            .expect("suffix");
-        let _ = pando_server::bootstrap::load_demo(&store, &cfg.suffixes[0], creator, &csn);
+        let csn = pando_store::clock::clock_for_store(&store, 0);
         let live = pando_server::build_server(cfg, schema, store, csn, None, None).expect("server");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -64,6 +62,15 @@ fn harness() -> &'static Harness {
             .enable_all()
             .build()
             .expect("runtime");
+        // The suffix and the demo tree, written through the server's own
+        // pipeline as at a first start.
+        let server = live.server();
+        rt.block_on(async {
+            pando_server::bootstrap::ensure_suffixes(&server, &server.cfg.suffixes)
+                .await
+                .expect("suffix");
+            pando_server::bootstrap::load_demo(&server).await.expect("demo tree");
+        });
         Harness {
             rt,
             live,
