@@ -115,6 +115,42 @@ def test_rejects_and_order_problems(tmp_path):
     assert v.returncode == 0, v.stdout
 
 
+def test_a_bad_record_does_not_take_a_populated_store_out_of_service(tmp_path):
+    # A store with entries in it: a problem in a later import's input
+    # stops that import, keeps what came before the problem (indexed), and
+    # leaves the store complete and served (an empty store, above, is
+    # marked incomplete instead).
+    d = tmp_path / "d"
+    first = tmp_path / "first.ldif"
+    first.write_text(BAD.split("dn: cn=nope")[0])
+    assert run("import", "--data-dir", str(d), "-f", str(first)).returncode == 0
+    # Created by the import, the data directory is the service account's only.
+    assert d.stat().st_mode & 0o777 == 0o700, oct(d.stat().st_mode)
+    more = tmp_path / "more.ldif"
+    more.write_text("dn: cn=early,ou=People,dc=example,dc=com\nobjectClass: person\ncn: early\nsn: one\n\n"
+                    "dn: cn=bad,ou=People,dc=example,dc=com\nobjectClass: person\ncn: bad\n\n"
+                    "dn: cn=late,ou=People,dc=example,dc=com\nobjectClass: person\ncn: late\nsn: two\n")
+    r = run("import", "--data-dir", str(d), "-f", str(more))
+    assert r.returncode == 1, r.stderr
+    assert "more.ldif:6:" in r.stderr and "requires attribute 'sn'" in r.stderr, r.stderr
+    assert "stays complete" in r.stderr and "marked incomplete" not in r.stderr, r.stderr
+    v = run("verify", "--data-dir", str(d))
+    assert v.returncode == 0, v.stdout + v.stderr
+    # The same input's first line again: the suffix exists, nothing is
+    # imported, and the store still serves.
+    r = run("import", "--data-dir", str(d), "-f", str(first))
+    assert r.returncode == 1 and "first.ldif:1:" in r.stderr and "already exists" in r.stderr, r.stderr
+    assert "stays complete" in r.stderr, r.stderr
+    srv = Pando(tmp_path / "srv")
+    srv.data_dir = d
+    srv.start()
+    rc, entries, err = srv.search(SUFFIX, "(cn=early)", "sn")
+    assert rc == 0 and len(entries) == 1, err
+    rc, entries, err = srv.search(SUFFIX, "(|(cn=bad)(cn=late))", "cn")
+    assert rc == 0 and entries == [], entries
+    srv.stop_and_verify()
+
+
 def test_import_refuses_a_running_server(tmp_path):
     srv = Pando(tmp_path, demo=True).start()
     r = run("import", "--data-dir", str(srv.data_dir), input="dn: cn=x,dc=example,dc=com\nobjectClass: person\ncn: x\nsn: y\n")

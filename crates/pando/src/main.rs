@@ -767,7 +767,8 @@ fn restore(args: RestoreArgs) -> Result<ExitCode, String> {
     let until = restore_until(args.to_csn.as_deref(), args.to_time.as_deref())?;
     let (resolved, schema) = resolve(&args.store)?;
     let data_dir = resolved.config.data_dir.clone();
-    std::fs::create_dir_all(&data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
+    // The service account's only, as `serve` makes it.
+    pando_server::datadir::private_dir(&data_dir)?;
     let _lock = pando_server::datadir::lock(&data_dir)
         .map_err(|e| format!("{e}; stop the server before restoring"))?;
     let opts = pando_server::store_options(&resolved);
@@ -847,8 +848,8 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
     use std::io::Write;
     let (resolved, schema) = resolve(&args.store)?;
     let data_dir = resolved.config.data_dir.clone();
-    std::fs::create_dir_all(&data_dir)
-        .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
+    // The service account's only, as `serve` makes it.
+    pando_server::datadir::private_dir(&data_dir)?;
     let (_lock, store) = open_stopped(&resolved, &schema, "stop the server before importing")?;
     let (input, origin, size): (Box<dyn std::io::Read + Send>, String, Option<u64>) =
         match &args.file {
@@ -906,7 +907,8 @@ fn import(args: ImportArgs) -> Result<ExitCode, String> {
     if let Some(e) = reject_err {
         return Err(e);
     }
-    let report = result.map_err(|e| format!("{e}\nimport stopped: the store is marked incomplete and will not be served; import again into an empty data directory"))?;
+    // The error says what became of the store.
+    let report = result.map_err(|e| e.to_string())?;
     if let Some(f) = rejects_file.as_mut() {
         f.flush()
             .map_err(|e| format!("{}: {e}", rejects_path.display()))?;

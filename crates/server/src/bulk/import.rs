@@ -165,19 +165,38 @@ pub enum Progress {
     Indexing { done: u64, total: u64 },
 }
 
-/// Error out of the import, naming the input line.
+/// Error out of the import, naming the input line, and saying what became
+/// of the store.
 #[derive(Debug)]
-pub struct ImportError(pub String);
+pub struct ImportError {
+    pub message: String,
+    /// Writing to the store failed: what the import stored may lack its
+    /// index keys. False for a problem of the input.
+    pub from_store: bool,
+}
+
+impl ImportError {
+    /// A problem of the input (its bytes, a record, the order of records).
+    fn input(message: String) -> ImportError {
+        ImportError {
+            message,
+            from_store: false,
+        }
+    }
+}
 
 impl From<StoreError> for ImportError {
     fn from(e: StoreError) -> Self {
-        ImportError(e.to_string())
+        ImportError {
+            message: e.to_string(),
+            from_store: true,
+        }
     }
 }
 
 impl std::fmt::Display for ImportError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
@@ -402,7 +421,7 @@ impl Loader<'_, '_> {
             } else {
                 format!("{}: ", r.dn)
             };
-            return Err(ImportError(format!(
+            return Err(ImportError::input(format!(
                 "{}:{}: {dn}{}",
                 self.origin, r.line, r.reason
             )));
@@ -445,7 +464,7 @@ impl Loader<'_, '_> {
     /// few (small or compressed): the first entries are held instead.
     fn train_on_spread(&mut self, path: &std::path::Path) -> Result<(), ImportError> {
         let pieces = input::spread(path, SPREAD_PIECES, SPREAD_BYTES)
-            .map_err(|e| ImportError(format!("{}: {e}", path.display())))?;
+            .map_err(|e| ImportError::input(format!("{}: {e}", path.display())))?;
         let per_piece = DICT_SAMPLES.div_ceil(SPREAD_PIECES);
         let opts = ReaderOptions {
             allow_file_urls: self.shared.opts.allow_file_urls,
@@ -515,7 +534,7 @@ impl Loader<'_, '_> {
         while let Some(mut r) = stack.pop() {
             let Some(parent) = self.parent_of(&r)? else {
                 if self.orphan_count >= self.orphan_limit {
-                    return Err(ImportError(format!(
+                    return Err(ImportError::input(format!(
                         "{}:{}: parent of '{}' has not appeared, and {} entries already wait for theirs: sort the LDIF parents first",
                         self.origin, r.line, r.dn, self.orphan_count
                     )));
@@ -603,7 +622,11 @@ impl Loader<'_, '_> {
 }
 
 /// Import LDIF from `input` (a file's bytes, possibly gzip/zstd
-/// compressed; `origin` names it in messages).
+/// compressed; `origin` names it in messages). An error says what became
+/// of the store: marked incomplete (it is not served until imported again
+/// or restored), or, for a problem of the input met while importing into
+/// a store that held entries already, complete with what was stored
+/// before the problem.
 pub fn import(
     store: &Store,
     suffixes: &[String],
@@ -613,6 +636,53 @@ pub fn import(
     rejects_out: &mut dyn FnMut(&Reject),
     on_progress: &mut dyn FnMut(Progress),
 ) -> Result<ImportReport, ImportError> {
+    let had_entries = store.read()?.view().entry_count()? > 0;
+    let run = Run {
+        store,
+        suffixes,
+        origin,
+        opts,
+        had_entries,
+    };
+    import_marked(&run, input, rejects_out, on_progress).map_err(|e| {
+        let advice = if super::check_complete(store).is_ok() {
+            "import stopped there; the store held entries before this import, \
+             so it stays complete and can be served, holding them and the entries \
+             imported before the problem: fix the input and import the rest \
+             (with --continue-on-error, entries already stored are rejected as existing)"
+        } else if had_entries {
+            "import stopped: the store is marked incomplete and will not be served; \
+             restore a backup (pando restore), then import again"
+        } else {
+            "import stopped: the store is marked incomplete and will not be served; \
+             import again into an empty data directory"
+        };
+        ImportError {
+            message: format!("{}\n{advice}", e.message),
+            ..e
+        }
+    })
+}
+
+/// What one import works on.
+struct Run<'a> {
+    store: &'a Store,
+    suffixes: &'a [String],
+    origin: &'a str,
+    opts: &'a ImportOptions,
+    /// The store held entries when the import began.
+    had_entries: bool,
+}
+
+/// [`import`] between marking the store incomplete and declaring it
+/// complete again.
+fn import_marked(
+    run: &Run<'_>,
+    input: Box<dyn Read + Send>,
+    rejects_out: &mut dyn FnMut(&Reject),
+    on_progress: &mut dyn FnMut(Progress),
+) -> Result<ImportReport, ImportError> {
+    let (store, origin, opts) = (run.store, run.origin, run.opts);
     let started = Instant::now();
     let bytes_read = Arc::new(AtomicU64::new(0));
     let counted = input::Counted {
@@ -620,7 +690,7 @@ pub fn import(
         bytes: bytes_read.clone(),
     };
     let (input, format) = input::decompressing(Box::new(counted))
-        .map_err(|e| ImportError(format!("{origin}: {e}")))?;
+        .map_err(|e| ImportError::input(format!("{origin}: {e}")))?;
     // Mark the store incomplete, and stop syncing, before the first entry.
     store.write_blocking(|w: &mut WriteTxn<'_>| w.meta_put(META_IMPORTING, b"1"))?;
     let previous = store.durability();
@@ -634,7 +704,7 @@ pub fn import(
         // Entries without an entryCSN get one after the store's newest.
         csn: pando_store::clock::clock_for_store(store, opts.server_id),
         opts,
-        suffixes,
+        suffixes: run.suffixes,
         dict: OnceLock::new(),
         compress: store.codec().level().is_some(),
     };
@@ -663,32 +733,48 @@ pub fn import(
         newest_csn: Default::default(),
         rejects_out,
     };
-    let finished = load_all(&mut loader, input, &bytes_read, on_progress);
+    let mut stopped = load_all(&mut loader, input, &bytes_read, on_progress).err();
+    // A problem of the input must not take a store that held entries out
+    // of service: what came before it is stored (the entries held back for
+    // the dictionary too) and indexed, and the store declared complete.
+    let kept =
+        |e: &Option<ImportError>| run.had_entries && e.as_ref().is_some_and(|e| !e.from_store);
+    if kept(&stopped) && !loader.held.is_empty() {
+        if let Err(e) = loader.train() {
+            stopped = Some(e);
+        }
+    }
     let Loader {
         load,
         mut report,
         newest_csn,
         ..
     } = loader;
-    if let Err(e) = finished {
-        drop(load);
-        store.set_durability(previous);
-        return Err(e);
+    if !kept(&stopped) {
+        if let Some(e) = stopped {
+            drop(load);
+            store.set_durability(previous);
+            return Err(e);
+        }
     }
-    let loaded = report.entries;
     let figures = load.finish(&mut |done, total| on_progress(Progress::Indexing { done, total }));
     store.set_durability(previous);
     let figures = figures?;
-    debug_assert_eq!(figures.entries, loaded);
+    debug_assert_eq!(figures.entries, report.entries);
     report.index_keys = figures.index_triples;
     report.spilled_runs = figures.spilled_runs;
     if let Some(m) = &opts.member_of {
         report.member_of = set_member_of(store, m)?;
     }
     declare_complete(store, newest_csn)?;
-    report.bytes_read = bytes_read.load(Ordering::Relaxed);
-    report.secs = started.elapsed().as_secs_f64();
-    Ok(report)
+    match stopped {
+        Some(e) => Err(e),
+        None => {
+            report.bytes_read = bytes_read.load(Ordering::Relaxed);
+            report.secs = started.elapsed().as_secs_f64();
+            Ok(report)
+        }
+    }
 }
 
 /// Every entry of `input` stored, with a dictionary trained first from
@@ -756,7 +842,7 @@ fn run_workers(
         match reader.join() {
             Ok(Ok(())) => {}
             Ok(Err(e)) if outcome.is_ok() => {
-                return Err(ImportError(format!("{origin}: read error: {e}")))
+                return Err(ImportError::input(format!("{origin}: read error: {e}")))
             }
             _ => {}
         }
@@ -788,9 +874,9 @@ fn set_member_of(
             .collect();
         store.write_blocking(move |w: &mut WriteTxn<'_>| -> Result<(), ImportError> {
             for (dn, groups) in &batch {
-                let parsed = Dn::parse(dn).map_err(|e| ImportError(format!("{dn}: {e}")))?;
+                let parsed = Dn::parse(dn).map_err(|e| ImportError::input(format!("{dn}: {e}")))?;
                 let view = w.view();
-                let rdns = view.normalize_rdns(&parsed).map_err(ImportError)?;
+                let rdns = view.normalize_rdns(&parsed).map_err(ImportError::input)?;
                 let Lookup::Found(id) = view.lookup_norm(&rdns)? else {
                     continue;
                 };
