@@ -72,6 +72,13 @@ pub enum GenError {
         line: usize,
         message: String,
     },
+    /// A `-D name=value` the template neither defines nor uses.
+    UnknownDefine {
+        origin: String,
+        name: String,
+        /// The names the template defines.
+        known: Vec<String>,
+    },
     Io(io::Error),
 }
 
@@ -83,6 +90,19 @@ impl fmt::Display for GenError {
                 line,
                 message,
             } => write!(f, "{origin}:{line}: {message}"),
+            GenError::UnknownDefine {
+                origin,
+                name,
+                known,
+            } => write!(
+                f,
+                "-D {name}: {origin} neither defines nor uses it (its defines: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            ),
             GenError::Io(e) => write!(f, "writing LDIF: {e}"),
         }
     }
@@ -92,7 +112,7 @@ impl std::error::Error for GenError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             GenError::Io(e) => Some(e),
-            GenError::Template { .. } => None,
+            GenError::Template { .. } | GenError::UnknownDefine { .. } => None,
         }
     }
 }

@@ -324,6 +324,7 @@ fn defines(
         }
     }
     let n_overrides = defines.len();
+    let mut defined = vec![false; n_overrides];
     for (i, raw) in lines.iter().enumerate() {
         let Some(rest) = define_rest(raw) else {
             continue;
@@ -341,6 +342,7 @@ fn defines(
             .position(|(n, _)| n.eq_ignore_ascii_case(name))
         {
             if pos < n_overrides {
+                defined[pos] = true;
                 continue;
             }
             return Err(cx.err(ln, format!("{name} is defined twice")));
@@ -348,7 +350,29 @@ fn defines(
         let value = substitute(value.trim(), &defines);
         defines.push((name.to_string(), value));
     }
+    // An override the template neither defines nor uses would change
+    // nothing: a misspelt or foreign name (another template's), said so.
+    let unused = defines[..n_overrides]
+        .iter()
+        .zip(&defined)
+        .find(|((name, _), d)| !**d && !lines.iter().any(|l| uses(l, name)));
+    if let Some(((name, _), _)) = unused {
+        return Err(GenError::UnknownDefine {
+            origin: cx.origin.to_string(),
+            name: name.clone(),
+            known: (defines.iter().enumerate())
+                .filter(|(i, _)| *i >= n_overrides || defined[*i])
+                .map(|(_, (n, _))| n.clone())
+                .collect(),
+        });
+    }
     Ok(defines)
+}
+
+/// Whether `line` refers to define `name` (`[name]`, any case).
+fn uses(line: &str, name: &str) -> bool {
+    let lower = line.to_ascii_lowercase();
+    lower.contains(&format!("[{}]", name.to_ascii_lowercase()))
 }
 
 /// Pass 2: the branch and template blocks, defines substituted.

@@ -67,14 +67,16 @@ fn builtin_templates_parse_and_read_back() {
     for name in ["example", "telco"] {
         let text = builtin(name).expect("builtin");
         let t = Template::parse(text, name).unwrap_or_else(|e| panic!("{e}"));
-        let o = opts(
-            3,
-            &[
-                ("numusers", "50"),
-                ("numsubscribers", "40"),
-                ("numgroups", "5"),
-            ],
-        );
+        // Each template's own sizes (another's would be refused).
+        let sizes: Vec<(&str, &str)> = [
+            ("numusers", "50"),
+            ("numsubscribers", "40"),
+            ("numgroups", "5"),
+        ]
+        .into_iter()
+        .filter(|(n, _)| text.contains(&format!("define {n}=")))
+        .collect();
+        let o = opts(3, &sizes);
         let mut out = Vec::new();
         let stats = generate(&t, &o, &mut out).unwrap_or_else(|e| panic!("{e}"));
         let entries = read_back(&out);
@@ -396,6 +398,25 @@ fn defines_and_overrides() {
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(err.starts_with("f.template:7: "), "{err}");
+}
+
+#[test]
+fn an_override_the_template_neither_defines_nor_uses_is_an_error() {
+    let text = "define base=dc=a\ndefine n=2\nbranch: [base]\nsubordinateTemplate: t:[n]\n\n\
+                template: t\nrdnAttr: cn\ncn: c<sequential>\nx: [extra]\n";
+    let t = Template::parse(text, "f.template").unwrap_or_else(|e| panic!("{e}"));
+    let err = generate(&t, &opts(0, &[("numusers", "10")]), &mut Vec::new())
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert_eq!(
+        err,
+        "-D numusers: f.template neither defines nor uses it (its defines: base, n)"
+    );
+    // Overriding a define, or giving one the template only uses, is fine.
+    let (out, stats) = run(text, &opts(0, &[("N", "3"), ("Extra", "e")]));
+    assert_eq!(stats.entries, 4);
+    assert_eq!(values(&read_back(&out)[1], "x"), ["e"]);
 }
 
 #[test]
