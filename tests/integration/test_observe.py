@@ -248,6 +248,8 @@ def test_monitor_counters_follow_a_known_workload(obs):
     # The search reading it is in progress itself.
     assert int(monitor_value(obs, "cn=Operations,cn=Monitor", "pandoInProgress")) >= 1
     float(monitor_value(obs, "cn=Writer,cn=Monitor", "pandoMeanBatch"))
+    # In the configuration's words, as store.durability says it.
+    assert monitor_value(obs, "cn=Writer,cn=Monitor", "pandoDurability") == "durable"
     assert int(monitor_value(obs, "cn=Store,cn=Monitor", "pandoReadersOpen")) >= 0
 
 

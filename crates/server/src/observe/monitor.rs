@@ -371,10 +371,22 @@ fn writer_node(server: &Server) -> (String, Entry) {
             num("pandoSyncs", w.syncs),
             attr(
                 "pandoDurability",
-                [format!("{:?}", server.rt.store.durability())],
+                [durability_text(server.rt.store.durability())],
             ),
         ],
     )
+}
+
+/// The durability mode in the configuration's words (`store.durability`
+/// and, when batched, its two bounds).
+fn durability_text(d: pando_store::Durability) -> String {
+    match d {
+        pando_store::Durability::Durable => "durable".into(),
+        pando_store::Durability::Batched { max_writes, max_ms } => {
+            format!("batched (batched_max_writes = {max_writes}, batched_max_ms = {max_ms})")
+        }
+        pando_store::Durability::None => "none".into(),
+    }
 }
 
 /// `cn=Logs`: log files, drops and errors, cn=accesslog's counts.
