@@ -847,7 +847,7 @@ fn database_directive(cx: &mut Ctx, d: &Directive) {
             }
         }
         "index" => index(cx, d),
-        "directory" => cx.note(Severity::Note, d, "the data moves with `slapcat | pando import` (README, \"Importing\"); Pando's store is in data_dir"),
+        "directory" => cx.note(Severity::Note, d, "the data moves with `slapcat | pando import` (README, \"Migrating from OpenLDAP\"); Pando's store is in data_dir"),
         "maxsize" => match d.single().ok().and_then(|v| v.parse::<u64>().ok()) {
             Some(b) => {
                 cx.cfg.store.map_size_mb = (b >> 20).max(1);
