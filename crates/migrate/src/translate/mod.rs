@@ -665,18 +665,15 @@ fn config_database(cx: &mut Ctx, db: &Section) {
         match d.key.as_str() {
             "rootdn" => {
                 let dn = d.single().unwrap_or_default();
-                if dn
-                    .to_ascii_lowercase()
-                    .starts_with("gidnumber=0+uidnumber=0,cn=peercred")
-                {
-                    if !cx.cfg.auth.admins.iter().any(|a| a == "ldapi-owner") {
-                        cx.cfg.auth.admins.push("ldapi-owner".into());
-                    }
-                    cx.note(Severity::Differs, d, "auth.admins = [\"ldapi-owner\"]: root (and the server's own user) over ldapi, authenticated with EXTERNAL. Pando has one administrator role for data and configuration, so this identity also administers the data, which slapd's rules may not have allowed");
+                if is_peercred_root(&dn) {
+                    ldapi_owner_admin(cx, d);
                 } else {
                     cx.note(Severity::Dropped, d, "cn=config's own root DN names no entry and cannot bind in Pando; cn=config is administered by root_dn and auth.admins");
                 }
             }
+            // Debian's default: root over ldapi manages cn=config through
+            // a rule, the root DN being a name no one binds as.
+            "access" if d.words().is_ok_and(|w| root_manages(&w)) => ldapi_owner_admin(cx, d),
             "access" => cx.note(
                 Severity::Note,
                 d,
@@ -689,6 +686,34 @@ fn config_database(cx: &mut Ctx, db: &Section) {
             ),
         }
     }
+}
+
+/// Whether `dn` is root's identity over ldapi (SASL EXTERNAL).
+fn is_peercred_root(dn: &str) -> bool {
+    dn.trim_matches('"')
+        .eq_ignore_ascii_case("gidNumber=0+uidNumber=0,cn=peercred,cn=external,cn=auth")
+}
+
+/// Whether an access rule's words give root over ldapi `manage` or
+/// `write` (`by dn.exact=gidNumber=0+uidNumber=0,cn=peercred,… manage`).
+fn root_manages(words: &[String]) -> bool {
+    words.windows(3).any(|w| {
+        let who = w[1].split_once('=').filter(|(k, _)| {
+            let k = k.to_ascii_lowercase();
+            k == "dn" || k == "dn.exact" || k == "dn.base"
+        });
+        w[0] == "by"
+            && who.is_some_and(|(_, dn)| is_peercred_root(dn))
+            && ["manage", "write"].contains(&w[2].to_ascii_lowercase().as_str())
+    })
+}
+
+/// Root (and the server's own user) over ldapi administers this server.
+fn ldapi_owner_admin(cx: &mut Ctx, d: &Directive) {
+    if !cx.cfg.auth.admins.iter().any(|a| a == "ldapi-owner") {
+        cx.cfg.auth.admins.push("ldapi-owner".into());
+    }
+    cx.note(Severity::Differs, d, "auth.admins = [\"ldapi-owner\"]: root (and the server's own user) over ldapi, authenticated with EXTERNAL. Pando has one administrator role for data and configuration, so this identity also administers the data, which slapd's rules may not have allowed");
 }
 
 fn rules_of(cx: &mut Ctx, s: &Section) -> Vec<RuleOut> {
@@ -1698,6 +1723,24 @@ mod tests {
             .iter()
             .map(|f| format!("{}: {}", f.severity.word(), f.why))
             .collect()
+    }
+
+    #[test]
+    fn root_over_ldapi_managing_cn_config_becomes_an_administrator() {
+        // Debian's default: cn=config's root DN binds nowhere; a rule gives
+        // root over ldapi (SASL EXTERNAL) manage.
+        let debian = "database config\nrootdn cn=admin,cn=config\n\
+                      access to * by dn.exact=gidNumber=0+uidNumber=0,cn=peercred,cn=external,cn=auth manage by * break\n\
+                      database mdb\nsuffix dc=x\nrootdn cn=admin,dc=x\n";
+        assert_eq!(run(debian).config.auth.admins, ["ldapi-owner"]);
+        // Read access, or another identity, gives no administrator.
+        for rule in [
+            "access to * by dn.exact=gidNumber=0+uidNumber=0,cn=peercred,cn=external,cn=auth read",
+            "access to * by dn.exact=gidNumber=1000+uidNumber=1000,cn=peercred,cn=external,cn=auth manage",
+        ] {
+            let conf = format!("database config\n{rule}\ndatabase mdb\nsuffix dc=x\nrootdn cn=admin,dc=x\n");
+            assert!(run(&conf).config.auth.admins.is_empty(), "{rule}");
+        }
     }
 
     #[test]
