@@ -598,7 +598,7 @@ impl<'s> BulkLoad<'s> {
         let inner = self.inner;
         let id = inner.codec.max_dict_id() + 1;
         crate::dictionary::put_new_dict(inner.meta, self.txn()?, id, &bytes)?;
-        Ok(inner.codec.add_dict(id, bytes, true, true))
+        inner.codec.add_dict(id, bytes, true, true)
     }
 
     /// Store one entry: `record` is its encoded form (see

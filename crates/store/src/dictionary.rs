@@ -98,7 +98,7 @@ impl Store {
             Ok(Some(id))
         })?;
         if let Some(id) = id {
-            self.codec().add_dict(id, bytes, true, true);
+            self.codec().add_dict(id, bytes, true, true)?;
         }
         Ok(id)
     }

@@ -115,17 +115,21 @@ pub struct Dict {
 static DICT_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Dict {
-    pub fn new(id: u32, bytes: Vec<u8>, level: i32, split: bool) -> Dict {
-        let cdict = CDict::create(&bytes, level);
-        let ddict = DDict::create(&bytes);
-        Dict {
+    /// Prepared from `bytes`; an error when zstd cannot load them (a
+    /// damaged dictionary in a damaged store).
+    pub fn new(id: u32, bytes: Vec<u8>, level: i32, split: bool) -> Result<Dict, StoreError> {
+        let unusable =
+            || StoreError::Corrupt(format!("meta: dictionary {id} cannot be loaded by zstd"));
+        let cdict = CDict::try_create(&bytes, level).ok_or_else(unusable)?;
+        let ddict = DDict::try_create(&bytes).ok_or_else(unusable)?;
+        Ok(Dict {
             id,
             bytes,
             cdict,
             ddict,
             serial: DICT_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
             split,
-        }
+        })
     }
 }
 
@@ -265,12 +269,11 @@ impl Codec {
         self.level
             .store(level.unwrap_or(PLAIN), std::sync::atomic::Ordering::Relaxed);
         for d in dicts.values_mut() {
-            *d = Arc::new(Dict::new(
-                d.id,
-                d.bytes.clone(),
-                level.unwrap_or(3),
-                d.split,
-            ));
+            // Loaded once already: these bytes load again (or, failing
+            // that, the dictionary keeps its level).
+            if let Ok(n) = Dict::new(d.id, d.bytes.clone(), level.unwrap_or(3), d.split) {
+                *d = Arc::new(n);
+            }
         }
         if let Some(c) = current.as_mut() {
             if let Some(d) = dicts.get(&c.id) {
@@ -282,8 +285,14 @@ impl Codec {
     /// Make dictionary `id` (bytes as kept in meta) readable; `current`
     /// also makes it the one new entries use; `split`: it was trained on
     /// split bodies ([`body_of`]).
-    pub fn add_dict(&self, id: u32, bytes: Vec<u8>, current: bool, split: bool) -> Arc<Dict> {
-        let d = Arc::new(Dict::new(id, bytes, self.level().unwrap_or(3), split));
+    pub fn add_dict(
+        &self,
+        id: u32,
+        bytes: Vec<u8>,
+        current: bool,
+        split: bool,
+    ) -> Result<Arc<Dict>, StoreError> {
+        let d = Arc::new(Dict::new(id, bytes, self.level().unwrap_or(3), split)?);
         self.dicts
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -291,7 +300,7 @@ impl Codec {
         if current {
             *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(d.clone());
         }
-        d
+        Ok(d)
     }
 
     pub fn current_dict(&self) -> Option<Arc<Dict>> {
@@ -809,7 +818,7 @@ pub(crate) mod tests {
         let dict = Codec::new(Some(3));
         let samples: Vec<Vec<u8>> = (0..500).map(|i| body_of(&sample(i))).collect();
         let trained = train(&samples, 4096).expect("trainable");
-        dict.add_dict(1, trained, true, true);
+        dict.add_dict(1, trained, true, true).unwrap();
         let old = Codec::new(Some(3));
         let samples: Vec<Vec<u8>> = (0..500)
             .map(|i| {
@@ -819,13 +828,31 @@ pub(crate) mod tests {
             })
             .collect();
         let trained = train(&samples, 4096).expect("trainable");
-        old.add_dict(1, trained, true, false);
+        old.add_dict(1, trained, true, false).unwrap();
         vec![
             (plain, "plain"),
             (nodict, "zstd"),
             (dict, "zstd+dict"),
             (old, "zstd+old dict"),
         ]
+    }
+
+    #[test]
+    fn a_dictionary_zstd_cannot_load_is_an_error_not_a_panic() {
+        // zstd's dictionary magic, then entropy tables that are not.
+        let mut bytes = vec![0x37, 0xA4, 0x30, 0xEC, 9, 0, 0, 0];
+        bytes.extend(std::iter::repeat_n(0xFF, 600));
+        let codec = Codec::new(Some(3));
+        let e = codec
+            .add_dict(9, bytes, true, true)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("dictionary 9 cannot be loaded")),
+            "{e:?}"
+        );
+        assert!(codec.current_dict().is_none());
     }
 
     #[test]
@@ -1069,7 +1096,9 @@ pub(crate) mod tests {
                 body_of(&attrs)
             })
             .collect();
-        other.add_dict(1, train(&samples, 4096).expect("trainable"), true, true);
+        other
+            .add_dict(1, train(&samples, 4096).expect("trainable"), true, true)
+            .unwrap();
         let mut rec = Vec::new();
         cs[2].0.encode(&sample(3), &mut rec);
         let fresh = std::thread::scope(|s| {

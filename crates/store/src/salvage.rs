@@ -319,6 +319,7 @@ fn codec_from(
         damage.push("the 'meta' database is missing: compressed entries cannot be read".into());
         return codec;
     };
+    let mut unusable = Vec::new();
     f.records("meta", meta, damage, &mut |k, v| {
         if let Some(id) = k
             .strip_prefix(b"zstd_dict:")
@@ -326,9 +327,12 @@ fn codec_from(
             .and_then(|n| n.parse::<u32>().ok())
         {
             // Only read with: how it was trained matters to writes alone.
-            codec.add_dict(id, v.to_vec(), false, false);
+            if let Err(e) = codec.add_dict(id, v.to_vec(), false, false) {
+                unusable.push(format!("{e}: entries compressed with it cannot be read"));
+            }
         }
     });
+    damage.extend(unusable);
     codec
 }
 

@@ -814,7 +814,7 @@ pub(crate) fn load_codec(
         let split = meta
             .get(txn, entry_codec::dict_split_meta_key(id).as_bytes())?
             .is_some();
-        codec.add_dict(id, v.to_vec(), Some(id) == current, split);
+        codec.add_dict(id, v.to_vec(), Some(id) == current, split)?;
     }
     Ok(codec)
 }
