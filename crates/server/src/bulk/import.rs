@@ -645,17 +645,22 @@ pub fn import(
         had_entries,
     };
     import_marked(&run, input, rejects_out, on_progress).map_err(|e| {
-        let advice = if super::check_complete(store).is_ok() {
-            "import stopped there; the store held entries before this import, \
-             so it stays complete and can be served, holding them and the entries \
-             imported before the problem: fix the input and import the rest \
-             (with --continue-on-error, entries already stored are rejected as existing)"
-        } else if had_entries {
-            "import stopped: the store is marked incomplete and will not be served; \
-             restore a backup (pando restore), then import again"
-        } else {
-            "import stopped: the store is marked incomplete and will not be served; \
-             import again into an empty data directory"
+        let advice = match (super::check_complete(store).is_ok(), had_entries) {
+            (true, true) => {
+                "import stopped there; the store held entries before this import, \
+                 so it stays complete and can be served, holding them and the entries \
+                 imported before the problem: fix the input and import the rest \
+                 (with --continue-on-error, entries already stored are rejected as existing)"
+            }
+            (true, false) => "import stopped before storing anything; the store is as it was",
+            (false, true) => {
+                "import stopped: the store is marked incomplete and will not be served; \
+                 restore a backup (pando restore), then import again"
+            }
+            (false, false) => {
+                "import stopped: the store is marked incomplete and will not be served; \
+                 import again into an empty data directory"
+            }
         };
         ImportError {
             message: format!("{}\n{advice}", e.message),
