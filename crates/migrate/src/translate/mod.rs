@@ -688,30 +688,36 @@ fn config_database(cx: &mut Ctx, db: &Section) {
     }
 }
 
-/// Whether `dn` is root's identity over ldapi (SASL EXTERNAL).
+/// Whether `dn` is root's identity over ldapi (SASL EXTERNAL,
+/// `gidNumber=0+uidNumber=0,cn=peercred,cn=external,cn=auth`).
 fn is_peercred_root(dn: &str) -> bool {
     dn.trim_matches('"')
-        .eq_ignore_ascii_case("gidNumber=0+uidNumber=0,cn=peercred,cn=external,cn=auth")
+        .to_ascii_lowercase()
+        .starts_with("gidnumber=0+uidnumber=0,cn=peercred")
 }
 
-/// Whether an access rule's words give root over ldapi `manage` or
-/// `write` (`by dn.exact=gidNumber=0+uidNumber=0,cn=peercred,… manage`).
+/// Whether an access rule's words give root over ldapi, alone, `manage`
+/// or `write` (`by dn.exact=gidNumber=0+uidNumber=0,cn=peercred,… manage`),
+/// read by the same translator as every other rule.
 fn root_manages(words: &[String]) -> bool {
-    words.windows(3).any(|w| {
-        let who = w[1].split_once('=').filter(|(k, _)| {
-            let k = k.to_ascii_lowercase();
-            k == "dn" || k == "dn.exact" || k == "dn.base"
-        });
-        w[0] == "by"
-            && who.is_some_and(|(_, dn)| is_peercred_root(dn))
-            && ["manage", "write"].contains(&w[2].to_ascii_lowercase().as_str())
+    acl::translate(words).is_ok_and(|t| {
+        t.by.iter().any(|b| {
+            matches!(&b.who, OneOrMany::One(w) if w.strip_prefix("dn:").is_some_and(is_peercred_root))
+                && b.rights.items().iter().any(|r| *r == "all" || *r == "write")
+        })
     })
 }
 
 /// Root (and the server's own user) over ldapi administers this server.
 fn ldapi_owner_admin(cx: &mut Ctx, d: &Directive) {
-    if !cx.cfg.auth.admins.iter().any(|a| a == "ldapi-owner") {
-        cx.cfg.auth.admins.push("ldapi-owner".into());
+    if !cx
+        .cfg
+        .auth
+        .admins
+        .iter()
+        .any(|a| a == pando_config::LDAPI_OWNER)
+    {
+        cx.cfg.auth.admins.push(pando_config::LDAPI_OWNER.into());
     }
     cx.note(Severity::Differs, d, "auth.admins = [\"ldapi-owner\"]: root (and the server's own user) over ldapi, authenticated with EXTERNAL. Pando has one administrator role for data and configuration, so this identity also administers the data, which slapd's rules may not have allowed");
 }
